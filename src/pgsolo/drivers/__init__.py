@@ -1,0 +1,121 @@
+"""The small surface pgsolo needs from a database driver.
+
+A driver adapter wraps one connection of some library (psycopg 3 today; asyncpg,
+SQLAlchemy, psycopg2 and Django each fit in one new module) and offers:
+
+- ``fetch_value(statements)``: send statements in one round trip, outside any
+  transaction the driver would open by itself, and return the first value of the last
+  statement that returned a row;
+- ``transaction_status()``, ``backend_pid()``, ``begins_implicitly`` and
+  ``server_info()``: what the connection looks like now, without a round trip;
+- ``sqlstate(exc)`` and ``is_closed()``: how to read the driver's errors.
+
+The lock logic in :mod:`pgsolo.locks` is written once against this protocol and driven
+by a sync or an async shell, so the two never drift.
+"""
+
+from __future__ import annotations
+
+import enum
+import inspect
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, TypeGuard
+
+__all__ = [
+    "AsyncDriver",
+    "DriverBase",
+    "ServerInfo",
+    "SyncDriver",
+    "TxStatus",
+    "adapt",
+    "adapt_async",
+    "adapt_sync",
+    "is_async",
+]
+
+
+class TxStatus(enum.Enum):
+    IDLE = "idle"  # no transaction open
+    ACTIVE = "active"  # a statement is running right now
+    INTRANS = "intrans"  # inside a transaction block
+    INERROR = "inerror"  # inside a failed transaction block: only ROLLBACK works
+    UNKNOWN = "unknown"  # the connection is broken or closed
+
+
+@dataclass(frozen=True, slots=True)
+class ServerInfo:
+    """Who we are talking to, for logs and errors. Never carries a password."""
+
+    database: str
+    host: str
+    port: int | None
+    user: str
+    application_name: str
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}" if self.port is not None else self.host
+
+
+class DriverBase(Protocol):
+    @property
+    def connection(self) -> object:
+        """The wrapped connection object (what pgsolo tracks held session locks by)."""
+
+    @property
+    def begins_implicitly(self) -> bool:
+        """True when the driver opens a transaction by itself before a statement
+        (psycopg with ``autocommit=False``)."""
+
+    def transaction_status(self) -> TxStatus: ...
+
+    def backend_pid(self) -> int: ...
+
+    def server_info(self) -> ServerInfo: ...
+
+    def sqlstate(self, exc: BaseException) -> str | None: ...
+
+    def is_closed(self) -> bool: ...
+
+
+class SyncDriver(DriverBase, Protocol):
+    def fetch_value(self, statements: Sequence[str]) -> object: ...
+
+
+class AsyncDriver(DriverBase, Protocol):
+    async def fetch_value(self, statements: Sequence[str]) -> object: ...
+
+
+def adapt(connection: object) -> SyncDriver | AsyncDriver:
+    """The adapter for ``connection``, chosen by its type."""
+    import psycopg  # noqa: PLC0415 - drivers are imported only when a connection arrives
+
+    from . import _psycopg  # noqa: PLC0415
+
+    if isinstance(connection, psycopg.Connection):
+        return _psycopg.PsycopgDriver(connection)
+    if isinstance(connection, psycopg.AsyncConnection):
+        return _psycopg.AsyncPsycopgDriver(connection)
+    raise TypeError(
+        "pgsolo needs a psycopg 3 Connection or AsyncConnection, "
+        f"got {type(connection).__module__}.{type(connection).__qualname__}"
+    )
+
+
+def is_async(driver: SyncDriver | AsyncDriver) -> TypeGuard[AsyncDriver]:
+    return inspect.iscoroutinefunction(driver.fetch_value)
+
+
+def adapt_sync(connection: object) -> SyncDriver:
+    driver = adapt(connection)
+    if is_async(driver):
+        raise TypeError("this call needs a sync connection; use the async variant")
+    return driver
+
+
+def adapt_async(connection: object) -> AsyncDriver:
+    driver = adapt(connection)
+    if not is_async(driver):
+        raise TypeError("this call needs an async connection; use the sync variant")
+    return driver

@@ -1,0 +1,94 @@
+"""The exception tree: every error pgsolo raises derives from :class:`PgsoloError`.
+
+Errors raised before any SQL is sent (bad keys, bad options, a connection in the wrong
+state) derive from :class:`UsageError` as well as the standard exception a caller would
+expect (``ValueError``, ``TypeError``), so code that already catches those keeps working.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConnectionStateError",
+    "InvalidKeyError",
+    "KeyCollisionError",
+    "LockLostError",
+    "LockNotHeldError",
+    "LockTimeoutError",
+    "LockUnavailableError",
+    "PgsoloError",
+    "TransactionFailedError",
+    "UnsafeConnectionError",
+    "UsageError",
+]
+
+
+class PgsoloError(Exception):
+    """Base class of every error raised by pgsolo."""
+
+
+class UsageError(PgsoloError):
+    """The call itself is wrong; detected before anything is sent to the server."""
+
+
+class InvalidKeyError(UsageError, ValueError):
+    """A lock key is not an int64, a pair of int32, or a valid name (key spec v1)."""
+
+
+class KeyCollisionError(UsageError, ValueError):
+    """A registry was asked to map two names to one key, or one name to two keys."""
+
+
+class ConnectionStateError(UsageError):
+    """The connection cannot take this lock in its current state.
+
+    The usual case: a transaction-level lock on an autocommit connection with no
+    transaction open, which PostgreSQL would release as soon as the statement ended.
+    """
+
+
+class UnsafeConnectionError(PgsoloError):
+    """The connection cannot keep a session lock safely (for example it is behind a
+    transaction-pooling proxy, or it is no longer the backend the lock was taken on)."""
+
+
+class LockUnavailableError(PgsoloError):
+    """A lock could not be acquired. Carries the key it was about."""
+
+    def __init__(self, message: str, *, key: object) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+class LockTimeoutError(LockUnavailableError, TimeoutError):
+    """A bounded wait for a lock ran out (PostgreSQL's ``lock_timeout``, SQLSTATE 55P03)."""
+
+    def __init__(self, message: str, *, key: object, timeout: float) -> None:
+        super().__init__(message, key=key)
+        self.timeout = timeout
+
+
+class LockNotHeldError(PgsoloError):
+    """A release was asked for a lock this connection does not hold.
+
+    PostgreSQL only warns in that case; pgsolo reports it, because it means the
+    caller's idea of who holds what is wrong.
+    """
+
+    def __init__(self, message: str, *, key: object) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+class LockLostError(PgsoloError):
+    """A lock pgsolo believed held is gone: its session ended (connection closed,
+    backend terminated) or something released it behind pgsolo's back."""
+
+    def __init__(self, message: str, *, key: object) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+class TransactionFailedError(PgsoloError):
+    """The transaction pgsolo opened for a transaction-level lock was aborted by an
+    error that the protected block caught and did not re-raise; it was rolled back and
+    nothing in it was committed."""

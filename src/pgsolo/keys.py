@@ -1,0 +1,362 @@
+"""Lock keys: key spec v1 (DESIGN.md §2).
+
+PostgreSQL advisory locks take either one signed 64-bit integer or two signed 32-bit
+integers, and the two key spaces never overlap. Names are turned into keys with SHA-256,
+never with Python's ``hash()``, which is randomised per process. Everything here is pure:
+a bad key raises :class:`~pgsolo.errors.InvalidKeyError` before any SQL exists.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from os import PathLike
+from typing import TypeAlias
+
+from .errors import InvalidKeyError, KeyCollisionError
+
+__all__ = [
+    "Key",
+    "KeyLike",
+    "Registry",
+    "as_key",
+    "decode_pg_lock",
+    "derive_int32",
+    "derive_int64",
+    "encode_pg_lock",
+    "from_name",
+    "name_to_sql",
+]
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+MAX_NAME_BYTES = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Key:
+    """A validated advisory-lock key: an int64, or a (namespace, resource) pair of int32.
+
+    ``name`` is the human name the key came from, when there is one; it is carried for
+    logs and errors and plays no part in equality.
+    """
+
+    value: int | tuple[int, int]
+    name: str | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.value, tuple):
+            if len(self.value) != 2:
+                raise InvalidKeyError(f"a pair key has exactly two parts, got {self.value!r}")
+            for part in self.value:
+                _check_int(part, INT32_MIN, INT32_MAX, "each half of a pair key")
+        else:
+            _check_int(self.value, INT64_MIN, INT64_MAX, "an int64 key")
+        if self.name is not None:
+            _check_name(self.name)
+
+    @property
+    def is_pair(self) -> bool:
+        return isinstance(self.value, tuple)
+
+    @property
+    def sql_args(self) -> str:
+        """The key as the argument list of an advisory-lock function, e.g. ``42, 1001``.
+
+        Safe to splice into SQL: both forms are validated Python ints.
+        """
+        if isinstance(self.value, tuple):
+            return f"{int(self.value[0])}, {int(self.value[1])}"
+        return str(int(self.value))
+
+    @property
+    def text(self) -> str:
+        """The command-line form of the key: ``123`` or ``42:1001``."""
+        if isinstance(self.value, tuple):
+            return f"{self.value[0]}:{self.value[1]}"
+        return str(self.value)
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.text})" if self.name else self.text
+
+    @classmethod
+    def parse(cls, text: str, *, namespace: int | None = None) -> Key:
+        """Read a key from its command-line form (DESIGN §5).
+
+        ``123`` is an int64, ``42:1001`` a pair, anything else a name, derived as an int64
+        key or, with ``namespace``, as a pair in that namespace.
+        """
+        if not isinstance(text, str):
+            raise InvalidKeyError(f"a key's text form must be a str, got {type(text).__name__}")
+        parts = text.split(":")
+        numeric = len(parts) == 2 and all(_is_int_literal(p) for p in parts)
+        if numeric or _is_int_literal(text):
+            if namespace is not None:
+                raise InvalidKeyError(
+                    f"namespace= applies to names only; {text!r} is a numeric key"
+                )
+            return cls((int(parts[0]), int(parts[1]))) if numeric else cls(int(text))
+        return from_name(text, namespace=namespace)
+
+
+KeyLike: TypeAlias = Key | int | tuple[int, int] | str
+"""What every pgsolo call accepts as a key."""
+
+
+def _is_int_literal(text: str) -> bool:
+    body = text[1:] if text[:1] in "+-" else text
+    return body.isascii() and body.isdigit()
+
+
+def _check_int(value: object, low: int, high: int, what: str) -> None:
+    # bool is an int subclass; True as a lock key is always a bug.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidKeyError(f"{what} must be an int, got {type(value).__name__} {value!r}")
+    if not low <= value <= high:
+        raise InvalidKeyError(f"{what} must be in [{low}, {high}], got {value}")
+
+
+def _check_name(name: object) -> bytes:
+    if not isinstance(name, str):
+        raise InvalidKeyError(f"a key name must be a str, got {type(name).__name__}")
+    if not name:
+        raise InvalidKeyError("a key name must not be empty")
+    if "\0" in name:
+        raise InvalidKeyError("a key name must not contain a NUL character")
+    try:
+        encoded = name.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidKeyError(f"a key name must be valid Unicode text: {exc}") from None
+    if len(encoded) > MAX_NAME_BYTES:
+        raise InvalidKeyError(
+            f"a key name must be at most {MAX_NAME_BYTES} UTF-8 bytes, got {len(encoded)}"
+        )
+    return encoded
+
+
+def _digest(name: str) -> bytes:
+    return hashlib.sha256(_check_name(name)).digest()
+
+
+def derive_int64(name: str) -> int:
+    """The int64 key of ``name``: the first 8 bytes of SHA-256, big-endian, signed."""
+    return int.from_bytes(_digest(name)[:8], "big", signed=True)
+
+
+def derive_int32(name: str) -> int:
+    """The resource half of a pair key: the first 4 bytes of SHA-256, big-endian, signed."""
+    return int.from_bytes(_digest(name)[:4], "big", signed=True)
+
+
+def from_name(name: str, *, namespace: int | None = None) -> Key:
+    """The key derived from ``name`` (an int64, or a pair within ``namespace``)."""
+    if namespace is None:
+        return Key(derive_int64(name), name)
+    _check_int(namespace, INT32_MIN, INT32_MAX, "a namespace")
+    return Key((namespace, derive_int32(name)), name)
+
+
+def name_to_sql(name: str, *, namespace: int | None = None) -> str:
+    """The SQL expression that derives the same key on the server, for use from psql."""
+    _check_name(name)
+    literal = _sql_literal(name)
+    digest = f"encode(sha256(convert_to({literal}, 'UTF8')), 'hex')"
+    if namespace is None:
+        return f"('x' || substr({digest}, 1, 16))::bit(64)::bigint"
+    _check_int(namespace, INT32_MIN, INT32_MAX, "a namespace")
+    return f"{namespace}, ('x' || substr({digest}, 1, 8))::bit(32)::int"
+
+
+def _sql_literal(text: str) -> str:
+    """``text`` as a SQL string literal that reads the same whatever the session settings.
+
+    A plain ``'...'`` literal treats a backslash as an escape when
+    ``standard_conforming_strings`` is off, which would change the key or let the name
+    break out of the literal; an ``E'...'`` literal escapes backslashes in every setting.
+    """
+    quoted = text.replace("'", "''")
+    if "\\" not in text:
+        return f"'{quoted}'"
+    return "E'" + quoted.replace("\\", "\\\\") + "'"
+
+
+def as_key(key: KeyLike, *, namespace: int | None = None, registry: Registry | None = None) -> Key:
+    """Validate anything pgsolo accepts as a key and return a :class:`Key`.
+
+    A ``str`` is a name: looked up in ``registry`` first, derived otherwise (and then
+    checked against the registry's keys, so a derived key can never silently collide
+    with a registered one).
+    """
+    if isinstance(key, Key):
+        if namespace is not None:
+            raise InvalidKeyError("namespace= applies to names only; a Key is used as given")
+        return key
+    if isinstance(key, str):
+        if registry is not None:
+            return registry.resolve(key, namespace=namespace)
+        return from_name(key, namespace=namespace)
+    if namespace is not None:
+        raise InvalidKeyError("namespace= applies to names only; a numeric key is used as given")
+    if isinstance(key, tuple | list):
+        if len(key) != 2:
+            raise InvalidKeyError(f"a pair key has exactly two parts, got {key!r}")
+        return Key((key[0], key[1]))
+    if isinstance(key, bool) or not isinstance(key, int):
+        raise InvalidKeyError(
+            "a key is an int (int64), a pair of ints (int32, int32) or a name (str); "
+            f"got {type(key).__name__} {key!r}"
+        )
+    return Key(key)
+
+
+def decode_pg_lock(classid: int, objid: int, objsubid: int) -> Key:
+    """The key of an advisory row of ``pg_locks`` (DESIGN §2, normative).
+
+    ``classid`` and ``objid`` are unsigned oids there, so negative keys show up as large
+    numbers: ``objsubid = 1`` is an int64 key ``(classid << 32) | objid``, ``objsubid = 2``
+    a pair ``(int32(classid), int32(objid))``.
+    """
+    for part in (classid, objid):
+        if isinstance(part, bool) or not isinstance(part, int) or not 0 <= part < 2**32:
+            raise InvalidKeyError(f"pg_locks oids are unsigned 32-bit integers, got {part!r}")
+    if isinstance(objsubid, bool):
+        raise InvalidKeyError(f"objsubid {objsubid!r} is not an advisory key (expected 1 or 2)")
+    if objsubid == 1:
+        return Key(_signed((classid << 32) | objid, 64))
+    if objsubid == 2:
+        return Key((_signed(classid, 32), _signed(objid, 32)))
+    raise InvalidKeyError(f"objsubid {objsubid!r} is not an advisory key (expected 1 or 2)")
+
+
+def _signed(value: int, bits: int) -> int:
+    return value - (1 << bits) if value >= 1 << (bits - 1) else value
+
+
+class Registry:
+    """An explicit map from names to keys, so that no two jobs can share a key.
+
+    A hash can collide; a registry cannot: registering one name on two keys, or two
+    names on one key, raises :class:`~pgsolo.errors.KeyCollisionError` at registration,
+    and resolving an unregistered name whose derived key is already registered does too.
+    Namespaces can be named as well, so that the monitor can show ``jobs:1001``.
+    """
+
+    def __init__(
+        self,
+        locks: Mapping[str, int | tuple[int, int]] | None = None,
+        *,
+        namespaces: Mapping[str, int] | None = None,
+    ) -> None:
+        self._by_name: dict[str, Key] = {}
+        self._by_key: dict[Key, str] = {}
+        self._namespaces: dict[str, int] = {}
+        for ns_name, number in (namespaces or {}).items():
+            self.register_namespace(ns_name, number)
+        for name, value in (locks or {}).items():
+            self.register(name, value)
+
+    def register(self, name: str, key: int | tuple[int, int] | Key) -> Key:
+        """Map ``name`` to ``key``; registering the same pair twice is harmless."""
+        _check_name(name)
+        if isinstance(key, str):
+            # A str here is a mistake (say "42:1001" in a TOML file); deriving a key from
+            # it would silently register a hash instead of the number the user meant.
+            raise InvalidKeyError(
+                f"the key of {name!r} must be an int or a pair of ints, got str {key!r}"
+            )
+        value = key.value if isinstance(key, Key) else as_key(key).value
+        new = Key(value, name)
+        if (existing := self._by_name.get(name)) is not None:
+            if existing == new:
+                return existing
+            raise KeyCollisionError(
+                f"name {name!r} is already registered on key {existing.text}, not {new.text}"
+            )
+        if (owner := self._by_key.get(new)) is not None:
+            raise KeyCollisionError(f"key {new.text} is already registered to {owner!r}")
+        self._by_name[name] = new
+        self._by_key[new] = name
+        return new
+
+    def register_namespace(self, name: str, number: int) -> None:
+        _check_name(name)
+        _check_int(number, INT32_MIN, INT32_MAX, "a namespace")
+        if self._namespaces.get(name, number) != number:
+            raise KeyCollisionError(f"namespace {name!r} is already {self._namespaces[name]}")
+        if any(n == number and other != name for other, n in self._namespaces.items()):
+            raise KeyCollisionError(f"namespace {number} is already named")
+        self._namespaces[name] = number
+
+    def resolve(self, name: str, *, namespace: int | None = None) -> Key:
+        """The key for ``name``: registered, or derived and checked against the registry."""
+        if (registered := self._by_name.get(name)) is not None:
+            return registered
+        derived = from_name(name, namespace=namespace)
+        if (owner := self._by_key.get(derived)) is not None:
+            raise KeyCollisionError(
+                f"name {name!r} derives key {derived.text}, which is registered to {owner!r}"
+            )
+        return derived
+
+    def name_of(self, key: Key) -> str | None:
+        """The registered name of ``key``, if any (used to label ``pg_locks`` rows)."""
+        return self._by_key.get(key)
+
+    def namespace_name(self, number: int) -> str | None:
+        return next((n for n, v in self._namespaces.items() if v == number), None)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._by_name
+
+    def __len__(self) -> int:
+        return len(self._by_name)
+
+    def items(self) -> list[tuple[str, Key]]:
+        return list(self._by_name.items())
+
+    @classmethod
+    def from_toml(cls, path: str | PathLike[str]) -> Registry:
+        """Load a registry from a TOML file::
+
+        [namespaces]
+        jobs = 42
+
+        [locks]
+        daily-settlement = [42, 1001]   # a pair
+        cache-refresh = 7               # an int64
+        """
+        with open(path, "rb") as handle:
+            try:
+                data = tomllib.load(handle)
+            except tomllib.TOMLDecodeError as exc:
+                raise InvalidKeyError(f"{path}: not valid TOML: {exc}") from None
+        unknown = set(data) - {"locks", "namespaces"}
+        if unknown:
+            raise InvalidKeyError(f"{path}: unknown tables {sorted(unknown)}")
+        locks = data.get("locks", {})
+        namespaces = data.get("namespaces", {})
+        if not isinstance(locks, dict) or not isinstance(namespaces, dict):
+            raise InvalidKeyError(f"{path}: [locks] and [namespaces] must be tables")
+        try:
+            registry = cls(namespaces=namespaces)
+        except (InvalidKeyError, KeyCollisionError) as exc:
+            raise type(exc)(f"{path}: [namespaces]: {exc}") from None
+        for name, raw in locks.items():
+            value = tuple(raw) if isinstance(raw, list) else raw
+            try:
+                registry.register(name, value)
+            except (InvalidKeyError, KeyCollisionError) as exc:
+                raise type(exc)(f"{path}: lock {name!r}: {exc}") from None
+        return registry
+
+
+def encode_pg_lock(key: Key) -> tuple[int, int, int]:
+    """The ``(classid, objid, objsubid)`` of ``key`` in ``pg_locks``: the inverse of
+    :func:`decode_pg_lock`."""
+    if isinstance(key.value, tuple):
+        namespace, resource = key.value
+        return namespace & 0xFFFFFFFF, resource & 0xFFFFFFFF, 2
+    unsigned = key.value & 0xFFFFFFFFFFFFFFFF
+    return unsigned >> 32, unsigned & 0xFFFFFFFF, 1

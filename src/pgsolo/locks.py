@@ -1,0 +1,768 @@
+"""Advisory locks: transaction or session lifetime, try or wait, exclusive or shared.
+
+The logic lives once, in :class:`_LockCore`, as generators that yield the statements to
+send and receive what the server answered (a "sans-I/O" core). :class:`Lock` drives them
+with a sync driver and :class:`AsyncLock` with an async one, so the two cannot drift.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+import weakref
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar, overload
+
+from . import sql
+from .drivers import (
+    AsyncDriver,
+    DriverBase,
+    SyncDriver,
+    TxStatus,
+    adapt,
+    adapt_async,
+    adapt_sync,
+    is_async,
+)
+from .errors import (
+    ConnectionStateError,
+    LockLostError,
+    LockNotHeldError,
+    LockTimeoutError,
+    LockUnavailableError,
+    TransactionFailedError,
+    UnsafeConnectionError,
+    UsageError,
+)
+from .keys import Key, KeyLike, Registry, as_key
+
+if TYPE_CHECKING:
+    import psycopg
+
+__all__ = [
+    "AsyncLock",
+    "Lock",
+    "async_pool_reset",
+    "held_session_locks",
+    "pool_reset",
+    "session_lock",
+    "xact_lock",
+]
+
+logger = logging.getLogger("pgsolo")
+
+T = TypeVar("T")
+# A plan yields the statements to send in one round trip and receives the first value
+# of the last row-returning statement; the driver's exceptions are thrown into it.
+Plan = Generator[Sequence[str], object, T]
+
+MAX_WAIT_SECONDS = 2_147_483  # lock_timeout is an int of milliseconds on the server
+
+
+# -- what each connection holds --------------------------------------------------------
+#
+# PostgreSQL lets one session take the same key any number of times, so two threads or
+# tasks sharing a connection would both "get" a lock. pgsolo keeps its own count per
+# connection object and refuses a second holder unless re-entrancy was asked for.
+
+
+@dataclass
+class _Held:
+    shared: bool
+    count: int
+    pending: bool  # the first acquisition is still on its way to the server
+
+
+@dataclass
+class _Holdings:
+    pid: int
+    keys: dict[Key, _Held]
+
+
+_HOLDINGS: weakref.WeakKeyDictionary[object, _Holdings] = weakref.WeakKeyDictionary()
+_HOLDINGS_LOCK = threading.Lock()
+
+Claim = Literal["new", "reentered", "busy"]
+
+
+def _claim(conn: object, pid: int, key: Key, *, shared: bool, reentrant: bool) -> Claim:
+    with _HOLDINGS_LOCK:
+        holdings = _HOLDINGS.get(conn)
+        if holdings is None or holdings.pid != pid:
+            holdings = _HOLDINGS[conn] = _Holdings(pid, {})
+        held = holdings.keys.get(key)
+        if held is None:
+            holdings.keys[key] = _Held(shared, 1, pending=True)
+            return "new"
+        if reentrant and held.shared == shared and not held.pending:
+            held.count += 1
+            return "reentered"
+        return "busy"
+
+
+def _confirm(conn: object, key: Key) -> None:
+    with _HOLDINGS_LOCK:
+        if (holdings := _HOLDINGS.get(conn)) and (held := holdings.keys.get(key)):
+            held.pending = False
+
+
+def _unclaim(conn: object, key: Key) -> int:
+    """Drop one hold of ``key``; return how many remain on this connection."""
+    with _HOLDINGS_LOCK:
+        holdings = _HOLDINGS.get(conn)
+        held = holdings.keys.get(key) if holdings else None
+        if holdings is None or held is None:
+            return 0
+        held.count -= 1
+        if held.count <= 0:
+            del holdings.keys[key]
+            return 0
+        return held.count
+
+
+def _forget_all(conn: object) -> list[Key]:
+    with _HOLDINGS_LOCK:
+        holdings = _HOLDINGS.pop(conn, None)
+    return list(holdings.keys) if holdings else []
+
+
+def held_session_locks(conn: object) -> list[Key]:
+    """The session locks pgsolo took on ``conn`` and has not released."""
+    with _HOLDINGS_LOCK:
+        holdings = _HOLDINGS.get(conn)
+        return [k for k, held in holdings.keys.items() if not held.pending] if holdings else []
+
+
+# -- the core ---------------------------------------------------------------------------
+
+
+def _validate_wait(wait: float | None) -> int | None:
+    """``wait`` in whole milliseconds (rounded up), or None for a try."""
+    if wait is None:
+        return None
+    if isinstance(wait, bool) or not isinstance(wait, int | float):
+        raise UsageError(f"wait must be a number of seconds or None, got {wait!r}")
+    if not math.isfinite(wait) or wait <= 0 or wait > MAX_WAIT_SECONDS:
+        raise UsageError(
+            f"wait must be more than 0 and at most {MAX_WAIT_SECONDS} seconds, got {wait!r};"
+            " use wait=None to try once without waiting"
+        )
+    return max(1, math.ceil(wait * 1000))
+
+
+def _outside_transaction(driver: DriverBase, statements: list[str]) -> list[str]:
+    """Statements that must not leave a transaction open behind them.
+
+    A driver that opens transactions by itself would leave the session "idle in
+    transaction" for as long as a session lock is held; close what it opened.
+    """
+    if driver.begins_implicitly and driver.transaction_status() is TxStatus.IDLE:
+        return [*statements, sql.COMMIT]
+    return statements
+
+
+class _LockCore:
+    """One lock on one connection: its state, and the plans both shells drive."""
+
+    def __init__(
+        self,
+        driver: DriverBase,
+        key: Key,
+        lifetime: sql.Lifetime,
+        *,
+        wait_ms: int | None,
+        shared: bool,
+        reentrant: bool,
+    ) -> None:
+        self.driver = driver
+        self.key = key
+        self.lifetime: sql.Lifetime = lifetime
+        self.wait_ms = wait_ms
+        self.shared = shared
+        self.reentrant = reentrant
+        self.acquired = False
+        self.backend_pid: int | None = None
+        self.opened_transaction = False
+
+    # - logging -
+
+    def _log(self, level: int, event: str, started: float | None = None, **extra: object) -> None:
+        if not logger.isEnabledFor(level):
+            return
+        info = self.driver.server_info()
+        fields: dict[str, object] = {
+            "event": event,
+            "key": self.key.text,
+            "name": self.key.name,
+            "lifetime": self.lifetime,
+            "mode": "wait" if self.wait_ms is not None else "try",
+            "shared": self.shared,
+            "database": info.database,
+            "server": info.address,
+            "application_name": info.application_name,
+            "backend_pid": self.driver.backend_pid(),
+        }
+        if started is not None:
+            fields["duration_ms"] = round((time.perf_counter() - started) * 1000, 3)
+        fields.update(extra)
+        logger.log(
+            level,
+            "advisory lock %s: %s",
+            event,
+            " ".join(f"{k}={v}" for k, v in fields.items() if k != "event" and v is not None),
+            extra={"pgsolo": fields},
+        )
+
+    @property
+    def _wait_seconds(self) -> float:
+        return (self.wait_ms or 0) / 1000
+
+    def _timeout_error(self, exc: BaseException | None = None) -> LockTimeoutError:
+        info = self.driver.server_info()
+        return LockTimeoutError(
+            f"timed out after {self._wait_seconds:g}s waiting for {self.lifetime} lock"
+            f" {self.key} on database {info.database!r} at {info.address}",
+            key=self.key,
+            timeout=self._wait_seconds,
+        )
+
+    def _usable_status(self) -> TxStatus:
+        status = self.driver.transaction_status()
+        if status is TxStatus.INERROR:
+            raise ConnectionStateError(
+                "the connection's transaction has failed; roll it back before taking a lock"
+            )
+        if status in (TxStatus.ACTIVE, TxStatus.UNKNOWN):
+            raise ConnectionStateError(
+                f"the connection cannot take a lock now (status {status.value}):"
+                " it is closed, broken, or running another statement"
+            )
+        return status
+
+    def _quietly(self, statements: list[str]) -> Plan[object]:
+        """Send clean-up statements; a dead connection has nothing left to clean."""
+        if self.driver.is_closed():
+            return None
+        try:
+            return (yield statements)
+        except Exception as exc:
+            logger.debug("pgsolo clean-up %s failed: %r", statements, exc)
+            return None
+
+    # - plans -
+
+    def acquire(self, *, context: bool) -> Plan[bool]:
+        if self.acquired:
+            raise UsageError(f"lock {self.key} is already acquired by this Lock object")
+        if self.lifetime == "xact":
+            return (yield from self._acquire_xact(context=context))
+        return (yield from self._acquire_session())
+
+    def _acquire_xact(self, *, context: bool) -> Plan[bool]:
+        driver = self.driver
+        status = self._usable_status()
+        statements: list[str] = []
+        in_callers_transaction = status is TxStatus.INTRANS
+        if status is TxStatus.IDLE:
+            if context:
+                self.opened_transaction = True
+                if not driver.begins_implicitly:
+                    statements.append(sql.BEGIN)
+            elif not driver.begins_implicitly:
+                raise ConnectionStateError(
+                    "a transaction-level lock needs an open transaction, and this autocommit"
+                    " connection has none: PostgreSQL would release the lock as soon as this"
+                    " statement ended. Open one first (with conn.transaction(): ...), use the"
+                    " lock as a context manager (it opens one), or use session_lock()."
+                )
+        acquire = sql.acquire(self.key, "xact", wait=self.wait_ms is not None, shared=self.shared)
+        if self.wait_ms is None:
+            statements.append(acquire)
+        elif in_callers_transaction:
+            # A savepoint keeps the caller's transaction usable if the wait times out.
+            statements += [
+                sql.WAIT_SAVEPOINT,
+                sql.set_local_lock_timeout(self.wait_ms),
+                acquire,
+                sql.WAIT_SAVEPOINT_RELEASE,
+            ]
+        else:
+            statements += [sql.set_local_lock_timeout(self.wait_ms), acquire]
+        started = time.perf_counter()
+        try:
+            value = yield statements
+        except BaseException as exc:
+            if self.opened_transaction:
+                self.opened_transaction = False
+                yield from self._quietly([sql.ROLLBACK])
+            elif in_callers_transaction and self.wait_ms is not None:
+                yield from self._quietly([sql.WAIT_SAVEPOINT_UNDO, sql.WAIT_SAVEPOINT_RELEASE])
+            if self.wait_ms is not None and driver.sqlstate(exc) == sql.SQLSTATE_LOCK_NOT_AVAILABLE:
+                self._log(logging.INFO, "timeout", started)
+                raise self._timeout_error() from exc
+            self._log(logging.WARNING, "error", started, error=repr(exc))
+            raise
+        self.acquired = self.wait_ms is not None or value is True
+        self.backend_pid = driver.backend_pid() if self.acquired else None
+        self._log(logging.INFO, "acquired" if self.acquired else "busy", started)
+        return self.acquired
+
+    def _acquire_session(self) -> Plan[bool]:
+        driver = self.driver
+        conn = driver.connection
+        status = self._usable_status()
+        pid = driver.backend_pid()
+        claim = _claim(conn, pid, self.key, shared=self.shared, reentrant=self.reentrant)
+        if claim == "reentered":
+            self.acquired, self.backend_pid = True, pid
+            self._log(logging.DEBUG, "reentered")
+            return True
+        if claim == "busy":
+            self._log(logging.INFO, "busy", reason="held-by-this-connection")
+            if self.wait_ms is not None:
+                raise LockUnavailableError(
+                    f"session lock {self.key} is already held on this connection (backend pid"
+                    f" {pid}); PostgreSQL would grant it again, so two holders sharing one"
+                    " connection would both run. Use another connection, or reentrant=True"
+                    " if the same code path re-enters on purpose.",
+                    key=self.key,
+                )
+            return False
+
+        wait = self.wait_ms is not None
+        acquire = sql.acquire(self.key, "session", wait=wait, shared=self.shared)
+        if self.wait_ms is None:
+            statements = _outside_transaction(driver, [acquire])
+        elif status is TxStatus.INTRANS:
+            # Rolling back to the savepoint restores lock_timeout; the session lock stays.
+            statements = [
+                sql.WAIT_SAVEPOINT,
+                sql.set_local_lock_timeout(self.wait_ms),
+                acquire,
+                sql.WAIT_SAVEPOINT_UNDO,
+                sql.WAIT_SAVEPOINT_RELEASE,
+            ]
+        else:
+            # SET LOCAL dies with this short transaction; the session lock outlives it.
+            opening = [] if driver.begins_implicitly else [sql.BEGIN]
+            statements = [*opening, sql.set_local_lock_timeout(self.wait_ms), acquire, sql.COMMIT]
+        started = time.perf_counter()
+        try:
+            value = yield statements
+        except BaseException as exc:
+            if status is TxStatus.INTRANS:
+                yield from self._quietly([sql.WAIT_SAVEPOINT_UNDO, sql.WAIT_SAVEPOINT_RELEASE])
+            elif driver.transaction_status() in (TxStatus.INTRANS, TxStatus.INERROR):
+                yield from self._quietly([sql.ROLLBACK])
+            # The grant can race the timeout or the interruption: ask the server.
+            granted = (
+                yield from self._quietly([sql.held_here(self.key, shared=self.shared)])
+            ) is True
+            timed_out = wait and driver.sqlstate(exc) == sql.SQLSTATE_LOCK_NOT_AVAILABLE
+            if granted and timed_out:
+                _confirm(conn, self.key)
+                self.acquired, self.backend_pid = True, pid
+                self._log(logging.INFO, "acquired", started, note="granted as the timeout fired")
+                return True
+            if granted:
+                yield from self._quietly(_outside_transaction(driver, [self._unlock_sql]))
+            _unclaim(conn, self.key)
+            if timed_out:
+                self._log(logging.INFO, "timeout", started)
+                raise self._timeout_error() from exc
+            self._log(logging.WARNING, "error", started, error=repr(exc))
+            raise
+        if not wait and value is not True:
+            _unclaim(conn, self.key)
+            self._log(logging.INFO, "busy", started)
+            return False
+        _confirm(conn, self.key)
+        self.acquired, self.backend_pid = True, pid
+        self._log(logging.INFO, "acquired", started)
+        return True
+
+    @property
+    def _unlock_sql(self) -> str:
+        return sql.unlock(self.key, shared=self.shared)
+
+    def release(self) -> Plan[None]:
+        if self.lifetime == "xact":
+            raise UsageError(
+                "a transaction-level lock has no unlock: it is released by COMMIT or ROLLBACK"
+            )
+        if not self.acquired:
+            self._log(logging.WARNING, "release-not-held")
+            raise LockNotHeldError(
+                f"session lock {self.key} is not held by this Lock object", key=self.key
+            )
+        driver = self.driver
+        conn = driver.connection
+        self.acquired = False
+        if _unclaim(conn, self.key) > 0:
+            self._log(logging.DEBUG, "released", note="re-entrant hold remains")
+            return
+        if driver.is_closed():
+            self._log(logging.WARNING, "lost", reason="connection closed")
+            raise LockLostError(
+                f"session lock {self.key} was lost: its connection is closed, so PostgreSQL"
+                " released the lock when the session ended",
+                key=self.key,
+            )
+        if driver.backend_pid() != self.backend_pid:
+            raise UnsafeConnectionError(
+                f"session lock {self.key} was taken on backend pid {self.backend_pid} but the"
+                f" connection now talks to pid {driver.backend_pid()}; the lock cannot be"
+                " released from here"
+            )
+        statements = [self._unlock_sql]
+        if driver.transaction_status() is TxStatus.INERROR:
+            # An aborted transaction can only be rolled back; the unlock must still happen.
+            self._log(logging.WARNING, "rollback-before-release")
+            statements = [sql.ROLLBACK, *statements]
+        started = time.perf_counter()
+        try:
+            value = yield _outside_transaction(driver, statements)
+        except BaseException as exc:
+            if driver.is_closed():
+                self._log(logging.WARNING, "lost", started, error=repr(exc))
+                raise LockLostError(
+                    f"session lock {self.key} was lost: the connection failed ({exc})",
+                    key=self.key,
+                ) from exc
+            self._log(logging.WARNING, "error", started, error=repr(exc))
+            raise
+        if value is not True:
+            self._log(logging.WARNING, "lost", started, reason="server says not held")
+            raise LockNotHeldError(
+                f"session lock {self.key} was no longer held by backend pid {self.backend_pid}"
+                " when released: something released it while the work ran"
+                " (pg_advisory_unlock_all, DISCARD ALL, or a second unlock)",
+                key=self.key,
+            )
+        self._log(logging.DEBUG, "released", started)
+
+    def exit(self, *, failed: bool) -> Plan[None]:
+        """Leave the ``with`` block: release the session lock, or end the transaction
+        pgsolo opened. A failure of the block itself is never masked."""
+        if self.lifetime == "session":
+            if not self.acquired:
+                return
+            if not failed:
+                yield from self.release()
+                return
+            try:
+                yield from self.release()
+            except Exception as exc:
+                logger.warning("pgsolo: releasing %s after a failure: %r", self.key, exc)
+            return
+        if not self.opened_transaction:
+            return
+        self.opened_transaction = False
+        status = self.driver.transaction_status()
+        if status is TxStatus.IDLE:
+            return  # the block ended the transaction itself
+        if failed:
+            yield from self._quietly([sql.ROLLBACK])
+            return
+        if status is TxStatus.INERROR:
+            yield [sql.ROLLBACK]
+            raise TransactionFailedError(
+                f"the transaction holding {self.key} failed inside the block (an error was"
+                " caught there and not re-raised); it was rolled back and nothing committed"
+            )
+        yield [sql.COMMIT if self.acquired else sql.ROLLBACK]
+        if self.acquired:
+            self._log(logging.DEBUG, "released")
+
+    def is_held(self) -> Plan[bool]:
+        """Ask the server (``pg_locks``) whether this backend holds the key right now."""
+        if self.driver.is_closed():
+            return False
+        if self.driver.transaction_status() is TxStatus.INERROR:
+            raise ConnectionStateError("the connection's transaction has failed; roll back first")
+        statements = _outside_transaction(
+            self.driver, [sql.held_here(self.key, shared=self.shared)]
+        )
+        return (yield statements) is True
+
+
+def _drive(plan: Plan[T], driver: SyncDriver) -> T:
+    try:
+        statements = next(plan)
+        while True:
+            try:
+                value = driver.fetch_value(statements)
+            except BaseException as exc:
+                statements = plan.throw(exc)
+            else:
+                statements = plan.send(value)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
+async def _adrive(plan: Plan[T], driver: AsyncDriver) -> T:
+    try:
+        statements = next(plan)
+        while True:
+            try:
+                value = await driver.fetch_value(statements)
+            except BaseException as exc:
+                statements = plan.throw(exc)
+            else:
+                statements = plan.send(value)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
+# -- the public shells --------------------------------------------------------------------
+
+
+class _LockView:
+    _core: _LockCore
+
+    @property
+    def key(self) -> Key:
+        return self._core.key
+
+    @property
+    def lifetime(self) -> sql.Lifetime:
+        return self._core.lifetime
+
+    @property
+    def shared(self) -> bool:
+        return self._core.shared
+
+    @property
+    def acquired(self) -> bool:
+        """Whether this object acquired the lock (and, for a session lock, still holds it)."""
+        return self._core.acquired
+
+    @property
+    def backend_pid(self) -> int | None:
+        """The backend pid the lock was taken on."""
+        return self._core.backend_pid
+
+    def __repr__(self) -> str:
+        state = "acquired" if self.acquired else "not acquired"
+        return f"<{type(self).__name__} {self.lifetime} {self.key} {state}>"
+
+
+class Lock(_LockView):
+    """An advisory lock on a sync connection; see :func:`xact_lock` and :func:`session_lock`."""
+
+    def __init__(self, core: _LockCore, driver: SyncDriver) -> None:
+        self._core = core
+        self._driver = driver
+
+    def acquire(self) -> bool:
+        """Try (or wait, if ``wait=`` was given) and return whether the lock was acquired.
+
+        A wait that runs out raises :class:`~pgsolo.LockTimeoutError`.
+        """
+        return _drive(self._core.acquire(context=False), self._driver)
+
+    def release(self) -> None:
+        """Release a session lock on the connection it was taken on."""
+        _drive(self._core.release(), self._driver)
+
+    def is_held(self) -> bool:
+        return _drive(self._core.is_held(), self._driver)
+
+    def __enter__(self) -> Self:
+        _drive(self._core.acquire(context=True), self._driver)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        _drive(self._core.exit(failed=exc_type is not None), self._driver)
+
+
+class AsyncLock(_LockView):
+    """An advisory lock on an async connection; the twin of :class:`Lock`."""
+
+    def __init__(self, core: _LockCore, driver: AsyncDriver) -> None:
+        self._core = core
+        self._driver = driver
+
+    async def acquire(self) -> bool:
+        return await _adrive(self._core.acquire(context=False), self._driver)
+
+    async def release(self) -> None:
+        await _adrive(self._core.release(), self._driver)
+
+    async def is_held(self) -> bool:
+        return await _adrive(self._core.is_held(), self._driver)
+
+    async def __aenter__(self) -> Self:
+        await _adrive(self._core.acquire(context=True), self._driver)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await _adrive(self._core.exit(failed=exc_type is not None), self._driver)
+
+
+def _make(
+    conn: object,
+    key: KeyLike,
+    lifetime: sql.Lifetime,
+    *,
+    wait: float | None,
+    shared: bool,
+    reentrant: bool,
+    namespace: int | None,
+    registry: Registry | None,
+) -> Lock | AsyncLock:
+    # Validate everything before touching the connection.
+    resolved = as_key(key, namespace=namespace, registry=registry)
+    wait_ms = _validate_wait(wait)
+    for flag, label in ((shared, "shared"), (reentrant, "reentrant")):
+        if not isinstance(flag, bool):
+            raise UsageError(f"{label} must be True or False, got {flag!r}")
+    driver = adapt(conn)
+    core = _LockCore(
+        driver, resolved, lifetime, wait_ms=wait_ms, shared=shared, reentrant=reentrant
+    )
+    if is_async(driver):
+        return AsyncLock(core, driver)
+    return Lock(core, driver)
+
+
+@overload
+def xact_lock(
+    conn: psycopg.AsyncConnection[Any],
+    key: KeyLike,
+    *,
+    wait: float | None = None,
+    shared: bool = False,
+    namespace: int | None = None,
+    registry: Registry | None = None,
+) -> AsyncLock: ...
+@overload
+def xact_lock(
+    conn: psycopg.Connection[Any],
+    key: KeyLike,
+    *,
+    wait: float | None = None,
+    shared: bool = False,
+    namespace: int | None = None,
+    registry: Registry | None = None,
+) -> Lock: ...
+def xact_lock(
+    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
+    key: KeyLike,
+    *,
+    wait: float | None = None,
+    shared: bool = False,
+    namespace: int | None = None,
+    registry: Registry | None = None,
+) -> Lock | AsyncLock:
+    """A transaction-level advisory lock: released by COMMIT or ROLLBACK, never leaked.
+
+    As a context manager it opens a transaction when none is open (BEGIN and the lock in
+    one round trip), commits it at the end of the block and rolls it back on an error.
+    Inside a transaction the caller already has, it joins that transaction and the lock
+    lasts until the caller ends it. ``wait=None`` tries once (``lock.acquired`` tells the
+    answer); ``wait=S`` waits up to S seconds with a server-side ``lock_timeout`` and
+    raises :class:`~pgsolo.LockTimeoutError` after that.
+    """
+    return _make(
+        conn,
+        key,
+        "xact",
+        wait=wait,
+        shared=shared,
+        reentrant=False,
+        namespace=namespace,
+        registry=registry,
+    )
+
+
+@overload
+def session_lock(
+    conn: psycopg.AsyncConnection[Any],
+    key: KeyLike,
+    *,
+    wait: float | None = None,
+    shared: bool = False,
+    reentrant: bool = False,
+    namespace: int | None = None,
+    registry: Registry | None = None,
+) -> AsyncLock: ...
+@overload
+def session_lock(
+    conn: psycopg.Connection[Any],
+    key: KeyLike,
+    *,
+    wait: float | None = None,
+    shared: bool = False,
+    reentrant: bool = False,
+    namespace: int | None = None,
+    registry: Registry | None = None,
+) -> Lock: ...
+def session_lock(
+    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
+    key: KeyLike,
+    *,
+    wait: float | None = None,
+    shared: bool = False,
+    reentrant: bool = False,
+    namespace: int | None = None,
+    registry: Registry | None = None,
+) -> Lock | AsyncLock:
+    """A session-level advisory lock, for work that spans commits or external calls.
+
+    It stays on the connection it was taken on until released (the ``with`` block
+    releases it in ``finally``) or until the session ends. A second acquisition of a
+    key this connection already holds is refused (busy for a try, an error for a wait)
+    unless ``reentrant=True``, in which case holds are counted.
+    """
+    return _make(
+        conn,
+        key,
+        "session",
+        wait=wait,
+        shared=shared,
+        reentrant=reentrant,
+        namespace=namespace,
+        registry=registry,
+    )
+
+
+def _reset_plan(driver: DriverBase) -> Plan[None]:
+    for key in _forget_all(driver.connection):
+        logger.warning(
+            "pgsolo: session lock %s was still held when its connection went back to the"
+            " pool; releasing it",
+            key,
+        )
+    status = driver.transaction_status()
+    statements = [sql.UNLOCK_ALL]
+    if status in (TxStatus.INTRANS, TxStatus.INERROR):
+        statements = [sql.ROLLBACK, *statements]
+    yield _outside_transaction(driver, statements)
+
+
+def pool_reset(conn: psycopg.Connection[Any]) -> None:
+    """A ``psycopg_pool.ConnectionPool(reset=...)`` hook: no connection goes back to the
+    pool holding a session lock, whether pgsolo or plain SQL took it."""
+    driver = adapt_sync(conn)
+    _drive(_reset_plan(driver), driver)
+
+
+async def async_pool_reset(conn: psycopg.AsyncConnection[Any]) -> None:
+    """The :func:`pool_reset` hook for ``psycopg_pool.AsyncConnectionPool``."""
+    driver = adapt_async(conn)
+    await _adrive(_reset_plan(driver), driver)

@@ -1,0 +1,107 @@
+"""Fixtures: a real PostgreSQL for every test, never a mock.
+
+The server is the one in ``PGSOLO_TEST_DSN`` when it is set, otherwise an embedded
+PostgreSQL from the ``pgserver`` package, started once per test session in a temporary
+directory and deleted afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import AsyncIterator, Callable, Iterator
+
+import psycopg
+import pytest
+
+from pgsolo.embedded import embedded_server
+from pgsolo.keys import Key, decode_pg_lock
+
+Connect = Callable[..., psycopg.Connection]
+
+
+@pytest.fixture(scope="session")
+def dsn() -> Iterator[str]:
+    configured = os.environ.get("PGSOLO_TEST_DSN")
+    if configured:
+        yield configured
+        return
+    with (
+        tempfile.TemporaryDirectory(prefix="pgsolo-test-") as data_dir,
+        embedded_server(data_dir, cleanup="delete") as uri,
+    ):
+        yield uri
+
+
+@pytest.fixture
+def connect(dsn: str) -> Iterator[Connect]:
+    """Open real connections (autocommit unless asked otherwise); all closed afterwards."""
+    opened: list[psycopg.Connection] = []
+
+    def _connect(*, autocommit: bool = True, **kwargs: object) -> psycopg.Connection:
+        conn = psycopg.connect(dsn, autocommit=autocommit, **kwargs)  # type: ignore[arg-type]
+        opened.append(conn)
+        return conn
+
+    yield _connect
+    for conn in opened:
+        conn.close()
+
+
+@pytest.fixture
+async def aconnect(dsn: str) -> AsyncIterator[Callable[..., object]]:
+    opened: list[psycopg.AsyncConnection] = []
+
+    async def _connect(*, autocommit: bool = True, **kwargs: object) -> psycopg.AsyncConnection:
+        conn = await psycopg.AsyncConnection.connect(dsn, autocommit=autocommit, **kwargs)  # type: ignore[arg-type]
+        opened.append(conn)
+        return conn
+
+    yield _connect
+    for conn in opened:
+        await conn.close()
+
+
+class Observer:
+    """A separate session that looks at ``pg_locks`` the way an operator would."""
+
+    def __init__(self, conn: psycopg.Connection) -> None:
+        self.conn = conn
+
+    def advisory(self, *, pid: int | None = None, granted: bool = True) -> set[Key]:
+        rows = self.conn.execute(
+            "SELECT classid::bigint, objid::bigint, objsubid FROM pg_locks"
+            " WHERE locktype = 'advisory' AND granted = %s"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+            " AND (%s::int IS NULL OR pid = %s::int)",
+            (granted, pid, pid),
+        ).fetchall()
+        return {decode_pg_lock(int(c), int(o), int(s)) for c, o, s in rows}
+
+    def holders(self, key: Key) -> set[int]:
+        rows = self.conn.execute(
+            "SELECT pid, classid::bigint, objid::bigint, objsubid FROM pg_locks"
+            " WHERE locktype = 'advisory' AND granted",
+        ).fetchall()
+        return {pid for pid, c, o, s in rows if decode_pg_lock(int(c), int(o), int(s)) == key}
+
+    def waiters(self, key: Key) -> set[int]:
+        rows = self.conn.execute(
+            "SELECT pid, classid::bigint, objid::bigint, objsubid FROM pg_locks"
+            " WHERE locktype = 'advisory' AND NOT granted",
+        ).fetchall()
+        return {pid for pid, c, o, s in rows if decode_pg_lock(int(c), int(o), int(s)) == key}
+
+
+@pytest.fixture
+def observer(connect: Connect) -> Observer:
+    return Observer(connect())
+
+
+_key_counter = iter(range(1, 1_000_000))
+
+
+@pytest.fixture
+def key() -> Key:
+    """A fresh pair key per test, so that tests never contend with each other."""
+    return Key((7_000_001, next(_key_counter) + os.getpid() % 1000 * 10_000))
