@@ -16,6 +16,7 @@ from os import PathLike
 from typing import TypeAlias
 
 from .errors import InvalidKeyError, KeyCollisionError
+from .literals import sql_literal
 
 __all__ = [
     "Key",
@@ -161,25 +162,12 @@ def from_name(name: str, *, namespace: int | None = None) -> Key:
 def name_to_sql(name: str, *, namespace: int | None = None) -> str:
     """The SQL expression that derives the same key on the server, for use from psql."""
     _check_name(name)
-    literal = _sql_literal(name)
+    literal = sql_literal(name)
     digest = f"encode(sha256(convert_to({literal}, 'UTF8')), 'hex')"
     if namespace is None:
         return f"('x' || substr({digest}, 1, 16))::bit(64)::bigint"
     _check_int(namespace, INT32_MIN, INT32_MAX, "a namespace")
     return f"{namespace}, ('x' || substr({digest}, 1, 8))::bit(32)::int"
-
-
-def _sql_literal(text: str) -> str:
-    """``text`` as a SQL string literal that reads the same whatever the session settings.
-
-    A plain ``'...'`` literal treats a backslash as an escape when
-    ``standard_conforming_strings`` is off, which would change the key or let the name
-    break out of the literal; an ``E'...'`` literal escapes backslashes in every setting.
-    """
-    quoted = text.replace("'", "''")
-    if "\\" not in text:
-        return f"'{quoted}'"
-    return "E'" + quoted.replace("\\", "\\\\") + "'"
 
 
 def as_key(key: KeyLike, *, namespace: int | None = None, registry: Registry | None = None) -> Key:

@@ -12,12 +12,12 @@ import math
 import threading
 import time
 import weakref
-from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Literal, Self, overload
 
 from . import sql
+from ._plans import Plan, adrive, drive
 from .drivers import (
     AsyncDriver,
     DriverBase,
@@ -55,10 +55,6 @@ __all__ = [
 
 logger = logging.getLogger("pgsolo")
 
-T = TypeVar("T")
-# A plan yields the statements to send in one round trip and receives the first value
-# of the last row-returning statement; the driver's exceptions are thrown into it.
-Plan = Generator[Sequence[str], object, T]
 
 MAX_WAIT_SECONDS = 2_147_483  # lock_timeout is an int of milliseconds on the server
 
@@ -75,6 +71,7 @@ class _Held:
     shared: bool
     count: int
     pending: bool  # the first acquisition is still on its way to the server
+    lifetime: sql.Lifetime = "session"
 
 
 @dataclass
@@ -89,19 +86,33 @@ _HOLDINGS_LOCK = threading.Lock()
 Claim = Literal["new", "reentered", "busy"]
 
 
-def _claim(conn: object, pid: int, key: Key, *, shared: bool, reentrant: bool) -> Claim:
+def _claim(
+    conn: object,
+    pid: int,
+    key: Key,
+    *,
+    shared: bool,
+    reentrant: bool,
+    lifetime: sql.Lifetime = "session",
+) -> Claim:
     with _HOLDINGS_LOCK:
         holdings = _HOLDINGS.get(conn)
         if holdings is None or holdings.pid != pid:
             holdings = _HOLDINGS[conn] = _Holdings(pid, {})
         held = holdings.keys.get(key)
         if held is None:
-            holdings.keys[key] = _Held(shared, 1, pending=True)
+            holdings.keys[key] = _Held(shared, 1, pending=True, lifetime=lifetime)
             return "new"
         if reentrant and held.shared == shared and not held.pending:
             held.count += 1
             return "reentered"
         return "busy"
+
+
+def _is_claimed(conn: object, pid: int, key: Key) -> bool:
+    with _HOLDINGS_LOCK:
+        holdings = _HOLDINGS.get(conn)
+        return holdings is not None and holdings.pid == pid and key in holdings.keys
 
 
 def _confirm(conn: object, key: Key) -> None:
@@ -134,7 +145,13 @@ def held_session_locks(conn: object) -> list[Key]:
     """The session locks pgsolo took on ``conn`` and has not released."""
     with _HOLDINGS_LOCK:
         holdings = _HOLDINGS.get(conn)
-        return [k for k, held in holdings.keys.items() if not held.pending] if holdings else []
+        if holdings is None:
+            return []
+        return [
+            k
+            for k, held in holdings.keys.items()
+            if held.lifetime == "session" and not held.pending
+        ]
 
 
 # -- the core ---------------------------------------------------------------------------
@@ -230,8 +247,9 @@ class _LockCore:
             timeout=self._wait_seconds,
         )
 
-    def _usable_status(self) -> TxStatus:
-        status = self.driver.transaction_status()
+    def _usable_status(self, status: TxStatus | None = None) -> TxStatus:
+        if status is None:
+            status = self.driver.transaction_status()
         if status is TxStatus.INERROR:
             raise ConnectionStateError(
                 "the connection's transaction has failed; roll it back before taking a lock"
@@ -262,9 +280,51 @@ class _LockCore:
             return (yield from self._acquire_xact(context=context))
         return (yield from self._acquire_session())
 
+    def _busy_here(self, pid: int) -> bool:
+        """Refuse a key this connection already holds through pgsolo."""
+        self._log(logging.INFO, "busy", reason="held-by-this-connection")
+        if self.wait_ms is None:
+            return False
+        hint = "" if self.lifetime == "xact" else ", or reentrant=True if that is on purpose"
+        raise LockUnavailableError(
+            f"{self.lifetime} lock {self.key} is already held on this connection (backend pid"
+            f" {pid}); PostgreSQL would grant it again, so two holders sharing one connection"
+            f" would both run. Use another connection{hint}.",
+            key=self.key,
+        )
+
     def _acquire_xact(self, *, context: bool) -> Plan[bool]:
         driver = self.driver
-        status = self._usable_status()
+        conn = driver.connection
+        status = driver.transaction_status()
+        pid = driver.backend_pid()
+        # A transaction pgsolo opens is tracked like a session lock, so that a second
+        # thread or task on the same connection cannot join it and "get" the key too.
+        owns = context and status is TxStatus.IDLE
+        if owns:
+            claim = _claim(
+                conn, pid, self.key, shared=self.shared, reentrant=False, lifetime="xact"
+            )
+            if claim == "busy":
+                return self._busy_here(pid)
+        elif _is_claimed(conn, pid, self.key):
+            return self._busy_here(pid)
+        try:
+            acquired = yield from self._acquire_xact_claimed(status, context=context)
+        except BaseException:
+            if owns:
+                _unclaim(conn, self.key)
+            raise
+        if owns:
+            if acquired:
+                _confirm(conn, self.key)
+            else:
+                _unclaim(conn, self.key)
+        return acquired
+
+    def _acquire_xact_claimed(self, status: TxStatus, *, context: bool) -> Plan[bool]:
+        driver = self.driver
+        status = self._usable_status(status)
         statements: list[str] = []
         in_callers_transaction = status is TxStatus.INTRANS
         if status is TxStatus.IDLE:
@@ -285,13 +345,22 @@ class _LockCore:
         elif in_callers_transaction:
             # A savepoint keeps the caller's transaction usable if the wait times out.
             statements += [
+                sql.SAVE_LOCK_TIMEOUT,
                 sql.WAIT_SAVEPOINT,
                 sql.set_local_lock_timeout(self.wait_ms),
                 acquire,
                 sql.WAIT_SAVEPOINT_RELEASE,
+                sql.RESTORE_LOCK_TIMEOUT,
             ]
         else:
-            statements += [sql.set_local_lock_timeout(self.wait_ms), acquire]
+            # The bound is for the wait only: the protected statements that follow run
+            # with the connection's own lock_timeout, put back in the same round trip.
+            statements += [
+                sql.SAVE_LOCK_TIMEOUT,
+                sql.set_local_lock_timeout(self.wait_ms),
+                acquire,
+                sql.RESTORE_LOCK_TIMEOUT,
+            ]
         started = time.perf_counter()
         try:
             value = yield statements
@@ -311,27 +380,36 @@ class _LockCore:
         self._log(logging.INFO, "acquired" if self.acquired else "busy", started)
         return self.acquired
 
+    def _claim_session(self) -> tuple[TxStatus, int, Claim]:
+        """Check the connection and claim the key on it, before any SQL.
+
+        A statement in flight (another thread or task sharing the connection) does not
+        change the answer for a key this connection already holds, so only a new claim
+        is refused for it.
+        """
+        driver = self.driver
+        status = driver.transaction_status()
+        if status is not TxStatus.ACTIVE:
+            self._usable_status(status)
+        pid = driver.backend_pid()
+        claim = _claim(
+            driver.connection, pid, self.key, shared=self.shared, reentrant=self.reentrant
+        )
+        if claim == "new" and status is TxStatus.ACTIVE:
+            _unclaim(driver.connection, self.key)
+            self._usable_status(status)  # raises: the connection is running a statement
+        return status, pid, claim
+
     def _acquire_session(self) -> Plan[bool]:
         driver = self.driver
         conn = driver.connection
-        status = self._usable_status()
-        pid = driver.backend_pid()
-        claim = _claim(conn, pid, self.key, shared=self.shared, reentrant=self.reentrant)
+        status, pid, claim = self._claim_session()
         if claim == "reentered":
             self.acquired, self.backend_pid = True, pid
             self._log(logging.DEBUG, "reentered")
             return True
         if claim == "busy":
-            self._log(logging.INFO, "busy", reason="held-by-this-connection")
-            if self.wait_ms is not None:
-                raise LockUnavailableError(
-                    f"session lock {self.key} is already held on this connection (backend pid"
-                    f" {pid}); PostgreSQL would grant it again, so two holders sharing one"
-                    " connection would both run. Use another connection, or reentrant=True"
-                    " if the same code path re-enters on purpose.",
-                    key=self.key,
-                )
-            return False
+            return self._busy_here(pid)
 
         wait = self.wait_ms is not None
         acquire = sql.acquire(self.key, "session", wait=wait, shared=self.shared)
@@ -358,10 +436,10 @@ class _LockCore:
                 yield from self._quietly([sql.WAIT_SAVEPOINT_UNDO, sql.WAIT_SAVEPOINT_RELEASE])
             elif driver.transaction_status() in (TxStatus.INTRANS, TxStatus.INERROR):
                 yield from self._quietly([sql.ROLLBACK])
-            # The grant can race the timeout or the interruption: ask the server.
-            granted = (
-                yield from self._quietly([sql.held_here(self.key, shared=self.shared)])
-            ) is True
+            # The grant can race the timeout or the interruption: ask the server (and
+            # leave no implicit transaction open behind the question).
+            held = _outside_transaction(driver, [sql.held_here(self.key, shared=self.shared)])
+            granted = (yield from self._quietly(held)) is True
             timed_out = wait and driver.sqlstate(exc) == sql.SQLSTATE_LOCK_NOT_AVAILABLE
             if granted and timed_out:
                 _confirm(conn, self.key)
@@ -419,7 +497,8 @@ class _LockCore:
                 " released from here"
             )
         statements = [self._unlock_sql]
-        if driver.transaction_status() is TxStatus.INERROR:
+        status = driver.transaction_status()
+        if status is TxStatus.INERROR:
             # An aborted transaction can only be rolled back; the unlock must still happen.
             self._log(logging.WARNING, "rollback-before-release")
             statements = [sql.ROLLBACK, *statements]
@@ -433,6 +512,15 @@ class _LockCore:
                     f"session lock {self.key} was lost: the connection failed ({exc})",
                     key=self.key,
                 ) from exc
+            if status is not TxStatus.INTRANS:
+                # An interruption (task cancelled, Ctrl-C) can cut the round trip short
+                # (e.g. before the COMMIT of an implicit transaction was sent, or before
+                # the unlock ran): leave neither our transaction nor the lock behind.
+                if driver.transaction_status() in (TxStatus.INTRANS, TxStatus.INERROR):
+                    yield from self._quietly([sql.ROLLBACK])
+                held = _outside_transaction(driver, [sql.held_here(self.key, shared=self.shared)])
+                if (yield from self._quietly(held)) is True:
+                    yield from self._quietly(_outside_transaction(driver, [self._unlock_sql]))
             self._log(logging.WARNING, "error", started, error=repr(exc))
             raise
         if value is not True:
@@ -462,6 +550,13 @@ class _LockCore:
         if not self.opened_transaction:
             return
         self.opened_transaction = False
+        try:
+            yield from self._end_own_transaction(failed=failed)
+        finally:
+            if self.acquired:
+                _unclaim(self.driver.connection, self.key)
+
+    def _end_own_transaction(self, *, failed: bool) -> Plan[None]:
         status = self.driver.transaction_status()
         if status is TxStatus.IDLE:
             return  # the block ended the transaction itself
@@ -488,34 +583,6 @@ class _LockCore:
             self.driver, [sql.held_here(self.key, shared=self.shared)]
         )
         return (yield statements) is True
-
-
-def _drive(plan: Plan[T], driver: SyncDriver) -> T:
-    try:
-        statements = next(plan)
-        while True:
-            try:
-                value = driver.fetch_value(statements)
-            except BaseException as exc:
-                statements = plan.throw(exc)
-            else:
-                statements = plan.send(value)
-    except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
-
-
-async def _adrive(plan: Plan[T], driver: AsyncDriver) -> T:
-    try:
-        statements = next(plan)
-        while True:
-            try:
-                value = await driver.fetch_value(statements)
-            except BaseException as exc:
-                statements = plan.throw(exc)
-            else:
-                statements = plan.send(value)
-    except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
 
 
 # -- the public shells --------------------------------------------------------------------
@@ -563,17 +630,17 @@ class Lock(_LockView):
 
         A wait that runs out raises :class:`~pgsolo.LockTimeoutError`.
         """
-        return _drive(self._core.acquire(context=False), self._driver)
+        return drive(self._core.acquire(context=False), self._driver)
 
     def release(self) -> None:
         """Release a session lock on the connection it was taken on."""
-        _drive(self._core.release(), self._driver)
+        drive(self._core.release(), self._driver)
 
     def is_held(self) -> bool:
-        return _drive(self._core.is_held(), self._driver)
+        return drive(self._core.is_held(), self._driver)
 
     def __enter__(self) -> Self:
-        _drive(self._core.acquire(context=True), self._driver)
+        drive(self._core.acquire(context=True), self._driver)
         return self
 
     def __exit__(
@@ -582,7 +649,7 @@ class Lock(_LockView):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        _drive(self._core.exit(failed=exc_type is not None), self._driver)
+        drive(self._core.exit(failed=exc_type is not None), self._driver)
 
 
 class AsyncLock(_LockView):
@@ -593,16 +660,16 @@ class AsyncLock(_LockView):
         self._driver = driver
 
     async def acquire(self) -> bool:
-        return await _adrive(self._core.acquire(context=False), self._driver)
+        return await adrive(self._core.acquire(context=False), self._driver)
 
     async def release(self) -> None:
-        await _adrive(self._core.release(), self._driver)
+        await adrive(self._core.release(), self._driver)
 
     async def is_held(self) -> bool:
-        return await _adrive(self._core.is_held(), self._driver)
+        return await adrive(self._core.is_held(), self._driver)
 
     async def __aenter__(self) -> Self:
-        await _adrive(self._core.acquire(context=True), self._driver)
+        await adrive(self._core.acquire(context=True), self._driver)
         return self
 
     async def __aexit__(
@@ -611,7 +678,7 @@ class AsyncLock(_LockView):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await _adrive(self._core.exit(failed=exc_type is not None), self._driver)
+        await adrive(self._core.exit(failed=exc_type is not None), self._driver)
 
 
 def _make(
@@ -759,10 +826,10 @@ def pool_reset(conn: psycopg.Connection[Any]) -> None:
     """A ``psycopg_pool.ConnectionPool(reset=...)`` hook: no connection goes back to the
     pool holding a session lock, whether pgsolo or plain SQL took it."""
     driver = adapt_sync(conn)
-    _drive(_reset_plan(driver), driver)
+    drive(_reset_plan(driver), driver)
 
 
 async def async_pool_reset(conn: psycopg.AsyncConnection[Any]) -> None:
     """The :func:`pool_reset` hook for ``psycopg_pool.AsyncConnectionPool``."""
     driver = adapt_async(conn)
-    await _adrive(_reset_plan(driver), driver)
+    await adrive(_reset_plan(driver), driver)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Literal
 
 from .keys import Key, encode_pg_lock
+from .literals import sql_literal
 
 Lifetime = Literal["xact", "session"]
 
@@ -25,6 +26,15 @@ UNLOCK_ALL = "SELECT pg_advisory_unlock_all()"
 WAIT_SAVEPOINT = "SAVEPOINT pgsolo_lock_wait"
 WAIT_SAVEPOINT_UNDO = "ROLLBACK TO SAVEPOINT pgsolo_lock_wait"
 WAIT_SAVEPOINT_RELEASE = "RELEASE SAVEPOINT pgsolo_lock_wait"
+# A transaction-level lock taken in that savepoint must outlive it, so the savepoint is
+# released, not rolled back, and its SET LOCAL would stay in force for the rest of the
+# caller's transaction: save the caller's lock_timeout first and put it back afterwards.
+SAVE_LOCK_TIMEOUT = (
+    "SELECT set_config('pgsolo.lock_timeout_before_wait', current_setting('lock_timeout'), true)"
+)
+RESTORE_LOCK_TIMEOUT = (
+    "SELECT set_config('lock_timeout', current_setting('pgsolo.lock_timeout_before_wait'), true)"
+)
 
 SQLSTATE_LOCK_NOT_AVAILABLE = "55P03"
 
@@ -66,3 +76,156 @@ def held_here(key: Key, *, shared: bool) -> str:
         f" AND classid = {classid} AND objid = {objid} AND objsubid = {objsubid}"
         f" AND mode = '{mode}')"
     )
+
+
+# -- the ledger and once-per-period records (created by `pgsolo migrate`) ---------------
+
+SCHEMA = "pgsolo"
+
+# Every version is applied once, in order, in one transaction that holds MIGRATION_KEY.
+MIGRATIONS: tuple[tuple[int, str], ...] = (
+    (
+        1,
+        """
+        CREATE TABLE pgsolo.job_runs (
+            id               bigserial PRIMARY KEY,
+            job              text NOT NULL,
+            lock_key         text NOT NULL,
+            outcome          text NOT NULL
+                             CHECK (outcome IN ('completed', 'skipped', 'failed', 'lost')),
+            reason           text,
+            started_at       timestamptz NOT NULL,
+            finished_at      timestamptz NOT NULL,
+            duration_ms      double precision NOT NULL,
+            lock_wait_ms     double precision NOT NULL,
+            host             text NOT NULL,
+            pid              integer NOT NULL,
+            backend_pid      integer,
+            application_name text,
+            exit_code        integer,
+            error            text
+        );
+        CREATE INDEX job_runs_job_started_at ON pgsolo.job_runs (job, started_at DESC);
+        CREATE TABLE pgsolo.job_periods (
+            job          text NOT NULL,
+            period       text NOT NULL,
+            period_start timestamptz NOT NULL,
+            completed_at timestamptz NOT NULL DEFAULT now(),
+            host         text,
+            pid          integer,
+            PRIMARY KEY (job, period, period_start)
+        );
+        """,
+    ),
+)
+
+MIGRATIONS_TABLE = """
+CREATE SCHEMA IF NOT EXISTS pgsolo;
+CREATE TABLE IF NOT EXISTS pgsolo.schema_migrations (
+    version    integer PRIMARY KEY,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)"""
+
+SCHEMA_VERSION = "SELECT coalesce(max(version), 0) FROM pgsolo.schema_migrations"
+# Two statements, not one CASE: a query that names a missing table fails when it is
+# parsed, whichever branch would run.
+MIGRATIONS_TABLE_EXISTS = "SELECT to_regclass('pgsolo.schema_migrations') IS NOT NULL"
+LEDGER_READY = "SELECT to_regclass('pgsolo.job_runs') IS NOT NULL"
+
+
+def record_migration(version: int) -> str:
+    return f"INSERT INTO pgsolo.schema_migrations (version) VALUES ({int(version)})"
+
+
+def period_start(period: str) -> str:
+    """The start of the current period by the database's clock (never the host's).
+
+    ``period`` is a unit (``minute`` ... ``year``, truncated in UTC) or ``N seconds``
+    (``date_bin`` buckets from the Unix epoch).
+    """
+    if period in PERIOD_UNITS:
+        return f"date_trunc('{period}', now(), 'UTC')"
+    seconds = parse_period_seconds(period)
+    return f"date_bin('{seconds} seconds'::interval, now(), '1970-01-01 00:00:00+00')"
+
+
+PERIOD_UNITS = ("minute", "hour", "day", "week", "month", "year")
+
+
+def parse_period_seconds(period: str) -> int:
+    """``"900 seconds"`` -> 900; anything else raises ValueError."""
+    number, _, unit = period.partition(" ")
+    if unit != "seconds" or not number.isascii() or not number.isdigit() or int(number) < 1:
+        raise ValueError(
+            f"a period is one of {', '.join(PERIOD_UNITS)} or 'N seconds', got {period!r}"
+        )
+    return int(number)
+
+
+def period_done(job: str, period: str) -> str:
+    return (
+        "SELECT EXISTS (SELECT 1 FROM pgsolo.job_periods"
+        f" WHERE job = {sql_literal(job)} AND period = {sql_literal(period)}"
+        f" AND period_start = {period_start(period)})"
+    )
+
+
+def period_record(job: str, period: str, *, host: str, pid: int) -> str:
+    """Mark this period done; returns true, or nothing if it was already marked."""
+    return (
+        "INSERT INTO pgsolo.job_periods (job, period, period_start, host, pid)"
+        f" VALUES ({sql_literal(job)}, {sql_literal(period)}, {period_start(period)},"
+        f" {sql_literal(host)}, {int(pid)})"
+        " ON CONFLICT DO NOTHING RETURNING true"
+    )
+
+
+def record_attempt(
+    *,
+    job: str,
+    lock_key: str,
+    outcome: str,
+    reason: str | None,
+    duration_s: float,
+    lock_wait_s: float,
+    host: str,
+    pid: int,
+    backend_pid: int | None,
+    application_name: str | None,
+    exit_code: int | None,
+    error: str | None,
+) -> str:
+    """One ledger row. Times are the database's: finished now, started that many
+    seconds earlier by the host's monotonic clock (which never jumps)."""
+    elapsed = float(lock_wait_s) + float(duration_s)
+    return (
+        "INSERT INTO pgsolo.job_runs (job, lock_key, outcome, reason, started_at,"
+        " finished_at, duration_ms, lock_wait_ms, host, pid, backend_pid,"
+        " application_name, exit_code, error) VALUES ("
+        f"{sql_literal(job)}, {sql_literal(lock_key)}, {sql_literal(outcome)},"
+        f" {_text_or_null(reason)}, clock_timestamp() - make_interval(secs => {elapsed!r}),"
+        f" clock_timestamp(), {float(duration_s) * 1000!r}, {float(lock_wait_s) * 1000!r},"
+        f" {sql_literal(host)}, {int(pid)}, {_int_or_null(backend_pid)},"
+        f" {_text_or_null(application_name)}, {_int_or_null(exit_code)},"
+        f" {_text_or_null(error)})"
+    )
+
+
+def history(*, job: str | None, limit: int) -> str:
+    """The latest attempts, newest first, as one JSON array."""
+    where = f"WHERE job = {sql_literal(job)}" if job is not None else ""
+    return (
+        "SELECT coalesce(json_agg(r ORDER BY r.started_at DESC, r.id DESC), '[]'::json)"
+        " FROM (SELECT id, job, lock_key, outcome, reason, started_at, finished_at,"
+        " duration_ms, lock_wait_ms, host, pid, backend_pid, application_name,"
+        f" exit_code, error FROM pgsolo.job_runs {where}"
+        f" ORDER BY started_at DESC, id DESC LIMIT {int(limit)}) r"
+    )
+
+
+def _text_or_null(value: str | None) -> str:
+    return "NULL" if value is None else sql_literal(value.replace("\0", ""))
+
+
+def _int_or_null(value: int | None) -> str:
+    return "NULL" if value is None else str(int(value))

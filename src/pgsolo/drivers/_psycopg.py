@@ -7,6 +7,9 @@ open), they go in pipeline mode, so psycopg's BEGIN travels with them.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,6 +18,10 @@ from psycopg import pq, sql
 from psycopg.rows import tuple_row
 
 from . import ServerInfo, TxStatus
+
+logger = logging.getLogger("pgsolo")
+
+_SETTLE_SECONDS = 5.0
 
 _STATUS = {
     pq.TransactionStatus.IDLE: TxStatus.IDLE,
@@ -41,18 +48,28 @@ class _PsycopgBase:
             return TxStatus.UNKNOWN
         return _STATUS[self._conn.info.transaction_status]
 
+    # A closed connection raises on every ``info`` attribute; logs and errors about it
+    # (a lost lock) then use what it said while it was open.
+    _last_pid = 0
+    _last_info = ServerInfo(database="?", host="?", port=None, user="?", application_name="")
+
     def backend_pid(self) -> int:
-        return self._conn.info.backend_pid
+        if not self._conn.closed:
+            self._last_pid = self._conn.info.backend_pid
+        return self._last_pid
 
     def server_info(self) -> ServerInfo:
+        if self._conn.closed:
+            return self._last_info
         info = self._conn.info
-        return ServerInfo(
+        self._last_info = ServerInfo(
             database=info.dbname,
             host=info.host,
             port=info.port,
             user=info.user,
             application_name=info.parameter_status("application_name") or "",
         )
+        return self._last_info
 
     def sqlstate(self, exc: BaseException) -> str | None:
         return exc.sqlstate if isinstance(exc, psycopg.Error) else None
@@ -114,6 +131,26 @@ class AsyncPsycopgDriver(_PsycopgBase):
         return self._conn.cursor(row_factory=tuple_row)
 
     async def fetch_value(self, statements: Sequence[str]) -> object:
+        # psycopg's own handling of a cancelled task is not safe enough for a lock: a
+        # cancellation inside a pipeline block can leave the connection stuck in
+        # pipeline mode or send a lock without the COMMIT behind it, and a cancel
+        # request that reaches the server just before the statement starts is ignored,
+        # so psycopg waits 5s and then closes the connection. So the round trip runs
+        # shielded in a task of its own; if the caller is cancelled, _settle cancels the
+        # statement on the server (repeating the request until it takes), lets the
+        # round trip finish, and only then does the cancellation go on.
+        call = _Call()
+        block = asyncio.ensure_future(self._fetch(statements, call))
+        try:
+            return await asyncio.shield(block)
+        except asyncio.CancelledError:
+            await _settle(self._conn, block, call)
+            raise
+
+    async def _fetch(self, statements: Sequence[str], call: _Call) -> object:
+        # psycopg takes the connection's lock at once when it is free: then the
+        # statements on the server are ours, and cancelling them hits nobody else.
+        call.owns_connection = not self._conn.lock.locked()
         if self._needs_pipeline():
             async with self._conn.pipeline():
                 cursors = [await self._cursor().execute(_literal(s)) for s in statements]
@@ -127,3 +164,43 @@ class AsyncPsycopgDriver(_PsycopgBase):
                 if not cursor.nextset():
                     break
         return value
+
+
+class _Call:
+    owns_connection = False
+
+
+async def _settle(
+    conn: psycopg.AsyncConnection[Any], block: asyncio.Future[object], call: _Call
+) -> None:
+    """Bring an interrupted round trip to its end, bounded.
+
+    Cancel its statement on the server, again every quarter of a second (a request
+    that arrives before the statement starts, or between two statements of a
+    pipeline, is ignored by the server). If another task was using the connection
+    when the round trip started, its statement could be the one running: cancel only
+    our task then, as psycopg would. After a few seconds, give up the same way.
+    Further cancellations of the caller are absorbed: it is already on its way out
+    with one.
+    """
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + _SETTLE_SECONDS
+    handed_over = False
+    while not block.done():
+        try:
+            if call.owns_connection and loop.time() < give_up:
+                if hasattr(conn, "cancel_safe"):  # psycopg >= 3.2
+                    await conn.cancel_safe(timeout=_SETTLE_SECONDS)
+                else:
+                    await asyncio.to_thread(conn.cancel)
+            elif not handed_over:  # once: a second interruption makes psycopg close it
+                handed_over = True
+                block.cancel()
+        except asyncio.CancelledError:
+            pass
+        except Exception as exc:
+            logger.warning("pgsolo: cancelling an interrupted statement failed: %r", exc)
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait({block}, timeout=0.25)
+    if not block.cancelled():
+        block.exception()  # retrieved: the caller's cancellation is what propagates
