@@ -1,8 +1,10 @@
 """psycopg 3 adapters, sync and async.
 
-One round trip per call: when psycopg would not add a BEGIN of its own, the statements
-go as one simple-query message; when it would (``autocommit=False`` and no transaction
-open), they go in pipeline mode, so psycopg's BEGIN travels with them.
+The statements of one call go as one simple-query message: one round trip. On an
+``autocommit=False`` connection with no transaction open, psycopg first sends a BEGIN
+of its own and waits for it (its pipeline mode does the same, so it would gain
+nothing): that is one round trip more, which is why pgsolo recommends autocommit
+connections, where pgsolo sends BEGIN itself in the same message as the lock.
 """
 
 from __future__ import annotations
@@ -77,13 +79,6 @@ class _PsycopgBase:
     def is_closed(self) -> bool:
         return self._conn.closed or self._conn.broken
 
-    def _needs_pipeline(self) -> bool:
-        return (
-            not self._conn.autocommit
-            and self._conn.info.transaction_status == pq.TransactionStatus.IDLE
-            and psycopg.Pipeline.is_supported()
-        )
-
 
 def _has_row(cursor: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> bool:
     result = cursor.pgresult
@@ -106,19 +101,13 @@ class PsycopgDriver(_PsycopgBase):
         return self._conn.cursor(row_factory=tuple_row)
 
     def fetch_value(self, statements: Sequence[str]) -> object:
-        if self._needs_pipeline():
-            with self._conn.pipeline():
-                cursors = [self._cursor().execute(_literal(s)) for s in statements]
-        else:
-            cursors = [self._cursor().execute(_literal("; ".join(statements)))]
+        cursor = self._cursor().execute(_literal("; ".join(statements)))
         value: object = None
-        for cursor in cursors:
-            while True:
-                if _has_row(cursor) and (row := cursor.fetchone()) is not None:
-                    value = row[0]
-                if not cursor.nextset():
-                    break
-        return value
+        while True:
+            if _has_row(cursor) and (row := cursor.fetchone()) is not None:
+                value = row[0]
+            if not cursor.nextset():
+                return value
 
 
 class AsyncPsycopgDriver(_PsycopgBase):
@@ -132,13 +121,12 @@ class AsyncPsycopgDriver(_PsycopgBase):
 
     async def fetch_value(self, statements: Sequence[str]) -> object:
         # psycopg's own handling of a cancelled task is not safe enough for a lock: a
-        # cancellation inside a pipeline block can leave the connection stuck in
-        # pipeline mode or send a lock without the COMMIT behind it, and a cancel
-        # request that reaches the server just before the statement starts is ignored,
-        # so psycopg waits 5s and then closes the connection. So the round trip runs
-        # shielded in a task of its own; if the caller is cancelled, _settle cancels the
-        # statement on the server (repeating the request until it takes), lets the
-        # round trip finish, and only then does the cancellation go on.
+        # cancel request that reaches the server just before the statement starts is
+        # ignored, so psycopg waits 5s and then closes the connection, and a lock wait
+        # would go on meanwhile. So the round trip runs shielded in a task of its own;
+        # if the caller is cancelled, _settle cancels the statement on the server
+        # (repeating the request until it takes), lets the round trip finish, and only
+        # then does the cancellation go on.
         call = _Call()
         block = asyncio.ensure_future(self._fetch(statements, call))
         try:
@@ -151,19 +139,13 @@ class AsyncPsycopgDriver(_PsycopgBase):
         # psycopg takes the connection's lock at once when it is free: then the
         # statements on the server are ours, and cancelling them hits nobody else.
         call.owns_connection = not self._conn.lock.locked()
-        if self._needs_pipeline():
-            async with self._conn.pipeline():
-                cursors = [await self._cursor().execute(_literal(s)) for s in statements]
-        else:
-            cursors = [await self._cursor().execute(_literal("; ".join(statements)))]
+        cursor = await self._cursor().execute(_literal("; ".join(statements)))
         value: object = None
-        for cursor in cursors:
-            while True:
-                if _has_row(cursor) and (row := await cursor.fetchone()) is not None:
-                    value = row[0]
-                if not cursor.nextset():
-                    break
-        return value
+        while True:
+            if _has_row(cursor) and (row := await cursor.fetchone()) is not None:
+                value = row[0]
+            if not cursor.nextset():
+                return value
 
 
 class _Call:
