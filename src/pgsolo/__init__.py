@@ -13,7 +13,9 @@ from .errors import (
     UnsafeConnectionError,
     UsageError,
 )
+from .jobs import Job, JobResult, Outcome, run_job, run_job_async, singleton
 from .keys import Key, KeyLike, Registry, as_key, decode_pg_lock
+from .ledger import history, migrate
 from .locks import (
     AsyncLock,
     Lock,
@@ -30,6 +32,8 @@ __all__ = [
     "AsyncLock",
     "ConnectionStateError",
     "InvalidKeyError",
+    "Job",
+    "JobResult",
     "Key",
     "KeyCollisionError",
     "KeyLike",
@@ -38,6 +42,7 @@ __all__ = [
     "LockNotHeldError",
     "LockTimeoutError",
     "LockUnavailableError",
+    "Outcome",
     "PgsoloError",
     "Registry",
     "TransactionFailedError",
@@ -48,7 +53,12 @@ __all__ = [
     "async_pool_reset",
     "decode_pg_lock",
     "held_session_locks",
+    "history",
+    "migrate",
     "pool_reset",
+    "run_job",
+    "run_job_async",
     "session_lock",
+    "singleton",
     "xact_lock",
 ]

@@ -1,0 +1,60 @@
+"""Connections that pgsolo opens itself: autocommit, named in ``pg_stat_activity``.
+
+Which connection string to use, and how to show one without its password, is
+:mod:`pgsolo.dsn`'s business; this module only opens what it is given.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+
+from .dsn import DsnChoice, resolved_dsn
+
+__all__ = [
+    "DEFAULT_APP_PREFIX",
+    "aopen_connection",
+    "application_name_for",
+    "open_connection",
+]
+
+DEFAULT_APP_PREFIX = "pgsolo:"
+MAX_APPLICATION_NAME = 63  # PostgreSQL truncates longer names (NAMEDATALEN - 1)
+
+
+def application_name_for(dsn: str, default: str, explicit: str | None = None) -> str:
+    """The name a connection shows in ``pg_stat_activity``: an explicit one, else one
+    already in the DSN or in ``PGAPPNAME``, else pgsolo's default."""
+    if explicit:
+        return explicit
+    try:
+        given = conninfo_to_dict(dsn).get("application_name") if dsn else None
+    except psycopg.Error:
+        given = None
+    return str(given or os.environ.get("PGAPPNAME") or default)[:MAX_APPLICATION_NAME]
+
+
+@contextmanager
+def open_connection(dsn: str, *, application_name: str) -> Iterator[psycopg.Connection[Any]]:
+    with resolved_dsn(DsnChoice(dsn, "caller")) as conninfo:
+        name = application_name[:MAX_APPLICATION_NAME]
+        with psycopg.connect(conninfo, autocommit=True, application_name=name) as conn:
+            yield conn
+
+
+@asynccontextmanager
+async def aopen_connection(
+    dsn: str, *, application_name: str
+) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    with resolved_dsn(DsnChoice(dsn, "caller")) as conninfo:
+        name = application_name[:MAX_APPLICATION_NAME]
+        conn = await psycopg.AsyncConnection.connect(
+            conninfo, autocommit=True, application_name=name
+        )
+        async with conn:
+            yield conn
