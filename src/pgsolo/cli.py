@@ -1,0 +1,631 @@
+"""The ``pgsolo`` command (DESIGN §5).
+
+Every subcommand is two small functions: ``add_<name>_command(subparsers)`` declares its
+arguments and sets ``handler=``; the handler takes the parsed arguments and returns the
+exit code. To add a command, write both and list the first in :data:`COMMANDS`.
+
+Shared pieces for handlers: :func:`database` (connection resolution, ``embedded``, and
+"database unavailable" errors), :func:`add_dsn_argument`, :func:`add_json_argument`,
+:class:`CliError` (a message and an exit code) and the ``EXIT_*`` codes. Anything shown
+to a person goes through :func:`~pgsolo.dsn.redact_dsn`: no password is ever printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager, suppress
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, TypeAlias
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+
+from . import __version__
+from .dsn import EMBEDDED, choose_dsn, redact_dsn, resolved_dsn, scrub_secrets
+from .errors import LockTimeoutError, UsageError
+from .keys import Key, name_to_sql
+from .locks import MAX_WAIT_SECONDS
+
+__all__ = [
+    "COMMANDS",
+    "EXIT_FAILED",
+    "EXIT_LOST",
+    "EXIT_OK",
+    "EXIT_SKIPPED",
+    "EXIT_UNAVAILABLE",
+    "EXIT_UNSAFE",
+    "EXIT_USAGE",
+    "CliError",
+    "Database",
+    "add_command",
+    "add_dsn_argument",
+    "add_json_argument",
+    "build_parser",
+    "database",
+    "main",
+    "redact_dsn",
+]
+
+# Exit codes (DESIGN §5, normative).
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_UNAVAILABLE = 69  # database unavailable
+EXIT_LOST = 70  # lock lost while the command ran
+EXIT_SKIPPED = 75  # busy, wait timed out, or already done
+EXIT_UNSAFE = 78  # unsafe configuration (session lock behind a transaction pooler)
+
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+Handler: TypeAlias = Callable[[argparse.Namespace], int]
+
+LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s: %(message)s"
+
+
+class CliError(Exception):
+    """Ends the command with ``message`` on stderr and exit code ``code``."""
+
+    def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# -- shared pieces -----------------------------------------------------------------------
+
+
+# Options every command takes, before or after its name: pgsolo -v demo, pgsolo demo -v.
+_COMMON = argparse.ArgumentParser(add_help=False)
+_COMMON.add_argument(
+    "-v",
+    "--verbose",
+    action="count",
+    default=argparse.SUPPRESS,
+    help="log each lock attempt (-vv: debug)",
+)
+
+
+def add_command(
+    subparsers: Subparsers,
+    name: str,
+    *,
+    help: str,
+    description: str,
+) -> argparse.ArgumentParser:
+    """Declare subcommand ``name`` with the options every command takes."""
+    return subparsers.add_parser(name, help=help, description=description, parents=[_COMMON])
+
+
+def add_dsn_argument(parser: argparse.ArgumentParser, *, help: str | None = None) -> None:
+    parser.add_argument(
+        "--dsn",
+        metavar="DSN",
+        help=help
+        or "connection string (URI or key=value), or 'embedded'; default: $PGSOLO_DSN,"
+        " then $DATABASE_URL, then libpq defaults (PGHOST, ...)",
+    )
+
+
+def add_json_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+@dataclass(frozen=True, slots=True)
+class Database:
+    """Where a command connects: ``dsn`` for psycopg, ``label`` for people."""
+
+    dsn: str
+    label: str
+
+
+@contextmanager
+def database(flag: str | None, *, default: str | None = None) -> Iterator[Database]:
+    """Resolve the connection (``--dsn`` > ``PGSOLO_DSN`` > ``DATABASE_URL`` > libpq
+    defaults, or ``default`` instead of the last three), start the embedded server for
+    ``embedded``, and turn connection failures inside the block into exit code 69.
+    """
+    choice = choose_dsn(flag, default=default)
+    if choice.dsn and not choice.embedded:
+        _validate_dsn(choice.dsn, choice.source)
+    with ExitStack() as stack:
+        if choice.embedded:
+            _note_first_embedded_start()
+            try:
+                dsn = stack.enter_context(resolved_dsn(choice))
+            except (OSError, subprocess.SubprocessError) as exc:
+                raise CliError(
+                    f"could not start the embedded server: {exc}", EXIT_UNAVAILABLE
+                ) from exc
+            label = f"the embedded server ({redact_dsn(dsn)})"
+        else:
+            dsn, label = choice.dsn, choice.display()
+        try:
+            yield Database(dsn, label)
+        except psycopg.OperationalError as exc:
+            message = scrub_secrets(str(exc).strip(), dsn)
+            raise CliError(f"database unavailable ({label}): {message}", EXIT_UNAVAILABLE) from exc
+        except psycopg.Error as exc:
+            message = scrub_secrets(str(exc).strip(), dsn)
+            raise CliError(f"database error ({label}): {message}", EXIT_FAILED) from exc
+
+
+def _validate_dsn(dsn: str, source: str) -> None:
+    try:
+        conninfo_to_dict(dsn)
+    except psycopg.Error as exc:
+        # libpq quotes the offending token, which may be part of a password.
+        secretive = "password" in dsn.lower() or dsn.startswith(("postgres://", "postgresql://"))
+        detail = "details withheld, they may contain a password" if secretive else str(exc)
+        raise CliError(f"invalid connection string in {source} ({detail})", EXIT_USAGE) from None
+
+
+def _note_first_embedded_start() -> None:
+    from .embedded import default_data_dir  # noqa: PLC0415
+
+    data_dir = default_data_dir()
+    if not (data_dir / "PG_VERSION").exists():
+        print(
+            f"pgsolo: creating the embedded PostgreSQL in {data_dir} (first run only)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def _emit_json(obj: object) -> None:
+    print(json.dumps(obj), flush=True)
+
+
+# -- pgsolo key --------------------------------------------------------------------------
+
+
+def add_key_command(subparsers: Subparsers) -> None:
+    parser = add_command(
+        subparsers,
+        "key",
+        help="show the lock key of a name and the SQL to take it from psql",
+        description="Show the advisory-lock key of KEY (key spec v1) and the SQL that takes"
+        " the same lock from psql. KEY is a name (daily-settlement), an int64 (123) or a"
+        " pair (42:1001).",
+    )
+    parser.add_argument("key", metavar="KEY", help="a name, an int64 or a pair N:R")
+    parser.add_argument(
+        "--namespace",
+        type=int,
+        metavar="N",
+        help="derive the pair (N, int32 of the name) instead of an int64 (names only)",
+    )
+    add_json_argument(parser)
+    parser.set_defaults(handler=cmd_key)
+
+
+def describe_key(key: Key) -> dict[str, Any]:
+    """What ``pgsolo key`` reports. ``key`` is the command-line form, a string: an int64
+    does not survive a trip through a JSON parser that reads numbers as doubles."""
+    namespace, resource = key.value if isinstance(key.value, tuple) else (None, None)
+    numeric = f"SELECT pg_try_advisory_lock({key.sql_args});"
+    derived = (
+        f"SELECT pg_try_advisory_lock({name_to_sql(key.name, namespace=namespace)});"
+        if key.name is not None
+        else numeric
+    )
+    return {
+        "name": key.name,
+        "key": key.text,
+        "namespace": namespace,
+        "resource": resource,
+        "sql": derived,
+        "sql_numeric": numeric,
+    }
+
+
+def cmd_key(args: argparse.Namespace) -> int:
+    key = Key.parse(args.key, namespace=args.namespace)  # InvalidKeyError: exit 2
+    info = describe_key(key)
+    if args.json:
+        _emit_json(info)
+        return EXIT_OK
+    kind = (
+        f"pair: namespace {info['namespace']}, resource {info['resource']}"
+        if key.is_pair
+        else "int64"
+    )
+    source = f"{key.name!r} -> " if key.name is not None else ""
+    print(f"{source}key {key.text} ({kind})")
+    print("-- take it from psql (a session lock; pg_advisory_unlock releases it):")
+    if key.name is not None:
+        print(info["sql"])
+    print(info["sql_numeric"])
+    return EXIT_OK
+
+
+# -- pgsolo demo -------------------------------------------------------------------------
+
+
+def add_demo_command(subparsers: Subparsers) -> None:
+    parser = add_command(
+        subparsers,
+        "demo",
+        help="race worker processes for the daily settlement: exactly one runs it",
+        description="The article's opening scenario: N worker processes wake up at the same"
+        " instant and race for the daily settlement; pgsolo.xact_lock lets one run it and"
+        " the others skip. Exits 0 when exactly one worker did the work and no row was"
+        " processed twice.",
+    )
+    parser.add_argument(
+        "--workers", type=_int_between(1, 64), default=4, metavar="N", help="default: 4"
+    )
+    parser.add_argument(
+        "--work-seconds",
+        type=_float_between(0, 3600),
+        default=1.5,
+        metavar="S",
+        help="how long the winner keeps working with the lock held (default: 1.5)",
+    )
+    parser.add_argument(
+        "--rows", type=_int_between(1, 1_000_000), default=20, metavar="N", help="default: 20"
+    )
+    add_dsn_argument(
+        parser,
+        help="run on this server instead of the embedded one (the demo drops and creates"
+        " the table pgsolo_demo_settlements there; it never reads $PGSOLO_DSN or"
+        " $DATABASE_URL)",
+    )
+    add_json_argument(parser)
+    parser.set_defaults(handler=cmd_demo)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import JOB_KEY, TABLE, format_report, run_demo  # noqa: PLC0415
+
+    with database(args.dsn, default=EMBEDDED) as db:
+        if not args.json:
+            print(
+                f"pgsolo demo: {args.workers} worker processes race for {JOB_KEY!r} on"
+                f" {db.label}; table {TABLE} has {args.rows} pending settlements",
+                flush=True,
+            )
+        try:
+            result = run_demo(
+                db.dsn,
+                workers=args.workers,
+                work_seconds=args.work_seconds,
+                rows=args.rows,
+                log_level=args.log_level,
+            )
+        except LockTimeoutError as exc:
+            raise CliError(
+                f"another pgsolo demo kept {db.label} busy for {exc.timeout:g}s", EXIT_SKIPPED
+            ) from exc
+    if args.json:
+        _emit_json(result.as_dict())
+    else:
+        format_report(result)
+    return EXIT_OK if result.ok else EXIT_FAILED
+
+
+# -- pgsolo run -------------------------------------------------------------------------
+
+
+def add_run_command(subparsers: Subparsers) -> None:
+    parser = add_command(
+        subparsers,
+        "run",
+        help="run a command while holding a lock: at most one at a time, anywhere",
+        description="Run COMMAND while this process holds a session-level advisory lock on"
+        " KEY, on one pinned connection watched for the whole run. KEY is a name"
+        " (daily-settlement), an int64 (123) or a pair (42:1001). Busy means skip, unless"
+        " --wait is given. Exit codes: COMMAND's own (128+N if killed by signal N; 127 not"
+        " found, 126 not executable); 75 skipped (busy, wait timed out, or already done"
+        " this period); 70 lock lost while COMMAND ran (COMMAND gets SIGTERM, then SIGKILL"
+        " after --grace); 69 database unavailable; 2 usage error, including --record or"
+        " --once-per on a database where `pgsolo migrate` has not run; 1 COMMAND succeeded"
+        " but its period could not be recorded. SIGTERM and SIGINT are forwarded to"
+        " COMMAND.",
+    )
+    parser.add_argument("--key", required=True, metavar="KEY", help="a name, an int64 or N:R")
+    parser.add_argument(
+        "--namespace",
+        type=int,
+        metavar="N",
+        help="derive the pair (N, int32 of the name) instead of an int64 (names only)",
+    )
+    parser.add_argument(
+        "--wait",
+        type=_float_between(0.001, MAX_WAIT_SECONDS),
+        metavar="SECONDS",
+        help="wait up to SECONDS for the lock (server-side lock_timeout); default: try once",
+    )
+    parser.add_argument(
+        "--once-per",
+        metavar="PERIOD",
+        help="run at most once per PERIOD by the database's clock: minute, hour, day, week,"
+        " month, year (UTC) or 'N seconds'; needs `pgsolo migrate`",
+    )
+    parser.add_argument(
+        "--record",
+        action="store_true",
+        help="write every attempt to the ledger (pgsolo.job_runs; needs `pgsolo migrate`)",
+    )
+    parser.add_argument(
+        "--name", metavar="NAME", help="the job's name (default: the key's name or text)"
+    )
+    parser.add_argument(
+        "--application-name",
+        metavar="NAME",
+        help="application_name of pgsolo's connection (default: pgsolo:<job name>)",
+    )
+    parser.add_argument(
+        "--check-interval",
+        type=_float_between(0.01, 3600),
+        default=1.0,
+        metavar="S",
+        help="check that the lock is still held every S seconds (default: 1)",
+    )
+    parser.add_argument(
+        "--grace",
+        type=_float_between(0, 3600),
+        default=10.0,
+        metavar="S",
+        help="after a lost lock, seconds between SIGTERM and SIGKILL (default: 10)",
+    )
+    add_dsn_argument(parser)
+    parser.add_argument(
+        "--json", action="store_true", help="print one JSON object with the outcome on stderr"
+    )
+    # Not dest="command": main() reads the subcommand's name from there.
+    parser.add_argument(
+        "argv", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARG...]", help="what to run"
+    )
+    parser.set_defaults(handler=cmd_run)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .jobs import Job  # noqa: PLC0415
+    from .supervise import supervise  # noqa: PLC0415
+
+    command = list(args.argv)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command:
+        raise CliError(
+            "no command to run: pgsolo run --key KEY [OPTIONS] -- COMMAND [ARG...]", EXIT_USAGE
+        )
+    # Everything is validated before anything connects (UsageError: exit 2).
+    key = Key.parse(args.key, namespace=args.namespace)
+    job = Job.define(
+        key,
+        name=args.name,
+        lifetime="session",
+        wait=args.wait,
+        period=args.once_per,
+        record=args.record,
+        application_name=args.application_name,
+    )
+    with database(args.dsn) as db:
+        outcome = supervise(
+            job,
+            command,
+            dsn=db.dsn,
+            label=db.label,
+            check_interval=args.check_interval,
+            grace=args.grace,
+        )
+    if outcome.error is not None:
+        print(f"pgsolo run: error: {outcome.error}", file=sys.stderr, flush=True)
+    if args.json:
+        print(json.dumps(outcome.as_dict()), file=sys.stderr, flush=True)
+    return outcome.exit_code
+
+
+# -- pgsolo migrate ----------------------------------------------------------------------
+
+
+def add_migrate_command(subparsers: Subparsers) -> None:
+    parser = add_command(
+        subparsers,
+        "migrate",
+        help="create or upgrade pgsolo's tables (the ledger, once-per-period records)",
+        description="Create or upgrade the tables in the pgsolo schema that --record,"
+        " --once-per and `pgsolo history` use. Idempotent, and safe to run from many hosts"
+        " at once: versions are applied in order under an advisory lock of their own.",
+    )
+    add_dsn_argument(parser)
+    add_json_argument(parser)
+    parser.set_defaults(handler=cmd_migrate)
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from . import ledger  # noqa: PLC0415
+
+    with database(args.dsn) as db, _connection(db, "pgsolo:migrate") as conn:
+        try:
+            applied = ledger.migrate(conn)
+        except LockTimeoutError as exc:
+            raise CliError(
+                f"another pgsolo migrate kept {db.label} busy for {exc.timeout:g}s", EXIT_SKIPPED
+            ) from exc
+        version = ledger.schema_version(conn)
+    if args.json:
+        _emit_json({"applied": applied, "schema_version": version, "database": db.label})
+    elif applied:
+        versions = ", ".join(str(v) for v in applied)
+        print(f"applied migration {versions}: pgsolo schema version {version} on {db.label}")
+    else:
+        print(f"up to date: pgsolo schema version {version} on {db.label}")
+    return EXIT_OK
+
+
+# -- pgsolo history ----------------------------------------------------------------------
+
+
+def add_history_command(subparsers: Subparsers) -> None:
+    parser = add_command(
+        subparsers,
+        "history",
+        help="show the latest recorded attempts (pgsolo run --record), newest first",
+        description="Show the ledger: the latest attempts recorded by `pgsolo run --record`"
+        " (or record=True), newest first, and warn about jobs whose recent attempts were"
+        " mostly skipped because the previous run was still going.",
+    )
+    parser.add_argument("--job", metavar="NAME", help="only this job")
+    parser.add_argument(
+        "--limit", type=_int_between(1, 10_000), default=20, metavar="N", help="default: 20"
+    )
+    add_dsn_argument(parser)
+    add_json_argument(parser)
+    parser.set_defaults(handler=cmd_history)
+
+
+HISTORY_COLUMNS = ("started_at", "job", "outcome", "reason", "duration", "host", "exit/error")
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    from . import ledger  # noqa: PLC0415
+
+    with database(args.dsn) as db, _connection(db, "pgsolo:history") as conn:
+        try:
+            rows = ledger.history(conn, job=args.job, limit=args.limit)
+        except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName) as exc:
+            raise CliError(
+                f"no ledger in {db.label}: run pgsolo migrate first", EXIT_USAGE
+            ) from exc
+    if args.json:
+        _emit_json(rows)
+    elif not rows:
+        print("no attempts recorded" + (f" for job {args.job}" if args.job else ""))
+    else:
+        table = [HISTORY_COLUMNS, *(_history_line(row) for row in rows)]
+        widths = [max(len(line[i]) for line in table) for i in range(len(HISTORY_COLUMNS))]
+        for line in table:
+            print(
+                "  ".join(
+                    cell.ljust(width) for cell, width in zip(line, widths, strict=True)
+                ).rstrip()
+            )
+    for warning in ledger.skip_warning(rows):
+        print(f"warning: {warning}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _history_line(row: dict[str, Any]) -> tuple[str, ...]:
+    started = str(row.get("started_at") or "")
+    with suppress(ValueError):
+        started = datetime.fromisoformat(started).isoformat(sep=" ", timespec="seconds")
+    duration = row.get("duration_ms")
+    exit_code, error = row.get("exit_code"), row.get("error")
+    detail = " ".join(str(x) for x in (exit_code, error) if x is not None)
+    return (
+        started,
+        str(row.get("job") or ""),
+        str(row.get("outcome") or ""),
+        str(row.get("reason") or ""),
+        f"{float(duration) / 1000:.3f}s" if duration is not None else "",
+        str(row.get("host") or ""),
+        detail,
+    )
+
+
+@contextmanager
+def _connection(db: Database, default_name: str) -> Iterator[psycopg.Connection[Any]]:
+    from .connect import application_name_for, open_connection  # noqa: PLC0415
+
+    name = application_name_for(db.dsn, default_name)
+    with open_connection(db.dsn, application_name=name) as conn:
+        yield conn
+
+
+# -- argument types ----------------------------------------------------------------------
+
+
+def _int_between(low: int, high: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be from {low} to {high}, got {value}")
+        return value
+
+    return parse
+
+
+def _float_between(low: float, high: float) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not low <= value <= high:  # also refuses nan
+            raise argparse.ArgumentTypeError(f"must be from {low:g} to {high:g}, got {text}")
+        return value
+
+    return parse
+
+
+# -- the command -------------------------------------------------------------------------
+
+COMMANDS: list[Callable[[Subparsers], None]] = [
+    add_demo_command,
+    add_history_command,
+    add_key_command,
+    add_migrate_command,
+    add_run_command,
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pgsolo",
+        description="Run a piece of work at most once at a time, with PostgreSQL advisory locks.",
+        parents=[_COMMON],
+    )
+    parser.add_argument("--version", action="version", version=f"pgsolo {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for register in COMMANDS:
+        register(subparsers)
+    return parser
+
+
+def _configure_logging(verbosity: int) -> int | None:
+    """Warnings and errors on stderr; pgsolo's own INFO lines with -v, DEBUG with -vv.
+
+    pgserver logs every step of starting a server at INFO: that is for its developers.
+    """
+    logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT)
+    logging.getLogger("pgserver").setLevel(logging.WARNING)
+    if verbosity <= 0:
+        return None
+    level = logging.INFO if verbosity == 1 else logging.DEBUG
+    logging.getLogger("pgsolo").setLevel(level)
+    return level
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``pgsolo`` with ``argv`` (default: the process arguments); return the exit code."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version, usage errors (2)
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    args.log_level = _configure_logging(getattr(args, "verbose", 0))
+    handler: Handler = args.handler
+    try:
+        return handler(args)
+    except CliError as exc:
+        print(f"pgsolo {args.command}: error: {exc}", file=sys.stderr)
+        return exc.code
+    except UsageError as exc:
+        print(f"pgsolo {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"pgsolo {args.command}: interrupted", file=sys.stderr)
+        return 128 + 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,861 @@
+"""``pgsolo run``, ``pgsolo migrate`` and ``pgsolo history``, for real.
+
+Every test runs the command line in subprocesses (``python -m pgsolo``) against the real
+test server, and the commands pgsolo runs are small Python scripts that report what they
+did through files: readiness, their pid, the signal they got. An observer session checks
+``pg_locks`` and ``pg_stat_activity`` the way an operator would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from pgsolo.keys import Key, name_to_sql
+
+Connect = Callable[..., psycopg.Connection]
+
+PY = sys.executable
+TIMEOUT = 60  # bound on every subprocess wait; never reached when things work
+JSON_FIELDS = {
+    "outcome",
+    "reason",
+    "job",
+    "key",
+    "exit_code",
+    "lock_wait_seconds",
+    "duration_seconds",
+    "backend_pid",
+    "database",
+    "server",
+}
+
+# The commands pgsolo runs. Each takes a directory to report through.
+
+# Appends its pid to "ran", writes "pid", touches "ready", then waits for "go" and exits
+# with argv[2] (99 if "go" never came).
+WAIT_FOR_GO = r"""
+import os, sys, time
+from pathlib import Path
+d = Path(sys.argv[1])
+with open(d / "ran", "a") as f:
+    f.write(f"{os.getpid()}\n")
+(d / "pid").write_text(str(os.getpid()))
+(d / "ready").touch()
+deadline = time.monotonic() + 60
+while not (d / "go").exists() and time.monotonic() < deadline:
+    time.sleep(0.02)
+sys.exit(int(sys.argv[2]) if (d / "go").exists() else 99)
+"""
+
+# Writes the name of the first SIGTERM/SIGINT it gets to "signal" and exits with argv[2];
+# with argv[3] == "ignore" it ignores SIGTERM instead. Sleeps up to 60s otherwise (98).
+TRAP = r"""
+import os, signal, sys, time
+from pathlib import Path
+d = Path(sys.argv[1])
+def on_signal(signum, frame):
+    (d / "signal").write_text(signal.Signals(signum).name)
+    sys.exit(int(sys.argv[2]))
+if sys.argv[3:] == ["ignore"]:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+else:
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+(d / "pid").write_text(str(os.getpid()))
+(d / "ready").touch()
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline:
+    time.sleep(0.05)
+sys.exit(98)
+"""
+
+# Appends its pid to "ran" and exits with argv[2] at once.
+MARK = r"""
+import os, sys
+from pathlib import Path
+with open(Path(sys.argv[1]) / "ran", "a") as f:
+    f.write(f"{os.getpid()}\n")
+sys.exit(int(sys.argv[2]))
+"""
+
+
+def script(source: str, directory: Path, *args: object) -> list[str]:
+    return [PY, "-c", source, str(directory), *(str(a) for a in args)]
+
+
+def _env() -> dict[str, str]:
+    drop = ("PGSOLO_DSN", "DATABASE_URL", "PGAPPNAME")
+    return {**{k: v for k, v in os.environ.items() if k not in drop}, "PYTHONIOENCODING": "utf-8"}
+
+
+def pgsolo(*args: str, timeout: float = TIMEOUT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [PY, "-m", "pgsolo", *args],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        env=_env(),
+        timeout=timeout,
+        check=False,
+    )
+
+
+def run_args(key: str, dsn: str, *, job: str | None = None) -> list[str]:
+    """``run --key KEY [--name JOB] --dsn DSN``: the start of most command lines here."""
+    return ["run", "--key", key, *(["--name", job] if job else []), "--dsn", dsn]
+
+
+class Running:
+    """A ``pgsolo`` started in the background; its output goes to files (no pipe can
+    fill up and block it)."""
+
+    def __init__(self, tmp: Path, *args: str) -> None:
+        tag = uuid.uuid4().hex[:8]
+        self.out_path, self.err_path = tmp / f"pgsolo-{tag}.out", tmp / f"pgsolo-{tag}.err"
+        with self.out_path.open("w") as out, self.err_path.open("w") as err:
+            # No terminal on stdin: pgsolo forwards SIGINT only when no terminal did.
+            self.proc = subprocess.Popen(
+                [PY, "-m", "pgsolo", *args],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                env=_env(),
+            )
+
+    def finish(self, timeout: float = TIMEOUT) -> subprocess.CompletedProcess[str]:
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise
+        return subprocess.CompletedProcess(
+            self.proc.args,
+            code,
+            self.out_path.read_text(encoding="utf-8"),
+            self.err_path.read_text(encoding="utf-8"),
+        )
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def background(tmp_path: Path) -> Iterator[Callable[..., Running]]:
+    started: list[Running] = []
+
+    def start(*args: str) -> Running:
+        running = Running(tmp_path, *args)
+        started.append(running)
+        return running
+
+    yield start
+    for running in started:  # a failed test leaves nothing running behind
+        running.kill()
+
+
+def wait_until(predicate: Callable[[], object], what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)
+
+
+def last_json(stderr: str) -> dict[str, Any]:
+    """The ``--json`` object: the last line of stderr (the command shares stderr)."""
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert lines, "no output on stderr"
+    data = json.loads(lines[-1])
+    assert isinstance(data, dict)
+    return data
+
+
+def ledger(conn: psycopg.Connection, job: str) -> list[dict[str, Any]]:
+    cursor = conn.execute(
+        "SELECT outcome, reason, exit_code, application_name, lock_key, backend_pid, error,"
+        " finished_at >= started_at AS ordered FROM pgsolo.job_runs WHERE job = %s ORDER BY id",
+        (job,),
+    )
+    names = [c.name for c in cursor.description or []]
+    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+
+def app_name_of(conn: psycopg.Connection, pid: int) -> str | None:
+    row = conn.execute(
+        "SELECT application_name FROM pg_stat_activity WHERE pid = %s", (pid,)
+    ).fetchone()
+    return None if row is None else str(row[0])
+
+
+def pid_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def migrated(dsn: str) -> str:
+    done = pgsolo("migrate", "--dsn", dsn)
+    assert done.returncode == 0, done.stderr
+    return dsn
+
+
+@pytest.fixture
+def job() -> str:
+    return f"run-test-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def fresh_database(dsn: str, connect: Connect) -> Iterator[str]:
+    """A database of its own, where ``pgsolo migrate`` never ran."""
+    name = f"pgsolo_run_{uuid.uuid4().hex[:12]}"
+    admin = connect()
+    try:
+        admin.execute(f"CREATE DATABASE {name}")
+    except psycopg.errors.InsufficientPrivilege:
+        pytest.skip("the test role cannot create databases")
+    yield make_conninfo(dsn, dbname=name)
+    admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+# -- running a command -------------------------------------------------------------------
+
+
+def test_runs_the_command_and_reports_one_json_object(
+    migrated: str, observer: Any, key: Key, job: str, tmp_path: Path
+) -> None:
+    done = pgsolo(
+        "-vv",
+        *run_args(key.text, migrated, job=job),
+        "--json",
+        "--",
+        PY,
+        "-c",
+        "print('hello from the command'); import sys; sys.exit(0)",
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "hello from the command\n"  # stdout is the command's own
+    # pgsolo unlocked explicitly (-vv logs it), not merely by exiting and dropping the session.
+    events = [line for line in done.stderr.splitlines() if "advisory lock " in line]
+    assert [line.split("advisory lock ")[1].split(":")[0] for line in events] == [
+        "acquired",
+        "released",
+    ]
+    report = last_json(done.stderr)
+    assert set(report) >= JSON_FIELDS
+    assert report["outcome"] == "completed"
+    assert report["reason"] is None
+    assert report["job"] == job
+    assert report["key"] == key.text  # the text form: an int64 survives any JSON parser
+    assert report["exit_code"] == 0
+    assert isinstance(report["backend_pid"], int)
+    assert report["lock_wait_seconds"] >= 0
+    assert report["duration_seconds"] >= 0
+    assert report["database"] == observer.conn.info.dbname
+    assert report["application_name"] == f"pgsolo:{job}"
+    assert observer.holders(key) == set()  # released after the command exited
+
+
+def test_without_json_stderr_stays_quiet_on_success(migrated: str, key: Key) -> None:
+    done = pgsolo(*run_args(key.text, migrated), "--", PY, "-c", "pass")
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+
+
+@pytest.mark.parametrize("override", [None, "nightly-report-worker"])
+def test_lock_is_held_by_the_named_connection_while_the_command_runs(
+    migrated: str,
+    observer: Any,
+    key: Key,
+    job: str,
+    tmp_path: Path,
+    background: Callable[..., Running],
+    override: str | None,
+) -> None:
+    extra = ["--application-name", override] if override else []
+    running = background(
+        *run_args(key.text, migrated, job=job),
+        "--record",
+        *extra,
+        "--",
+        *script(WAIT_FOR_GO, tmp_path, 0),
+    )
+    wait_until((tmp_path / "ready").exists, "the command to start")
+    holders = observer.holders(key)
+    assert len(holders) == 1
+    (backend,) = holders
+    assert app_name_of(observer.conn, backend) == (override or f"pgsolo:{job}")
+    # One pinned connection for the whole run: pgsolo has no other session open.
+    named = observer.conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+        (override or f"pgsolo:{job}",),
+    ).fetchone()
+    assert named == (1,)
+    (tmp_path / "go").touch()
+    done = running.finish()
+    assert done.returncode == 0, done.stderr
+    assert observer.holders(key) == set()
+    [row] = ledger(observer.conn, job)
+    assert (row["outcome"], row["exit_code"], row["backend_pid"]) == ("completed", 0, backend)
+    assert row["application_name"] == (override or f"pgsolo:{job}")
+
+
+def test_a_failed_command_passes_its_exit_code_through(
+    migrated: str, observer: Any, key: Key, job: str, tmp_path: Path
+) -> None:
+    done = pgsolo(
+        *run_args(key.text, migrated, job=job),
+        "--record",
+        "--json",
+        "--",
+        *script(MARK, tmp_path, 3),
+    )
+    assert done.returncode == 3
+    report = last_json(done.stderr)
+    assert (report["outcome"], report["exit_code"]) == ("failed", 3)
+    assert len((tmp_path / "ran").read_text().split()) == 1
+    assert observer.holders(key) == set()
+    [row] = ledger(observer.conn, job)
+    assert (row["outcome"], row["exit_code"]) == ("failed", 3)
+
+
+def test_a_command_killed_by_a_signal_exits_128_plus_n(
+    migrated: str, observer: Any, key: Key, job: str
+) -> None:
+    kill_self = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+    done = pgsolo(
+        *run_args(key.text, migrated, job=job), "--record", "--json", "--", PY, "-c", kill_self
+    )
+    assert done.returncode == 128 + signal.SIGKILL
+    report = last_json(done.stderr)
+    assert (report["outcome"], report["reason"]) == ("failed", "killed-by-signal")
+    [row] = ledger(observer.conn, job)
+    assert (row["outcome"], row["exit_code"]) == ("failed", 137)
+    assert "SIGKILL" in row["error"]
+    assert observer.holders(key) == set()
+
+
+@pytest.mark.parametrize(("kind", "expected"), [("missing", 127), ("not-executable", 126)])
+def test_a_command_that_cannot_start_exits_like_a_shell(
+    migrated: str, observer: Any, key: Key, job: str, tmp_path: Path, kind: str, expected: int
+) -> None:
+    program = tmp_path / "program"
+    if kind == "not-executable":
+        program.write_text("#!/bin/sh\nexit 0\n")
+        program.chmod(0o644)
+    done = pgsolo(*run_args(key.text, migrated, job=job), "--record", "--json", "--", str(program))
+    assert done.returncode == expected, done.stderr
+    assert f"cannot run {str(program)!r}" in done.stderr
+    assert last_json(done.stderr)["outcome"] == "failed"
+    assert observer.holders(key) == set()
+    [row] = ledger(observer.conn, job)
+    assert (row["outcome"], row["exit_code"]) == ("failed", expected)
+
+
+# -- contention ------------------------------------------------------------------------
+
+
+def test_two_runs_started_together_one_runs_one_skips(
+    migrated: str,
+    observer: Any,
+    key: Key,
+    job: str,
+    tmp_path: Path,
+    background: Callable[..., Running],
+) -> None:
+    args = (*run_args(key.text, migrated, job=job), "--record", "--json", "--")
+    args += (*script(WAIT_FOR_GO, tmp_path, 0),)
+    first, second = background(*args), background(*args)
+    # The winner's command waits for "go", so it holds the lock until the loser is done.
+    wait_until(
+        lambda: first.proc.poll() is not None or second.proc.poll() is not None,
+        "one of the two runs to give up",
+    )
+    loser, winner = (first, second) if first.proc.poll() is not None else (second, first)
+    lost = loser.finish()
+    assert lost.returncode == 75, lost.stderr
+    assert last_json(lost.stderr)["reason"] == "busy"
+    wait_until((tmp_path / "ready").exists, "the winner's command to start")
+    assert len(observer.holders(key)) == 1
+    (tmp_path / "go").touch()
+    won = winner.finish()
+    assert won.returncode == 0, won.stderr
+    assert len((tmp_path / "ran").read_text().split()) == 1  # the command ran once
+    assert observer.holders(key) == set()
+    rows = ledger(observer.conn, job)
+    assert sorted((r["outcome"], r["reason"], r["exit_code"]) for r in rows) == [
+        ("completed", None, 0),
+        ("skipped", "busy", 75),
+    ]
+
+
+def test_a_second_run_skips_while_the_first_holds_the_lock(
+    migrated: str,
+    observer: Any,
+    key: Key,
+    job: str,
+    tmp_path: Path,
+    background: Callable[..., Running],
+) -> None:
+    first_dir, second_dir = tmp_path / "first", tmp_path / "second"
+    first_dir.mkdir()
+    second_dir.mkdir()
+    first = background(*run_args(key.text, migrated), "--", *script(WAIT_FOR_GO, first_dir, 0))
+    wait_until((first_dir / "ready").exists, "the first command to start")
+    second = pgsolo(
+        *run_args(key.text, migrated, job=job), "--json", "--", *script(MARK, second_dir, 0)
+    )
+    assert second.returncode == 75, second.stderr
+    assert not (second_dir / "ran").exists()
+    report = last_json(second.stderr)
+    assert set(report) >= JSON_FIELDS
+    assert (report["outcome"], report["reason"], report["exit_code"]) == ("skipped", "busy", 75)
+    assert report["duration_seconds"] == 0
+    (first_dir / "go").touch()
+    assert first.finish().returncode == 0
+    assert observer.holders(key) == set()
+
+
+def _raw_lock_sql(key_text: str) -> str:
+    """How someone in psql would take the lock: plain SQL, pgsolo not involved."""
+    if ":" in key_text:
+        namespace, resource = key_text.split(":")
+        return f"SELECT pg_advisory_lock({namespace}, {resource})"
+    return f"SELECT pg_advisory_lock({name_to_sql(key_text)})"  # DESIGN §2 derivation
+
+
+@pytest.mark.parametrize("named", [False, True])
+def test_a_lock_taken_with_plain_sql_makes_run_skip(
+    migrated: str,
+    connect: Connect,
+    observer: Any,
+    key: Key,
+    job: str,
+    tmp_path: Path,
+    named: bool,
+) -> None:
+    key_text = f"raw-{job}" if named else key.text
+    expected = Key.parse(key_text)
+    psql = connect()
+    psql.execute(_raw_lock_sql(key_text))
+    assert observer.holders(expected) == {psql.info.backend_pid}
+    done = pgsolo(*run_args(key_text, migrated), "--json", "--", *script(MARK, tmp_path, 0))
+    assert done.returncode == 75, done.stderr
+    assert last_json(done.stderr)["reason"] == "busy"
+    assert not (tmp_path / "ran").exists()
+    assert observer.holders(expected) == {psql.info.backend_pid}  # nothing stolen
+    psql.execute("SELECT pg_advisory_unlock_all()")
+
+
+def test_wait_runs_the_command_once_the_holder_lets_go(
+    migrated: str,
+    connect: Connect,
+    observer: Any,
+    key: Key,
+    job: str,
+    tmp_path: Path,
+    background: Callable[..., Running],
+) -> None:
+    psql = connect()
+    psql.execute(_raw_lock_sql(key.text))
+    running = background(
+        *run_args(key.text, migrated, job=job),
+        "--wait",
+        "60",
+        "--json",
+        "--",
+        *script(MARK, tmp_path, 0),
+    )
+    wait_until(lambda: observer.waiters(key), "pgsolo to wait for the lock")
+    assert not (tmp_path / "ran").exists()
+    psql.execute("SELECT pg_advisory_unlock_all()")
+    done = running.finish()
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "ran").exists()
+    report = last_json(done.stderr)
+    assert report["outcome"] == "completed"
+    assert report["lock_wait_seconds"] > 0
+    assert observer.holders(key) == set()
+    assert observer.waiters(key) == set()
+
+
+def test_wait_that_times_out_skips(
+    migrated: str, connect: Connect, observer: Any, key: Key, job: str, tmp_path: Path
+) -> None:
+    psql = connect()
+    psql.execute(_raw_lock_sql(key.text))
+    done = pgsolo(
+        *run_args(key.text, migrated, job=job),
+        "--wait",
+        "0.5",
+        "--record",
+        "--json",
+        "--",
+        *script(MARK, tmp_path, 0),
+        timeout=30,
+    )
+    assert done.returncode == 75, done.stderr
+    assert not (tmp_path / "ran").exists()
+    report = last_json(done.stderr)
+    assert (report["outcome"], report["reason"]) == ("skipped", "busy")
+    assert report["lock_wait_seconds"] >= 0.45  # it did wait: the timeout is the behaviour
+    assert observer.holders(key) == {psql.info.backend_pid}
+    assert observer.waiters(key) == set()
+    [row] = ledger(observer.conn, job)
+    assert (row["outcome"], row["reason"], row["exit_code"]) == ("skipped", "busy", 75)
+    psql.execute("SELECT pg_advisory_unlock_all()")
+
+
+# -- once per period ---------------------------------------------------------------------
+
+
+def test_once_per_period_runs_once_across_two_runs(
+    migrated: str, observer: Any, key: Key, job: str, tmp_path: Path
+) -> None:
+    args = (*run_args(key.text, migrated, job=job), "--once-per", "year", "--record", "--json")
+    args += ("--", *script(MARK, tmp_path, 0))
+    first = pgsolo(*args)
+    assert first.returncode == 0, first.stderr
+    # No lock is held by anyone now: the durable record alone makes the second run skip.
+    assert observer.holders(key) == set()
+    second = pgsolo(*args)
+    assert second.returncode == 75, second.stderr
+    report = last_json(second.stderr)
+    assert (report["outcome"], report["reason"]) == ("skipped", "already-done-this-period")
+    assert len((tmp_path / "ran").read_text().split()) == 1
+    periods = observer.conn.execute(
+        "SELECT period, period_start = date_trunc('year', now(), 'UTC')"
+        " FROM pgsolo.job_periods WHERE job = %s",
+        (job,),
+    ).fetchall()
+    assert periods == [("year", True)]
+    assert [(r["outcome"], r["reason"]) for r in ledger(observer.conn, job)] == [
+        ("completed", None),
+        ("skipped", "already-done-this-period"),
+    ]
+    assert observer.holders(key) == set()
+
+
+def test_a_failed_run_does_not_use_up_its_period(
+    migrated: str, observer: Any, key: Key, job: str, tmp_path: Path
+) -> None:
+    def attempt(exit_code: int) -> int:
+        return pgsolo(
+            *run_args(key.text, migrated, job=job),
+            "--once-per",
+            "1000000000 seconds",
+            "--",
+            *script(MARK, tmp_path, exit_code),
+        ).returncode
+
+    assert attempt(4) == 4
+    assert observer.conn.execute(
+        "SELECT count(*) FROM pgsolo.job_periods WHERE job = %s", (job,)
+    ).fetchone() == (0,)
+    assert attempt(0) == 0
+    assert attempt(0) == 75
+    assert len((tmp_path / "ran").read_text().split()) == 2
+
+
+# -- signals and a lost lock -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_pgsolo_is_forwarded_and_pgsolo_waits_for_the_command(
+    migrated: str,
+    observer: Any,
+    key: Key,
+    job: str,
+    tmp_path: Path,
+    background: Callable[..., Running],
+    signum: signal.Signals,
+) -> None:
+    running = background(
+        *run_args(key.text, migrated, job=job),
+        "--record",
+        "--json",
+        "--",
+        *script(TRAP, tmp_path, 42),
+    )
+    wait_until((tmp_path / "ready").exists, "the command to start")
+    child = int((tmp_path / "pid").read_text())
+    running.proc.send_signal(signum)
+    done = running.finish()
+    assert done.returncode == 42, done.stderr  # the command's own answer
+    assert (tmp_path / "signal").read_text() == signum.name
+    assert not pid_exists(child)
+    report = last_json(done.stderr)
+    assert (report["outcome"], report["exit_code"]) == ("failed", 42)
+    assert observer.holders(key) == set()
+    [row] = ledger(observer.conn, job)
+    assert (row["outcome"], row["exit_code"]) == ("failed", 42)
+
+
+@pytest.mark.parametrize("child_mode", ["exits-on-sigterm", "ignores-sigterm"])
+def test_a_terminated_backend_stops_the_command_and_exits_70(
+    migrated: str,
+    observer: Any,
+    key: Key,
+    job: str,
+    tmp_path: Path,
+    background: Callable[..., Running],
+    child_mode: str,
+) -> None:
+    child_args = (15,) if child_mode == "exits-on-sigterm" else (15, "ignore")
+    running = background(
+        *run_args(key.text, migrated, job=job),
+        "--record",
+        "--json",
+        "--check-interval",
+        "0.2",
+        "--grace",
+        "1",
+        "--",
+        *script(TRAP, tmp_path, *child_args),
+    )
+    wait_until((tmp_path / "ready").exists, "the command to start")
+    child = int((tmp_path / "pid").read_text())
+    [(backend,)] = observer.conn.execute(
+        "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (f"pgsolo:{job}",)
+    ).fetchall()
+    assert observer.holders(key) == {backend}
+    assert observer.conn.execute("SELECT pg_terminate_backend(%s)", (backend,)).fetchone() == (
+        True,
+    )
+    done = running.finish(timeout=30)
+    assert done.returncode == 70, done.stderr
+    assert not pid_exists(child)
+    report = last_json(done.stderr)
+    assert (report["outcome"], report["reason"]) == ("lost", "connection-lost")
+    if child_mode == "exits-on-sigterm":
+        assert (tmp_path / "signal").read_text() == "SIGTERM"
+        assert report["command_exit_code"] == 15
+    else:
+        assert report["command_exit_code"] == 128 + signal.SIGKILL
+    assert "was lost while the command ran" in done.stderr
+    assert observer.holders(key) == set()
+    [row] = ledger(observer.conn, job)  # written over a fresh connection
+    assert (row["outcome"], row["reason"], row["exit_code"]) == ("lost", "connection-lost", 70)
+    assert row["application_name"] == f"pgsolo:{job}"
+
+
+# -- usage errors and connections --------------------------------------------------------
+
+UNREACHABLE = "postgresql://alice:hunter2@127.0.0.1:1/db"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--key", "k", "--"], "no command to run"),
+        (["--key", "k"], "no command to run"),
+        (["--key", "", "--", "true"], "must not be empty"),
+        (["--key", "2147483648:1", "--", "true"], "pair"),
+        (["--key", "123", "--namespace", "4", "--", "true"], "names only"),
+        (["--key", "k", "--wait", "0", "--", "true"], "--wait"),
+        (["--key", "k", "--wait", "-1", "--", "true"], "--wait"),
+        (["--key", "k", "--wait", "soon", "--", "true"], "--wait"),
+        (["--key", "k", "--once-per", "fortnight", "--", "true"], "period"),
+        (["--key", "k", "--check-interval", "0", "--", "true"], "--check-interval"),
+        (["--", "true"], "--key"),
+    ],
+)
+def test_usage_errors_exit_2_before_connecting(args: list[str], message: str) -> None:
+    # The DSN points nowhere: had pgsolo tried to connect, it would exit 69.
+    done = pgsolo("run", "--dsn", UNREACHABLE, "--json", *args)
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr
+    assert "hunter2" not in done.stdout + done.stderr
+
+
+def test_a_usage_error_takes_no_lock_and_records_nothing(
+    migrated: str, observer: Any, key: Key, job: str, tmp_path: Path
+) -> None:
+    done = pgsolo(
+        *run_args(key.text, migrated, job=job),
+        "--record",
+        "--once-per",
+        "fortnight",
+        "--",
+        *script(MARK, tmp_path, 0),
+    )
+    assert done.returncode == 2
+    assert not (tmp_path / "ran").exists()
+    assert ledger(observer.conn, job) == []
+    named = observer.conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (f"pgsolo:{job}",)
+    ).fetchone()
+    assert named == (0,)
+
+
+def test_an_unreachable_database_exits_69_without_the_password(tmp_path: Path) -> None:
+    done = pgsolo(*run_args("k", UNREACHABLE), "--json", "--", *script(MARK, tmp_path, 0))
+    assert done.returncode == 69
+    assert not (tmp_path / "ran").exists()
+    assert "database unavailable" in done.stderr
+    assert "alice:***@127.0.0.1:1/db" in done.stderr
+    assert "hunter2" not in done.stdout + done.stderr
+    report = last_json(done.stderr)
+    assert (report["outcome"], report["exit_code"]) == (None, 69)
+    for command in (["migrate"], ["history"]):
+        other = pgsolo(*command, "--dsn", UNREACHABLE)
+        assert other.returncode == 69
+        assert "hunter2" not in other.stdout + other.stderr
+
+
+def test_a_password_in_the_dsn_never_shows_up(
+    migrated: str, connect: Connect, key: Key, job: str, tmp_path: Path
+) -> None:
+    params = conninfo_to_dict(migrated)
+    secret = str(params.get("password") or "")
+    if not secret:  # a trust-authenticated server ignores a password it did not ask for
+        secret = f"pw-{uuid.uuid4().hex}"
+        params["password"] = secret
+    with_password = make_conninfo("", **params)
+    outputs = []
+    base = (*run_args(key.text, with_password, job=job), "--record", "--json")
+    outputs.append(pgsolo("-vv", *base, "--", *script(MARK, tmp_path, 0)))
+    outputs.append(pgsolo("-vv", *base, "--", *script(MARK, tmp_path, 5)))
+    outputs.append(pgsolo("-vv", *base, "--", str(tmp_path / "no-such-program")))
+    psql = connect()
+    psql.execute(_raw_lock_sql(key.text))
+    outputs.append(pgsolo("-vv", *base, "--wait", "0.2", "--", PY, "-c", "pass"))
+    psql.execute("SELECT pg_advisory_unlock_all()")
+    outputs.append(pgsolo("-vv", "migrate", "--dsn", with_password))
+    outputs.append(pgsolo("-vv", "history", "--dsn", with_password, "--job", job))
+    outputs.append(pgsolo("history", "--dsn", with_password, "--job", job, "--json"))
+    # A server that refuses the connection: the error names the DSN, never its password.
+    refused = make_conninfo(with_password, port="1", host="127.0.0.1")
+    outputs.append(pgsolo(*run_args("k", refused), "--json", "--", "true"))
+    assert [o.returncode for o in outputs] == [0, 5, 127, 75, 0, 0, 0, 69]
+    for output in outputs:
+        assert secret not in output.stdout + output.stderr
+    assert "advisory lock acquired" in outputs[0].stderr  # -vv really logged the attempt
+
+
+# -- the ledger ------------------------------------------------------------------------
+
+
+def test_record_writes_one_row_per_attempt_and_history_shows_them(
+    migrated: str, connect: Connect, observer: Any, key: Key, job: str, tmp_path: Path
+) -> None:
+    base = (*run_args(key.text, migrated, job=job), "--record")
+    assert pgsolo(*base, "--", *script(MARK, tmp_path, 0)).returncode == 0
+    assert pgsolo(*base, "--", *script(MARK, tmp_path, 2)).returncode == 2
+    psql = connect()
+    psql.execute(_raw_lock_sql(key.text))
+    assert pgsolo(*base, "--", *script(MARK, tmp_path, 0)).returncode == 75
+    psql.execute("SELECT pg_advisory_unlock_all()")
+
+    rows = ledger(observer.conn, job)
+    assert [(r["outcome"], r["reason"], r["exit_code"]) for r in rows] == [
+        ("completed", None, 0),
+        ("failed", None, 2),
+        ("skipped", "busy", 75),
+    ]
+    assert {r["application_name"] for r in rows} == {f"pgsolo:{job}"}
+    assert {r["lock_key"] for r in rows} == {key.text}
+    assert all(r["ordered"] for r in rows)
+
+    history = pgsolo("history", "--dsn", migrated, "--job", job, "--json")
+    assert history.returncode == 0, history.stderr
+    shown = json.loads(history.stdout)
+    assert [(r["outcome"], r["exit_code"]) for r in shown] == [
+        ("skipped", 75),
+        ("failed", 2),
+        ("completed", 0),
+    ]  # newest first
+    assert {r["job"] for r in shown} == {job}
+    assert {"started_at", "finished_at", "duration_ms", "host", "pid"} <= set(shown[0])
+
+    table = pgsolo("history", "--dsn", migrated, "--job", job, "--limit", "2")
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert lines[0].split()[:4] == ["started_at", "job", "outcome", "reason"]
+    assert len(lines) == 3
+    assert "skipped" in lines[1]
+    assert "busy" in lines[1]
+    assert "failed" in lines[2]
+    other = pgsolo("history", "--dsn", migrated, "--job", f"{job}-nobody")
+    assert (other.returncode, other.stdout.strip()) == (
+        0,
+        f"no attempts recorded for job {job}-nobody",
+    )
+
+
+def test_mostly_skipped_attempts_bring_a_warning(
+    migrated: str, connect: Connect, key: Key, job: str, tmp_path: Path
+) -> None:
+    psql = connect()
+    psql.execute(_raw_lock_sql(key.text))
+    base = (*run_args(key.text, migrated, job=job), "--record")
+    skips = [pgsolo(*base, "--", *script(MARK, tmp_path, 0)) for _ in range(3)]
+    psql.execute("SELECT pg_advisory_unlock_all()")
+    assert [s.returncode for s in skips] == [75, 75, 75]
+    assert "slower than its schedule" not in skips[0].stderr  # one skip is no pattern
+    assert f"pgsolo run: warning: job {job}: 3 of its last 3 attempts" in skips[2].stderr
+    history = pgsolo("history", "--dsn", migrated, "--job", job)
+    assert history.returncode == 0
+    warnings = [line for line in history.stderr.splitlines() if line.startswith("warning: ")]
+    assert len(warnings) == 1
+    assert "slower than its schedule" in warnings[0]
+    assert job in warnings[0]
+
+
+def test_migrate_twice_is_up_to_date_the_second_time(migrated: str) -> None:
+    again = pgsolo("migrate", "--dsn", migrated)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.startswith("up to date: pgsolo schema version 1")
+    as_json = pgsolo("migrate", "--dsn", migrated, "--json")
+    assert as_json.returncode == 0
+    assert json.loads(as_json.stdout)["applied"] == []
+
+
+def test_concurrent_migrate_from_four_processes(fresh_database: str, connect: Connect) -> None:
+    with ThreadPoolExecutor(4) as pool:
+        results = list(
+            pool.map(lambda _: pgsolo("migrate", "--dsn", fresh_database, "--json"), range(4))
+        )
+    assert [r.returncode for r in results] == [0, 0, 0, 0], [r.stderr for r in results]
+    applied = sorted(json.loads(r.stdout)["applied"] for r in results)
+    assert applied == [[], [], [], [1]]  # exactly one of them did the work
+    conn = psycopg.connect(fresh_database, autocommit=True)
+    with conn:
+        versions = conn.execute("SELECT version FROM pgsolo.schema_migrations").fetchall()
+    assert versions == [(1,)]
+
+
+def test_without_migrate_ledger_features_say_run_migrate_first(
+    fresh_database: str, key: Key, tmp_path: Path
+) -> None:
+    history = pgsolo("history", "--dsn", fresh_database)
+    assert history.returncode == 2
+    assert "run pgsolo migrate first" in history.stderr
+    for option in (["--record"], ["--once-per", "day"]):
+        done = pgsolo(
+            *run_args(key.text, fresh_database), *option, "--", *script(MARK, tmp_path, 0)
+        )
+        assert done.returncode == 2, done.stderr
+        assert "run pgsolo migrate first" in done.stderr
+        assert "Traceback" not in done.stderr
+    assert not (tmp_path / "ran").exists()  # nothing ran without its ledger
