@@ -17,10 +17,9 @@ by a sync or an async shell, so the two never drift.
 from __future__ import annotations
 
 import enum
-import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeGuard
+from typing import ClassVar, Protocol, TypeGuard
 
 __all__ = [
     "AsyncDriver",
@@ -59,6 +58,9 @@ class ServerInfo:
 
 
 class DriverBase(Protocol):
+    is_async: ClassVar[bool]
+    """True for drivers whose ``fetch_value`` is a coroutine function."""
+
     @property
     def connection(self) -> object:
         """The wrapped connection object (what pgsolo tracks held session locks by)."""
@@ -104,7 +106,7 @@ def adapt(connection: object) -> SyncDriver | AsyncDriver:
 
 
 def is_async(driver: SyncDriver | AsyncDriver) -> TypeGuard[AsyncDriver]:
-    return inspect.iscoroutinefunction(driver.fetch_value)
+    return driver.is_async
 
 
 def adapt_sync(connection: object) -> SyncDriver:

@@ -13,10 +13,10 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import psycopg
-from psycopg import pq, sql
+from psycopg import pq
 from psycopg.rows import tuple_row
 
 from . import ServerInfo, TxStatus
@@ -85,12 +85,14 @@ def _has_row(cursor: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> bool:
     return result is not None and result.status == pq.ExecStatus.TUPLES_OK and result.ntuples > 0
 
 
-def _literal(statement: str) -> sql.SQL:
-    # Statements come from pgsolo.sql only: fixed text and validated integers.
-    return sql.SQL(statement)
+def _literal(statement: str) -> bytes:
+    # Statements come from pgsolo.sql only: fixed text and validated values. Bytes skip
+    # psycopg's composition step, which a statement without parameters does not need.
+    return statement.encode()
 
 
 class PsycopgDriver(_PsycopgBase):
+    is_async: ClassVar[bool] = False
     _conn: psycopg.Connection[Any]
 
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
@@ -111,6 +113,7 @@ class PsycopgDriver(_PsycopgBase):
 
 
 class AsyncPsycopgDriver(_PsycopgBase):
+    is_async: ClassVar[bool] = True
     _conn: psycopg.AsyncConnection[Any]
 
     def __init__(self, conn: psycopg.AsyncConnection[Any]) -> None:
