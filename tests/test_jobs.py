@@ -28,6 +28,7 @@ from psycopg import sql as pgsql
 from psycopg.conninfo import make_conninfo
 
 import pgsolo
+from _support import eventually
 from pgsolo import ConnectionStateError, InvalidKeyError, Key, LockLostError, UsageError, ledger
 from pgsolo import sql as pgsolo_sql
 from pgsolo.jobs import JobResult, run_job, singleton
@@ -57,17 +58,6 @@ def new_job() -> str:
 
 def key_of(job: str) -> Key:
     return pgsolo.as_key(job)
-
-
-def eventually(predicate: Callable[[], T], what: str, timeout: float = DEADLINE) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
 
 
 def work_rows(observer: Any, job: str) -> list[str]:

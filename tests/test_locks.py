@@ -30,6 +30,7 @@ from psycopg.conninfo import make_conninfo
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 import pgsolo
+from _support import eventually
 from pgsolo import (
     ConnectionStateError,
     InvalidKeyError,
@@ -51,18 +52,6 @@ DEADLINE = 10.0  # generous bound for anything that must happen "soon"; never a 
 
 
 # -- helpers ------------------------------------------------------------------------------
-
-
-def eventually(predicate: Callable[[], T], what: str, timeout: float = DEADLINE) -> T:
-    """Poll ``predicate`` until it returns something truthy; fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
 
 
 def pid_of(conn: psycopg.Connection) -> int:

@@ -384,18 +384,14 @@ def _run_sync(
                 spare_driver = adapt_sync(spare)
                 drive(_record_plan(job, result, spare_driver), spare_driver)
         else:
-            logger.error(
-                "pgsolo: job %s %s but its connection is gone: not recorded",
-                job.name,
-                result.outcome,
-            )
+            _log_unrecorded(job, result)
     return _conclude(job, result, raise_errors)
 
 
 def _log_unrecorded(job: Job, result: JobResult[Any]) -> None:
     logger.error(
         "pgsolo: job %s %s, but its connection is gone and there is no DSN to reconnect"
-        " with: the attempt is not in the ledger",
+        " with: the attempt is not recorded in the ledger",
         job.name,
         result.outcome,
     )
@@ -475,11 +471,7 @@ async def _run_async(
                 spare_driver = adapt_async(spare)
                 await adrive(_record_plan(job, result, spare_driver), spare_driver)
         else:
-            logger.error(
-                "pgsolo: job %s %s but its connection is gone: not recorded",
-                job.name,
-                result.outcome,
-            )
+            _log_unrecorded(job, result)
     return _conclude(job, result, raise_errors)
 
 
