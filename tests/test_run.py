@@ -206,11 +206,16 @@ def app_name_of(conn: psycopg.Connection, pid: int) -> str | None:
 
 
 def pid_exists(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie, dead but not yet reaped, is not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state != "Z"
 
 
 @pytest.fixture(scope="module")
@@ -608,6 +613,30 @@ def test_a_signal_to_pgsolo_is_forwarded_and_pgsolo_waits_for_the_command(
     assert observer.holders(key) == set()
     [row] = ledger(observer.conn, job)
     assert (row["outcome"], row["exit_code"]) == ("failed", 42)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal")
+def test_a_killed_pgsolo_takes_its_command_down_with_it(
+    migrated: str,
+    observer: Any,
+    key: Key,
+    job: str,
+    tmp_path: Path,
+    background: Callable[..., Running],
+) -> None:
+    """SIGKILL of pgsolo ends its session, so the server frees the lock at once: the
+    command must not run on unprotected while another host starts the same work."""
+    running = background(
+        *run_args(key.text, migrated, job=job), "--", *script(TRAP, tmp_path, 42, "ignore")
+    )
+    wait_until((tmp_path / "ready").exists, "the command to start")
+    child = int((tmp_path / "pid").read_text())
+    assert len(observer.holders(key)) == 1
+    running.proc.kill()
+    running.proc.wait(timeout=TIMEOUT)
+    wait_until(lambda: not pid_exists(child), "the command to die with pgsolo")
+    wait_until(lambda: observer.holders(key) == set(), "the server to free the lock")
+    assert not (tmp_path / "signal").exists()  # killed outright, not asked to stop
 
 
 @pytest.mark.parametrize("child_mode", ["exits-on-sigterm", "ignores-sigterm"])

@@ -32,6 +32,7 @@ Nothing printed or recorded here carries a password: messages from the driver go
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import signal
@@ -40,7 +41,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from types import FrameType
@@ -489,6 +490,29 @@ class _Attempt:
 # -- the child process ------------------------------------------------------------------
 
 
+def _die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes COMMAND die with pgsolo (Linux).
+
+    If pgsolo itself is killed (SIGKILL, the OOM killer), its connection closes and the
+    server releases the lock at once, while COMMAND would run on unprotected and a
+    second host could start the same work. The kernel's parent-death signal stops it.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    parent = os.getpid()
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before the fork
+
+    def arm() -> None:  # runs in the child, between fork and exec
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # pgsolo died before the signal was armed
+            os._exit(128 + signal.SIGKILL)
+
+    return arm
+
+
+_PR_SET_PDEATHSIG = 1
+
+
 class _Child:
     """COMMAND as a child process, and the signal handlers that forward to it."""
 
@@ -500,7 +524,7 @@ class _Child:
 
     def start(self) -> subprocess.Popen[bytes]:
         # No shell: COMMAND's arguments reach it exactly as given. stdio is inherited.
-        self.proc = subprocess.Popen(self.command)  # noqa: S603
+        self.proc = subprocess.Popen(self.command, preexec_fn=_die_with_parent())  # noqa: S603, PLW1509
         pending, self.pending = self.pending, []
         for signum in pending:  # arrived while the child was being started
             self.forward(signum)
