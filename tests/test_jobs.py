@@ -815,6 +815,25 @@ def test_skip_warning_flags_jobs_that_are_mostly_busy(
     assert ledger.skip_warning(periodic_rows) == []
 
 
+def test_a_recorded_busy_skip_warns_when_the_job_mostly_skips(
+    db: str, connect: Connect, caplog: pytest.LogCaptureFixture
+) -> None:
+    slow = new_job()
+    assert run_job(db, slow, lambda c: None, record=True).completed
+    holder = hold(connect, slow)
+    with caplog.at_level(logging.WARNING, logger="pgsolo"):
+        for _ in range(3):
+            assert run_job(db, slow, lambda c: None, record=True).reason == "busy"
+    unhold(holder, slow)
+    warnings = [
+        r.getMessage() for r in caplog.records if "slower than its schedule" in r.getMessage()
+    ]
+    # 1 of 2 attempts skipped is not "mostly"; 2 of 3 and 3 of 4 are.
+    assert len(warnings) == 2
+    assert all(slow in w for w in warnings)
+    assert "3 of its last 4" in warnings[-1]
+
+
 def test_migrate_is_idempotent_and_reports_the_schema_version(db: str, observer: Any) -> None:
     assert ledger.migrate(observer.conn) == []
     latest = pgsolo_sql.MIGRATIONS[-1][0]

@@ -42,6 +42,7 @@ from .errors import (
     UsageError,
 )
 from .keys import Key, KeyLike, Registry, as_key
+from .ledger import SKIP_WARNING_WINDOW, skip_warning
 from .locks import _LockCore, _outside_transaction, _validate_wait
 
 if TYPE_CHECKING:
@@ -406,6 +407,14 @@ def _record_plan(job: Job, result: JobResult[Any], driver: DriverBase) -> Plan[N
                 "record=True needs pgsolo's tables: run `pgsolo migrate` first"
             ) from exc
         raise
+    if result.outcome == "skipped" and result.reason == "busy":
+        # Only a skip pays for this look back: repeated skips mean the work is slower
+        # than its schedule, which the article says to watch for.
+        recent = yield _outside_transaction(
+            driver, [sql.history(job=job.name, limit=SKIP_WARNING_WINDOW)]
+        )
+        for warning in skip_warning(recent if isinstance(recent, list) else []):
+            logger.warning("pgsolo: %s", warning)
 
 
 async def run_job_async(
