@@ -1209,3 +1209,67 @@ def test_singleton_uses_pgsolo_dsn_when_no_dsn_is_given(
 
     assert result.outcome == "completed"
     assert result.value == (observer.conn.info.dbname, 3)
+
+
+# -- text reaches the database as written, whatever the session's settings ---------------
+
+
+def test_hostile_error_text_is_recorded_verbatim_under_any_client_encoding(
+    db: str, connect: Connect, observer: Any
+) -> None:
+    """In SJIS, 0x5C can end a two-byte character; text quoted for UTF-8 would let a
+    backslash escape the closing quote. pgsolo writes text as hex digits instead."""
+    job = new_job()
+    payload = "\u00c1\\'); CREATE TABLE pgsolo_pwned(); --"
+    conn = connect()
+    conn.execute("SET client_encoding TO 'SJIS'")
+    conn.execute("SET backslash_quote = on")
+    conn.execute("SET standard_conforming_strings = off")
+
+    def bad(c: psycopg.Connection) -> None:
+        raise ValueError(payload)
+
+    result = run_job(conn, job, bad, record=True, raise_errors=False)
+    assert result.outcome == "failed"
+    assert observer.conn.execute("SELECT to_regclass('pgsolo_pwned')").fetchone() == (None,)
+    [row] = ledger.history(observer.conn, job=job)
+    assert row["error"] == f"ValueError: {payload}"
+
+
+def test_a_period_is_one_period_whatever_the_client_encoding(
+    db: str, connect: Connect, observer: Any
+) -> None:
+    job = f"Grüße-{uuid.uuid4().hex[:8]}"
+    utf8, latin1 = connect(), connect()
+    latin1.execute("SET client_encoding TO 'LATIN1'")
+    assert run_job(utf8, job, lambda c: 1, period="day").completed
+    again = run_job(latin1, job, lambda c: 1, period="day")
+    assert (again.outcome, again.reason) == ("skipped", "already-done-this-period")
+    rows = observer.conn.execute(
+        "SELECT job FROM pgsolo.job_periods WHERE job LIKE 'Gr%%' AND job = %s", (job,)
+    ).fetchall()
+    assert rows == [(job,)]
+
+
+def test_an_error_message_that_is_not_valid_unicode_is_still_recorded(
+    db: str, connect: Connect, observer: Any
+) -> None:
+    job = new_job()
+    undecodable = b"/tmp/\xff".decode("utf-8", "surrogateescape")
+
+    def missing(c: psycopg.Connection) -> None:
+        raise FileNotFoundError(2, "No such file", undecodable)
+
+    result = run_job(connect(), job, missing, record=True, raise_errors=False)
+    assert result.outcome == "failed"
+    assert isinstance(result.error, FileNotFoundError)
+    [row] = ledger.history(observer.conn, job=job)
+    assert row["outcome"] == "failed"
+    assert "No such file" in row["error"]
+    assert "\\udcff" in row["error"]  # the undecodable byte, escaped rather than lost
+
+
+@pytest.mark.parametrize("name", ["", "a\0b", "\ud800"])
+def test_job_names_must_be_text_the_database_can_store(name: str) -> None:
+    with pytest.raises(pgsolo.UsageError):
+        run_job(CLOSED_PORT_DSN, 1, lambda c: None, name=name)

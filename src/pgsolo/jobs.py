@@ -121,9 +121,13 @@ class Job:
                 sql.period_start(period)
             except ValueError as exc:
                 raise UsageError(str(exc)) from None
-        job_name = name or resolved.name or resolved.text
-        if not isinstance(job_name, str) or "\0" in job_name:
-            raise UsageError(f"a job name must be text without NUL, got {job_name!r}")
+        job_name = name if name is not None else (resolved.name or resolved.text)
+        if not isinstance(job_name, str) or not job_name or "\0" in job_name:
+            raise UsageError(f"a job name must be non-empty text without NUL, got {job_name!r}")
+        try:
+            job_name.encode("utf-8")
+        except UnicodeEncodeError:
+            raise UsageError(f"a job name must be valid Unicode text, got {job_name!r}") from None
         if not isinstance(record, bool):
             raise UsageError(f"record must be True or False, got {record!r}")
         return cls(job_name, resolved, lifetime, wait, period, record, application_name)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["sql_literal"]
+__all__ = ["sql_literal", "sql_text"]
 
 
 def sql_literal(text: str) -> str:
@@ -18,3 +18,17 @@ def sql_literal(text: str) -> str:
     if "\\" not in text:
         return f"'{quoted}'"
     return "E'" + quoted.replace("\\", "\\\\") + "'"
+
+
+def sql_text(text: str) -> str:
+    """``text`` as a SQL expression written in ASCII hex digits only.
+
+    For the statements pgsolo sends itself (job names, hosts, error messages): whatever
+    the connection's ``client_encoding`` or ``standard_conforming_strings``, the server
+    reads exactly these characters, and no byte of the value can be taken for a quote or
+    a backslash. Characters that cannot be encoded (lone surrogates) become escapes.
+    """
+    if "\0" in text:
+        raise ValueError("SQL text cannot contain a NUL character")
+    data = text.encode("utf-8", errors="backslashreplace").hex()
+    return f"convert_from(decode('{data}', 'hex'), 'UTF8')"

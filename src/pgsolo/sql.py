@@ -1,9 +1,11 @@
 """Every SQL statement pgsolo sends, in one place.
 
-Statements are plain text with no bind parameters so that several of them can travel in
-one simple-query message (one round trip). That is safe because the only values spliced
-in are Python ints validated by :class:`~pgsolo.keys.Key` and millisecond counts that are
-ints by construction; nothing from a user is ever quoted into SQL here.
+Statements are plain ASCII text with no bind parameters so that several of them can
+travel in one simple-query message (one round trip). That is safe because the only values
+spliced in are Python ints validated by :class:`~pgsolo.keys.Key`, millisecond counts that
+are ints by construction, period units from a fixed list, and text (job names, hosts,
+error messages) written as hex digits by :func:`~pgsolo.literals.sql_text`, which no
+session setting or client encoding can turn into a quote.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 from typing import Literal
 
 from .keys import Key, encode_pg_lock
-from .literals import sql_literal
+from .literals import sql_text
 
 Lifetime = Literal["xact", "session"]
 
@@ -165,7 +167,7 @@ def parse_period_seconds(period: str) -> int:
 def period_done(job: str, period: str) -> str:
     return (
         "SELECT EXISTS (SELECT 1 FROM pgsolo.job_periods"
-        f" WHERE job = {sql_literal(job)} AND period = {sql_literal(period)}"
+        f" WHERE job = {sql_text(job)} AND period = {sql_text(period)}"
         f" AND period_start = {period_start(period)})"
     )
 
@@ -174,8 +176,8 @@ def period_record(job: str, period: str, *, host: str, pid: int) -> str:
     """Mark this period done; returns true, or nothing if it was already marked."""
     return (
         "INSERT INTO pgsolo.job_periods (job, period, period_start, host, pid)"
-        f" VALUES ({sql_literal(job)}, {sql_literal(period)}, {period_start(period)},"
-        f" {sql_literal(host)}, {int(pid)})"
+        f" VALUES ({sql_text(job)}, {sql_text(period)}, {period_start(period)},"
+        f" {sql_text(host)}, {int(pid)})"
         " ON CONFLICT DO NOTHING RETURNING true"
     )
 
@@ -202,10 +204,10 @@ def record_attempt(
         "INSERT INTO pgsolo.job_runs (job, lock_key, outcome, reason, started_at,"
         " finished_at, duration_ms, lock_wait_ms, host, pid, backend_pid,"
         " application_name, exit_code, error) VALUES ("
-        f"{sql_literal(job)}, {sql_literal(lock_key)}, {sql_literal(outcome)},"
+        f"{sql_text(job)}, {sql_text(lock_key)}, {sql_text(outcome)},"
         f" {_text_or_null(reason)}, clock_timestamp() - make_interval(secs => {elapsed!r}),"
         f" clock_timestamp(), {float(duration_s) * 1000!r}, {float(lock_wait_s) * 1000!r},"
-        f" {sql_literal(host)}, {int(pid)}, {_int_or_null(backend_pid)},"
+        f" {sql_text(host)}, {int(pid)}, {_int_or_null(backend_pid)},"
         f" {_text_or_null(application_name)}, {_int_or_null(exit_code)},"
         f" {_text_or_null(error)})"
     )
@@ -213,7 +215,7 @@ def record_attempt(
 
 def history(*, job: str | None, limit: int) -> str:
     """The latest attempts, newest first, as one JSON array."""
-    where = f"WHERE job = {sql_literal(job)}" if job is not None else ""
+    where = f"WHERE job = {sql_text(job)}" if job is not None else ""
     return (
         "SELECT coalesce(json_agg(r ORDER BY r.started_at DESC, r.id DESC), '[]'::json)"
         " FROM (SELECT id, job, lock_key, outcome, reason, started_at, finished_at,"
@@ -224,7 +226,7 @@ def history(*, job: str | None, limit: int) -> str:
 
 
 def _text_or_null(value: str | None) -> str:
-    return "NULL" if value is None else sql_literal(value.replace("\0", ""))
+    return "NULL" if value is None else sql_text(value.replace("\0", ""))
 
 
 def _int_or_null(value: int | None) -> str:

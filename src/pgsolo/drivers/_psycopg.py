@@ -88,7 +88,8 @@ def _has_row(cursor: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> bool:
 def _literal(statement: str) -> bytes:
     # Statements come from pgsolo.sql only: fixed text and validated values. Bytes skip
     # psycopg's composition step, which a statement without parameters does not need.
-    return statement.encode()
+    # ASCII only (see pgsolo.literals.sql_text), so no client_encoding can misread it.
+    return statement.encode("ascii")
 
 
 class PsycopgDriver(_PsycopgBase):
