@@ -42,6 +42,8 @@ from pgsolo import (
     TransactionFailedError,
     UsageError,
 )
+from pgsolo.drivers._psycopg import PsycopgDriver
+from pgsolo.sql import lock_function
 
 Connect = Callable[..., psycopg.Connection]
 T = TypeVar("T")
@@ -1305,3 +1307,337 @@ def test_threads_sharing_one_connection_cannot_both_enter_an_xact_block(
     # Once the block is over the key is free for the connection again.
     with pgsolo.xact_lock(conn, key) as again:
         assert again.acquired
+
+
+# -- 12. regressions: interruptions at precise points, claims that must not be shared ----------
+#
+# KeyboardInterrupt can land at any bytecode, e.g. right after the server answered and
+# before pgsolo looked at the answer. A real SIGINT cannot be aimed that precisely, so
+# these tests wrap the driver's ``fetch_value`` to raise KeyboardInterrupt exactly there.
+# That injects an *interruption*, not a fake database: every statement still runs on the
+# real server (or, for "instead", is not sent at all, as when Ctrl-C comes first), and
+# what is asserted is what pg_locks says. Each rule fires once, only for statements that
+# contain the given text, and only after the rules before it have fired.
+
+
+class Interrupter:
+    """Raise KeyboardInterrupt around chosen round trips of pgsolo's psycopg driver."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.pending: list[tuple[str, str]] = []  # (text in a statement, "instead"/"after")
+        self.fired: list[str] = []
+        original = PsycopgDriver.fetch_value
+
+        def fetch_value(driver: PsycopgDriver, statements: Any) -> object:
+            when = self._take(statements)
+            if when == "instead":
+                raise KeyboardInterrupt
+            value = original(driver, statements)
+            if when == "after":
+                raise KeyboardInterrupt
+            return value
+
+        monkeypatch.setattr(PsycopgDriver, "fetch_value", fetch_value)
+
+    def _take(self, statements: Any) -> str | None:
+        if not self.pending:
+            return None
+        needle, when = self.pending[0]
+        if not any(needle in statement for statement in statements):
+            return None
+        self.pending.pop(0)
+        self.fired.append(needle)
+        return when
+
+    def once(self, needle: str, when: str) -> Interrupter:
+        assert when in ("instead", "after")
+        self.pending.append((needle, when))
+        return self
+
+    def assert_all_fired(self) -> None:
+        assert self.pending == [], f"these interruptions never happened: {self.pending}"
+
+
+def lock_call(key: Key, *, wait: bool, unlock: bool = False) -> str:
+    """pgsolo's lock (or unlock) call for ``key``, e.g. ``pg_try_advisory_lock(1, 2)``."""
+    if unlock:
+        return f"pg_advisory_unlock({key.sql_args})"
+    return f"{lock_function('session', wait=wait, shared=False)}({key.sql_args})"
+
+
+def second_key(key: Key) -> Key:
+    assert isinstance(key.value, tuple)
+    return Key((key.value[0], key.value[1] + 500_000))
+
+
+HELD_CHECK = "FROM pg_locks"  # pgsolo's "does this backend hold the key?" question
+
+
+def test_reentrant_session_lock_does_not_ride_on_an_xact_claim(
+    connect: Connect, observer: Any, key: Key
+) -> None:
+    """A key taken by xact_lock is not a session hold: "re-entering" it as a session lock
+    would send no SQL and leave a session lock that vanishes at COMMIT."""
+    conn = connect()
+    pid = pid_of(conn)
+    with pgsolo.xact_lock(conn, key) as xact:
+        assert xact.acquired
+        session = pgsolo.session_lock(conn, key, reentrant=True)
+        assert session.acquire() is False  # busy: held by this connection, not re-entered
+        assert session.acquired is False
+        with pytest.raises(LockUnavailableError) as raised:
+            pgsolo.session_lock(conn, key, reentrant=True, wait=5).acquire()
+        assert "already held on this connection" in str(raised.value)
+        assert pgsolo.held_session_locks(conn) == []
+        assert observer.holders(key) == {pid}
+    assert observer.holders(key) == set()
+    assert pgsolo.held_session_locks(conn) == []
+    with pytest.raises(LockNotHeldError):
+        session.release()
+    # The key is free again, for this connection as a session lock too.
+    again = pgsolo.session_lock(conn, key, reentrant=True)
+    assert again.acquire() is True
+    assert observer.holders(key) == {pid}
+    again.release()
+    assert observer.holders(key) == set()
+    assert pgsolo.held_session_locks(conn) == []
+
+
+@pytest.mark.parametrize("wait", [None, 5.0], ids=["try", "wait"])
+def test_session_acquire_interrupted_after_the_grant_inside_callers_transaction(
+    connect: Connect,
+    observer: Any,
+    key: Key,
+    table: str,
+    monkeypatch: pytest.MonkeyPatch,
+    wait: float | None,
+) -> None:
+    """Ctrl-C right after the server granted the lock, inside the caller's transaction:
+    the caller's transaction stays usable (its work is kept) and no lock is left behind."""
+    conn = connect()
+    pid = pid_of(conn)
+    interrupter = Interrupter(monkeypatch).once(lock_call(key, wait=wait is not None), "after")
+    with conn.transaction():
+        insert_note(conn, table, "before")
+        with pytest.raises(KeyboardInterrupt):
+            pgsolo.session_lock(conn, key, wait=wait).acquire()
+        interrupter.assert_all_fired()
+        assert conn.info.transaction_status is INTRANS
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+        assert observer.holders(key) == set()
+        assert pgsolo.held_session_locks(conn) == []
+        insert_note(conn, table, "after")
+    assert conn.info.transaction_status is IDLE
+    assert sorted(notes(observer, table)) == ["after", "before"]  # the caller's work kept
+    assert observer.holders(key) == set()
+    assert observer.advisory(pid=pid) == set()
+    # Nothing is tracked either: the key can be taken again on this connection.
+    lock = pgsolo.session_lock(conn, key)
+    assert lock.acquire() is True
+    lock.release()
+    assert observer.holders(key) == set()
+
+
+RELEASE_SETUPS = ["autocommit", "callers-transaction", "non-autocommit"]
+
+
+def _release_setup(connect: Connect, setup: str) -> psycopg.Connection:
+    conn = connect(autocommit=setup != "non-autocommit")
+    if setup == "callers-transaction":
+        conn.execute("BEGIN")
+        conn.execute("SELECT 1")
+    return conn
+
+
+def _expected_status(setup: str) -> psycopg.pq.TransactionStatus:
+    return INTRANS if setup == "callers-transaction" else IDLE
+
+
+@pytest.mark.parametrize("setup", RELEASE_SETUPS)
+def test_release_interrupted_before_the_unlock_was_sent(
+    connect: Connect, observer: Any, key: Key, monkeypatch: pytest.MonkeyPatch, setup: str
+) -> None:
+    """Ctrl-C before the unlock went out: either pgsolo finished the release, or the lock
+    is still held, tracked and ``acquired`` so that release() can be called again."""
+    conn = _release_setup(connect, setup)
+    pid = pid_of(conn)
+    lock = pgsolo.session_lock(conn, key)
+    assert lock.acquire() is True
+    assert observer.holders(key) == {pid}
+    interrupter = Interrupter(monkeypatch).once(lock_call(key, wait=False, unlock=True), "instead")
+    with pytest.raises(KeyboardInterrupt):
+        lock.release()
+    interrupter.assert_all_fired()
+    if lock.acquired:
+        # Kept on the books: consistent with the server, and releasable.
+        assert observer.holders(key) == {pid}
+        assert pgsolo.held_session_locks(conn) == [key]
+        lock.release()  # must not raise LockNotHeldError
+    else:
+        assert observer.holders(key) == set()
+        assert pgsolo.held_session_locks(conn) == []
+    assert lock.acquired is False
+    assert observer.holders(key) == set()
+    assert observer.advisory(pid=pid) == set()
+    assert pgsolo.held_session_locks(conn) == []
+    assert conn.info.transaction_status is _expected_status(setup)
+    assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+@pytest.mark.parametrize("setup", RELEASE_SETUPS)
+def test_release_interrupted_after_the_unlock_ran(
+    connect: Connect, observer: Any, key: Key, monkeypatch: pytest.MonkeyPatch, setup: str
+) -> None:
+    conn = _release_setup(connect, setup)
+    pid = pid_of(conn)
+    lock = pgsolo.session_lock(conn, key)
+    assert lock.acquire() is True
+    interrupter = Interrupter(monkeypatch).once(lock_call(key, wait=False, unlock=True), "after")
+    with pytest.raises(KeyboardInterrupt):
+        lock.release()
+    interrupter.assert_all_fired()
+    assert lock.acquired is False
+    assert observer.holders(key) == set()
+    assert observer.advisory(pid=pid) == set()
+    assert pgsolo.held_session_locks(conn) == []
+    with pytest.raises(LockNotHeldError):
+        lock.release()
+    assert conn.info.transaction_status is _expected_status(setup)
+    assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+@pytest.mark.parametrize("in_transaction", [False, True], ids=["autocommit", "callers-transaction"])
+@pytest.mark.parametrize("wait", [None, 5.0], ids=["try", "wait"])
+def test_second_interruption_during_acquire_cleanup_leaves_no_stale_claim(
+    connect: Connect,
+    observer: Any,
+    key: Key,
+    monkeypatch: pytest.MonkeyPatch,
+    wait: float | None,
+    in_transaction: bool,
+) -> None:
+    """Ctrl-C instead of the lock call, then again during the pg_locks check of the
+    clean-up: the key must not stay claimed on the connection (it would be "busy" forever)."""
+    conn = connect()
+    pid = pid_of(conn)
+    if in_transaction:
+        conn.execute("BEGIN")
+    interrupter = (
+        Interrupter(monkeypatch)
+        .once(lock_call(key, wait=wait is not None), "instead")
+        .once(HELD_CHECK, "instead")
+    )
+    with pytest.raises(KeyboardInterrupt):
+        pgsolo.session_lock(conn, key, wait=wait).acquire()
+    interrupter.assert_all_fired()
+    monkeypatch.undo()
+    assert pgsolo.held_session_locks(conn) == []
+    assert observer.holders(key) == set()  # the lock call never reached the server
+    if in_transaction:
+        assert conn.info.transaction_status is INTRANS
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+        conn.execute("COMMIT")
+    assert conn.info.transaction_status is IDLE
+    lock = pgsolo.session_lock(conn, key)
+    assert lock.acquire() is True  # not "busy, held by this connection"
+    assert observer.holders(key) == {pid}
+    assert pgsolo.held_session_locks(conn) == [key]
+    lock.release()
+    assert observer.holders(key) == set()
+    assert pgsolo.held_session_locks(conn) == []
+
+
+def test_nested_xact_blocks_in_one_thread(connect: Connect, observer: Any, key: Key) -> None:
+    conn = connect()
+    pid = pid_of(conn)
+    inner_key = second_key(key)
+    with pgsolo.xact_lock(conn, key) as outer:
+        assert outer.acquired
+        with pgsolo.xact_lock(conn, inner_key) as inner:
+            assert inner.acquired
+            assert observer.holders(key) == {pid}
+            assert observer.holders(inner_key) == {pid}
+        # The inner block joined the outer transaction: its lock lasts until that ends.
+        assert conn.info.transaction_status is INTRANS
+        assert observer.holders(inner_key) == {pid}
+    assert conn.info.transaction_status is IDLE
+    assert observer.holders(key) == set()
+    assert observer.holders(inner_key) == set()
+
+
+def test_second_thread_cannot_join_an_xact_block_for_another_key(
+    connect: Connect, observer: Any, key: Key
+) -> None:
+    """Thread A is inside ``with xact_lock(conn, k1)`` (pgsolo opened the transaction);
+    thread B's ``with xact_lock(conn, k2)`` would join A's transaction and be committed
+    by A: refused. A's block then ends normally."""
+    conn = connect()
+    pid = pid_of(conn)
+    key2 = second_key(key)
+    inside = threading.Event()
+    finish = threading.Event()
+    seen: dict[str, object] = {}
+
+    def thread_a() -> None:
+        with pgsolo.xact_lock(conn, key) as lock:
+            seen["a_acquired"] = lock.acquired
+            inside.set()
+            assert finish.wait(DEADLINE)
+            seen["a_select"] = conn.execute("SELECT 1").fetchone()
+        seen["a_status"] = conn.info.transaction_status
+
+    def thread_b() -> None:
+        assert inside.wait(DEADLINE)
+        try:
+            try:
+                with pgsolo.xact_lock(conn, key2) as lock:
+                    seen["b_entered"] = lock.acquired
+            except ConnectionStateError as exc:
+                seen["b_context"] = exc
+            seen["b_holders"] = observer.holders(key2)
+            try:
+                seen["b_plain"] = pgsolo.xact_lock(conn, key2).acquire()
+            except ConnectionStateError as exc:
+                seen["b_plain"] = exc
+        finally:
+            finish.set()
+
+    assert run_threads([thread_a, thread_b]) == []
+    assert seen["a_acquired"] is True
+    assert "b_entered" not in seen
+    assert isinstance(seen["b_context"], ConnectionStateError)
+    assert "another thread or task" in str(seen["b_context"])
+    assert isinstance(seen["b_plain"], ConnectionStateError)
+    assert seen["b_holders"] == set()
+    assert seen["a_select"] == (1,)
+    assert seen["a_status"] is IDLE
+    assert observer.holders(key) == set()
+    assert observer.holders(key2) == set()
+    assert observer.advisory(pid=pid) == set()
+    # Once A's block is over, the connection is free for any thread.
+    with pgsolo.xact_lock(conn, key2) as lock:
+        assert lock.acquired
+
+
+def test_plain_xact_wait_timeout_on_non_autocommit_idle_connection_keeps_it_usable(
+    connect: Connect, observer: Any, key: Key
+) -> None:
+    """psycopg begins the transaction implicitly: it is the caller's, and a timeout must
+    not leave it aborted."""
+    holder = connect()
+    assert pgsolo.session_lock(holder, key).acquire() is True
+    conn = connect(autocommit=False, options="-c lock_timeout=7s")
+    assert conn.info.transaction_status is IDLE
+    started = time.monotonic()
+    with pytest.raises(LockTimeoutError) as raised:
+        pgsolo.xact_lock(conn, key, wait=0.3).acquire()
+    assert time.monotonic() - started < DEADLINE
+    assert raised.value.key == key
+    assert raised.value.timeout == pytest.approx(0.3)
+    assert conn.info.transaction_status is INTRANS  # not INERROR
+    assert conn.execute("SELECT 1").fetchone() == (1,)
+    assert show_lock_timeout(conn) == "7s"
+    assert observer.advisory(pid=pid_of(conn)) == set()
+    conn.rollback()
+    assert conn.info.transaction_status is IDLE
+    assert observer.holders(key) == {pid_of(holder)}

@@ -954,3 +954,80 @@ async def test_cancelled_release_leaves_no_lock_and_no_transaction(
         assert observer.holders(key) == set(), f"cancelled after {steps} steps: lock left"
         await assert_clean(conn, observer)
     assert cancelled >= 1
+
+
+# -- regressions: a transaction pgsolo opened belongs to one task --------------------------
+
+
+def other_key(key: Key) -> Key:
+    assert isinstance(key.value, tuple)
+    return Key((key.value[0], key.value[1] + 500_000))
+
+
+async def test_second_task_cannot_join_an_xact_block_for_another_key(
+    aconnect: AConnect, observer: Any, key: Key
+) -> None:
+    """Task A is inside ``async with xact_lock(ac, k1)`` (pgsolo opened the transaction);
+    task B's ``xact_lock(ac, k2)`` would join A's transaction (and be committed by A):
+    refused. A's block then ends normally."""
+    conn = await aconnect()
+    pid = pid_of(conn)
+    key2 = other_key(key)
+    inside, finish_a = asyncio.Event(), asyncio.Event()
+    seen: dict[str, Any] = {}
+
+    async def task_a() -> None:
+        async with pgsolo.xact_lock(conn, key) as lock:
+            seen["a_acquired"] = lock.acquired
+            inside.set()
+            await asyncio.wait_for(finish_a.wait(), BOUND)
+            cur = await conn.execute("SELECT 1")
+            seen["a_select"] = await cur.fetchone()
+        seen["a_status"] = conn.info.transaction_status
+
+    async def task_b() -> None:
+        await asyncio.wait_for(inside.wait(), BOUND)
+        try:
+            with pytest.raises(pgsolo.ConnectionStateError) as raised:
+                async with pgsolo.xact_lock(conn, key2):
+                    seen["b_entered"] = True
+            seen["b_context"] = raised.value
+            seen["b_holders"] = observer.holders(key2)
+            with pytest.raises(pgsolo.ConnectionStateError):
+                await pgsolo.xact_lock(conn, key2).acquire()
+        finally:
+            finish_a.set()
+
+    await asyncio.wait_for(asyncio.gather(task_a(), task_b()), BOUND * 2)
+    assert seen["a_acquired"] is True
+    assert "b_entered" not in seen
+    assert "another thread or task" in str(seen["b_context"])
+    assert seen["b_holders"] == set()
+    assert seen["a_select"] == (1,)
+    assert seen["a_status"] is pq.TransactionStatus.IDLE
+    assert observer.holders(key) == set()
+    assert observer.holders(key2) == set()
+    await assert_clean(conn, observer)
+    # Once A's block is over, any task may open one.
+    async with pgsolo.xact_lock(conn, key2) as lock:
+        assert lock.acquired
+        assert observer.holders(key2) == {pid}
+    await assert_clean(conn, observer)
+
+
+async def test_nested_xact_blocks_in_one_task(aconnect: AConnect, observer: Any, key: Key) -> None:
+    conn = await aconnect()
+    pid = pid_of(conn)
+    key2 = other_key(key)
+    async with pgsolo.xact_lock(conn, key) as outer:
+        assert outer.acquired
+        async with pgsolo.xact_lock(conn, key2) as inner:
+            assert inner.acquired
+            assert observer.holders(key) == {pid}
+            assert observer.holders(key2) == {pid}
+        # The inner block joined the outer transaction: its lock lasts until that ends.
+        assert conn.info.transaction_status is pq.TransactionStatus.INTRANS
+        assert observer.holders(key2) == {pid}
+    assert observer.holders(key) == set()
+    assert observer.holders(key2) == set()
+    await assert_clean(conn, observer)

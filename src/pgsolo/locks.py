@@ -7,6 +7,7 @@ with a sync driver and :class:`AsyncLock` with an async one, so the two cannot d
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import threading
@@ -78,6 +79,9 @@ class _Held:
 class _Holdings:
     pid: int
     keys: dict[Key, _Held]
+    # The thread or task whose pgsolo-opened transaction is open on this connection:
+    # another one must not join it (it would get the keys of that transaction too).
+    transaction_owner: tuple[int, int] | None = None
 
 
 _HOLDINGS: weakref.WeakKeyDictionary[object, _Holdings] = weakref.WeakKeyDictionary()
@@ -103,10 +107,40 @@ def _claim(
         if held is None:
             holdings.keys[key] = _Held(shared, 1, pending=True, lifetime=lifetime)
             return "new"
-        if reentrant and held.shared == shared and not held.pending:
+        if reentrant and (held.lifetime, held.shared) == (lifetime, shared) and not held.pending:
             held.count += 1
             return "reentered"
         return "busy"
+
+
+def _context_token() -> tuple[int, int]:
+    """Who is running: this thread, and this asyncio task if there is one."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no event loop in this thread
+        task = None
+    return threading.get_ident(), id(task) if task is not None else 0
+
+
+def _set_transaction_owner(conn: object, pid: int, owner: tuple[int, int] | None) -> None:
+    with _HOLDINGS_LOCK:
+        holdings = _HOLDINGS.get(conn)
+        if holdings is None or holdings.pid != pid:
+            holdings = _HOLDINGS[conn] = _Holdings(pid, {})
+        holdings.transaction_owner = owner
+
+
+def _transaction_owner(conn: object, pid: int) -> tuple[int, int] | None:
+    with _HOLDINGS_LOCK:
+        holdings = _HOLDINGS.get(conn)
+        return holdings.transaction_owner if holdings and holdings.pid == pid else None
+
+
+def _hold_count(conn: object, key: Key) -> int:
+    with _HOLDINGS_LOCK:
+        holdings = _HOLDINGS.get(conn)
+        held = holdings.keys.get(key) if holdings else None
+        return held.count if held else 0
 
 
 def _is_claimed(conn: object, pid: int, key: Key) -> bool:
@@ -307,13 +341,21 @@ class _LockCore:
             )
             if claim == "busy":
                 return self._busy_here(pid)
+            _set_transaction_owner(conn, pid, _context_token())
         elif _is_claimed(conn, pid, self.key):
             return self._busy_here(pid)
+        elif _transaction_owner(conn, pid) not in (None, _context_token()):
+            raise ConnectionStateError(
+                f"the transaction open on this connection (backend pid {pid}) is one pgsolo"
+                " opened for another thread or task; joining it would share its locks and"
+                " its COMMIT. Use a connection per thread or task."
+            )
         try:
             acquired = yield from self._acquire_xact_claimed(status, context=context)
         except BaseException:
             if owns:
                 _unclaim(conn, self.key)
+                _set_transaction_owner(conn, pid, None)
             raise
         if owns:
             if acquired:
@@ -326,7 +368,11 @@ class _LockCore:
         driver = self.driver
         status = self._usable_status(status)
         statements: list[str] = []
-        in_callers_transaction = status is TxStatus.INTRANS
+        # A plain acquire on a connection that begins by itself joins the transaction
+        # the driver is about to open: the caller's, like one already open.
+        in_callers_transaction = status is TxStatus.INTRANS or (
+            status is TxStatus.IDLE and not context and driver.begins_implicitly
+        )
         if status is TxStatus.IDLE:
             if context:
                 self.opened_transaction = True
@@ -346,10 +392,10 @@ class _LockCore:
             # A savepoint keeps the caller's transaction usable if the wait times out.
             statements += [
                 sql.SAVE_LOCK_TIMEOUT,
-                sql.WAIT_SAVEPOINT,
+                sql.SAVEPOINT,
                 sql.set_local_lock_timeout(self.wait_ms),
                 acquire,
-                sql.WAIT_SAVEPOINT_RELEASE,
+                sql.SAVEPOINT_RELEASE,
                 sql.RESTORE_LOCK_TIMEOUT,
             ]
         else:
@@ -368,8 +414,12 @@ class _LockCore:
             if self.opened_transaction:
                 self.opened_transaction = False
                 yield from self._quietly([sql.ROLLBACK])
-            elif in_callers_transaction and self.wait_ms is not None:
-                yield from self._quietly([sql.WAIT_SAVEPOINT_UNDO, sql.WAIT_SAVEPOINT_RELEASE])
+            elif (
+                in_callers_transaction
+                and self.wait_ms is not None
+                and driver.transaction_status() is TxStatus.INERROR
+            ):
+                yield from self._quietly([sql.SAVEPOINT_UNDO, sql.SAVEPOINT_RELEASE])
             if self.wait_ms is not None and driver.sqlstate(exc) == sql.SQLSTATE_LOCK_NOT_AVAILABLE:
                 self._log(logging.INFO, "timeout", started)
                 raise self._timeout_error() from exc
@@ -410,58 +460,79 @@ class _LockCore:
             return True
         if claim == "busy":
             return self._busy_here(pid)
+        confirmed = False
+        try:  # from here on, the claim is dropped unless the lock is confirmed held
+            started = time.perf_counter()
+            try:
+                value = yield self._session_acquire_statements(status)
+            except BaseException as exc:
+                granted = (yield from self._recover(status)) is True
+                timed_out = (
+                    self.wait_ms is not None
+                    and driver.sqlstate(exc) == sql.SQLSTATE_LOCK_NOT_AVAILABLE
+                )
+                if granted and timed_out:
+                    confirmed = True
+                    self._log(logging.INFO, "acquired", started, note="granted as it timed out")
+                elif granted:  # interrupted after the grant: leave nothing behind
+                    yield from self._quietly(self._in_savepoint(status, [self._unlock_sql]))
+                if not confirmed:
+                    if timed_out:
+                        self._log(logging.INFO, "timeout", started)
+                        raise self._timeout_error() from exc
+                    self._log(logging.WARNING, "error", started, error=repr(exc))
+                    raise
+            else:
+                if self.wait_ms is None and value is not True:
+                    self._log(logging.INFO, "busy", started)
+                    return False
+                confirmed = True
+                self._log(logging.INFO, "acquired", started)
+            _confirm(conn, self.key)
+            self.acquired, self.backend_pid = True, pid
+            return True
+        finally:
+            if not confirmed:
+                _unclaim(conn, self.key)
 
-        wait = self.wait_ms is not None
-        acquire = sql.acquire(self.key, "session", wait=wait, shared=self.shared)
+    def _session_acquire_statements(self, status: TxStatus) -> list[str]:
+        acquire = sql.acquire(
+            self.key, "session", wait=self.wait_ms is not None, shared=self.shared
+        )
         if self.wait_ms is None:
-            statements = _outside_transaction(driver, [acquire])
-        elif status is TxStatus.INTRANS:
+            return self._in_savepoint(status, [acquire])
+        if status is TxStatus.INTRANS:
             # Rolling back to the savepoint restores lock_timeout; the session lock stays.
-            statements = [
-                sql.WAIT_SAVEPOINT,
+            return [
+                sql.SAVEPOINT,
                 sql.set_local_lock_timeout(self.wait_ms),
                 acquire,
-                sql.WAIT_SAVEPOINT_UNDO,
-                sql.WAIT_SAVEPOINT_RELEASE,
+                sql.SAVEPOINT_UNDO,
+                sql.SAVEPOINT_RELEASE,
             ]
-        else:
-            # SET LOCAL dies with this short transaction; the session lock outlives it.
-            opening = [] if driver.begins_implicitly else [sql.BEGIN]
-            statements = [*opening, sql.set_local_lock_timeout(self.wait_ms), acquire, sql.COMMIT]
-        started = time.perf_counter()
-        try:
-            value = yield statements
-        except BaseException as exc:
-            if status is TxStatus.INTRANS:
-                yield from self._quietly([sql.WAIT_SAVEPOINT_UNDO, sql.WAIT_SAVEPOINT_RELEASE])
-            elif driver.transaction_status() in (TxStatus.INTRANS, TxStatus.INERROR):
-                yield from self._quietly([sql.ROLLBACK])
-            # The grant can race the timeout or the interruption: ask the server (and
-            # leave no implicit transaction open behind the question).
-            held = _outside_transaction(driver, [sql.held_here(self.key, shared=self.shared)])
-            granted = (yield from self._quietly(held)) is True
-            timed_out = wait and driver.sqlstate(exc) == sql.SQLSTATE_LOCK_NOT_AVAILABLE
-            if granted and timed_out:
-                _confirm(conn, self.key)
-                self.acquired, self.backend_pid = True, pid
-                self._log(logging.INFO, "acquired", started, note="granted as the timeout fired")
-                return True
-            if granted:
-                yield from self._quietly(_outside_transaction(driver, [self._unlock_sql]))
-            _unclaim(conn, self.key)
-            if timed_out:
-                self._log(logging.INFO, "timeout", started)
-                raise self._timeout_error() from exc
-            self._log(logging.WARNING, "error", started, error=repr(exc))
-            raise
-        if not wait and value is not True:
-            _unclaim(conn, self.key)
-            self._log(logging.INFO, "busy", started)
-            return False
-        _confirm(conn, self.key)
-        self.acquired, self.backend_pid = True, pid
-        self._log(logging.INFO, "acquired", started)
-        return True
+        # SET LOCAL dies with this short transaction; the session lock outlives it.
+        opening = [] if self.driver.begins_implicitly else [sql.BEGIN]
+        return [*opening, sql.set_local_lock_timeout(self.wait_ms), acquire, sql.COMMIT]
+
+    def _in_savepoint(self, status: TxStatus, statements: list[str]) -> list[str]:
+        """Statements for a session lock, placed so that they can fail or be interrupted
+        without costing the caller's transaction or leaving one of ours open."""
+        if status is TxStatus.INTRANS:
+            return [sql.SAVEPOINT, *statements, sql.SAVEPOINT_RELEASE]
+        return _outside_transaction(self.driver, statements)
+
+    def _recover(self, status: TxStatus) -> Plan[object]:
+        """After a failed or interrupted session-lock statement: put the connection back
+        as it was, then ask the server whether this backend holds the key (True/False,
+        or None when it cannot tell)."""
+        now = self.driver.transaction_status()
+        if status is TxStatus.INTRANS:
+            if now is TxStatus.INERROR:  # the error happened inside our savepoint
+                yield from self._quietly([sql.SAVEPOINT_UNDO, sql.SAVEPOINT_RELEASE])
+        elif now in (TxStatus.INTRANS, TxStatus.INERROR):  # a transaction we opened
+            yield from self._quietly([sql.ROLLBACK])
+        held = self._in_savepoint(status, [sql.held_here(self.key, shared=self.shared)])
+        return (yield from self._quietly(held))
 
     @property
     def _unlock_sql(self) -> str:
@@ -479,11 +550,13 @@ class _LockCore:
             )
         driver = self.driver
         conn = driver.connection
-        self.acquired = False
-        if _unclaim(conn, self.key) > 0:
+        if _hold_count(conn, self.key) > 1:
+            _unclaim(conn, self.key)
+            self.acquired = False
             self._log(logging.DEBUG, "released", note="re-entrant hold remains")
             return
         if driver.is_closed():
+            self._forget()
             self._log(logging.WARNING, "lost", reason="connection closed")
             raise LockLostError(
                 f"session lock {self.key} was lost: its connection is closed, so PostgreSQL"
@@ -496,33 +569,36 @@ class _LockCore:
                 f" connection now talks to pid {driver.backend_pid()}; the lock cannot be"
                 " released from here"
             )
-        statements = [self._unlock_sql]
         status = driver.transaction_status()
         if status is TxStatus.INERROR:
             # An aborted transaction can only be rolled back; the unlock must still happen.
             self._log(logging.WARNING, "rollback-before-release")
-            statements = [sql.ROLLBACK, *statements]
+            statements = _outside_transaction(driver, [sql.ROLLBACK, self._unlock_sql])
+        else:
+            statements = self._in_savepoint(status, [self._unlock_sql])
         started = time.perf_counter()
         try:
-            value = yield _outside_transaction(driver, statements)
+            value = yield statements
         except BaseException as exc:
             if driver.is_closed():
+                self._forget()
                 self._log(logging.WARNING, "lost", started, error=repr(exc))
                 raise LockLostError(
                     f"session lock {self.key} was lost: the connection failed ({exc})",
                     key=self.key,
                 ) from exc
-            if status is not TxStatus.INTRANS:
-                # An interruption (task cancelled, Ctrl-C) can cut the round trip short
-                # (e.g. before the COMMIT of an implicit transaction was sent, or before
-                # the unlock ran): leave neither our transaction nor the lock behind.
-                if driver.transaction_status() in (TxStatus.INTRANS, TxStatus.INERROR):
-                    yield from self._quietly([sql.ROLLBACK])
-                held = _outside_transaction(driver, [sql.held_here(self.key, shared=self.shared)])
-                if (yield from self._quietly(held)) is True:
-                    yield from self._quietly(_outside_transaction(driver, [self._unlock_sql]))
+            # Interrupted or failed midway: finish the job, or keep the lock on the books
+            # (acquired, tracked) so that release() can be called again.
+            held = yield from self._recover(TxStatus.IDLE if status is TxStatus.INERROR else status)
+            if held is True:
+                unlock = self._in_savepoint(driver.transaction_status(), [self._unlock_sql])
+                if (yield from self._quietly(unlock)) is True:
+                    held = False
+            if held is False:
+                self._forget()
             self._log(logging.WARNING, "error", started, error=repr(exc))
             raise
+        self._forget()
         if value is not True:
             self._log(logging.WARNING, "lost", started, reason="server says not held")
             raise LockNotHeldError(
@@ -532,6 +608,10 @@ class _LockCore:
                 key=self.key,
             )
         self._log(logging.DEBUG, "released", started)
+
+    def _forget(self) -> None:
+        _unclaim(self.driver.connection, self.key)
+        self.acquired = False
 
     def exit(self, *, failed: bool) -> Plan[None]:
         """Leave the ``with`` block: release the session lock, or end the transaction
@@ -553,8 +633,10 @@ class _LockCore:
         try:
             yield from self._end_own_transaction(failed=failed)
         finally:
+            conn = self.driver.connection
             if self.acquired:
-                _unclaim(self.driver.connection, self.key)
+                _unclaim(conn, self.key)
+            _set_transaction_owner(conn, self.driver.backend_pid(), None)
 
     def _end_own_transaction(self, *, failed: bool) -> Plan[None]:
         status = self.driver.transaction_status()

@@ -22,15 +22,14 @@ COMMIT = "COMMIT"
 ROLLBACK = "ROLLBACK"
 UNLOCK_ALL = "SELECT pg_advisory_unlock_all()"
 
-# A wait inside the caller's transaction runs in a savepoint: rolling back to it restores
-# lock_timeout and keeps the caller's transaction usable, while a session-level advisory
-# lock survives the rollback (PostgreSQL: session locks ignore transaction semantics).
-WAIT_SAVEPOINT = "SAVEPOINT pgsolo_lock_wait"
-WAIT_SAVEPOINT_UNDO = "ROLLBACK TO SAVEPOINT pgsolo_lock_wait"
-WAIT_SAVEPOINT_RELEASE = "RELEASE SAVEPOINT pgsolo_lock_wait"
-# A transaction-level lock taken in that savepoint must outlive it, so the savepoint is
-# released, not rolled back, and its SET LOCAL would stay in force for the rest of the
-# caller's transaction: save the caller's lock_timeout first and put it back afterwards.
+# Inside the caller's transaction, pgsolo's statements run in a savepoint: rolling back
+# to it after an error or an interruption keeps the caller's transaction usable (and
+# restores lock_timeout), while a session-level advisory lock survives the rollback
+# (PostgreSQL: session locks ignore transaction semantics).
+SAVEPOINT = "SAVEPOINT pgsolo_lock"
+SAVEPOINT_UNDO = "ROLLBACK TO SAVEPOINT pgsolo_lock"
+SAVEPOINT_RELEASE = "RELEASE SAVEPOINT pgsolo_lock"
+
 SAVE_LOCK_TIMEOUT = (
     "SELECT set_config('pgsolo.lock_timeout_before_wait', current_setting('lock_timeout'), true)"
 )
