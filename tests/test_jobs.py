@@ -1273,3 +1273,111 @@ def test_an_error_message_that_is_not_valid_unicode_is_still_recorded(
 def test_job_names_must_be_text_the_database_can_store(name: str) -> None:
     with pytest.raises(pgsolo.UsageError):
         run_job(CLOSED_PORT_DSN, 1, lambda c: None, name=name)
+
+
+# -- regressions: work that ends its own transaction; ledger reads on implicit transactions --
+
+
+@pytest.mark.parametrize("ending", ["COMMIT", "ROLLBACK"])
+def test_xact_work_that_ends_its_own_transaction_is_lost(
+    db: str, observer: Any, ending: str
+) -> None:
+    """The lock of an xact job lives in its transaction: work that commits (or rolls
+    back) mid-way goes on unprotected, which is a lost lock, not a completed run."""
+    job = new_job()
+    seen: dict[str, object] = {}
+
+    def fn(conn: psycopg.Connection) -> str:
+        insert_work(conn, job, "before")
+        conn.execute(ending)
+        seen["holders"] = observer.holders(key_of(job))
+        insert_work(conn, job, "after")  # runs without the lock
+        return "went on"
+
+    result = run_job(db, job, fn, record=True, raise_errors=False)
+    assert result.outcome == "lost"
+    assert result.reason is not None
+    assert "ended the locked transaction" in result.reason
+    assert isinstance(result.error, LockLostError)
+    assert result.error.key == key_of(job)
+    assert result.value == "went on"
+    assert seen["holders"] == set()  # the server really let go of the lock mid-way
+    assert observer.holders(key_of(job)) == set()
+    assert work_rows(observer, job) == (["after", "before"] if ending == "COMMIT" else ["after"])
+    [row] = ledger.history(observer.conn, job=job)
+    assert row["outcome"] == "lost"
+    assert "ended the locked transaction" in row["reason"]
+
+    with pytest.raises(LockLostError) as raised:
+        run_job(db, job, fn)
+    assert raised.value.key == key_of(job)
+    assert job in str(raised.value)
+    assert observer.holders(key_of(job)) == set()
+
+
+def test_xact_work_that_commits_on_a_callers_connection_leaves_it_reusable(
+    db: str, connect: Connect, observer: Any
+) -> None:
+    """After such a lost run, the caller's connection must not keep pgsolo's claim on the
+    key (later runs would be skipped as busy) nor on the transaction (another thread
+    would be refused)."""
+    job = new_job()
+    conn = connect()
+
+    def commits(c: psycopg.Connection) -> None:
+        c.execute("COMMIT")
+
+    result = run_job(conn, job, commits, raise_errors=False)
+    assert result.outcome == "lost"
+    assert conn.info.transaction_status == IDLE
+    assert observer.holders(key_of(job)) == set()
+
+    again = run_job(conn, job, lambda c: observer.holders(key_of(job)), raise_errors=False)
+    assert again.outcome == "completed", again
+    assert again.value == {conn.info.backend_pid}
+
+    # Another thread may now use the connection for a transaction of its own.
+    seen: list[object] = []
+
+    def other_thread() -> None:
+        try:
+            with conn.transaction():
+                seen.append(pgsolo.xact_lock(conn, key_of(job)).acquire())
+                seen.append(observer.holders(key_of(job)))
+        except BaseException as exc:
+            seen.append(exc)
+
+    thread = threading.Thread(target=other_thread, daemon=True)
+    thread.start()
+    thread.join(30)
+    assert not thread.is_alive()
+    assert seen == [True, {conn.info.backend_pid}]
+    assert observer.holders(key_of(job)) == set()
+
+
+def test_ledger_reads_leave_a_non_autocommit_connection_idle(
+    db: str, connect: Connect, observer: Any
+) -> None:
+    """schema_version() and history() must not leave the caller "idle in transaction"."""
+    job = new_job()
+    assert run_job(db, job, lambda c: "ok", record=True).completed
+    conn = connect(autocommit=False)
+    pid = conn.info.backend_pid
+
+    assert ledger.schema_version(conn) == ledger.LATEST_VERSION
+    assert conn.info.transaction_status == IDLE
+    rows = pgsolo.history(conn, job=job)
+    assert [r["outcome"] for r in rows] == ["completed"]
+    assert conn.info.transaction_status == IDLE
+    row = observer.conn.execute(
+        "SELECT state FROM pg_stat_activity WHERE pid = %s", (pid,)
+    ).fetchone()
+    assert row == ("idle",)
+
+
+def test_schema_version_of_an_unmigrated_database_leaves_the_connection_idle(
+    fresh_db: str,
+) -> None:
+    with psycopg.connect(fresh_db, autocommit=False) as conn:
+        assert ledger.schema_version(conn) == 0
+        assert conn.info.transaction_status == IDLE

@@ -186,6 +186,22 @@ def _plan(job: Job, core: _LockCore) -> Plan[JobResult[Any]]:  # noqa: PLR0911, 
         value = yield WORK
         in_work = False
         duration = time.perf_counter() - work_started
+        if job.lifetime == "xact" and driver.transaction_status() is TxStatus.IDLE:
+            # The work committed or rolled back the locked transaction itself: the lock
+            # went with it, and whatever ran after that ran unprotected. Leaving sends
+            # nothing (the transaction is over) but drops pgsolo's claim on the key.
+            yield from core.exit(failed=False)
+            return result(
+                "lost",
+                value=value,
+                duration=duration,
+                reason="the work ended the locked transaction itself (commit or rollback)",
+                error=LockLostError(
+                    f"job {job.name!r}: the work ended the transaction that held {job.key};"
+                    " the lock was released before the work finished",
+                    key=job.key,
+                ),
+            )
         if job.period is not None:
             marked = yield outside([sql.period_record(job.name, job.period, host=host, pid=pid)])
             if marked is not True and job.lifetime == "xact":
