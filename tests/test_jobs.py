@@ -1278,6 +1278,37 @@ def test_job_names_must_be_text_the_database_can_store(name: str) -> None:
 # -- regressions: work that ends its own transaction; ledger reads on implicit transactions --
 
 
+@pytest.mark.parametrize("autocommit", [True, False])
+def test_xact_work_that_commits_and_carries_on_in_a_new_transaction_is_rolled_back(
+    db: str, connect: Connect, observer: Any, autocommit: bool
+) -> None:
+    """After a COMMIT and a new transaction the connection looks busy again, but the
+    lock is gone: pgsolo commits only if the lock is still held, in the same round trip
+    as the COMMIT, so the unprotected rest of the work is rolled back."""
+    job = new_job()
+    conn = connect(autocommit=autocommit)
+
+    def fn(c: psycopg.Connection) -> str:
+        insert_work(c, job, "before")
+        if autocommit:
+            c.execute("COMMIT")
+            c.execute("BEGIN")
+        else:
+            c.commit()  # psycopg begins the next transaction by itself
+        insert_work(c, job, "after")  # runs without the lock
+        return "went on"
+
+    result = run_job(conn, job, fn, raise_errors=False)
+    assert result.outcome == "lost"
+    assert isinstance(result.error, LockLostError)
+    assert "no longer held" in str(result.error)
+    assert work_rows(observer, job) == ["before"]  # "after" was not committed
+    assert observer.holders(key_of(job)) == set()
+    assert conn.info.transaction_status == IDLE
+    # The connection and the key are usable again.
+    assert run_job(conn, job, lambda c: "again").completed
+
+
 @pytest.mark.parametrize("ending", ["COMMIT", "ROLLBACK"])
 def test_xact_work_that_ends_its_own_transaction_is_lost(
     db: str, observer: Any, ending: str

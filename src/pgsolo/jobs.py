@@ -229,7 +229,7 @@ def _plan(job: Job, core: _LockCore) -> Plan[JobResult[Any]]:  # noqa: PLR0911, 
             return result(outcome, error=exc, duration=duration, reason=_lost_reason(driver))
         raise  # KeyboardInterrupt, SystemExit, cancellation: not the work's outcome
     try:
-        yield from core.exit(failed=False)
+        yield from core.exit(failed=False, verify=True)
     except (LockLostError, LockNotHeldError) as exc:
         return result("lost", error=exc, duration=duration, reason=str(exc), value=value)
     except TransactionFailedError as exc:

@@ -613,9 +613,11 @@ class _LockCore:
         _unclaim(self.driver.connection, self.key)
         self.acquired = False
 
-    def exit(self, *, failed: bool) -> Plan[None]:
+    def exit(self, *, failed: bool, verify: bool = False) -> Plan[None]:
         """Leave the ``with`` block: release the session lock, or end the transaction
-        pgsolo opened. A failure of the block itself is never masked."""
+        pgsolo opened. A failure of the block itself is never masked. With ``verify``,
+        the transaction commits only if the lock is still held then (same round trip);
+        otherwise it is rolled back and :class:`LockLostError` raised."""
         if self.lifetime == "session":
             if not self.acquired:
                 return
@@ -631,14 +633,14 @@ class _LockCore:
             return
         self.opened_transaction = False
         try:
-            yield from self._end_own_transaction(failed=failed)
+            yield from self._end_own_transaction(failed=failed, verify=verify)
         finally:
             conn = self.driver.connection
             if self.acquired:
                 _unclaim(conn, self.key)
             _set_transaction_owner(conn, self.driver.backend_pid(), None)
 
-    def _end_own_transaction(self, *, failed: bool) -> Plan[None]:
+    def _end_own_transaction(self, *, failed: bool, verify: bool) -> Plan[None]:
         status = self.driver.transaction_status()
         if status is TxStatus.IDLE:
             return  # the block ended the transaction itself
@@ -651,9 +653,27 @@ class _LockCore:
                 f"the transaction holding {self.key} failed inside the block (an error was"
                 " caught there and not re-raised); it was rolled back and nothing committed"
             )
-        yield [sql.COMMIT if self.acquired else sql.ROLLBACK]
-        if self.acquired:
+        if not self.acquired:
+            yield [sql.ROLLBACK]
+            return
+        if not verify:
+            yield [sql.COMMIT]
             self._log(logging.DEBUG, "released")
+            return
+        try:
+            yield [sql.assert_held_here(self.key, shared=self.shared), sql.COMMIT]
+        except Exception as exc:
+            if self.driver.sqlstate(exc) != sql.SQLSTATE_LOCK_GONE:
+                raise
+            yield from self._quietly([sql.ROLLBACK])
+            self._log(logging.WARNING, "lost", reason="not held at commit")
+            raise LockLostError(
+                f"transaction lock {self.key} was no longer held when the work was about to"
+                " commit (the work ended the locked transaction and began another); the"
+                " transaction was rolled back",
+                key=self.key,
+            ) from exc
+        self._log(logging.DEBUG, "released")
 
     def is_held(self) -> Plan[bool]:
         """Ask the server (``pg_locks``) whether this backend holds the key right now."""

@@ -66,6 +66,20 @@ def set_local_lock_timeout(milliseconds: int) -> str:
     return f"SET LOCAL lock_timeout = '{milliseconds}ms'"
 
 
+SQLSTATE_LOCK_GONE = "PGSLG"  # raised by assert_held_here; pgsolo's own code
+
+
+def assert_held_here(key: Key, *, shared: bool) -> str:
+    """Fail the transaction unless this backend still holds ``key``: sent in the same
+    message as a COMMIT, so that work which lost its lock is rolled back, not committed."""
+    return (
+        f"DO $pgsolo$BEGIN IF NOT ({held_here(key, shared=shared)}) THEN"
+        f" RAISE EXCEPTION USING ERRCODE = '{SQLSTATE_LOCK_GONE}',"
+        f" MESSAGE = 'pgsolo: advisory lock {key.text} is no longer held';"
+        " END IF; END$pgsolo$"
+    )
+
+
 def held_here(key: Key, *, shared: bool) -> str:
     """Whether this backend holds ``key`` granted, according to ``pg_locks``."""
     classid, objid, objsubid = encode_pg_lock(key)
