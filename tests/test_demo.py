@@ -136,6 +136,20 @@ def test_demo_fails_when_nobody_can_settle(dsn: str, connect: Connect) -> None:
     assert (total, processed) == (20, 0)
 
 
+def test_demo_never_contends_with_a_real_job_of_the_same_name(dsn: str, connect: Connect) -> None:
+    # A real "daily-settlement" job is running on this server: the demo (run with
+    # --dsn on a shared server) must neither block it nor be blocked by it.
+    real_job = connect()
+    real_job.execute("SELECT pg_advisory_lock(%s)", (from_name("daily-settlement").value,))
+    try:
+        done = run_demo(dsn, "--workers", "2", "--work-seconds", "0.2", "--json")
+    finally:
+        real_job.execute("SELECT pg_advisory_unlock_all()")
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert [w["status"] for w in report["workers"]].count("completed") == 1
+
+
 def test_concurrent_demos_take_turns(dsn: str) -> None:
     # Two demos on one server must not drop each other's table or steal each other's
     # settlement lock: each still sees exactly one winner and no double processing.

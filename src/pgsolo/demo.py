@@ -4,7 +4,7 @@ and race for the daily settlement; pgsolo lets exactly one of them do it.
 Each worker is its own process with its own connection (``application_name``
 ``pgsolo-demo:worker-<i>``). A start barrier releases them together, and each runs the
 daily settlement of the article ("Protect a job inside one transaction") under
-``pgsolo.xact_lock(conn, "daily-settlement")`` in try mode: the winner locks the pending
+``pgsolo.xact_lock(conn, "pgsolo-demo:daily-settlement")`` in try mode: the winner locks the pending
 rows, marks them processed and keeps its transaction open for ``work_seconds`` so the
 others really contend; the others skip with ``already-running``. The parent then checks
 the table: every row processed, none processed twice.
@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 TABLE = "pgsolo_demo_settlements"
-JOB_KEY = "daily-settlement"
+JOB_KEY = "pgsolo-demo:daily-settlement"  # never the key of a real job on a shared server
 # Held by the parent for a whole run, so two demos on one server take turns instead of
 # dropping each other's table and racing for each other's lock.
 DEMO_LOCK = "pgsolo-demo"
