@@ -254,6 +254,32 @@ def test_invalid_dsn_is_a_usage_error_that_hides_the_password() -> None:
 
 
 @pytest.mark.parametrize(
+    "dsn",
+    [
+        "postgresql+psycopg2://app:Hunter2pw@db/app",  # SQLAlchemy's spelling of DATABASE_URL
+        "POSTGRESQL://app:Hunter2pw@db/app",
+        " postgresql://app:Hunter2pw@db/app",
+        "host=db password='Hunter2pw",
+    ],
+)
+@pytest.mark.parametrize("via", ["--dsn", "DATABASE_URL"])
+def test_no_spelling_of_an_invalid_dsn_shows_its_password(dsn: str, via: str) -> None:
+    args = ["migrate", "--dsn", dsn] if via == "--dsn" else ["migrate"]
+    env = {**os.environ, "DATABASE_URL": dsn} if via == "DATABASE_URL" else None
+    done = subprocess.run(
+        [sys.executable, "-m", "pgsolo", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode in (2, 69), done.stderr
+    assert "Hunter2pw" not in done.stderr + done.stdout
+
+
+@pytest.mark.parametrize(
     ("dsn", "expected"),
     [
         (

@@ -156,11 +156,15 @@ def database(flag: str | None, *, default: str | None = None) -> Iterator[Databa
 def _validate_dsn(dsn: str, source: str) -> None:
     try:
         conninfo_to_dict(dsn)
-    except psycopg.Error as exc:
-        # libpq quotes the offending token, which may be part of a password.
-        secretive = "password" in dsn.lower() or dsn.startswith(("postgres://", "postgresql://"))
-        detail = "details withheld, they may contain a password" if secretive else str(exc)
-        raise CliError(f"invalid connection string in {source} ({detail})", EXIT_USAGE) from None
+    except psycopg.Error:
+        # libpq's message quotes the token it could not read, which may be a password in
+        # any spelling of the string (postgresql+psycopg2://, POSTGRESQL://, a leading
+        # space, key=value with a quote missing...): never show it.
+        raise CliError(
+            f"invalid connection string in {source} (libpq could not parse it; its message"
+            " is not shown because it may contain a password)",
+            EXIT_USAGE,
+        ) from None
 
 
 def _note_first_embedded_start() -> None:
