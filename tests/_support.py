@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
+import psycopg
 import pytest
+
+import pgsolo
+from pgsolo import Key
 
 T = TypeVar("T")
 
@@ -24,3 +28,54 @@ def eventually(predicate: Callable[[], T], what: str, timeout: float = DEADLINE)
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.02)
+
+
+# -- jobs: the table their callables write to, and other sessions' view of them ----------
+
+WORK = "pgsolo_test_job_work"  # rows written by the jobs' callables
+Connect = Callable[..., psycopg.Connection]
+
+
+def key_of(job: str) -> Key:
+    return pgsolo.as_key(job)
+
+
+def work_rows(observer: Any, job: str) -> list[str]:
+    rows = observer.conn.execute(
+        f"SELECT note FROM {WORK} WHERE job = %s ORDER BY note", (job,)
+    ).fetchall()
+    return [str(note) for (note,) in rows]
+
+
+def period_rows(observer: Any, job: str) -> list[tuple[Any, ...]]:
+    rows: list[tuple[Any, ...]] = observer.conn.execute(
+        "SELECT period, host, pid, period_start = date_trunc('day', completed_at, 'UTC')"
+        " FROM pgsolo.job_periods WHERE job = %s ORDER BY completed_at",
+        (job,),
+    ).fetchall()
+    return rows
+
+
+def hold(connect: Connect, job: str) -> psycopg.Connection:
+    """Another session holding the job's key, the way any other client would (raw SQL)."""
+    holder = connect()
+    holder.execute(f"SELECT pg_advisory_lock({key_of(job).sql_args})")
+    return holder
+
+
+def unhold(holder: psycopg.Connection, job: str) -> None:
+    row = holder.execute(f"SELECT pg_advisory_unlock({key_of(job).sql_args})").fetchone()
+    assert row == (True,)
+
+
+def terminate(observer: Any, pid: int) -> None:
+    """Kill a backend and wait (up to 5s, server side) until it is really gone."""
+    row = observer.conn.execute("SELECT pg_terminate_backend(%s, 5000)", (pid,)).fetchone()
+    assert row == (True,)
+
+
+def app_name_of(observer: Any, pid: int) -> str | None:
+    row = observer.conn.execute(
+        "SELECT application_name FROM pg_stat_activity WHERE pid = %s", (pid,)
+    ).fetchone()
+    return None if row is None else str(row[0])

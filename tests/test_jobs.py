@@ -28,8 +28,18 @@ from psycopg import sql as pgsql
 from psycopg.conninfo import make_conninfo
 
 import pgsolo
-from _support import eventually
-from pgsolo import ConnectionStateError, InvalidKeyError, Key, LockLostError, UsageError, ledger
+from _support import (
+    WORK,
+    app_name_of,
+    eventually,
+    hold,
+    key_of,
+    period_rows,
+    terminate,
+    unhold,
+    work_rows,
+)
+from pgsolo import ConnectionStateError, InvalidKeyError, LockLostError, UsageError, ledger
 from pgsolo import sql as pgsolo_sql
 from pgsolo.jobs import JobResult, run_job, singleton
 from pgsolo.sql import Lifetime
@@ -41,7 +51,6 @@ IDLE = psycopg.pq.TransactionStatus.IDLE
 INTRANS = psycopg.pq.TransactionStatus.INTRANS
 DEADLINE = 10.0  # generous bound for anything that must happen "soon"; never a speed claim
 CLOSED_PORT_DSN = "postgresql://u:p@127.0.0.1:1/db"  # nothing listens: connecting fails
-WORK = "pgsolo_test_job_work"  # rows written by the jobs' callables
 
 
 class Boom(Exception):
@@ -54,51 +63,6 @@ class Boom(Exception):
 def new_job() -> str:
     """A unique job name; used as the (str) key too, so the job is named after it."""
     return f"jobs-test:{uuid.uuid4().hex[:16]}"
-
-
-def key_of(job: str) -> Key:
-    return pgsolo.as_key(job)
-
-
-def work_rows(observer: Any, job: str) -> list[str]:
-    rows = observer.conn.execute(
-        f"SELECT note FROM {WORK} WHERE job = %s ORDER BY note", (job,)
-    ).fetchall()
-    return [str(note) for (note,) in rows]
-
-
-def period_rows(observer: Any, job: str) -> list[tuple[Any, ...]]:
-    rows: list[tuple[Any, ...]] = observer.conn.execute(
-        "SELECT period, host, pid, period_start = date_trunc('day', completed_at, 'UTC')"
-        " FROM pgsolo.job_periods WHERE job = %s ORDER BY completed_at",
-        (job,),
-    ).fetchall()
-    return rows
-
-
-def hold(connect: Connect, job: str) -> psycopg.Connection:
-    """Another session holding the job's key, the way any other client would (raw SQL)."""
-    holder = connect()
-    holder.execute(f"SELECT pg_advisory_lock({key_of(job).sql_args})")
-    return holder
-
-
-def unhold(holder: psycopg.Connection, job: str) -> None:
-    row = holder.execute(f"SELECT pg_advisory_unlock({key_of(job).sql_args})").fetchone()
-    assert row == (True,)
-
-
-def terminate(observer: Any, pid: int) -> None:
-    """Kill a backend and wait (up to 5s, server side) until it is really gone."""
-    row = observer.conn.execute("SELECT pg_terminate_backend(%s, 5000)", (pid,)).fetchone()
-    assert row == (True,)
-
-
-def app_name_of(observer: Any, pid: int) -> str | None:
-    row = observer.conn.execute(
-        "SELECT application_name FROM pg_stat_activity WHERE pid = %s", (pid,)
-    ).fetchone()
-    return None if row is None else str(row[0])
 
 
 def server_now(observer: Any) -> datetime:

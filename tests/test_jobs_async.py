@@ -25,7 +25,17 @@ from psycopg import sql as pgsql
 from psycopg.conninfo import make_conninfo
 
 import pgsolo
-from pgsolo import InvalidKeyError, Key, LockLostError, UsageError, ledger
+from _support import (
+    WORK,
+    app_name_of,
+    hold,
+    key_of,
+    period_rows,
+    terminate,
+    unhold,
+    work_rows,
+)
+from pgsolo import InvalidKeyError, LockLostError, UsageError, ledger
 from pgsolo.jobs import JobResult, run_job_async, singleton
 from pgsolo.sql import Lifetime
 
@@ -36,7 +46,6 @@ IDLE = psycopg.pq.TransactionStatus.IDLE
 INTRANS = psycopg.pq.TransactionStatus.INTRANS
 BOUND = 10.0  # generous bound for anything that must happen "soon"; never a speed claim
 CLOSED_PORT_DSN = "postgresql://u:p@127.0.0.1:1/db"
-WORK = "pgsolo_test_job_work"
 
 
 class Boom(Exception):
@@ -50,10 +59,6 @@ def new_job() -> str:
     return f"jobs-async-test:{uuid.uuid4().hex[:16]}"
 
 
-def key_of(job: str) -> Key:
-    return pgsolo.as_key(job)
-
-
 async def eventually(predicate: Callable[[], Any], what: str) -> Any:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + BOUND
@@ -61,45 +66,6 @@ async def eventually(predicate: Callable[[], Any], what: str) -> Any:
         assert loop.time() < deadline, f"timed out waiting for {what}"
         await asyncio.sleep(0.02)
     return value
-
-
-def work_rows(observer: Any, job: str) -> list[str]:
-    rows = observer.conn.execute(
-        f"SELECT note FROM {WORK} WHERE job = %s ORDER BY note", (job,)
-    ).fetchall()
-    return [str(note) for (note,) in rows]
-
-
-def period_rows(observer: Any, job: str) -> list[tuple[Any, ...]]:
-    rows: list[tuple[Any, ...]] = observer.conn.execute(
-        "SELECT period, host, pid, period_start = date_trunc('day', completed_at, 'UTC')"
-        " FROM pgsolo.job_periods WHERE job = %s ORDER BY completed_at",
-        (job,),
-    ).fetchall()
-    return rows
-
-
-def hold(connect: Connect, job: str) -> psycopg.Connection:
-    holder = connect()
-    holder.execute(f"SELECT pg_advisory_lock({key_of(job).sql_args})")
-    return holder
-
-
-def unhold(holder: psycopg.Connection, job: str) -> None:
-    row = holder.execute(f"SELECT pg_advisory_unlock({key_of(job).sql_args})").fetchone()
-    assert row == (True,)
-
-
-def terminate(observer: Any, pid: int) -> None:
-    row = observer.conn.execute("SELECT pg_terminate_backend(%s, 5000)", (pid,)).fetchone()
-    assert row == (True,)
-
-
-def app_name_of(observer: Any, pid: int) -> str | None:
-    row = observer.conn.execute(
-        "SELECT application_name FROM pg_stat_activity WHERE pid = %s", (pid,)
-    ).fetchone()
-    return None if row is None else str(row[0])
 
 
 async def insert_work(conn: psycopg.AsyncConnection[Any], job: str, note: str) -> None:
