@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +96,37 @@ with open(Path(sys.argv[1]) / "ran", "a") as f:
 sys.exit(int(sys.argv[2]))
 """
 
+# Starts a grandchild that writes its pid to "grandchild" and sleeps (ignoring SIGTERM with
+# argv[2] == "ignore"); writes its own pid to "pid", touches "ready" once the grandchild
+# runs, and waits for it. Neither passes a signal on: only a signal to the group reaches both.
+SPAWN = r"""
+import os, subprocess, sys, time
+from pathlib import Path
+d = Path(sys.argv[1])
+sleeper = (
+    "import os, signal, sys, time\n"
+    "from pathlib import Path\n"
+    "if sys.argv[2] == 'ignore':\n"
+    "    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "(Path(sys.argv[1]) / 'grandchild').write_text(str(os.getpid()))\n"
+    "time.sleep(60)\n"
+)
+grandchild = subprocess.Popen([sys.executable, "-c", sleeper, str(d), sys.argv[2]])
+(d / "pid").write_text(str(os.getpid()))
+deadline = time.monotonic() + 60
+while not (d / "grandchild").exists() and time.monotonic() < deadline:
+    time.sleep(0.02)
+(d / "ready").touch()
+sys.exit(grandchild.wait())
+"""
+
+# Writes "<its pid> <its process group>" to "ids" and exits 0.
+IDS = r"""
+import os, sys
+from pathlib import Path
+(Path(sys.argv[1]) / "ids").write_text(f"{os.getpid()} {os.getpgid(0)}")
+"""
+
 
 def script(source: str, directory: Path, *args: object) -> list[str]:
     return [PY, "-c", source, str(directory), *(str(a) for a in args)]
@@ -102,14 +137,16 @@ def _env() -> dict[str, str]:
     return {**{k: v for k, v in os.environ.items() if k not in drop}, "PYTHONIOENCODING": "utf-8"}
 
 
-def pgsolo(*args: str, timeout: float = TIMEOUT) -> subprocess.CompletedProcess[str]:
+def pgsolo(
+    *args: str, timeout: float = TIMEOUT, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [PY, "-m", "pgsolo", *args],
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
         encoding="utf-8",
-        env=_env(),
+        env={**_env(), **(env or {})},
         timeout=timeout,
         check=False,
     )
@@ -188,6 +225,20 @@ def last_json(stderr: str) -> dict[str, Any]:
     return data
 
 
+def only_json(stderr: str) -> dict[str, Any]:
+    """The ``--json`` object, checked to be the only one on stderr and its last line."""
+    objects = []
+    for line in stderr.splitlines():
+        try:
+            objects.append(json.loads(line))
+        except ValueError:
+            continue
+    assert len(objects) == 1, stderr
+    assert objects[0] == last_json(stderr)
+    assert set(objects[0]) >= JSON_FIELDS
+    return objects[0]  # type: ignore[no-any-return]
+
+
 def ledger(conn: psycopg.Connection, job: str) -> list[dict[str, Any]]:
     cursor = conn.execute(
         "SELECT outcome, reason, exit_code, application_name, lock_key, backend_pid, error,"
@@ -216,6 +267,112 @@ def pid_exists(pid: int) -> bool:
     except (OSError, IndexError):
         return True
     return state != "Z"
+
+
+def process_state(pid: int) -> str:
+    """The one-letter state in ``/proc/PID/stat`` (T: stopped)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def backend_of(conn: psycopg.Connection, job: str) -> int:
+    [(backend,)] = conn.execute(
+        "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (f"pgsolo:{job}",)
+    ).fetchall()
+    return int(backend)
+
+
+class FreezingProxy:
+    """A loopback TCP proxy to the test server that can stop passing the server's replies on.
+
+    Every connection accepted on 127.0.0.1 is forwarded, both ways, to the server (its unix
+    socket ``<dir>/.s.PGSQL.<port>`` or its TCP address). After :meth:`freeze`, what the
+    server sends on the connections open at that moment is dropped: to the client they
+    look half-open, or like a frozen server, while the proxy's kernel still acknowledges
+    everything it sends. Connections opened later work normally. When a client closes or
+    shuts down its side, the proxy closes the server side too, as a server's TCP stack
+    would eventually notice.
+    """
+
+    def __init__(self, dsn: str) -> None:
+        params = conninfo_to_dict(dsn)
+        host, port = str(params.get("host") or ""), str(params.get("port") or "5432")
+        if not host or "," in host:
+            pytest.skip("the proxy needs a DSN with exactly one host or socket directory")
+        self.upstream: str | tuple[str, int] = (
+            f"{host}/.s.PGSQL.{port}"
+            if host.startswith("/")
+            else (str(params.get("hostaddr") or host), int(port))
+        )
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(0.1)
+        self.port = int(self.listener.getsockname()[1])
+        via = {k: v for k, v in params.items() if k != "hostaddr"}
+        self.dsn = make_conninfo("", **{**via, "host": "127.0.0.1", "port": str(self.port)})
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self._frozen: list[threading.Event] = []
+        self._threads: list[threading.Thread] = []
+        self._closing = threading.Event()
+        self._spawn(self._accept)
+
+    def __enter__(self) -> FreezingProxy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._closing.set()
+        with self._lock:
+            for sock in self._sockets:
+                with suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+        for thread in self._threads:
+            thread.join(timeout=10)
+        with self._lock:
+            for sock in self._sockets:
+                sock.close()
+        self.listener.close()
+
+    def freeze(self) -> None:
+        with self._lock:
+            for frozen in self._frozen:
+                frozen.set()
+
+    def _spawn(self, target: Callable[..., None], *args: object) -> None:
+        thread = threading.Thread(target=target, args=args, daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def _accept(self) -> None:
+        while not self._closing.is_set():
+            try:
+                client, _ = self.listener.accept()
+            except TimeoutError:
+                continue
+            client.settimeout(None)
+            if isinstance(self.upstream, str):
+                server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                server.settimeout(10)
+                server.connect(self.upstream)
+            else:
+                server = socket.create_connection(self.upstream, timeout=10)
+            server.settimeout(None)
+            frozen = threading.Event()
+            with self._lock:
+                self._sockets += [client, server]
+                self._frozen.append(frozen)
+                self._spawn(self._pump, client, server, None)
+                self._spawn(self._pump, server, client, frozen)
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket, frozen: threading.Event | None) -> None:
+        try:
+            while data := source.recv(65536):
+                if frozen is None or not frozen.is_set():
+                    sink.sendall(data)
+        except OSError:
+            pass
+        for sock in (source, sink):  # one side is gone: so is the other
+            with suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
 
 
 @pytest.fixture(scope="module")
@@ -687,6 +844,236 @@ def test_a_terminated_backend_stops_the_command_and_exits_70(
     assert row["application_name"] == f"pgsolo:{job}"
 
 
+def test_a_connection_that_stops_answering_is_a_lost_lock(
+    migrated: str,
+    observer: Any,
+    key: Key,
+    job: str,
+    tmp_path: Path,
+    background: Callable[..., Running],
+) -> None:
+    """A half-open connection (or a stopped backend) never answers the lock check: without
+    a client-side deadline pgsolo would wait forever while the command ran on, and the
+    server would free the lock as soon as it noticed the dead session."""
+    with FreezingProxy(migrated) as proxy:
+        running = background(
+            *run_args(key.text, proxy.dsn, job=job),
+            "--record",
+            "--json",
+            "--check-interval",
+            "0.2",
+            "--check-timeout",
+            "2",
+            "--grace",
+            "1",
+            "--",
+            *script(TRAP, tmp_path, 15),
+        )
+        wait_until((tmp_path / "ready").exists, "the command to start")
+        child = int((tmp_path / "pid").read_text())
+        backend = backend_of(observer.conn, job)
+        assert observer.holders(key) == {backend}
+        proxy.freeze()  # from now on pgsolo's queries reach the server, its answers do not
+        done = running.finish(timeout=30)
+        assert done.returncode == 70, done.stderr
+        assert not pid_exists(child)
+        assert (tmp_path / "signal").read_text() == "SIGTERM"
+        report = only_json(done.stderr)
+        assert (report["outcome"], report["reason"]) == ("lost", "connection-unresponsive")
+        assert report["command_exit_code"] == 15
+        assert "within 2s (--check-timeout)" in report["error"]
+        # pgsolo dropped its side; the proxy passes that on and the server frees the lock.
+        wait_until(lambda: observer.holders(key) == set(), "the server to free the lock")
+        [row] = ledger(observer.conn, job)  # written over a fresh connection
+        assert (row["outcome"], row["reason"], row["exit_code"]) == (
+            "lost",
+            "connection-unresponsive",
+            70,
+        )
+
+
+@pytest.mark.parametrize(
+    ("trigger", "grandchild_mode"),
+    [("lost", "exits-on-sigterm"), ("lost", "ignores-sigterm"), ("sigterm", "exits-on-sigterm")],
+)
+def test_what_the_command_started_is_stopped_with_it(
+    migrated: str,
+    observer: Any,
+    key: Key,
+    job: str,
+    tmp_path: Path,
+    background: Callable[..., Running],
+    trigger: str,
+    grandchild_mode: str,
+) -> None:
+    """No terminal on stdin (cron, Kubernetes): COMMAND leads its own process group and
+    pgsolo signals all of it; after a lost lock the group gets SIGKILL after --grace."""
+    mode = "ignore" if grandchild_mode == "ignores-sigterm" else "default"
+    running = background(
+        *run_args(key.text, migrated, job=job),
+        "--json",
+        "--check-interval",
+        "0.2",
+        "--grace",
+        "1",
+        "--",
+        *script(SPAWN, tmp_path, mode),
+    )
+    wait_until((tmp_path / "ready").exists, "the command and its grandchild to start")
+    child = int((tmp_path / "pid").read_text())
+    grandchild = int((tmp_path / "grandchild").read_text())
+    if trigger == "lost":
+        backend = backend_of(observer.conn, job)
+        observer.conn.execute("SELECT pg_terminate_backend(%s)", (backend,))
+    else:
+        running.proc.send_signal(signal.SIGTERM)
+    done = running.finish(timeout=30)
+    report = only_json(done.stderr)
+    if trigger == "lost":
+        assert done.returncode == 70, done.stderr
+        assert (report["outcome"], report["reason"]) == ("lost", "connection-lost")
+        assert "the command was stopped by SIGTERM (exit status 143)" in report["error"]
+    else:
+        assert done.returncode == 128 + signal.SIGTERM, done.stderr
+        assert (report["outcome"], report["reason"]) == ("failed", "killed-by-signal")
+    wait_until(lambda: not pid_exists(child), "the command to be gone", timeout=10)
+    wait_until(lambda: not pid_exists(grandchild), "its grandchild to be gone", timeout=10)
+    assert observer.holders(key) == set()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a pseudo-terminal")
+@pytest.mark.parametrize("terminal", [False, True])
+def test_the_command_has_its_own_process_group_unless_stdin_is_a_terminal(
+    migrated: str, key: Key, tmp_path: Path, terminal: bool
+) -> None:
+    """With a terminal, COMMAND stays in the terminal's (here: pgsolo's) group, so that
+    it can read the terminal and Ctrl-C reaches all of it."""
+    master, slave = pty.openpty() if terminal else (-1, -1)
+    try:
+        proc = subprocess.Popen(
+            [PY, "-m", "pgsolo", *run_args(key.text, migrated), "--", *script(IDS, tmp_path)],
+            stdin=slave if terminal else subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_env(),
+            start_new_session=True,  # pgsolo leads a group: its pid is that group's id
+        )
+        try:
+            _, stderr = proc.communicate(timeout=TIMEOUT)
+        finally:
+            proc.kill()
+            proc.wait()
+    finally:
+        for fd in (master, slave):
+            if fd >= 0:
+                os.close(fd)
+    assert proc.returncode == 0, stderr
+    pid, group = (int(n) for n in (tmp_path / "ids").read_text().split())
+    assert group == (proc.pid if terminal else pid)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_while_waiting_for_the_lock_ends_the_wait(
+    migrated: str,
+    connect: Connect,
+    observer: Any,
+    key: Key,
+    job: str,
+    tmp_path: Path,
+    background: Callable[..., Running],
+    signum: signal.Signals,
+) -> None:
+    psql = connect()
+    psql.execute(_raw_lock_sql(key.text))
+    running = background(
+        *run_args(key.text, migrated, job=job),
+        "--wait",
+        "60",
+        "--record",
+        "--json",
+        "--",
+        *script(MARK, tmp_path, 0),
+    )
+    wait_until(lambda: observer.waiters(key), "pgsolo to wait for the lock")
+    running.proc.send_signal(signum)
+    done = running.finish(timeout=30)
+    assert done.returncode == 128 + signum, done.stderr
+    assert not (tmp_path / "ran").exists()
+    report = only_json(done.stderr)
+    assert (report["outcome"], report["reason"], report["exit_code"]) == (
+        "failed",
+        "interrupted",
+        128 + signum,
+    )
+    assert report["command_exit_code"] is None
+    assert "Traceback" not in done.stderr
+    assert observer.waiters(key) == set()  # the wait was cancelled, not left behind
+    assert observer.holders(key) == {psql.info.backend_pid}
+    [row] = ledger(observer.conn, job)
+    assert (row["outcome"], row["reason"], row["exit_code"]) == (
+        "failed",
+        "interrupted",
+        128 + signum,
+    )
+    psql.execute("SELECT pg_advisory_unlock_all()")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
+def test_a_signal_before_the_command_starts_means_it_never_starts(
+    migrated: str,
+    connect: Connect,
+    observer: Any,
+    key: Key,
+    job: str,
+    tmp_path: Path,
+    background: Callable[..., Running],
+) -> None:
+    """pgsolo holds the lock but has not started COMMAND yet (here: it is asking whether
+    this period is done, and a table lock makes that wait) when SIGTERM comes."""
+    blocker = connect(autocommit=False)
+    blocker.execute("LOCK TABLE pgsolo.job_periods IN ACCESS EXCLUSIVE MODE")
+    running = background(
+        *run_args(key.text, migrated, job=job),
+        "--once-per",
+        "year",
+        "--record",
+        "--json",
+        "--check-timeout",
+        "120",
+        "--",
+        *script(MARK, tmp_path, 0),
+    )
+    wait_until(lambda: observer.holders(key), "pgsolo to take the lock")
+    (backend,) = observer.holders(key)
+    wait_until(
+        lambda: (
+            observer.conn.execute(
+                "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (backend,)
+            ).fetchone()
+            == ("Lock",)
+        ),
+        "pgsolo's period check to wait for the table",
+    )
+    # Stopped, pgsolo cannot see the answer before the signal: it handles SIGTERM first
+    # when it resumes, whatever the scheduler does.
+    pid = running.proc.pid
+    os.kill(pid, signal.SIGSTOP)
+    wait_until(lambda: process_state(pid) == "T", "pgsolo to stop")
+    os.kill(pid, signal.SIGTERM)
+    blocker.rollback()
+    os.kill(pid, signal.SIGCONT)
+    done = running.finish(timeout=30)
+    assert done.returncode == 128 + signal.SIGTERM, done.stderr
+    assert not (tmp_path / "ran").exists()
+    report = only_json(done.stderr)
+    assert (report["outcome"], report["reason"]) == ("failed", "interrupted")
+    assert "it was not run" in report["error"]
+    assert observer.holders(key) == set()
+    [row] = ledger(observer.conn, job)
+    assert (row["outcome"], row["reason"], row["exit_code"]) == ("failed", "interrupted", 143)
+
+
 # -- usage errors and connections --------------------------------------------------------
 
 UNREACHABLE = "postgresql://alice:hunter2@127.0.0.1:1/db"
@@ -705,6 +1092,7 @@ UNREACHABLE = "postgresql://alice:hunter2@127.0.0.1:1/db"
         (["--key", "k", "--wait", "soon", "--", "true"], "--wait"),
         (["--key", "k", "--once-per", "fortnight", "--", "true"], "period"),
         (["--key", "k", "--check-interval", "0", "--", "true"], "--check-interval"),
+        (["--key", "k", "--check-timeout", "0", "--", "true"], "--check-timeout"),
         (["--", "true"], "--key"),
     ],
 )
@@ -715,6 +1103,49 @@ def test_usage_errors_exit_2_before_connecting(args: list[str], message: str) ->
     assert message in done.stderr
     assert "Traceback" not in done.stderr
     assert "hunter2" not in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "reason", "code", "message"),
+    [
+        (["--key", "", "--", "true"], "usage-error", 2, "must not be empty"),
+        (["--key", "k", "--"], "usage-error", 2, "no command to run"),
+        (["--key", "k", "--dsn", "embedded", "--", "true"], "database-unavailable", 69, "embedded"),
+    ],
+)
+def test_json_even_when_no_attempt_was_made(
+    tmp_path: Path, args: list[str], reason: str, code: int, message: str
+) -> None:
+    if "embedded" in args:
+        pytest.importorskip("pgserver")
+    not_a_directory = tmp_path / "file"
+    not_a_directory.write_text("")  # the embedded server's data directory cannot be made
+    done = pgsolo("run", "--json", *args, env={"XDG_DATA_HOME": str(not_a_directory)})
+    assert done.returncode == code, done.stderr
+    report = only_json(done.stderr)
+    assert (report["outcome"], report["reason"], report["exit_code"]) == (None, reason, code)
+    assert message in report["error"]
+    assert f"pgsolo run: error: {report['error']}" in done.stderr
+
+
+def test_json_when_ledger_tables_are_missing(fresh_database: str, key: Key, tmp_path: Path) -> None:
+    for option in (["--record"], ["--once-per", "day"]):
+        done = pgsolo(
+            *run_args(key.text, fresh_database),
+            *option,
+            "--json",
+            "--",
+            *script(MARK, tmp_path, 0),
+        )
+        assert done.returncode == 2, done.stderr
+        report = only_json(done.stderr)
+        assert (report["outcome"], report["reason"], report["exit_code"]) == (
+            None,
+            "not-migrated",
+            2,
+        )
+        assert "run pgsolo migrate first" in report["error"]
+    assert not (tmp_path / "ran").exists()
 
 
 def test_a_usage_error_takes_no_lock_and_records_nothing(

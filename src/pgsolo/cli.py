@@ -324,11 +324,16 @@ def add_run_command(subparsers: Subparsers) -> None:
         " (daily-settlement), an int64 (123) or a pair (42:1001). Busy means skip, unless"
         " --wait is given. Exit codes: COMMAND's own (128+N if killed by signal N; 127 not"
         " found, 126 not executable); 75 skipped (busy, wait timed out, or already done"
-        " this period); 70 lock lost while COMMAND ran (COMMAND gets SIGTERM, then SIGKILL"
-        " after --grace); 69 database unavailable; 2 usage error, including --record or"
-        " --once-per on a database where `pgsolo migrate` has not run; 1 COMMAND succeeded"
+        " this period); 70 lock lost, or no answer within --check-timeout, while COMMAND"
+        " ran (COMMAND gets SIGTERM, then SIGKILL after --grace); 69 database unavailable;"
+        " 2 usage error, including --record or --once-per on a database where"
+        " `pgsolo migrate` has not run; 1 COMMAND succeeded"
         " but its period could not be recorded. SIGTERM and SIGINT are forwarded to"
-        " COMMAND.",
+        " COMMAND; one that comes before COMMAND started ends the run without starting it"
+        " (128+N, lock released). When stdin is not a terminal, COMMAND leads its own"
+        " process group and every signal reaches the whole group (what COMMAND started"
+        " too); with a terminal on stdin, only COMMAND's own process. If pgsolo itself is"
+        " killed, COMMAND's own process is killed with it (Linux).",
     )
     parser.add_argument("--key", required=True, metavar="KEY", help="a name, an int64 or N:R")
     parser.add_argument(
@@ -370,6 +375,15 @@ def add_run_command(subparsers: Subparsers) -> None:
         help="check that the lock is still held every S seconds (default: 1)",
     )
     parser.add_argument(
+        "--check-timeout",
+        type=_float_between(0.1, 3600),
+        default=10.0,
+        metavar="S",
+        help="a check (any exchange with the database once the lock is held) that gets no"
+        " answer within S seconds drops the connection and counts as a lost lock; TCP"
+        " keepalives and tcp_user_timeout are sized from it too (default: 10)",
+    )
+    parser.add_argument(
         "--grace",
         type=_float_between(0, 3600),
         default=10.0,
@@ -378,7 +392,10 @@ def add_run_command(subparsers: Subparsers) -> None:
     )
     add_dsn_argument(parser)
     parser.add_argument(
-        "--json", action="store_true", help="print one JSON object with the outcome on stderr"
+        "--json",
+        action="store_true",
+        help="print one JSON object with the outcome on stderr (its last line), however the"
+        " run ends once its arguments parse",
     )
     # Not dest="command": main() reads the subcommand's name from there.
     parser.add_argument(
@@ -389,39 +406,60 @@ def add_run_command(subparsers: Subparsers) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from .jobs import Job  # noqa: PLC0415
-    from .supervise import supervise  # noqa: PLC0415
+    from .supervise import RunReport, RunSignals, supervise  # noqa: PLC0415
 
     command = list(args.argv)
     if command[:1] == ["--"]:
         command = command[1:]
-    if not command:
-        raise CliError(
-            "no command to run: pgsolo run --key KEY [OPTIONS] -- COMMAND [ARG...]", EXIT_USAGE
-        )
-    # Everything is validated before anything connects (UsageError: exit 2).
-    key = Key.parse(args.key, namespace=args.namespace)
-    job = Job.define(
-        key,
-        name=args.name,
-        lifetime="session",
-        wait=args.wait,
-        period=args.once_per,
-        record=args.record,
-        application_name=args.application_name,
-    )
-    with database(args.dsn) as db:
-        outcome = supervise(
-            job,
-            command,
-            dsn=db.dsn,
-            label=db.label,
-            check_interval=args.check_interval,
-            grace=args.grace,
-        )
-    if outcome.error is not None:
-        print(f"pgsolo run: error: {outcome.error}", file=sys.stderr, flush=True)
-    if args.json:
-        print(json.dumps(outcome.as_dict()), file=sys.stderr, flush=True)
+    key: Key | None = None
+    job: Job | None = None
+    # From here on every ending prints its error and, with --json, one JSON object (the
+    # last line on stderr); SIGTERM and SIGINT are handled before anything connects.
+    with RunSignals().installed() as signals:
+        try:
+            if not command:
+                raise CliError(  # noqa: TRY301 - reported below like every other ending
+                    "no command to run: pgsolo run --key KEY [OPTIONS] -- COMMAND [ARG...]",
+                    EXIT_USAGE,
+                )
+            # Everything is validated before anything connects (UsageError: exit 2).
+            key = Key.parse(args.key, namespace=args.namespace)
+            job = Job.define(
+                key,
+                name=args.name,
+                lifetime="session",
+                wait=args.wait,
+                period=args.once_per,
+                record=args.record,
+                application_name=args.application_name,
+            )
+            with database(args.dsn) as db:
+                outcome = supervise(
+                    job,
+                    command,
+                    dsn=db.dsn,
+                    label=db.label,
+                    check_interval=args.check_interval,
+                    check_timeout=args.check_timeout,
+                    grace=args.grace,
+                    signals=signals,
+                )
+        except (CliError, UsageError) as exc:  # before any attempt: outcome null
+            code = exc.code if isinstance(exc, CliError) else EXIT_USAGE
+            reasons = {EXIT_USAGE: "usage-error", EXIT_UNAVAILABLE: "database-unavailable"}
+            outcome = RunReport(
+                exit_code=code,
+                outcome=None,
+                reason=reasons.get(code, "database-error"),
+                job=job.name if job is not None else (args.name or args.key),
+                key=key.text if key is not None else args.key,
+                key_name=key.name if key is not None else None,
+                error=str(exc),
+            )
+        if outcome.error is not None:
+            print(f"pgsolo run: error: {outcome.error}", file=sys.stderr, flush=True)
+        if args.json:
+            print(json.dumps(outcome.as_dict()), file=sys.stderr, flush=True)
     return outcome.exit_code
 
 

@@ -7,12 +7,12 @@ Which connection string to use, and how to show one without its password, is
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from .dsn import DsnChoice, resolved_dsn
 
@@ -40,11 +40,31 @@ def application_name_for(dsn: str, default: str, explicit: str | None = None) ->
 
 
 @contextmanager
-def open_connection(dsn: str, *, application_name: str) -> Iterator[psycopg.Connection[Any]]:
-    with resolved_dsn(DsnChoice(dsn, "caller")) as conninfo:
+def open_connection(
+    dsn: str, *, application_name: str, defaults: Mapping[str, str] | None = None
+) -> Iterator[psycopg.Connection[Any]]:
+    """An autocommit connection named ``application_name``.
+
+    ``defaults`` are libpq parameters (``keepalives_idle``, ``connect_timeout``...) used
+    where the connection string does not set them itself; none unless given.
+    """
+    with resolved_dsn(DsnChoice(dsn, "caller")) as resolved:
         name = application_name[:MAX_APPLICATION_NAME]
+        conninfo = _with_defaults(resolved, defaults)
         with psycopg.connect(conninfo, autocommit=True, application_name=name) as conn:
             yield conn
+
+
+def _with_defaults(conninfo: str, defaults: Mapping[str, str] | None) -> str:
+    """``conninfo`` plus the ``defaults`` it leaves unset (what it says itself wins)."""
+    if not defaults:
+        return conninfo
+    try:
+        given = conninfo_to_dict(conninfo) if conninfo else {}
+    except psycopg.Error:
+        return conninfo  # psycopg.connect reports the bad string itself
+    extra = {k: v for k, v in defaults.items() if given.get(k) in (None, "")}
+    return make_conninfo(conninfo, **extra) if extra else conninfo
 
 
 @asynccontextmanager

@@ -11,9 +11,10 @@ One attempt, start to end:
    and with the lock held (done: ``skipped``/``already-done-this-period``, exit 75);
 5. start COMMAND (no shell; stdio inherited) and wait for it. Every ``--check-interval``
    seconds ask ``pg_locks`` whether the lock is still held on the pinned connection; if
-   the connection died (or the lock is gone), COMMAND gets SIGTERM, then SIGKILL after
-   ``--grace`` seconds, and the outcome is ``lost``, exit 70. SIGTERM and SIGINT sent to
-   pgsolo are forwarded to COMMAND and pgsolo keeps waiting for it;
+   the connection died, did not answer within ``--check-timeout`` seconds, or the lock is
+   gone, COMMAND gets SIGTERM, then SIGKILL after ``--grace`` seconds, and the outcome is
+   ``lost``, exit 70. SIGTERM and SIGINT sent to pgsolo are forwarded to COMMAND and
+   pgsolo keeps waiting for it;
 6. COMMAND exited 0: ``completed`` (with ``--once-per`` the period is recorded now, while
    the lock is still held); anything else: ``failed`` with its exit code passed through
    (128+N when killed by signal N; 127/126 when it cannot be started, as a shell does);
@@ -21,10 +22,31 @@ One attempt, start to end:
    outcome into ``lost``), log and count the outcome, and with ``--record`` write one
    ledger row (over a fresh connection when the pinned one died).
 
-A Ctrl-C typed in a terminal reaches COMMAND directly (it is in the terminal's foreground
-process group), so pgsolo forwards a SIGINT only when COMMAND is not in that group: the
-command never sees one keystroke twice. ``kill -INT`` aimed at a pgsolo that runs in the
-foreground of a terminal is therefore not forwarded.
+Signals. SIGTERM and SIGINT are handled from before pgsolo connects until it is done: one
+that arrives while pgsolo connects or waits for the lock ends the wait (psycopg cancels the
+statement), and one that arrives before COMMAND exists keeps it from being started; either
+way the outcome is ``failed``/``interrupted``, exit 128+N, with the lock released and the
+attempt recorded. While COMMAND runs they are forwarded to it.
+
+Process groups. When stdin is not a terminal (cron, systemd, Kubernetes), COMMAND leads a
+process group of its own and every signal pgsolo sends (SIGTERM/SIGKILL after a lost lock,
+a forwarded SIGTERM or SIGINT) goes to the whole group, so what COMMAND started stops with
+it; after a lost lock the group gets the same ``--grace`` as COMMAND, then SIGKILL. When
+stdin is a terminal, COMMAND stays in pgsolo's group, the terminal's foreground group, so
+that it can read the terminal and a Ctrl-C reaches all of it directly; pgsolo then signals
+COMMAND's own process only, and forwards a SIGINT only when COMMAND is not in the
+terminal's foreground group, so it never sees one keystroke twice (``kill -INT`` aimed at
+a pgsolo in the foreground of a terminal is therefore not forwarded). The parent-death
+signal that kills COMMAND if pgsolo itself is killed reaches COMMAND's own process only.
+
+Deadlines. Every exchange on the pinned connection once the lock is held has a hard
+deadline, ``--check-timeout``: a watchdog thread shuts the connection's socket down if the
+server has not answered by then (a half-open TCP connection, a stopped backend), so the
+driver raises instead of blocking forever, and the lock counts as lost
+(``connection-unresponsive``). The connection also uses TCP keepalives and
+``tcp_user_timeout`` sized from ``--check-timeout`` (unless the DSN sets them), so a dead
+peer is noticed between checks too; a ledger row after a lost connection goes over a fresh
+connection with a ``connect_timeout``.
 
 Nothing printed or recorded here carries a password: messages from the driver go through
 :func:`~pgsolo.dsn.scrub_secrets`, and the command line of COMMAND is never shown.
@@ -34,6 +56,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import math
 import os
 import signal
 import socket
@@ -42,7 +65,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager, suppress
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
@@ -60,13 +83,21 @@ from .cli import (
     CliError,
 )
 from .connect import open_connection
-from .drivers import SyncDriver, adapt_sync
+from .drivers import ServerInfo, SyncDriver, adapt_sync
 from .dsn import scrub_secrets
 from .errors import LockLostError, LockNotHeldError, LockTimeoutError, PgsoloError
 from .jobs import Job, JobResult, Outcome, ledger_statements, report
 from .locks import Lock, session_lock
 
-__all__ = ["EXIT_CANNOT_EXECUTE", "EXIT_NOT_FOUND", "RunReport", "supervise"]
+__all__ = [
+    "DEFAULT_CHECK_TIMEOUT",
+    "EXIT_CANNOT_EXECUTE",
+    "EXIT_NOT_FOUND",
+    "Interrupted",
+    "RunReport",
+    "RunSignals",
+    "supervise",
+]
 
 logger = logging.getLogger("pgsolo")
 
@@ -74,10 +105,31 @@ EXIT_NOT_FOUND = 127  # as a shell: the command does not exist
 EXIT_CANNOT_EXECUTE = 126  # as a shell: it exists but cannot be executed
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 SQLSTATES_NOT_MIGRATED = frozenset({"42P01", "3F000"})  # undefined table / schema
+DEFAULT_CHECK_TIMEOUT = 10.0  # seconds the server has to answer on the pinned connection
+KEEPALIVE_PROBES = 3
 
 
 class CommandFailed(Exception):
     """What the ledger's ``error`` column says about a command killed by a signal."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM or SIGINT before COMMAND started.
+
+    :class:`RunSignals` raises it from its handler to end a wait; being a
+    ``KeyboardInterrupt``, psycopg cancels the statement in flight before passing it on.
+    """
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"pgsolo got {_signal_name(signum)} before the command started")
+        self.signum = signum
+
+
+@dataclass(frozen=True, slots=True)
+class _Lost:
+    reason: str
+    detail: str
+    stopped: bool  # COMMAND was still running when pgsolo sent SIGTERM
 
 
 @dataclass(slots=True)
@@ -128,18 +180,28 @@ def supervise(
     dsn: str,
     label: str,
     check_interval: float = 1.0,
+    check_timeout: float = DEFAULT_CHECK_TIMEOUT,
     grace: float = 10.0,
+    signals: RunSignals | None = None,
 ) -> RunReport:
     """Run ``command`` as one attempt at ``job`` (see the module docstring).
 
     ``job`` comes from :meth:`Job.define` with ``lifetime="session"``; ``dsn`` is already
     resolved (``database()`` in :mod:`pgsolo.cli`), ``label`` is its printable form.
-    Raises :class:`~pgsolo.cli.CliError` (exit 2) when the ledger tables are needed and
-    missing; every other ending is a :class:`RunReport`.
+    ``signals``: SIGTERM/SIGINT handling the caller installed earlier (so that a signal
+    while the embedded server starts is not lost); by default supervise installs its own.
+    Every ending is a :class:`RunReport`, "run pgsolo migrate first" (exit 2) included;
+    only an empty ``command`` raises :class:`~pgsolo.cli.CliError`.
     """
     if not command:
         raise CliError("no command to run", EXIT_USAGE)
-    return _Attempt(job, list(command), dsn, label, check_interval, grace).run()
+    with ExitStack() as stack:
+        if signals is None:
+            signals = stack.enter_context(RunSignals().installed())
+        attempt = _Attempt(
+            job, list(command), dsn, label, check_interval, check_timeout, grace, signals
+        )
+        return attempt.run()
 
 
 @dataclass
@@ -149,9 +211,13 @@ class _Attempt:
     dsn: str
     label: str
     check_interval: float
+    check_timeout: float
     grace: float
+    signals: RunSignals
     application_name: str = ""
     report: RunReport = field(init=False)
+    watchdog: _Watchdog | None = None
+    info: ServerInfo | None = None
 
     def __post_init__(self) -> None:
         self.application_name = self.job.application_name_for(self.dsn)
@@ -171,36 +237,71 @@ class _Attempt:
     def _unavailable(self, exc: BaseException) -> RunReport:
         self.report.exit_code = EXIT_UNAVAILABLE
         self.report.reason = "database-unavailable"
-        self.report.error = f"database unavailable ({self.label}): {self._scrub(exc)}"
+        detail = self._scrub(exc)
+        if self._unresponsive:
+            detail = f"no answer within {self.check_timeout:g}s (--check-timeout)"
+        self.report.error = f"database unavailable ({self.label}): {detail}"
         return self.report
+
+    @property
+    def _unresponsive(self) -> bool:
+        """Whether the watchdog had to shut the pinned connection down."""
+        return self.watchdog is not None and self.watchdog.fired
+
+    def _bounded(self) -> AbstractContextManager[None]:
+        """A hard deadline (``--check-timeout``) for one exchange on the pinned connection."""
+        return self.watchdog.bound() if self.watchdog is not None else nullcontext()
+
+    def _connection_reason(self, driver: SyncDriver) -> str:
+        if self._unresponsive:
+            return "connection-unresponsive"
+        return "connection-lost" if driver.is_closed() else "lock-released"
 
     # -- the attempt ---------------------------------------------------------------------
 
     def run(self) -> RunReport:
         with ExitStack() as stack:
-            report = self._connected(stack)
-        return report
+            try:
+                return self._connected(stack)
+            except CliError as exc:  # pgsolo migrate has not run; nothing was started
+                self.report.exit_code = exc.code
+                self.report.reason = "not-migrated"
+                self.report.error = str(exc)
+                return self.report
 
     def _connected(self, stack: ExitStack) -> RunReport:
         """Connect (closed by ``stack``), take the lock, and go on from there."""
+        conn: psycopg.Connection[Any] | None = None
+        lock: Lock | None = None
         try:
-            conn = stack.enter_context(
-                open_connection(self.dsn, application_name=self.application_name)
-            )
+            with self.signals.interruptible():
+                conn = stack.enter_context(
+                    open_connection(
+                        self.dsn,
+                        application_name=self.application_name,
+                        defaults=connection_settings(self.check_timeout),
+                    )
+                )
             driver = adapt_sync(conn)
-            info = driver.server_info()
+            self.watchdog = _Watchdog(conn, self.check_timeout)
+            self.info = info = driver.server_info()
             self.report.backend_pid = driver.backend_pid()
             self.report.database, self.report.server = info.database, info.address
             self.report.application_name = info.application_name
             if self.job.record or self.job.period is not None:
-                self._check_migrated(conn)
+                with self._bounded():
+                    self._check_migrated(conn)
             lock = session_lock(conn, self.job.key, wait=self.job.wait)
             started = time.perf_counter()
             try:
-                acquired = lock.acquire()
+                with self.signals.interruptible():
+                    acquired = lock.acquire()
             except LockTimeoutError:
                 acquired = False
-            self.report.lock_wait = time.perf_counter() - started
+            finally:
+                self.report.lock_wait = time.perf_counter() - started
+        except Interrupted as exc:
+            return self._interrupted(exc.signum, conn, lock)
         except psycopg.Error as exc:
             return self._unavailable(exc)
         if not acquired:
@@ -242,7 +343,7 @@ class _Attempt:
                 self.job.name,
                 detail,
             )
-            reason = "connection-lost" if driver.is_closed() else "lock-released"
+            reason = self._connection_reason(driver)
             result = self._result("lost", reason=reason, error=problem, duration=result.duration)
             exit_code = EXIT_LOST
             self.report.error = f"lock {self.job.key} was lost while the command ran: {detail}"
@@ -253,7 +354,8 @@ class _Attempt:
         """Everything that happens with the lock held; None if the database went away."""
         if self.job.period is not None:
             try:
-                done = driver.fetch_value([sql.period_done(self.job.name, self.job.period)])
+                with self._bounded():
+                    done = driver.fetch_value([sql.period_done(self.job.name, self.job.period)])
             except psycopg.Error as exc:
                 self._raise_if_not_migrated(driver, exc)
                 self._unavailable(exc)
@@ -269,10 +371,37 @@ class _Attempt:
                 EXIT_USAGE,
             ) from exc
 
+    def _interrupted(
+        self, signum: int, conn: psycopg.Connection[Any] | None, lock: Lock | None
+    ) -> RunReport:
+        """A signal ended the attempt while it connected or waited for the lock: release
+        what was taken, record the attempt (best effort), exit 128+N."""
+        if lock is not None:
+            self._release(lock)  # a lock granted as the signal came; gone with the session
+        result, exit_code = self._not_started(signum)
+        if conn is None:  # nothing to log against, and no sign the ledger is reachable
+            self.report.outcome, self.report.reason = result.outcome, result.reason
+            self.report.exit_code = exit_code
+            return self.report
+        self._finish(result, adapt_sync(conn), exit_code)
+        return self.report
+
+    def _not_started(self, signum: int) -> tuple[JobResult[None], int]:
+        self.report.error = (
+            f"interrupted by {_signal_name(signum)} before the command started; it was not run"
+        )
+        return self._result("failed", reason="interrupted", error=Interrupted(signum)), (
+            128 + signum
+        )
+
     def _run_command(self, driver: SyncDriver, lock: Lock) -> tuple[JobResult[None], int]:
-        child = _Child(self.command)
-        started = time.perf_counter()
-        with child.forwarding_signals():
+        child = _Child(self.command, own_group=not _stdin_is_terminal())
+        self.signals.child = child  # from now on a signal is forwarded, or kept for start()
+        try:
+            if (signum := self.signals.first) is not None:
+                # Someone asked pgsolo to stop before COMMAND existed: do not start it.
+                return self._not_started(signum)
+            started = time.perf_counter()
             try:
                 proc = child.start()
             except OSError as exc:
@@ -284,27 +413,37 @@ class _Attempt:
             returncode, lost = self._watch(child, proc, driver, lock)
             duration = time.perf_counter() - started
             return self._ended(driver, returncode, lost, duration)
+        finally:
+            self.signals.child = None
 
     def _ended(
         self,
         driver: SyncDriver,
         returncode: int,
-        lost: tuple[str, str] | None,
+        lost: _Lost | None,
         duration: float,
     ) -> tuple[JobResult[None], int]:
         """The outcome of a command that ran; records the period after a success."""
         status = returncode if returncode >= 0 else 128 - returncode
         self.report.command_exit_code = status
         if lost is not None:
-            reason, detail = lost
-            self.report.error = (
-                f"lock {self.job.key} was lost while the command ran ({detail});"
-                f" the command was stopped (exit status {status})"
-            )
+            if not lost.stopped:
+                self.report.error = (
+                    f"lock {self.job.key} was lost ({lost.detail}); the command had already"
+                    f" finished by then (exit status {status})"
+                )
+            else:
+                if returncode < 0:
+                    how = f"was stopped by {_signal_name(-returncode)} (exit status {status})"
+                else:
+                    how = f"exited with status {status} after SIGTERM"
+                self.report.error = (
+                    f"lock {self.job.key} was lost while the command ran ({lost.detail});"
+                    f" the command {how}"
+                )
             lost_error = LockLostError(self.report.error, key=self.job.key)
-            return self._result("lost", reason=reason, error=lost_error, duration=duration), (
-                EXIT_LOST
-            )
+            result = self._result("lost", reason=lost.reason, error=lost_error, duration=duration)
+            return result, EXIT_LOST
         if returncode < 0:
             killed = CommandFailed(f"killed by signal {-returncode} ({_signal_name(-returncode)})")
             result = self._result(
@@ -314,10 +453,9 @@ class _Attempt:
         if returncode != 0:
             return self._result("failed", duration=duration), status
         if self.job.period is not None and (problem := self._record_period(driver)):
-            if driver.is_closed():
-                result = self._result(
-                    "lost", reason="connection-lost", error=problem, duration=duration
-                )
+            if driver.is_closed() or self._unresponsive:
+                reason = self._connection_reason(driver)
+                result = self._result("lost", reason=reason, error=problem, duration=duration)
                 return result, EXIT_LOST
             # The work is done but its period is not marked: the next run in this period
             # will do it again. Say so with a failure rather than a silent 0.
@@ -329,10 +467,10 @@ class _Attempt:
 
     def _watch(
         self, child: _Child, proc: subprocess.Popen[bytes], driver: SyncDriver, lock: Lock
-    ) -> tuple[int, tuple[str, str] | None]:
+    ) -> tuple[int, _Lost | None]:
         """Wait for the command; stop it if the lock goes. Returns its return code and,
-        if the lock was lost, (reason, detail)."""
-        lost: tuple[str, str] | None = None
+        if the lock was lost, how."""
+        lost: _Lost | None = None
         kill_at: float | None = None
         while True:
             timeout = self.check_interval
@@ -344,43 +482,57 @@ class _Attempt:
                 pass
             else:
                 child.log_forwarded()
+                if lost is not None:
+                    child.drain_group(kill_at)
                 return returncode, lost
             child.log_forwarded()
             if lost is None:
-                lost = self._check(driver, lock)
-                if lost is not None:
+                found = self._check(driver, lock)
+                if found is not None:
+                    reason, detail = found
                     logger.error(
                         "pgsolo: lock %s of job %s lost while the command ran (%s):"
-                        " sending SIGTERM to pid %d, SIGKILL in %gs if it is still running",
+                        " sending SIGTERM to %s, SIGKILL in %gs if it is still running",
                         self.job.key,
                         self.job.name,
-                        lost[1],
-                        proc.pid,
+                        detail,
+                        child.target,
                         self.grace,
                     )
-                    _send(proc, signal.SIGTERM)
+                    lost = _Lost(reason, detail, stopped=child.stop())
                     kill_at = time.monotonic() + self.grace
             elif kill_at is not None and time.monotonic() >= kill_at:
                 logger.error(
-                    "pgsolo: the command (pid %d) outlived the %gs grace period: SIGKILL",
-                    proc.pid,
+                    "pgsolo: the command (%s) outlived the %gs grace period: SIGKILL",
+                    child.target,
                     self.grace,
                 )
-                _send(proc, signal.SIGKILL)
+                child.signal(signal.SIGKILL)
                 kill_at = None
 
     def _check(self, driver: SyncDriver, lock: Lock) -> tuple[str, str] | None:
         """None while the lock is held; (reason, detail) once it is not."""
+        failure: BaseException | None = None
         try:
-            if lock.is_held():
-                return None
+            with self._bounded():
+                held = lock.is_held()
         except (psycopg.Error, PgsoloError) as exc:
-            if not driver.is_closed():
-                # The session is alive, so its session lock is too: a failed check on a
-                # live connection says nothing about the lock. Check again next tick.
-                logger.warning("pgsolo: checking lock %s failed: %r", self.job.key, exc)
-                return None
-            return "connection-lost", f"the database connection failed: {self._scrub(exc)}"
+            held, failure = False, exc
+        if self._unresponsive:  # even if the answer came as the watchdog dropped the line
+            return (
+                "connection-unresponsive",
+                f"the database did not answer the lock check within {self.check_timeout:g}s"
+                " (--check-timeout), so pgsolo dropped the connection",
+            )
+        if held:
+            return None
+        if failure is not None and not driver.is_closed():
+            # The session is alive, so its session lock is too: a failed check on a live
+            # connection says nothing about the lock. Check again next tick.
+            logger.warning("pgsolo: checking lock %s failed: %r", self.job.key, failure)
+            return None
+        if failure is not None:
+            return "connection-lost", f"the database connection failed: {self._scrub(failure)}"
         if driver.is_closed():
             return "connection-lost", "the database connection is closed"
         return "lock-released", "pg_locks no longer shows it on pgsolo's connection"
@@ -393,7 +545,8 @@ class _Attempt:
             self.job.name, self.job.period, host=socket.gethostname(), pid=os.getpid()
         )
         try:
-            marked = driver.fetch_value([statement])
+            with self._bounded():
+                marked = driver.fetch_value([statement])
         except psycopg.Error as exc:
             logger.error(  # noqa: TRY400 - the message is the point, not a traceback
                 "pgsolo: job %s completed but its period could not be recorded: %s",
@@ -416,7 +569,8 @@ class _Attempt:
         if not lock.acquired:
             return None
         try:
-            lock.release()
+            with self._bounded():
+                lock.release()
         except (LockLostError, LockNotHeldError) as exc:
             return exc
         except (psycopg.Error, PgsoloError) as exc:
@@ -452,23 +606,32 @@ class _Attempt:
         self.report.duration = result.duration
         self.report.exit_code = exit_code
         try:
-            report(self.job, result, driver)
+            report(self.job, result, driver, self.info)
         except Exception as exc:  # logging must never change the outcome
             logger.warning("pgsolo: reporting the outcome failed: %s", self._scrub(exc))
         if self.job.record:
             self.report.recorded = self._record(result, driver, exit_code)
 
     def _record(self, result: JobResult[None], driver: SyncDriver, exit_code: int) -> bool:
-        """One ledger row; over a fresh connection when the pinned one is gone."""
+        """One ledger row; over a fresh connection when the pinned one is gone. Bounded:
+        ``connect_timeout`` and ``--check-timeout``, whatever state the network is in."""
         try:
-            if not driver.is_closed():
-                driver.fetch_value(ledger_statements(self.job, result, driver, exit_code=exit_code))
-            else:
-                with open_connection(self.dsn, application_name=self.application_name) as spare:
-                    spare_driver = adapt_sync(spare)
-                    spare_driver.fetch_value(
-                        ledger_statements(self.job, result, spare_driver, exit_code=exit_code)
+            if not driver.is_closed() and not self._unresponsive:
+                with self._bounded():
+                    driver.fetch_value(
+                        ledger_statements(self.job, result, driver, exit_code=exit_code)
                     )
+            else:
+                with open_connection(
+                    self.dsn,
+                    application_name=self.application_name,
+                    defaults=connection_settings(self.check_timeout, connect=True),
+                ) as spare:
+                    spare_driver = adapt_sync(spare)
+                    with _Watchdog(spare, self.check_timeout).bound():
+                        spare_driver.fetch_value(
+                            ledger_statements(self.job, result, spare_driver, exit_code=exit_code)
+                        )
         except (psycopg.Error, PgsoloError) as exc:
             _warn(
                 f"the {result.outcome} attempt of job {self.job.name} is not in the ledger:"
@@ -485,6 +648,147 @@ class _Attempt:
             return
         for line in ledger.skip_warning(rows):
             _warn(line)
+
+
+# -- deadlines on the connection ----------------------------------------------------------
+
+
+def connection_settings(check_timeout: float, *, connect: bool = False) -> dict[str, str]:
+    """libpq parameters for pgsolo's own connections, sized from ``--check-timeout``: TCP
+    keepalives notice a dead peer on an idle connection, ``tcp_user_timeout`` one that
+    stops acknowledging what pgsolo sends (both ignored on a unix socket); with
+    ``connect``, a ``connect_timeout`` too. A DSN that sets any of them keeps its value."""
+    settings = {
+        "keepalives": "1",
+        "keepalives_idle": str(max(1, math.ceil(check_timeout / 2))),
+        "keepalives_interval": str(max(1, math.ceil(check_timeout / (2 * KEEPALIVE_PROBES)))),
+        "keepalives_count": str(KEEPALIVE_PROBES),
+        "tcp_user_timeout": str(max(1, math.ceil(check_timeout * 1000))),
+    }
+    if connect:
+        settings["connect_timeout"] = str(max(2, math.ceil(check_timeout)))  # libpq's minimum
+    return settings
+
+
+class _Watchdog:
+    """A hard deadline for each exchange on one connection.
+
+    :meth:`bound` arms a timer thread; if the block has not finished when it goes off, the
+    thread shuts the connection's socket down (through a duplicate of the descriptor, so
+    the driver still owns, and closes, the original). The blocked read then sees the end of
+    the stream at once and psycopg raises, instead of waiting for a server that may never
+    answer (a half-open TCP connection, a stopped backend). ``fired`` records that it
+    happened: the connection is unusable from then on.
+    """
+
+    def __init__(self, conn: psycopg.Connection[Any], timeout: float) -> None:
+        self.conn = conn
+        self.timeout = timeout
+        self.fired = False
+        self._mutex = threading.Lock()
+
+    @contextmanager
+    def bound(self) -> Iterator[None]:
+        finished = False
+
+        def expire() -> None:
+            with self._mutex:
+                if finished:
+                    return
+                self.fired = True
+                logger.error(
+                    "pgsolo: the database gave no answer within %gs (--check-timeout):"
+                    " shutting pgsolo's connection down",
+                    self.timeout,
+                )
+                _shut_down(self.conn)
+
+        timer = threading.Timer(self.timeout, expire)
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        finally:
+            with self._mutex:
+                finished = True
+            timer.cancel()
+
+
+def _shut_down(conn: psycopg.Connection[Any]) -> None:
+    """``shutdown(SHUT_RDWR)`` on the connection's socket, from any thread."""
+    try:
+        fd = conn.fileno()
+    except psycopg.Error:
+        return  # closed already
+    try:
+        copy = os.dup(fd)
+    except OSError:
+        return
+    try:
+        sock = socket.socket(fileno=copy)
+    except OSError:
+        os.close(copy)
+        return
+    with sock, suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+# -- signals ------------------------------------------------------------------------------
+
+
+class RunSignals:
+    """SIGTERM and SIGINT for the whole of one ``pgsolo run`` (main thread only).
+
+    Installed (:meth:`installed`) before anything connects, so that no signal kills pgsolo
+    outright. Inside :meth:`interruptible` (connecting, waiting for the lock) the handler
+    raises :class:`Interrupted`; while COMMAND runs (``child`` set) it forwards the signal
+    to it; otherwise it only remembers it, and a remembered signal keeps COMMAND from being
+    started at all. A signal the caller ignores stays ignored.
+    """
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        self.child: _Child | None = None
+        self._interruptible = False
+
+    @property
+    def first(self) -> int | None:
+        return self.received[0] if self.received else None
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.received.append(signum)
+        if self._interruptible:
+            self._interruptible = False  # once: a second signal must not break the cleanup
+            raise Interrupted(signum)
+        if self.child is not None:
+            self.child.forward(signum)
+
+    @contextmanager
+    def interruptible(self) -> Iterator[None]:
+        """A wait that a signal may end (with :class:`Interrupted`)."""
+        if (signum := self.first) is not None:
+            raise Interrupted(signum)  # it came before the wait began
+        self._interruptible = True
+        try:
+            yield
+        finally:
+            self._interruptible = False
+
+    @contextmanager
+    def installed(self) -> Iterator[RunSignals]:
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        previous: dict[signal.Signals, Any] = {}
+        try:
+            for signum in FORWARDED_SIGNALS:
+                if signal.getsignal(signum) is signal.SIG_IGN:
+                    continue
+                previous[signum] = signal.signal(signum, self._handle)
+            yield self
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
 
 
 # -- the child process ------------------------------------------------------------------
@@ -514,21 +818,80 @@ _PR_SET_PDEATHSIG = 1
 
 
 class _Child:
-    """COMMAND as a child process, and the signal handlers that forward to it."""
+    """COMMAND as a child process: started, signalled (its process group when it leads
+    one, see the module docstring), and sent the signals pgsolo forwards."""
 
-    def __init__(self, command: list[str]) -> None:
+    def __init__(self, command: list[str], *, own_group: bool) -> None:
         self.command = command
+        self.own_group = own_group
         self.proc: subprocess.Popen[bytes] | None = None
-        self.pending: list[int] = []  # received before the child existed
+        self.pending: list[int] = []  # received while the child was being started
         self.forwarded: list[int] = []  # logged by the main loop, not the handler
 
     def start(self) -> subprocess.Popen[bytes]:
         # No shell: COMMAND's arguments reach it exactly as given. stdio is inherited.
-        self.proc = subprocess.Popen(self.command, preexec_fn=_die_with_parent())  # noqa: S603, PLW1509
+        self.proc = subprocess.Popen(  # noqa: S603
+            self.command,
+            preexec_fn=_die_with_parent(),  # noqa: PLW1509 - no threads of pgsolo's run then
+            process_group=0 if self.own_group else None,
+        )
         pending, self.pending = self.pending, []
         for signum in pending:  # arrived while the child was being started
             self.forward(signum)
         return self.proc
+
+    @property
+    def target(self) -> str:
+        """Who :meth:`signal` reaches, for log lines."""
+        pid = self.proc.pid if self.proc is not None else 0
+        return f"process group {pid}" if self.own_group else f"pid {pid}"
+
+    def signal(self, signum: int) -> None:
+        """Send ``signum`` to COMMAND: its whole process group when it leads one (which
+        outlives COMMAND's own process while anything it started still runs)."""
+        proc = self.proc
+        if proc is None:
+            return
+        if not self.own_group:
+            _send(proc, signum)
+            return
+        # Safe after COMMAND was reaped: a pid still in use as a process group id is never
+        # given to a new process, and an empty group is an error (ESRCH).
+        with suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signum)
+
+    def stop(self) -> bool:
+        """SIGTERM after a lost lock; whether COMMAND was still running then."""
+        running = self.proc is not None and self.proc.poll() is None
+        self.signal(signal.SIGTERM)
+        return running
+
+    def group_alive(self) -> bool:
+        if not self.own_group or self.proc is None:
+            return False
+        try:
+            os.killpg(self.proc.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+    def drain_group(self, kill_at: float | None) -> None:
+        """After a lost lock COMMAND has exited: what it started gets the rest of the
+        grace period (until ``kill_at``), then SIGKILL."""
+        while self.group_alive():
+            now = time.monotonic()
+            if kill_at is None or now >= kill_at:
+                if kill_at is not None:
+                    logger.error(
+                        "pgsolo: processes started by the command (%s) outlived the grace"
+                        " period: SIGKILL",
+                        self.target,
+                    )
+                self.signal(signal.SIGKILL)
+                return
+            time.sleep(min(0.05, kill_at - now))
 
     def forward(self, signum: int) -> None:
         proc = self.proc
@@ -541,36 +904,17 @@ class _Child:
             return
         # A signal handler must not log or print: the main thread may be halfway
         # through a write to the same stream.
-        _send(proc, signum)
+        self.signal(signum)
         self.forwarded.append(signum)
 
     def log_forwarded(self) -> None:
         while self.forwarded and self.proc is not None:
             signum = self.forwarded.pop(0)
-            logger.info(
-                "pgsolo: forwarded %s to the command (pid %d)", _signal_name(signum), self.proc.pid
-            )
+            logger.info("pgsolo: forwarded %s to %s", _signal_name(signum), self.target)
 
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        self.forward(signum)
 
-    @contextmanager
-    def forwarding_signals(self) -> Iterator[None]:
-        """Forward SIGTERM and SIGINT to the child while the block runs (main thread
-        only; a signal the caller ignores stays ignored)."""
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        previous: dict[signal.Signals, Any] = {}
-        try:
-            for signum in FORWARDED_SIGNALS:
-                if signal.getsignal(signum) is signal.SIG_IGN:
-                    continue
-                previous[signum] = signal.signal(signum, self._handle)
-            yield
-        finally:
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
+def _stdin_is_terminal() -> bool:
+    return os.isatty(0)
 
 
 def _send(proc: subprocess.Popen[bytes], signum: int) -> None:
