@@ -1,0 +1,610 @@
+"""Transaction-level locks behind a real PgBouncer in ``pool_mode=transaction``.
+
+The README says "transaction-level locks are safe behind any pooler". Here that is
+checked end to end: a real ``pgbouncer`` process (Debian's package in CI, found through
+``PGSOLO_PGBOUNCER_BIN``) sits in front of the test server, every pgsolo call goes
+through it, and what is asserted is what the server itself shows (``pg_locks`` and
+``pg_stat_activity`` through the ``observer`` session, which connects directly), plus
+the values and errors the callers get.
+
+Session locks behind a transaction pooler are deliberately not tested here: detecting
+that case is future work (README, "Connection proxies matter").
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.conninfo import make_conninfo
+
+import pgsolo
+from _support import DEADLINE, eventually
+from pgsolo import Key, LockTimeoutError
+from pgsolo.keys import encode_pg_lock
+
+IDLE = psycopg.pq.TransactionStatus.IDLE
+INTRANS = psycopg.pq.TransactionStatus.INTRANS
+
+POOL_SIZE = 6  # server connections per (database, user) pair behind the bouncer
+START_DEADLINE = 15.0  # bound for PgBouncer to start accepting connections
+STOP_DEADLINE = 5.0  # per signal, when stopping it
+
+
+# -- the bouncer -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Bouncer:
+    dsn: str  # what clients use: 127.0.0.1:<port>, through PgBouncer
+    port: int
+    pid: int
+    log: Path
+
+
+def _bouncer_binary() -> str | None:
+    configured = os.environ.get("PGSOLO_PGBOUNCER_BIN")
+    if configured:  # CI says where it is: a missing binary must fail, not skip
+        if not os.access(configured, os.X_OK):
+            pytest.fail(f"PGSOLO_PGBOUNCER_BIN={configured!r} is not an executable file")
+        return configured
+    found = shutil.which("pgbouncer")
+    if found:
+        return found
+    return "/usr/sbin/pgbouncer" if os.access("/usr/sbin/pgbouncer", os.X_OK) else None
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _quote(value: str) -> str:
+    """A value for PgBouncer's [databases] connection string (single quotes, '' inside)."""
+    if not value or any(c in value for c in "\r\n\0"):
+        raise ValueError(f"cannot pass {value!r} to PgBouncer's [databases] line")
+    return "'" + value.replace("'", "''") + "'"
+
+
+def _run_as(socket_dir: str | None) -> pwd.struct_passwd | None:
+    """The unprivileged OS user to run PgBouncer as (it refuses to run as root).
+
+    A unix-socket server (the embedded one) is reachable only by the owner of its socket
+    directory, so that owner; otherwise ``postgres`` if it exists, else ``nobody``.
+    """
+    if os.geteuid() != 0:
+        return None
+    if socket_dir is not None:
+        owner = os.stat(socket_dir).st_uid
+        if owner != 0:
+            return pwd.getpwuid(owner)
+    for name in ("postgres", "nobody"):
+        try:
+            return pwd.getpwnam(name)
+        except KeyError:
+            continue
+    pytest.fail("running as root, and neither a 'postgres' nor a 'nobody' user exists")
+
+
+def _server_line(dsn: str) -> tuple[str, str | None, str, str]:
+    """(the [databases] line's value, unix socket dir or None, database name, user).
+
+    Taken from a real connection, so that defaults and PG* variables are resolved the way
+    the other tests resolve them.
+    """
+    with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+        info = conn.info
+        host, port, dbname, user = info.host, info.port, info.dbname, info.user
+        password = info.password
+    socket_dir = host if host.startswith("/") else None
+    parts = {"host": host, "port": str(port), "dbname": dbname, "user": user}
+    if password:
+        parts["password"] = password
+    return " ".join(f"{k}={_quote(v)}" for k, v in parts.items()), socket_dir, dbname, user
+
+
+def _log_tail(path: Path) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-30:])
+    except OSError as exc:
+        return f"(no log: {exc})"
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if proc.poll() is not None:
+            return
+        proc.send_signal(sig)
+        try:
+            proc.wait(STOP_DEADLINE)
+        except subprocess.TimeoutExpired:
+            continue
+        return
+
+
+def _start(
+    binary: str, workdir: Path, server: str, dbname: str, user: pwd.struct_passwd | None
+) -> tuple[subprocess.Popen[bytes], int]:
+    port = _free_port()
+    ini = workdir / "pgbouncer.ini"
+    ini.write_text(
+        f"""[databases]
+{dbname} = {server}
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = {port}
+unix_socket_dir =
+auth_type = any
+pool_mode = transaction
+default_pool_size = {POOL_SIZE}
+min_pool_size = 0
+reserve_pool_size = 0
+max_client_conn = 100
+ignore_startup_parameters = extra_float_digits
+query_wait_timeout = 60
+server_connect_timeout = 10
+server_login_retry = 1
+logfile = {workdir / "pgbouncer.log"}
+"""
+    )
+    ini.chmod(0o600)
+    if user is not None:
+        for path in (workdir, ini):
+            os.chown(path, user.pw_uid, user.pw_gid)
+    with open(workdir / "stderr.log", "ab") as err:
+        proc = subprocess.Popen(
+            [binary, str(ini)],
+            cwd=workdir,
+            stdin=subprocess.DEVNULL,
+            stdout=err,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            user=None if user is None else user.pw_uid,
+            group=None if user is None else user.pw_gid,
+            extra_groups=None if user is None else [],
+        )
+    return proc, port
+
+
+def _wait_ready(proc: subprocess.Popen[bytes], dsn: str) -> str | None:
+    """None once a client can run a statement through the bouncer; else why not."""
+    deadline = time.monotonic() + START_DEADLINE
+    last = "never tried"
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return f"pgbouncer exited with status {proc.returncode}"
+        try:
+            with psycopg.connect(
+                dsn, autocommit=True, prepare_threshold=None, connect_timeout=3
+            ) as conn:
+                conn.execute("SELECT 1").fetchone()
+        except psycopg.OperationalError as exc:
+            last = f"{exc}".strip()
+            time.sleep(0.05)
+        else:
+            return None
+    return f"not accepting connections after {START_DEADLINE}s: {last}"
+
+
+@pytest.fixture(scope="session")
+def bouncer(dsn: str) -> Iterator[Bouncer]:
+    """A real PgBouncer, transaction pooling, in front of the test server."""
+    binary = _bouncer_binary()
+    if binary is None:
+        pytest.skip(
+            "pgbouncer is not installed (no PGSOLO_PGBOUNCER_BIN, none on PATH nor at"
+            " /usr/sbin/pgbouncer); CI installs Debian's package and runs these tests"
+        )
+    server, socket_dir, dbname, server_user = _server_line(dsn)
+    user = _run_as(socket_dir)
+    workdir = Path(tempfile.mkdtemp(prefix="pgsolo-pgbouncer-"))
+    workdir.chmod(0o700)
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        problem = "not started"
+        for _attempt in range(3):  # a free port can be taken before PgBouncer binds it
+            proc, port = _start(binary, workdir, server, dbname, user)
+            client_dsn = make_conninfo(
+                "", host="127.0.0.1", port=port, dbname=dbname, user=server_user
+            )
+            problem = _wait_ready(proc, client_dsn) or ""
+            if not problem:
+                break
+            exited = proc.poll() is not None
+            _stop(proc)
+            proc = None
+            if not exited:
+                break  # running but unusable: another port would not help
+        if proc is None:
+            log = _log_tail(workdir / "pgbouncer.log") + "\n" + _log_tail(workdir / "stderr.log")
+            pytest.fail(f"PgBouncer ({binary}) did not start: {problem}\n{log}")
+        yield Bouncer(client_dsn, port, proc.pid, workdir / "pgbouncer.log")
+    finally:
+        if proc is not None:
+            _stop(proc)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture
+def via_bouncer(bouncer: Bouncer) -> Iterator[Callable[..., psycopg.Connection]]:
+    """Open client connections to PgBouncer (autocommit; no prepared statements, which
+    PgBouncer before 1.21 cannot pool); all closed afterwards."""
+    opened: list[psycopg.Connection] = []
+
+    def _connect() -> psycopg.Connection:
+        conn = psycopg.connect(
+            bouncer.dsn, autocommit=True, prepare_threshold=None, connect_timeout=10
+        )
+        opened.append(conn)
+        return conn
+
+    yield _connect
+    for conn in opened:
+        conn.close()
+
+
+# -- helpers --------------------------------------------------------------------------------
+
+
+def server_pid(conn: psycopg.Connection) -> int:
+    """The server backend this client's statement ran on (not ``conn.info.backend_pid``,
+    which behind PgBouncer is the bouncer's own cancel key)."""
+    row = conn.execute("SELECT pg_backend_pid()").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def held_here(conn: psycopg.Connection, key: Key) -> bool:
+    """Whether the backend running this statement holds ``key``, per ``pg_locks``."""
+    classid, objid, objsubid = encode_pg_lock(key)
+    row = conn.execute(
+        "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted"
+        " AND pid = pg_backend_pid() AND classid::bigint = %s AND objid::bigint = %s"
+        " AND objsubid = %s)",
+        (classid, objid, objsubid),
+    ).fetchone()
+    assert row is not None
+    return bool(row[0])
+
+
+def run_threads(targets: list[Callable[[], None]], timeout: float = 45.0) -> list[BaseException]:
+    """Run each target in its own thread; return what they raised. Bounded."""
+    errors: list[BaseException] = []
+
+    def wrap(target: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                target()
+            except BaseException as exc:
+                errors.append(exc)
+
+        return run
+
+    threads = [threading.Thread(target=wrap(t), daemon=True) for t in targets]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    stuck = [t for t in threads if t.is_alive()]
+    assert not stuck, f"{len(stuck)} thread(s) still running after {timeout}s"
+    return errors
+
+
+# -- 0. the setup really is transaction pooling ----------------------------------------------
+
+
+def test_the_bouncer_pools_per_transaction(via_bouncer: Any, observer: Any) -> None:
+    """Without this, the tests below could pass against a session pooler or a direct
+    connection. A client's consecutive statements must be able to land on different
+    server sessions: X's backend is handed to Y's transaction, so X moves."""
+    x, y = via_bouncer(), via_bouncer()
+    moved = False
+    for _ in range(POOL_SIZE + 1):
+        first = server_pid(x)
+        with y.transaction():
+            taken = server_pid(y)
+            second = server_pid(x)
+        assert second != taken  # Y's open transaction keeps its backend to itself
+        if second != first:
+            moved = True
+            break
+    assert moved, "client X stayed on one server backend: this is not transaction pooling"
+    assert x.info.port != observer.conn.info.port or x.info.host != observer.conn.info.host
+
+
+# -- 1. the article's scenario ------------------------------------------------------------
+
+
+def test_xact_lock_article_scenario_through_pgbouncer(
+    via_bouncer: Any, observer: Any, key: Key
+) -> None:
+    a, b = via_bouncer(), via_bouncer()
+    with pgsolo.xact_lock(a, key) as lock_a:
+        assert lock_a.acquired
+        assert a.info.transaction_status == INTRANS
+        holder = server_pid(a)  # the same server session as the lock: one transaction
+        assert observer.holders(key) == {holder}
+        assert held_here(a, key)
+        row = observer.conn.execute(
+            "SELECT backend_type, state FROM pg_stat_activity WHERE pid = %s", (holder,)
+        ).fetchone()
+        assert row == ("client backend", "idle in transaction")
+
+        with pgsolo.xact_lock(b, key) as lock_b:
+            assert lock_b.acquired is False
+        assert b.info.transaction_status == IDLE
+        assert observer.holders(key) == {holder}  # B's try changed nothing
+
+    assert a.info.transaction_status == IDLE
+    assert observer.holders(key) == set()
+    assert observer.waiters(key) == set()
+
+    with pgsolo.xact_lock(b, key) as lock_b:
+        assert lock_b.acquired is True
+        assert observer.holders(key) == {server_pid(b)}
+    assert observer.holders(key) == set()
+
+
+# -- 2. many threads, each with its own client connection ----------------------------------
+
+
+@pytest.mark.parametrize("wait", [None, DEADLINE], ids=["try", "wait"])
+def test_threads_racing_through_pgbouncer_never_hold_together(
+    via_bouncer: Any, observer: Any, key: Key, wait: float | None
+) -> None:
+    n_threads, rounds = 12, 15 if wait is None else 4
+    conns = [via_bouncer() for _ in range(n_threads)]
+    guard = threading.Lock()
+    inside = 0
+    most_inside = 0
+    entries = 0
+    not_held_inside: list[int] = []
+    start = threading.Barrier(n_threads, timeout=DEADLINE)
+    finished = threading.Event()
+
+    def worker(conn: psycopg.Connection) -> None:
+        nonlocal inside, most_inside, entries
+        start.wait()
+        for _ in range(rounds):
+            with pgsolo.xact_lock(conn, key, wait=wait) as lock:
+                if not lock.acquired:
+                    continue
+                with guard:
+                    inside += 1
+                    entries += 1
+                    most_inside = max(most_inside, inside)
+                try:
+                    # The block's own statements run on the session that holds the lock.
+                    if not held_here(conn, key):
+                        not_held_inside.append(server_pid(conn))
+                finally:
+                    with guard:
+                        inside -= 1
+
+    # The server's view, sampled from outside while the threads race.
+    most_holders = 0
+
+    def watch() -> None:
+        nonlocal most_holders
+        while not finished.is_set():
+            most_holders = max(most_holders, len(observer.holders(key)))
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        errors = run_threads([lambda c=c: worker(c) for c in conns])
+    finally:
+        finished.set()
+        watcher.join(DEADLINE)
+    assert not watcher.is_alive()
+    assert errors == []
+    assert most_inside == 1
+    assert most_holders <= 1
+    assert not_held_inside == []
+    if wait is None:
+        assert entries >= 1
+    else:
+        assert entries == n_threads * rounds
+    assert all(c.info.transaction_status == IDLE for c in conns)
+    assert observer.holders(key) == set()
+    assert observer.waiters(key) == set()
+
+
+# -- 3. pgsolo's multi-statement messages through the bouncer --------------------------------
+
+
+def pooled_lock_timeouts(via_bouncer: Any) -> tuple[set[tuple[str, str]], set[int]]:
+    """``(lock_timeout, its session default)`` on every server session of the pool: as
+    many transactions at once as the pool has sessions, so each one is looked at."""
+    clients = [via_bouncer() for _ in range(POOL_SIZE)]
+    seen: set[tuple[str, str]] = set()
+    pids: set[int] = set()
+    try:
+        for c in clients:
+            c.execute("BEGIN")
+            row = c.execute(
+                "SELECT current_setting('lock_timeout'), reset_val, pg_backend_pid()"
+                " FROM pg_settings WHERE name = 'lock_timeout'"
+            ).fetchone()
+            assert row is not None
+            seen.add((str(row[0]), str(row[1])))
+            pids.add(int(row[2]))
+    finally:
+        for c in clients:
+            if c.info.transaction_status != IDLE:
+                c.execute("ROLLBACK")
+    return seen, pids
+
+
+def test_wait_timeout_through_pgbouncer_leaves_nothing_behind(
+    via_bouncer: Any, observer: Any, key: Key
+) -> None:
+    row = observer.conn.execute("SHOW lock_timeout").fetchone()
+    assert row is not None
+    default = str(row[0])
+    h, b = via_bouncer(), via_bouncer()
+
+    with pgsolo.xact_lock(h, key) as held:
+        assert held.acquired
+        holder = server_pid(h)
+
+        # BEGIN; save lock_timeout; SET LOCAL; pg_advisory_xact_lock; restore: one message
+        started = time.monotonic()
+        with pytest.raises(LockTimeoutError) as info, pgsolo.xact_lock(b, key, wait=0.3):
+            pytest.fail("the block must not run: the lock is held")
+        assert time.monotonic() - started < DEADLINE
+        assert info.value.key == key
+        assert info.value.timeout == pytest.approx(0.3)
+        assert b.info.transaction_status == IDLE
+        assert observer.holders(key) == {holder}
+        assert observer.waiters(key) == set()
+
+        # The client connection is usable, and its next transaction has the default.
+        with b.transaction():
+            row = b.execute("SHOW lock_timeout").fetchone()
+            assert row == (default,)
+
+        # The savepoint variant, inside the caller's transaction: it stays usable.
+        with b.transaction():
+            with pytest.raises(LockTimeoutError):
+                pgsolo.xact_lock(b, key, wait=0.3).acquire()
+            assert b.info.transaction_status == INTRANS
+            assert b.execute("SHOW lock_timeout").fetchone() == (default,)
+            assert not held_here(b, key)
+        assert b.info.transaction_status == IDLE
+        assert observer.holders(key) == {holder}
+
+        # A wait that succeeds: really waiting on the server, then granted on release.
+        result: dict[str, object] = {}
+        in_block = threading.Event()
+        leave = threading.Event()
+
+        def waiter() -> None:
+            with pgsolo.xact_lock(b, key, wait=DEADLINE * 3) as lock:
+                result["acquired"] = lock.acquired
+                result["pid"] = server_pid(b)
+                result["lock_timeout"] = b.execute("SHOW lock_timeout").fetchone()
+                in_block.set()
+                leave.wait(DEADLINE)
+
+        thread = threading.Thread(target=waiter, daemon=True)
+        thread.start()
+        waiting = eventually(lambda: observer.waiters(key), "B waiting on the server")
+        assert holder not in waiting
+    # H's block committed: B is granted.
+    try:
+        assert in_block.wait(DEADLINE), "B was not granted the lock after H committed"
+        assert result["acquired"] is True
+        assert result["pid"] in waiting
+        assert result["lock_timeout"] == (default,)  # restored in the same message
+        assert observer.holders(key) == {result["pid"]}
+    finally:
+        leave.set()
+        thread.join(DEADLINE)
+    assert not thread.is_alive()
+    assert observer.holders(key) == set()
+
+    # Nothing leaked into any pooled server session.
+    seen, pids = pooled_lock_timeouts(via_bouncer)
+    assert seen == {(default, default)}
+    assert len(pids) == POOL_SIZE
+    assert b.execute("SELECT 1").fetchone() == (1,)
+
+
+# -- 4. jobs through the bouncer --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def migrated(dsn: str) -> None:
+    """pgsolo's tables, created over a direct connection (DDL is not the point here)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        pgsolo.migrate(conn)
+
+
+def new_job() -> str:
+    return f"pgbouncer-test:{uuid.uuid4().hex[:16]}"
+
+
+def test_run_job_through_pgbouncer_completes(
+    bouncer: Bouncer, observer: Any, migrated: None
+) -> None:
+    job = new_job()
+    job_key = pgsolo.as_key(job)
+    seen: dict[str, object] = {}
+
+    def work(conn: psycopg.Connection) -> int:
+        pid = server_pid(conn)
+        seen["held_here"] = held_here(conn, job_key)
+        seen["holders"] = observer.holders(job_key)
+        return pid
+
+    result = pgsolo.run_job(bouncer.dsn, job, work)
+    assert result.outcome == "completed", result
+    assert seen == {"held_here": True, "holders": {result.value}}
+    assert observer.holders(job_key) == set()
+
+    # And once per period, recorded through the bouncer too.
+    result = pgsolo.run_job(bouncer.dsn, job, work, period="day")
+    assert result.outcome == "completed", result
+    again = pgsolo.run_job(bouncer.dsn, job, work, period="day")
+    assert (again.outcome, again.reason) == ("skipped", "already-done-this-period")
+    rows = observer.conn.execute(
+        "SELECT count(*) FROM pgsolo.job_periods WHERE job = %s", (job,)
+    ).fetchone()
+    assert rows == (1,)
+
+
+@pytest.mark.parametrize("wait", [None, DEADLINE * 2], ids=["try", "wait"])
+def test_same_job_once_per_period_from_many_threads_through_pgbouncer(
+    bouncer: Bouncer, observer: Any, migrated: None, wait: float | None
+) -> None:
+    job = new_job()
+    n_threads = 8
+    calls: list[int] = []
+    results: list[pgsolo.JobResult[Any]] = []
+    start = threading.Barrier(n_threads, timeout=DEADLINE)
+
+    def work(conn: psycopg.Connection) -> int:
+        calls.append(server_pid(conn))
+        time.sleep(0.05)  # widens the window for the others; not a synchronisation
+        return len(calls)
+
+    def attempt() -> None:
+        start.wait()
+        results.append(pgsolo.run_job(bouncer.dsn, job, work, period="day", wait=wait))
+
+    errors = run_threads([attempt] * n_threads)
+    assert errors == []
+    outcomes = collections.Counter((r.outcome, r.reason) for r in results)
+    assert outcomes[("completed", None)] == 1, outcomes
+    assert len(calls) == 1
+    allowed = {("completed", None), ("skipped", "already-done-this-period")}
+    if wait is None:
+        allowed.add(("skipped", "busy"))
+    else:  # everyone got the lock in turn and found the period done
+        assert outcomes[("skipped", "already-done-this-period")] == n_threads - 1, outcomes
+    assert set(outcomes) <= allowed, outcomes
+    assert sum(outcomes.values()) == n_threads
+    rows = observer.conn.execute(
+        "SELECT count(*) FROM pgsolo.job_periods WHERE job = %s", (job,)
+    ).fetchone()
+    assert rows == (1,)
+    assert observer.holders(pgsolo.as_key(job)) == set()
