@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import os
 import tempfile
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 
 import psycopg
 import pytest
+from psycopg import sql as pgsql
+from psycopg.conninfo import make_conninfo
 
+from _support import WORK
+from pgsolo import ledger
 from pgsolo.embedded import embedded_server
 from pgsolo.keys import Key, decode_pg_lock
 
@@ -105,3 +110,28 @@ _key_counter = iter(range(1, 1_000_000))
 def key() -> Key:
     """A fresh pair key per test, so that tests never contend with each other."""
     return Key((7_000_001, next(_key_counter) + os.getpid() % 1000 * 10_000))
+
+
+@pytest.fixture(scope="session")
+def db(dsn: str) -> str:
+    """The test database with pgsolo's tables and a table for the jobs' own work."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        ledger.migrate(conn)
+        conn.execute(f"CREATE TABLE IF NOT EXISTS {WORK} (job text NOT NULL, note text)")
+    return dsn
+
+
+@pytest.fixture
+def fresh_db(dsn: str, observer: Observer) -> Iterator[str]:
+    """A brand-new database of its own (no pgsolo tables), dropped afterwards."""
+    name = f"pgsolo_test_{uuid.uuid4().hex[:12]}"
+    try:
+        observer.conn.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(name)))
+    except psycopg.errors.InsufficientPrivilege:
+        pytest.skip("the test role cannot create databases")
+    try:
+        yield make_conninfo(dsn, dbname=name)
+    finally:
+        observer.conn.execute(
+            pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name))
+        )

@@ -89,28 +89,6 @@ def insert_work(conn: psycopg.Connection, job: str, note: str) -> None:
     conn.execute(f"INSERT INTO {WORK} (job, note) VALUES (%s, %s)", (job, note))
 
 
-@pytest.fixture(scope="module")
-def db(dsn: str) -> str:
-    """The test database with pgsolo's tables and a table for the jobs' own work."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        ledger.migrate(conn)
-        conn.execute(f"CREATE TABLE IF NOT EXISTS {WORK} (job text NOT NULL, note text)")
-    return dsn
-
-
-@pytest.fixture
-def fresh_db(dsn: str, observer: Any) -> Iterator[str]:
-    """A brand-new database (no pgsolo tables), dropped afterwards."""
-    name = f"pgsolo_jobs_{uuid.uuid4().hex[:12]}"
-    observer.conn.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(name)))
-    try:
-        yield make_conninfo(dsn, dbname=name)
-    finally:
-        observer.conn.execute(
-            pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name))
-        )
-
-
 # -- 1. completed -------------------------------------------------------------------------
 
 

@@ -15,13 +15,12 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
 import pytest
 from prometheus_client import REGISTRY
-from psycopg import sql as pgsql
 from psycopg.conninfo import make_conninfo
 
 import pgsolo
@@ -88,26 +87,6 @@ def job_log_records(caplog: pytest.LogCaptureFixture, job: str) -> list[logging.
 
 async def returns(conn: psycopg.AsyncConnection[Any], value: Any) -> Any:
     return value
-
-
-@pytest.fixture(scope="module")
-def db(dsn: str) -> str:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        ledger.migrate(conn)
-        conn.execute(f"CREATE TABLE IF NOT EXISTS {WORK} (job text NOT NULL, note text)")
-    return dsn
-
-
-@pytest.fixture
-def fresh_db(dsn: str, observer: Any) -> Iterator[str]:
-    name = f"pgsolo_jobs_async_{uuid.uuid4().hex[:12]}"
-    observer.conn.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(name)))
-    try:
-        yield make_conninfo(dsn, dbname=name)
-    finally:
-        observer.conn.execute(
-            pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name))
-        )
 
 
 # -- completed ----------------------------------------------------------------------------

@@ -387,19 +387,6 @@ def job() -> str:
     return f"run-test-{uuid.uuid4().hex[:12]}"
 
 
-@pytest.fixture
-def fresh_database(dsn: str, connect: Connect) -> Iterator[str]:
-    """A database of its own, where ``pgsolo migrate`` never ran."""
-    name = f"pgsolo_run_{uuid.uuid4().hex[:12]}"
-    admin = connect()
-    try:
-        admin.execute(f"CREATE DATABASE {name}")
-    except psycopg.errors.InsufficientPrivilege:
-        pytest.skip("the test role cannot create databases")
-    yield make_conninfo(dsn, dbname=name)
-    admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-
-
 # -- running a command -------------------------------------------------------------------
 
 
@@ -1128,10 +1115,10 @@ def test_json_even_when_no_attempt_was_made(
     assert f"pgsolo run: error: {report['error']}" in done.stderr
 
 
-def test_json_when_ledger_tables_are_missing(fresh_database: str, key: Key, tmp_path: Path) -> None:
+def test_json_when_ledger_tables_are_missing(fresh_db: str, key: Key, tmp_path: Path) -> None:
     for option in (["--record"], ["--once-per", "day"]):
         done = pgsolo(
-            *run_args(key.text, fresh_database),
+            *run_args(key.text, fresh_db),
             *option,
             "--json",
             "--",
@@ -1291,30 +1278,26 @@ def test_migrate_twice_is_up_to_date_the_second_time(migrated: str) -> None:
     assert json.loads(as_json.stdout)["applied"] == []
 
 
-def test_concurrent_migrate_from_four_processes(fresh_database: str, connect: Connect) -> None:
+def test_concurrent_migrate_from_four_processes(fresh_db: str, connect: Connect) -> None:
     with ThreadPoolExecutor(4) as pool:
-        results = list(
-            pool.map(lambda _: pgsolo("migrate", "--dsn", fresh_database, "--json"), range(4))
-        )
+        results = list(pool.map(lambda _: pgsolo("migrate", "--dsn", fresh_db, "--json"), range(4)))
     assert [r.returncode for r in results] == [0, 0, 0, 0], [r.stderr for r in results]
     applied = sorted(json.loads(r.stdout)["applied"] for r in results)
     assert applied == [[], [], [], [1]]  # exactly one of them did the work
-    conn = psycopg.connect(fresh_database, autocommit=True)
+    conn = psycopg.connect(fresh_db, autocommit=True)
     with conn:
         versions = conn.execute("SELECT version FROM pgsolo.schema_migrations").fetchall()
     assert versions == [(1,)]
 
 
 def test_without_migrate_ledger_features_say_run_migrate_first(
-    fresh_database: str, key: Key, tmp_path: Path
+    fresh_db: str, key: Key, tmp_path: Path
 ) -> None:
-    history = pgsolo("history", "--dsn", fresh_database)
+    history = pgsolo("history", "--dsn", fresh_db)
     assert history.returncode == 2
     assert "run pgsolo migrate first" in history.stderr
     for option in (["--record"], ["--once-per", "day"]):
-        done = pgsolo(
-            *run_args(key.text, fresh_database), *option, "--", *script(MARK, tmp_path, 0)
-        )
+        done = pgsolo(*run_args(key.text, fresh_db), *option, "--", *script(MARK, tmp_path, 0))
         assert done.returncode == 2, done.stderr
         assert "run pgsolo migrate first" in done.stderr
         assert "Traceback" not in done.stderr
