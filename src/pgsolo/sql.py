@@ -132,6 +132,21 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
         );
         """,
     ),
+    (
+        2,
+        # Fencing tokens come from a sequence: nextval() is never rolled back, so a
+        # token is never issued twice, even by a transaction that aborts. The table
+        # keeps the latest token of each key, for downstream checks and for people.
+        """
+        CREATE SEQUENCE pgsolo.fencing_token_seq;
+        CREATE TABLE pgsolo.fencing_tokens (
+            lock_key    text PRIMARY KEY,
+            token       bigint NOT NULL,
+            backend_pid integer NOT NULL,
+            issued_at   timestamptz NOT NULL DEFAULT now()
+        );
+        """,
+    ),
 )
 
 MIGRATIONS_TABLE = """
