@@ -4,6 +4,7 @@ from .errors import (
     ConnectionStateError,
     InvalidKeyError,
     KeyCollisionError,
+    LockDeadlockError,
     LockLostError,
     LockNotHeldError,
     LockTimeoutError,
@@ -14,6 +15,7 @@ from .errors import (
     UsageError,
 )
 from .jobs import Job, JobResult, Outcome, run_job, run_job_async, singleton
+from .keeper import Keep
 from .keys import Key, KeyLike, Registry, as_key, decode_pg_lock
 from .ledger import history, migrate
 from .locks import (
@@ -34,10 +36,12 @@ __all__ = [
     "InvalidKeyError",
     "Job",
     "JobResult",
+    "Keep",
     "Key",
     "KeyCollisionError",
     "KeyLike",
     "Lock",
+    "LockDeadlockError",
     "LockLostError",
     "LockNotHeldError",
     "LockTimeoutError",

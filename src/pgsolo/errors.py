@@ -11,6 +11,7 @@ __all__ = [
     "ConnectionStateError",
     "InvalidKeyError",
     "KeyCollisionError",
+    "LockDeadlockError",
     "LockLostError",
     "LockNotHeldError",
     "LockTimeoutError",
@@ -59,6 +60,16 @@ class LockUnavailableError(PgsoloError):
         self.key = key
 
 
+class LockDeadlockError(LockUnavailableError):
+    """PostgreSQL broke a deadlock by failing this wait (SQLSTATE 40P01): sessions were
+    waiting for each other's advisory locks, typically two keys taken in opposite orders.
+    ``keys`` lists the advisory keys in the cycle, as the server reported them."""
+
+    def __init__(self, message: str, *, key: object, keys: tuple[object, ...]) -> None:
+        super().__init__(message, key=key)
+        self.keys = keys
+
+
 class LockTimeoutError(LockUnavailableError, TimeoutError):
     """A bounded wait for a lock ran out (PostgreSQL's ``lock_timeout``, SQLSTATE 55P03)."""
 
@@ -81,11 +92,16 @@ class LockNotHeldError(PgsoloError):
 
 class LockLostError(PgsoloError):
     """A lock pgsolo believed held is gone: its session ended (connection closed,
-    backend terminated) or something released it behind pgsolo's back."""
+    backend terminated) or something released it behind pgsolo's back.
 
-    def __init__(self, message: str, *, key: object) -> None:
+    ``reason`` says how, when known: ``connection-lost``, ``connection-unresponsive``,
+    ``connection-moved`` (a transaction-pooling proxy), ``lock-released`` or
+    ``keeper-failed``."""
+
+    def __init__(self, message: str, *, key: object, reason: str | None = None) -> None:
         super().__init__(message)
         self.key = key
+        self.reason = reason
 
 
 class TransactionFailedError(PgsoloError):

@@ -29,7 +29,7 @@ from typing import (
 )
 
 from . import metrics, sql
-from ._plans import WORK, Plan, adrive, drive
+from ._plans import WORK, Plan, adrive, drive, outside_transaction
 from .connect import DEFAULT_APP_PREFIX, aopen_connection, application_name_for, open_connection
 from .drivers import DriverBase, ServerInfo, TxStatus, adapt_async, adapt_sync
 from .dsn import choose_dsn
@@ -43,7 +43,7 @@ from .errors import (
 )
 from .keys import Key, KeyLike, Registry, as_key
 from .ledger import SKIP_WARNING_WINDOW, skip_warning
-from .locks import _LockCore, _outside_transaction, _validate_wait
+from .locks import _LockCore, _validate_wait
 
 if TYPE_CHECKING:
     import psycopg
@@ -150,7 +150,7 @@ def _plan(job: Job, core: _LockCore) -> Plan[JobResult[Any]]:  # noqa: PLR0911, 
     backend_pid = driver.backend_pid()
 
     def outside(statements: list[str]) -> list[str]:
-        return statements if job.lifetime == "xact" else _outside_transaction(driver, statements)
+        return statements if job.lifetime == "xact" else outside_transaction(driver, statements)
 
     def result(outcome: Outcome, **kwargs: Any) -> JobResult[Any]:
         return JobResult(
@@ -160,7 +160,7 @@ def _plan(job: Job, core: _LockCore) -> Plan[JobResult[Any]]:  # noqa: PLR0911, 
     if job.record:
         # Checked before the work runs: finding out afterwards would fail a run whose
         # work is done, and the caller's retry would do it twice.
-        ready = yield _outside_transaction(driver, [sql.LEDGER_READY])
+        ready = yield outside_transaction(driver, [sql.LEDGER_READY])
         if ready is not True:
             raise UsageError("record=True needs pgsolo's tables: run `pgsolo migrate` first")
 
@@ -293,7 +293,7 @@ def ledger_statements(
 ) -> list[str]:
     """The statements that write ``result`` to the ledger (``pgsolo.job_runs``)."""
     error = None if result.error is None else f"{type(result.error).__name__}: {result.error}"
-    return _outside_transaction(
+    return outside_transaction(
         driver,
         [
             sql.record_attempt(
@@ -430,7 +430,7 @@ def _record_plan(job: Job, result: JobResult[Any], driver: DriverBase) -> Plan[N
     if result.outcome == "skipped" and result.reason == "busy":
         # Only a skip pays for this look back: repeated skips mean the work is slower
         # than its schedule, which the article says to watch for.
-        recent = yield _outside_transaction(
+        recent = yield outside_transaction(
             driver, [sql.history(job=job.name, limit=SKIP_WARNING_WINDOW)]
         )
         for warning in skip_warning(recent if isinstance(recent, list) else []):

@@ -9,6 +9,7 @@ a bad key raises :class:`~pgsolo.errors.InvalidKeyError` before any SQL exists.
 from __future__ import annotations
 
 import hashlib
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ __all__ = [
     "Key",
     "KeyLike",
     "Registry",
+    "advisory_keys_in",
     "as_key",
     "decode_pg_lock",
     "derive_int32",
@@ -216,6 +218,20 @@ def decode_pg_lock(classid: int, objid: int, objsubid: int) -> Key:
     if objsubid == 2:
         return Key((_signed(classid, 32), _signed(objid, 32)))
     raise InvalidKeyError(f"objsubid {objsubid!r} is not an advisory key (expected 1 or 2)")
+
+
+# How PostgreSQL names an advisory lock in a deadlock report (DescribeLockTag):
+# "advisory lock [database oid, classid, objid, objsubid]".
+_ADVISORY_TAG = re.compile(r"advisory lock \[(\d+),(\d+),(\d+),([12])\]")
+
+
+def advisory_keys_in(text: str) -> tuple[Key, ...]:
+    """The advisory keys a server message names, in order, each once."""
+    found: dict[Key, None] = {}
+    for match in _ADVISORY_TAG.finditer(text):
+        _database, classid, objid, objsubid = (int(part) for part in match.groups())
+        found.setdefault(decode_pg_lock(classid, objid, objsubid), None)
+    return tuple(found)
 
 
 def _signed(value: int, bits: int) -> int:

@@ -11,10 +11,10 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import sql
-from ._plans import Plan, drive
+from ._plans import Plan, drive, outside_transaction
 from .drivers import DriverBase, adapt_sync
 from .keys import Key, from_name
-from .locks import _LockCore, _outside_transaction
+from .locks import _LockCore
 
 if TYPE_CHECKING:
     import psycopg
@@ -58,9 +58,9 @@ def migrate(conn: psycopg.Connection[Any]) -> list[int]:
 def schema_version(conn: psycopg.Connection[Any]) -> int:
     """The version of pgsolo's tables in this database (0: never migrated)."""
     driver = adapt_sync(conn)
-    if driver.fetch_value(_outside_transaction(driver, [sql.MIGRATIONS_TABLE_EXISTS])) is not True:
+    if driver.fetch_value(outside_transaction(driver, [sql.MIGRATIONS_TABLE_EXISTS])) is not True:
         return 0
-    return int(str(driver.fetch_value(_outside_transaction(driver, [sql.SCHEMA_VERSION]))))
+    return int(str(driver.fetch_value(outside_transaction(driver, [sql.SCHEMA_VERSION]))))
 
 
 def history(
@@ -70,7 +70,7 @@ def history(
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ValueError(f"limit must be a positive int, got {limit!r}")
     driver = adapt_sync(conn)
-    rows = driver.fetch_value(_outside_transaction(driver, [sql.history(job=job, limit=limit)]))
+    rows = driver.fetch_value(outside_transaction(driver, [sql.history(job=job, limit=limit)]))
     return list(rows) if isinstance(rows, list) else []
 
 

@@ -18,7 +18,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Self, overload
 
 from . import sql
-from ._plans import Plan, adrive, drive
+from ._plans import Elsewhere, Plan, adrive, drive, outside_transaction
 from .drivers import (
     AsyncDriver,
     DriverBase,
@@ -27,10 +27,12 @@ from .drivers import (
     adapt,
     adapt_async,
     adapt_sync,
+    as_sync,
     is_async,
 )
 from .errors import (
     ConnectionStateError,
+    LockDeadlockError,
     LockLostError,
     LockNotHeldError,
     LockTimeoutError,
@@ -39,7 +41,9 @@ from .errors import (
     UnsafeConnectionError,
     UsageError,
 )
-from .keys import Key, KeyLike, Registry, as_key
+from .keeper import AsyncKeeper, Keep, Keeper, as_keep
+from .keys import Key, KeyLike, Registry, advisory_keys_in, as_key
+from .proxy import Route, check_route, transaction_pooling_error
 
 if TYPE_CHECKING:
     import psycopg
@@ -82,6 +86,8 @@ class _Holdings:
     # The thread or task whose pgsolo-opened transaction is open on this connection:
     # another one must not join it (it would get the keys of that transaction too).
     transaction_owner: tuple[int, int] | None = None
+    # What answers this connection (pgsolo.proxy), found before its first session lock.
+    route: Route | None = None
 
 
 _HOLDINGS: weakref.WeakKeyDictionary[object, _Holdings] = weakref.WeakKeyDictionary()
@@ -111,6 +117,19 @@ def _claim(
             held.count += 1
             return "reentered"
         return "busy"
+
+
+def _route_of(conn: object, pid: int) -> Route | None:
+    with _HOLDINGS_LOCK:
+        holdings = _HOLDINGS.get(conn)
+        return holdings.route if holdings and holdings.pid == pid else None
+
+
+def _set_route(conn: object, pid: int, route: Route) -> None:
+    with _HOLDINGS_LOCK:
+        holdings = _HOLDINGS.get(conn)
+        if holdings is not None and holdings.pid == pid:
+            holdings.route = route
 
 
 def _context_token() -> tuple[int, int]:
@@ -191,6 +210,11 @@ def held_session_locks(conn: object) -> list[Key]:
 # -- the core ---------------------------------------------------------------------------
 
 
+def _is_token(value: object) -> bool:
+    """A fencing token came back (an int; a bool is the answer of a try)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _validate_wait(wait: float | None) -> int | None:
     """``wait`` in whole milliseconds (rounded up), or None for a try."""
     if wait is None:
@@ -205,17 +229,6 @@ def _validate_wait(wait: float | None) -> int | None:
     return max(1, math.ceil(wait * 1000))
 
 
-def _outside_transaction(driver: DriverBase, statements: list[str]) -> list[str]:
-    """Statements that must not leave a transaction open behind them.
-
-    A driver that opens transactions by itself would leave the session "idle in
-    transaction" for as long as a session lock is held; close what it opened.
-    """
-    if driver.begins_implicitly and driver.transaction_status() is TxStatus.IDLE:
-        return [*statements, sql.COMMIT]
-    return statements
-
-
 class _LockCore:
     """One lock on one connection: its state, and the plans both shells drive."""
 
@@ -228,6 +241,8 @@ class _LockCore:
         wait_ms: int | None,
         shared: bool,
         reentrant: bool,
+        fencing: bool = False,
+        keep: Keep | None = None,
     ) -> None:
         self.driver = driver
         self.key = key
@@ -235,9 +250,20 @@ class _LockCore:
         self.wait_ms = wait_ms
         self.shared = shared
         self.reentrant = reentrant
+        self.fencing = fencing
+        self.keep = keep
         self.acquired = False
         self.backend_pid: int | None = None
         self.opened_transaction = False
+        self.route: Route | None = None  # session locks: what answers the connection
+        self.token: int | None = None  # the fencing token of this acquisition
+        self.lost: LockLostError | None = None  # set by the keeper
+
+    @property
+    def server_pid(self) -> int | None:
+        """The pid of the backend holding a session lock, as the server says (behind a
+        proxy, ``backend_pid`` is the proxy's own)."""
+        return self.route.server_pid if self.route is not None else None
 
     # - logging -
 
@@ -267,6 +293,29 @@ class _LockCore:
             " ".join(f"{k}={v}" for k, v in fields.items() if k != "event" and v is not None),
             extra={"pgsolo": fields},
         )
+
+    def log_lost(self, error: LockLostError) -> None:
+        self._log(logging.ERROR, "lost", reason=error.reason, error=str(error))
+
+    def _failure(self, exc: BaseException) -> BaseException | None:
+        """The pgsolo error that a failed acquisition means, if it means one."""
+        state = self.driver.sqlstate(exc)
+        if state == sql.SQLSTATE_DEADLOCK:
+            keys = advisory_keys_in(self.driver.error_detail(exc) or "") or (self.key,)
+            return LockDeadlockError(
+                f"deadlock: waiting for {self.lifetime} lock {self.key} would never end, so"
+                f" PostgreSQL cancelled the wait; the sessions involved were waiting for"
+                f" advisory locks {', '.join(str(k) for k in keys)}. Take several keys in"
+                " one fixed order everywhere (for example sorted), or one key for the group.",
+                key=self.key,
+                keys=keys,
+            )
+        if self.fencing and state in sql.SQLSTATES_NOT_MIGRATED:
+            return UsageError(
+                "fencing tokens are kept in pgsolo's tables, which this database does not"
+                " have: run `pgsolo migrate` first (nothing is held)"
+            )
+        return None
 
     @property
     def _wait_seconds(self) -> float:
@@ -407,6 +456,8 @@ class _LockCore:
                 acquire,
                 sql.RESTORE_LOCK_TIMEOUT,
             ]
+        if self.fencing:
+            statements.append(sql.issue_fencing_token(self.key, shared=self.shared))
         started = time.perf_counter()
         try:
             value = yield statements
@@ -424,8 +475,11 @@ class _LockCore:
                 self._log(logging.INFO, "timeout", started)
                 raise self._timeout_error() from exc
             self._log(logging.WARNING, "error", started, error=repr(exc))
+            if (failure := self._failure(exc)) is not None:
+                raise failure from exc
             raise
-        self.acquired = self.wait_ms is not None or value is True
+        self.acquired = self.wait_ms is not None or value is True or _is_token(value)
+        self.token = int(str(value)) if _is_token(value) else None
         self.backend_pid = driver.backend_pid() if self.acquired else None
         self._log(logging.INFO, "acquired" if self.acquired else "busy", started)
         return self.acquired
@@ -462,9 +516,10 @@ class _LockCore:
             return self._busy_here(pid)
         confirmed = False
         try:  # from here on, the claim is dropped unless the lock is confirmed held
+            self.route = route = yield from self._route(status, pid)
             started = time.perf_counter()
             try:
-                value = yield self._session_acquire_statements(status)
+                value = yield self._session_acquire_statements(status, route)
             except BaseException as exc:
                 granted = (yield from self._recover(status)) is True
                 timed_out = (
@@ -481,26 +536,55 @@ class _LockCore:
                         self._log(logging.INFO, "timeout", started)
                         raise self._timeout_error() from exc
                     self._log(logging.WARNING, "error", started, error=repr(exc))
+                    if (failure := self._failure(exc)) is not None:
+                        raise failure from exc
                     raise
             else:
-                if self.wait_ms is None and value is not True:
+                if value is None:  # the guard: not the session the route was checked on
+                    raise transaction_pooling_error(
+                        "this connection's statements moved to another server session"
+                    )
+                if self.wait_ms is None and value is not True and not _is_token(value):
                     self._log(logging.INFO, "busy", started)
                     return False
                 confirmed = True
+                self.token = int(str(value)) if _is_token(value) else None
                 self._log(logging.INFO, "acquired", started)
             _confirm(conn, self.key)
             self.acquired, self.backend_pid = True, pid
+            self.lost = None
             return True
         finally:
             if not confirmed:
                 _unclaim(conn, self.key)
 
-    def _session_acquire_statements(self, status: TxStatus) -> list[str]:
+    def _route(self, status: TxStatus, pid: int) -> Plan[Route]:
+        """What answers this connection, checked once per connection (pgsolo.proxy)."""
+        driver = self.driver
+        route = _route_of(driver.connection, pid)
+        if route is not None:
+            return route
+        try:
+            route = yield from check_route(driver, status)
+        except BaseException:
+            if status is TxStatus.IDLE and driver.transaction_status() in (
+                TxStatus.INTRANS,
+                TxStatus.INERROR,
+            ):  # the driver's own BEGIN, before an interrupted check
+                yield from self._quietly([sql.ROLLBACK])
+            raise
+        _set_route(driver.connection, pid, route)
+        return route
+
+    def _session_acquire_statements(self, status: TxStatus, route: Route) -> list[str]:
         acquire = sql.acquire(
             self.key, "session", wait=self.wait_ms is not None, shared=self.shared
         )
+        if not route.direct:  # behind a proxy: only on the session the route was checked on
+            acquire = sql.session_guarded(route.token, acquire)
+        fence = [sql.issue_fencing_token(self.key, shared=self.shared)] if self.fencing else []
         if self.wait_ms is None:
-            return self._in_savepoint(status, [acquire])
+            return self._in_savepoint(status, [acquire, *fence])
         if status is TxStatus.INTRANS:
             # Rolling back to the savepoint restores lock_timeout; the session lock stays.
             return [
@@ -509,17 +593,18 @@ class _LockCore:
                 acquire,
                 sql.SAVEPOINT_UNDO,
                 sql.SAVEPOINT_RELEASE,
+                *fence,
             ]
         # SET LOCAL dies with this short transaction; the session lock outlives it.
         opening = [] if self.driver.begins_implicitly else [sql.BEGIN]
-        return [*opening, sql.set_local_lock_timeout(self.wait_ms), acquire, sql.COMMIT]
+        return [*opening, sql.set_local_lock_timeout(self.wait_ms), acquire, *fence, sql.COMMIT]
 
     def _in_savepoint(self, status: TxStatus, statements: list[str]) -> list[str]:
         """Statements for a session lock, placed so that they can fail or be interrupted
         without costing the caller's transaction or leaving one of ours open."""
         if status is TxStatus.INTRANS:
             return [sql.SAVEPOINT, *statements, sql.SAVEPOINT_RELEASE]
-        return _outside_transaction(self.driver, statements)
+        return outside_transaction(self.driver, statements)
 
     def _recover(self, status: TxStatus) -> Plan[object]:
         """After a failed or interrupted session-lock statement: put the connection back
@@ -536,7 +621,10 @@ class _LockCore:
 
     @property
     def _unlock_sql(self) -> str:
-        return sql.unlock(self.key, shared=self.shared)
+        unlock = sql.unlock(self.key, shared=self.shared)
+        if self.route is not None and not self.route.direct:
+            return sql.session_guarded(self.route.token, unlock)
+        return unlock
 
     def release(self) -> Plan[None]:
         if self.lifetime == "xact":
@@ -573,7 +661,7 @@ class _LockCore:
         if status is TxStatus.INERROR:
             # An aborted transaction can only be rolled back; the unlock must still happen.
             self._log(logging.WARNING, "rollback-before-release")
-            statements = _outside_transaction(driver, [sql.ROLLBACK, self._unlock_sql])
+            statements = outside_transaction(driver, [sql.ROLLBACK, self._unlock_sql])
         else:
             statements = self._in_savepoint(status, [self._unlock_sql])
         started = time.perf_counter()
@@ -598,6 +686,8 @@ class _LockCore:
                 self._forget()
             self._log(logging.WARNING, "error", started, error=repr(exc))
             raise
+        if value is None and self.route is not None and not self.route.direct:
+            yield from self._release_stranded(started)
         self._forget()
         if value is not True:
             self._log(logging.WARNING, "lost", started, reason="server says not held")
@@ -608,6 +698,30 @@ class _LockCore:
                 key=self.key,
             )
         self._log(logging.DEBUG, "released", started)
+
+    def _release_stranded(self, started: float) -> Plan[None]:
+        """The unlock did not reach the session holding the lock: a transaction-pooling
+        proxy moved this connection. A new connection may land on that session (it is
+        idle in the proxy's pool); the unlock is guarded, so it acts only there."""
+        route = self.route
+        assert route is not None  # noqa: S101 - the caller checked
+        try:
+            released = yield Elsewhere([self._unlock_sql])
+        except Exception as exc:
+            released = None
+            logger.debug("pgsolo: releasing %s from a second connection failed: %r", self.key, exc)
+        self._forget()
+        self._log(logging.ERROR, "lost", started, reason="connection-moved")
+        remains = (
+            "it was released from a second connection that landed on that backend"
+            if released is True
+            else f"it may still be held there: SELECT pg_terminate_backend({route.server_pid})"
+            " releases it"
+        )
+        raise transaction_pooling_error(
+            f"the unlock of {self.key} reached another server session than backend pid"
+            f" {route.server_pid} that holds it; {remains}"
+        )
 
     def _forget(self) -> None:
         _unclaim(self.driver.connection, self.key)
@@ -681,9 +795,7 @@ class _LockCore:
             return False
         if self.driver.transaction_status() is TxStatus.INERROR:
             raise ConnectionStateError("the connection's transaction has failed; roll back first")
-        statements = _outside_transaction(
-            self.driver, [sql.held_here(self.key, shared=self.shared)]
-        )
+        statements = outside_transaction(self.driver, [sql.held_here(self.key, shared=self.shared)])
         return (yield statements) is True
 
 
@@ -712,11 +824,40 @@ class _LockView:
 
     @property
     def backend_pid(self) -> int | None:
-        """The backend pid the lock was taken on."""
+        """The backend pid the lock was taken on, as the connection announced it."""
         return self._core.backend_pid
+
+    @property
+    def token(self) -> int | None:
+        """The fencing token of this acquisition (``fencing=True``): larger than any
+        token issued for this key before. Downstream systems reject writes that carry a
+        smaller token than one they have seen, so a holder that lost its lock cannot
+        overwrite the work of the next one."""
+        return self._core.token
+
+    @property
+    def lost(self) -> bool:
+        """Whether the keeper (``keep=``) found the lock gone while it was held."""
+        return self._core.lost is not None
+
+    def check(self) -> None:
+        """Raise :class:`~pgsolo.LockLostError` if the keeper found the lock gone.
+
+        Cheap (no round trip): call it between steps of long work."""
+        if self._core.lost is not None:
+            raise self._core.lost
+
+    def _lost_instead(self, exc: BaseException) -> BaseException:
+        """What a failed release means once the keeper has seen the lock go."""
+        lost = self._core.lost
+        if lost is not None and isinstance(exc, LockLostError | LockNotHeldError):
+            return lost
+        return exc
 
     def __repr__(self) -> str:
         state = "acquired" if self.acquired else "not acquired"
+        if self.lost:
+            state = "lost"
         return f"<{type(self).__name__} {self.lifetime} {self.key} {state}>"
 
 
@@ -726,23 +867,33 @@ class Lock(_LockView):
     def __init__(self, core: _LockCore, driver: SyncDriver) -> None:
         self._core = core
         self._driver = driver
+        self._keeper: Keeper | None = None
 
     def acquire(self) -> bool:
         """Try (or wait, if ``wait=`` was given) and return whether the lock was acquired.
 
         A wait that runs out raises :class:`~pgsolo.LockTimeoutError`.
         """
-        return drive(self._core.acquire(context=False), self._driver)
+        acquired = drive(self._core.acquire(context=False), self._driver)
+        self._start_keeper()
+        return acquired
 
     def release(self) -> None:
         """Release a session lock on the connection it was taken on."""
-        drive(self._core.release(), self._driver)
+        self._stop_keeper()
+        try:
+            drive(self._core.release(), self._driver)
+        except (LockLostError, LockNotHeldError) as exc:
+            if (instead := self._lost_instead(exc)) is not exc:
+                raise instead from exc
+            raise
 
     def is_held(self) -> bool:
         return drive(self._core.is_held(), self._driver)
 
     def __enter__(self) -> Self:
         drive(self._core.acquire(context=True), self._driver)
+        self._start_keeper()
         return self
 
     def __exit__(
@@ -751,7 +902,25 @@ class Lock(_LockView):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        drive(self._core.exit(failed=exc_type is not None), self._driver)
+        self._stop_keeper()
+        try:
+            drive(self._core.exit(failed=exc_type is not None), self._driver)
+        except (LockLostError, LockNotHeldError) as failure:
+            if (instead := self._lost_instead(failure)) is not failure:
+                raise instead from failure
+            raise
+        if exc_type is None and self._core.lost is not None:
+            raise self._core.lost  # the block ran to its end, but not all of it under the lock
+
+    def _start_keeper(self) -> None:
+        if self._core.keep is not None and self._core.acquired and self._keeper is None:
+            self._keeper = Keeper(self._core, self._driver, self._core.keep)
+            self._keeper.start()
+
+    def _stop_keeper(self) -> None:
+        keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            keeper.stop()
 
 
 class AsyncLock(_LockView):
@@ -760,18 +929,28 @@ class AsyncLock(_LockView):
     def __init__(self, core: _LockCore, driver: AsyncDriver) -> None:
         self._core = core
         self._driver = driver
+        self._keeper: AsyncKeeper | None = None
 
     async def acquire(self) -> bool:
-        return await adrive(self._core.acquire(context=False), self._driver)
+        acquired = await adrive(self._core.acquire(context=False), self._driver)
+        self._start_keeper()
+        return acquired
 
     async def release(self) -> None:
-        await adrive(self._core.release(), self._driver)
+        await self._stop_keeper()
+        try:
+            await adrive(self._core.release(), self._driver)
+        except (LockLostError, LockNotHeldError) as exc:
+            if (instead := self._lost_instead(exc)) is not exc:
+                raise instead from exc
+            raise
 
     async def is_held(self) -> bool:
         return await adrive(self._core.is_held(), self._driver)
 
     async def __aenter__(self) -> Self:
         await adrive(self._core.acquire(context=True), self._driver)
+        self._start_keeper()
         return self
 
     async def __aexit__(
@@ -780,7 +959,37 @@ class AsyncLock(_LockView):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await adrive(self._core.exit(failed=exc_type is not None), self._driver)
+        keeper = self._keeper
+        await self._stop_keeper()
+        try:
+            await adrive(self._core.exit(failed=exc_type is not None), self._driver)
+        except (LockLostError, LockNotHeldError) as failure:
+            if (instead := self._lost_instead(failure)) is not failure:
+                raise instead from failure
+            raise
+        lost = self._core.lost
+        if lost is None:
+            return
+        if exc_type is None:
+            raise lost
+        if (
+            isinstance(exc, asyncio.CancelledError)
+            and keeper is not None
+            and keeper.cancelled_holder
+            and (task := asyncio.current_task()) is not None
+            and task.uncancel() == 0  # no other cancellation is pending: it was ours
+        ):
+            raise lost from exc
+
+    def _start_keeper(self) -> None:
+        if self._core.keep is not None and self._core.acquired and self._keeper is None:
+            self._keeper = AsyncKeeper(self._core, self._driver, self._core.keep)
+            self._keeper.start()
+
+    async def _stop_keeper(self) -> None:
+        keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            await keeper.stop()
 
 
 def _make(
@@ -793,20 +1002,37 @@ def _make(
     reentrant: bool,
     namespace: int | None,
     registry: Registry | None,
+    fencing: bool = False,
+    keep: bool | Keep | None = None,
 ) -> Lock | AsyncLock:
     # Validate everything before touching the connection.
     resolved = as_key(key, namespace=namespace, registry=registry)
     wait_ms = _validate_wait(wait)
-    for flag, label in ((shared, "shared"), (reentrant, "reentrant")):
+    for flag, label in ((shared, "shared"), (reentrant, "reentrant"), (fencing, "fencing")):
         if not isinstance(flag, bool):
             raise UsageError(f"{label} must be True or False, got {flag!r}")
+    if fencing and (shared or reentrant):
+        raise UsageError(
+            "fencing tokens order exclusive holders one after another; a shared or"
+            " re-entrant lock has several holders at once"
+        )
+    keeping = as_keep(keep)
     driver = adapt(conn)
+    if keeping is not None and keeping.cancel and not is_async(driver):
+        raise UsageError("Keep(cancel=True) cancels an asyncio task: it needs an async connection")
     core = _LockCore(
-        driver, resolved, lifetime, wait_ms=wait_ms, shared=shared, reentrant=reentrant
+        driver,
+        resolved,
+        lifetime,
+        wait_ms=wait_ms,
+        shared=shared,
+        reentrant=reentrant,
+        fencing=fencing,
+        keep=keeping,
     )
     if is_async(driver):
         return AsyncLock(core, driver)
-    return Lock(core, driver)
+    return Lock(core, as_sync(driver))
 
 
 @overload
@@ -818,6 +1044,7 @@ def xact_lock(
     shared: bool = False,
     namespace: int | None = None,
     registry: Registry | None = None,
+    fencing: bool = False,
 ) -> AsyncLock: ...
 @overload
 def xact_lock(
@@ -828,6 +1055,7 @@ def xact_lock(
     shared: bool = False,
     namespace: int | None = None,
     registry: Registry | None = None,
+    fencing: bool = False,
 ) -> Lock: ...
 def xact_lock(
     conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
@@ -837,6 +1065,7 @@ def xact_lock(
     shared: bool = False,
     namespace: int | None = None,
     registry: Registry | None = None,
+    fencing: bool = False,
 ) -> Lock | AsyncLock:
     """A transaction-level advisory lock: released by COMMIT or ROLLBACK, never leaked.
 
@@ -846,6 +1075,9 @@ def xact_lock(
     lasts until the caller ends it. ``wait=None`` tries once (``lock.acquired`` tells the
     answer); ``wait=S`` waits up to S seconds with a server-side ``lock_timeout`` and
     raises :class:`~pgsolo.LockTimeoutError` after that.
+
+    ``fencing=True`` issues a fencing token (``lock.token``) in the same transaction as the
+    lock; it needs ``pgsolo migrate``.
     """
     return _make(
         conn,
@@ -856,6 +1088,7 @@ def xact_lock(
         reentrant=False,
         namespace=namespace,
         registry=registry,
+        fencing=fencing,
     )
 
 
@@ -869,6 +1102,8 @@ def session_lock(
     reentrant: bool = False,
     namespace: int | None = None,
     registry: Registry | None = None,
+    fencing: bool = False,
+    keep: bool | Keep = False,
 ) -> AsyncLock: ...
 @overload
 def session_lock(
@@ -880,6 +1115,8 @@ def session_lock(
     reentrant: bool = False,
     namespace: int | None = None,
     registry: Registry | None = None,
+    fencing: bool = False,
+    keep: bool | Keep = False,
 ) -> Lock: ...
 def session_lock(
     conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
@@ -890,6 +1127,8 @@ def session_lock(
     reentrant: bool = False,
     namespace: int | None = None,
     registry: Registry | None = None,
+    fencing: bool = False,
+    keep: bool | Keep = False,
 ) -> Lock | AsyncLock:
     """A session-level advisory lock, for work that spans commits or external calls.
 
@@ -897,6 +1136,14 @@ def session_lock(
     releases it in ``finally``) or until the session ends. A second acquisition of a
     key this connection already holds is refused (busy for a try, an error for a wait)
     unless ``reentrant=True``, in which case holds are counted.
+
+    Before the first session lock on a connection pgsolo checks that the connection
+    reaches one server session for good: behind a transaction-pooling proxy it raises
+    :class:`~pgsolo.UnsafeConnectionError` and takes nothing (see :mod:`pgsolo.proxy`).
+
+    ``keep=True`` (or a :class:`~pgsolo.Keep`) watches the lock while it is held
+    (``lock.lost``, ``lock.check()``, ``on_lost``); ``fencing=True`` issues a fencing
+    token (``lock.token``) in the same round trip as the lock; it needs ``pgsolo migrate``.
     """
     return _make(
         conn,
@@ -907,6 +1154,8 @@ def session_lock(
         reentrant=reentrant,
         namespace=namespace,
         registry=registry,
+        fencing=fencing,
+        keep=keep,
     )
 
 
@@ -921,7 +1170,7 @@ def _reset_plan(driver: DriverBase) -> Plan[None]:
     statements = [sql.UNLOCK_ALL]
     if status in (TxStatus.INTRANS, TxStatus.INERROR):
         statements = [sql.ROLLBACK, *statements]
-    yield _outside_transaction(driver, statements)
+    yield outside_transaction(driver, statements)
 
 
 def pool_reset(conn: psycopg.Connection[Any]) -> None:

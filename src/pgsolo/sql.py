@@ -53,10 +53,14 @@ def lock_function(lifetime: Lifetime, *, wait: bool, shared: bool) -> str:
 
 
 def acquire(key: Key, lifetime: Lifetime, *, wait: bool, shared: bool) -> str:
-    return f"SELECT {lock_function(lifetime, wait=wait, shared=shared)}({key.sql_args})"
+    call = f"{lock_function(lifetime, wait=wait, shared=shared)}({key.sql_args})"
+    # The waiting functions return void; as a subquery they give true once granted,
+    # which a guarded (CASE) form can return.
+    return f"SELECT (SELECT true FROM {call})" if wait else f"SELECT {call}"
 
 
 def unlock(key: Key, *, shared: bool) -> str:
+    # Returns true, or false (with a server warning) when the key was not held.
     return f"SELECT pg_advisory_unlock{'_shared' if shared else ''}({key.sql_args})"
 
 
@@ -82,15 +86,91 @@ def assert_held_here(key: Key, *, shared: bool) -> str:
 
 def held_here(key: Key, *, shared: bool) -> str:
     """Whether this backend holds ``key`` granted, according to ``pg_locks``."""
+    return f"SELECT {_held_here_condition(key, shared=shared)}"
+
+
+def _held_here_condition(key: Key, *, shared: bool) -> str:
     classid, objid, objsubid = encode_pg_lock(key)
     mode = "ShareLock" if shared else "ExclusiveLock"
     return (
-        "SELECT EXISTS (SELECT 1 FROM pg_locks"
+        "EXISTS (SELECT 1 FROM pg_locks"
         " WHERE locktype = 'advisory' AND granted AND pid = pg_backend_pid()"
         " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
         f" AND classid = {classid} AND objid = {objid} AND objsubid = {objsubid}"
         f" AND mode = '{mode}')"
     )
+
+
+# -- which backend answers: proxies, the keeper ----------------------------------------
+#
+# A transaction-pooling proxy (PgBouncer pool_mode=transaction) hands each transaction of
+# a client to whichever server connection is free, so a session lock stays on a backend
+# the client no longer talks to. pgsolo stamps the session it takes a session lock on with
+# a random token (a session-level setting); a statement meant for that session checks the
+# token first, and the keeper checks it with every beat.
+
+SESSION_STAMP_SETTING = "pgsolo.session_token"
+
+
+def _token_literal(token: str) -> str:
+    if not token or not token.isascii() or not token.isalnum():
+        raise ValueError(f"a session token is ASCII letters and digits, got {token!r}")
+    return f"'{token}'"
+
+
+def is_session(token: str) -> str:
+    """Whether this statement runs on the session stamped with ``token``."""
+    return f"SELECT {_on_session(token)}"
+
+
+def _on_session(token: str) -> str:
+    stamped = f"coalesce(current_setting('{SESSION_STAMP_SETTING}', true), '')"
+    return f"{stamped} = {_token_literal(token)}"
+
+
+def stamp_session(token: str) -> str:
+    """Stamp this session and say who answers: ``"<pid> <client addr or -> <port or -1>"``,
+    the client address and port as the server sees them (a proxy shows its own)."""
+    return (
+        "SELECT concat_ws(' ', pg_backend_pid(), coalesce(host(inet_client_addr()), '-'),"
+        f" coalesce(inet_client_port(), -1), set_config('{SESSION_STAMP_SETTING}',"
+        f" {_token_literal(token)}, false))"
+    )
+
+
+def still_on_session(token: str, server_pid: int) -> str:
+    return f"SELECT {_on_session(token)} AND pg_backend_pid() = {int(server_pid)}"
+
+
+def session_guarded(token: str, statement: str) -> str:
+    """``statement`` (a ``SELECT <expr>``) run only on the stamped session; NULL elsewhere."""
+    expression = statement.removeprefix("SELECT ")
+    return f"SELECT CASE WHEN {_on_session(token)} THEN {expression} END"
+
+
+def keeper_beat(key: Key, *, shared: bool) -> str:
+    """One heartbeat: which backend answers, and whether it holds ``key``."""
+    return f"SELECT pg_backend_pid(), {_held_here_condition(key, shared=shared)}"
+
+
+# -- fencing tokens (migration 2) ---------------------------------------------------------
+
+
+def issue_fencing_token(key: Key, *, shared: bool) -> str:
+    """The next fencing token for ``key``, only if this backend holds it: returns the
+    token, or no row. Sent in the same round trip as the acquisition."""
+    return (
+        "INSERT INTO pgsolo.fencing_tokens AS f (lock_key, token, backend_pid)"
+        f" SELECT {sql_text(key.text)}, nextval('pgsolo.fencing_token_seq'), pg_backend_pid()"
+        f" WHERE {_held_here_condition(key, shared=shared)}"
+        " ON CONFLICT (lock_key) DO UPDATE SET token = excluded.token,"
+        " backend_pid = excluded.backend_pid, issued_at = now()"
+        " RETURNING token"
+    )
+
+
+SQLSTATE_DEADLOCK = "40P01"
+SQLSTATES_NOT_MIGRATED = frozenset({"42P01", "3F000"})  # undefined table / schema
 
 
 # -- the ledger and once-per-period records (created by `pgsolo migrate`) ---------------

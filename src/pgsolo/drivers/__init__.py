@@ -8,7 +8,14 @@ SQLAlchemy, psycopg2 and Django each fit in one new module) and offers:
   statement that returned a row;
 - ``transaction_status()``, ``backend_pid()``, ``begins_implicitly`` and
   ``server_info()``: what the connection looks like now, without a round trip;
-- ``sqlstate(exc)`` and ``is_closed()``: how to read the driver's errors.
+- ``sqlstate(exc)``, ``error_detail(exc)`` and ``is_closed()``: how to read the
+  driver's errors;
+- ``client_address()``: this end of the connection's socket, to compare with what the
+  server sees (a proxy in between shows its own address);
+- ``fetch_value_elsewhere(statements)``: the same as ``fetch_value`` on a new, short-lived
+  connection to the same place (to see whether it lands on the same backend);
+- ``beat(statement, timeout)``: one heartbeat for the keeper, sent only when nobody is
+  using the connection and no transaction is open on it, with a hard deadline.
 
 The lock logic in :mod:`pgsolo.locks` is written once against this protocol and driven
 by a sync or an async shell, so the two never drift.
@@ -19,10 +26,11 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Protocol, TypeGuard
+from typing import ClassVar, Protocol, TypeGuard, cast
 
 __all__ = [
     "AsyncDriver",
+    "BeatFailed",
     "DriverBase",
     "ServerInfo",
     "SyncDriver",
@@ -30,6 +38,7 @@ __all__ = [
     "adapt",
     "adapt_async",
     "adapt_sync",
+    "as_sync",
     "is_async",
 ]
 
@@ -57,6 +66,16 @@ class ServerInfo:
         return f"{self.host}:{self.port}" if self.port is not None else self.host
 
 
+class BeatFailed(Exception):
+    """A heartbeat could not be sent or got no answer: the connection is gone, or (with
+    ``unresponsive``) the server did not answer in time and the connection was shut
+    down so that nothing else waits on it forever."""
+
+    def __init__(self, message: str, *, unresponsive: bool = False) -> None:
+        super().__init__(message)
+        self.unresponsive = unresponsive
+
+
 class DriverBase(Protocol):
     is_async: ClassVar[bool]
     """True for drivers whose ``fetch_value`` is a coroutine function."""
@@ -80,13 +99,28 @@ class DriverBase(Protocol):
 
     def is_closed(self) -> bool: ...
 
+    def error_detail(self, exc: BaseException) -> str | None: ...
+
+    def client_address(self) -> tuple[str, int] | None:
+        """(address, port) of this end of a TCP connection; None for a unix socket."""
+
 
 class SyncDriver(DriverBase, Protocol):
     def fetch_value(self, statements: Sequence[str]) -> object: ...
 
+    def fetch_value_elsewhere(self, statements: Sequence[str]) -> object: ...
+
+    def beat(self, statement: str, answer_within: float) -> Sequence[str | None] | None:
+        """The first row of ``statement`` as text, or None if the connection was in use
+        (a statement running, or a transaction open). Raises :class:`BeatFailed`."""
+
 
 class AsyncDriver(DriverBase, Protocol):
     async def fetch_value(self, statements: Sequence[str]) -> object: ...
+
+    async def fetch_value_elsewhere(self, statements: Sequence[str]) -> object: ...
+
+    async def beat(self, statement: str, answer_within: float) -> Sequence[str | None] | None: ...
 
 
 def adapt(connection: object) -> SyncDriver | AsyncDriver:
@@ -109,11 +143,16 @@ def is_async(driver: SyncDriver | AsyncDriver) -> TypeGuard[AsyncDriver]:
     return driver.is_async
 
 
+def as_sync(driver: SyncDriver | AsyncDriver) -> SyncDriver:
+    """``driver`` once :func:`is_async` said no (a TypeGuard narrows one branch only)."""
+    return cast(SyncDriver, driver)
+
+
 def adapt_sync(connection: object) -> SyncDriver:
     driver = adapt(connection)
     if is_async(driver):
         raise TypeError("this call needs a sync connection; use the async variant")
-    return driver
+    return as_sync(driver)
 
 
 def adapt_async(connection: object) -> AsyncDriver:

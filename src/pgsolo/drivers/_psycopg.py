@@ -12,14 +12,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import select
+import socket
+import time
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import psycopg
 from psycopg import pq
+from psycopg.conninfo import make_conninfo
 from psycopg.rows import tuple_row
 
-from . import ServerInfo, TxStatus
+from . import BeatFailed, ServerInfo, TxStatus
 
 logger = logging.getLogger("pgsolo")
 
@@ -79,6 +84,35 @@ class _PsycopgBase:
     def is_closed(self) -> bool:
         return self._conn.closed or self._conn.broken
 
+    def error_detail(self, exc: BaseException) -> str | None:
+        return exc.diag.message_detail if isinstance(exc, psycopg.Error) else None
+
+    def client_address(self) -> tuple[str, int] | None:
+        with (
+            contextlib.suppress(psycopg.Error, OSError),
+            socket.socket(fileno=os.dup(self._conn.fileno())) as sock,
+        ):
+            if sock.family in (socket.AF_INET, socket.AF_INET6):
+                address = sock.getsockname()
+                return str(address[0]), int(address[1])
+        return None
+
+    def _elsewhere_conninfo(self) -> str:
+        """Where this connection goes, with its password (libpq never shows it in
+        ``get_parameters``), for a short-lived second connection named ``pgsolo:probe``."""
+        info = self._conn.info
+        params: dict[str, Any] = dict(info.get_parameters())
+        if info.password:
+            params["password"] = info.password
+        params["application_name"] = "pgsolo:probe"
+        params.setdefault("connect_timeout", "10")
+        return make_conninfo("", **params)
+
+    def _beat_ready(self) -> bool:
+        if self._conn.closed:
+            raise BeatFailed("the connection is closed")
+        return self._conn.pgconn.transaction_status == pq.TransactionStatus.IDLE
+
 
 def _has_row(cursor: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> bool:
     result = cursor.pgresult
@@ -111,6 +145,22 @@ class PsycopgDriver(_PsycopgBase):
                 value = row[0]
             if not cursor.nextset():
                 return value
+
+    def fetch_value_elsewhere(self, statements: Sequence[str]) -> object:
+        with psycopg.connect(self._elsewhere_conninfo(), autocommit=True) as other:
+            return PsycopgDriver(other).fetch_value(statements)
+
+    def beat(self, statement: str, answer_within: float) -> Sequence[str | None] | None:
+        # psycopg's own lock: while the keeper holds it, no statement of the caller's can
+        # start on this connection, and the keeper never waits for it.
+        if not self._conn.lock.acquire(blocking=False):
+            return None
+        try:
+            if not self._beat_ready():
+                return None
+            return _beat(self._conn.pgconn, statement, answer_within)
+        finally:
+            self._conn.lock.release()
 
 
 class AsyncPsycopgDriver(_PsycopgBase):
@@ -151,9 +201,105 @@ class AsyncPsycopgDriver(_PsycopgBase):
             if not cursor.nextset():
                 return value
 
+    async def fetch_value_elsewhere(self, statements: Sequence[str]) -> object:
+        async with await psycopg.AsyncConnection.connect(
+            self._elsewhere_conninfo(), autocommit=True
+        ) as other:
+            return await AsyncPsycopgDriver(other).fetch_value(statements)
+
+    async def beat(self, statement: str, answer_within: float) -> Sequence[str | None] | None:
+        lock = self._conn.lock
+        if lock.locked():
+            return None
+        async with lock:  # free, so taken without yielding to another task
+            if not self._beat_ready():
+                return None
+            # libpq is driven from a worker thread; the connection stays locked until
+            # that thread is done with it, even if this task is cancelled meanwhile.
+            exchange = asyncio.ensure_future(
+                asyncio.to_thread(_beat, self._conn.pgconn, statement, answer_within)
+            )
+            try:
+                return await asyncio.shield(exchange)
+            except asyncio.CancelledError:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.wait({exchange})
+                raise
+
 
 class _Call:
     owns_connection = False
+
+
+def _beat(pgconn: pq.abc.PGconn, statement: str, timeout: float) -> list[str | None]:
+    """Send ``statement`` on ``pgconn`` and return its first row as text, within
+    ``timeout`` seconds. libpq is called directly (not through psycopg's cursor, which
+    would wait for the connection's lock the keeper already holds, and which on an
+    ``autocommit=False`` connection would open a transaction first)."""
+    deadline = time.monotonic() + timeout
+    row: list[str | None] | None = None
+    error: str | None = None
+    try:
+        pgconn.send_query(_literal(statement))
+        while pgconn.flush():
+            _wait_for_socket(pgconn, deadline, write=True)
+        while True:
+            pgconn.consume_input()
+            if not pgconn.is_busy():
+                break
+            _wait_for_socket(pgconn, deadline, write=False)
+        while (result := pgconn.get_result()) is not None:
+            if result.status == pq.ExecStatus.TUPLES_OK and result.ntuples:
+                row = [
+                    None if (v := result.get_value(0, i)) is None else bytes(v).decode()
+                    for i in range(result.nfields)
+                ]
+            elif result.status == pq.ExecStatus.FATAL_ERROR:
+                error = (result.error_message or b"").decode(errors="replace").strip()
+    except (psycopg.Error, OSError, ValueError) as exc:
+        raise BeatFailed(f"the connection failed: {' '.join(str(exc).split())}") from exc
+    if error is not None or row is None:
+        if pgconn.status != pq.ConnStatus.OK:
+            raise BeatFailed(f"the connection failed: {error}")
+        raise BeatFailed(f"the heartbeat statement failed: {error}", unresponsive=False)
+    return row
+
+
+def _wait_for_socket(pgconn: pq.abc.PGconn, deadline: float, *, write: bool) -> None:
+    fileno = pgconn.socket
+    remaining = deadline - time.monotonic()
+    ready: list[int] = []
+    if remaining > 0:
+        readable, writable, _ = select.select(
+            [] if write else [fileno], [fileno] if write else [], [], remaining
+        )
+        ready = writable if write else readable
+    if not ready:
+        _shut_down(fileno)
+        raise BeatFailed("the server did not answer in time", unresponsive=True)
+
+
+def shut_down(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
+    """``shutdown(SHUT_RDWR)`` on the connection's socket, from any thread: whoever waits
+    on it sees the end of the stream at once and the driver raises, instead of waiting for
+    a server that may never answer (a half-open TCP connection, a stopped backend)."""
+    with contextlib.suppress(psycopg.Error):
+        _shut_down(conn.fileno())
+
+
+def _shut_down(fileno: int) -> None:
+    # Through a duplicate of the descriptor, so the driver still owns (and closes) its own.
+    try:
+        copy = os.dup(fileno)
+    except OSError:
+        return
+    try:
+        sock = socket.socket(fileno=copy)
+    except OSError:
+        os.close(copy)
+        return
+    with sock, contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
 
 
 async def _settle(

@@ -1,0 +1,230 @@
+"""The keeper: a heartbeat that watches a held session lock and reports its loss.
+
+A session lock is only as good as the connection under it. When the backend is
+terminated, the server restarts or fails over, or a NAT drops an idle TCP flow,
+PostgreSQL releases the lock and another worker can start, while this one carries on.
+The keeper notices: every ``interval`` seconds it asks, on the lock's own connection,
+which backend answers and whether that backend still holds the key.
+
+Sharing the connection. A beat is sent only when nobody else is using the connection:
+it takes the driver's own connection lock without waiting (psycopg serialises every
+statement on it), and only when no transaction is open. Otherwise the beat is skipped:
+the caller's statement or transaction is in flight, and if the session is gone that
+statement fails by itself. So a beat never runs inside the caller's transaction and never
+interleaves with the caller's statements. Each beat has a hard deadline (``timeout``): a
+server that does not answer in time gets its connection shut down (a half-open TCP
+connection would otherwise hang every statement on it) and the lock counts as lost.
+
+On loss the keeper records a :class:`~pgsolo.LockLostError` on the lock (``lock.lost``,
+``lock.check()``), logs it, calls ``on_lost`` (in the keeper's thread or task) and, for
+an async lock with ``cancel=True``, cancels the task that took the lock; that task's
+``async with`` block then ends with the :class:`~pgsolo.LockLostError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from . import sql
+from .drivers import AsyncDriver, BeatFailed, DriverBase, SyncDriver
+from .errors import LockLostError, UsageError
+
+if TYPE_CHECKING:
+    from .locks import _LockCore
+
+__all__ = ["AsyncKeeper", "Keep", "Keeper"]
+
+logger = logging.getLogger("pgsolo")
+
+MIN_INTERVAL = 0.01
+
+
+@dataclass(frozen=True, slots=True)
+class Keep:
+    """How a session lock is watched (``session_lock(..., keep=Keep(...))``;
+    ``keep=True`` is ``Keep()``).
+
+    ``interval``: seconds between beats. ``timeout``: seconds the server has to answer a
+    beat before the connection is shut down and the lock counted as lost. ``on_lost``:
+    called with the :class:`~pgsolo.LockLostError` once, from the keeper's thread (sync)
+    or task (async); what it raises is logged. ``cancel``: for an async lock, cancel the
+    task that took the lock.
+    """
+
+    interval: float = 1.0
+    timeout: float = 10.0
+    on_lost: Callable[[LockLostError], object] | None = None
+    cancel: bool = False
+
+    def __post_init__(self) -> None:
+        for label, value in (("interval", self.interval), ("timeout", self.timeout)):
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise UsageError(f"keep {label} must be a number of seconds, got {value!r}")
+            if not math.isfinite(value) or value < MIN_INTERVAL:
+                raise UsageError(
+                    f"keep {label} must be at least {MIN_INTERVAL} seconds, got {value!r}"
+                )
+        if self.on_lost is not None and not callable(self.on_lost):
+            raise UsageError(f"on_lost must be callable, got {self.on_lost!r}")
+        if not isinstance(self.cancel, bool):
+            raise UsageError(f"cancel must be True or False, got {self.cancel!r}")
+
+
+def as_keep(keep: bool | Keep | None) -> Keep | None:
+    if keep is None or keep is False:
+        return None
+    if keep is True:
+        return Keep()
+    if isinstance(keep, Keep):
+        return keep
+    raise UsageError(f"keep must be True, False or a pgsolo.Keep, got {keep!r}")
+
+
+class _Watch:
+    """What a beat's answer means; shared by both keepers."""
+
+    def __init__(self, core: _LockCore, keep: Keep) -> None:
+        self.core = core
+        self.keep = keep
+        self.statement = sql.keeper_beat(core.key, shared=core.shared)
+        # Remembered now: a report of the loss comes after the connection is gone.
+        core.driver.server_info()
+
+    def crashed(self) -> LockLostError:
+        logger.exception("pgsolo keeper: watching %s failed", self.core.key)
+        return self._lost("keeper-failed", "the keeper failed, so nothing vouches for the lock")
+
+    def judge(self, row: Sequence[str | None]) -> LockLostError | None:
+        pid, held = row  # keeper_beat's two columns
+        expected = self.core.server_pid
+        if expected is not None and pid != str(expected):
+            return self._lost(
+                "connection-moved",
+                f"the connection now reaches backend pid {pid}, not {expected} that holds"
+                " the lock (a transaction-pooling proxy moved it)",
+            )
+        if held != "t":
+            return self._lost(
+                "lock-released", "pg_locks no longer shows it on the lock's connection"
+            )
+        return None
+
+    def failed(self, exc: BeatFailed, driver: DriverBase) -> LockLostError | None:
+        if exc.unresponsive:
+            return self._lost(
+                "connection-unresponsive",
+                f"the server did not answer within {self.keep.timeout:g}s, so pgsolo shut"
+                " the connection down",
+            )
+        if driver.is_closed():
+            return self._lost("connection-lost", str(exc))
+        # A live session keeps its session locks: a failed statement on it says nothing
+        # about the lock. Try again next beat.
+        logger.warning("pgsolo keeper: checking lock %s failed: %s", self.core.key, exc)
+        return None
+
+    def _lost(self, reason: str, detail: str) -> LockLostError:
+        return LockLostError(
+            f"session lock {self.core.key} was lost while held ({reason}): {detail}",
+            key=self.core.key,
+            reason=reason,
+        )
+
+    def declare(self, error: LockLostError) -> None:
+        self.core.lost = error
+        self.core.log_lost(error)
+        if self.keep.on_lost is not None:
+            try:
+                self.keep.on_lost(error)
+            except Exception:
+                logger.exception("pgsolo keeper: the on_lost callback of %s failed", self.core.key)
+
+
+class Keeper:
+    """A thread that watches one lock on a sync connection."""
+
+    def __init__(self, core: _LockCore, driver: SyncDriver, keep: Keep) -> None:
+        self._watch = _Watch(core, keep)
+        self._driver = driver
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name=f"pgsolo-keeper {core.key}", daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop beating; after this returns no beat is in flight (unless called from the
+        keeper's own thread, by ``on_lost``)."""
+        self._stopping.set()
+        if threading.current_thread() is not self._thread and self._thread.is_alive():
+            self._thread.join(self._watch.keep.timeout + 1)
+
+    def _run(self) -> None:
+        watch = self._watch
+        while not self._stopping.wait(watch.keep.interval):
+            try:
+                row = self._driver.beat(watch.statement, watch.keep.timeout)
+            except BeatFailed as exc:
+                error = watch.failed(exc, self._driver)
+            except Exception:
+                error = watch.crashed()
+            else:
+                if row is None:
+                    continue  # the connection is in use
+                error = watch.judge(row)
+            if self._stopping.is_set():
+                return  # released meanwhile: the answer may be about the release
+            if error is not None:
+                watch.declare(error)
+                return
+
+
+class AsyncKeeper:
+    """A task that watches one lock on an async connection."""
+
+    def __init__(self, core: _LockCore, driver: AsyncDriver, keep: Keep) -> None:
+        self._watch = _Watch(core, keep)
+        self._driver = driver
+        self._task: asyncio.Task[None] | None = None
+        self.holder: asyncio.Task[object] | None = None
+        self.cancelled_holder = False
+
+    def start(self) -> None:
+        self.holder = asyncio.current_task()
+        self._task = asyncio.create_task(self._run(), name=f"pgsolo-keeper {self._watch.core.key}")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is None or task is asyncio.current_task():
+            return
+        task.cancel()
+        await asyncio.wait({task})
+
+    async def _run(self) -> None:
+        watch = self._watch
+        while True:
+            await asyncio.sleep(watch.keep.interval)
+            try:
+                row = await self._driver.beat(watch.statement, watch.keep.timeout)
+            except BeatFailed as exc:
+                error = watch.failed(exc, self._driver)
+            except Exception:
+                error = watch.crashed()
+            else:
+                if row is None:
+                    continue
+                error = watch.judge(row)
+            if error is not None:
+                watch.declare(error)
+                if watch.keep.cancel and self.holder is not None and not self.holder.done():
+                    self.cancelled_holder = True
+                    self.holder.cancel(f"pgsolo: {error}")
+                return
