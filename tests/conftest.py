@@ -17,6 +17,7 @@ import pytest
 from psycopg import sql as pgsql
 from psycopg.conninfo import make_conninfo
 
+from _bouncer import bouncer, session_bouncer, via_bouncer  # noqa: F401 - fixtures
 from _support import WORK
 from pgsolo import ledger
 from pgsolo.embedded import embedded_server

@@ -7,257 +7,30 @@ through it, and what is asserted is what the server itself shows (``pg_locks`` a
 ``pg_stat_activity`` through the ``observer`` session, which connects directly), plus
 the values and errors the callers get.
 
-Session locks behind a transaction pooler are deliberately not tested here: detecting
-that case is future work (README, "Connection proxies matter").
+Session locks through PgBouncer (refused in transaction mode, working in session mode)
+are tested in test_proxy.py.
 """
 
 from __future__ import annotations
 
 import collections
-import os
-import pwd
-import shutil
-import signal
-import socket
-import subprocess
-import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import pytest
-from psycopg.conninfo import make_conninfo
 
 import pgsolo
+from _bouncer import POOL_SIZE, Bouncer
 from _support import DEADLINE, eventually
 from pgsolo import Key, LockTimeoutError
 from pgsolo.keys import encode_pg_lock
 
 IDLE = psycopg.pq.TransactionStatus.IDLE
 INTRANS = psycopg.pq.TransactionStatus.INTRANS
-
-POOL_SIZE = 6  # server connections per (database, user) pair behind the bouncer
-START_DEADLINE = 15.0  # bound for PgBouncer to start accepting connections
-STOP_DEADLINE = 5.0  # per signal, when stopping it
-
-
-# -- the bouncer -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Bouncer:
-    dsn: str  # what clients use: 127.0.0.1:<port>, through PgBouncer
-    port: int
-    pid: int
-    log: Path
-
-
-def _bouncer_binary() -> str | None:
-    configured = os.environ.get("PGSOLO_PGBOUNCER_BIN")
-    if configured:  # CI says where it is: a missing binary must fail, not skip
-        if not os.access(configured, os.X_OK):
-            pytest.fail(f"PGSOLO_PGBOUNCER_BIN={configured!r} is not an executable file")
-        return configured
-    found = shutil.which("pgbouncer")
-    if found:
-        return found
-    return "/usr/sbin/pgbouncer" if os.access("/usr/sbin/pgbouncer", os.X_OK) else None
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _quote(value: str) -> str:
-    """A value for PgBouncer's [databases] connection string (single quotes, '' inside)."""
-    if not value or any(c in value for c in "\r\n\0"):
-        raise ValueError(f"cannot pass {value!r} to PgBouncer's [databases] line")
-    return "'" + value.replace("'", "''") + "'"
-
-
-def _run_as(socket_dir: str | None) -> pwd.struct_passwd | None:
-    """The unprivileged OS user to run PgBouncer as (it refuses to run as root).
-
-    A unix-socket server (the embedded one) is reachable only by the owner of its socket
-    directory, so that owner; otherwise ``postgres`` if it exists, else ``nobody``.
-    """
-    if os.geteuid() != 0:
-        return None
-    if socket_dir is not None:
-        owner = os.stat(socket_dir).st_uid
-        if owner != 0:
-            return pwd.getpwuid(owner)
-    for name in ("postgres", "nobody"):
-        try:
-            return pwd.getpwnam(name)
-        except KeyError:
-            continue
-    pytest.fail("running as root, and neither a 'postgres' nor a 'nobody' user exists")
-
-
-def _server_line(dsn: str) -> tuple[str, str | None, str, str]:
-    """(the [databases] line's value, unix socket dir or None, database name, user).
-
-    Taken from a real connection, so that defaults and PG* variables are resolved the way
-    the other tests resolve them.
-    """
-    with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
-        info = conn.info
-        host, port, dbname, user = info.host, info.port, info.dbname, info.user
-        password = info.password
-    socket_dir = host if host.startswith("/") else None
-    parts = {"host": host, "port": str(port), "dbname": dbname, "user": user}
-    if password:
-        parts["password"] = password
-    return " ".join(f"{k}={_quote(v)}" for k, v in parts.items()), socket_dir, dbname, user
-
-
-def _log_tail(path: Path) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-30:])
-    except OSError as exc:
-        return f"(no log: {exc})"
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        if proc.poll() is not None:
-            return
-        proc.send_signal(sig)
-        try:
-            proc.wait(STOP_DEADLINE)
-        except subprocess.TimeoutExpired:
-            continue
-        return
-
-
-def _start(
-    binary: str, workdir: Path, server: str, dbname: str, user: pwd.struct_passwd | None
-) -> tuple[subprocess.Popen[bytes], int]:
-    port = _free_port()
-    ini = workdir / "pgbouncer.ini"
-    ini.write_text(
-        f"""[databases]
-{dbname} = {server}
-
-[pgbouncer]
-listen_addr = 127.0.0.1
-listen_port = {port}
-unix_socket_dir =
-auth_type = any
-pool_mode = transaction
-default_pool_size = {POOL_SIZE}
-min_pool_size = 0
-reserve_pool_size = 0
-max_client_conn = 100
-ignore_startup_parameters = extra_float_digits
-query_wait_timeout = 60
-server_connect_timeout = 10
-server_login_retry = 1
-logfile = {workdir / "pgbouncer.log"}
-"""
-    )
-    ini.chmod(0o600)
-    if user is not None:
-        for path in (workdir, ini):
-            os.chown(path, user.pw_uid, user.pw_gid)
-    with open(workdir / "stderr.log", "ab") as err:
-        proc = subprocess.Popen(
-            [binary, str(ini)],
-            cwd=workdir,
-            stdin=subprocess.DEVNULL,
-            stdout=err,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            user=None if user is None else user.pw_uid,
-            group=None if user is None else user.pw_gid,
-            extra_groups=None if user is None else [],
-        )
-    return proc, port
-
-
-def _wait_ready(proc: subprocess.Popen[bytes], dsn: str) -> str | None:
-    """None once a client can run a statement through the bouncer; else why not."""
-    deadline = time.monotonic() + START_DEADLINE
-    last = "never tried"
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            return f"pgbouncer exited with status {proc.returncode}"
-        try:
-            with psycopg.connect(
-                dsn, autocommit=True, prepare_threshold=None, connect_timeout=3
-            ) as conn:
-                conn.execute("SELECT 1").fetchone()
-        except psycopg.OperationalError as exc:
-            last = f"{exc}".strip()
-            time.sleep(0.05)
-        else:
-            return None
-    return f"not accepting connections after {START_DEADLINE}s: {last}"
-
-
-@pytest.fixture(scope="session")
-def bouncer(dsn: str) -> Iterator[Bouncer]:
-    """A real PgBouncer, transaction pooling, in front of the test server."""
-    binary = _bouncer_binary()
-    if binary is None:
-        pytest.skip(
-            "pgbouncer is not installed (no PGSOLO_PGBOUNCER_BIN, none on PATH nor at"
-            " /usr/sbin/pgbouncer); CI installs Debian's package and runs these tests"
-        )
-    server, socket_dir, dbname, server_user = _server_line(dsn)
-    user = _run_as(socket_dir)
-    workdir = Path(tempfile.mkdtemp(prefix="pgsolo-pgbouncer-"))
-    workdir.chmod(0o700)
-    proc: subprocess.Popen[bytes] | None = None
-    try:
-        problem = "not started"
-        for _attempt in range(3):  # a free port can be taken before PgBouncer binds it
-            proc, port = _start(binary, workdir, server, dbname, user)
-            client_dsn = make_conninfo(
-                "", host="127.0.0.1", port=port, dbname=dbname, user=server_user
-            )
-            problem = _wait_ready(proc, client_dsn) or ""
-            if not problem:
-                break
-            exited = proc.poll() is not None
-            _stop(proc)
-            proc = None
-            if not exited:
-                break  # running but unusable: another port would not help
-        if proc is None:
-            log = _log_tail(workdir / "pgbouncer.log") + "\n" + _log_tail(workdir / "stderr.log")
-            pytest.fail(f"PgBouncer ({binary}) did not start: {problem}\n{log}")
-        yield Bouncer(client_dsn, port, proc.pid, workdir / "pgbouncer.log")
-    finally:
-        if proc is not None:
-            _stop(proc)
-        shutil.rmtree(workdir, ignore_errors=True)
-
-
-@pytest.fixture
-def via_bouncer(bouncer: Bouncer) -> Iterator[Callable[..., psycopg.Connection]]:
-    """Open client connections to PgBouncer (autocommit; no prepared statements, which
-    PgBouncer before 1.21 cannot pool); all closed afterwards."""
-    opened: list[psycopg.Connection] = []
-
-    def _connect() -> psycopg.Connection:
-        conn = psycopg.connect(
-            bouncer.dsn, autocommit=True, prepare_threshold=None, connect_timeout=10
-        )
-        opened.append(conn)
-        return conn
-
-    yield _connect
-    for conn in opened:
-        conn.close()
 
 
 # -- helpers --------------------------------------------------------------------------------

@@ -840,6 +840,11 @@ class _LockView:
         """Whether the keeper (``keep=``) found the lock gone while it was held."""
         return self._core.lost is not None
 
+    @property
+    def loss(self) -> LockLostError | None:
+        """What the keeper found (``reason`` says how the lock went), or None."""
+        return self._core.lost
+
     def check(self) -> None:
         """Raise :class:`~pgsolo.LockLostError` if the keeper found the lock gone.
 

@@ -6,15 +6,17 @@ One attempt, start to end:
 2. with ``--record`` or ``--once-per``, check that ``pgsolo migrate`` has run (if not:
    "run pgsolo migrate first", exit 2, before any lock is taken or anything runs);
 3. take the session lock, trying once or waiting up to ``--wait`` seconds (busy or timed
-   out: outcome ``skipped``/``busy``, exit 75);
+   out: outcome ``skipped``/``busy``, exit 75; behind a transaction-pooling proxy, where a
+   session lock cannot work, nothing is taken: ``failed``/``transaction-pooling``, exit 78);
 4. with ``--once-per``, ask whether this period is already done, by the database's clock
    and with the lock held (done: ``skipped``/``already-done-this-period``, exit 75);
-5. start COMMAND (no shell; stdio inherited) and wait for it. Every ``--check-interval``
-   seconds ask ``pg_locks`` whether the lock is still held on the pinned connection; if
-   the connection died, did not answer within ``--check-timeout`` seconds, or the lock is
-   gone, COMMAND gets SIGTERM, then SIGKILL after ``--grace`` seconds, and the outcome is
-   ``lost``, exit 70. SIGTERM and SIGINT sent to pgsolo are forwarded to COMMAND and
-   pgsolo keeps waiting for it;
+5. start COMMAND (no shell; stdio inherited) and wait for it. The keeper
+   (:mod:`pgsolo.keeper`) asks every ``--check-interval`` seconds, on the pinned
+   connection, whether the lock is still held there; if the connection died, did not
+   answer within ``--check-timeout`` seconds, or the lock is gone, COMMAND gets SIGTERM,
+   then SIGKILL after ``--grace`` seconds, and the outcome is ``lost``, exit 70 (78 when
+   a transaction-pooling proxy moved the connection to another backend). SIGTERM and
+   SIGINT sent to pgsolo are forwarded to COMMAND and pgsolo keeps waiting for it;
 6. COMMAND exited 0: ``completed`` (with ``--once-per`` the period is recorded now, while
    the lock is still held); anything else: ``failed`` with its exit code passed through
    (128+N when killed by signal N; 127/126 when it cannot be started, as a shell does);
@@ -40,12 +42,13 @@ a pgsolo in the foreground of a terminal is therefore not forwarded). The parent
 signal that kills COMMAND if pgsolo itself is killed reaches COMMAND's own process only.
 
 Deadlines. Every exchange on the pinned connection once the lock is held has a hard
-deadline, ``--check-timeout``: a watchdog thread shuts the connection's socket down if the
-server has not answered by then (a half-open TCP connection, a stopped backend), so the
-driver raises instead of blocking forever, and the lock counts as lost
-(``connection-unresponsive``). The connection also uses TCP keepalives and
-``tcp_user_timeout`` sized from ``--check-timeout`` (unless the DSN sets them), so a dead
-peer is noticed between checks too; a ledger row after a lost connection goes over a fresh
+deadline, ``--check-timeout``: the keeper's beats have it built in, and for pgsolo's other
+statements a watchdog thread shuts the connection's socket down if the server has not
+answered by then (a half-open TCP connection, a stopped backend), so the driver raises
+instead of blocking forever, and the lock counts as lost (``connection-unresponsive``).
+The connection also uses TCP keepalives and ``tcp_user_timeout`` sized from
+``--check-timeout`` (unless the DSN sets them), so a dead peer is noticed between checks
+too; a ledger row after a lost connection goes over a fresh
 connection with a ``connect_timeout``.
 
 Nothing printed or recorded here carries a password: messages from the driver go through
@@ -79,14 +82,23 @@ from .cli import (
     EXIT_OK,
     EXIT_SKIPPED,
     EXIT_UNAVAILABLE,
+    EXIT_UNSAFE,
     EXIT_USAGE,
     CliError,
 )
 from .connect import open_connection
 from .drivers import ServerInfo, SyncDriver, adapt_sync
+from .drivers._psycopg import shut_down
 from .dsn import scrub_secrets
-from .errors import LockLostError, LockNotHeldError, LockTimeoutError, PgsoloError
+from .errors import (
+    LockLostError,
+    LockNotHeldError,
+    LockTimeoutError,
+    PgsoloError,
+    UnsafeConnectionError,
+)
 from .jobs import Job, JobResult, Outcome, ledger_statements, report
+from .keeper import Keep
 from .locks import Lock, session_lock
 
 __all__ = [
@@ -104,9 +116,9 @@ logger = logging.getLogger("pgsolo")
 EXIT_NOT_FOUND = 127  # as a shell: the command does not exist
 EXIT_CANNOT_EXECUTE = 126  # as a shell: it exists but cannot be executed
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-SQLSTATES_NOT_MIGRATED = frozenset({"42P01", "3F000"})  # undefined table / schema
 DEFAULT_CHECK_TIMEOUT = 10.0  # seconds the server has to answer on the pinned connection
 KEEPALIVE_PROBES = 3
+POLL_SECONDS = 0.05  # how often pgsolo looks at COMMAND and at what the keeper found
 
 
 class CommandFailed(Exception):
@@ -123,6 +135,15 @@ class Interrupted(KeyboardInterrupt):
     def __init__(self, signum: int) -> None:
         super().__init__(f"pgsolo got {_signal_name(signum)} before the command started")
         self.signum = signum
+
+
+_LOST_DETAIL = {
+    "connection-unresponsive": "the database did not answer the lock check within {timeout:g}s"
+    " (--check-timeout), so pgsolo dropped the connection",
+    "lock-released": "pg_locks no longer shows it on pgsolo's connection",
+    "connection-moved": "the connection now reaches another server backend: a"
+    " transaction-pooling proxy is in between, where session locks cannot work",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +239,7 @@ class _Attempt:
     report: RunReport = field(init=False)
     watchdog: _Watchdog | None = None
     info: ServerInfo | None = None
+    lock: Lock | None = None
 
     def __post_init__(self) -> None:
         self.application_name = self.job.application_name_for(self.dsn)
@@ -245,7 +267,10 @@ class _Attempt:
 
     @property
     def _unresponsive(self) -> bool:
-        """Whether the watchdog had to shut the pinned connection down."""
+        """Whether the watchdog or the keeper had to shut the pinned connection down."""
+        loss = self.lock.loss if self.lock is not None else None
+        if loss is not None and loss.reason == "connection-unresponsive":
+            return True
         return self.watchdog is not None and self.watchdog.fired
 
     def _bounded(self) -> AbstractContextManager[None]:
@@ -291,7 +316,8 @@ class _Attempt:
             if self.job.record or self.job.period is not None:
                 with self._bounded():
                     self._check_migrated(conn)
-            lock = session_lock(conn, self.job.key, wait=self.job.wait)
+            keep = Keep(interval=self.check_interval, timeout=self.check_timeout)
+            self.lock = lock = session_lock(conn, self.job.key, wait=self.job.wait, keep=keep)
             started = time.perf_counter()
             try:
                 with self.signals.interruptible():
@@ -304,6 +330,12 @@ class _Attempt:
             return self._interrupted(exc.signum, conn, lock)
         except psycopg.Error as exc:
             return self._unavailable(exc)
+        except UnsafeConnectionError as exc:
+            self.report.error = str(exc)
+            self._finish(
+                self._result("failed", reason="transaction-pooling", error=exc), driver, EXIT_UNSAFE
+            )
+            return self.report
         if not acquired:
             result = self._result("skipped", reason="busy")
             self._finish(result, driver, EXIT_SKIPPED)
@@ -365,7 +397,7 @@ class _Attempt:
         return self._run_command(driver, lock)
 
     def _raise_if_not_migrated(self, driver: SyncDriver, exc: BaseException) -> None:
-        if driver.sqlstate(exc) in SQLSTATES_NOT_MIGRATED:
+        if driver.sqlstate(exc) in sql.SQLSTATES_NOT_MIGRATED:
             raise CliError(
                 f"pgsolo's tables are missing in {self.label}: run pgsolo migrate first",
                 EXIT_USAGE,
@@ -441,9 +473,9 @@ class _Attempt:
                     f"lock {self.job.key} was lost while the command ran ({lost.detail});"
                     f" the command {how}"
                 )
-            lost_error = LockLostError(self.report.error, key=self.job.key)
+            lost_error = LockLostError(self.report.error, key=self.job.key, reason=lost.reason)
             result = self._result("lost", reason=lost.reason, error=lost_error, duration=duration)
-            return result, EXIT_LOST
+            return result, EXIT_UNSAFE if lost.reason == "connection-moved" else EXIT_LOST
         if returncode < 0:
             killed = CommandFailed(f"killed by signal {-returncode} ({_signal_name(-returncode)})")
             result = self._result(
@@ -468,12 +500,12 @@ class _Attempt:
     def _watch(
         self, child: _Child, proc: subprocess.Popen[bytes], driver: SyncDriver, lock: Lock
     ) -> tuple[int, _Lost | None]:
-        """Wait for the command; stop it if the lock goes. Returns its return code and,
-        if the lock was lost, how."""
+        """Wait for the command; stop it if the keeper finds the lock gone. Returns its
+        return code and, if the lock was lost, how."""
         lost: _Lost | None = None
         kill_at: float | None = None
         while True:
-            timeout = self.check_interval
+            timeout = POLL_SECONDS
             if kill_at is not None:
                 timeout = max(0.0, min(timeout, kill_at - time.monotonic()))
             try:
@@ -486,21 +518,21 @@ class _Attempt:
                     child.drain_group(kill_at)
                 return returncode, lost
             child.log_forwarded()
-            if lost is None:
-                found = self._check(driver, lock)
-                if found is not None:
-                    reason, detail = found
-                    logger.error(
-                        "pgsolo: lock %s of job %s lost while the command ran (%s):"
-                        " sending SIGTERM to %s, SIGKILL in %gs if it is still running",
-                        self.job.key,
-                        self.job.name,
-                        detail,
-                        child.target,
-                        self.grace,
-                    )
-                    lost = _Lost(reason, detail, stopped=child.stop())
-                    kill_at = time.monotonic() + self.grace
+            if lost is None and (loss := lock.loss) is not None:
+                reason = loss.reason or "lock-released"
+                detail = _LOST_DETAIL.get(reason, "").format(timeout=self.check_timeout)
+                detail = detail or self._scrub(loss)
+                logger.error(
+                    "pgsolo: lock %s of job %s lost while the command ran (%s):"
+                    " sending SIGTERM to %s, SIGKILL in %gs if it is still running",
+                    self.job.key,
+                    self.job.name,
+                    detail,
+                    child.target,
+                    self.grace,
+                )
+                lost = _Lost(reason, detail, stopped=child.stop())
+                kill_at = time.monotonic() + self.grace
             elif kill_at is not None and time.monotonic() >= kill_at:
                 logger.error(
                     "pgsolo: the command (%s) outlived the %gs grace period: SIGKILL",
@@ -509,33 +541,6 @@ class _Attempt:
                 )
                 child.signal(signal.SIGKILL)
                 kill_at = None
-
-    def _check(self, driver: SyncDriver, lock: Lock) -> tuple[str, str] | None:
-        """None while the lock is held; (reason, detail) once it is not."""
-        failure: BaseException | None = None
-        try:
-            with self._bounded():
-                held = lock.is_held()
-        except (psycopg.Error, PgsoloError) as exc:
-            held, failure = False, exc
-        if self._unresponsive:  # even if the answer came as the watchdog dropped the line
-            return (
-                "connection-unresponsive",
-                f"the database did not answer the lock check within {self.check_timeout:g}s"
-                " (--check-timeout), so pgsolo dropped the connection",
-            )
-        if held:
-            return None
-        if failure is not None and not driver.is_closed():
-            # The session is alive, so its session lock is too: a failed check on a live
-            # connection says nothing about the lock. Check again next tick.
-            logger.warning("pgsolo: checking lock %s failed: %r", self.job.key, failure)
-            return None
-        if failure is not None:
-            return "connection-lost", f"the database connection failed: {self._scrub(failure)}"
-        if driver.is_closed():
-            return "connection-lost", "the database connection is closed"
-        return "lock-released", "pg_locks no longer shows it on pgsolo's connection"
 
     def _record_period(self, driver: SyncDriver) -> BaseException | None:
         """Mark the period done, with the lock still held; return the error if that
@@ -701,7 +706,7 @@ class _Watchdog:
                     " shutting pgsolo's connection down",
                     self.timeout,
                 )
-                _shut_down(self.conn)
+                shut_down(self.conn)
 
         timer = threading.Timer(self.timeout, expire)
         timer.daemon = True
@@ -712,25 +717,6 @@ class _Watchdog:
             with self._mutex:
                 finished = True
             timer.cancel()
-
-
-def _shut_down(conn: psycopg.Connection[Any]) -> None:
-    """``shutdown(SHUT_RDWR)`` on the connection's socket, from any thread."""
-    try:
-        fd = conn.fileno()
-    except psycopg.Error:
-        return  # closed already
-    try:
-        copy = os.dup(fd)
-    except OSError:
-        return
-    try:
-        sock = socket.socket(fileno=copy)
-    except OSError:
-        os.close(copy)
-        return
-    with sock, suppress(OSError):
-        sock.shutdown(socket.SHUT_RDWR)
 
 
 # -- signals ------------------------------------------------------------------------------

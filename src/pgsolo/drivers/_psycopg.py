@@ -276,6 +276,10 @@ def _wait_for_socket(pgconn: pq.abc.PGconn, deadline: float, *, write: bool) -> 
         ready = writable if write else readable
     if not ready:
         _shut_down(fileno)
+        # Reading the end of the stream makes libpq mark the connection broken, so that
+        # every later use of it fails at once instead of finding our query in progress.
+        with contextlib.suppress(psycopg.Error):
+            pgconn.consume_input()
         raise BeatFailed("the server did not answer in time", unresponsive=True)
 
 
