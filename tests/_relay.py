@@ -1,0 +1,107 @@
+"""A loopback TCP relay in front of the test server: to the server, a client behind it
+looks like a client behind a proxy or a NAT (another address and port), and it can stop
+passing the server's replies on (a half-open connection, a frozen server)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Callable
+from contextlib import suppress
+
+import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+
+class FreezingProxy:
+    """A loopback TCP proxy to the test server that can stop passing the server's replies on.
+
+    Every connection accepted on 127.0.0.1 is forwarded, both ways, to the server (its unix
+    socket ``<dir>/.s.PGSQL.<port>`` or its TCP address). After :meth:`freeze`, what the
+    server sends on the connections open at that moment is dropped: to the client they
+    look half-open, or like a frozen server, while the proxy's kernel still acknowledges
+    everything it sends. Connections opened later work normally. When a client closes or
+    shuts down its side, the proxy closes the server side too, as a server's TCP stack
+    would eventually notice.
+    """
+
+    def __init__(self, dsn: str) -> None:
+        params = conninfo_to_dict(dsn)
+        host, port = str(params.get("host") or ""), str(params.get("port") or "5432")
+        if not host or "," in host:
+            pytest.skip("the proxy needs a DSN with exactly one host or socket directory")
+        self.upstream: str | tuple[str, int] = (
+            f"{host}/.s.PGSQL.{port}"
+            if host.startswith("/")
+            else (str(params.get("hostaddr") or host), int(port))
+        )
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(0.1)
+        self.port = int(self.listener.getsockname()[1])
+        via = {k: v for k, v in params.items() if k != "hostaddr"}
+        self.dsn = make_conninfo("", **{**via, "host": "127.0.0.1", "port": str(self.port)})
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self._frozen: list[threading.Event] = []
+        self._threads: list[threading.Thread] = []
+        self._closing = threading.Event()
+        self._spawn(self._accept)
+
+    def __enter__(self) -> FreezingProxy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._closing.set()
+        with self._lock:
+            for sock in self._sockets:
+                with suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+        for thread in self._threads:
+            thread.join(timeout=10)
+        with self._lock:
+            for sock in self._sockets:
+                sock.close()
+        self.listener.close()
+
+    def freeze(self) -> None:
+        with self._lock:
+            for frozen in self._frozen:
+                frozen.set()
+
+    def _spawn(self, target: Callable[..., None], *args: object) -> None:
+        thread = threading.Thread(target=target, args=args, daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def _accept(self) -> None:
+        while not self._closing.is_set():
+            try:
+                client, _ = self.listener.accept()
+            except TimeoutError:
+                continue
+            client.settimeout(None)
+            if isinstance(self.upstream, str):
+                server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                server.settimeout(10)
+                server.connect(self.upstream)
+            else:
+                server = socket.create_connection(self.upstream, timeout=10)
+            server.settimeout(None)
+            frozen = threading.Event()
+            with self._lock:
+                self._sockets += [client, server]
+                self._frozen.append(frozen)
+                self._spawn(self._pump, client, server, None)
+                self._spawn(self._pump, server, client, frozen)
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket, frozen: threading.Event | None) -> None:
+        try:
+            while data := source.recv(65536):
+                if frozen is None or not frozen.is_set():
+                    sink.sendall(data)
+        except OSError:
+            pass
+        for sock in (source, sink):  # one side is gone: so is the other
+            with suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
