@@ -216,6 +216,16 @@ def _outside_transaction(driver: DriverBase, statements: list[str]) -> list[str]
     return statements
 
 
+def _require_no_transaction(driver: DriverBase, subject: str, reason: str) -> None:
+    """Refuse a connection with a transaction open, for calls that must own it."""
+    status = driver.transaction_status()
+    if status is not TxStatus.IDLE:
+        raise ConnectionStateError(
+            f"{subject} needs a connection with no transaction open (status"
+            f" {status.value}): {reason}"
+        )
+
+
 class _LockCore:
     """One lock on one connection: its state, and the plans both shells drive."""
 

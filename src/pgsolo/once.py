@@ -41,7 +41,6 @@ from ._plans import WORK, Plan, adrive, drive
 from .drivers import DriverBase, TxStatus, adapt_async, adapt_sync
 from .dsn import scrub_secrets
 from .errors import (
-    ConnectionStateError,
     InvalidOperationError,
     InvalidOperationKeyError,
     LockLostError,
@@ -51,7 +50,7 @@ from .errors import (
     UsageError,
 )
 from .keys import Key, from_name
-from .locks import _LockCore, _outside_transaction, _validate_wait
+from .locks import _LockCore, _outside_transaction, _require_no_transaction, _validate_wait
 
 if TYPE_CHECKING:
     import psycopg
@@ -235,13 +234,11 @@ def _plan(
     op: _Operation, core: _LockCore, attempt: _Attempt, scrub: Callable[[str], str]
 ) -> Plan[OnceResult]:
     """The one definition of a call, for both shells."""
-    driver = core.driver
-    status = driver.transaction_status()
-    if status is not TxStatus.IDLE:
-        raise ConnectionStateError(
-            f"operation {op.op_key!r} needs a connection with no transaction open (status"
-            f" {status.value}): pgsolo commits its state before the operation runs"
-        )
+    _require_no_transaction(
+        core.driver,
+        f"operation {op.op_key!r}",
+        "pgsolo commits its state before the operation runs",
+    )
     found = yield from _read(op, core)
     if found is not None and found["state"] == "succeeded":
         return _from_row("already-succeeded", op, found)
