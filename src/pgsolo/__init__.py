@@ -3,6 +3,8 @@
 from .errors import (
     ConnectionStateError,
     InvalidKeyError,
+    InvalidOperationError,
+    InvalidOperationKeyError,
     KeyCollisionError,
     LockDeadlockError,
     LockLostError,
@@ -10,6 +12,7 @@ from .errors import (
     LockTimeoutError,
     LockUnavailableError,
     PgsoloError,
+    ResultNotStorableError,
     TransactionFailedError,
     UnsafeConnectionError,
     UsageError,
@@ -27,6 +30,14 @@ from .locks import (
     session_lock,
     xact_lock,
 )
+from .once import (
+    OnceOutcome,
+    OnceResult,
+    OperationContext,
+    idempotency_key_for,
+    run_once,
+    run_once_async,
+)
 
 __version__ = "0.1.0"
 
@@ -34,6 +45,8 @@ __all__ = [
     "AsyncLock",
     "ConnectionStateError",
     "InvalidKeyError",
+    "InvalidOperationError",
+    "InvalidOperationKeyError",
     "Job",
     "JobResult",
     "Keep",
@@ -46,9 +59,13 @@ __all__ = [
     "LockNotHeldError",
     "LockTimeoutError",
     "LockUnavailableError",
+    "OnceOutcome",
+    "OnceResult",
+    "OperationContext",
     "Outcome",
     "PgsoloError",
     "Registry",
+    "ResultNotStorableError",
     "TransactionFailedError",
     "UnsafeConnectionError",
     "UsageError",
@@ -58,10 +75,13 @@ __all__ = [
     "decode_pg_lock",
     "held_session_locks",
     "history",
+    "idempotency_key_for",
     "migrate",
     "pool_reset",
     "run_job",
     "run_job_async",
+    "run_once",
+    "run_once_async",
     "session_lock",
     "singleton",
     "xact_lock",

@@ -10,6 +10,8 @@ from __future__ import annotations
 __all__ = [
     "ConnectionStateError",
     "InvalidKeyError",
+    "InvalidOperationError",
+    "InvalidOperationKeyError",
     "KeyCollisionError",
     "LockDeadlockError",
     "LockLostError",
@@ -17,6 +19,7 @@ __all__ = [
     "LockTimeoutError",
     "LockUnavailableError",
     "PgsoloError",
+    "ResultNotStorableError",
     "TransactionFailedError",
     "UnsafeConnectionError",
     "UsageError",
@@ -37,6 +40,22 @@ class InvalidKeyError(UsageError, ValueError):
 
 class KeyCollisionError(UsageError, ValueError):
     """A registry was asked to map two names to one key, or one name to two keys."""
+
+
+class InvalidOperationKeyError(UsageError, ValueError):
+    """An operation key is not non-empty text without NUL of at most 512 UTF-8 bytes."""
+
+
+class InvalidOperationError(UsageError, TypeError):
+    """What was given to run as an operation is not a callable of the right kind."""
+
+
+class ResultNotStorableError(UsageError, ValueError):
+    """An operation returned a value pgsolo cannot store: not JSON, or over 1 MiB.
+
+    Unlike other usage errors it can only be detected once the operation has returned;
+    it is raised before its database work commits and before success is recorded.
+    """
 
 
 class ConnectionStateError(UsageError):

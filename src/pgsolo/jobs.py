@@ -34,7 +34,6 @@ from .connect import DEFAULT_APP_PREFIX, aopen_connection, application_name_for,
 from .drivers import DriverBase, ServerInfo, TxStatus, adapt_async, adapt_sync
 from .dsn import choose_dsn
 from .errors import (
-    ConnectionStateError,
     LockLostError,
     LockNotHeldError,
     LockTimeoutError,
@@ -43,7 +42,7 @@ from .errors import (
 )
 from .keys import Key, KeyLike, Registry, as_key
 from .ledger import SKIP_WARNING_WINDOW, skip_warning
-from .locks import _LockCore, _validate_wait
+from .locks import _LockCore, _require_no_transaction, _validate_wait
 
 if TYPE_CHECKING:
     import psycopg
@@ -140,12 +139,9 @@ class Job:
 def _plan(job: Job, core: _LockCore) -> Plan[JobResult[Any]]:  # noqa: PLR0911, PLR0915
     """The one definition of a job attempt, for both shells."""
     driver = core.driver
-    status = driver.transaction_status()
-    if status is not TxStatus.IDLE:
-        raise ConnectionStateError(
-            f"job {job.name!r} needs a connection with no transaction open (status"
-            f" {status.value}): pgsolo must own the transaction or the session lock"
-        )
+    _require_no_transaction(
+        driver, f"job {job.name!r}", "pgsolo must own the transaction or the session lock"
+    )
     host, pid = socket.gethostname(), os.getpid()
     backend_pid = driver.backend_pid()
 

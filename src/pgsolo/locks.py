@@ -229,6 +229,16 @@ def _validate_wait(wait: float | None) -> int | None:
     return max(1, math.ceil(wait * 1000))
 
 
+def _require_no_transaction(driver: DriverBase, subject: str, reason: str) -> None:
+    """Refuse a connection with a transaction open, for calls that must own it."""
+    status = driver.transaction_status()
+    if status is not TxStatus.IDLE:
+        raise ConnectionStateError(
+            f"{subject} needs a connection with no transaction open (status"
+            f" {status.value}): {reason}"
+        )
+
+
 class _LockCore:
     """One lock on one connection: its state, and the plans both shells drive."""
 

@@ -227,6 +227,33 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
         );
         """,
     ),
+    (
+        3,
+        # Operation keys (pgsolo.once): one row per operation, whose state moves from
+        # started to succeeded or failed. 'started' is committed before the side effect
+        # runs, so a crash leaves a trace that the next caller takes over; 'attempts'
+        # fences a superseded attempt out of recording its success.
+        """
+        CREATE TABLE pgsolo.operations (
+            op_key          text PRIMARY KEY
+                            CHECK (op_key <> '' AND octet_length(op_key) <= 512),
+            state           text NOT NULL
+                            CHECK (state IN ('started', 'succeeded', 'failed')),
+            idempotency_key text NOT NULL,
+            attempts        integer NOT NULL CHECK (attempts >= 1),
+            result          jsonb,
+            error           text,
+            holder_pid      integer,
+            host            text,
+            pid             integer,
+            created_at      timestamptz NOT NULL DEFAULT now(),
+            updated_at      timestamptz NOT NULL DEFAULT now(),
+            finished_at     timestamptz,
+            CHECK ((state = 'succeeded') = (result IS NOT NULL)),
+            CHECK ((state = 'started') = (finished_at IS NULL))
+        );
+        """,
+    ),
 )
 
 MIGRATIONS_TABLE = """
@@ -339,3 +366,68 @@ def _text_or_null(value: str | None) -> str:
 
 def _int_or_null(value: int | None) -> str:
     return "NULL" if value is None else str(int(value))
+
+
+# -- operation keys (pgsolo.once; the table is migration 3) ------------------------------
+
+SQLSTATE_ATTEMPT_SUPERSEDED = "PGSLS"  # raised by once_succeed; pgsolo's own code
+
+
+def _operation(op_key: str) -> str:
+    return f"op_key = {sql_text(op_key)}"
+
+
+def once_read(op_key: str) -> str:
+    """The operation's row as one JSON text (its result nested), or no row."""
+    return (
+        "SELECT json_build_object('state', state, 'attempts', attempts,"
+        " 'idempotency_key', idempotency_key, 'result', result)::text"
+        f" FROM pgsolo.operations WHERE {_operation(op_key)}"
+    )
+
+
+def once_start(op_key: str, idempotency_key: str, *, host: str, pid: int) -> str:
+    """Begin an attempt: insert the row, or take over one that is not succeeded.
+
+    Returns the attempt's number and the stored idempotency key as JSON text, or no row
+    when the operation has succeeded meanwhile. The stored key wins over the one given,
+    so a retry always presents the key of the first attempt.
+    """
+    return (
+        "INSERT INTO pgsolo.operations AS o (op_key, state, idempotency_key, attempts,"
+        " holder_pid, host, pid)"
+        f" VALUES ({sql_text(op_key)}, 'started', {sql_text(idempotency_key)}, 1,"
+        f" pg_backend_pid(), {sql_text(host)}, {int(pid)})"
+        " ON CONFLICT (op_key) DO UPDATE SET state = 'started', attempts = o.attempts + 1,"
+        " holder_pid = excluded.holder_pid, host = excluded.host, pid = excluded.pid,"
+        " result = NULL, error = NULL, finished_at = NULL, updated_at = now()"
+        " WHERE o.state <> 'succeeded'"
+        " RETURNING json_build_object('attempts', o.attempts,"
+        " 'idempotency_key', o.idempotency_key)::text"
+    )
+
+
+def _this_attempt(op_key: str, attempt: int) -> str:
+    return f"{_operation(op_key)} AND state = 'started' AND attempts = {int(attempt)}"
+
+
+def once_succeed(op_key: str, attempt: int, result_json: str) -> str:
+    """Record success, or fail the transaction (and the work in it) if another caller
+    has taken the operation over since this attempt began."""
+    return (
+        "DO $pgsolo$BEGIN UPDATE pgsolo.operations SET state = 'succeeded',"
+        f" result = ({sql_text(result_json)})::jsonb, finished_at = now(), updated_at = now()"
+        f" WHERE {_this_attempt(op_key, attempt)};"
+        f" IF NOT FOUND THEN RAISE EXCEPTION USING ERRCODE = '{SQLSTATE_ATTEMPT_SUPERSEDED}',"
+        " MESSAGE = 'pgsolo: this attempt at the operation was taken over by another caller';"
+        " END IF; END$pgsolo$"
+    )
+
+
+def once_fail(op_key: str, attempt: int, error: str) -> str:
+    """Record a failed attempt (nothing, if another caller has taken it over)."""
+    return (
+        "UPDATE pgsolo.operations SET state = 'failed',"
+        f" error = {_text_or_null(error)}, finished_at = now(), updated_at = now()"
+        f" WHERE {_this_attempt(op_key, attempt)}"
+    )
