@@ -2,6 +2,7 @@
 
 from .errors import (
     ConnectionStateError,
+    InvalidArgumentError,
     InvalidKeyError,
     KeyCollisionError,
     LockLostError,
@@ -25,12 +26,23 @@ from .locks import (
     session_lock,
     xact_lock,
 )
+from .monitor import (
+    AdvisoryLock,
+    Check,
+    advisory_locks,
+    doctor,
+    terminate_backend,
+    wait_chains,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AdvisoryLock",
     "AsyncLock",
+    "Check",
     "ConnectionStateError",
+    "InvalidArgumentError",
     "InvalidKeyError",
     "Job",
     "JobResult",
@@ -49,9 +61,11 @@ __all__ = [
     "UnsafeConnectionError",
     "UsageError",
     "__version__",
+    "advisory_locks",
     "as_key",
     "async_pool_reset",
     "decode_pg_lock",
+    "doctor",
     "held_session_locks",
     "history",
     "migrate",
@@ -60,5 +74,7 @@ __all__ = [
     "run_job_async",
     "session_lock",
     "singleton",
+    "terminate_backend",
+    "wait_chains",
     "xact_lock",
 ]

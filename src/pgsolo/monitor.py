@@ -33,6 +33,8 @@ __all__ = [
     "Status",
     "advisory_locks",
     "doctor",
+    "format_seconds",
+    "terminate_backend",
     "wait_chains",
 ]
 
@@ -172,13 +174,18 @@ def advisory_locks(
     """
     namer = _Namer(registry, names)
     wanted = as_key(key, registry=registry) if key is not None else None
-    if pid is not None and (isinstance(pid, bool) or not isinstance(pid, int) or pid < 1):
-        raise InvalidArgumentError(f"pid must be a positive int, got {pid!r}")
+    if pid is not None:
+        _check_positive(pid, "pid")
     driver = adapt_sync(conn)
     snapshot = _fetch_json(
         driver, [sql.CLEAR_ACTIVITY_SNAPSHOT, sql.advisory_locks(key=wanted, pid=pid)]
     )
     return _locks_from(snapshot, namer)
+
+
+def _check_positive(value: object, what: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidArgumentError(f"{what} must be a positive int, got {value!r}")
 
 
 def _fetch_json(driver: SyncDriver, statements: list[str]) -> Mapping[str, Any]:
@@ -388,7 +395,8 @@ class _Session:
         return f"pid {self.pid} ({app}{client}, {self.held} held)"
 
 
-def _duration(seconds: float | None) -> str:
+def format_seconds(seconds: float | None) -> str:
+    """``4.2s``, ``12s``, ``3m05s``, ``2h10m``: a duration as people read it."""
     if seconds is None:
         return "?"
     whole = max(0, int(seconds))
@@ -407,14 +415,14 @@ def _idle_session_check(sessions: Sequence[_Session], older_than: float) -> Chec
             "idle-session-locks",
             "ok",
             f"{len(idle)} session(s) hold advisory locks while idle, none for over"
-            f" {_duration(older_than)}",
+            f" {format_seconds(older_than)}",
         )
     return Check(
         "idle-session-locks",
         "warn",
-        f"{len(suspects)} session(s) idle for over {_duration(older_than)} while holding"
+        f"{len(suspects)} session(s) idle for over {format_seconds(older_than)} while holding"
         " session-level advisory locks (leak suspects): "
-        + "; ".join(f"{s.describe()} idle {_duration(s.idle)}" for s in suspects[:_LISTED])
+        + "; ".join(f"{s.describe()} idle {format_seconds(s.idle)}" for s in suspects[:_LISTED])
         + _more(suspects),
         "find the code path that returned the connection without unlocking; `pgsolo terminate"
         " PID` ends that session, which releases all its locks at once (the next worker may"
@@ -442,10 +450,11 @@ def _transaction_check(sessions: Sequence[_Session], older_than: float) -> Check
         return Check(
             "transaction-locks",
             "fail",
-            f"{len(stuck)} session(s) idle in transaction for over {_duration(older_than)}"
+            f"{len(stuck)} session(s) idle in transaction for over {format_seconds(older_than)}"
             " while holding advisory locks: "
             + "; ".join(
-                f"{s.describe()} idle in transaction {_duration(s.idle)}" for s in stuck[:_LISTED]
+                f"{s.describe()} idle in transaction {format_seconds(s.idle)}"
+                for s in stuck[:_LISTED]
             )
             + _more(stuck),
             advice,
@@ -455,9 +464,9 @@ def _transaction_check(sessions: Sequence[_Session], older_than: float) -> Check
             "transaction-locks",
             "warn",
             f"{len(long)} session(s) hold advisory locks in a transaction open for over"
-            f" {_duration(older_than)}: "
+            f" {format_seconds(older_than)}: "
             + "; ".join(
-                f"{s.describe()} in a transaction for {_duration(s.in_transaction)}"
+                f"{s.describe()} in a transaction for {format_seconds(s.in_transaction)}"
                 for s in long[:_LISTED]
             )
             + _more(long),
@@ -467,7 +476,7 @@ def _transaction_check(sessions: Sequence[_Session], older_than: float) -> Check
         "transaction-locks",
         "ok",
         f"no session holds advisory locks in a transaction open (or idle) for over"
-        f" {_duration(older_than)}",
+        f" {format_seconds(older_than)}",
     )
 
 
@@ -542,7 +551,8 @@ def _own_value(settings: Mapping[str, Mapping[str, Any]], setting: str) -> str |
     ms = int(settings[setting]["ms"])
     if ms == 0:
         return None
-    return f"{setting}={_duration(ms / 1000)} for this session (from {settings[setting]['source']})"
+    source = settings[setting]["source"]
+    return f"{setting}={format_seconds(ms / 1000)} for this session (from {source})"
 
 
 def _idle_timeout_check(
@@ -620,8 +630,10 @@ def _lock_timeout_check(
             "lock-timeout",
             "fail",
             f"lock_timeout is not set for this role or database, and {len(long)} session(s)"
-            f" have waited for an advisory lock for over {_duration(older_than)}: "
-            + "; ".join(f"{s.describe()} waiting {_duration(s.waited)}" for s in long[:_LISTED])
+            f" have waited for an advisory lock for over {format_seconds(older_than)}: "
+            + "; ".join(
+                f"{s.describe()} waiting {format_seconds(s.waited)}" for s in long[:_LISTED]
+            )
             + _more(long)
             + " (a job that hangs rather than skips)",
             advice,
@@ -730,3 +742,18 @@ def _local_address(conn: psycopg.Connection[Any]) -> tuple[str, int] | None:
     finally:
         sock.detach()  # the socket belongs to libpq
     return str(host).removeprefix("::ffff:"), int(port)
+
+
+def terminate_backend(conn: psycopg.Connection[Any], pid: int, *, wait_ms: int = 5000) -> bool:
+    """End backend ``pid`` (its session, its transaction and every lock it holds) and wait
+    up to ``wait_ms`` for it to be gone: True if it is. Shows nothing and asks nothing;
+    ``pgsolo terminate`` is the careful way."""
+    _check_positive(pid, "pid")
+    _check_positive(wait_ms, "wait_ms")
+    driver = adapt_sync(conn)
+    return (
+        driver.fetch_value(
+            _outside_transaction(driver, [sql.terminate_backend(pid, wait_ms=wait_ms)])
+        )
+        is True
+    )
