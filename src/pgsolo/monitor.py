@@ -710,13 +710,10 @@ def _proxy_check(
             f"the connection was told it is backend {startup_pid} at startup, but backend"
             f" {answering} answers"
         )
-    seen = (snapshot.get("client_addr"), snapshot.get("client_port"))
+    seen = _where(snapshot.get("client_addr"), snapshot.get("client_port"))
     local = _local_address(conn)
-    if seen[0] is not None and local is not None and local != seen:
-        reasons.append(
-            f"the server sees this client at {seen[0]}:{seen[1]}, the client is at"
-            f" {local[0]}:{local[1]}"
-        )
+    if local is not None and local != seen:
+        reasons.append(f"the server sees this client at {seen}, the client is at {local}")
     if reasons:
         return Check(
             "proxy",
@@ -729,19 +726,26 @@ def _proxy_check(
     return Check("proxy", "ok", f"a direct connection to backend {answering}")
 
 
-def _local_address(conn: psycopg.Connection[Any]) -> tuple[str, int] | None:
-    """The client's own end of a TCP connection, as the server would write it."""
+def _where(host: object, port: object) -> str:
+    return f"{host}:{port}" if host is not None else "a unix socket"
+
+
+def _local_address(conn: psycopg.Connection[Any]) -> str | None:
+    """The client's own end of the connection, written as :func:`_where` writes the
+    server's view of it (None when the socket cannot be read)."""
     try:
         sock = socket.socket(fileno=conn.fileno())
     except OSError:
         return None
     try:
+        if sock.family == socket.AF_UNIX:
+            return _where(None, None)
         if sock.family not in (socket.AF_INET, socket.AF_INET6):
             return None
         host, port = sock.getsockname()[:2]
     finally:
         sock.detach()  # the socket belongs to libpq
-    return str(host).removeprefix("::ffff:"), int(port)
+    return _where(str(host).removeprefix("::ffff:"), int(port))
 
 
 def terminate_backend(conn: psycopg.Connection[Any], pid: int, *, wait_ms: int = 5000) -> bool:
