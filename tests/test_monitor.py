@@ -9,6 +9,7 @@ change the verdict.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import socket
 import threading
@@ -40,10 +41,8 @@ def in_background(conn: psycopg.Connection, statement: str) -> threading.Thread:
     test asserts what the server shows."""
 
     def run() -> None:
-        try:
+        with contextlib.suppress(psycopg.Error):
             conn.execute(statement)
-        except psycopg.Error:
-            pass
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
@@ -89,8 +88,10 @@ def test_every_kind_of_key_is_decoded_with_its_mode_and_lifetime(
     assert held.application_name == "kinds-session"
     assert held.state == "idle"
     assert held.since_source == "state_change"
-    assert held.age_seconds is not None and held.age_seconds >= 0
-    assert held.query is not None and "pg_advisory_lock_shared(-1, -2)" in held.query
+    assert held.age_seconds is not None
+    assert held.age_seconds >= 0
+    assert held.query is not None
+    assert "pg_advisory_lock_shared(-1, -2)" in held.query
     assert held.database == monitor.info.dbname
     in_xact = rows[(Key((77, -77)), x)]
     assert (in_xact.state, in_xact.since_source) == ("idle in transaction", "xact_start")
@@ -405,7 +406,8 @@ def test_public_execute_on_the_lock_functions(fresh: Callable[..., psycopg.Conne
     admin = fresh()
     check = by_name(doctor(admin))["public-execute"]
     assert check.status == "warn"
-    assert "pg_advisory_lock(bigint)" in check.advice and "FROM PUBLIC" in check.advice
+    assert "pg_advisory_lock(bigint)" in check.advice
+    assert "FROM PUBLIC" in check.advice
     admin.execute(check.advice.removeprefix("in this database: ").split(";")[0])
     assert by_name(doctor(fresh()))["public-execute"].status == "ok"
     admin.execute("GRANT EXECUTE ON FUNCTION pg_try_advisory_xact_lock(bigint) TO PUBLIC")
