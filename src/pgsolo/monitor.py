@@ -202,28 +202,46 @@ def _locks_from(snapshot: Mapping[str, Any], namer: _Namer) -> list[AdvisoryLock
     assert seen_after is not None  # noqa: S101
     assert now is not None  # noqa: S101
     sessions: Mapping[str, Mapping[str, Any]] = snapshot["sessions"]
+    database = str(snapshot["database"])
+    # What a holder's session says is the same for each of its locks (one session may
+    # hold thousands): worked out once per pid.
+    holding: dict[int | None, tuple[Any, ...]] = {}
     locks = []
     for pid, classid, objid, objsubid, shared, granted, waitstart, blockers in snapshot["locks"]:
         key = decode_pg_lock(int(classid), int(objid), int(objsubid))
-        name = namer.name_of(key)
+        if (name := namer.name_of(key)) is not None:
+            key = Key(key.value, name)
         activity = sessions.get(str(pid), {}) if pid is not None else {}
-        since, source = _since(granted, _time(waitstart), activity)
+        if granted:
+            if (facts := holding.get(pid)) is None:
+                facts = holding[pid] = (
+                    _lifetime(pid, True, activity, seen_after),
+                    *_since(True, None, activity),
+                    _one_line(activity.get("query")),
+                )
+        else:
+            facts = (
+                None,
+                *_since(False, _time(waitstart), activity),
+                _one_line(activity.get("query")),
+            )
+        lifetime, since, source, query = facts
         locks.append(
             AdvisoryLock(
-                key=Key(key.value, name),
+                key=key,
                 name=name,
-                lifetime=_lifetime(pid, granted, activity, seen_after),
+                lifetime=lifetime,
                 shared=bool(shared),
                 granted=bool(granted),
                 pid=pid,
-                database=str(snapshot["database"]),
+                database=database,
                 application_name=activity.get("application_name"),
                 client_addr=activity.get("client_addr"),
                 client_port=_port(activity.get("client_port")),
                 state=activity.get("state"),
                 since=since,
                 since_source=source,
-                query=_one_line(activity.get("query")),
+                query=query,
                 blocked_by=tuple(sorted(blockers or ())),
                 observed_at=now,
             )
