@@ -326,7 +326,10 @@ def wait_chains(locks: Sequence[AdvisoryLock]) -> list[tuple[int, ...]]:
         if not nexts:
             chains.append(path)
         for blocker in nexts:
-            follow((*path, blocker)) if blocker not in path else chains.append(path)
+            if blocker in path:
+                chains.append(path)
+            else:
+                follow((*path, blocker))
 
     for tail in sorted(pid for pid in blocked_by if pid not in waited_on):
         follow((tail,))
@@ -353,12 +356,10 @@ def doctor(conn: psycopg.Connection[Any], *, older_than: float = DEFAULT_OLDER_T
         )
     driver = adapt_sync(conn)
     snapshot = _fetch_json(driver, [sql.CLEAR_ACTIVITY_SNAPSHOT, sql.DOCTOR])
-    checks = _diagnose(snapshot, float(older_than))
-    checks.insert(6, _proxy_check(conn, driver, snapshot))
-    return checks
+    return _diagnose(snapshot, float(older_than), proxy=_proxy_check(conn, driver, snapshot))
 
 
-def _diagnose(snapshot: Mapping[str, Any], older_than: float) -> list[Check]:
+def _diagnose(snapshot: Mapping[str, Any], older_than: float, *, proxy: Check) -> list[Check]:
     now = _time(snapshot["now"])
     assert now is not None  # noqa: S101 - the query always sets it
     sessions = [_Session.read(row, now) for row in snapshot["sessions"]]
@@ -371,6 +372,7 @@ def _diagnose(snapshot: Mapping[str, Any], older_than: float) -> list[Check]:
         _application_name_check(sessions),
         _idle_timeout_check(settings, role_settings),
         _lock_timeout_check(settings, role_settings, sessions, older_than),
+        proxy,
         _public_execute_check(snapshot["public_execute"], str(snapshot["user"])),
     ]
 
