@@ -2,6 +2,7 @@
 
 from .errors import (
     ConnectionStateError,
+    InvalidArgumentError,
     InvalidKeyError,
     InvalidOperationError,
     InvalidOperationKeyError,
@@ -30,6 +31,14 @@ from .locks import (
     session_lock,
     xact_lock,
 )
+from .monitor import (
+    AdvisoryLock,
+    Check,
+    advisory_locks,
+    doctor,
+    terminate_backend,
+    wait_chains,
+)
 from .once import (
     OnceOutcome,
     OnceResult,
@@ -42,8 +51,11 @@ from .once import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "AdvisoryLock",
     "AsyncLock",
+    "Check",
     "ConnectionStateError",
+    "InvalidArgumentError",
     "InvalidKeyError",
     "InvalidOperationError",
     "InvalidOperationKeyError",
@@ -70,9 +82,11 @@ __all__ = [
     "UnsafeConnectionError",
     "UsageError",
     "__version__",
+    "advisory_locks",
     "as_key",
     "async_pool_reset",
     "decode_pg_lock",
+    "doctor",
     "held_session_locks",
     "history",
     "idempotency_key_for",
@@ -84,5 +98,7 @@ __all__ = [
     "run_once_async",
     "session_lock",
     "singleton",
+    "terminate_backend",
+    "wait_chains",
     "xact_lock",
 ]

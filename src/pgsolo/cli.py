@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -31,6 +31,10 @@ from .dsn import EMBEDDED, choose_dsn, redact_dsn, resolved_dsn, scrub_secrets
 from .errors import LockTimeoutError, UsageError
 from .keys import Key, name_to_sql
 from .locks import MAX_WAIT_SECONDS
+
+if TYPE_CHECKING:
+    from .keys import Registry
+    from .monitor import AdvisoryLock
 
 __all__ = [
     "COMMANDS",
@@ -540,14 +544,7 @@ def cmd_history(args: argparse.Namespace) -> int:
     elif not rows:
         print("no attempts recorded" + (f" for job {args.job}" if args.job else ""))
     else:
-        table = [HISTORY_COLUMNS, *(_history_line(row) for row in rows)]
-        widths = [max(len(line[i]) for line in table) for i in range(len(HISTORY_COLUMNS))]
-        for line in table:
-            print(
-                "  ".join(
-                    cell.ljust(width) for cell, width in zip(line, widths, strict=True)
-                ).rstrip()
-            )
+        _print_table([HISTORY_COLUMNS, *(_history_line(row) for row in rows)])
     for warning in ledger.skip_warning(rows):
         print(f"warning: {warning}", file=sys.stderr)
     return EXIT_OK
@@ -578,6 +575,260 @@ def _connection(db: Database, default_name: str) -> Iterator[psycopg.Connection[
     name = application_name_for(db.dsn, default_name)
     with open_connection(db.dsn, application_name=name) as conn:
         yield conn
+
+
+# -- pgsolo locks, doctor, terminate ---------------------------------------------------
+
+
+def add_locks_command(subparsers: Subparsers) -> None:
+    parser = add_command(
+        subparsers,
+        "locks",
+        help="who holds which advisory lock, since when, and who waits behind whom",
+        description="List every advisory lock of the database, held and waiting: the key"
+        " (int64 or N:R), its name (from --registry, or a --name whose key spec v1 key"
+        " matches), exclusive or shared, lifetime where the server proves it, the backend"
+        " (pid, application_name, client, state), how long it has been held or waited"
+        " for, its current query, and the wait chains (pg_blocking_pids). One query;"
+        " exit code 0.",
+    )
+    parser.add_argument(
+        "--registry", metavar="FILE", help="a TOML registry of names ([locks], [namespaces])"
+    )
+    parser.add_argument(
+        "--name",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="label the key NAME derives to (an int64, or N:<its int32> in any namespace);"
+        " repeatable",
+    )
+    parser.add_argument("--key", metavar="KEY", help="only this key: a name, an int64 or N:R")
+    add_dsn_argument(parser)
+    add_json_argument(parser)
+    parser.set_defaults(handler=cmd_locks)
+
+
+LOCKS_COLUMNS = (
+    "KEY",
+    "NAME",
+    "MODE",
+    "LIFETIME",
+    "STATUS",
+    "PID",
+    "APPLICATION",
+    "CLIENT",
+    "STATE",
+    "FOR",
+    "BLOCKED BY",
+    "QUERY",
+)
+QUERY_WIDTH = 60  # characters of the current query in the table (--json has more)
+
+
+def cmd_locks(args: argparse.Namespace) -> int:
+    from .monitor import advisory_locks, wait_chains  # noqa: PLC0415
+
+    registry = _load_registry(args.registry) if args.registry else None
+    key = Key.parse(args.key) if args.key is not None else None
+    names = list(args.name)
+    if registry is not None and key is not None and key.name is not None:
+        key = registry.resolve(key.name)
+    with database(args.dsn) as db, _connection(db, "pgsolo:locks") as conn:
+        locks = advisory_locks(conn, registry=registry, names=names, key=key)
+    chains = wait_chains(locks)
+    if args.json:
+        _emit_json(
+            {
+                "database": db.label,
+                "locks": [lock.as_dict() for lock in locks],
+                "wait_chains": [list(chain) for chain in chains],
+            }
+        )
+        return EXIT_OK
+    held = sum(1 for lock in locks if lock.granted)
+    print(f"{held} held, {len(locks) - held} waiting: advisory locks in {db.label}")
+    if locks:
+        _print_table([LOCKS_COLUMNS, *(_lock_line(lock) for lock in locks)])
+    if chains:
+        print("wait chains (each pid waits for the next; the last one holds the lock):")
+        for chain in chains:
+            print("  " + " -> ".join(str(pid) for pid in chain))
+    return EXIT_OK
+
+
+def _load_registry(path: str) -> Registry:
+    from .keys import Registry  # noqa: PLC0415
+
+    try:
+        return Registry.from_toml(path)
+    except OSError as exc:
+        raise CliError(f"cannot read the registry {path}: {exc.strerror}", EXIT_USAGE) from exc
+
+
+def _lock_line(lock: AdvisoryLock) -> tuple[str, ...]:
+    from .monitor import format_seconds  # noqa: PLC0415
+
+    age = lock.age_seconds
+    since = f"{format_seconds(age)} ({lock.since_source})" if age is not None else ""
+    query = lock.query or ""
+    return (
+        lock.key.text,
+        lock.name or "",
+        "shared" if lock.shared else "exclusive",
+        lock.lifetime or "?",
+        "held" if lock.granted else "waiting",
+        str(lock.pid) if lock.pid is not None else "(prepared)",
+        lock.application_name or "",
+        lock.client_addr or ("local" if lock.state is not None else ""),
+        lock.state or "",
+        since,
+        ",".join(str(pid) for pid in lock.blocked_by),
+        query if len(query) <= QUERY_WIDTH else query[: QUERY_WIDTH - 3] + "...",
+    )
+
+
+def _print_table(table: list[tuple[str, ...]]) -> None:
+    widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
+    for line in table:
+        print(
+            "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+        )
+
+
+def add_doctor_command(subparsers: Subparsers) -> None:
+    parser = add_command(
+        subparsers,
+        "doctor",
+        help="check the production checklist against a live database",
+        description="Check the database against the advisory-lock production checklist and"
+        " print each check as ok, warn or fail with one line of advice: idle sessions"
+        " holding session locks, idle or long transactions holding locks, the shared lock"
+        " table's capacity, connections without an application_name, idle timeouts that"
+        " end lock holders, lock_timeout, a pooling proxy, and PUBLIC's EXECUTE on the"
+        " advisory-lock functions. Exit codes: 0 no check failed (warnings allowed);"
+        " 1 at least one check failed; 69 database unavailable; 2 usage error.",
+    )
+    parser.add_argument(
+        "--older-than",
+        type=_float_between(0, 30 * 86400),
+        default=300.0,
+        metavar="SECONDS",
+        help="an idle session or open transaction holding a lock, or a wait, older than this"
+        " is suspect (default: 300)",
+    )
+    add_dsn_argument(parser)
+    add_json_argument(parser)
+    parser.set_defaults(handler=cmd_doctor)
+
+
+DOCTOR_MARKS = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL"}
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from .monitor import doctor  # noqa: PLC0415
+
+    with database(args.dsn) as db, _connection(db, "pgsolo:doctor") as conn:
+        checks = doctor(conn, older_than=args.older_than)
+    code = EXIT_FAILED if any(check.status == "fail" for check in checks) else EXIT_OK
+    if args.json:
+        _emit_json(
+            {"database": db.label, "exit_code": code, "checks": [c.as_dict() for c in checks]}
+        )
+        return code
+    print(f"pgsolo doctor: {db.label}")
+    for check in checks:
+        print(f"[{DOCTOR_MARKS[check.status]}] {check.name}: {check.detail}")
+        if check.advice:
+            print(f"       advice: {check.advice}")
+    return code
+
+
+def add_terminate_command(subparsers: Subparsers) -> None:
+    parser = add_command(
+        subparsers,
+        "terminate",
+        help="end the backend that holds advisory locks (after showing what it holds)",
+        description="Show what backend PID holds and waits for, ask for confirmation on the"
+        " terminal, then end it with pg_terminate_backend: its session ends, its"
+        " transaction rolls back and every lock it holds is released. Refuses a PID that"
+        " holds no advisory lock in this database unless --force. Without a terminal on"
+        " stdin, --yes is required. Exit codes: 0 terminated and its locks are gone;"
+        " 1 declined, or the backend did not end; 2 usage error (including no terminal"
+        " and no --yes, or nothing held without --force); 69 database unavailable.",
+    )
+    parser.add_argument("pid", type=_int_between(1, 2**31 - 1), metavar="PID")
+    parser.add_argument("--yes", action="store_true", help="do not ask (for scripts)")
+    parser.add_argument(
+        "--force", action="store_true", help="terminate PID even if it holds no advisory lock"
+    )
+    add_dsn_argument(parser)
+    parser.set_defaults(handler=cmd_terminate)
+
+
+TERMINATE_WAIT_MS = 5000  # how long pg_terminate_backend waits for the backend to be gone
+
+
+def cmd_terminate(args: argparse.Namespace) -> int:
+    from .monitor import advisory_locks, terminate_backend  # noqa: PLC0415
+
+    with database(args.dsn) as db, _connection(db, "pgsolo:terminate") as conn:
+        if args.pid == conn.info.backend_pid:
+            raise CliError(f"pid {args.pid} is this command's own session", EXIT_USAGE)
+        locks = advisory_locks(conn, pid=args.pid)
+        if not locks and not args.force:
+            raise CliError(
+                f"pid {args.pid} holds and waits for no advisory lock in {db.label}; nothing"
+                " to release (--force terminates it anyway)",
+                EXIT_USAGE,
+            )
+        if locks:
+            first = locks[0]
+            app = repr(first.application_name) if first.application_name else "no application_name"
+            print(
+                f"pid {args.pid} ({app}, client {first.client_addr or 'local'}, state"
+                f" {first.state or 'unknown'}) in {db.label}:"
+            )
+            _print_table([LOCKS_COLUMNS, *(_lock_line(lock) for lock in locks)])
+        else:
+            print(f"pid {args.pid} holds no advisory lock in {db.label} (--force)")
+        if not args.yes and not _confirmed(args.pid):
+            print(f"not terminated: pid {args.pid}")
+            return EXIT_FAILED
+        ended = terminate_backend(conn, args.pid, wait_ms=TERMINATE_WAIT_MS)
+        left = advisory_locks(conn, pid=args.pid) if ended else locks
+    if not ended:
+        print(
+            f"pgsolo terminate: pid {args.pid} did not end within"
+            f" {TERMINATE_WAIT_MS / 1000:g}s (or is not a backend of this server)",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
+    if left:
+        print(
+            f"pgsolo terminate: pid {args.pid} ended but {len(left)} locks still show",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
+    print(f"terminated pid {args.pid}: {len(locks)} advisory lock(s) released")
+    return EXIT_OK
+
+
+def _confirmed(pid: int) -> bool:
+    if not sys.stdin.isatty():
+        raise CliError(
+            "stdin is not a terminal, so pgsolo cannot ask for confirmation; pass --yes to"
+            f" terminate pid {pid} without asking",
+            EXIT_USAGE,
+        )
+    print(
+        f"terminate pid {pid}? Its session ends, its transaction rolls back and its locks"
+        " are released. [y/N] ",
+        end="",
+        file=sys.stderr,
+        flush=True,
+    )
+    return sys.stdin.readline().strip().lower() in ("y", "yes")
 
 
 # -- argument types ----------------------------------------------------------------------
@@ -613,10 +864,13 @@ def _float_between(low: float, high: float) -> Callable[[str], float]:
 
 COMMANDS: list[Callable[[Subparsers], None]] = [
     add_demo_command,
+    add_doctor_command,
     add_history_command,
     add_key_command,
+    add_locks_command,
     add_migrate_command,
     add_run_command,
+    add_terminate_command,
 ]
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 __all__ = [
     "ConnectionStateError",
+    "InvalidArgumentError",
     "InvalidKeyError",
     "InvalidOperationError",
     "InvalidOperationKeyError",
@@ -127,3 +128,7 @@ class TransactionFailedError(PgsoloError):
     """The transaction pgsolo opened for a transaction-level lock was aborted by an
     error that the protected block caught and did not re-raise; it was rolled back and
     nothing in it was committed."""
+
+
+class InvalidArgumentError(UsageError, ValueError):
+    """An argument other than a key is out of its range or of the wrong kind."""
