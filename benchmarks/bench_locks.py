@@ -35,7 +35,7 @@ import tempfile
 import time
 import urllib.parse
 import warnings
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -46,8 +46,8 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import pgsolo
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from pgproxy import LatencyProxy, compact
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # also run as a script
+from benchmarks.pgproxy import LatencyProxy, compact
 
 KEY = (42, 1001)  # the article's key: namespace 42 (background jobs), 1001 (daily settlement)
 ASYNCPG_LOCK_KEY = (42, 1003)  # asyncpg-lock releases by closing its connection, later
@@ -824,6 +824,7 @@ def _measure(
     )
     proxy: LatencyProxy | None = None
     bench_target = target
+    switch_interval = sys.getswitchinterval()
     if latency is not None:
         sys.setswitchinterval(0.0005)  # the proxy thread must not wait long for the GIL
         proxy = LatencyProxy(target.upstream(), latency)
@@ -843,6 +844,7 @@ def _measure(
             bench.close(c)
         if proxy is not None:
             proxy.stop()
+        sys.setswitchinterval(switch_interval)
 
 
 def _count_round_trips(runner: asyncio.Runner, target: Target, contenders: list[Contender]) -> None:
@@ -861,12 +863,25 @@ def _count_round_trips(runner: asyncio.Runner, target: Target, contenders: list[
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    with server(args.dsn) as (target, server_kind):
+        return run_on(target, server_kind, args)
+
+
+def run_on(
+    target: Target,
+    server_kind: str,
+    args: argparse.Namespace,
+    only: Collection[str] | None = None,
+) -> dict[str, Any]:
+    """Measure on a server that is already there; ``only``: these contenders, if given."""
     contenders, skipped = lineup(args.latency_ms)
+    if only is not None:
+        contenders = [c for c in contenders if c.name in only]
     for name, reason in skipped:
         print(f"skipped {name}: {reason}", file=sys.stderr)
     started = time.perf_counter()
     load_before = os.getloadavg()[0]
-    with server(args.dsn) as (target, server_kind), asyncio.Runner() as runner:
+    with asyncio.Runner() as runner:
         with psycopg.connect(target.conninfo()) as probe:
             row = probe.execute("SHOW server_version").fetchone()
             version = str(row[0]) if row else "?"

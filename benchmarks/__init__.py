@@ -1,0 +1,1 @@
+"""pgsolo's benchmark suite: ``python -m benchmarks`` runs every scenario (see README.md)."""

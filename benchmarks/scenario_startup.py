@@ -1,0 +1,67 @@
+"""Item 7: what ``import pgsolo`` and ``pgsolo --help`` cost a fresh process, against
+what any user of psycopg pays anyway (``python -c 'import psycopg'``) and against a
+bare interpreter (``python -c pass``). Runs are interleaved, warm (bytecode cached)."""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+
+from benchmarks.commands import COMMAND_TIMEOUT_S, pgsolo_command, timed
+from benchmarks.registry import Context, Ratio, Row, scenario
+
+COMMANDS = {
+    "python -c pass": [sys.executable, "-c", "pass"],
+    "import psycopg": [sys.executable, "-c", "import psycopg"],
+    "import pgsolo": [sys.executable, "-c", "import pgsolo"],
+    "pgsolo --help": [*pgsolo_command(), "--help"],
+}
+
+
+def _heaviest_imports(count: int = 4) -> list[tuple[str, float]]:
+    """pgsolo's own modules with the largest cumulative import time (``-X importtime``)."""
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", "import pgsolo"],
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_TIMEOUT_S,
+        check=True,
+    )
+    found = []
+    for line in proc.stderr.splitlines():
+        parts = line.removeprefix("import time:").split("|")
+        if len(parts) == 3 and parts[2].strip().startswith("pgsolo."):
+            found.append((parts[2].strip(), int(parts[1]) / 1000))
+    return sorted(found, key=lambda item: -item[1])[:count]
+
+
+@scenario("7", "startup: import pgsolo, pgsolo --help")
+def startup(ctx: Context) -> list[Row]:
+    per_round = ctx.size(10, 2)
+    for argv in COMMANDS.values():  # warm: bytecode written, files in the page cache
+        timed(argv)
+    samples: dict[str, list[list[float]]] = {name: [] for name in COMMANDS}
+    for round_no in range(ctx.rounds):
+        order = list(COMMANDS) if round_no % 2 == 0 else list(COMMANDS)[::-1]
+        for name in order:
+            samples[name].append([timed(COMMANDS[name]) * 1000 for _ in range(per_round)])
+    medians = {name: [statistics.median(r) for r in rounds] for name, rounds in samples.items()}
+    overall = {name: statistics.median(m) for name, m in medians.items()}
+    bare = overall["python -c pass"]
+    heaviest = ", ".join(f"{name} {ms:.0f} ms" for name, ms in _heaviest_imports())
+    rows = []
+    for name in ("import pgsolo", "pgsolo --help"):
+        rows.append(
+            Row(
+                scenario="7",
+                title=f"{name} ÷ import psycopg, fresh process",
+                ratio=Ratio.paired(medians[name], medians["import psycopg"]),
+                detail=f"{overall[name]:.0f} vs {overall['import psycopg']:.0f} ms"
+                f" ({overall[name] - bare:.0f} vs {overall['import psycopg'] - bare:.0f} ms"
+                f" over a bare interpreter of {bare:.0f} ms)"
+                + (f"; -X importtime, cumulative: {heaviest}" if name == "import pgsolo" else ""),
+                data={"round_medians_ms": medians},
+            )
+        )
+    return rows

@@ -1,0 +1,81 @@
+"""Items 1 and 2: one uncontended try-lock around a no-op, pgsolo against the article's
+recipe on the same driver and against the peers, measured by ``bench_locks.py``.
+
+Both run twice: through the loopback proxy that delays every server reply (round trips
+dominate, as across any network) and directly over the server's socket (the client's
+CPU per operation dominates). The rows divide pgsolo's time per operation by the
+other's, paired by round.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from benchmarks import bench_locks
+from benchmarks.registry import Context, Goal, Ratio, Row, scenario
+
+XACT_GOAL = Goal("<=", 0.75)  # pgsolo saves one of the recipe's three round trips
+SESSION_GOAL = Goal("<=", 1.05)  # the same two round trips: pgsolo must cost ~nothing more
+PALS_GOAL = Goal("<=", 1 / 3)  # at least 3x faster than pals
+
+# (pgsolo contender, other contender, goal, which item); the other may be a peer.
+PAIRS: list[tuple[str, str, Goal | None, str]] = [
+    ("pgsolo-xact", "recipe-xact", XACT_GOAL, "1"),
+    ("pgsolo-xact-async", "recipe-xact-async", XACT_GOAL, "1"),
+    ("pgsolo-xact/autocommit-off", "recipe-xact", None, "1"),
+    ("pgsolo-session", "recipe-session", SESSION_GOAL, "2"),
+    ("pgsolo-session-async", "recipe-session-async", SESSION_GOAL, "2"),
+    ("pgsolo-session", "pals", PALS_GOAL, "2"),
+    ("pgsolo-session", "tooz", None, "2"),
+    ("pgsolo-session-async", "asyncpg-lock", None, "2"),
+]
+
+
+def _measure(ctx: Context, latency_ms: float | None) -> dict[str, dict[str, Any]]:
+    names = {name for pair in PAIRS for name in pair[:2]}
+    if latency_ms is None:
+        iterations = ctx.size(200, 20)
+    else:
+        iterations = ctx.size(bench_locks.DEFAULT_LATENCY_ITERATIONS, 3)
+    args = argparse.Namespace(
+        dsn=None, latency_ms=latency_ms, iterations=iterations, rounds=ctx.rounds
+    )
+    result = bench_locks.run_on(ctx.target, ctx.server_kind, args, only=names)
+    return {r["contender"]: r for r in result["results"]}
+
+
+def _fmt_us(us: float) -> str:
+    return f"{us / 1000:.2f} ms" if us >= 1000 else f"{us:.0f} µs"
+
+
+def _rows(measured: dict[str, dict[str, Any]], mode: str, goal_items: set[str]) -> list[Row]:
+    rows = []
+    for ours, theirs, goal, item in PAIRS:
+        a, b = measured.get(ours), measured.get(theirs)
+        if a is None or b is None:
+            continue  # a peer that is not installed (the suite printed why)
+        rt = f"{a['round_trips_per_op']:g} vs {b['round_trips_per_op']:g} round trips; "
+        rows.append(
+            Row(
+                scenario=item,
+                title=f"{ours} ÷ {theirs}, {mode}",
+                ratio=Ratio.paired(a["round_medians_us"], b["round_medians_us"]),
+                goal=goal if item in goal_items else None,
+                detail=rt + f"{_fmt_us(a['median_us'])} vs {_fmt_us(b['median_us'])} per op",
+                data={"ours": a, "theirs": b},
+            )
+        )
+    return rows
+
+
+@scenario("1-2", "uncontended try-lock around a no-op: recipe and peers")
+def uncontended(ctx: Context) -> list[Row]:
+    proxied = _measure(ctx, ctx.latency_ms)
+    direct = _measure(ctx, None)
+    return [
+        *_rows(proxied, f"{ctx.latency_ms:g} ms per round trip", {"1", "2"}),
+        # Item 1's goal is a saved round trip, which only shows where round trips
+        # dominate; over the local socket it is reported without one.
+        *_rows(direct, "direct socket", {"2"}),
+    ]
