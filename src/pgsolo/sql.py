@@ -535,7 +535,6 @@ DOCTOR = (
 )
 
 
-
 def terminate_backend(pid: int, *, wait_ms: int) -> str:
     """End backend ``pid`` and wait up to ``wait_ms`` for it to be gone (true if it is)."""
     return f"SELECT pg_terminate_backend({int(pid)}, {int(wait_ms)})"
