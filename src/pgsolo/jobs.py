@@ -225,7 +225,7 @@ def _plan(job: Job, core: _LockCore) -> Plan[JobResult[Any]]:  # noqa: PLR0911, 
             return result(outcome, error=exc, duration=duration, reason=_lost_reason(driver))
         raise  # KeyboardInterrupt, SystemExit, cancellation: not the work's outcome
     try:
-        yield from core.exit(failed=False, verify=True)
+        yield from core.exit(failed=False)
     except (LockLostError, LockNotHeldError) as exc:
         return result("lost", error=exc, duration=duration, reason=str(exc), value=value)
     except TransactionFailedError as exc:
@@ -329,6 +329,7 @@ def _core_for(job: Job, driver: DriverBase) -> _LockCore:
         wait_ms=_validate_wait(job.wait),
         shared=False,
         reentrant=False,
+        verify_commit=True,
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import secrets
 import threading
 import time
 import weakref
@@ -253,6 +254,7 @@ class _LockCore:
         reentrant: bool,
         fencing: bool = False,
         keep: Keep | None = None,
+        verify_commit: bool = False,
     ) -> None:
         self.driver = driver
         self.key = key
@@ -268,6 +270,10 @@ class _LockCore:
         self.route: Route | None = None  # session locks: what answers the connection
         self.token: int | None = None  # the fencing token of this acquisition
         self.lost: LockLostError | None = None  # set by the keeper
+        # xact: commit pgsolo's own transaction only if it is still the one that took the
+        # lock (the work may have committed it and begun another).
+        self.verify_commit = verify_commit
+        self.transaction_marker: str | None = None
 
     @property
     def server_pid(self) -> int | None:
@@ -437,6 +443,9 @@ class _LockCore:
                 self.opened_transaction = True
                 if not driver.begins_implicitly:
                     statements.append(sql.BEGIN)
+                if self.verify_commit:
+                    self.transaction_marker = secrets.token_hex(8)
+                    statements.append(sql.mark_transaction(self.transaction_marker))
             elif not driver.begins_implicitly:
                 raise ConnectionStateError(
                     "a transaction-level lock needs an open transaction, and this autocommit"
@@ -737,11 +746,11 @@ class _LockCore:
         _unclaim(self.driver.connection, self.key)
         self.acquired = False
 
-    def exit(self, *, failed: bool, verify: bool = False) -> Plan[None]:
+    def exit(self, *, failed: bool) -> Plan[None]:
         """Leave the ``with`` block: release the session lock, or end the transaction
-        pgsolo opened. A failure of the block itself is never masked. With ``verify``,
-        the transaction commits only if the lock is still held then (same round trip);
-        otherwise it is rolled back and :class:`LockLostError` raised."""
+        pgsolo opened. A failure of the block itself is never masked. With
+        ``verify_commit``, the transaction commits only if the lock is still held then
+        (same round trip); otherwise it is rolled back and :class:`LockLostError` raised."""
         if self.lifetime == "session":
             if not self.acquired:
                 return
@@ -757,14 +766,15 @@ class _LockCore:
             return
         self.opened_transaction = False
         try:
-            yield from self._end_own_transaction(failed=failed, verify=verify)
+            yield from self._end_own_transaction(failed=failed)
         finally:
+            self.transaction_marker = None
             conn = self.driver.connection
             if self.acquired:
                 _unclaim(conn, self.key)
             _set_transaction_owner(conn, self.driver.backend_pid(), None)
 
-    def _end_own_transaction(self, *, failed: bool, verify: bool) -> Plan[None]:
+    def _end_own_transaction(self, *, failed: bool) -> Plan[None]:
         status = self.driver.transaction_status()
         if status is TxStatus.IDLE:
             return  # the block ended the transaction itself
@@ -780,12 +790,13 @@ class _LockCore:
         if not self.acquired:
             yield [sql.ROLLBACK]
             return
-        if not verify:
+        marker = self.transaction_marker
+        if marker is None:
             yield [sql.COMMIT]
             self._log(logging.DEBUG, "released")
             return
         try:
-            yield [sql.assert_held_here(self.key, shared=self.shared), sql.COMMIT]
+            yield [sql.assert_same_transaction(self.key, marker), sql.COMMIT]
         except Exception as exc:
             if self.driver.sqlstate(exc) != sql.SQLSTATE_LOCK_GONE:
                 raise

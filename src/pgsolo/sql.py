@@ -70,14 +70,25 @@ def set_local_lock_timeout(milliseconds: int) -> str:
     return f"SET LOCAL lock_timeout = '{milliseconds}ms'"
 
 
-SQLSTATE_LOCK_GONE = "PGSLG"  # raised by assert_held_here; pgsolo's own code
+SQLSTATE_LOCK_GONE = "PGSLG"  # raised by assert_same_transaction; pgsolo's own code
+XACT_MARKER_SETTING = "pgsolo.xact_lock_marker"
 
 
-def assert_held_here(key: Key, *, shared: bool) -> str:
-    """Fail the transaction unless this backend still holds ``key``: sent in the same
-    message as a COMMIT, so that work which lost its lock is rolled back, not committed."""
+def mark_transaction(marker: str) -> str:
+    """Mark the transaction that takes an xact lock (a transaction-local setting, gone
+    when that transaction ends, exactly like the lock)."""
+    return f"SELECT set_config('{XACT_MARKER_SETTING}', {_token_literal(marker)}, true)"
+
+
+def assert_same_transaction(key: Key, marker: str) -> str:
+    """Fail unless this is still the transaction that took ``key`` (marked by
+    :func:`mark_transaction`): sent in the same message as its COMMIT, so that work which
+    ended the locked transaction and carried on in another is rolled back, not committed.
+    A transaction-level lock can only go away with its transaction, so this says whether
+    it is still held, without reading the whole shared lock table (``pg_locks``)."""
     return (
-        f"DO $pgsolo$BEGIN IF NOT ({held_here(key, shared=shared)}) THEN"
+        f"DO $pgsolo$BEGIN IF current_setting('{XACT_MARKER_SETTING}', true)"
+        f" IS DISTINCT FROM {_token_literal(marker)} THEN"
         f" RAISE EXCEPTION USING ERRCODE = '{SQLSTATE_LOCK_GONE}',"
         f" MESSAGE = 'pgsolo: advisory lock {key.text} is no longer held';"
         " END IF; END$pgsolo$"
