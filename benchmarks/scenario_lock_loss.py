@@ -1,26 +1,30 @@
 """Item 5: how long after ``pg_terminate_backend`` kills the backend that holds a
 session lock does pgsolo act on the loss?
 
-Measured end to end on ``pgsolo run``, which checks its lock every ``--check-interval``
-(and, with the keeper, heartbeats it): from the moment the benchmark sends
-``pg_terminate_backend`` for pgsolo's backend to the moment ``pgsolo run`` has stopped
-its command and exited with 70 (lock lost). The termination comes at a random point of
-the check period. The ratio is that time ÷ the check interval; the goal is under two.
+Measured twice. On the keeper itself (``session_lock(..., keep=Keep(interval))``, sync
+and async): from the moment the benchmark sends ``pg_terminate_backend`` to the moment
+``on_lost`` is called. And end to end on ``pgsolo run``, whose keeper beats every
+``--check-interval``: to the moment ``pgsolo run`` has stopped its command and exited
+with 70 (lock lost). The termination comes at a random point of the beat period. The
+ratio is that time ÷ the interval; the goal is under two.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Any
 
 import psycopg
 
+import pgsolo
 from benchmarks.commands import pgsolo_command
 from benchmarks.registry import Context, Goal, Ratio, Row, quantile, scenario
 
@@ -87,18 +91,100 @@ def _one_loss(
     return exited - terminated
 
 
-@scenario("5", "lock loss: pg_terminate_backend to pgsolo run's exit")
+def _keeper_loss(
+    conninfo: str, observer: psycopg.Connection[Any], interval: float, rng: random.Random
+) -> float:
+    """Seconds from pg_terminate_backend to the sync keeper's on_lost."""
+    noticed = threading.Event()
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        keep = pgsolo.Keep(interval=interval, on_lost=lambda _error: noticed.set())
+        lock = pgsolo.session_lock(conn, KEY, keep=keep)
+        if not lock.acquire():
+            raise RuntimeError(f"{KEY} is busy")
+        time.sleep(rng.uniform(0, interval))
+        terminated = time.perf_counter()
+        observer.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
+        if not noticed.wait(EXIT_TIMEOUT_S):
+            raise RuntimeError("the keeper never noticed the loss")
+        seconds = time.perf_counter() - terminated
+        try:
+            lock.release()
+        except pgsolo.LockLostError:
+            pass  # expected: the loss is reported again at release
+        else:
+            raise RuntimeError("release() after a loss did not report it")
+    return seconds
+
+
+async def _async_keeper_loss(
+    conninfo: str, observer: psycopg.Connection[Any], interval: float, rng: random.Random
+) -> float:
+    """Seconds from pg_terminate_backend to the async keeper's on_lost."""
+    noticed = asyncio.Event()
+    async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
+        keep = pgsolo.Keep(interval=interval, on_lost=lambda _error: noticed.set())
+        lock = pgsolo.session_lock(conn, KEY, keep=keep)
+        if not await lock.acquire():
+            raise RuntimeError(f"{KEY} is busy")
+        await asyncio.sleep(rng.uniform(0, interval))
+        terminated = time.perf_counter()
+        observer.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
+        await asyncio.wait_for(noticed.wait(), EXIT_TIMEOUT_S)
+        seconds = time.perf_counter() - terminated
+        try:
+            await lock.release()
+        except pgsolo.LockLostError:
+            pass
+        else:
+            raise RuntimeError("release() after a loss did not report it")
+    return seconds
+
+
+def _loss_row(title: str, rounds: list[list[float]], interval: float) -> Row:
+    pooled = [s for r in rounds for s in r]
+    return Row(
+        scenario="5",
+        title=title,
+        ratio=Ratio.of([statistics.median(r) / interval for r in rounds]),
+        goal=Goal("<", 2.0),
+        detail=f"median {statistics.median(pooled) * 1000:.0f} ms,"
+        f" slowest {max(pooled) * 1000:.0f} ms, p90 {quantile(pooled, 0.9) * 1000:.0f} ms"
+        f" ({len(pooled)} terminations at random points of the period)",
+        data={"seconds": rounds, "interval_s": interval},
+    )
+
+
+@scenario("5", "lock loss: pg_terminate_backend to the keeper's report and pgsolo run's exit")
 def lock_loss(ctx: Context) -> list[Row]:
-    interval = 0.2 if ctx.quick else 1.0  # 1 s is pgsolo run's default
+    interval = 0.2 if ctx.quick else 1.0  # 1 s is the keeper's and pgsolo run's default
     per_round = 2
     rng = random.Random(5)
     conninfo = ctx.target.conninfo()
     rounds: list[list[float]] = []
+    keeper: list[list[float]] = []
+    async_keeper: list[list[float]] = []
     with psycopg.connect(conninfo, autocommit=True) as observer:
         for _ in range(ctx.rounds):
+            keeper.append(
+                [_keeper_loss(conninfo, observer, interval, rng) for _ in range(per_round)]
+            )
+            async_keeper.append(
+                [
+                    asyncio.run(_async_keeper_loss(conninfo, observer, interval, rng))
+                    for _ in range(per_round)
+                ]
+            )
             rounds.append([_one_loss(conninfo, observer, interval, rng) for _ in range(per_round)])
     pooled = [s for r in rounds for s in r]
     return [
+        _loss_row(
+            f"keeper: terminated backend to on_lost ÷ interval {interval:g} s", keeper, interval
+        ),
+        _loss_row(
+            f"async keeper: terminated backend to on_lost ÷ interval {interval:g} s",
+            async_keeper,
+            interval,
+        ),
         Row(
             scenario="5",
             title=f"pgsolo run: terminated backend to exit 70 ÷ --check-interval {interval:g} s",
@@ -108,5 +194,5 @@ def lock_loss(ctx: Context) -> list[Row]:
             f" slowest {max(pooled) * 1000:.0f} ms, p90 {quantile(pooled, 0.9) * 1000:.0f} ms"
             f" ({len(pooled)} terminations at random points of the period)",
             data={"seconds": rounds, "check_interval_s": interval},
-        )
+        ),
     ]

@@ -664,7 +664,9 @@ class _LockCore:
             return
         if driver.is_closed():
             self._forget()
-            self._log(logging.WARNING, "lost", reason="connection closed")
+            # Already reported by the keeper, if it was watching.
+            level = logging.WARNING if self.lost is None else logging.DEBUG
+            self._log(level, "lost", reason="connection closed")
             raise LockLostError(
                 f"session lock {self.key} was lost: its connection is closed, so PostgreSQL"
                 " released the lock when the session ended",
