@@ -14,6 +14,7 @@ import logging
 import math
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -90,8 +91,10 @@ def test_terminated_backend_is_lost_in_a_with_block(
 ) -> None:
     conn = connect()
     on_lost = OnLost()
-    with pytest.raises(LockLostError) as at_exit:
-        with pgsolo.session_lock(conn, key, keep=Keep(interval=0.1, on_lost=on_lost)) as lock:
+    lock = pgsolo.session_lock(conn, key, keep=Keep(interval=0.1, on_lost=on_lost))
+
+    def block() -> None:
+        with lock:
             pid = lock.backend_pid
             assert pid is not None
             assert observer.holders(key) == {pid}
@@ -101,10 +104,13 @@ def test_terminated_backend_is_lost_in_a_with_block(
             wait_until_lost(lock)
             with pytest.raises(LockLostError) as checked:
                 lock.check()
+            assert checked.value is lock.loss
+
+    with pytest.raises(LockLostError) as at_exit:
+        block()
     loss = lock.loss
     assert loss is not None
     assert at_exit.value is loss  # the block ran to its end, but not all of it locked
-    assert checked.value is loss
     assert loss.reason == "connection-lost"
     assert loss.key == key
     assert str(key) in str(loss)
@@ -130,7 +136,8 @@ def test_terminated_backend_is_lost_and_release_raises_it(
     terminate(observer, pid)
     wait_until_lost(lock)
     loss = lock.loss
-    assert loss is not None and loss.reason == "connection-lost"
+    assert loss is not None
+    assert loss.reason == "connection-lost"
     with pytest.raises(LockLostError) as released:
         lock.release()
     assert released.value is loss
@@ -144,13 +151,19 @@ def test_terminated_backend_is_lost_and_release_raises_it(
 
 def test_body_error_wins_over_the_loss_at_exit(connect: Connect, observer: Any, key: Key) -> None:
     conn = connect()
-    with pytest.raises(KeyError, match="the body's own"):
-        with pgsolo.session_lock(conn, key, keep=Keep(interval=INTERVAL)) as lock:
+    lock = pgsolo.session_lock(conn, key, keep=Keep(interval=INTERVAL))
+
+    def block() -> None:
+        with lock:
             assert lock.backend_pid is not None
             terminate(observer, lock.backend_pid)
             wait_until_lost(lock)
             raise KeyError("the body's own")
-    assert lock.loss is not None and lock.loss.reason == "connection-lost"
+
+    with pytest.raises(KeyError, match="the body's own"):
+        block()
+    assert lock.loss is not None
+    assert lock.loss.reason == "connection-lost"
 
 
 # -- loss: released behind pgsolo's back on the same session ------------------------------
@@ -165,14 +178,19 @@ def test_released_behind_pgsolos_back_is_lock_released(
     connect: Connect, observer: Any, key: Key, statement: str
 ) -> None:
     conn = connect()
+    pid = conn.info.backend_pid
     on_lost = OnLost()
-    with pytest.raises(LockLostError) as at_exit:
-        with pgsolo.session_lock(conn, key, keep=Keep(interval=INTERVAL, on_lost=on_lost)) as lock:
-            pid = conn.info.backend_pid
+    lock = pgsolo.session_lock(conn, key, keep=Keep(interval=INTERVAL, on_lost=on_lost))
+
+    def block() -> None:
+        with lock:
             assert observer.holders(key) == {pid}
             conn.execute(statement.format(args=key.sql_args))
             assert observer.holders(key) == set()
             wait_until_lost(lock)
+
+    with pytest.raises(LockLostError) as at_exit:
+        block()
     loss = lock.loss
     assert loss is not None
     assert at_exit.value is loss
@@ -197,7 +215,8 @@ def test_released_behind_pgsolos_back_then_release_raises_the_loss(
     with pytest.raises(LockLostError) as released:
         lock.release()
     assert released.value is lock.loss
-    assert lock.loss is not None and lock.loss.reason == "lock-released"
+    assert lock.loss is not None
+    assert lock.loss.reason == "lock-released"
     assert observer.holders(key) == set()
     assert_still_usable(conn)
 
@@ -256,11 +275,12 @@ def test_no_false_alarm_while_the_user_works_on_the_connection(
         if not autocommit:
             conn.commit()
         wait_for_beat(observer, pid, key)
-        states = set()
+        states, statuses = set(), set()
         for _ in range(25):
             states.add(activity(observer, pid)[0])
-            assert conn.info.transaction_status is pq.TransactionStatus.IDLE
+            statuses.add(conn.info.transaction_status)  # ACTIVE while a beat is out
             time.sleep(INTERVAL / 2)
+        assert statuses <= {pq.TransactionStatus.IDLE, pq.TransactionStatus.ACTIVE}
         assert "idle in transaction" not in states
         assert states <= {"idle", "active"}
         assert not lock.lost
@@ -277,22 +297,24 @@ def test_shared_locks_are_kept_and_lost_one_by_one(
 ) -> None:
     first, second = connect(), connect()
     keep = Keep(interval=INTERVAL)
-    with (
-        pgsolo.session_lock(first, key, shared=True, keep=keep) as a,
-        pgsolo.session_lock(second, key, shared=True, keep=keep) as b,
-    ):
+    a = pgsolo.session_lock(first, key, shared=True, keep=keep)
+    assert a.acquire()
+    with pgsolo.session_lock(second, key, shared=True, keep=keep) as b:
         assert observer.holders(key) == {first.info.backend_pid, second.info.backend_pid}
         wait_for_beat(observer, first.info.backend_pid, key, shared=True)
         wait_for_beat(observer, second.info.backend_pid, key, shared=True)
-        assert not a.lost and not b.lost
+        assert not a.lost
+        assert not b.lost
         terminate(observer, first.info.backend_pid)
         wait_until_lost(a)
         second.execute("SELECT 'after the first one went'")
         wait_for_beat(observer, second.info.backend_pid, key, shared=True)
         assert not b.lost  # its own lock is still there
-        assert a.loss is not None and a.loss.reason == "connection-lost"
+        assert a.loss is not None
+        assert a.loss.reason == "connection-lost"
         with pytest.raises(LockLostError):
             a.release()
+        assert observer.holders(key) == {second.info.backend_pid}
     assert not b.lost
     assert observer.holders(key) == set()
 
@@ -385,27 +407,30 @@ def test_keeper_skips_during_a_user_transaction_and_resumes_after(
     connect: Connect, observer: Any, key: Key, explicit: bool
 ) -> None:
     conn = connect(autocommit=explicit)
+    pid = conn.info.backend_pid
     on_lost = OnLost()
-    with pytest.raises(LockLostError):
-        with pgsolo.session_lock(conn, key, keep=Keep(interval=INTERVAL, on_lost=on_lost)) as lock:
-            pid = conn.info.backend_pid
+    lock = pgsolo.session_lock(conn, key, keep=Keep(interval=INTERVAL, on_lost=on_lost))
+    marker = "SELECT 'the user is in a transaction'"
+
+    def work_in_a_transaction() -> None:
+        conn.execute("SET LOCAL application_name = 'pgsolo-in-xact'")
+        conn.execute(marker)
+        # Many beats are due while the transaction is open: none runs inside it.
+        for _ in range(20):
+            assert activity(observer, pid) == ("idle in transaction", marker)
+            time.sleep(INTERVAL)
+        assert conn.execute("SHOW application_name").fetchone() == ("pgsolo-in-xact",)
+        conn.execute("CREATE TEMP TABLE pgsolo_keeper_skip (n int)")
+        conn.execute("INSERT INTO pgsolo_keeper_skip VALUES (1)")
+
+    def block() -> None:
+        with lock:
             wait_for_beat(observer, pid, key)
-            marker = "SELECT 'the user is in a transaction'"
             if explicit:
-                transaction = conn.transaction()
-                transaction.__enter__()
-            conn.execute("SET LOCAL application_name = 'pgsolo-in-xact'")
-            conn.execute(marker)
-            # Many beats are due while the transaction is open: none runs inside it.
-            for _ in range(20):
-                assert activity(observer, pid) == ("idle in transaction", marker)
-                time.sleep(INTERVAL)
-            assert conn.execute("SHOW application_name").fetchone() == ("pgsolo-in-xact",)
-            conn.execute("CREATE TEMP TABLE pgsolo_keeper_skip (n int)")
-            conn.execute("INSERT INTO pgsolo_keeper_skip VALUES (1)")
-            if explicit:
-                transaction.__exit__(None, None, None)
+                with conn.transaction():
+                    work_in_a_transaction()
             else:
+                work_in_a_transaction()  # in psycopg's implicit transaction
                 conn.commit()
             assert conn.execute("SELECT count(*) FROM pgsolo_keeper_skip").fetchone() == (1,)
             if not explicit:
@@ -416,7 +441,11 @@ def test_keeper_skips_during_a_user_transaction_and_resumes_after(
             wait_for_beat(observer, pid, key)
             terminate(observer, pid)
             wait_until_lost(lock)
-    assert lock.loss is not None and lock.loss.reason == "connection-lost"
+
+    with pytest.raises(LockLostError):
+        block()
+    assert lock.loss is not None
+    assert lock.loss.reason == "connection-lost"
     assert on_lost.errors == [lock.loss]
 
 
@@ -435,12 +464,17 @@ def test_on_lost_that_raises_is_logged_and_stays_in_the_keeper(
     caplog.set_level(logging.INFO, logger="pgsolo")
     conn = connect()
     on_lost = OnLost(fail=RuntimeError("the callback broke"))
-    with pytest.raises(LockLostError) as at_exit:
-        with pgsolo.session_lock(conn, key, keep=Keep(interval=INTERVAL, on_lost=on_lost)) as lock:
+    lock = pgsolo.session_lock(conn, key, keep=Keep(interval=INTERVAL, on_lost=on_lost))
+
+    def block() -> None:
+        with lock:
             assert lock.backend_pid is not None
             terminate(observer, lock.backend_pid)
             wait_until_lost(lock)
             eventually(lambda: not keeper_threads(key), "the keeper thread to end")
+
+    with pytest.raises(LockLostError) as at_exit:
+        block()
     assert at_exit.value is lock.loss
     assert on_lost.errors == [lock.loss]
     assert escaped == []
@@ -449,7 +483,11 @@ def test_on_lost_that_raises_is_logged_and_stays_in_the_keeper(
     assert failures[0].levelno == logging.ERROR
     assert failures[0].exc_info is not None
     assert isinstance(failures[0].exc_info[1], RuntimeError)
-    lost_events = [r for r in caplog.records if r.getMessage().startswith("advisory lock lost")]
+    lost_events = [
+        r
+        for r in caplog.records
+        if r.getMessage().startswith("advisory lock lost") and r.levelno == logging.ERROR
+    ]
     assert len(lost_events) == 1
     assert lost_events[0].pgsolo["reason"] == "connection-lost"  # type: ignore[attr-defined]
 
@@ -470,7 +508,8 @@ def test_unresponsive_server_is_lost_and_the_connection_shut_down(
         proxy.freeze()  # from now on the server's answers never arrive
         wait_until_lost(lock)
         loss = lock.loss
-        assert loss is not None and loss.reason == "connection-unresponsive"
+        assert loss is not None
+        assert loss.reason == "connection-unresponsive"
         assert on_lost.errors == [loss]
         # The connection is dead for every later use, at once, instead of hanging.
         outcome: list[BaseException | None] = []
@@ -546,29 +585,64 @@ def test_xact_lock_has_no_keeper(connect: Connect, observer: Any, key: Key) -> N
     assert activity(observer, conn.info.backend_pid) == ("idle", "")
 
 
-# -- LISTEN/NOTIFY on the lock's connection ---------------------------------------------------
+# -- sharing the connection: regressions -------------------------------------------------
 
 
-def test_notifications_are_not_swallowed_by_beats(connect: Connect, observer: Any, key: Key) -> None:
-    """A beat reads whatever the server sent: a notification that arrived between the
-    user's ``notifies()`` calls must still reach the user."""
+def beats_after_now(observer: Any, pid: int, count: int) -> None:
+    """Until backend ``pid`` has started ``count`` more statements (beats, when nobody
+    else uses its connection)."""
+    query = "SELECT query_start FROM pg_stat_activity WHERE pid = %s"
+    for _ in range(count):
+        before = observer.conn.execute(query, (pid,)).fetchone()
+        eventually(
+            lambda before=before: observer.conn.execute(query, (pid,)).fetchone() != before,
+            f"another statement on backend {pid}",
+        )
+
+
+def test_notifications_are_not_swallowed_by_beats(
+    connect: Connect, observer: Any, key: Key
+) -> None:
+    """A notification that arrives between the user's ``notifies()`` calls must reach the
+    next call (it does without a keeper: see the first half)."""
     conn, sender = connect(), connect()
     conn.execute("LISTEN pgsolo_keeper_test")
+    pid = conn.info.backend_pid
+    with pgsolo.session_lock(conn, key):  # no keeper: the notification is there at once
+        sender.execute("NOTIFY pgsolo_keeper_test, 'unwatched'")
+        time.sleep(0.3)
+        unwatched = [n.payload for n in conn.notifies(timeout=2.0, stop_after=1)]
+    assert unwatched == ["unwatched"]
     with pgsolo.session_lock(conn, key, keep=Keep(interval=INTERVAL)):
-        pid = conn.info.backend_pid
         wait_for_beat(observer, pid, key)
-        sender.execute("NOTIFY pgsolo_keeper_test, 'hello'")
-        # Two more beats: the notification has reached this client's socket by then.
-        for _ in range(2):
-            started = observer.conn.execute(
-                "SELECT query_start FROM pg_stat_activity WHERE pid = %s", (pid,)
-            ).fetchone()
-            eventually(
-                lambda started=started: observer.conn.execute(
-                    "SELECT query_start FROM pg_stat_activity WHERE pid = %s", (pid,)
-                ).fetchone()
-                != started,
-                "another beat",
-            )
-        received = [n.payload for n in conn.notifies(timeout=2.0, stop_after=1)]
-    assert received == ["hello"]
+        sender.execute("NOTIFY pgsolo_keeper_test, 'watched'")
+        beats_after_now(observer, pid, 2)  # the notification reached the socket by then
+        watched = [n.payload for n in conn.notifies(timeout=2.0, stop_after=1)]
+    assert watched == ["watched"]
+
+
+def test_other_locks_on_the_connection_are_not_refused_during_a_beat(
+    connect: Connect, observer: Any, key: Key
+) -> None:
+    """The user takes other locks on the kept lock's connection just while a beat is out
+    (found by watching the connection's status turn ACTIVE with nothing else running):
+    pgsolo must wait for the beat as psycopg does, not refuse."""
+    conn = connect()
+    other = pgsolo.as_key(f"pgsolo-keeper-test-{uuid.uuid4().hex}")
+    refused: list[str] = []
+    attempts = 0
+    with pgsolo.session_lock(conn, key, keep=Keep(interval=INTERVAL)) as kept:
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline and attempts < 10:
+            if conn.info.transaction_status is not pq.TransactionStatus.ACTIVE:
+                continue  # spin: a beat is out only for a moment
+            attempts += 1
+            try:
+                with pgsolo.xact_lock(conn, other) as xact:
+                    assert xact.acquired
+            except pgsolo.ConnectionStateError as exc:
+                refused.append(str(exc))
+        assert not kept.lost
+    assert attempts > 0
+    assert refused == []
+    assert observer.holders(other) == set()

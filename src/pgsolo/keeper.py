@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 from . import sql
 from .drivers import AsyncDriver, BeatFailed, DriverBase, SyncDriver
-from .errors import LockLostError, UsageError
+from .errors import InvalidArgumentError, LockLostError
 
 if TYPE_CHECKING:
     from .locks import _LockCore
@@ -65,15 +65,17 @@ class Keep:
     def __post_init__(self) -> None:
         for label, value in (("interval", self.interval), ("timeout", self.timeout)):
             if isinstance(value, bool) or not isinstance(value, int | float):
-                raise UsageError(f"keep {label} must be a number of seconds, got {value!r}")
+                raise InvalidArgumentError(
+                    f"keep {label} must be a number of seconds, got {value!r}"
+                )
             if not math.isfinite(value) or value < MIN_INTERVAL:
-                raise UsageError(
+                raise InvalidArgumentError(
                     f"keep {label} must be at least {MIN_INTERVAL} seconds, got {value!r}"
                 )
         if self.on_lost is not None and not callable(self.on_lost):
-            raise UsageError(f"on_lost must be callable, got {self.on_lost!r}")
+            raise InvalidArgumentError(f"on_lost must be callable, got {self.on_lost!r}")
         if not isinstance(self.cancel, bool):
-            raise UsageError(f"cancel must be True or False, got {self.cancel!r}")
+            raise InvalidArgumentError(f"cancel must be True or False, got {self.cancel!r}")
 
 
 def as_keep(keep: bool | Keep | None) -> Keep | None:
@@ -83,7 +85,7 @@ def as_keep(keep: bool | Keep | None) -> Keep | None:
         return Keep()
     if isinstance(keep, Keep):
         return keep
-    raise UsageError(f"keep must be True, False or a pgsolo.Keep, got {keep!r}")
+    raise InvalidArgumentError(f"keep must be True, False or a pgsolo.Keep, got {keep!r}")
 
 
 class _Watch:

@@ -711,7 +711,8 @@ class _LockCore:
             yield from self._release_stranded(started)
         self._forget()
         if value is not True:
-            self._log(logging.WARNING, "lost", started, reason="server says not held")
+            level = logging.WARNING if self.lost is None else logging.DEBUG  # keeper said it
+            self._log(level, "lost", started, reason="server says not held")
             raise LockNotHeldError(
                 f"session lock {self.key} was no longer held by backend pid {self.backend_pid}"
                 " when released: something released it while the work ran"

@@ -16,6 +16,7 @@ import os
 import select
 import socket
 import time
+import weakref
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -39,6 +40,13 @@ _STATUS = {
 }
 
 
+# Connections on which a keeper's beat is in flight. The beat is one statement sent only
+# when no transaction is open, and the connection is idle again when it ends; meanwhile
+# libpq says ACTIVE, but for anyone else the connection is idle with its lock taken (they
+# wait for it, as for any other statement), so pgsolo reports it as idle.
+_BEATING: weakref.WeakSet[object] = weakref.WeakSet()
+
+
 class _PsycopgBase:
     _conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]
 
@@ -53,6 +61,8 @@ class _PsycopgBase:
     def transaction_status(self) -> TxStatus:
         if self._conn.closed:
             return TxStatus.UNKNOWN
+        if self._conn in _BEATING:
+            return TxStatus.IDLE
         return _STATUS[self._conn.info.transaction_status]
 
     # A closed connection raises on every ``info`` attribute; logs and errors about it
@@ -158,7 +168,11 @@ class PsycopgDriver(_PsycopgBase):
         try:
             if not self._beat_ready():
                 return None
-            return _beat(self._conn.pgconn, statement, answer_within)
+            _BEATING.add(self._conn)
+            try:
+                return _beat(self._conn.pgconn, statement, answer_within)
+            finally:
+                _BEATING.discard(self._conn)
         finally:
             self._conn.lock.release()
 
@@ -219,12 +233,15 @@ class AsyncPsycopgDriver(_PsycopgBase):
             exchange = asyncio.ensure_future(
                 asyncio.to_thread(_beat, self._conn.pgconn, statement, answer_within)
             )
+            _BEATING.add(self._conn)
             try:
                 return await asyncio.shield(exchange)
             except asyncio.CancelledError:
                 with contextlib.suppress(asyncio.CancelledError):
                     await asyncio.wait({exchange})
                 raise
+            finally:
+                _BEATING.discard(self._conn)
 
 
 class _Call:
@@ -256,6 +273,11 @@ def _beat(pgconn: pq.abc.PGconn, statement: str, timeout: float) -> list[str | N
                 ]
             elif result.status == pq.ExecStatus.FATAL_ERROR:
                 error = (result.error_message or b"").decode(errors="replace").strip()
+        # Notifications that arrived with the answer go where psycopg keeps them for the
+        # caller's notifies() (it would otherwise wait for the socket, which has nothing).
+        while notification := pgconn.notifies():
+            if pgconn.notify_handler:
+                pgconn.notify_handler(notification)
     except (psycopg.Error, OSError, ValueError) as exc:
         raise BeatFailed(f"the connection failed: {' '.join(str(exc).split())}") from exc
     if error is not None or row is None:
