@@ -272,7 +272,8 @@ def _beat(pgconn: pq.abc.PGconn, statement: str, timeout: float) -> list[str | N
                     for i in range(result.nfields)
                 ]
             elif result.status == pq.ExecStatus.FATAL_ERROR:
-                error = (result.error_message or b"").decode(errors="replace").strip()
+                message = (result.error_message or b"").decode(errors="replace")
+                error = " ".join(message.split())  # libpq's messages span lines
         # Notifications that arrived with the answer go where psycopg keeps them for the
         # caller's notifies() (it would otherwise wait for the socket, which has nothing).
         while notification := pgconn.notifies():
