@@ -98,9 +98,20 @@ class _Watch:
         # Remembered now: a report of the loss comes after the connection is gone.
         core.driver.server_info()
 
-    def crashed(self) -> LockLostError:
-        logger.exception("pgsolo keeper: watching %s failed", self.core.key)
+    def crashed(self, failure: Exception) -> LockLostError:
+        logger.error("pgsolo keeper: watching %s failed", self.core.key, exc_info=failure)
         return self._lost("keeper-failed", "the keeper failed, so nothing vouches for the lock")
+
+    def verdict(
+        self, row: Sequence[str | None] | None, failure: Exception | None, driver: DriverBase
+    ) -> LockLostError | None:
+        """The loss a beat found, if any. ``row`` None without a failure: the beat was
+        skipped (the connection was in use)."""
+        if isinstance(failure, BeatFailed):
+            return self.failed(failure, driver)
+        if failure is not None:
+            return self.crashed(failure)
+        return None if row is None else self.judge(row)
 
     def judge(self, row: Sequence[str | None]) -> LockLostError | None:
         pid, held = row  # keeper_beat's two columns
@@ -172,16 +183,12 @@ class Keeper:
     def _run(self) -> None:
         watch = self._watch
         while not self._stopping.wait(watch.keep.interval):
+            row, failure = None, None
             try:
                 row = self._driver.beat(watch.statement, watch.keep.timeout)
-            except BeatFailed as exc:
-                error = watch.failed(exc, self._driver)
-            except Exception:
-                error = watch.crashed()
-            else:
-                if row is None:
-                    continue  # the connection is in use
-                error = watch.judge(row)
+            except Exception as exc:
+                failure = exc
+            error = watch.verdict(row, failure, self._driver)
             if self._stopping.is_set():
                 return  # released meanwhile: the answer may be about the release
             if error is not None:
@@ -214,16 +221,12 @@ class AsyncKeeper:
         watch = self._watch
         while True:
             await asyncio.sleep(watch.keep.interval)
+            row, failure = None, None
             try:
                 row = await self._driver.beat(watch.statement, watch.keep.timeout)
-            except BeatFailed as exc:
-                error = watch.failed(exc, self._driver)
-            except Exception:
-                error = watch.crashed()
-            else:
-                if row is None:
-                    continue
-                error = watch.judge(row)
+            except Exception as exc:
+                failure = exc
+            error = watch.verdict(row, failure, self._driver)
             if error is not None:
                 watch.declare(error)
                 if watch.keep.cancel and self.holder is not None and not self.holder.done():
