@@ -828,6 +828,24 @@ def test_a_job_shows_its_name_in_pg_stat_activity(db: str, observer: Any) -> Non
     assert named.value == "pgsolo:nightly-settlement"
 
 
+def test_connections_a_job_opens_use_tcp_keepalives_unless_the_dsn_says_otherwise(
+    db: str,
+) -> None:
+    """A half-open connection under a held lock must be noticed by the client too."""
+
+    def fn(conn: psycopg.Connection) -> dict[str, str]:
+        return conn.info.get_parameters()
+
+    params = run_job(db, new_job(), fn).value
+    assert params is not None
+    assert params["keepalives"] == "1"
+    assert int(params["keepalives_idle"]) >= 1
+    assert int(params["tcp_user_timeout"]) >= 1000
+    own = run_job(make_conninfo(db, keepalives_idle="77"), new_job(), fn).value
+    assert own is not None
+    assert own["keepalives_idle"] == "77"
+
+
 def test_a_long_job_name_is_cut_to_what_postgres_keeps(db: str, observer: Any) -> None:
     job = new_job() + ":" + "x" * 80
 

@@ -59,7 +59,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import math
 import os
 import signal
 import socket
@@ -86,7 +85,7 @@ from .cli import (
     EXIT_USAGE,
     CliError,
 )
-from .connect import open_connection
+from .connect import connection_settings, open_connection
 from .drivers import ServerInfo, SyncDriver, adapt_sync
 from .drivers._psycopg import shut_down
 from .dsn import scrub_secrets
@@ -117,7 +116,6 @@ EXIT_NOT_FOUND = 127  # as a shell: the command does not exist
 EXIT_CANNOT_EXECUTE = 126  # as a shell: it exists but cannot be executed
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 DEFAULT_CHECK_TIMEOUT = 10.0  # seconds the server has to answer on the pinned connection
-KEEPALIVE_PROBES = 3
 POLL_SECONDS = 0.05  # how often pgsolo looks at COMMAND and at what the keeper found
 
 
@@ -656,23 +654,6 @@ class _Attempt:
 
 
 # -- deadlines on the connection ----------------------------------------------------------
-
-
-def connection_settings(check_timeout: float, *, connect: bool = False) -> dict[str, str]:
-    """libpq parameters for pgsolo's own connections, sized from ``--check-timeout``: TCP
-    keepalives notice a dead peer on an idle connection, ``tcp_user_timeout`` one that
-    stops acknowledging what pgsolo sends (both ignored on a unix socket); with
-    ``connect``, a ``connect_timeout`` too. A DSN that sets any of them keeps its value."""
-    settings = {
-        "keepalives": "1",
-        "keepalives_idle": str(max(1, math.ceil(check_timeout / 2))),
-        "keepalives_interval": str(max(1, math.ceil(check_timeout / (2 * KEEPALIVE_PROBES)))),
-        "keepalives_count": str(KEEPALIVE_PROBES),
-        "tcp_user_timeout": str(max(1, math.ceil(check_timeout * 1000))),
-    }
-    if connect:
-        settings["connect_timeout"] = str(max(2, math.ceil(check_timeout)))  # libpq's minimum
-    return settings
 
 
 class _Watchdog:
