@@ -632,6 +632,8 @@ def cmd_locks(args: argparse.Namespace) -> int:
     registry = _load_registry(args.registry) if args.registry else None
     key = Key.parse(args.key) if args.key is not None else None
     names = list(args.name)
+    if key is not None and key.name is not None:
+        names.append(key.name)  # the rows --key NAME selects are labelled with it
     if registry is not None and key is not None and key.name is not None:
         key = registry.resolve(key.name)
     with database(args.dsn) as db, _connection(db, "pgsolo:locks") as conn:
@@ -776,10 +778,12 @@ def cmd_terminate(args: argparse.Namespace) -> int:
         if args.pid == conn.info.backend_pid:
             raise CliError(f"pid {args.pid} is this command's own session", EXIT_USAGE)
         locks = advisory_locks(conn, pid=args.pid)
-        if not locks and not args.force:
+        held = [lock for lock in locks if lock.granted]
+        if not held and not args.force:
+            waits = " (it only waits for one)" if locks else ""
             raise CliError(
-                f"pid {args.pid} holds and waits for no advisory lock in {db.label}; nothing"
-                " to release (--force terminates it anyway)",
+                f"pid {args.pid} holds no advisory lock in {db.label}{waits}; nothing to"
+                " release (--force terminates it anyway)",
                 EXIT_USAGE,
             )
         if locks:
@@ -810,7 +814,9 @@ def cmd_terminate(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_FAILED
-    print(f"terminated pid {args.pid}: {len(locks)} advisory lock(s) released")
+    waited = len(locks) - len(held)
+    ended_waits = f", {waited} wait(s) ended" if waited else ""
+    print(f"terminated pid {args.pid}: {len(held)} advisory lock(s) released{ended_waits}")
     return EXIT_OK
 
 

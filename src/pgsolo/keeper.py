@@ -210,12 +210,14 @@ class AsyncKeeper:
         self.holder = asyncio.current_task()
         self._task = asyncio.create_task(self._run(), name=f"pgsolo-keeper {self._watch.core.key}")
 
-    async def stop(self) -> None:
+    def stop(self) -> None:
+        """Stop beating. Not awaited, so that a second cancellation of the caller cannot
+        land here and skip the release that follows: a beat in flight holds psycopg's
+        connection lock, so the release waits for it anyway, and a cancelled keeper
+        never judges what it saw."""
         task, self._task = self._task, None
-        if task is None or task is asyncio.current_task():
-            return
-        task.cancel()
-        await asyncio.wait({task})
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
 
     async def _run(self) -> None:
         watch = self._watch

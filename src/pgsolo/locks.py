@@ -212,8 +212,8 @@ def held_session_locks(conn: object) -> list[Key]:
 
 
 def _is_token(value: object) -> bool:
-    """A fencing token came back (an int; a bool is the answer of a try)."""
-    return isinstance(value, int) and not isinstance(value, bool)
+    """A fencing token came back (a positive int; 0 is a busy try, a bool a plain one)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def _validate_wait(wait: float | None) -> int | None:
@@ -453,7 +453,13 @@ class _LockCore:
                     " statement ended. Open one first (with conn.transaction(): ...), use the"
                     " lock as a context manager (it opens one), or use session_lock()."
                 )
-        acquire = sql.acquire(self.key, "xact", wait=self.wait_ms is not None, shared=self.shared)
+        acquire = sql.acquire(
+            self.key,
+            "xact",
+            wait=self.wait_ms is not None,
+            shared=self.shared,
+            fencing=self.fencing,
+        )
         if self.wait_ms is None:
             statements.append(acquire)
         elif in_callers_transaction:
@@ -475,8 +481,8 @@ class _LockCore:
                 acquire,
                 sql.RESTORE_LOCK_TIMEOUT,
             ]
-        if self.fencing:
-            statements.append(sql.issue_fencing_token(self.key, shared=self.shared))
+        if self.fencing and self.wait_ms is not None:  # the restore's row came last
+            statements.append(sql.LAST_FENCING_TOKEN)
         started = time.perf_counter()
         try:
             value = yield statements
@@ -597,13 +603,16 @@ class _LockCore:
 
     def _session_acquire_statements(self, status: TxStatus, route: Route) -> list[str]:
         acquire = sql.acquire(
-            self.key, "session", wait=self.wait_ms is not None, shared=self.shared
+            self.key,
+            "session",
+            wait=self.wait_ms is not None,
+            shared=self.shared,
+            fencing=self.fencing,
         )
         if not route.direct:  # behind a proxy: only on the session the route was checked on
-            acquire = sql.session_guarded(route.token, acquire)
-        fence = [sql.issue_fencing_token(self.key, shared=self.shared)] if self.fencing else []
+            acquire = sql.session_guarded(route.server_pid, acquire)
         if self.wait_ms is None:
-            return self._in_savepoint(status, [acquire, *fence])
+            return self._in_savepoint(status, [acquire])
         if status is TxStatus.INTRANS:
             # Rolling back to the savepoint restores lock_timeout; the session lock stays.
             return [
@@ -612,11 +621,10 @@ class _LockCore:
                 acquire,
                 sql.SAVEPOINT_UNDO,
                 sql.SAVEPOINT_RELEASE,
-                *fence,
             ]
         # SET LOCAL dies with this short transaction; the session lock outlives it.
         opening = [] if self.driver.begins_implicitly else [sql.BEGIN]
-        return [*opening, sql.set_local_lock_timeout(self.wait_ms), acquire, *fence, sql.COMMIT]
+        return [*opening, sql.set_local_lock_timeout(self.wait_ms), acquire, sql.COMMIT]
 
     def _in_savepoint(self, status: TxStatus, statements: list[str]) -> list[str]:
         """Statements for a session lock, placed so that they can fail or be interrupted
@@ -642,7 +650,7 @@ class _LockCore:
     def _unlock_sql(self) -> str:
         unlock = sql.unlock(self.key, shared=self.shared)
         if self.route is not None and not self.route.direct:
-            return sql.session_guarded(self.route.token, unlock)
+            return sql.session_guarded(self.route.server_pid, unlock)
         return unlock
 
     def release(self) -> Plan[None]:
@@ -908,7 +916,8 @@ class Lock(_LockView):
         return acquired
 
     def release(self) -> None:
-        """Release a session lock on the connection it was taken on."""
+        """Release a session lock on the connection it was taken on. Raises the
+        :class:`~pgsolo.LockLostError` the keeper found, if it found one."""
         self._stop_keeper()
         try:
             drive(self._core.release(), self._driver)
@@ -916,6 +925,11 @@ class Lock(_LockView):
             if (instead := self._lost_instead(exc)) is not exc:
                 raise instead from exc
             raise
+        except BaseException:
+            self._start_keeper()  # still held and on the books: still watched
+            raise
+        if self._core.lost is not None:  # a re-entrant hold released only its count
+            raise self._core.lost
 
     def is_held(self) -> bool:
         return drive(self._core.is_held(), self._driver)
@@ -966,13 +980,18 @@ class AsyncLock(_LockView):
         return acquired
 
     async def release(self) -> None:
-        await self._stop_keeper()
+        self._stop_keeper()
         try:
             await adrive(self._core.release(), self._driver)
         except (LockLostError, LockNotHeldError) as exc:
             if (instead := self._lost_instead(exc)) is not exc:
                 raise instead from exc
             raise
+        except BaseException:
+            self._start_keeper()
+            raise
+        if self._core.lost is not None:
+            raise self._core.lost
 
     async def is_held(self) -> bool:
         return await adrive(self._core.is_held(), self._driver)
@@ -989,7 +1008,7 @@ class AsyncLock(_LockView):
         tb: TracebackType | None,
     ) -> None:
         keeper = self._keeper
-        await self._stop_keeper()
+        self._stop_keeper()
         try:
             await adrive(self._core.exit(failed=exc_type is not None), self._driver)
         except (LockLostError, LockNotHeldError) as failure:
@@ -1015,10 +1034,10 @@ class AsyncLock(_LockView):
             self._keeper = AsyncKeeper(self._core, self._driver, self._core.keep)
             self._keeper.start()
 
-    async def _stop_keeper(self) -> None:
+    def _stop_keeper(self) -> None:
         keeper, self._keeper = self._keeper, None
         if keeper is not None:
-            await keeper.stop()
+            keeper.stop()
 
 
 def _make(

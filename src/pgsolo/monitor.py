@@ -333,6 +333,10 @@ def wait_chains(locks: Sequence[AdvisoryLock]) -> list[tuple[int, ...]]:
 
     for tail in sorted(pid for pid in blocked_by if pid not in waited_on):
         follow((tail,))
+    # In a cycle every waiter is waited on: start at its lowest pid not shown yet.
+    for start in sorted(blocked_by):
+        if not any(start in chain for chain in chains):
+            follow((start,))
     return chains
 
 
@@ -390,6 +394,7 @@ class _Session:
     state: str | None
     idle: float | None  # seconds since its state last changed
     in_transaction: float | None  # seconds since its transaction began
+    bounded_wait: bool  # its current statement sets lock_timeout
 
     @classmethod
     def read(cls, row: Mapping[str, Any], now: datetime) -> _Session:
@@ -407,6 +412,7 @@ class _Session:
             state=row.get("state"),
             idle=age("state_change"),
             in_transaction=age("xact_start"),
+            bounded_wait=bool(row.get("bounded_wait")),
         )
 
     def describe(self) -> str:
@@ -638,7 +644,8 @@ def _lock_timeout_check(
     ]
     if configured:
         return Check("lock-timeout", "ok", "; ".join(configured))
-    waiters = [s for s in sessions if s.waiting]
+    # pgsolo's own waits (and any whose statement sets lock_timeout) are bounded.
+    waiters = [s for s in sessions if s.waiting and not s.bounded_wait]
     advice = (
         "bound blocking waits: ALTER ROLE app SET lock_timeout = '10s' (pgsolo's own waits"
         " set a SET LOCAL lock_timeout; others call pg_try_* or SET LOCAL lock_timeout"
@@ -726,6 +733,8 @@ def terminate_backend(conn: psycopg.Connection[Any], pid: int, *, wait_ms: int =
     _check_positive(pid, "pid")
     _check_positive(wait_ms, "wait_ms")
     driver = adapt_sync(conn)
+    if pid == driver.backend_pid():
+        raise InvalidArgumentError(f"pid {pid} is this connection's own backend")
     return (
         driver.fetch_value(
             outside_transaction(driver, [sql.terminate_backend(pid, wait_ms=wait_ms)])

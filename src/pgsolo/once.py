@@ -294,6 +294,8 @@ def _run_attempt(
     opening = [] if driver.begins_implicitly else [sql.BEGIN]
     began = yield [*_committed(driver, [start]), *opening]
     if began is None:  # another attempt succeeded between the first look and the lock
+        if opening:  # the operation's transaction, opened in that round trip for nothing
+            yield [sql.ROLLBACK]
         found = yield from _read(op, core)
         assert found is not None  # noqa: S101 - a succeeded row is never deleted
         return _from_row("already-succeeded", op, found)
@@ -302,11 +304,12 @@ def _run_attempt(
     try:
         value = yield WORK
         stored = storable_result(value)
-        yield _success_statements(op, driver, attempt, stored)
+        # What the server stores (jsonb normalises numbers) is what every call returns.
+        stored = str((yield _success_statements(op, driver, attempt, stored)))
     except BaseException as exc:
         superseded = driver.sqlstate(exc) == sql.SQLSTATE_ATTEMPT_SUPERSEDED
         if isinstance(exc, Exception) and not superseded:
-            error = scrub(f"{type(exc).__name__}: {exc}")[:MAX_ERROR_CHARS]
+            error = scrub(_describe(exc))[:MAX_ERROR_CHARS]
             yield from core._quietly(
                 _committed(driver, [sql.once_fail(op.op_key, attempt.number, error)])
             )
@@ -334,10 +337,19 @@ def _run_attempt(
     return OnceResult("ran", op.op_key, attempt.idempotency_key, json.loads(stored), attempt.number)
 
 
+def _describe(exc: BaseException) -> str:
+    """``Type: message``, even for an exception whose message cannot be built."""
+    try:
+        return f"{type(exc).__name__}: {exc}"
+    except Exception:
+        return f"{type(exc).__name__} (its message could not be shown)"
+
+
 def _success_statements(
     op: _Operation, driver: DriverBase, attempt: _Attempt, stored: str
 ) -> list[str]:
-    succeed = sql.once_succeed(op.op_key, attempt.number, stored)
+    """Record success and read the result back as stored, in one round trip."""
+    succeed = [sql.once_succeed(op.op_key, attempt.number, stored), sql.once_result(op.op_key)]
     status = driver.transaction_status()
     if status is TxStatus.INERROR:
         raise TransactionFailedError(
@@ -346,13 +358,15 @@ def _success_statements(
             " and the attempt recorded as failed"
         )
     if status is TxStatus.IDLE:
-        logger.warning(
-            "operation %s ended its own transaction: its database work committed apart"
-            " from the record of its success",
-            op.op_key,
-        )
-        return _committed(driver, [succeed])
-    return [succeed, sql.COMMIT]
+        # With a driver that begins by itself, idle may just mean no database work.
+        if not driver.begins_implicitly:
+            logger.warning(
+                "operation %s ended its own transaction: its database work committed apart"
+                " from the record of its success",
+                op.op_key,
+            )
+        return _committed(driver, succeed)
+    return [*succeed, sql.COMMIT]
 
 
 def _committed(driver: DriverBase, statements: list[str]) -> list[str]:

@@ -20,9 +20,9 @@ The check, once per connection (its result is kept with the connection's holding
    session (a busy transaction pooler moves it). Either one means transaction pooling.
    Repeated a few times; each round costs two round trips and the second connection.
 
-A pooler can still move a client later, so every statement pgsolo sends for a session
-lock behind a proxy is guarded by the token (it runs only on the stamped session), and
-the keeper checks the answering backend with every beat.
+A pooler can still move a client later, so every acquire and unlock pgsolo sends for a
+session lock behind a proxy runs only on the backend the check found (its pid names one
+live session), and the keeper checks the answering backend with every beat.
 """
 
 from __future__ import annotations

@@ -52,11 +52,26 @@ def lock_function(lifetime: Lifetime, *, wait: bool, shared: bool) -> str:
     )
 
 
-def acquire(key: Key, lifetime: Lifetime, *, wait: bool, shared: bool) -> str:
+FENCING_SEQUENCE = "pgsolo.fencing_token_seq"
+# The token this session's last acquisition took, for a message whose last row is not
+# the acquisition's own.
+LAST_FENCING_TOKEN = f"SELECT currval('{FENCING_SEQUENCE}')"
+
+
+def acquire(
+    key: Key, lifetime: Lifetime, *, wait: bool, shared: bool, fencing: bool = False
+) -> str:
+    """Take the lock: true/false for a try, true once granted for a wait. With
+    ``fencing``, the lock and its token in one statement: the token (from 1 up) once
+    granted, 0 for a busy try. The sequence never waits for anyone, and a statement
+    that names it fails before it takes the lock when it does not exist."""
     call = f"{lock_function(lifetime, wait=wait, shared=shared)}({key.sql_args})"
-    # The waiting functions return void; as a subquery they give true once granted,
-    # which a guarded (CASE) form can return.
-    return f"SELECT (SELECT true FROM {call})" if wait else f"SELECT {call}"
+    token = f"nextval('{FENCING_SEQUENCE}')"
+    if wait:  # the waiting functions return void: as a subquery, a row once granted
+        return f"SELECT (SELECT {token if fencing else 'true'} FROM {call})"
+    if fencing:
+        return f"SELECT CASE WHEN {call} THEN {token} ELSE 0 END"
+    return f"SELECT {call}"
 
 
 def unlock(key: Key, *, shared: bool) -> str:
@@ -116,9 +131,9 @@ def _held_here_condition(key: Key, *, shared: bool) -> str:
 #
 # A transaction-pooling proxy (PgBouncer pool_mode=transaction) hands each transaction of
 # a client to whichever server connection is free, so a session lock stays on a backend
-# the client no longer talks to. pgsolo stamps the session it takes a session lock on with
-# a random token (a session-level setting); a statement meant for that session checks the
-# token first, and the keeper checks it with every beat.
+# the client no longer talks to. pgsolo stamps a session with a random token (a
+# session-level setting) to see whether a second connection lands on it; statements
+# meant for the session that holds a lock check its pid, and so does the keeper.
 
 SESSION_STAMP_SETTING = "pgsolo.session_token"
 
@@ -153,31 +168,16 @@ def still_on_session(token: str, server_pid: int) -> str:
     return f"SELECT {_on_session(token)} AND pg_backend_pid() = {int(server_pid)}"
 
 
-def session_guarded(token: str, statement: str) -> str:
-    """``statement`` (a ``SELECT <expr>``) run only on the stamped session; NULL elsewhere."""
+def session_guarded(server_pid: int, statement: str) -> str:
+    """``statement`` (a ``SELECT <expr>``) run only on backend ``server_pid``, the session
+    the route was checked on (a pid names one live session); NULL elsewhere."""
     expression = statement.removeprefix("SELECT ")
-    return f"SELECT CASE WHEN {_on_session(token)} THEN {expression} END"
+    return f"SELECT CASE WHEN pg_backend_pid() = {int(server_pid)} THEN {expression} END"
 
 
 def keeper_beat(key: Key, *, shared: bool) -> str:
     """One heartbeat: which backend answers, and whether it holds ``key``."""
     return f"SELECT pg_backend_pid(), {_held_here_condition(key, shared=shared)}"
-
-
-# -- fencing tokens (migration 2) ---------------------------------------------------------
-
-
-def issue_fencing_token(key: Key, *, shared: bool) -> str:
-    """The next fencing token for ``key``, only if this backend holds it: returns the
-    token, or no row. Sent in the same round trip as the acquisition."""
-    return (
-        "INSERT INTO pgsolo.fencing_tokens AS f (lock_key, token, backend_pid)"
-        f" SELECT {sql_text(key.text)}, nextval('pgsolo.fencing_token_seq'), pg_backend_pid()"
-        f" WHERE {_held_here_condition(key, shared=shared)}"
-        " ON CONFLICT (lock_key) DO UPDATE SET token = excluded.token,"
-        " backend_pid = excluded.backend_pid, issued_at = now()"
-        " RETURNING token"
-    )
 
 
 SQLSTATE_DEADLOCK = "40P01"
@@ -225,18 +225,11 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
     ),
     (
         2,
-        # Fencing tokens come from a sequence: nextval() is never rolled back, so a
-        # token is never issued twice, even by a transaction that aborts. The table
-        # keeps the latest token of each key, for downstream checks and for people.
-        """
-        CREATE SEQUENCE pgsolo.fencing_token_seq;
-        CREATE TABLE pgsolo.fencing_tokens (
-            lock_key    text PRIMARY KEY,
-            token       bigint NOT NULL,
-            backend_pid integer NOT NULL,
-            issued_at   timestamptz NOT NULL DEFAULT now()
-        );
-        """,
+        # Fencing tokens come from a sequence, taken in the statement that takes the
+        # lock: nextval() is never rolled back, so a token is never issued twice, even by
+        # a transaction that aborts, and it waits for no one (a row per key would make
+        # each holder wait for the row lock of the previous holder's open transaction).
+        "CREATE SEQUENCE pgsolo.fencing_token_seq",
     ),
     (
         3,
@@ -435,6 +428,11 @@ def once_succeed(op_key: str, attempt: int, result_json: str) -> str:
     )
 
 
+def once_result(op_key: str) -> str:
+    """The stored result, as the server keeps it (what a later call will read)."""
+    return f"SELECT result::text FROM pgsolo.operations WHERE {_operation(op_key)}"
+
+
 def once_fail(op_key: str, attempt: int, error: str) -> str:
     """Record a failed attempt (nothing, if another caller has taken it over)."""
     return (
@@ -536,7 +534,9 @@ DOCTOR = (
     " 'sessions', coalesce((SELECT json_agg(json_build_object("
     "'pid', p.pid, 'held', p.held, 'waiting', p.waiting, 'waiting_since', p.waiting_since,"
     " 'application_name', a.application_name, 'client_addr', host(a.client_addr),"
-    " 'state', a.state, 'xact_start', a.xact_start, 'state_change', a.state_change)"
+    " 'state', a.state, 'xact_start', a.xact_start, 'state_change', a.state_change,"
+    # A wait whose own statement sets lock_timeout (pgsolo's do) is bounded.
+    " 'bounded_wait', a.query ILIKE '%lock_timeout%')"
     " ORDER BY p.pid)"
     " FROM (SELECT pid, count(*) FILTER (WHERE granted) AS held,"
     " count(*) FILTER (WHERE NOT granted) AS waiting,"

@@ -121,7 +121,13 @@ class _PsycopgBase:
     def _beat_ready(self) -> bool:
         if self._conn.closed:
             raise BeatFailed("the connection is closed")
-        return self._conn.pgconn.transaction_status == pq.TransactionStatus.IDLE
+        pgconn = self._conn.pgconn
+        # In pipeline mode psycopg does not hold its lock between statements, and libpq
+        # refuses a plain query: the caller is using the connection.
+        return (
+            pgconn.transaction_status == pq.TransactionStatus.IDLE
+            and pgconn.pipeline_status == pq.PipelineStatus.OFF
+        )
 
 
 def _has_row(cursor: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> bool:
@@ -252,19 +258,32 @@ def _beat(pgconn: pq.abc.PGconn, statement: str, timeout: float) -> list[str | N
     """Send ``statement`` on ``pgconn`` and return its first row as text, within
     ``timeout`` seconds. libpq is called directly (not through psycopg's cursor, which
     would wait for the connection's lock the keeper already holds, and which on an
-    ``autocommit=False`` connection would open a transaction first)."""
+    ``autocommit=False`` connection would open a transaction first).
+
+    The socket is watched through a duplicate of its descriptor: if the caller closes the
+    connection meanwhile, a new socket that reuses the number is never touched. Whatever
+    goes wrong once the statement is sent, the connection is shut down rather than handed
+    back with a statement still in flight."""
     deadline = time.monotonic() + timeout
     row: list[str | None] | None = None
     error: str | None = None
     try:
+        sock = socket.socket(fileno=os.dup(pgconn.socket))
+    except (psycopg.Error, OSError) as exc:
+        raise BeatFailed(f"the connection failed: {exc}") from exc
+    try:
         pgconn.send_query(_literal(statement))
-        while pgconn.flush():
-            _wait_for_socket(pgconn, deadline, write=True)
-        while True:
-            pgconn.consume_input()
-            if not pgconn.is_busy():
-                break
-            _wait_for_socket(pgconn, deadline, write=False)
+        try:
+            while pgconn.flush():
+                _wait_for_socket(sock, deadline, write=True)
+            while True:
+                pgconn.consume_input()
+                if not pgconn.is_busy():
+                    break
+                _wait_for_socket(sock, deadline, write=False)
+        except BaseException:
+            _break(pgconn, sock)
+            raise
         while (result := pgconn.get_result()) is not None:
             if result.status == pq.ExecStatus.TUPLES_OK and result.ntuples:
                 row = [
@@ -281,6 +300,8 @@ def _beat(pgconn: pq.abc.PGconn, statement: str, timeout: float) -> list[str | N
                 pgconn.notify_handler(notification)
     except (psycopg.Error, OSError, ValueError) as exc:
         raise BeatFailed(f"the connection failed: {' '.join(str(exc).split())}") from exc
+    finally:
+        sock.close()
     if error is not None or row is None:
         if pgconn.status != pq.ConnStatus.OK:
             raise BeatFailed(f"the connection failed: {error}")
@@ -288,22 +309,23 @@ def _beat(pgconn: pq.abc.PGconn, statement: str, timeout: float) -> list[str | N
     return row
 
 
-def _wait_for_socket(pgconn: pq.abc.PGconn, deadline: float, *, write: bool) -> None:
-    fileno = pgconn.socket
+def _wait_for_socket(sock: socket.socket, deadline: float, *, write: bool) -> None:
+    """Until ``sock`` is ready, or :class:`BeatFailed` (unresponsive) at ``deadline``.
+    poll(2), not select(2): a process with many files has descriptors above 1023."""
+    poller = select.poll()
+    poller.register(sock, select.POLLOUT if write else select.POLLIN)
     remaining = deadline - time.monotonic()
-    ready: list[int] = []
-    if remaining > 0:
-        readable, writable, _ = select.select(
-            [] if write else [fileno], [fileno] if write else [], [], remaining
-        )
-        ready = writable if write else readable
-    if not ready:
-        _shut_down(fileno)
-        # Reading the end of the stream makes libpq mark the connection broken, so that
-        # every later use of it fails at once instead of finding our query in progress.
-        with contextlib.suppress(psycopg.Error):
-            pgconn.consume_input()
+    if remaining <= 0 or not poller.poll(remaining * 1000):
         raise BeatFailed("the server did not answer in time", unresponsive=True)
+
+
+def _break(pgconn: pq.abc.PGconn, sock: socket.socket) -> None:
+    """Shut the connection down and let libpq see it (so every later use of the
+    connection fails at once instead of finding the beat's statement in progress)."""
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    with contextlib.suppress(psycopg.Error):
+        pgconn.consume_input()
 
 
 def shut_down(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
