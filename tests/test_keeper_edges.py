@@ -21,8 +21,8 @@ Connect = Callable[..., psycopg.Connection[Any]]
 
 
 def _fencing_row_locked_by_open_transaction(connect: Connect, key: Key) -> psycopg.Connection[Any]:
-    """Worker A takes and releases the key inside a transaction it keeps open: the
-    fencing INSERT .. ON CONFLICT DO UPDATE left a row lock on pgsolo.fencing_tokens."""
+    """Worker A takes and releases the key inside a transaction it keeps open (an earlier
+    design kept a row per key, which A's open transaction then held locked)."""
     a = connect()
     a.execute("BEGIN")
     lock = pgsolo.session_lock(a, key, fencing=True)
