@@ -8,6 +8,7 @@ success: it is logged, counted and recorded as a skip.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import logging
@@ -40,6 +41,7 @@ from .errors import (
     TransactionFailedError,
     UsageError,
 )
+from .keeper import AsyncKeeper, Keep, Keeper, as_keep
 from .keys import Key, KeyLike, Registry, as_key
 from .ledger import SKIP_WARNING_WINDOW, skip_warning
 from .locks import _LockCore, _require_no_transaction, _validate_wait
@@ -96,6 +98,8 @@ class Job:
     period: str | None = None
     record: bool = False
     application_name: str | None = None
+    keep: Keep | None = None
+    """Session jobs: the keeper watches the lock while the work runs (``keep=``)."""
 
     @classmethod
     def define(
@@ -110,6 +114,7 @@ class Job:
         application_name: str | None = None,
         namespace: int | None = None,
         registry: Registry | None = None,
+        keep: bool | Keep = False,
     ) -> Job:
         resolved = as_key(key, namespace=namespace, registry=registry)
         if lifetime not in ("xact", "session"):
@@ -129,7 +134,13 @@ class Job:
             raise UsageError(f"a job name must be valid Unicode text, got {job_name!r}") from None
         if not isinstance(record, bool):
             raise UsageError(f"record must be True or False, got {record!r}")
-        return cls(job_name, resolved, lifetime, wait, period, record, application_name)
+        keeping = as_keep(keep)
+        if keeping is not None and lifetime != "session":
+            raise UsageError(
+                "keep= watches a session lock; a transaction-level job's lock lives and dies"
+                " with its transaction, and its COMMIT already checks it"
+            )
+        return cls(job_name, resolved, lifetime, wait, period, record, application_name, keeping)
 
     def application_name_for(self, dsn: str) -> str:
         """``pgsolo:<job name>`` unless the caller, the DSN or ``PGAPPNAME`` names it."""
@@ -220,6 +231,8 @@ def _plan(job: Job, core: _LockCore) -> Plan[JobResult[Any]]:  # noqa: PLR0911, 
             raise UsageError(
                 "once-per-period runs need pgsolo's tables: run `pgsolo migrate` first"
             ) from exc
+        if isinstance(exc, LockLostError):  # the keeper saw the lock go while the work ran
+            return result("lost", error=exc, duration=duration, reason=exc.reason)
         if isinstance(exc, Exception):
             outcome: Outcome = "lost" if driver.is_closed() else "failed"
             return result(outcome, error=exc, duration=duration, reason=_lost_reason(driver))
@@ -347,6 +360,7 @@ def run_job(
     application_name: str | None = None,
     namespace: int | None = None,
     registry: Registry | None = None,
+    keep: bool | Keep = False,
     **kwargs: Any,
 ) -> JobResult[T]:
     """Run ``fn(conn, *args, **kwargs)`` at most once at a time across every process.
@@ -359,6 +373,8 @@ def run_job(
     given. ``period="day"`` (or ``hour``, ``"900 seconds"``...) records each completed
     run durably, so a second run in the same period, by the database's clock, is
     skipped. ``record=True`` writes every attempt to the ledger (``pgsolo migrate``).
+    ``keep=True`` (or a :class:`~pgsolo.Keep`), for a session job, watches the lock
+    while ``fn`` runs: a loss makes the outcome ``lost`` (its reason from the keeper).
     A failure re-raises the callable's exception after it is logged and recorded,
     unless ``raise_errors=False``.
     """
@@ -372,7 +388,10 @@ def run_job(
         application_name=application_name,
         namespace=namespace,
         registry=registry,
+        keep=keep,
     )
+    if job.keep is not None and job.keep.cancel:
+        raise UsageError("Keep(cancel=True) cancels an asyncio task: use run_job_async")
     if isinstance(target, str):
         with open_connection(target, application_name=job.application_name_for(target)) as conn:
             return _run_sync(job, conn, target, fn, args, kwargs, raise_errors)
@@ -390,9 +409,22 @@ def _run_sync(
 ) -> JobResult[T]:
     driver = adapt_sync(conn)
     info = driver.server_info()
-    result: JobResult[T] = drive(
-        _plan(job, _core_for(job, driver)), driver, lambda: fn(conn, *args, **kwargs)
-    )
+    core = _core_for(job, driver)
+
+    def work() -> T:
+        keeper = Keeper(core, driver, job.keep) if job.keep is not None else None
+        if keeper is not None:
+            keeper.start()
+        try:
+            value = fn(conn, *args, **kwargs)
+        finally:
+            if keeper is not None:
+                keeper.stop()
+        if core.lost is not None:
+            raise core.lost  # the work ended, but not all of it ran under the lock
+        return value
+
+    result: JobResult[T] = drive(_plan(job, core), driver, work)
     report(job, result, driver, info)
     if job.record:
         if not driver.is_closed():
@@ -448,6 +480,7 @@ async def run_job_async(
     application_name: str | None = None,
     namespace: int | None = None,
     registry: Registry | None = None,
+    keep: bool | Keep = False,
     **kwargs: Any,
 ) -> JobResult[T]:
     """The async twin of :func:`run_job`: ``await fn(conn, *args, **kwargs)``."""
@@ -461,6 +494,7 @@ async def run_job_async(
         application_name=application_name,
         namespace=namespace,
         registry=registry,
+        keep=keep,
     )
     if isinstance(target, str):
         async with aopen_connection(
@@ -480,12 +514,29 @@ async def _run_async(
     raise_errors: bool,
 ) -> JobResult[T]:
     driver = adapt_async(conn)
+    core = _core_for(job, driver)
 
     async def work() -> object:
-        return await fn(conn, *args, **kwargs)
+        keeper = AsyncKeeper(core, driver, job.keep) if job.keep is not None else None
+        if keeper is not None:
+            keeper.start()
+        try:
+            value = await fn(conn, *args, **kwargs)
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            ours = keeper is not None and keeper.cancelled_holder
+            if ours and core.lost is not None and task is not None and task.uncancel() == 0:
+                raise core.lost from exc  # Keep(cancel=True) stopped the work
+            raise
+        finally:
+            if keeper is not None:
+                keeper.stop()
+        if core.lost is not None:
+            raise core.lost
+        return value
 
     info = driver.server_info()
-    result: JobResult[T] = await adrive(_plan(job, _core_for(job, driver)), driver, work)
+    result: JobResult[T] = await adrive(_plan(job, core), driver, work)
     report(job, result, driver, info)
     if job.record:
         if not driver.is_closed():
@@ -551,5 +602,15 @@ def singleton(key: KeyLike, **options: Any) -> _SingletonDecorator:
 
 
 _DEFINE_OPTIONS = frozenset(
-    {"name", "lifetime", "wait", "period", "record", "application_name", "namespace", "registry"}
+    {
+        "name",
+        "lifetime",
+        "wait",
+        "period",
+        "record",
+        "application_name",
+        "namespace",
+        "registry",
+        "keep",
+    }
 )
