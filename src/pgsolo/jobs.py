@@ -8,7 +8,6 @@ success: it is logged, counted and recorded as a skip.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import inspect
 import logging
@@ -193,6 +192,10 @@ def _plan(job: Job, core: _LockCore) -> Plan[JobResult[Any]]:  # noqa: PLR0911, 
         value = yield WORK
         in_work = False
         duration = time.perf_counter() - work_started
+        if core.lost is not None:  # the keeper saw the lock go: not all of it ran locked
+            yield from core.exit(failed=True)
+            loss = core.lost
+            return result("lost", value=value, duration=duration, reason=loss.reason, error=loss)
         if job.lifetime == "xact" and driver.transaction_status() is TxStatus.IDLE:
             # The work committed or rolled back the locked transaction itself: the lock
             # went with it, and whatever ran after that ran unprotected. Leaving sends
@@ -416,13 +419,10 @@ def _run_sync(
         if keeper is not None:
             keeper.start()
         try:
-            value = fn(conn, *args, **kwargs)
+            return fn(conn, *args, **kwargs)
         finally:
             if keeper is not None:
                 keeper.stop()
-        if core.lost is not None:
-            raise core.lost  # the work ended, but not all of it ran under the lock
-        return value
 
     result: JobResult[T] = drive(_plan(job, core), driver, work)
     report(job, result, driver, info)
@@ -520,20 +520,17 @@ async def _run_async(
         keeper = AsyncKeeper(core, driver, job.keep) if job.keep is not None else None
         if keeper is not None:
             keeper.start()
+        ended_with: BaseException | None = None
         try:
-            value = await fn(conn, *args, **kwargs)
-        except asyncio.CancelledError as exc:
-            task = asyncio.current_task()
-            ours = keeper is not None and keeper.cancelled_holder
-            if ours and core.lost is not None and task is not None and task.uncancel() == 0:
-                raise core.lost from exc  # Keep(cancel=True) stopped the work
+            return await fn(conn, *args, **kwargs)
+        except BaseException as exc:
+            ended_with = exc
             raise
         finally:
             if keeper is not None:
                 keeper.stop()
-        if core.lost is not None:
-            raise core.lost
-        return value
+                if (instead := keeper.undo_cancel(ended_with)) is not None:
+                    raise instead from ended_with  # Keep(cancel=True) stopped the work
 
     info = driver.server_info()
     result: JobResult[T] = await adrive(_plan(job, core), driver, work)

@@ -210,6 +210,20 @@ class AsyncKeeper:
         self.holder = asyncio.current_task()
         self._task = asyncio.create_task(self._run(), name=f"pgsolo-keeper {self._watch.core.key}")
 
+    def undo_cancel(self, ended_with: BaseException | None) -> LockLostError | None:
+        """Once the holder's block or work is over: undo the keeper's one cancellation of
+        the holder task, however it ended (it may have swallowed the cancellation or
+        turned it into another error). Returns the loss to raise instead when it ended
+        with that cancellation and no other is pending."""
+        if not self.cancelled_holder:
+            return None
+        self.cancelled_holder = False
+        task = asyncio.current_task()
+        remaining = task.uncancel() if task is not None else 1
+        if isinstance(ended_with, asyncio.CancelledError) and remaining == 0:
+            return self._watch.core.lost
+        return None
+
     def stop(self) -> None:
         """Stop beating. Not awaited, so that a second cancellation of the caller cannot
         land here and skip the release that follows: a beat in flight holds psycopg's

@@ -375,6 +375,7 @@ class _LockCore:
     def acquire(self, *, context: bool) -> Plan[bool]:
         if self.acquired:
             raise UsageError(f"lock {self.key} is already acquired by this Lock object")
+        self.token = None
         if self.lifetime == "xact":
             return (yield from self._acquire_xact(context=context))
         return (yield from self._acquire_session())
@@ -551,7 +552,7 @@ class _LockCore:
                     self.wait_ms is not None
                     and driver.sqlstate(exc) == sql.SQLSTATE_LOCK_NOT_AVAILABLE
                 )
-                if granted and timed_out:
+                if granted and timed_out and not self.fencing:
                     confirmed = True
                     self._log(logging.INFO, "acquired", started, note="granted as it timed out")
                 elif granted:  # interrupted after the grant: leave nothing behind
@@ -756,6 +757,7 @@ class _LockCore:
     def _forget(self) -> None:
         _unclaim(self.driver.connection, self.key)
         self.acquired = False
+        self.token = None
 
     def exit(self, *, failed: bool) -> Plan[None]:
         """Leave the ``with`` block: release the session lock, or end the transaction
@@ -807,7 +809,7 @@ class _LockCore:
             self._log(logging.DEBUG, "released")
             return
         try:
-            yield [sql.assert_same_transaction(self.key, marker), sql.COMMIT]
+            yield [sql.assert_same_transaction(self.key, marker, shared=self.shared), sql.COMMIT]
         except Exception as exc:
             if self.driver.sqlstate(exc) != sql.SQLSTATE_LOCK_GONE:
                 raise
@@ -1009,25 +1011,17 @@ class AsyncLock(_LockView):
     ) -> None:
         keeper = self._keeper
         self._stop_keeper()
+        loss_for_cancel = keeper.undo_cancel(exc) if keeper is not None else None
         try:
             await adrive(self._core.exit(failed=exc_type is not None), self._driver)
         except (LockLostError, LockNotHeldError) as failure:
             if (instead := self._lost_instead(failure)) is not failure:
                 raise instead from failure
             raise
-        lost = self._core.lost
-        if lost is None:
-            return
-        if exc_type is None:
-            raise lost
-        if (
-            isinstance(exc, asyncio.CancelledError)
-            and keeper is not None
-            and keeper.cancelled_holder
-            and (task := asyncio.current_task()) is not None
-            and task.uncancel() == 0  # no other cancellation is pending: it was ours
-        ):
-            raise lost from exc
+        if loss_for_cancel is not None:
+            raise loss_for_cancel from exc  # Keep(cancel=True) ended the block
+        if self._core.lost is not None and exc_type is None:
+            raise self._core.lost
 
     def _start_keeper(self) -> None:
         if self._core.keep is not None and self._core.acquired and self._keeper is None:

@@ -95,15 +95,17 @@ def mark_transaction(marker: str) -> str:
     return f"SELECT set_config('{XACT_MARKER_SETTING}', {_token_literal(marker)}, true)"
 
 
-def assert_same_transaction(key: Key, marker: str) -> str:
-    """Fail unless this is still the transaction that took ``key`` (marked by
-    :func:`mark_transaction`): sent in the same message as its COMMIT, so that work which
-    ended the locked transaction and carried on in another is rolled back, not committed.
-    A transaction-level lock can only go away with its transaction, so this says whether
-    it is still held, without reading the whole shared lock table (``pg_locks``)."""
+def assert_same_transaction(key: Key, marker: str, *, shared: bool) -> str:
+    """Fail unless this backend still holds ``key``: sent in the same message as the
+    COMMIT, so that work which ended the locked transaction and carried on in another is
+    rolled back, not committed. A transaction-level lock can only go away with its
+    transaction, so the marker of that transaction (:func:`mark_transaction`) answers
+    without reading the whole shared lock table; only when the marker is gone (the work
+    ended the transaction, or ran RESET ALL) is ``pg_locks`` asked."""
     return (
         f"DO $pgsolo$BEGIN IF current_setting('{XACT_MARKER_SETTING}', true)"
-        f" IS DISTINCT FROM {_token_literal(marker)} THEN"
+        f" IS DISTINCT FROM {_token_literal(marker)}"
+        f" AND NOT {_held_here_condition(key, shared=shared)} THEN"
         f" RAISE EXCEPTION USING ERRCODE = '{SQLSTATE_LOCK_GONE}',"
         f" MESSAGE = 'pgsolo: advisory lock {key.text} is no longer held';"
         " END IF; END$pgsolo$"
