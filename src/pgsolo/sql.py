@@ -103,9 +103,12 @@ def assert_same_transaction(key: Key, marker: str, *, shared: bool) -> str:
     without reading the whole shared lock table; only when the marker is gone (the work
     ended the transaction, or ran RESET ALL) is ``pg_locks`` asked."""
     return (
-        f"DO $pgsolo$BEGIN IF current_setting('{XACT_MARKER_SETTING}', true)"
-        f" IS DISTINCT FROM {_token_literal(marker)}"
-        f" AND NOT {_held_here_condition(key, shared=shared)} THEN"
+        # CASE, not AND: PostgreSQL does not promise to evaluate AND's sides in order,
+        # and pg_locks must be read only when the marker is gone.
+        # (In parentheses: PL/pgSQL's IF ends its condition at the first THEN outside them.)
+        f"DO $pgsolo$BEGIN IF (CASE WHEN current_setting('{XACT_MARKER_SETTING}', true)"
+        f" = {_token_literal(marker)} THEN false"
+        f" ELSE NOT {_held_here_condition(key, shared=shared)} END) THEN"
         f" RAISE EXCEPTION USING ERRCODE = '{SQLSTATE_LOCK_GONE}',"
         f" MESSAGE = 'pgsolo: advisory lock {key.text} is no longer held';"
         " END IF; END$pgsolo$"
