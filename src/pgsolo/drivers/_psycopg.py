@@ -16,7 +16,6 @@ import os
 import select
 import socket
 import time
-import weakref
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -44,7 +43,9 @@ _STATUS = {
 # when no transaction is open, and the connection is idle again when it ends; meanwhile
 # libpq says ACTIVE, but for anyone else the connection is idle with its lock taken (they
 # wait for it, as for any other statement), so pgsolo reports it as idle.
-_BEATING: weakref.WeakSet[object] = weakref.WeakSet()
+# Ids, not weak references: an id is added and removed around each beat (try/finally),
+# and checking one costs nothing on the hot path (every lock reads the status).
+_BEATING: set[int] = set()
 
 
 class _PsycopgBase:
@@ -61,7 +62,7 @@ class _PsycopgBase:
     def transaction_status(self) -> TxStatus:
         if self._conn.closed:
             return TxStatus.UNKNOWN
-        if self._conn in _BEATING:
+        if id(self._conn) in _BEATING:
             return TxStatus.IDLE
         return _STATUS[self._conn.info.transaction_status]
 
@@ -174,11 +175,11 @@ class PsycopgDriver(_PsycopgBase):
         try:
             if not self._beat_ready():
                 return None
-            _BEATING.add(self._conn)
+            _BEATING.add(id(self._conn))
             try:
                 return _beat(self._conn.pgconn, statement, answer_within)
             finally:
-                _BEATING.discard(self._conn)
+                _BEATING.discard(id(self._conn))
         finally:
             self._conn.lock.release()
 
@@ -239,7 +240,7 @@ class AsyncPsycopgDriver(_PsycopgBase):
             exchange = asyncio.ensure_future(
                 asyncio.to_thread(_beat, self._conn.pgconn, statement, answer_within)
             )
-            _BEATING.add(self._conn)
+            _BEATING.add(id(self._conn))
             try:
                 return await asyncio.shield(exchange)
             except asyncio.CancelledError:
@@ -247,7 +248,7 @@ class AsyncPsycopgDriver(_PsycopgBase):
                     await asyncio.wait({exchange})
                 raise
             finally:
-                _BEATING.discard(self._conn)
+                _BEATING.discard(id(self._conn))
 
 
 class _Call:
