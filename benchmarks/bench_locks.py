@@ -201,6 +201,25 @@ class PsycopgRecipeXact:
         self.conn.close()
 
 
+class PsycopgRecipeXactStandbyCheck(PsycopgRecipeXact):
+    """The recipe with the check pgsolo adds to a transaction try-lock: the lock is not
+    taken on a server in recovery (CASE tests its conditions in order). The ratio to
+    the plain recipe is the check's own cost."""
+
+    def op(self) -> None:
+        conn = self.conn
+        conn.execute("BEGIN")
+        row = conn.execute(
+            "SELECT CASE WHEN pg_is_in_recovery() THEN NULL"
+            " ELSE pg_try_advisory_xact_lock(%s, %s) END AS acquired",
+            KEY,
+        ).fetchone()
+        if row is None or row[0] is not True:
+            conn.execute("ROLLBACK")
+            raise NotAcquiredError("the lock was busy, or the server is a standby")
+        conn.execute("COMMIT")
+
+
 class PsycopgRecipeSession:
     """The article's session lock: try, work, unlock in finally."""
 
@@ -589,6 +608,10 @@ def lineup(latency_ms: float | None) -> tuple[list[Contender], list[tuple[str, s
     pg3 = f"psycopg {_version('psycopg')}"
     contenders = [
         _sync(Contender("recipe-xact", pg3, "recipe-xact"), PsycopgRecipeXact()),
+        _sync(
+            Contender("recipe-xact+standby-check", pg3, "recipe-xact"),
+            PsycopgRecipeXactStandbyCheck(),
+        ),
         _sync(
             Contender("pgsolo-xact", pg3, "recipe-xact", note="autocommit connection"),
             PgsoloXact(),

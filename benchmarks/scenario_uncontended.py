@@ -24,6 +24,8 @@ PAIRS: list[tuple[str, str, Goal | None, str]] = [
     ("pgsolo-xact", "recipe-xact", XACT_GOAL, "1"),
     ("pgsolo-xact-async", "recipe-xact-async", XACT_GOAL, "1"),
     ("pgsolo-xact/autocommit-off", "recipe-xact", None, "1"),
+    # What refusing a standby costs: the recipe with pgsolo's check, over the recipe.
+    ("recipe-xact+standby-check", "recipe-xact", None, "1"),
     ("pgsolo-session", "recipe-session", SESSION_GOAL, "2"),
     ("pgsolo-session-async", "recipe-session-async", SESSION_GOAL, "2"),
     ("pgsolo-session", "pals", PALS_GOAL, "2"),

@@ -1328,11 +1328,11 @@ class Interrupter:
         self.fired: list[str] = []
         original = PsycopgDriver.fetch_value
 
-        def fetch_value(driver: PsycopgDriver, statements: Any) -> object:
+        def fetch_value(driver: PsycopgDriver, statements: Any, wait: float = 0.0) -> object:
             when = self._take(statements)
             if when == "instead":
                 raise KeyboardInterrupt
-            value = original(driver, statements)
+            value = original(driver, statements, wait)
             if when == "after":
                 raise KeyboardInterrupt
             return value

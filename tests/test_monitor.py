@@ -247,6 +247,7 @@ def test_a_quiet_database_passes_every_check_but_public_execute(
 ) -> None:
     checks = doctor(fresh(application_name="doctor"))
     assert [c.name for c in checks] == [
+        "primary",
         "idle-session-locks",
         "transaction-locks",
         "lock-table-capacity",

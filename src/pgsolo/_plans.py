@@ -1,7 +1,8 @@
 """Driving the sans-I/O plans: one loop for sync drivers, its twin for async ones.
 
-A plan is a generator that yields statements to send in one round trip, statements to
-send on a second connection to the same place (:class:`Elsewhere`), or :data:`WORK`, the
+A plan is a generator that yields statements to send in one round trip (:class:`Wait`
+for those that may wait for a lock), statements to send on a second connection to the
+same place (:class:`Elsewhere`), or :data:`WORK`, the
 caller's own function, and receives what came back; exceptions are thrown into it so its
 ``except`` and ``finally`` blocks run exactly as written.
 """
@@ -35,7 +36,17 @@ class Elsewhere:
     statements: Sequence[str]
 
 
-Step = Sequence[str] | _Work | Elsewhere
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """Yielded by a plan for statements that may wait up to ``seconds`` for a lock on the
+    server (bounded there by ``lock_timeout``): the deadline of the round trip on a
+    connection pgsolo opened allows for it."""
+
+    statements: Sequence[str]
+    seconds: float
+
+
+Step = Sequence[str] | _Work | Elsewhere | Wait
 Plan = Generator[Step, object, T]
 
 
@@ -49,6 +60,8 @@ def drive(plan: Plan[T], driver: SyncDriver, work: Callable[[], object] | None =
                     value = work()
                 elif isinstance(step, Elsewhere):
                     value = driver.fetch_value_elsewhere(step.statements)
+                elif isinstance(step, Wait):
+                    value = driver.fetch_value(step.statements, step.seconds)
                 else:
                     value = driver.fetch_value(step)
             except BaseException as exc:
@@ -71,6 +84,8 @@ async def adrive(
                     value = await work()
                 elif isinstance(step, Elsewhere):
                     value = await driver.fetch_value_elsewhere(step.statements)
+                elif isinstance(step, Wait):
+                    value = await driver.fetch_value(step.statements, step.seconds)
                 else:
                     value = await driver.fetch_value(step)
             except BaseException as exc:

@@ -24,11 +24,11 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict
 
 from . import __version__
-from .dsn import EMBEDDED, choose_dsn, redact_dsn, resolved_dsn, scrub_secrets
-from .errors import LockTimeoutError, UsageError
+from .connect import DEFAULT_CONNECT_TIMEOUT
+from .dsn import EMBEDDED, choose_dsn, parse_dsn, redact_dsn, resolved_dsn, scrub_secrets
+from .errors import DatabaseUnavailableError, InvalidDsnError, LockTimeoutError, UsageError
 from .keys import Key, name_to_sql
 from .locks import MAX_WAIT_SECONDS
 
@@ -105,12 +105,22 @@ def add_command(
 
 
 def add_dsn_argument(parser: argparse.ArgumentParser, *, help: str | None = None) -> None:
+    """``--dsn`` and ``--connect-timeout``: every command that connects takes both."""
     parser.add_argument(
         "--dsn",
         metavar="DSN",
         help=help
-        or "connection string (URI or key=value), or 'embedded'; default: $PGSOLO_DSN,"
-        " then $DATABASE_URL, then libpq defaults (PGHOST, ...)",
+        or "connection string (URI or key=value, several hosts allowed: host=a,b"
+        " target_session_attrs=read-write), or 'embedded'; default: $PGSOLO_DSN, then"
+        " $DATABASE_URL, then libpq defaults (PGHOST, ...)",
+    )
+    parser.add_argument(
+        "--connect-timeout",
+        type=_float_between(1, 3600),
+        metavar="S",
+        help=f"give up connecting after S seconds, for each host of the DSN (libpq's"
+        f" minimum is 2); default: the DSN's connect_timeout, then $PGCONNECT_TIMEOUT,"
+        f" then {DEFAULT_CONNECT_TIMEOUT}",
     )
 
 
@@ -120,14 +130,18 @@ def add_json_argument(parser: argparse.ArgumentParser) -> None:
 
 @dataclass(frozen=True, slots=True)
 class Database:
-    """Where a command connects: ``dsn`` for psycopg, ``label`` for people."""
+    """Where a command connects: ``dsn`` for psycopg, ``label`` for people, and the
+    ``--connect-timeout`` given (None: the DSN's, the environment's, or pgsolo's)."""
 
     dsn: str
     label: str
+    connect_timeout: float | None = None
 
 
 @contextmanager
-def database(flag: str | None, *, default: str | None = None) -> Iterator[Database]:
+def database(
+    flag: str | None, *, default: str | None = None, connect_timeout: float | None = None
+) -> Iterator[Database]:
     """Resolve the connection (``--dsn`` > ``PGSOLO_DSN`` > ``DATABASE_URL`` > libpq
     defaults, or ``default`` instead of the last three), start the embedded server for
     ``embedded``, and turn connection failures inside the block into exit code 69.
@@ -148,7 +162,9 @@ def database(flag: str | None, *, default: str | None = None) -> Iterator[Databa
         else:
             dsn, label = choice.dsn, choice.display()
         try:
-            yield Database(dsn, label)
+            yield Database(dsn, label, connect_timeout)
+        except DatabaseUnavailableError as exc:  # it says where
+            raise CliError(f"database unavailable: {exc}", EXIT_UNAVAILABLE) from exc
         except psycopg.OperationalError as exc:
             message = scrub_secrets(str(exc).strip(), dsn)
             raise CliError(f"database unavailable ({label}): {message}", EXIT_UNAVAILABLE) from exc
@@ -159,16 +175,11 @@ def database(flag: str | None, *, default: str | None = None) -> Iterator[Databa
 
 def _validate_dsn(dsn: str, source: str) -> None:
     try:
-        conninfo_to_dict(dsn)
-    except psycopg.Error:
-        # libpq's message quotes the token it could not read, which may be a password in
-        # any spelling of the string (postgresql+psycopg2://, POSTGRESQL://, a leading
-        # space, key=value with a quote missing...): never show it.
-        raise CliError(
-            f"invalid connection string in {source} (libpq could not parse it; its message"
-            " is not shown because it may contain a password)",
-            EXIT_USAGE,
-        ) from None
+        parse_dsn(dsn)
+    except InvalidDsnError as exc:
+        # Never quoted: what libpq could not read may be a password in any spelling of
+        # the string (postgresql+psycopg2://, POSTGRESQL://, a quote missing...).
+        raise CliError(f"invalid connection string in {source}: {exc}", EXIT_USAGE) from None
 
 
 def _note_first_embedded_start() -> None:
@@ -437,7 +448,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 record=args.record,
                 application_name=args.application_name,
             )
-            with database(args.dsn) as db:
+            with database(args.dsn, connect_timeout=args.connect_timeout) as db:
                 outcome = supervise(
                     job,
                     command,
@@ -445,6 +456,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                     label=db.label,
                     check_interval=args.check_interval,
                     check_timeout=args.check_timeout,
+                    connect_timeout=db.connect_timeout,
                     grace=args.grace,
                     signals=signals,
                 )
@@ -487,7 +499,10 @@ def add_migrate_command(subparsers: Subparsers) -> None:
 def cmd_migrate(args: argparse.Namespace) -> int:
     from . import ledger  # noqa: PLC0415
 
-    with database(args.dsn) as db, _connection(db, "pgsolo:migrate") as conn:
+    with (
+        database(args.dsn, connect_timeout=args.connect_timeout) as db,
+        _connection(db, "pgsolo:migrate") as conn,
+    ):
         try:
             applied = ledger.migrate(conn)
         except LockTimeoutError as exc:
@@ -532,7 +547,10 @@ HISTORY_COLUMNS = ("started_at", "job", "outcome", "reason", "duration", "host",
 def cmd_history(args: argparse.Namespace) -> int:
     from . import ledger  # noqa: PLC0415
 
-    with database(args.dsn) as db, _connection(db, "pgsolo:history") as conn:
+    with (
+        database(args.dsn, connect_timeout=args.connect_timeout) as db,
+        _connection(db, "pgsolo:history") as conn,
+    ):
         try:
             rows = ledger.history(conn, job=args.job, limit=args.limit)
         except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName) as exc:
@@ -570,10 +588,15 @@ def _history_line(row: dict[str, Any]) -> tuple[str, ...]:
 
 @contextmanager
 def _connection(db: Database, default_name: str) -> Iterator[psycopg.Connection[Any]]:
-    from .connect import application_name_for, open_connection  # noqa: PLC0415
+    from .connect import (  # noqa: PLC0415
+        application_name_for,
+        connection_settings,
+        open_connection,
+    )
 
     name = application_name_for(db.dsn, default_name)
-    with open_connection(db.dsn, application_name=name) as conn:
+    settings = connection_settings(connect_timeout=db.connect_timeout)
+    with open_connection(db.dsn, application_name=name, defaults=settings) as conn:
         yield conn
 
 
@@ -636,7 +659,10 @@ def cmd_locks(args: argparse.Namespace) -> int:
         names.append(key.name)  # the rows --key NAME selects are labelled with it
     if registry is not None and key is not None and key.name is not None:
         key = registry.resolve(key.name)
-    with database(args.dsn) as db, _connection(db, "pgsolo:locks") as conn:
+    with (
+        database(args.dsn, connect_timeout=args.connect_timeout) as db,
+        _connection(db, "pgsolo:locks") as conn,
+    ):
         locks = advisory_locks(conn, registry=registry, names=names, key=key)
     chains = wait_chains(locks)
     if args.json:
@@ -730,7 +756,10 @@ DOCTOR_MARKS = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL"}
 def cmd_doctor(args: argparse.Namespace) -> int:
     from .monitor import doctor  # noqa: PLC0415
 
-    with database(args.dsn) as db, _connection(db, "pgsolo:doctor") as conn:
+    with (
+        database(args.dsn, connect_timeout=args.connect_timeout) as db,
+        _connection(db, "pgsolo:doctor") as conn,
+    ):
         checks = doctor(conn, older_than=args.older_than)
     code = EXIT_FAILED if any(check.status == "fail" for check in checks) else EXIT_OK
     if args.json:
@@ -774,7 +803,10 @@ TERMINATE_WAIT_MS = 5000  # how long pg_terminate_backend waits for the backend 
 def cmd_terminate(args: argparse.Namespace) -> int:
     from .monitor import advisory_locks, terminate_backend  # noqa: PLC0415
 
-    with database(args.dsn) as db, _connection(db, "pgsolo:terminate") as conn:
+    with (
+        database(args.dsn, connect_timeout=args.connect_timeout) as db,
+        _connection(db, "pgsolo:terminate") as conn,
+    ):
         if args.pid == conn.info.backend_pid:
             raise CliError(f"pid {args.pid} is this command's own session", EXIT_USAGE)
         locks = advisory_locks(conn, pid=args.pid)

@@ -22,11 +22,14 @@ import psycopg
 from psycopg.abc import ConnDict
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from .errors import InvalidDsnError
+
 __all__ = [
     "DSN_ENV_VARS",
     "EMBEDDED",
     "DsnChoice",
     "choose_dsn",
+    "parse_dsn",
     "redact_dsn",
     "resolved_dsn",
     "scrub_secrets",
@@ -87,6 +90,25 @@ def choose_dsn(
         if value := env.get(name):
             return DsnChoice(value, name)
     return DsnChoice("", "libpq defaults")
+
+
+def parse_dsn(dsn: str) -> ConnDict:
+    """The parameters of ``dsn`` (a URI or key=value string, possibly multi-host), or
+    :class:`~pgsolo.InvalidDsnError` for one libpq would refuse. The message never
+    quotes the string: the part that could not be read may be a password."""
+    try:
+        params = conninfo_to_dict(dsn) if dsn else {}
+    except psycopg.Error:
+        raise InvalidDsnError(
+            "the connection string cannot be parsed (libpq's message is not shown: it may"
+            " contain a password)"
+        ) from None
+    for port in str(params.get("port") or "").split(","):
+        if port and not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+            raise InvalidDsnError(
+                f"the connection string's port {port!r} is not a port number (1 to 65535)"
+            )
+    return params
 
 
 @contextmanager

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 __all__ = [
     "ConnectionStateError",
+    "DatabaseUnavailableError",
     "InvalidArgumentError",
+    "InvalidDsnError",
     "InvalidKeyError",
     "InvalidOperationError",
     "InvalidOperationKeyError",
@@ -68,8 +70,32 @@ class ConnectionStateError(UsageError):
 
 
 class UnsafeConnectionError(PgsoloError):
-    """The connection cannot keep a session lock safely (for example it is behind a
-    transaction-pooling proxy, or it is no longer the backend the lock was taken on)."""
+    """The connection cannot coordinate anything safely; nothing was taken.
+
+    ``reason`` says why: ``server-in-recovery`` (a hot standby, which grants advisory
+    locks locally, unseen by the primary: any lock kind), ``transaction-pooling`` (a
+    transaction-pooling proxy would strand a session lock) or ``connection-moved`` (the
+    connection no longer reaches the backend a session lock was taken on)."""
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class DatabaseUnavailableError(PgsoloError):
+    """A connection pgsolo opens itself (from a connection string) could not be opened
+    within its connect timeout, or gave no answer to one of pgsolo's statements within
+    its deadline (``unresponsive``: pgsolo then shut it down). The driver's error is the
+    cause."""
+
+    def __init__(self, message: str, *, unresponsive: bool = False) -> None:
+        super().__init__(message)
+        self.unresponsive = unresponsive
+
+
+class InvalidDsnError(UsageError, ValueError):
+    """A connection string cannot be parsed. The message never quotes it: the part that
+    could not be read may be a password."""
 
 
 class LockUnavailableError(PgsoloError):
@@ -115,7 +141,8 @@ class LockLostError(PgsoloError):
     backend terminated) or something released it behind pgsolo's back.
 
     ``reason`` says how, when known: ``connection-lost``, ``connection-unresponsive``,
-    ``connection-moved`` (a transaction-pooling proxy), ``lock-released`` or
+    ``connection-moved`` (a transaction-pooling proxy), ``server-in-recovery``,
+    ``lock-released`` or
     ``keeper-failed``."""
 
     def __init__(self, message: str, *, key: object, reason: str | None = None) -> None:

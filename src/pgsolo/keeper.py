@@ -114,13 +114,19 @@ class _Watch:
         return None if row is None else self.judge(row)
 
     def judge(self, row: Sequence[str | None]) -> LockLostError | None:
-        pid, held = row  # keeper_beat's two columns
+        pid, held, in_recovery = row  # keeper_beat's columns
         expected = self.core.server_pid
         if expected is not None and pid != str(expected):
             return self._lost(
                 "connection-moved",
                 f"the connection now reaches backend pid {pid}, not {expected} that holds"
                 " the lock (a transaction-pooling proxy moved it)",
+            )
+        if in_recovery == "t":
+            return self._lost(
+                "server-in-recovery",
+                "the server answering the lock's connection is in recovery (a standby),"
+                " where an advisory lock coordinates nothing",
             )
         if held != "t":
             return self._lost(

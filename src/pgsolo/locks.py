@@ -19,7 +19,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Self, overload
 
 from . import sql
-from ._plans import Elsewhere, Plan, adrive, drive, outside_transaction
+from ._plans import Elsewhere, Plan, Wait, adrive, drive, outside_transaction
 from .drivers import (
     AsyncDriver,
     DriverBase,
@@ -44,7 +44,7 @@ from .errors import (
 )
 from .keeper import AsyncKeeper, Keep, Keeper, as_keep
 from .keys import Key, KeyLike, Registry, advisory_keys_in, as_key
-from .proxy import Route, check_route, transaction_pooling_error
+from .proxy import Route, check_route, in_recovery_error, transaction_pooling_error
 
 if TYPE_CHECKING:
     import psycopg
@@ -313,9 +313,12 @@ class _LockCore:
     def log_lost(self, error: LockLostError) -> None:
         self._log(logging.ERROR, "lost", reason=error.reason, error=str(error))
 
-    def _failure(self, exc: BaseException) -> BaseException | None:
-        """The pgsolo error that a failed acquisition means, if it means one."""
+    def _failure(self, exc: BaseException, started: float) -> BaseException | None:
+        """Log a failed acquisition; return the pgsolo error it means, if it means one."""
         state = self.driver.sqlstate(exc)
+        if state == sql.SQLSTATE_IN_RECOVERY:
+            return self._standby_refused(started)
+        self._log(logging.WARNING, "error", started, error=repr(exc))
         if state == sql.SQLSTATE_DEADLOCK:
             keys = advisory_keys_in(self.driver.error_detail(exc) or "") or (self.key,)
             return LockDeadlockError(
@@ -332,6 +335,10 @@ class _LockCore:
                 " have: run `pgsolo migrate` first (nothing is held)"
             )
         return None
+
+    def _standby_refused(self, started: float | None = None) -> UnsafeConnectionError:
+        self._log(logging.WARNING, "refused", started, reason="server-in-recovery")
+        return in_recovery_error(self.driver.server_info().address)
 
     @property
     def _wait_seconds(self) -> float:
@@ -460,14 +467,17 @@ class _LockCore:
             wait=self.wait_ms is not None,
             shared=self.shared,
             fencing=self.fencing,
+            refuse_standby=True,
         )
         if self.wait_ms is None:
             statements.append(acquire)
         elif in_callers_transaction:
-            # A savepoint keeps the caller's transaction usable if the wait times out.
+            # A savepoint keeps the caller's transaction usable if the wait times out
+            # (or the server turns out to be a standby).
             statements += [
                 sql.SAVE_LOCK_TIMEOUT,
                 sql.SAVEPOINT,
+                sql.REFUSE_STANDBY,
                 sql.set_local_lock_timeout(self.wait_ms),
                 acquire,
                 sql.SAVEPOINT_RELEASE,
@@ -478,6 +488,7 @@ class _LockCore:
             # with the connection's own lock_timeout, put back in the same round trip.
             statements += [
                 sql.SAVE_LOCK_TIMEOUT,
+                sql.REFUSE_STANDBY,
                 sql.set_local_lock_timeout(self.wait_ms),
                 acquire,
                 sql.RESTORE_LOCK_TIMEOUT,
@@ -486,7 +497,7 @@ class _LockCore:
             statements.append(sql.LAST_FENCING_TOKEN)
         started = time.perf_counter()
         try:
-            value = yield statements
+            value = yield self._waiting(statements)
         except BaseException as exc:
             if self.opened_transaction:
                 self.opened_transaction = False
@@ -500,10 +511,14 @@ class _LockCore:
             if self.wait_ms is not None and driver.sqlstate(exc) == sql.SQLSTATE_LOCK_NOT_AVAILABLE:
                 self._log(logging.INFO, "timeout", started)
                 raise self._timeout_error() from exc
-            self._log(logging.WARNING, "error", started, error=repr(exc))
-            if (failure := self._failure(exc)) is not None:
+            if (failure := self._failure(exc, started)) is not None:
                 raise failure from exc
             raise
+        if value is None:  # sql.acquire's answer on a server in recovery: nothing taken
+            if self.opened_transaction:
+                self.opened_transaction = False
+                yield from self._quietly([sql.ROLLBACK])
+            raise self._standby_refused(started)
         self.acquired = self.wait_ms is not None or value is True or _is_token(value)
         self.token = int(str(value)) if _is_token(value) else None
         self.backend_pid = driver.backend_pid() if self.acquired else None
@@ -545,7 +560,7 @@ class _LockCore:
             self.route = route = yield from self._route(status, pid)
             started = time.perf_counter()
             try:
-                value = yield self._session_acquire_statements(status, route)
+                value = yield self._waiting(self._session_acquire_statements(status, route))
             except BaseException as exc:
                 granted = (yield from self._recover(status)) is True
                 timed_out = (
@@ -561,8 +576,7 @@ class _LockCore:
                     if timed_out:
                         self._log(logging.INFO, "timeout", started)
                         raise self._timeout_error() from exc
-                    self._log(logging.WARNING, "error", started, error=repr(exc))
-                    if (failure := self._failure(exc)) is not None:
+                    if (failure := self._failure(exc, started)) is not None:
                         raise failure from exc
                     raise
             else:
@@ -627,6 +641,10 @@ class _LockCore:
         opening = [] if self.driver.begins_implicitly else [sql.BEGIN]
         return [*opening, sql.set_local_lock_timeout(self.wait_ms), acquire, sql.COMMIT]
 
+    def _waiting(self, statements: list[str]) -> list[str] | Wait:
+        """The acquisition's statements, marked as waiting for the lock when they may."""
+        return statements if self.wait_ms is None else Wait(statements, self._wait_seconds)
+
     def _in_savepoint(self, status: TxStatus, statements: list[str]) -> list[str]:
         """Statements for a session lock, placed so that they can fail or be interrupted
         without costing the caller's transaction or leaving one of ours open."""
@@ -685,7 +703,8 @@ class _LockCore:
             raise UnsafeConnectionError(
                 f"session lock {self.key} was taken on backend pid {self.backend_pid} but the"
                 f" connection now talks to pid {driver.backend_pid()}; the lock cannot be"
-                " released from here"
+                " released from here",
+                reason="connection-moved",
             )
         status = driver.transaction_status()
         if status is TxStatus.INERROR:

@@ -370,6 +370,7 @@ def _diagnose(snapshot: Mapping[str, Any], older_than: float, *, proxy: Check) -
     settings: Mapping[str, Mapping[str, Any]] = snapshot["settings"]
     role_settings: list[Mapping[str, str]] = snapshot["role_settings"]
     return [
+        _primary_check(bool(snapshot["in_recovery"])),
         _idle_session_check(sessions, older_than),
         _transaction_check(sessions, older_than),
         _capacity_check(snapshot["capacity"]),
@@ -703,6 +704,20 @@ def _public_execute_check(functions: Sequence[str], user: str) -> Check:
     )
 
 
+def _primary_check(in_recovery: bool) -> Check:
+    if not in_recovery:
+        return Check("primary", "ok", "the server is a primary (not in recovery)")
+    return Check(
+        "primary",
+        "fail",
+        "the server is in recovery (a hot standby): it grants advisory locks locally, unseen"
+        " by the primary and every other standby, so a job coordinated here runs"
+        " everywhere at once (pgsolo refuses every lock on it)",
+        "point pgsolo at the primary: its own address, or a multi-host connection string"
+        " with target_session_attrs=read-write, which libpq uses to skip standbys",
+    )
+
+
 def _proxy_check(driver: SyncDriver) -> Check:
     """Is there a proxy between this client and the server, and does it pool
     transactions? The same detection as a session lock's (:mod:`pgsolo.proxy`)."""
@@ -714,6 +729,8 @@ def _proxy_check(driver: SyncDriver) -> Check:
     try:
         route = drive(check_route(driver, driver.transaction_status()), driver)
     except UnsafeConnectionError as exc:
+        if exc.reason == "server-in-recovery":  # the primary check says it
+            return Check("proxy", "warn", "not checked: the server is a standby", advice)
         return Check("proxy", "fail", str(exc).split(" Use xact_lock()")[0], advice)
     if route.direct:
         return Check("proxy", "ok", f"a direct connection to backend {route.server_pid}")

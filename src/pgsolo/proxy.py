@@ -8,11 +8,13 @@ gone, and another client landing on that backend "holds" it too.
 
 The check, once per connection (its result is kept with the connection's holdings):
 
-1. Stamp the session with a random token and ask who answers: the backend pid, and the
-   client address and port the server sees. A direct connection is one where the server
-   sees this client's own socket (same address and port; for a unix socket, none) and
-   the pid is the one the connection announced when it opened (a proxy announces its
-   own). Then there is nothing in between, and nothing more to check.
+1. Stamp the session with a random token and ask who answers: the backend pid, the
+   client address and port the server sees, and whether the server is in recovery (a
+   hot standby grants advisory locks that no other server sees: refused at once). A
+   direct connection is one where the server sees this client's own socket (same
+   address and port; for a unix socket, none) and the pid is the one the connection
+   announced when it opened (a proxy announces its own). Then there is nothing in
+   between, and nothing more to check.
 2. Otherwise something sits in between: a session-pinning proxy, a NAT, or a
    transaction pooler. Open a second connection to the same place and see whether it
    lands on the stamped session (an idle transaction pooler hands the same backend to the
@@ -36,7 +38,13 @@ from ._plans import Elsewhere, Plan, outside_transaction
 from .drivers import DriverBase, TxStatus
 from .errors import UnsafeConnectionError
 
-__all__ = ["PROBE_ROUNDS", "Route", "check_route", "transaction_pooling_error"]
+__all__ = [
+    "PROBE_ROUNDS",
+    "Route",
+    "check_route",
+    "in_recovery_error",
+    "transaction_pooling_error",
+]
 
 PROBE_ROUNDS = 3
 
@@ -57,7 +65,9 @@ def check_route(driver: DriverBase, status: TxStatus) -> Plan[Route]:
     token = secrets.token_hex(16)
     # Outside a transaction the driver may open, so that the setting outlives it.
     answer = yield outside_transaction(driver, [sql.stamp_session(token)])
-    pid_text, address, port_text, _ = str(answer).split(" ", 3)
+    pid_text, address, port_text, in_recovery, _ = str(answer).split(" ", 4)
+    if in_recovery == "t":
+        raise in_recovery_error(driver.server_info().address)
     route = Route(int(pid_text), token, _direct(driver, int(pid_text), address, int(port_text)))
     if route.direct:
         return route
@@ -66,7 +76,8 @@ def check_route(driver: DriverBase, status: TxStatus) -> Plan[Route]:
             "pgsolo cannot tell whether this connection is safe for a session lock: it goes"
             " through a proxy (the server sees another client address or backend), and"
             " that can only be checked between transactions. Take the first session lock"
-            " on this connection outside a transaction, or use xact_lock()."
+            " on this connection outside a transaction, or use xact_lock().",
+            reason="proxy-unchecked",
         )
     for _ in range(PROBE_ROUNDS):
         if (yield Elsewhere([sql.is_session(token)])) is True:
@@ -117,5 +128,17 @@ def transaction_pooling_error(evidence: str) -> UnsafeConnectionError:
         f" stay behind on a backend this client no longer talks to ({evidence}). Use"
         " xact_lock() (transaction-level locks work through such a proxy), or take session"
         " locks on a connection pinned to one server session: direct to PostgreSQL or"
-        " through a session-pooling proxy (PgBouncer pool_mode=session)."
+        " through a session-pooling proxy (PgBouncer pool_mode=session).",
+        reason="transaction-pooling",
+    )
+
+
+def in_recovery_error(address: str) -> UnsafeConnectionError:
+    return UnsafeConnectionError(
+        f"advisory locks are not safe on this connection: the server at {address} is in"
+        " recovery (a hot standby), which grants advisory locks locally, unseen by the"
+        " primary and by every other standby, so the work would run everywhere at once."
+        " Connect to the primary: its own address, or a multi-host connection string with"
+        " target_session_attrs=read-write (libpq then skips standbys). Nothing was taken.",
+        reason="server-in-recovery",
     )

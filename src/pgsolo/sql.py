@@ -52,6 +52,25 @@ def lock_function(lifetime: Lifetime, *, wait: bool, shared: bool) -> str:
     )
 
 
+# -- standbys ------------------------------------------------------------------------
+#
+# Advisory locks are not WAL-logged: a hot standby grants them locally and no other
+# server ever sees them, so every lock pgsolo takes is refused on a server in recovery.
+# A server never goes into recovery while a session lives (only a restart does that),
+# so a session lock checks once per connection, with the route (stamp_session); an xact
+# lock, which a transaction pooler may send to another server each time, checks in the
+# statement that takes it.
+
+IN_RECOVERY = "pg_is_in_recovery()"
+SQLSTATE_IN_RECOVERY = "PGSRC"  # raised by REFUSE_STANDBY; pgsolo's own code
+REFUSE_STANDBY = (
+    f"DO $pgsolo$BEGIN IF {IN_RECOVERY} THEN RAISE EXCEPTION USING"
+    f" ERRCODE = '{SQLSTATE_IN_RECOVERY}',"
+    " MESSAGE = 'pgsolo: this server is in recovery (a standby): no advisory lock here';"
+    " END IF; END$pgsolo$"
+)
+
+
 FENCING_SEQUENCE = "pgsolo.fencing_token_seq"
 # The token this session's last acquisition took, for a message whose last row is not
 # the acquisition's own.
@@ -59,18 +78,32 @@ LAST_FENCING_TOKEN = f"SELECT currval('{FENCING_SEQUENCE}')"
 
 
 def acquire(
-    key: Key, lifetime: Lifetime, *, wait: bool, shared: bool, fencing: bool = False
+    key: Key,
+    lifetime: Lifetime,
+    *,
+    wait: bool,
+    shared: bool,
+    fencing: bool = False,
+    refuse_standby: bool = False,
 ) -> str:
     """Take the lock: true/false for a try, true once granted for a wait. With
     ``fencing``, the lock and its token in one statement: the token (from 1 up) once
     granted, 0 for a busy try. The sequence never waits for anyone, and a statement
-    that names it fails before it takes the lock when it does not exist."""
+    that names it fails before it takes the lock when it does not exist.
+
+    ``refuse_standby`` (tries only): NULL instead of taking the lock on a server in
+    recovery. CASE tests its conditions in order, so the lock function is not called
+    there; the check costs no round trip and leaves the caller's transaction usable.
+    A wait is refused by :data:`REFUSE_STANDBY` before it instead."""
     call = f"{lock_function(lifetime, wait=wait, shared=shared)}({key.sql_args})"
     token = f"nextval('{FENCING_SEQUENCE}')"
     if wait:  # the waiting functions return void: as a subquery, a row once granted
         return f"SELECT (SELECT {token if fencing else 'true'} FROM {call})"
+    standby = f"WHEN {IN_RECOVERY} THEN NULL " if refuse_standby else ""
     if fencing:
-        return f"SELECT CASE WHEN {call} THEN {token} ELSE 0 END"
+        return f"SELECT CASE {standby}WHEN {call} THEN {token} ELSE 0 END"
+    if refuse_standby:
+        return f"SELECT CASE {standby}ELSE {call} END"
     return f"SELECT {call}"
 
 
@@ -160,12 +193,13 @@ def _on_session(token: str) -> str:
 
 
 def stamp_session(token: str) -> str:
-    """Stamp this session and say who answers: ``"<pid> <client addr or -> <port or -1>"``,
-    the client address and port as the server sees them (a proxy shows its own)."""
+    """Stamp this session and say who answers: ``"<pid> <client addr or -> <port or -1>
+    <in recovery: t or f>"``, the client address and port as the server sees them (a
+    proxy shows its own)."""
     return (
         "SELECT concat_ws(' ', pg_backend_pid(), coalesce(host(inet_client_addr()), '-'),"
-        f" coalesce(inet_client_port(), -1), set_config('{SESSION_STAMP_SETTING}',"
-        f" {_token_literal(token)}, false))"
+        f" coalesce(inet_client_port(), -1), CASE WHEN {IN_RECOVERY} THEN 't' ELSE 'f' END,"
+        f" set_config('{SESSION_STAMP_SETTING}', {_token_literal(token)}, false))"
     )
 
 
@@ -181,8 +215,9 @@ def session_guarded(server_pid: int, statement: str) -> str:
 
 
 def keeper_beat(key: Key, *, shared: bool) -> str:
-    """One heartbeat: which backend answers, and whether it holds ``key``."""
-    return f"SELECT pg_backend_pid(), {_held_here_condition(key, shared=shared)}"
+    """One heartbeat: which backend answers, whether it holds ``key``, and whether the
+    server is in recovery (then the lock coordinates nothing)."""
+    return f"SELECT pg_backend_pid(), {_held_here_condition(key, shared=shared)}, {IN_RECOVERY}"
 
 
 SQLSTATE_DEADLOCK = "40P01"
@@ -511,7 +546,7 @@ DOCTOR = (
     " waitstart FROM pg_locks WHERE locktype = 'advisory')"
     " SELECT json_build_object("
     "'now', statement_timestamp(), 'database', current_database(),"
-    " 'user', current_user,"
+    f" 'user', current_user, 'in_recovery', {IN_RECOVERY},"
     " 'settings', (SELECT json_object_agg(name, json_build_object("
     "'ms', setting::bigint, 'source', source))"
     " FROM pg_settings WHERE name IN ("

@@ -41,15 +41,17 @@ terminal's foreground group, so it never sees one keystroke twice (``kill -INT``
 a pgsolo in the foreground of a terminal is therefore not forwarded). The parent-death
 signal that kills COMMAND if pgsolo itself is killed reaches COMMAND's own process only.
 
-Deadlines. Every exchange on the pinned connection once the lock is held has a hard
-deadline, ``--check-timeout``: the keeper's beats have it built in, and for pgsolo's other
-statements a watchdog thread shuts the connection's socket down if the server has not
-answered by then (a half-open TCP connection, a stopped backend), so the driver raises
-instead of blocking forever, and the lock counts as lost (``connection-unresponsive``).
+Deadlines. Connecting is bounded by ``--connect-timeout`` (each host of a multi-host
+DSN; a ``connect_timeout`` in the DSN wins, then ``PGCONNECT_TIMEOUT``). Every exchange
+on the pinned connection has a hard deadline, ``--check-timeout`` (plus ``--wait`` for
+the lock itself): the keeper's beats have it built in, and for pgsolo's other statements
+the driver shuts the connection's socket down if the server has not answered by then (a
+half-open TCP connection, a stopped backend), so nothing blocks forever: before the lock
+is held that is exit 69, after it the lock counts as lost (``connection-unresponsive``).
 The connection also uses TCP keepalives and ``tcp_user_timeout`` sized from
 ``--check-timeout`` (unless the DSN sets them), so a dead peer is noticed between checks
-too; a ledger row after a lost connection goes over a fresh
-connection with a ``connect_timeout``.
+too; a ledger row after a lost connection goes over a fresh connection, bounded the same
+way.
 
 Nothing printed or recorded here carries a password: messages from the driver go through
 :func:`~pgsolo.dsn.scrub_secrets`, and the command line of COMMAND is never shown.
@@ -67,7 +69,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
@@ -87,9 +89,9 @@ from .cli import (
 )
 from .connect import connection_settings, open_connection
 from .drivers import ServerInfo, SyncDriver, adapt_sync
-from .drivers._psycopg import shut_down
 from .dsn import scrub_secrets
 from .errors import (
+    DatabaseUnavailableError,
     LockLostError,
     LockNotHeldError,
     LockTimeoutError,
@@ -141,6 +143,8 @@ _LOST_DETAIL = {
     "lock-released": "pg_locks no longer shows it on pgsolo's connection",
     "connection-moved": "the connection now reaches another server backend: a"
     " transaction-pooling proxy is in between, where session locks cannot work",
+    "server-in-recovery": "the server is now in recovery (a standby), where an advisory"
+    " lock coordinates nothing",
 }
 
 
@@ -200,6 +204,7 @@ def supervise(
     label: str,
     check_interval: float = 1.0,
     check_timeout: float = DEFAULT_CHECK_TIMEOUT,
+    connect_timeout: float | None = None,
     grace: float = 10.0,
     signals: RunSignals | None = None,
 ) -> RunReport:
@@ -207,8 +212,10 @@ def supervise(
 
     ``job`` comes from :meth:`Job.define` with ``lifetime="session"``; ``dsn`` is already
     resolved (``database()`` in :mod:`pgsolo.cli`), ``label`` is its printable form.
-    ``signals``: SIGTERM/SIGINT handling the caller installed earlier (so that a signal
-    while the embedded server starts is not lost); by default supervise installs its own.
+    ``connect_timeout``: seconds to connect (None: the DSN's, ``PGCONNECT_TIMEOUT``, or
+    pgsolo's default). ``signals``: SIGTERM/SIGINT handling the caller installed earlier
+    (so that a signal while the embedded server starts is not lost); by default supervise
+    installs its own.
     Every ending is a :class:`RunReport`, "run pgsolo migrate first" (exit 2) included;
     only an empty ``command`` raises :class:`~pgsolo.cli.CliError`.
     """
@@ -218,7 +225,15 @@ def supervise(
         if signals is None:
             signals = stack.enter_context(RunSignals().installed())
         attempt = _Attempt(
-            job, list(command), dsn, label, check_interval, check_timeout, grace, signals
+            job,
+            list(command),
+            dsn,
+            label,
+            check_interval,
+            check_timeout,
+            connect_timeout,
+            grace,
+            signals,
         )
         return attempt.run()
 
@@ -231,11 +246,12 @@ class _Attempt:
     label: str
     check_interval: float
     check_timeout: float
+    connect_timeout: float | None
     grace: float
     signals: RunSignals
     application_name: str = ""
     report: RunReport = field(init=False)
-    watchdog: _Watchdog | None = None
+    unresponsive: bool = False  # a statement's deadline shut the pinned connection down
     info: ServerInfo | None = None
     lock: Lock | None = None
 
@@ -255,25 +271,34 @@ class _Attempt:
         return scrub_secrets(str(exc).strip(), self.dsn)
 
     def _unavailable(self, exc: BaseException) -> RunReport:
+        self._note(exc)
         self.report.exit_code = EXIT_UNAVAILABLE
         self.report.reason = "database-unavailable"
+        where = f" ({self.label})"
         detail = self._scrub(exc)
         if self._unresponsive:
             detail = f"no answer within {self.check_timeout:g}s (--check-timeout)"
-        self.report.error = f"database unavailable ({self.label}): {detail}"
+        elif isinstance(exc, DatabaseUnavailableError):
+            where = ""  # it says where itself
+        self.report.error = f"database unavailable{where}: {detail}"
         return self.report
+
+    def _note(self, exc: BaseException) -> None:
+        """Remember whether ``exc`` (or its cause) says that a deadline shut the pinned
+        connection down."""
+        cause: BaseException | None = exc
+        while cause is not None:
+            if isinstance(cause, DatabaseUnavailableError) and cause.unresponsive:
+                self.unresponsive = True
+            cause = cause.__cause__
 
     @property
     def _unresponsive(self) -> bool:
-        """Whether the watchdog or the keeper had to shut the pinned connection down."""
+        """Whether a deadline or the keeper had to shut the pinned connection down."""
         loss = self.lock.loss if self.lock is not None else None
         if loss is not None and loss.reason == "connection-unresponsive":
             return True
-        return self.watchdog is not None and self.watchdog.fired
-
-    def _bounded(self) -> AbstractContextManager[None]:
-        """A hard deadline (``--check-timeout``) for one exchange on the pinned connection."""
-        return self.watchdog.bound() if self.watchdog is not None else nullcontext()
+        return self.unresponsive
 
     def _connection_reason(self, driver: SyncDriver) -> str:
         if self._unresponsive:
@@ -302,18 +327,17 @@ class _Attempt:
                     open_connection(
                         self.dsn,
                         application_name=self.application_name,
-                        defaults=connection_settings(self.check_timeout),
+                        defaults=self._settings(),
+                        answer_timeout=self.check_timeout,
                     )
                 )
             driver = adapt_sync(conn)
-            self.watchdog = _Watchdog(conn, self.check_timeout)
             self.info = info = driver.server_info()
             self.report.backend_pid = driver.backend_pid()
             self.report.database, self.report.server = info.database, info.address
             self.report.application_name = info.application_name
             if self.job.record or self.job.period is not None:
-                with self._bounded():
-                    self._check_migrated(conn)
+                self._check_migrated(conn)
             keep = Keep(interval=self.check_interval, timeout=self.check_timeout)
             self.lock = lock = session_lock(conn, self.job.key, wait=self.job.wait, keep=keep)
             started = time.perf_counter()
@@ -326,13 +350,11 @@ class _Attempt:
                 self.report.lock_wait = time.perf_counter() - started
         except Interrupted as exc:
             return self._interrupted(exc.signum, conn, lock)
-        except psycopg.Error as exc:
+        except (psycopg.Error, DatabaseUnavailableError) as exc:
             return self._unavailable(exc)
-        except UnsafeConnectionError as exc:
+        except UnsafeConnectionError as exc:  # a standby, or a transaction pooler
             self.report.error = str(exc)
-            self._finish(
-                self._result("failed", reason="transaction-pooling", error=exc), driver, EXIT_UNSAFE
-            )
+            self._finish(self._result("failed", reason=exc.reason, error=exc), driver, EXIT_UNSAFE)
             return self.report
         if not acquired:
             result = self._result("skipped", reason="busy")
@@ -341,6 +363,9 @@ class _Attempt:
                 self._warn_if_mostly_skipped(conn)
             return self.report
         return self._run_locked(conn, driver, lock)
+
+    def _settings(self) -> dict[str, str]:
+        return connection_settings(self.check_timeout, connect_timeout=self.connect_timeout)
 
     def _check_migrated(self, conn: psycopg.Connection[Any]) -> None:
         version = ledger.schema_version(conn)
@@ -384,9 +409,8 @@ class _Attempt:
         """Everything that happens with the lock held; None if the database went away."""
         if self.job.period is not None:
             try:
-                with self._bounded():
-                    done = driver.fetch_value([sql.period_done(self.job.name, self.job.period)])
-            except psycopg.Error as exc:
+                done = driver.fetch_value([sql.period_done(self.job.name, self.job.period)])
+            except (psycopg.Error, DatabaseUnavailableError) as exc:
                 self._raise_if_not_migrated(driver, exc)
                 self._unavailable(exc)
                 return None
@@ -473,7 +497,8 @@ class _Attempt:
                 )
             lost_error = LockLostError(self.report.error, key=self.job.key, reason=lost.reason)
             result = self._result("lost", reason=lost.reason, error=lost_error, duration=duration)
-            return result, EXIT_UNSAFE if lost.reason == "connection-moved" else EXIT_LOST
+            unsafe = lost.reason in ("connection-moved", "server-in-recovery")
+            return result, EXIT_UNSAFE if unsafe else EXIT_LOST
         if returncode < 0:
             killed = CommandFailed(f"killed by signal {-returncode} ({_signal_name(-returncode)})")
             result = self._result(
@@ -548,9 +573,9 @@ class _Attempt:
             self.job.name, self.job.period, host=socket.gethostname(), pid=os.getpid()
         )
         try:
-            with self._bounded():
-                marked = driver.fetch_value([statement])
-        except psycopg.Error as exc:
+            marked = driver.fetch_value([statement])
+        except (psycopg.Error, DatabaseUnavailableError) as exc:
+            self._note(exc)
             logger.error(  # noqa: TRY400 - the message is the point, not a traceback
                 "pgsolo: job %s completed but its period could not be recorded: %s",
                 self.job.name,
@@ -572,11 +597,12 @@ class _Attempt:
         if not lock.acquired:
             return None
         try:
-            with self._bounded():
-                lock.release()
+            lock.release()
         except (LockLostError, LockNotHeldError) as exc:
+            self._note(exc)
             return exc
         except (psycopg.Error, PgsoloError) as exc:
+            self._note(exc)
             # The session ends when pgsolo closes the connection right after this, and
             # the lock with it.
             logger.warning("pgsolo: releasing %s failed: %s", self.job.key, self._scrub(exc))
@@ -620,21 +646,18 @@ class _Attempt:
         ``connect_timeout`` and ``--check-timeout``, whatever state the network is in."""
         try:
             if not driver.is_closed() and not self._unresponsive:
-                with self._bounded():
-                    driver.fetch_value(
-                        ledger_statements(self.job, result, driver, exit_code=exit_code)
-                    )
+                driver.fetch_value(ledger_statements(self.job, result, driver, exit_code=exit_code))
             else:
                 with open_connection(
                     self.dsn,
                     application_name=self.application_name,
-                    defaults=connection_settings(self.check_timeout, connect=True),
+                    defaults=self._settings(),
+                    answer_timeout=self.check_timeout,
                 ) as spare:
                     spare_driver = adapt_sync(spare)
-                    with _Watchdog(spare, self.check_timeout).bound():
-                        spare_driver.fetch_value(
-                            ledger_statements(self.job, result, spare_driver, exit_code=exit_code)
-                        )
+                    spare_driver.fetch_value(
+                        ledger_statements(self.job, result, spare_driver, exit_code=exit_code)
+                    )
         except (psycopg.Error, PgsoloError) as exc:
             _warn(
                 f"the {result.outcome} attempt of job {self.job.name} is not in the ledger:"
@@ -651,53 +674,6 @@ class _Attempt:
             return
         for line in ledger.skip_warning(rows):
             _warn(line)
-
-
-# -- deadlines on the connection ----------------------------------------------------------
-
-
-class _Watchdog:
-    """A hard deadline for each exchange on one connection.
-
-    :meth:`bound` arms a timer thread; if the block has not finished when it goes off, the
-    thread shuts the connection's socket down (through a duplicate of the descriptor, so
-    the driver still owns, and closes, the original). The blocked read then sees the end of
-    the stream at once and psycopg raises, instead of waiting for a server that may never
-    answer (a half-open TCP connection, a stopped backend). ``fired`` records that it
-    happened: the connection is unusable from then on.
-    """
-
-    def __init__(self, conn: psycopg.Connection[Any], timeout: float) -> None:
-        self.conn = conn
-        self.timeout = timeout
-        self.fired = False
-        self._mutex = threading.Lock()
-
-    @contextmanager
-    def bound(self) -> Iterator[None]:
-        finished = False
-
-        def expire() -> None:
-            with self._mutex:
-                if finished:
-                    return
-                self.fired = True
-                logger.error(
-                    "pgsolo: the database gave no answer within %gs (--check-timeout):"
-                    " shutting pgsolo's connection down",
-                    self.timeout,
-                )
-                shut_down(self.conn)
-
-        timer = threading.Timer(self.timeout, expire)
-        timer.daemon = True
-        timer.start()
-        try:
-            yield
-        finally:
-            with self._mutex:
-                finished = True
-            timer.cancel()
 
 
 # -- signals ------------------------------------------------------------------------------

@@ -14,6 +14,8 @@ SQLAlchemy, psycopg2 and Django each fit in one new module) and offers:
   server sees (a proxy in between shows its own address);
 - ``fetch_value_elsewhere(statements)``: the same as ``fetch_value`` on a new, short-lived
   connection to the same place (to see whether it lands on the same backend);
+- on a connection pgsolo opened itself (:func:`bound_answers`), a hard deadline for each
+  of pgsolo's round trips, past which the connection is shut down;
 - ``beat(statement, timeout)``: one heartbeat for the keeper, sent only when nobody is
   using the connection and no transaction is open on it, with a hard deadline.
 
@@ -39,7 +41,9 @@ __all__ = [
     "adapt_async",
     "adapt_sync",
     "as_sync",
+    "bound_answers",
     "is_async",
+    "shut_down",
 ]
 
 
@@ -106,7 +110,10 @@ class DriverBase(Protocol):
 
 
 class SyncDriver(DriverBase, Protocol):
-    def fetch_value(self, statements: Sequence[str]) -> object: ...
+    def fetch_value(self, statements: Sequence[str], wait: float = 0.0) -> object:
+        """``wait``: seconds the statements may wait for a lock on the server (bounded
+        there by ``lock_timeout``), on top of the deadline of a connection pgsolo opened
+        (:func:`bound_answers`)."""
 
     def fetch_value_elsewhere(self, statements: Sequence[str]) -> object: ...
 
@@ -116,7 +123,7 @@ class SyncDriver(DriverBase, Protocol):
 
 
 class AsyncDriver(DriverBase, Protocol):
-    async def fetch_value(self, statements: Sequence[str]) -> object: ...
+    async def fetch_value(self, statements: Sequence[str], wait: float = 0.0) -> object: ...
 
     async def fetch_value_elsewhere(self, statements: Sequence[str]) -> object: ...
 
@@ -137,6 +144,25 @@ def adapt(connection: object) -> SyncDriver | AsyncDriver:
         "pgsolo needs a psycopg 3 Connection or AsyncConnection, "
         f"got {type(connection).__module__}.{type(connection).__qualname__}"
     )
+
+
+def bound_answers(connection: object, seconds: float) -> None:
+    """Give every round trip pgsolo makes on ``connection``, one it opened itself, a hard
+    deadline of ``seconds`` (plus any lock wait): past it the connection is shut down and
+    :class:`~pgsolo.DatabaseUnavailableError` raised, instead of waiting for a server
+    that may never answer."""
+    from . import _psycopg  # noqa: PLC0415
+
+    _psycopg.bound_answers(connection, seconds)  # type: ignore[arg-type]
+
+
+def shut_down(connection: object) -> None:
+    """Shut ``connection``'s socket down from any thread: whoever waits on it sees the
+    end of the stream at once (the driver raises) instead of waiting for a server that
+    may never answer."""
+    from . import _psycopg  # noqa: PLC0415
+
+    _psycopg.shut_down(connection)  # type: ignore[arg-type]
 
 
 def is_async(driver: SyncDriver | AsyncDriver) -> TypeGuard[AsyncDriver]:

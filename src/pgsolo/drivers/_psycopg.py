@@ -11,12 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
+import itertools
 import logging
 import os
 import select
 import socket
+import threading
 import time
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import psycopg
@@ -24,11 +29,16 @@ from psycopg import pq
 from psycopg.conninfo import make_conninfo
 from psycopg.rows import tuple_row
 
+from ..errors import DatabaseUnavailableError
 from . import BeatFailed, ServerInfo, TxStatus
 
 logger = logging.getLogger("pgsolo")
 
 _SETTLE_SECONDS = 5.0
+# A second, short-lived connection to the place the caller's connection goes (the proxy
+# check): the caller's connection answered a moment ago, so these are generous.
+PROBE_CONNECT_TIMEOUT = 10
+PROBE_ANSWER_TIMEOUT = 30.0
 
 _STATUS = {
     pq.TransactionStatus.IDLE: TxStatus.IDLE,
@@ -37,6 +47,134 @@ _STATUS = {
     pq.TransactionStatus.INERROR: TxStatus.INERROR,
     pq.TransactionStatus.UNKNOWN: TxStatus.UNKNOWN,
 }
+
+
+# Connections pgsolo opened itself, and how many seconds the server has to answer each
+# round trip pgsolo makes on them (a lock wait's own bound comes on top). A server that
+# accepts connections but never answers (a stopped process, a half-open TCP connection,
+# a black-holed address) would otherwise hold pgsolo forever: past the deadline the
+# socket is shut down, the driver's read fails at once, and DatabaseUnavailableError
+# says why. The caller's own connections are never shut down by pgsolo this way.
+@dataclass(frozen=True, slots=True)
+class _Bound:
+    seconds: float
+    address: str  # for the error: a connection that was shut down no longer says it
+
+
+_ANSWER_WITHIN: weakref.WeakKeyDictionary[
+    psycopg.Connection[Any] | psycopg.AsyncConnection[Any], _Bound
+] = weakref.WeakKeyDictionary()
+
+
+def bound_answers(
+    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], seconds: float
+) -> None:
+    _ANSWER_WITHIN[conn] = _Bound(seconds, f"{conn.info.host}:{conn.info.port}")
+
+
+class _Deadlines:
+    """One thread for every armed deadline: arming and disarming cost a heap push and
+    a dict operation, not a thread per round trip."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int]] = []
+        self._actions: dict[int, Callable[[], None]] = {}
+        self._ids = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    def arm(self, seconds: float, action: Callable[[], None]) -> int:
+        due = time.monotonic() + seconds
+        with self._cond:
+            ident = next(self._ids)
+            self._actions[ident] = action
+            if len(self._heap) > 2 * len(self._actions) + 1000:  # mostly disarmed ones
+                self._heap = [entry for entry in self._heap if entry[1] in self._actions]
+                heapq.heapify(self._heap)
+            # The thread sleeps until the earliest deadline: wake it only for an earlier one.
+            earlier = not self._heap or due < self._heap[0][0]
+            heapq.heappush(self._heap, (due, ident))
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="pgsolo-deadlines", daemon=True
+                )
+                self._thread.start()
+            elif earlier:
+                self._cond.notify()
+            return ident
+
+    def disarm(self, ident: int) -> None:
+        """After this returns the action has run, or never will."""
+        with self._cond:
+            self._actions.pop(ident, None)
+
+    def _run(self) -> None:
+        with self._cond:
+            while True:
+                while self._heap and self._heap[0][1] not in self._actions:
+                    heapq.heappop(self._heap)  # disarmed
+                if not self._heap:
+                    self._cond.wait()
+                    continue
+                due, ident = self._heap[0]
+                remaining = due - time.monotonic()
+                if remaining > 0:
+                    self._cond.wait(remaining)
+                    continue
+                heapq.heappop(self._heap)
+                action = self._actions.pop(ident)
+                try:  # under the lock: disarm() cannot return while it runs
+                    action()
+                except Exception:  # pragma: no cover - shutting a socket down
+                    logger.exception("pgsolo: a connection deadline failed")
+
+
+_DEADLINES = _Deadlines()
+
+
+class _Deadline:
+    """A hard deadline for one round trip on one of pgsolo's own connections."""
+
+    def __init__(
+        self,
+        conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
+        bound: _Bound,
+        wait: float,
+    ) -> None:
+        self.conn = conn
+        self.address = bound.address
+        self.seconds = bound.seconds + wait
+        self.expired = False
+        self._ident = _DEADLINES.arm(self.seconds, self._expire)
+
+    def _expire(self) -> None:
+        self.expired = True
+        shut_down(self.conn)
+
+    def end(self, failure: BaseException | None = None) -> None:
+        """The round trip is over: disarm, and turn its failure into
+        :class:`DatabaseUnavailableError` if the deadline caused it."""
+        _DEADLINES.disarm(self._ident)
+        if self.expired and isinstance(failure, psycopg.Error):
+            raise DatabaseUnavailableError(
+                f"the database at {self.address} gave no answer within {self.seconds:g}s,"
+                " so pgsolo shut its connection down",
+                unresponsive=True,
+            ) from failure
+
+
+@contextlib.contextmanager
+def _bounded(conn: psycopg.Connection[Any], bound: _Bound | None, wait: float) -> Iterator[None]:
+    if bound is None:
+        yield
+        return
+    deadline = _Deadline(conn, bound, wait)
+    try:
+        yield
+    except BaseException as exc:
+        deadline.end(exc)
+        raise
+    deadline.end()
 
 
 # Connections on which a keeper's beat is in flight. The beat is one statement sent only
@@ -116,8 +254,14 @@ class _PsycopgBase:
         if info.password:
             params["password"] = info.password
         params["application_name"] = "pgsolo:probe"
-        params.setdefault("connect_timeout", "10")
+        if not os.environ.get("PGCONNECT_TIMEOUT"):
+            params.setdefault("connect_timeout", str(PROBE_CONNECT_TIMEOUT))
         return make_conninfo("", **params)
+
+    def _answer_within(self) -> float:
+        """How long a second connection of pgsolo's to the same place may take to answer."""
+        bound = _ANSWER_WITHIN.get(self._conn)
+        return bound.seconds if bound is not None else PROBE_ANSWER_TIMEOUT
 
     def _beat_ready(self) -> bool:
         if self._conn.closed:
@@ -154,17 +298,19 @@ class PsycopgDriver(_PsycopgBase):
         # The caller's connection may have any row factory; pgsolo reads plain tuples.
         return self._conn.cursor(row_factory=tuple_row)
 
-    def fetch_value(self, statements: Sequence[str]) -> object:
-        cursor = self._cursor().execute(_literal("; ".join(statements)))
-        value: object = None
-        while True:
-            if _has_row(cursor) and (row := cursor.fetchone()) is not None:
-                value = row[0]
-            if not cursor.nextset():
-                return value
+    def fetch_value(self, statements: Sequence[str], wait: float = 0.0) -> object:
+        with _bounded(self._conn, _ANSWER_WITHIN.get(self._conn), wait):
+            cursor = self._cursor().execute(_literal("; ".join(statements)))
+            value: object = None
+            while True:
+                if _has_row(cursor) and (row := cursor.fetchone()) is not None:
+                    value = row[0]
+                if not cursor.nextset():
+                    return value
 
     def fetch_value_elsewhere(self, statements: Sequence[str]) -> object:
         with psycopg.connect(self._elsewhere_conninfo(), autocommit=True) as other:
+            bound_answers(other, self._answer_within())
             return PsycopgDriver(other).fetch_value(statements)
 
     def beat(self, statement: str, answer_within: float) -> Sequence[str | None] | None:
@@ -194,7 +340,7 @@ class AsyncPsycopgDriver(_PsycopgBase):
     def _cursor(self) -> psycopg.AsyncCursor[tuple[Any, ...]]:
         return self._conn.cursor(row_factory=tuple_row)
 
-    async def fetch_value(self, statements: Sequence[str]) -> object:
+    async def fetch_value(self, statements: Sequence[str], wait: float = 0.0) -> object:
         # psycopg's own handling of a cancelled task is not safe enough for a lock: a
         # cancel request that reaches the server just before the statement starts is
         # ignored, so psycopg waits 5s and then closes the connection, and a lock wait
@@ -203,12 +349,23 @@ class AsyncPsycopgDriver(_PsycopgBase):
         # (repeating the request until it takes), lets the round trip finish, and only
         # then does the cancellation go on.
         call = _Call()
+        bound = _ANSWER_WITHIN.get(self._conn)
+        deadline = _Deadline(self._conn, bound, wait) if bound is not None else None
         block = asyncio.ensure_future(self._fetch(statements, call))
         try:
-            return await asyncio.shield(block)
+            value = await asyncio.shield(block)
         except asyncio.CancelledError:
             await _settle(self._conn, block, call)
+            if deadline is not None:
+                deadline.end()
             raise
+        except BaseException as exc:
+            if deadline is not None:
+                deadline.end(exc)
+            raise
+        if deadline is not None:
+            deadline.end()
+        return value
 
     async def _fetch(self, statements: Sequence[str], call: _Call) -> object:
         # psycopg takes the connection's lock at once when it is free: then the
@@ -226,6 +383,7 @@ class AsyncPsycopgDriver(_PsycopgBase):
         async with await psycopg.AsyncConnection.connect(
             self._elsewhere_conninfo(), autocommit=True
         ) as other:
+            bound_answers(other, self._answer_within())
             return await AsyncPsycopgDriver(other).fetch_value(statements)
 
     async def beat(self, statement: str, answer_within: float) -> Sequence[str | None] | None:
