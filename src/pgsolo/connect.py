@@ -24,6 +24,7 @@ __all__ = [
     "aopen_connection",
     "application_name_for",
     "connection_settings",
+    "conninfo_for",
     "open_connection",
 ]
 
@@ -88,7 +89,7 @@ def open_connection(
     time, :class:`~pgsolo.DatabaseUnavailableError`.
     """
     with resolved_dsn(DsnChoice(dsn, "caller")) as resolved:
-        conninfo = _conninfo(resolved, application_name, defaults)
+        conninfo = conninfo_for(resolved, application_name, defaults)
         try:
             conn = psycopg.connect(conninfo, autocommit=True)
         except psycopg.Error as exc:
@@ -108,7 +109,7 @@ async def aopen_connection(
 ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
     """The async twin of :func:`open_connection`."""
     with resolved_dsn(DsnChoice(dsn, "caller")) as resolved:
-        conninfo = _conninfo(resolved, application_name, defaults)
+        conninfo = conninfo_for(resolved, application_name, defaults)
         try:
             conn = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
         except psycopg.Error as exc:
@@ -118,7 +119,7 @@ async def aopen_connection(
             yield conn
 
 
-def _conninfo(dsn: str, application_name: str, defaults: Mapping[str, str] | None) -> str:
+def conninfo_for(dsn: str, application_name: str, defaults: Mapping[str, str] | None = None) -> str:
     """``dsn`` with pgsolo's name for the connection and the ``defaults`` it leaves
     unset (what it says itself wins)."""
     given = parse_dsn(dsn)

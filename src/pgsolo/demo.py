@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 import psycopg
 
+from .connect import conninfo_for
 from .dsn import scrub_secrets
 from .errors import UsageError
 from .locks import session_lock, xact_lock
@@ -146,7 +147,7 @@ def run_demo(
     if isinstance(rows, bool) or not isinstance(rows, int) or not 1 <= rows <= 1_000_000:
         raise UsageError(f"rows must be an int from 1 to 1000000, got {rows!r}")
     with (
-        psycopg.connect(dsn, autocommit=True, application_name="pgsolo-demo:setup") as conn,
+        psycopg.connect(conninfo_for(dsn, "pgsolo-demo:setup"), autocommit=True) as conn,
         session_lock(conn, DEMO_LOCK, wait=DEMO_LOCK_WAIT),
     ):
         _setup(conn, rows)
@@ -270,9 +271,7 @@ def _worker_main(
 
 def _settle(index: int, dsn: str, work_seconds: float, barrier: Barrier) -> WorkerReport:
     """The daily settlement of the article, protected by a transaction-level try lock."""
-    with psycopg.connect(
-        dsn, autocommit=True, application_name=f"pgsolo-demo:worker-{index}"
-    ) as conn:
+    with psycopg.connect(conninfo_for(dsn, f"pgsolo-demo:worker-{index}"), autocommit=True) as conn:
         pid = conn.info.backend_pid
         barrier.wait(timeout=BARRIER_TIMEOUT)  # everyone is connected: go
         started = time.perf_counter()
