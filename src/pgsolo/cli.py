@@ -28,9 +28,11 @@ from psycopg.conninfo import conninfo_to_dict
 
 from . import __version__
 from .dsn import EMBEDDED, choose_dsn, redact_dsn, resolved_dsn, scrub_secrets
-from .errors import LockTimeoutError, UsageError
+from .durations import check_seconds
+from .errors import InvalidArgumentError, LockTimeoutError, UsageError
 from .keys import Key, name_to_sql
 from .locks import MAX_WAIT_SECONDS
+from .monitor import MAX_OLDER_THAN
 
 if TYPE_CHECKING:
     from .keys import Registry
@@ -268,7 +270,7 @@ def add_demo_command(subparsers: Subparsers) -> None:
     )
     parser.add_argument(
         "--work-seconds",
-        type=_float_between(0, 3600),
+        type=_seconds(0, 3600),
         default=1.5,
         metavar="S",
         help="how long the winner keeps working with the lock held (default: 1.5)",
@@ -348,7 +350,7 @@ def add_run_command(subparsers: Subparsers) -> None:
     )
     parser.add_argument(
         "--wait",
-        type=_float_between(0.001, MAX_WAIT_SECONDS),
+        type=_seconds(0.001, MAX_WAIT_SECONDS),
         metavar="SECONDS",
         help="wait up to SECONDS for the lock (server-side lock_timeout); default: try once",
     )
@@ -356,7 +358,8 @@ def add_run_command(subparsers: Subparsers) -> None:
         "--once-per",
         metavar="PERIOD",
         help="run at most once per PERIOD by the database's clock: minute, hour, day, week,"
-        " month, year (UTC) or 'N seconds'; needs `pgsolo migrate`",
+        " month, year (UTC) or 'N seconds' (N from 1 to 3153600000, 100 years); needs"
+        " `pgsolo migrate`",
     )
     parser.add_argument(
         "--record",
@@ -373,14 +376,14 @@ def add_run_command(subparsers: Subparsers) -> None:
     )
     parser.add_argument(
         "--check-interval",
-        type=_float_between(0.01, 3600),
+        type=_seconds(0.01, 3600),
         default=1.0,
         metavar="S",
         help="check that the lock is still held every S seconds (default: 1)",
     )
     parser.add_argument(
         "--check-timeout",
-        type=_float_between(0.1, 3600),
+        type=_seconds(0.1, 3600),
         default=10.0,
         metavar="S",
         help="a check (any exchange with the database once the lock is held) that gets no"
@@ -389,7 +392,7 @@ def add_run_command(subparsers: Subparsers) -> None:
     )
     parser.add_argument(
         "--grace",
-        type=_float_between(0, 3600),
+        type=_seconds(0, 3600),
         default=10.0,
         metavar="S",
         help="after a lost lock, seconds between SIGTERM and SIGKILL (default: 10)",
@@ -713,7 +716,7 @@ def add_doctor_command(subparsers: Subparsers) -> None:
     )
     parser.add_argument(
         "--older-than",
-        type=_float_between(0, 30 * 86400),
+        type=_seconds(0, MAX_OLDER_THAN),
         default=300.0,
         metavar="SECONDS",
         help="an idle session or open transaction holding a lock, or a wait, older than this"
@@ -853,15 +856,18 @@ def _int_between(low: int, high: int) -> Callable[[str], int]:
     return parse
 
 
-def _float_between(low: float, high: float) -> Callable[[str], float]:
+def _seconds(low: float, high: float) -> Callable[[str], float]:
+    """An argparse type for a number of seconds: pgsolo's one duration check."""
+
     def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if not low <= value <= high:  # also refuses nan
-            raise argparse.ArgumentTypeError(f"must be from {low:g} to {high:g}, got {text}")
-        return value
+            raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+        try:
+            return check_seconds("the value", value, low, high)
+        except InvalidArgumentError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
 
     return parse
 

@@ -120,10 +120,7 @@ class Job:
             raise UsageError(f"lifetime must be 'xact' or 'session', got {lifetime!r}")
         _validate_wait(wait)
         if period is not None:
-            try:
-                sql.period_start(period)
-            except ValueError as exc:
-                raise UsageError(str(exc)) from None
+            sql.period_start(period)  # InvalidArgumentError for a period it cannot be
         job_name = name if name is not None else (resolved.name or resolved.text)
         if not isinstance(job_name, str) or not job_name or "\0" in job_name:
             raise UsageError(f"a job name must be non-empty text without NUL, got {job_name!r}")

@@ -31,8 +31,10 @@ from .drivers import (
     as_sync,
     is_async,
 )
+from .durations import check_seconds
 from .errors import (
     ConnectionStateError,
+    InvalidArgumentError,
     LockDeadlockError,
     LockLostError,
     LockNotHeldError,
@@ -220,14 +222,11 @@ def _validate_wait(wait: float | None) -> int | None:
     """``wait`` in whole milliseconds (rounded up), or None for a try."""
     if wait is None:
         return None
-    if isinstance(wait, bool) or not isinstance(wait, int | float):
-        raise UsageError(f"wait must be a number of seconds or None, got {wait!r}")
-    if not math.isfinite(wait) or wait <= 0 or wait > MAX_WAIT_SECONDS:
-        raise UsageError(
-            f"wait must be more than 0 and at most {MAX_WAIT_SECONDS} seconds, got {wait!r};"
-            " use wait=None to try once without waiting"
-        )
-    return max(1, math.ceil(wait * 1000))
+    try:
+        seconds = check_seconds("wait", wait, 0, MAX_WAIT_SECONDS, above_low=True)
+    except InvalidArgumentError as exc:
+        raise InvalidArgumentError(f"{exc}; use wait=None to try once without waiting") from None
+    return max(1, math.ceil(seconds * 1000))
 
 
 def _require_no_transaction(driver: DriverBase, subject: str, reason: str) -> None:

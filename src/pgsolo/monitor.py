@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from . import sql
 from ._plans import drive, outside_transaction
 from .drivers import SyncDriver, adapt_sync
+from .durations import DAY, check_seconds
 from .errors import InvalidArgumentError, UnsafeConnectionError
 from .keys import Key, KeyLike, Registry, as_key, decode_pg_lock, derive_int32, derive_int64
 from .proxy import check_route
@@ -44,6 +45,7 @@ SinceSource = Literal["waitstart", "query_start", "state_change", "xact_start"]
 DEFAULT_OLDER_THAN = (
     300.0  # seconds: an idle session or open transaction older than this is suspect
 )
+MAX_OLDER_THAN = 30 * DAY
 CAPACITY_WARN, CAPACITY_FAIL = 0.5, 0.9  # share of the shared lock table used by advisory locks
 _LISTED = 5  # sessions named in one check's detail; the rest are counted
 
@@ -347,20 +349,14 @@ def doctor(conn: psycopg.Connection[Any], *, older_than: float = DEFAULT_OLDER_T
     """Check the production checklist against the connection's database.
 
     ``older_than`` (seconds) is when an idle session holding a lock, an open transaction
-    holding one, or a wait becomes suspect. Sessions are those of this database only;
-    the lock table's capacity is the whole server's. Reads only.
+    holding one, or a wait becomes suspect: from 0 to 2592000 (30 days), else
+    :class:`~pgsolo.InvalidArgumentError` before any SQL. Sessions are those of this
+    database only; the lock table's capacity is the whole server's. Reads only.
     """
-    if (
-        isinstance(older_than, bool)
-        or not isinstance(older_than, int | float)
-        or not older_than >= 0
-    ):
-        raise InvalidArgumentError(
-            f"older_than must be a number of seconds >= 0, got {older_than!r}"
-        )
+    seconds = check_seconds("older_than", older_than, 0, MAX_OLDER_THAN)
     driver = adapt_sync(conn)
     snapshot = _fetch_json(driver, [sql.CLEAR_ACTIVITY_SNAPSHOT, sql.DOCTOR])
-    return _diagnose(snapshot, float(older_than), proxy=_proxy_check(driver))
+    return _diagnose(snapshot, seconds, proxy=_proxy_check(driver))
 
 
 def _diagnose(snapshot: Mapping[str, Any], older_than: float, *, proxy: Check) -> list[Check]:

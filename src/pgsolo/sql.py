@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from .durations import check_seconds
+from .errors import InvalidArgumentError
 from .keys import Key, encode_pg_lock
 from .literals import sql_text
 
@@ -296,16 +298,25 @@ def period_start(period: str) -> str:
 
 
 PERIOD_UNITS = ("minute", "hour", "day", "week", "month", "year")
+MAX_PERIOD_SECONDS = 100 * 365 * 86_400  # 100 years of 365 days: 3153600000
 
 
 def parse_period_seconds(period: str) -> int:
-    """``"900 seconds"`` -> 900; anything else raises ValueError."""
-    number, _, unit = period.partition(" ")
-    if unit != "seconds" or not number.isascii() or not number.isdigit() or int(number) < 1:
-        raise ValueError(
-            f"a period is one of {', '.join(PERIOD_UNITS)} or 'N seconds', got {period!r}"
+    """``"900 seconds"`` -> 900; anything else raises
+    :class:`~pgsolo.InvalidArgumentError` (a ``ValueError``). N is from 1 to
+    :data:`MAX_PERIOD_SECONDS`, so that the server can always hold the interval."""
+    text = period if isinstance(period, str) else ""
+    number, _, unit = text.partition(" ")
+    if unit != "seconds" or not number.isascii() or not number.isdigit():
+        raise InvalidArgumentError(
+            f"a period is one of {', '.join(PERIOD_UNITS)} or 'N seconds' (N from 1 to"
+            f" {MAX_PERIOD_SECONDS}, 100 years), got {period!r}"
         )
-    return int(number)
+    digits = number.lstrip("0") or "0"
+    # More digits than any allowed N: too large, without parsing a huge number.
+    value = int(digits) if len(digits) <= len(str(MAX_PERIOD_SECONDS)) else MAX_PERIOD_SECONDS + 1
+    check_seconds("a period of 'N seconds'", value, 1, MAX_PERIOD_SECONDS)
+    return value
 
 
 def period_done(job: str, period: str) -> str:
