@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shlex
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -326,7 +327,8 @@ def add_run_command(subparsers: Subparsers) -> None:
         "run",
         help="run a command while holding a lock: at most one at a time, anywhere",
         description="Run COMMAND while this process holds a session-level advisory lock on"
-        " KEY, on one pinned connection watched for the whole run. KEY is a name"
+        " KEY, on one pinned connection watched for the whole run. COMMAND comes after --"
+        " (everything after it is COMMAND's, options included). KEY is a name"
         " (daily-settlement), an int64 (123) or a pair (42:1001). Busy means skip, unless"
         " --wait is given. Exit codes: COMMAND's own (128+N if killed by signal N; 127 not"
         " found, 126 not executable); 75 skipped (busy, wait timed out, or already done"
@@ -415,9 +417,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .jobs import Job  # noqa: PLC0415
     from .supervise import RunReport, RunSignals, supervise  # noqa: PLC0415
 
-    command = list(args.argv)
-    if command[:1] == ["--"]:
-        command = command[1:]
+    command, separated = _command_of(args)
     key: Key | None = None
     job: Job | None = None
     # From here on every ending prints its error and, with --json, one JSON object (the
@@ -427,6 +427,13 @@ def cmd_run(args: argparse.Namespace) -> int:
             if not command:
                 raise CliError(  # noqa: TRY301 - reported below like every other ending
                     "no command to run: pgsolo run --key KEY [OPTIONS] -- COMMAND [ARG...]",
+                    EXIT_USAGE,
+                )
+            if not separated:
+                raise CliError(  # noqa: TRY301
+                    "COMMAND must come after `--` (pgsolo run --key KEY [OPTIONS] -- COMMAND"
+                    " [ARG...]), so that no option is ever taken for the wrong program;"
+                    f" run: {_with_separator(args, command)}",
                     EXIT_USAGE,
                 )
             # Everything is validated before anything connects (UsageError: exit 2).
@@ -468,6 +475,41 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(outcome.as_dict()), file=sys.stderr, flush=True)
     return outcome.exit_code
+
+
+def _command_of(args: argparse.Namespace) -> tuple[list[str], bool]:
+    """COMMAND [ARG...] of ``pgsolo run``, and whether ``--`` came before it (DESIGN §5).
+
+    argparse keeps everything from COMMAND on, options included; whether it keeps the
+    ``--`` itself depends on the Python version, so the command line as given decides.
+    """
+    command = list(args.argv)
+    if command[:1] == ["--"]:
+        return command[1:], True
+    given: list[str] = getattr(args, "given_argv", [])
+    start = len(given) - len(command)
+    separated = start > 0 and given[start:] == command and given[start - 1] == "--"
+    return command, separated
+
+
+def _with_separator(args: argparse.Namespace, command: list[str]) -> str:
+    """The command line as it should have been given, to show in the error: pgsolo's own
+    options with any password blanked out, ``--``, then COMMAND's name only (its arguments
+    are never shown: they may carry secrets)."""
+    given: list[str] = getattr(args, "given_argv", [])
+    options = given[: len(given) - len(command)] if given[-len(command) :] == command else []
+    shown: list[str] = []
+    for index, word in enumerate(options):
+        if index > 0 and options[index - 1] == "--dsn":
+            shown.append(redact_dsn(word))
+        elif word.startswith("--dsn="):
+            shown.append("--dsn=" + redact_dsn(word.removeprefix("--dsn=")))
+        else:
+            shown.append(word)
+    if not options:
+        shown = ["run", "--key", "KEY", "[OPTIONS]"]
+    arguments = " ARG..." if len(command) > 1 else ""
+    return shlex.join(["pgsolo", *shown, "--", command[0]]) + arguments
 
 
 # -- pgsolo migrate ----------------------------------------------------------------------
@@ -921,6 +963,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # --help, --version, usage errors (2)
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     args.log_level = _configure_logging(getattr(args, "verbose", 0))
+    args.given_argv = list(sys.argv[1:] if argv is None else argv)
     handler: Handler = args.handler
     try:
         return handler(args)
