@@ -11,6 +11,7 @@ The async twins live in ``test_jobs_async.py``.
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import os
 import socket
@@ -104,7 +105,8 @@ def test_completed_returns_the_value_and_commits_the_transaction(db: str, observ
         seen["visible_before_commit"] = work_rows(observer, job)
         return a + b
 
-    result = run_job(db, job, fn, 40, b=2)
+    # fn's own keyword arguments are bound first: run_job's keywords are options.
+    result = run_job(db, job, functools.partial(fn, b=2), 40)
 
     assert isinstance(result, JobResult)
     assert result.outcome == "completed"

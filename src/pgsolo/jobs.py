@@ -14,7 +14,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import (
     TYPE_CHECKING,
@@ -22,6 +22,7 @@ from typing import (
     Concatenate,
     Generic,
     Literal,
+    Never,
     ParamSpec,
     Protocol,
     TypeVar,
@@ -346,6 +347,33 @@ def _core_for(job: Job, driver: DriverBase) -> _LockCore:
     )
 
 
+def _refuse_unknown_options(call: Callable[..., object], unknown: Mapping[str, object]) -> None:
+    """Keyword arguments of :func:`run_job` and :func:`singleton` are pgsolo's options,
+    never the function's: one that is not an option is a :class:`UsageError`, before
+    anything connects, with the way to pass it to the function instead."""
+    if not unknown:
+        return
+    names = sorted(unknown)
+    parameters = inspect.signature(call).parameters.values()
+    options = ", ".join(p.name for p in parameters if p.kind is p.KEYWORD_ONLY)
+    if call is singleton:
+        hint = (
+            "the decorated function's own arguments are given when it is called"
+            f" ({', '.join(f'{n}=...' for n in names)} there)"
+        )
+    else:
+        hint = (
+            "bind the function's own keyword arguments first, with functools.partial(fn,"
+            f" {', '.join(f'{n}=...' for n in names)}); positional arguments after fn still"
+            " go to fn"
+        )
+    raise UsageError(
+        f"{call.__name__}() got keyword argument(s) {', '.join(names)} that are not pgsolo"
+        f" options ({options}): keyword arguments here are pgsolo's, never the job"
+        f" function's; {hint}"
+    )
+
+
 def run_job(
     target: psycopg.Connection[Any] | str,
     key: KeyLike,
@@ -361,9 +389,13 @@ def run_job(
     namespace: int | None = None,
     registry: Registry | None = None,
     keep: bool | Keep = False,
-    **kwargs: Any,
+    **not_options: Never,
 ) -> JobResult[T]:
-    """Run ``fn(conn, *args, **kwargs)`` at most once at a time across every process.
+    """Run ``fn(conn, *args)`` at most once at a time across every process.
+
+    Keyword arguments are pgsolo's options only; any other raises :class:`UsageError`
+    before anything connects. To give ``fn`` keyword arguments of its own, bind them
+    first: ``run_job(dsn, key, functools.partial(fn, name="bob"))``.
 
     ``target`` is a psycopg connection, or a connection string from which pgsolo opens
     (and closes) a connection named ``pgsolo:<job name>`` in ``pg_stat_activity``.
@@ -378,6 +410,7 @@ def run_job(
     A failure re-raises the callable's exception after it is logged and recorded,
     unless ``raise_errors=False``.
     """
+    _refuse_unknown_options(run_job, not_options)
     job = Job.define(
         key,
         name=name,
@@ -394,8 +427,8 @@ def run_job(
         raise UsageError("Keep(cancel=True) cancels an asyncio task: use run_job_async")
     if isinstance(target, str):
         with open_connection(target, application_name=job.application_name_for(target)) as conn:
-            return _run_sync(job, conn, target, fn, args, kwargs, raise_errors)
-    return _run_sync(job, target, None, fn, args, kwargs, raise_errors)
+            return _run_sync(job, conn, target, fn, args, raise_errors)
+    return _run_sync(job, target, None, fn, args, raise_errors)
 
 
 def _run_sync(
@@ -404,7 +437,6 @@ def _run_sync(
     dsn: str | None,
     fn: Callable[..., T],
     args: tuple[Any, ...],
-    kwargs: dict[str, Any],
     raise_errors: bool,
 ) -> JobResult[T]:
     driver = adapt_sync(conn)
@@ -416,7 +448,7 @@ def _run_sync(
         if keeper is not None:
             keeper.start()
         try:
-            return fn(conn, *args, **kwargs)
+            return fn(conn, *args)
         finally:
             if keeper is not None:
                 keeper.stop()
@@ -478,9 +510,11 @@ async def run_job_async(
     namespace: int | None = None,
     registry: Registry | None = None,
     keep: bool | Keep = False,
-    **kwargs: Any,
+    **not_options: Never,
 ) -> JobResult[T]:
-    """The async twin of :func:`run_job`: ``await fn(conn, *args, **kwargs)``."""
+    """The async twin of :func:`run_job`: ``await fn(conn, *args)``; keyword arguments
+    are pgsolo's options only (bind ``fn``'s own with ``functools.partial``)."""
+    _refuse_unknown_options(run_job_async, not_options)
     job = Job.define(
         key,
         name=name,
@@ -497,8 +531,8 @@ async def run_job_async(
         async with aopen_connection(
             target, application_name=job.application_name_for(target)
         ) as conn:
-            return await _run_async(job, conn, target, fn, args, kwargs, raise_errors)
-    return await _run_async(job, target, None, fn, args, kwargs, raise_errors)
+            return await _run_async(job, conn, target, fn, args, raise_errors)
+    return await _run_async(job, target, None, fn, args, raise_errors)
 
 
 async def _run_async(
@@ -507,7 +541,6 @@ async def _run_async(
     dsn: str | None,
     fn: Callable[..., Awaitable[T]],
     args: tuple[Any, ...],
-    kwargs: dict[str, Any],
     raise_errors: bool,
 ) -> JobResult[T]:
     driver = adapt_async(conn)
@@ -519,7 +552,7 @@ async def _run_async(
             keeper.start()
         ended_with: BaseException | None = None
         try:
-            return await fn(conn, *args, **kwargs)
+            return await fn(conn, *args)
         except BaseException as exc:
             ended_with = exc
             raise
@@ -559,52 +592,73 @@ class _SingletonDecorator(Protocol):
     ) -> Callable[P, JobResult[T]]: ...
 
 
-def singleton(key: KeyLike, **options: Any) -> _SingletonDecorator:
+def singleton(
+    key: KeyLike,
+    *,
+    dsn: str | None = None,
+    name: str | None = None,
+    lifetime: sql.Lifetime = "xact",
+    wait: float | None = None,
+    period: str | None = None,
+    record: bool = False,
+    raise_errors: bool = True,
+    application_name: str | None = None,
+    namespace: int | None = None,
+    registry: Registry | None = None,
+    keep: bool | Keep = False,
+    **not_options: Never,
+) -> _SingletonDecorator:
     """Decorate ``fn(conn, ...)`` so that each call runs it as a singleton job.
 
-    ``dsn=`` (or ``PGSOLO_DSN`` / ``DATABASE_URL``) says where to connect; every other
-    option is the one of :func:`run_job`. The decorated function returns a
-    :class:`JobResult`; an ``async def`` function gives an async one.
+    pgsolo's options are given here, once, and only here: ``dsn=`` (or ``PGSOLO_DSN`` /
+    ``DATABASE_URL``) says where to connect, every other one is :func:`run_job`'s, and
+    they are checked now. The decorated function keeps its own signature: every argument
+    of a call, keyword ones included (``greet(name="bob")``), goes to ``fn`` and none is
+    read as an option. It returns a :class:`JobResult`; an ``async def`` function gives
+    an async one.
     """
-    dsn_option = options.pop("dsn", None)
-    unknown = sorted(set(options) - _DEFINE_OPTIONS - {"raise_errors"})
-    if unknown:
-        raise UsageError(
-            f"singleton() got unknown option(s) {', '.join(unknown)}; the options are"
-            f" dsn, raise_errors and {', '.join(sorted(_DEFINE_OPTIONS))}"
-        )
-    Job.define(key, **{k: v for k, v in options.items() if k in _DEFINE_OPTIONS})
+    _refuse_unknown_options(singleton, not_options)
+    Job.define(
+        key,
+        name=name,
+        lifetime=lifetime,
+        wait=wait,
+        period=period,
+        record=record,
+        application_name=application_name,
+        namespace=namespace,
+        registry=registry,
+        keep=keep,
+    )
+    options: dict[str, Any] = {
+        "name": name,
+        "lifetime": lifetime,
+        "wait": wait,
+        "period": period,
+        "record": record,
+        "raise_errors": raise_errors,
+        "application_name": application_name,
+        "namespace": namespace,
+        "registry": registry,
+        "keep": keep,
+    }
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         if inspect.iscoroutinefunction(fn):
 
             @functools.wraps(fn)
             async def async_wrapper(*args: Any, **kwargs: Any) -> JobResult[Any]:
-                return await run_job_async(
-                    choose_dsn(dsn_option).dsn, key, fn, *args, **options, **kwargs
-                )
+                # The call's keywords are bound to fn here, so none reaches run_job_async.
+                work = functools.partial(fn, **kwargs)
+                return await run_job_async(choose_dsn(dsn).dsn, key, work, *args, **options)
 
             return async_wrapper
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> JobResult[Any]:
-            return run_job(choose_dsn(dsn_option).dsn, key, fn, *args, **options, **kwargs)
+            work = functools.partial(fn, **kwargs)
+            return run_job(choose_dsn(dsn).dsn, key, work, *args, **options)
 
         return wrapper
 
     return decorate
-
-
-_DEFINE_OPTIONS = frozenset(
-    {
-        "name",
-        "lifetime",
-        "wait",
-        "period",
-        "record",
-        "application_name",
-        "namespace",
-        "registry",
-        "keep",
-    }
-)
