@@ -38,6 +38,7 @@ from .monitor import MAX_OLDER_THAN
 if TYPE_CHECKING:
     from .keys import Registry
     from .monitor import AdvisoryLock
+    from .reasons import RunReason
 
 __all__ = [
     "COMMANDS",
@@ -460,7 +461,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                 )
         except (CliError, UsageError) as exc:  # before any attempt: outcome null
             code = exc.code if isinstance(exc, CliError) else EXIT_USAGE
-            reasons = {EXIT_USAGE: "usage-error", EXIT_UNAVAILABLE: "database-unavailable"}
+            reasons: dict[int, RunReason] = {
+                EXIT_USAGE: "usage-error",
+                EXIT_UNAVAILABLE: "database-unavailable",
+            }
             outcome = RunReport(
                 exit_code=code,
                 outcome=None,

@@ -7,6 +7,8 @@ expect (``ValueError``, ``TypeError``), so code that already catches those keeps
 
 from __future__ import annotations
 
+from .reasons import LostReason
+
 __all__ = [
     "ConnectionStateError",
     "InvalidArgumentError",
@@ -114,11 +116,12 @@ class LockLostError(PgsoloError):
     """A lock pgsolo believed held is gone: its session ended (connection closed,
     backend terminated) or something released it behind pgsolo's back.
 
-    ``reason`` says how, when known: ``connection-lost``, ``connection-unresponsive``,
-    ``connection-moved`` (a transaction-pooling proxy), ``lock-released`` or
-    ``keeper-failed``."""
+    ``reason`` is always one code of :data:`pgsolo.reasons.LostReason`:
+    ``connection-lost``, ``connection-unresponsive``, ``connection-moved`` (a
+    transaction-pooling proxy), ``lock-released``, ``keeper-failed``,
+    ``work-ended-transaction`` or ``not-held-at-commit``; the message says the rest."""
 
-    def __init__(self, message: str, *, key: object, reason: str | None = None) -> None:
+    def __init__(self, message: str, *, key: object, reason: LostReason) -> None:
         super().__init__(message)
         self.key = key
         self.reason = reason

@@ -45,6 +45,7 @@ from .keeper import AsyncKeeper, Keep, Keeper, as_keep
 from .keys import Key, KeyLike, Registry, as_key
 from .ledger import SKIP_WARNING_WINDOW, skip_warning
 from .locks import _LockCore, _require_no_transaction, _validate_wait
+from .reasons import LostReason, Reason
 
 if TYPE_CHECKING:
     import psycopg
@@ -67,8 +68,11 @@ class JobResult(Generic[T]):
     outcome: Outcome
     job: str
     key: Key
-    reason: str | None = None
-    """``busy`` or ``already-done-this-period`` for a skip; what was lost for ``lost``."""
+    reason: Reason | None = None
+    """A short code of :mod:`pgsolo.reasons`, never a message: ``busy`` or
+    ``already-done-this-period`` for a skip, how the lock went for ``lost``
+    (``connection-lost``, ``lock-released``, ``work-ended-transaction``, ...); None for
+    ``completed`` and for a ``failed`` run (its exception is :attr:`error`)."""
     value: T | None = None
     """The callable's return value, for ``completed``."""
     error: BaseException | None = field(default=None, compare=False)
@@ -203,11 +207,13 @@ def _plan(job: Job, core: _LockCore) -> Plan[JobResult[Any]]:  # noqa: PLR0911, 
                 "lost",
                 value=value,
                 duration=duration,
-                reason="the work ended the locked transaction itself (commit or rollback)",
+                reason="work-ended-transaction",
                 error=LockLostError(
-                    f"job {job.name!r}: the work ended the transaction that held {job.key};"
-                    " the lock was released before the work finished",
+                    f"job {job.name!r}: the work ended the transaction that held {job.key}"
+                    " itself (commit or rollback); the lock was released before the work"
+                    " finished",
                     key=job.key,
+                    reason="work-ended-transaction",
                 ),
             )
         if job.period is not None:
@@ -235,13 +241,14 @@ def _plan(job: Job, core: _LockCore) -> Plan[JobResult[Any]]:  # noqa: PLR0911, 
         if isinstance(exc, LockLostError):  # the keeper saw the lock go while the work ran
             return result("lost", error=exc, duration=duration, reason=exc.reason)
         if isinstance(exc, Exception):
-            outcome: Outcome = "lost" if driver.is_closed() else "failed"
-            return result(outcome, error=exc, duration=duration, reason=_lost_reason(driver))
+            if driver.is_closed():  # the connection, and the lock with it, went under the work
+                return result("lost", error=exc, duration=duration, reason="connection-lost")
+            return result("failed", error=exc, duration=duration)
         raise  # KeyboardInterrupt, SystemExit, cancellation: not the work's outcome
     try:
         yield from core.exit(failed=False)
     except (LockLostError, LockNotHeldError) as exc:
-        return result("lost", error=exc, duration=duration, reason=str(exc), value=value)
+        return result("lost", error=exc, duration=duration, reason=_lost_reason(exc), value=value)
     except TransactionFailedError as exc:
         return result("failed", error=exc, duration=duration)
     except Exception as exc:
@@ -253,14 +260,17 @@ def _plan(job: Job, core: _LockCore) -> Plan[JobResult[Any]]:  # noqa: PLR0911, 
             f"{job.lifetime} lock {job.key} was lost with its connection before the run"
             f" could end, so the work's transaction was not confirmed committed: {exc}",
             key=job.key,
+            reason="connection-lost",
         )
         lost.__cause__ = exc
-        return result("lost", error=lost, duration=duration, reason=_lost_reason(driver))
+        return result("lost", error=lost, duration=duration, reason="connection-lost")
     return result("completed", value=value, duration=duration)
 
 
-def _lost_reason(driver: DriverBase) -> str | None:
-    return "connection closed while the work ran" if driver.is_closed() else None
+def _lost_reason(error: BaseException | None) -> LostReason:
+    """The reason code of a loss found at the end of the run: the error's own, or
+    ``lock-released`` when the server said the lock was no longer held at release."""
+    return error.reason if isinstance(error, LockLostError) else "lock-released"
 
 
 def report(
@@ -330,6 +340,7 @@ def _conclude(job: Job, result: JobResult[T], raise_errors: bool) -> JobResult[T
             raise LockLostError(
                 f"job {job.name!r} lost its lock {job.key} while the work ran: {result.error}",
                 key=job.key,
+                reason=_lost_reason(result.error),
             ) from result.error
         raise result.error
     return result

@@ -34,6 +34,7 @@ from . import sql
 from .drivers import AsyncDriver, BeatFailed, DriverBase, SyncDriver
 from .durations import DAY, check_seconds
 from .errors import InvalidArgumentError, LockLostError
+from .reasons import LostReason
 
 if TYPE_CHECKING:
     from .locks import _LockCore
@@ -138,7 +139,7 @@ class _Watch:
         logger.warning("pgsolo keeper: checking lock %s failed: %s", self.core.key, exc)
         return None
 
-    def _lost(self, reason: str, detail: str) -> LockLostError:
+    def _lost(self, reason: LostReason, detail: str) -> LockLostError:
         return LockLostError(
             f"session lock {self.core.key} was lost while held ({reason}): {detail}",
             key=self.core.key,

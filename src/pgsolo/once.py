@@ -332,6 +332,7 @@ def _run_attempt(
                 " attempt's database work was rolled back (the other attempt used the same"
                 " idempotency key)",
                 key=op.lock_key,
+                reason="lock-released",
             ) from exc
         raise
     return OnceResult("ran", op.op_key, attempt.idempotency_key, json.loads(stored), attempt.number)
