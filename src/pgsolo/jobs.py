@@ -43,7 +43,7 @@ from .errors import (
 )
 from .keeper import AsyncKeeper, Keep, Keeper, as_keep
 from .keys import Key, KeyLike, Registry, as_key
-from .ledger import SKIP_WARNING_WINDOW, skip_warning
+from .ledger import SKIP_WARNING_WINDOW, history_rows, skip_warning
 from .locks import _LockCore, _require_no_transaction, _validate_wait
 from .reasons import LostReason, Reason
 
@@ -502,7 +502,7 @@ def _record_plan(job: Job, result: JobResult[Any], driver: DriverBase) -> Plan[N
         recent = yield outside_transaction(
             driver, [sql.history(job=job.name, limit=SKIP_WARNING_WINDOW)]
         )
-        for warning in skip_warning(recent if isinstance(recent, list) else []):
+        for warning in skip_warning(history_rows(recent)):
             logger.warning("pgsolo: %s", warning)
 
 

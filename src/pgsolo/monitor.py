@@ -191,7 +191,7 @@ def _check_positive(value: object, what: str) -> None:
 
 
 def _fetch_json(driver: SyncDriver, statements: list[str]) -> Mapping[str, Any]:
-    value = driver.fetch_value(outside_transaction(driver, statements))
+    value = sql.read_json(driver.fetch_value(outside_transaction(driver, statements)))
     if not isinstance(value, Mapping):
         raise TypeError(f"the monitor's query returned {type(value).__name__}, not a JSON object")
     return value
