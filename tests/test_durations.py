@@ -239,3 +239,19 @@ def test_cli_once_per_out_of_range_is_a_usage_error_and_runs_nothing(
     report = json.loads(done.stderr.strip().splitlines()[-1])
     assert (report["outcome"], report["reason"]) == (None, "usage-error")
     assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [{"pid": 2**31}, {"pid": 2**40}, {"wait_ms": int(DAY * 1000) + 1}, {"wait_ms": 10**20}],
+    ids=_short,
+)
+def test_terminate_backend_refuses_numbers_the_server_cannot_take_before_any_sql(
+    connect: Connect, arguments: dict[str, int]
+) -> None:
+    """Guards: a pid beyond int32 or an enormous wait_ms reached the server and came
+    back as a raw "function pg_terminate_backend(bigint, ...) does not exist"."""
+    options = {"pid": 12345, **arguments}
+    pid = options.pop("pid")
+    with pytest.raises(InvalidArgumentError, match="pid" if "pid" in arguments else "wait_ms"):
+        pgsolo.terminate_backend(_closed(connect), pid, **options)

@@ -185,9 +185,10 @@ def advisory_locks(
     return _locks_from(snapshot, namer)
 
 
-def _check_positive(value: object, what: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidArgumentError(f"{what} must be a positive int, got {value!r}")
+def _check_positive(value: object, what: str, high: int = 2**31 - 1) -> None:
+    """A positive int of at most ``high`` (a pid is an int32 on the server)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
+        raise InvalidArgumentError(f"{what} must be an int from 1 to {high}, got {value!r}")
 
 
 def _fetch_json(driver: SyncDriver, statements: list[str]) -> Mapping[str, Any]:
@@ -724,10 +725,10 @@ def _proxy_check(driver: SyncDriver) -> Check:
 
 def terminate_backend(conn: psycopg.Connection[Any], pid: int, *, wait_ms: int = 5000) -> bool:
     """End backend ``pid`` (its session, its transaction and every lock it holds) and wait
-    up to ``wait_ms`` for it to be gone: True if it is. Shows nothing and asks nothing;
-    ``pgsolo terminate`` is the careful way."""
+    up to ``wait_ms`` (at most a day) for it to be gone: True if it is. Shows nothing and
+    asks nothing; ``pgsolo terminate`` is the careful way."""
     _check_positive(pid, "pid")
-    _check_positive(wait_ms, "wait_ms")
+    _check_positive(wait_ms, "wait_ms", int(DAY * 1000))
     driver = adapt_sync(conn)
     if pid == driver.backend_pid():
         raise InvalidArgumentError(f"pid {pid} is this connection's own backend")
