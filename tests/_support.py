@@ -3,6 +3,7 @@ directory on ``sys.path``)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -28,6 +29,19 @@ def eventually(predicate: Callable[[], T], what: str, timeout: float = DEADLINE)
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.02)
+
+
+async def aeventually(predicate: Callable[[], T], what: str) -> T:
+    """:func:`eventually` for a test running in an event loop: it yields to the loop
+    (where the keeper's task runs) between polls."""
+    deadline = time.monotonic() + DEADLINE
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {DEADLINE}s waiting for {what}")
+        await asyncio.sleep(0.02)
 
 
 # -- jobs: the table their callables write to, and other sessions' view of them ----------

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -338,3 +340,43 @@ def test_scrub_secrets_cleans_driver_messages() -> None:
         "could not connect with postgresql://alice:***@h/app: password *** rejected"
     )
     assert "s3cret" not in scrub_secrets("bad s3cret", "host=h password=s3cret")
+
+
+# -- pgsolo run: COMMAND after `--` ---------------------------------------------------------
+
+
+def test_run_without_the_separator_is_a_usage_error_that_shows_the_fix(
+    db: str, tmp_path: Path
+) -> None:
+    """Guards DESIGN §5's ``-- COMMAND``: ``pgsolo run --key k true`` used to run the
+    command. It exits 2 before connecting, shows the corrected command line (with the
+    DSN's password blanked and COMMAND's arguments left out) and runs nothing."""
+    marker = tmp_path / "ran"
+    command = [sys.executable, "-c", f"open({str(marker)!r}, 'w').close()"]
+    # The second DSN has a password and nothing listens there: exit 2, not 69.
+    for dsn in (db, "postgresql://alice:hunter2@127.0.0.1:1/db"):
+        done = pgsolo("run", "--key", "cli-separator", "--dsn", dsn, "--json", *command)
+        assert done.returncode == 2, done.stderr
+        assert "must come after `--`" in done.stderr
+        expected = shlex.join(["--key", "cli-separator", "--dsn", redact_dsn(dsn), "--json"])
+        assert f"run: pgsolo run {expected} -- {shlex.quote(sys.executable)} ARG..." in (
+            done.stderr
+        )
+        assert "hunter2" not in done.stdout + done.stderr
+        report = json.loads(done.stderr.strip().splitlines()[-1])
+        assert (report["outcome"], report["reason"], report["exit_code"]) == (
+            None,
+            "usage-error",
+            2,
+        )
+    assert not marker.exists()
+
+
+def test_run_options_after_the_separator_belong_to_the_command(db: str) -> None:
+    show = "import json, sys; print(json.dumps(sys.argv[1:]))"
+    done = pgsolo(
+        "run", "--key", "cli-separator-2", "--dsn", db, "--", sys.executable, "-c", show,
+        "--wait", "5", "--", "--key",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == ["--wait", "5", "--", "--key"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import os
 import socket
@@ -106,7 +107,8 @@ async def test_completed_returns_the_value_and_commits_the_transaction(
         seen["visible_before_commit"] = work_rows(observer, job)
         return a + b
 
-    result = await run_job_async(db, job, fn, 40, b=2)
+    # fn's own keyword arguments are bound first: run_job's keywords are options.
+    result = await run_job_async(db, job, functools.partial(fn, b=2), 40)
 
     assert isinstance(result, JobResult)
     assert (result.outcome, result.value, result.error) == ("completed", 42, None)

@@ -12,6 +12,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+import pgsolo
 from pgsolo.errors import InvalidKeyError, KeyCollisionError, UsageError
 from pgsolo.keys import (
     Key,
@@ -276,11 +277,34 @@ def test_pair_int32_boundaries_are_accepted() -> None:
     assert as_key((INT32_MAX, INT32_MIN)).value == (INT32_MAX, INT32_MIN)
 
 
-def test_pair_given_as_list_is_normalised_to_a_tuple() -> None:
-    assert as_key([42, 1001]).value == (42, 1001)
+@pytest.mark.parametrize("bad", [[42, 1001], [1, 2, 3], [], range(2), bytearray(b"ab")], ids=repr)
+def test_a_pair_is_a_tuple_never_a_list_or_other_sequence(bad: object) -> None:
+    """Guards: ``as_key([1, 2])`` was taken as a pair. A pair is a tuple only, and the
+    error says how to pass one."""
+    for make in (as_key, Key):
+        with pytest.raises(InvalidKeyError) as refused:
+            make(bad)  # type: ignore[operator]
+        if not isinstance(bad, bytearray):
+            assert "tuple(value)" in str(refused.value)
+    assert as_key(tuple([42, 1001])).value == (42, 1001)
 
 
-@pytest.mark.parametrize("bad", [(1, 2, 3), (1,), (), [1, 2, 3]], ids=repr)
+def test_a_list_key_is_refused_before_any_sql(connect, observer) -> None:
+    conn = connect()
+    for attempt in (
+        lambda: pgsolo.session_lock(conn, [42, 1001]),  # type: ignore[call-overload]
+        lambda: pgsolo.xact_lock(conn, [42, 1001]),  # type: ignore[call-overload]
+        lambda: pgsolo.run_job(conn, [42, 1001], lambda c: None),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(InvalidKeyError, match=r"tuple\(value\)"):
+            attempt()
+    row = observer.conn.execute(
+        "SELECT query FROM pg_stat_activity WHERE pid = %s", (conn.info.backend_pid,)
+    ).fetchone()
+    assert row == ("",)  # nothing was ever sent on it
+
+
+@pytest.mark.parametrize("bad", [(1, 2, 3), (1,), ()], ids=repr)
 def test_pair_must_have_exactly_two_parts(bad: object) -> None:
     with pytest.raises(InvalidKeyError, match="two parts"):
         as_key(bad)  # type: ignore[arg-type]
@@ -648,9 +672,15 @@ def test_registry_accepts_a_key_object() -> None:
 def test_registry_registering_the_same_name_and_key_twice_is_harmless() -> None:
     registry = Registry()
     first = registry.register("job", (42, 1))
-    second = registry.register("job", [42, 1])  # type: ignore[arg-type]
+    second = registry.register("job", (42, 1))
     assert first == second == Key((42, 1))
     assert len(registry) == 1
+
+
+def test_registry_refuses_a_list_as_a_pair_in_code() -> None:
+    """A TOML array is read as a pair (TOML has no tuples); in code a pair is a tuple."""
+    with pytest.raises(InvalidKeyError, match=r"tuple\(value\)"):
+        Registry().register("job", [42, 1])  # type: ignore[arg-type]
 
 
 def test_registry_one_name_on_two_keys_is_a_collision() -> None:

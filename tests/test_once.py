@@ -582,8 +582,9 @@ def test_a_superseded_attempt_cannot_record_success(
         other.join(DEADLINE)
         return "stale"  # ... and this attempt comes back too late
 
-    with pytest.raises(LockLostError, match="took the operation over"):
+    with pytest.raises(LockLostError, match="took the operation over") as raised:
         pgsolo.run_once(connect(), op, losing)
+    assert raised.value.reason == "lock-released"
     assert [(r.outcome, r.attempts) for r in taker_result] == [("ran", 2)]
     row = row_of(observer, op)
     assert row is not None

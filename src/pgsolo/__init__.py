@@ -47,6 +47,7 @@ from .once import (
     run_once,
     run_once_async,
 )
+from .reasons import LostReason, Reason
 
 __version__ = "0.1.0"
 
@@ -71,11 +72,13 @@ __all__ = [
     "LockNotHeldError",
     "LockTimeoutError",
     "LockUnavailableError",
+    "LostReason",
     "OnceOutcome",
     "OnceResult",
     "OperationContext",
     "Outcome",
     "PgsoloError",
+    "Reason",
     "Registry",
     "ResultNotStorableError",
     "TransactionFailedError",

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shlex
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -28,13 +29,22 @@ import psycopg
 from . import __version__
 from .connect import DEFAULT_CONNECT_TIMEOUT
 from .dsn import EMBEDDED, choose_dsn, parse_dsn, redact_dsn, resolved_dsn, scrub_secrets
-from .errors import DatabaseUnavailableError, InvalidDsnError, LockTimeoutError, UsageError
+from .durations import check_seconds
+from .errors import (
+    DatabaseUnavailableError,
+    InvalidArgumentError,
+    InvalidDsnError,
+    LockTimeoutError,
+    UsageError,
+)
 from .keys import Key, name_to_sql
 from .locks import MAX_WAIT_SECONDS
+from .monitor import MAX_OLDER_THAN
 
 if TYPE_CHECKING:
     from .keys import Registry
     from .monitor import AdvisoryLock
+    from .reasons import RunReason
 
 __all__ = [
     "COMMANDS",
@@ -116,7 +126,7 @@ def add_dsn_argument(parser: argparse.ArgumentParser, *, help: str | None = None
     )
     parser.add_argument(
         "--connect-timeout",
-        type=_float_between(1, 3600),
+        type=_seconds(1, 3600),
         metavar="S",
         help=f"give up connecting after S seconds, for each host of the DSN (libpq's"
         f" minimum is 2); default: the DSN's connect_timeout, then $PGCONNECT_TIMEOUT,"
@@ -279,7 +289,7 @@ def add_demo_command(subparsers: Subparsers) -> None:
     )
     parser.add_argument(
         "--work-seconds",
-        type=_float_between(0, 3600),
+        type=_seconds(0, 3600),
         default=1.5,
         metavar="S",
         help="how long the winner keeps working with the lock held (default: 1.5)",
@@ -335,7 +345,8 @@ def add_run_command(subparsers: Subparsers) -> None:
         "run",
         help="run a command while holding a lock: at most one at a time, anywhere",
         description="Run COMMAND while this process holds a session-level advisory lock on"
-        " KEY, on one pinned connection watched for the whole run. KEY is a name"
+        " KEY, on one pinned connection watched for the whole run. COMMAND comes after --"
+        " (everything after it is COMMAND's, options included). KEY is a name"
         " (daily-settlement), an int64 (123) or a pair (42:1001). Busy means skip, unless"
         " --wait is given. Exit codes: COMMAND's own (128+N if killed by signal N; 127 not"
         " found, 126 not executable); 75 skipped (busy, wait timed out, or already done"
@@ -359,7 +370,7 @@ def add_run_command(subparsers: Subparsers) -> None:
     )
     parser.add_argument(
         "--wait",
-        type=_float_between(0.001, MAX_WAIT_SECONDS),
+        type=_seconds(0.001, MAX_WAIT_SECONDS),
         metavar="SECONDS",
         help="wait up to SECONDS for the lock (server-side lock_timeout); default: try once",
     )
@@ -367,7 +378,8 @@ def add_run_command(subparsers: Subparsers) -> None:
         "--once-per",
         metavar="PERIOD",
         help="run at most once per PERIOD by the database's clock: minute, hour, day, week,"
-        " month, year (UTC) or 'N seconds'; needs `pgsolo migrate`",
+        " month, year (UTC) or 'N seconds' (N from 1 to 3153600000, 100 years); needs"
+        " `pgsolo migrate`",
     )
     parser.add_argument(
         "--record",
@@ -384,14 +396,14 @@ def add_run_command(subparsers: Subparsers) -> None:
     )
     parser.add_argument(
         "--check-interval",
-        type=_float_between(0.01, 3600),
+        type=_seconds(0.01, 3600),
         default=1.0,
         metavar="S",
         help="check that the lock is still held every S seconds (default: 1)",
     )
     parser.add_argument(
         "--check-timeout",
-        type=_float_between(0.1, 3600),
+        type=_seconds(0.1, 3600),
         default=10.0,
         metavar="S",
         help="a check (any exchange with the database once the lock is held) that gets no"
@@ -400,7 +412,7 @@ def add_run_command(subparsers: Subparsers) -> None:
     )
     parser.add_argument(
         "--grace",
-        type=_float_between(0, 3600),
+        type=_seconds(0, 3600),
         default=10.0,
         metavar="S",
         help="after a lost lock, seconds between SIGTERM and SIGKILL (default: 10)",
@@ -423,9 +435,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .jobs import Job  # noqa: PLC0415
     from .supervise import RunReport, RunSignals, supervise  # noqa: PLC0415
 
-    command = list(args.argv)
-    if command[:1] == ["--"]:
-        command = command[1:]
+    command, separated = _command_of(args)
     key: Key | None = None
     job: Job | None = None
     # From here on every ending prints its error and, with --json, one JSON object (the
@@ -435,6 +445,13 @@ def cmd_run(args: argparse.Namespace) -> int:
             if not command:
                 raise CliError(  # noqa: TRY301 - reported below like every other ending
                     "no command to run: pgsolo run --key KEY [OPTIONS] -- COMMAND [ARG...]",
+                    EXIT_USAGE,
+                )
+            if not separated:
+                raise CliError(  # noqa: TRY301
+                    "COMMAND must come after `--` (pgsolo run --key KEY [OPTIONS] -- COMMAND"
+                    " [ARG...]), so that no option is ever taken for the wrong program;"
+                    f" run: {_with_separator(args, command)}",
                     EXIT_USAGE,
                 )
             # Everything is validated before anything connects (UsageError: exit 2).
@@ -462,7 +479,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                 )
         except (CliError, UsageError) as exc:  # before any attempt: outcome null
             code = exc.code if isinstance(exc, CliError) else EXIT_USAGE
-            reasons = {EXIT_USAGE: "usage-error", EXIT_UNAVAILABLE: "database-unavailable"}
+            reasons: dict[int, RunReason] = {
+                EXIT_USAGE: "usage-error",
+                EXIT_UNAVAILABLE: "database-unavailable",
+            }
             outcome = RunReport(
                 exit_code=code,
                 outcome=None,
@@ -477,6 +497,41 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(outcome.as_dict()), file=sys.stderr, flush=True)
     return outcome.exit_code
+
+
+def _command_of(args: argparse.Namespace) -> tuple[list[str], bool]:
+    """COMMAND [ARG...] of ``pgsolo run``, and whether ``--`` came before it (DESIGN §5).
+
+    argparse keeps everything from COMMAND on, options included; whether it keeps the
+    ``--`` itself depends on the Python version, so the command line as given decides.
+    """
+    command = list(args.argv)
+    if command[:1] == ["--"]:
+        return command[1:], True
+    given: list[str] = getattr(args, "given_argv", [])
+    start = len(given) - len(command)
+    separated = start > 0 and given[start:] == command and given[start - 1] == "--"
+    return command, separated
+
+
+def _with_separator(args: argparse.Namespace, command: list[str]) -> str:
+    """The command line as it should have been given, to show in the error: pgsolo's own
+    options with any password blanked out, ``--``, then COMMAND's name only (its arguments
+    are never shown: they may carry secrets)."""
+    given: list[str] = getattr(args, "given_argv", [])
+    options = given[: len(given) - len(command)] if given[-len(command) :] == command else []
+    shown: list[str] = []
+    for index, word in enumerate(options):
+        if index > 0 and options[index - 1] == "--dsn":
+            shown.append(redact_dsn(word))
+        elif word.startswith("--dsn="):
+            shown.append("--dsn=" + redact_dsn(word.removeprefix("--dsn=")))
+        else:
+            shown.append(word)
+    if not options:
+        shown = ["run", "--key", "KEY", "[OPTIONS]"]
+    arguments = " ARG..." if len(command) > 1 else ""
+    return shlex.join(["pgsolo", *shown, "--", command[0]]) + arguments
 
 
 # -- pgsolo migrate ----------------------------------------------------------------------
@@ -739,7 +794,7 @@ def add_doctor_command(subparsers: Subparsers) -> None:
     )
     parser.add_argument(
         "--older-than",
-        type=_float_between(0, 30 * 86400),
+        type=_seconds(0, MAX_OLDER_THAN),
         default=300.0,
         metavar="SECONDS",
         help="an idle session or open transaction holding a lock, or a wait, older than this"
@@ -885,15 +940,18 @@ def _int_between(low: int, high: int) -> Callable[[str], int]:
     return parse
 
 
-def _float_between(low: float, high: float) -> Callable[[str], float]:
+def _seconds(low: float, high: float) -> Callable[[str], float]:
+    """An argparse type for a number of seconds: pgsolo's one duration check."""
+
     def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if not low <= value <= high:  # also refuses nan
-            raise argparse.ArgumentTypeError(f"must be from {low:g} to {high:g}, got {text}")
-        return value
+            raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+        try:
+            return check_seconds("the value", value, low, high)
+        except InvalidArgumentError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
 
     return parse
 
@@ -947,6 +1005,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # --help, --version, usage errors (2)
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     args.log_level = _configure_logging(getattr(args, "verbose", 0))
+    args.given_argv = list(sys.argv[1:] if argv is None else argv)
     handler: Handler = args.handler
     try:
         return handler(args)

@@ -7,6 +7,8 @@ expect (``ValueError``, ``TypeError``), so code that already catches those keeps
 
 from __future__ import annotations
 
+from .reasons import LostReason, UnsafeReason
+
 __all__ = [
     "ConnectionStateError",
     "DatabaseUnavailableError",
@@ -77,9 +79,9 @@ class UnsafeConnectionError(PgsoloError):
     transaction-pooling proxy would strand a session lock) or ``connection-moved`` (the
     connection no longer reaches the backend a session lock was taken on)."""
 
-    def __init__(self, message: str, *, reason: str) -> None:
+    def __init__(self, message: str, *, reason: UnsafeReason) -> None:
         super().__init__(message)
-        self.reason = reason
+        self.reason: UnsafeReason = reason
 
 
 class DatabaseUnavailableError(PgsoloError):
@@ -140,12 +142,13 @@ class LockLostError(PgsoloError):
     """A lock pgsolo believed held is gone: its session ended (connection closed,
     backend terminated) or something released it behind pgsolo's back.
 
-    ``reason`` says how, when known: ``connection-lost``, ``connection-unresponsive``,
-    ``connection-moved`` (a transaction-pooling proxy), ``server-in-recovery``,
-    ``lock-released`` or
-    ``keeper-failed``."""
+    ``reason`` is always one code of :data:`pgsolo.reasons.LostReason`:
+    ``connection-lost``, ``connection-unresponsive``, ``connection-moved`` (a
+    transaction-pooling proxy), ``server-in-recovery``, ``lock-released``,
+    ``keeper-failed``, ``work-ended-transaction`` or ``not-held-at-commit``; the message
+    says the rest."""
 
-    def __init__(self, message: str, *, key: object, reason: str | None = None) -> None:
+    def __init__(self, message: str, *, key: object, reason: LostReason) -> None:
         super().__init__(message)
         self.key = key
         self.reason = reason

@@ -14,7 +14,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import (
     TYPE_CHECKING,
@@ -22,6 +22,7 @@ from typing import (
     Concatenate,
     Generic,
     Literal,
+    Never,
     ParamSpec,
     Protocol,
     TypeVar,
@@ -42,8 +43,9 @@ from .errors import (
 )
 from .keeper import AsyncKeeper, Keep, Keeper, as_keep
 from .keys import Key, KeyLike, Registry, as_key
-from .ledger import SKIP_WARNING_WINDOW, skip_warning
+from .ledger import SKIP_WARNING_WINDOW, history_rows, skip_warning
 from .locks import _LockCore, _require_no_transaction, _validate_wait
+from .reasons import LostReason, Reason
 
 if TYPE_CHECKING:
     import psycopg
@@ -66,8 +68,11 @@ class JobResult(Generic[T]):
     outcome: Outcome
     job: str
     key: Key
-    reason: str | None = None
-    """``busy`` or ``already-done-this-period`` for a skip; what was lost for ``lost``."""
+    reason: Reason | None = None
+    """A short code of :mod:`pgsolo.reasons`, never a message: ``busy`` or
+    ``already-done-this-period`` for a skip, how the lock went for ``lost``
+    (``connection-lost``, ``lock-released``, ``work-ended-transaction``, ...); None for
+    ``completed`` and for a ``failed`` run (its exception is :attr:`error`)."""
     value: T | None = None
     """The callable's return value, for ``completed``."""
     error: BaseException | None = field(default=None, compare=False)
@@ -120,10 +125,7 @@ class Job:
             raise UsageError(f"lifetime must be 'xact' or 'session', got {lifetime!r}")
         _validate_wait(wait)
         if period is not None:
-            try:
-                sql.period_start(period)
-            except ValueError as exc:
-                raise UsageError(str(exc)) from None
+            sql.period_start(period)  # InvalidArgumentError for a period it cannot be
         job_name = name if name is not None else (resolved.name or resolved.text)
         if not isinstance(job_name, str) or not job_name or "\0" in job_name:
             raise UsageError(f"a job name must be non-empty text without NUL, got {job_name!r}")
@@ -205,11 +207,13 @@ def _plan(job: Job, core: _LockCore) -> Plan[JobResult[Any]]:  # noqa: PLR0911, 
                 "lost",
                 value=value,
                 duration=duration,
-                reason="the work ended the locked transaction itself (commit or rollback)",
+                reason="work-ended-transaction",
                 error=LockLostError(
-                    f"job {job.name!r}: the work ended the transaction that held {job.key};"
-                    " the lock was released before the work finished",
+                    f"job {job.name!r}: the work ended the transaction that held {job.key}"
+                    " itself (commit or rollback); the lock was released before the work"
+                    " finished",
                     key=job.key,
+                    reason="work-ended-transaction",
                 ),
             )
         if job.period is not None:
@@ -237,13 +241,14 @@ def _plan(job: Job, core: _LockCore) -> Plan[JobResult[Any]]:  # noqa: PLR0911, 
         if isinstance(exc, LockLostError):  # the keeper saw the lock go while the work ran
             return result("lost", error=exc, duration=duration, reason=exc.reason)
         if isinstance(exc, Exception):
-            outcome: Outcome = "lost" if driver.is_closed() else "failed"
-            return result(outcome, error=exc, duration=duration, reason=_lost_reason(driver))
+            if driver.is_closed():  # the connection, and the lock with it, went under the work
+                return result("lost", error=exc, duration=duration, reason="connection-lost")
+            return result("failed", error=exc, duration=duration)
         raise  # KeyboardInterrupt, SystemExit, cancellation: not the work's outcome
     try:
         yield from core.exit(failed=False)
     except (LockLostError, LockNotHeldError) as exc:
-        return result("lost", error=exc, duration=duration, reason=str(exc), value=value)
+        return result("lost", error=exc, duration=duration, reason=_lost_reason(exc), value=value)
     except TransactionFailedError as exc:
         return result("failed", error=exc, duration=duration)
     except Exception as exc:
@@ -255,14 +260,17 @@ def _plan(job: Job, core: _LockCore) -> Plan[JobResult[Any]]:  # noqa: PLR0911, 
             f"{job.lifetime} lock {job.key} was lost with its connection before the run"
             f" could end, so the work's transaction was not confirmed committed: {exc}",
             key=job.key,
+            reason="connection-lost",
         )
         lost.__cause__ = exc
-        return result("lost", error=lost, duration=duration, reason=_lost_reason(driver))
+        return result("lost", error=lost, duration=duration, reason="connection-lost")
     return result("completed", value=value, duration=duration)
 
 
-def _lost_reason(driver: DriverBase) -> str | None:
-    return "connection closed while the work ran" if driver.is_closed() else None
+def _lost_reason(error: BaseException | None) -> LostReason:
+    """The reason code of a loss found at the end of the run: the error's own, or
+    ``lock-released`` when the server said the lock was no longer held at release."""
+    return error.reason if isinstance(error, LockLostError) else "lock-released"
 
 
 def report(
@@ -332,6 +340,7 @@ def _conclude(job: Job, result: JobResult[T], raise_errors: bool) -> JobResult[T
             raise LockLostError(
                 f"job {job.name!r} lost its lock {job.key} while the work ran: {result.error}",
                 key=job.key,
+                reason=_lost_reason(result.error),
             ) from result.error
         raise result.error
     return result
@@ -346,6 +355,33 @@ def _core_for(job: Job, driver: DriverBase) -> _LockCore:
         shared=False,
         reentrant=False,
         verify_commit=True,
+    )
+
+
+def _refuse_unknown_options(call: Callable[..., object], unknown: Mapping[str, object]) -> None:
+    """Keyword arguments of :func:`run_job` and :func:`singleton` are pgsolo's options,
+    never the function's: one that is not an option is a :class:`UsageError`, before
+    anything connects, with the way to pass it to the function instead."""
+    if not unknown:
+        return
+    names = sorted(unknown)
+    parameters = inspect.signature(call).parameters.values()
+    options = ", ".join(p.name for p in parameters if p.kind is p.KEYWORD_ONLY)
+    if call is singleton:
+        hint = (
+            "the decorated function's own arguments are given when it is called"
+            f" ({', '.join(f'{n}=...' for n in names)} there)"
+        )
+    else:
+        hint = (
+            "bind the function's own keyword arguments first, with functools.partial(fn,"
+            f" {', '.join(f'{n}=...' for n in names)}); positional arguments after fn still"
+            " go to fn"
+        )
+    raise UsageError(
+        f"{call.__name__}() got keyword argument(s) {', '.join(names)} that are not pgsolo"
+        f" options ({options}): keyword arguments here are pgsolo's, never the job"
+        f" function's; {hint}"
     )
 
 
@@ -364,9 +400,13 @@ def run_job(
     namespace: int | None = None,
     registry: Registry | None = None,
     keep: bool | Keep = False,
-    **kwargs: Any,
+    **not_options: Never,
 ) -> JobResult[T]:
-    """Run ``fn(conn, *args, **kwargs)`` at most once at a time across every process.
+    """Run ``fn(conn, *args)`` at most once at a time across every process.
+
+    Keyword arguments are pgsolo's options only; any other raises :class:`UsageError`
+    before anything connects. To give ``fn`` keyword arguments of its own, bind them
+    first: ``run_job(dsn, key, functools.partial(fn, name="bob"))``.
 
     ``target`` is a psycopg connection, or a connection string from which pgsolo opens
     (and closes) a connection named ``pgsolo:<job name>`` in ``pg_stat_activity``.
@@ -381,6 +421,7 @@ def run_job(
     A failure re-raises the callable's exception after it is logged and recorded,
     unless ``raise_errors=False``.
     """
+    _refuse_unknown_options(run_job, not_options)
     job = Job.define(
         key,
         name=name,
@@ -397,8 +438,8 @@ def run_job(
         raise UsageError("Keep(cancel=True) cancels an asyncio task: use run_job_async")
     if isinstance(target, str):
         with open_connection(target, application_name=job.application_name_for(target)) as conn:
-            return _run_sync(job, conn, target, fn, args, kwargs, raise_errors)
-    return _run_sync(job, target, None, fn, args, kwargs, raise_errors)
+            return _run_sync(job, conn, target, fn, args, raise_errors)
+    return _run_sync(job, target, None, fn, args, raise_errors)
 
 
 def _run_sync(
@@ -407,7 +448,6 @@ def _run_sync(
     dsn: str | None,
     fn: Callable[..., T],
     args: tuple[Any, ...],
-    kwargs: dict[str, Any],
     raise_errors: bool,
 ) -> JobResult[T]:
     driver = adapt_sync(conn)
@@ -419,7 +459,7 @@ def _run_sync(
         if keeper is not None:
             keeper.start()
         try:
-            return fn(conn, *args, **kwargs)
+            return fn(conn, *args)
         finally:
             if keeper is not None:
                 keeper.stop()
@@ -462,7 +502,7 @@ def _record_plan(job: Job, result: JobResult[Any], driver: DriverBase) -> Plan[N
         recent = yield outside_transaction(
             driver, [sql.history(job=job.name, limit=SKIP_WARNING_WINDOW)]
         )
-        for warning in skip_warning(recent if isinstance(recent, list) else []):
+        for warning in skip_warning(history_rows(recent)):
             logger.warning("pgsolo: %s", warning)
 
 
@@ -481,9 +521,11 @@ async def run_job_async(
     namespace: int | None = None,
     registry: Registry | None = None,
     keep: bool | Keep = False,
-    **kwargs: Any,
+    **not_options: Never,
 ) -> JobResult[T]:
-    """The async twin of :func:`run_job`: ``await fn(conn, *args, **kwargs)``."""
+    """The async twin of :func:`run_job`: ``await fn(conn, *args)``; keyword arguments
+    are pgsolo's options only (bind ``fn``'s own with ``functools.partial``)."""
+    _refuse_unknown_options(run_job_async, not_options)
     job = Job.define(
         key,
         name=name,
@@ -500,8 +542,8 @@ async def run_job_async(
         async with aopen_connection(
             target, application_name=job.application_name_for(target)
         ) as conn:
-            return await _run_async(job, conn, target, fn, args, kwargs, raise_errors)
-    return await _run_async(job, target, None, fn, args, kwargs, raise_errors)
+            return await _run_async(job, conn, target, fn, args, raise_errors)
+    return await _run_async(job, target, None, fn, args, raise_errors)
 
 
 async def _run_async(
@@ -510,7 +552,6 @@ async def _run_async(
     dsn: str | None,
     fn: Callable[..., Awaitable[T]],
     args: tuple[Any, ...],
-    kwargs: dict[str, Any],
     raise_errors: bool,
 ) -> JobResult[T]:
     driver = adapt_async(conn)
@@ -522,7 +563,7 @@ async def _run_async(
             keeper.start()
         ended_with: BaseException | None = None
         try:
-            return await fn(conn, *args, **kwargs)
+            return await fn(conn, *args)
         except BaseException as exc:
             ended_with = exc
             raise
@@ -562,52 +603,73 @@ class _SingletonDecorator(Protocol):
     ) -> Callable[P, JobResult[T]]: ...
 
 
-def singleton(key: KeyLike, **options: Any) -> _SingletonDecorator:
+def singleton(
+    key: KeyLike,
+    *,
+    dsn: str | None = None,
+    name: str | None = None,
+    lifetime: sql.Lifetime = "xact",
+    wait: float | None = None,
+    period: str | None = None,
+    record: bool = False,
+    raise_errors: bool = True,
+    application_name: str | None = None,
+    namespace: int | None = None,
+    registry: Registry | None = None,
+    keep: bool | Keep = False,
+    **not_options: Never,
+) -> _SingletonDecorator:
     """Decorate ``fn(conn, ...)`` so that each call runs it as a singleton job.
 
-    ``dsn=`` (or ``PGSOLO_DSN`` / ``DATABASE_URL``) says where to connect; every other
-    option is the one of :func:`run_job`. The decorated function returns a
-    :class:`JobResult`; an ``async def`` function gives an async one.
+    pgsolo's options are given here, once, and only here: ``dsn=`` (or ``PGSOLO_DSN`` /
+    ``DATABASE_URL``) says where to connect, every other one is :func:`run_job`'s, and
+    they are checked now. The decorated function keeps its own signature: every argument
+    of a call, keyword ones included (``greet(name="bob")``), goes to ``fn`` and none is
+    read as an option. It returns a :class:`JobResult`; an ``async def`` function gives
+    an async one.
     """
-    dsn_option = options.pop("dsn", None)
-    unknown = sorted(set(options) - _DEFINE_OPTIONS - {"raise_errors"})
-    if unknown:
-        raise UsageError(
-            f"singleton() got unknown option(s) {', '.join(unknown)}; the options are"
-            f" dsn, raise_errors and {', '.join(sorted(_DEFINE_OPTIONS))}"
-        )
-    Job.define(key, **{k: v for k, v in options.items() if k in _DEFINE_OPTIONS})
+    _refuse_unknown_options(singleton, not_options)
+    Job.define(
+        key,
+        name=name,
+        lifetime=lifetime,
+        wait=wait,
+        period=period,
+        record=record,
+        application_name=application_name,
+        namespace=namespace,
+        registry=registry,
+        keep=keep,
+    )
+    options: dict[str, Any] = {
+        "name": name,
+        "lifetime": lifetime,
+        "wait": wait,
+        "period": period,
+        "record": record,
+        "raise_errors": raise_errors,
+        "application_name": application_name,
+        "namespace": namespace,
+        "registry": registry,
+        "keep": keep,
+    }
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         if inspect.iscoroutinefunction(fn):
 
             @functools.wraps(fn)
             async def async_wrapper(*args: Any, **kwargs: Any) -> JobResult[Any]:
-                return await run_job_async(
-                    choose_dsn(dsn_option).dsn, key, fn, *args, **options, **kwargs
-                )
+                # The call's keywords are bound to fn here, so none reaches run_job_async.
+                work = functools.partial(fn, **kwargs)
+                return await run_job_async(choose_dsn(dsn).dsn, key, work, *args, **options)
 
             return async_wrapper
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> JobResult[Any]:
-            return run_job(choose_dsn(dsn_option).dsn, key, fn, *args, **options, **kwargs)
+            work = functools.partial(fn, **kwargs)
+            return run_job(choose_dsn(dsn).dsn, key, work, *args, **options)
 
         return wrapper
 
     return decorate
-
-
-_DEFINE_OPTIONS = frozenset(
-    {
-        "name",
-        "lifetime",
-        "wait",
-        "period",
-        "record",
-        "application_name",
-        "namespace",
-        "registry",
-        "keep",
-    }
-)

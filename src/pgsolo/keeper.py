@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -33,7 +32,9 @@ from typing import TYPE_CHECKING
 
 from . import sql
 from .drivers import AsyncDriver, BeatFailed, DriverBase, SyncDriver
+from .durations import DAY, check_seconds
 from .errors import InvalidArgumentError, LockLostError
+from .reasons import LostReason
 
 if TYPE_CHECKING:
     from .locks import _LockCore
@@ -43,6 +44,7 @@ __all__ = ["AsyncKeeper", "Keep", "Keeper"]
 logger = logging.getLogger("pgsolo")
 
 MIN_INTERVAL = 0.01
+MAX_INTERVAL = DAY  # for interval and timeout alike: a longer one watches nothing
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +53,9 @@ class Keep:
     ``keep=True`` is ``Keep()``).
 
     ``interval``: seconds between beats. ``timeout``: seconds the server has to answer a
-    beat before the connection is shut down and the lock counted as lost. ``on_lost``:
+    beat before the connection is shut down and the lock counted as lost. Both are from
+    0.01 to 86400 (one day); anything else raises :class:`~pgsolo.InvalidArgumentError`
+    here, before any lock is taken. ``on_lost``:
     called with the :class:`~pgsolo.LockLostError` once, from the keeper's thread (sync)
     or task (async); what it raises is logged. ``cancel``: for an async lock, cancel the
     task that took the lock.
@@ -64,14 +68,7 @@ class Keep:
 
     def __post_init__(self) -> None:
         for label, value in (("interval", self.interval), ("timeout", self.timeout)):
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise InvalidArgumentError(
-                    f"keep {label} must be a number of seconds, got {value!r}"
-                )
-            if not math.isfinite(value) or value < MIN_INTERVAL:
-                raise InvalidArgumentError(
-                    f"keep {label} must be at least {MIN_INTERVAL} seconds, got {value!r}"
-                )
+            check_seconds(f"Keep {label}", value, MIN_INTERVAL, MAX_INTERVAL)
         if self.on_lost is not None and not callable(self.on_lost):
             raise InvalidArgumentError(f"on_lost must be callable, got {self.on_lost!r}")
         if not isinstance(self.cancel, bool):
@@ -148,7 +145,7 @@ class _Watch:
         logger.warning("pgsolo keeper: checking lock %s failed: %s", self.core.key, exc)
         return None
 
-    def _lost(self, reason: str, detail: str) -> LockLostError:
+    def _lost(self, reason: LostReason, detail: str) -> LockLostError:
         return LockLostError(
             f"session lock {self.core.key} was lost while held ({reason}): {detail}",
             key=self.core.key,

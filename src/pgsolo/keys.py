@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from os import PathLike
 from typing import TypeAlias
@@ -55,6 +55,8 @@ class Key:
                 raise InvalidKeyError(f"a pair key has exactly two parts, got {self.value!r}")
             for part in self.value:
                 _check_int(part, INT32_MIN, INT32_MAX, "each half of a pair key")
+        elif isinstance(self.value, bool) or not isinstance(self.value, int):
+            raise InvalidKeyError(_not_a_key(self.value))
         else:
             _check_int(self.value, INT64_MIN, INT64_MAX, "an int64 key")
         if self.name is not None:
@@ -189,16 +191,26 @@ def as_key(key: KeyLike, *, namespace: int | None = None, registry: Registry | N
         return from_name(key, namespace=namespace)
     if namespace is not None:
         raise InvalidKeyError("namespace= applies to names only; a numeric key is used as given")
-    if isinstance(key, tuple | list):
+    if isinstance(key, tuple):
         if len(key) != 2:
             raise InvalidKeyError(f"a pair key has exactly two parts, got {key!r}")
         return Key((key[0], key[1]))
     if isinstance(key, bool) or not isinstance(key, int):
-        raise InvalidKeyError(
-            "a key is an int (int64), a pair of ints (int32, int32) or a name (str); "
-            f"got {type(key).__name__} {key!r}"
-        )
+        raise InvalidKeyError(_not_a_key(key))
     return Key(key)
+
+
+def _not_a_key(value: object) -> str:
+    """Why ``value`` is no key; a list (or any other sequence) is told to be a tuple."""
+    if isinstance(value, Sequence) and not isinstance(value, str | bytes | bytearray):
+        return (
+            "a pair key is a tuple (namespace, resource), never a"
+            f" {type(value).__name__} ({value!r}): pass tuple(value)"
+        )
+    return (
+        "a key is an int (int64), a tuple of two ints (int32, int32) or a name (str); "
+        f"got {type(value).__name__} {value!r}"
+    )
 
 
 def decode_pg_lock(classid: int, objid: int, objsubid: int) -> Key:

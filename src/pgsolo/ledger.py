@@ -19,7 +19,7 @@ from .locks import _LockCore
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ["MIGRATION_KEY", "history", "migrate", "schema_version", "skip_warning"]
+__all__ = ["MIGRATION_KEY", "history", "history_rows", "migrate", "schema_version", "skip_warning"]
 
 MIGRATION_KEY: Key = from_name("pgsolo:migrate")
 LATEST_VERSION = sql.MIGRATIONS[-1][0]
@@ -71,6 +71,13 @@ def history(
         raise ValueError(f"limit must be a positive int, got {limit!r}")
     driver = adapt_sync(conn)
     rows = driver.fetch_value(outside_transaction(driver, [sql.history(job=job, limit=limit)]))
+    return history_rows(rows)
+
+
+def history_rows(value: object) -> list[dict[str, Any]]:
+    """The rows of :func:`pgsolo.sql.history`'s answer (UTF-8 JSON, whatever the
+    connection's client_encoding)."""
+    rows = sql.read_json(value)
     return list(rows) if isinstance(rows, list) else []
 
 

@@ -31,8 +31,10 @@ from .drivers import (
     as_sync,
     is_async,
 )
+from .durations import check_seconds
 from .errors import (
     ConnectionStateError,
+    InvalidArgumentError,
     LockDeadlockError,
     LockLostError,
     LockNotHeldError,
@@ -220,14 +222,11 @@ def _validate_wait(wait: float | None) -> int | None:
     """``wait`` in whole milliseconds (rounded up), or None for a try."""
     if wait is None:
         return None
-    if isinstance(wait, bool) or not isinstance(wait, int | float):
-        raise UsageError(f"wait must be a number of seconds or None, got {wait!r}")
-    if not math.isfinite(wait) or wait <= 0 or wait > MAX_WAIT_SECONDS:
-        raise UsageError(
-            f"wait must be more than 0 and at most {MAX_WAIT_SECONDS} seconds, got {wait!r};"
-            " use wait=None to try once without waiting"
-        )
-    return max(1, math.ceil(wait * 1000))
+    try:
+        seconds = check_seconds("wait", wait, 0, MAX_WAIT_SECONDS, above_low=True)
+    except InvalidArgumentError as exc:
+        raise InvalidArgumentError(f"{exc}; use wait=None to try once without waiting") from None
+    return max(1, math.ceil(seconds * 1000))
 
 
 def _require_no_transaction(driver: DriverBase, subject: str, reason: str) -> None:
@@ -693,11 +692,12 @@ class _LockCore:
             self._forget()
             # Already reported by the keeper, if it was watching.
             level = logging.WARNING if self.lost is None else logging.DEBUG
-            self._log(level, "lost", reason="connection closed")
+            self._log(level, "lost", reason="connection-lost")
             raise LockLostError(
                 f"session lock {self.key} was lost: its connection is closed, so PostgreSQL"
                 " released the lock when the session ended",
                 key=self.key,
+                reason="connection-lost",
             )
         if driver.backend_pid() != self.backend_pid:
             raise UnsafeConnectionError(
@@ -719,10 +719,11 @@ class _LockCore:
         except BaseException as exc:
             if driver.is_closed():
                 self._forget()
-                self._log(logging.WARNING, "lost", started, error=repr(exc))
+                self._log(logging.WARNING, "lost", started, reason="connection-lost")
                 raise LockLostError(
                     f"session lock {self.key} was lost: the connection failed ({exc})",
                     key=self.key,
+                    reason="connection-lost",
                 ) from exc
             # Interrupted or failed midway: finish the job, or keep the lock on the books
             # (acquired, tracked) so that release() can be called again.
@@ -740,7 +741,7 @@ class _LockCore:
         self._forget()
         if value is not True:
             level = logging.WARNING if self.lost is None else logging.DEBUG  # keeper said it
-            self._log(level, "lost", started, reason="server says not held")
+            self._log(level, "lost", started, reason="lock-released")
             raise LockNotHeldError(
                 f"session lock {self.key} was no longer held by backend pid {self.backend_pid}"
                 " when released: something released it while the work ran"
@@ -833,12 +834,13 @@ class _LockCore:
             if self.driver.sqlstate(exc) != sql.SQLSTATE_LOCK_GONE:
                 raise
             yield from self._quietly([sql.ROLLBACK])
-            self._log(logging.WARNING, "lost", reason="not held at commit")
+            self._log(logging.WARNING, "lost", reason="not-held-at-commit")
             raise LockLostError(
                 f"transaction lock {self.key} was no longer held when the work was about to"
                 " commit (the work ended the locked transaction and began another); the"
                 " transaction was rolled back",
                 key=self.key,
+                reason="not-held-at-commit",
             ) from exc
         self._log(logging.DEBUG, "released")
 

@@ -58,10 +58,9 @@ def observe(result: JobResult[Any]) -> None:
     if instruments is None:
         return
     attempts, lock_wait, duration = instruments
-    # Only a skip's reason is a label (busy / already-done-this-period); a lost run's
-    # reason is free text (key, server message) and would make a series per message.
-    reason = (result.reason or "") if result.outcome == "skipped" else ""
-    attempts.labels(result.job, result.outcome, reason).inc()
+    # A reason is a code from the fixed vocabulary of pgsolo.reasons (never a message),
+    # so as a label it makes a bounded number of series.
+    attempts.labels(result.job, result.outcome, result.reason or "").inc()
     lock_wait.labels(result.job).observe(result.lock_wait)
     if result.outcome != "skipped":
         duration.labels(result.job, result.outcome).observe(result.duration)

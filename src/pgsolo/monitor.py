@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from . import sql
 from ._plans import drive, outside_transaction
 from .drivers import SyncDriver, adapt_sync
+from .durations import DAY, check_seconds
 from .errors import InvalidArgumentError, UnsafeConnectionError
 from .keys import Key, KeyLike, Registry, as_key, decode_pg_lock, derive_int32, derive_int64
 from .proxy import check_route
@@ -44,6 +45,7 @@ SinceSource = Literal["waitstart", "query_start", "state_change", "xact_start"]
 DEFAULT_OLDER_THAN = (
     300.0  # seconds: an idle session or open transaction older than this is suspect
 )
+MAX_OLDER_THAN = 30 * DAY
 CAPACITY_WARN, CAPACITY_FAIL = 0.5, 0.9  # share of the shared lock table used by advisory locks
 _LISTED = 5  # sessions named in one check's detail; the rest are counted
 
@@ -183,13 +185,14 @@ def advisory_locks(
     return _locks_from(snapshot, namer)
 
 
-def _check_positive(value: object, what: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidArgumentError(f"{what} must be a positive int, got {value!r}")
+def _check_positive(value: object, what: str, high: int = 2**31 - 1) -> None:
+    """A positive int of at most ``high`` (a pid is an int32 on the server)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
+        raise InvalidArgumentError(f"{what} must be an int from 1 to {high}, got {value!r}")
 
 
 def _fetch_json(driver: SyncDriver, statements: list[str]) -> Mapping[str, Any]:
-    value = driver.fetch_value(outside_transaction(driver, statements))
+    value = sql.read_json(driver.fetch_value(outside_transaction(driver, statements)))
     if not isinstance(value, Mapping):
         raise TypeError(f"the monitor's query returned {type(value).__name__}, not a JSON object")
     return value
@@ -347,20 +350,14 @@ def doctor(conn: psycopg.Connection[Any], *, older_than: float = DEFAULT_OLDER_T
     """Check the production checklist against the connection's database.
 
     ``older_than`` (seconds) is when an idle session holding a lock, an open transaction
-    holding one, or a wait becomes suspect. Sessions are those of this database only;
-    the lock table's capacity is the whole server's. Reads only.
+    holding one, or a wait becomes suspect: from 0 to 2592000 (30 days), else
+    :class:`~pgsolo.InvalidArgumentError` before any SQL. Sessions are those of this
+    database only; the lock table's capacity is the whole server's. Reads only.
     """
-    if (
-        isinstance(older_than, bool)
-        or not isinstance(older_than, int | float)
-        or not older_than >= 0
-    ):
-        raise InvalidArgumentError(
-            f"older_than must be a number of seconds >= 0, got {older_than!r}"
-        )
+    seconds = check_seconds("older_than", older_than, 0, MAX_OLDER_THAN)
     driver = adapt_sync(conn)
     snapshot = _fetch_json(driver, [sql.CLEAR_ACTIVITY_SNAPSHOT, sql.DOCTOR])
-    return _diagnose(snapshot, float(older_than), proxy=_proxy_check(driver))
+    return _diagnose(snapshot, seconds, proxy=_proxy_check(driver))
 
 
 def _diagnose(snapshot: Mapping[str, Any], older_than: float, *, proxy: Check) -> list[Check]:
@@ -745,10 +742,10 @@ def _proxy_check(driver: SyncDriver) -> Check:
 
 def terminate_backend(conn: psycopg.Connection[Any], pid: int, *, wait_ms: int = 5000) -> bool:
     """End backend ``pid`` (its session, its transaction and every lock it holds) and wait
-    up to ``wait_ms`` for it to be gone: True if it is. Shows nothing and asks nothing;
-    ``pgsolo terminate`` is the careful way."""
+    up to ``wait_ms`` (at most a day) for it to be gone: True if it is. Shows nothing and
+    asks nothing; ``pgsolo terminate`` is the careful way."""
     _check_positive(pid, "pid")
-    _check_positive(wait_ms, "wait_ms")
+    _check_positive(wait_ms, "wait_ms", int(DAY * 1000))
     driver = adapt_sync(conn)
     if pid == driver.backend_pid():
         raise InvalidArgumentError(f"pid {pid} is this connection's own backend")

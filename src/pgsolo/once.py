@@ -39,6 +39,7 @@ from psycopg.conninfo import make_conninfo
 from . import sql
 from ._plans import WORK, Plan, adrive, drive, outside_transaction
 from .drivers import DriverBase, TxStatus, adapt_async, adapt_sync
+from .drivers._psycopg import password_of
 from .dsn import scrub_secrets
 from .errors import (
     InvalidOperationError,
@@ -272,7 +273,8 @@ def _read(op: _Operation, core: _LockCore) -> Plan[dict[str, Any] | None]:
                 "operation keys need pgsolo's tables: run `pgsolo migrate` first"
             ) from exc
         raise
-    return None if text is None else dict(json.loads(str(text)))
+    row = sql.read_json(text)
+    return None if row is None else dict(row)
 
 
 def _from_row(outcome: OnceOutcome, op: _Operation, row: dict[str, Any]) -> OnceResult:
@@ -299,13 +301,13 @@ def _run_attempt(
         found = yield from _read(op, core)
         assert found is not None  # noqa: S101 - a succeeded row is never deleted
         return _from_row("already-succeeded", op, found)
-    started = json.loads(str(began))
+    started = sql.read_json(began)
     attempt.number, attempt.idempotency_key = started["attempts"], started["idempotency_key"]
     try:
         value = yield WORK
         stored = storable_result(value)
         # What the server stores (jsonb normalises numbers) is what every call returns.
-        stored = str((yield _success_statements(op, driver, attempt, stored)))
+        stored = str(sql.read_text((yield _success_statements(op, driver, attempt, stored))))
     except BaseException as exc:
         superseded = driver.sqlstate(exc) == sql.SQLSTATE_ATTEMPT_SUPERSEDED
         if isinstance(exc, Exception) and not superseded:
@@ -332,6 +334,7 @@ def _run_attempt(
                 " attempt's database work was rolled back (the other attempt used the same"
                 " idempotency key)",
                 key=op.lock_key,
+                reason="lock-released",
             ) from exc
         raise
     return OnceResult("ran", op.op_key, attempt.idempotency_key, json.loads(stored), attempt.number)
@@ -396,7 +399,7 @@ def _core_for(op: _Operation, driver: DriverBase) -> _LockCore:
 
 def _scrubber(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> Callable[[str], str]:
     """Blank the connection's own password out of error texts before they are stored."""
-    password = conn.info.password
+    password = password_of(conn)
     secrets = make_conninfo("", password=password) if password else ""
     return lambda text: scrub_secrets(text, secrets)
 

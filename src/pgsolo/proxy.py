@@ -65,7 +65,7 @@ def check_route(driver: DriverBase, status: TxStatus) -> Plan[Route]:
     token = secrets.token_hex(16)
     # Outside a transaction the driver may open, so that the setting outlives it.
     answer = yield outside_transaction(driver, [sql.stamp_session(token)])
-    pid_text, address, port_text, in_recovery, _ = str(answer).split(" ", 4)
+    pid_text, address, port_text, in_recovery, _ = str(sql.read_text(answer)).split(" ", 4)
     if in_recovery == "t":
         raise in_recovery_error(driver.server_info().address)
     route = Route(int(pid_text), token, _direct(driver, int(pid_text), address, int(port_text)))

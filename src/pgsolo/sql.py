@@ -6,16 +6,52 @@ spliced in are Python ints validated by :class:`~pgsolo.keys.Key`, millisecond c
 are ints by construction, period units from a fixed list, and text (job names, hosts,
 error messages) written as hex digits by :func:`~pgsolo.literals.sql_text`, which no
 session setting or client encoding can turn into a quote.
+
+What comes back is independent of the client encoding too. The lock statements answer
+with booleans and integers only. Every text or JSON answer (the proxy check's stamp, an
+operation's row and result, the ledger, the monitor's snapshots, which carry other
+sessions' queries) is sent as its UTF-8 bytes in a ``bytea`` (:func:`utf8`) and decoded in
+Python (:func:`read_text`, :func:`read_json`): under ``SQL_ASCII`` psycopg would return
+text as ``bytes``, under ``LATIN1`` the server would refuse a character that encoding
+lacks, and psycopg reads JSON as UTF-8 whatever the encoding.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import json
+from typing import Any, Literal
 
+from .durations import check_seconds
+from .errors import InvalidArgumentError
 from .keys import Key, encode_pg_lock
 from .literals import sql_text
 
 Lifetime = Literal["xact", "session"]
+
+
+def utf8(expression: str) -> str:
+    """``expression`` (text, or anything with a text form such as json) as the ``bytea``
+    of its UTF-8 bytes: the server sends those bytes as they are (hex digits, or escapes,
+    in ASCII) whatever the connection's ``client_encoding``. Read it with
+    :func:`read_text` or :func:`read_json`."""
+    return f"convert_to(({expression})::text, 'UTF8')"
+
+
+def read_text(value: object) -> str | None:
+    """What a :func:`utf8` column came back as (bytes), as text; None stays None."""
+    if value is None:
+        return None
+    if not isinstance(value, bytes | bytearray | memoryview):
+        raise TypeError(f"expected the bytes of a utf8() column, got {type(value).__name__}")
+    # A database whose own encoding is SQL_ASCII may hold any bytes: show, never fail.
+    return bytes(value).decode("utf-8", errors="replace")
+
+
+def read_json(value: object) -> Any:
+    """What a :func:`utf8` column of JSON came back as, parsed; None stays None."""
+    text = read_text(value)
+    return None if text is None else json.loads(text)
+
 
 BEGIN = "BEGIN"
 COMMIT = "COMMIT"
@@ -194,13 +230,14 @@ def _on_session(token: str) -> str:
 
 def stamp_session(token: str) -> str:
     """Stamp this session and say who answers: ``"<pid> <client addr or -> <port or -1>
-    <in recovery: t or f>"``, the client address and port as the server sees them (a
-    proxy shows its own)."""
-    return (
-        "SELECT concat_ws(' ', pg_backend_pid(), coalesce(host(inet_client_addr()), '-'),"
+    <in recovery: t or f>"`` (:func:`utf8`), the client address and port as the server
+    sees them (a proxy shows its own)."""
+    answer = (
+        "concat_ws(' ', pg_backend_pid(), coalesce(host(inet_client_addr()), '-'),"
         f" coalesce(inet_client_port(), -1), CASE WHEN {IN_RECOVERY} THEN 't' ELSE 'f' END,"
         f" set_config('{SESSION_STAMP_SETTING}', {_token_literal(token)}, false))"
     )
+    return f"SELECT {utf8(answer)}"
 
 
 def still_on_session(token: str, server_pid: int) -> str:
@@ -331,16 +368,25 @@ def period_start(period: str) -> str:
 
 
 PERIOD_UNITS = ("minute", "hour", "day", "week", "month", "year")
+MAX_PERIOD_SECONDS = 100 * 365 * 86_400  # 100 years of 365 days: 3153600000
 
 
 def parse_period_seconds(period: str) -> int:
-    """``"900 seconds"`` -> 900; anything else raises ValueError."""
-    number, _, unit = period.partition(" ")
-    if unit != "seconds" or not number.isascii() or not number.isdigit() or int(number) < 1:
-        raise ValueError(
-            f"a period is one of {', '.join(PERIOD_UNITS)} or 'N seconds', got {period!r}"
+    """``"900 seconds"`` -> 900; anything else raises
+    :class:`~pgsolo.InvalidArgumentError` (a ``ValueError``). N is from 1 to
+    :data:`MAX_PERIOD_SECONDS`, so that the server can always hold the interval."""
+    text = period if isinstance(period, str) else ""
+    number, _, unit = text.partition(" ")
+    if unit != "seconds" or not number.isascii() or not number.isdigit():
+        raise InvalidArgumentError(
+            f"a period is one of {', '.join(PERIOD_UNITS)} or 'N seconds' (N from 1 to"
+            f" {MAX_PERIOD_SECONDS}, 100 years), got {period!r}"
         )
-    return int(number)
+    digits = number.lstrip("0") or "0"
+    # More digits than any allowed N: too large, without parsing a huge number.
+    value = int(digits) if len(digits) <= len(str(MAX_PERIOD_SECONDS)) else MAX_PERIOD_SECONDS + 1
+    check_seconds("a period of 'N seconds'", value, 1, MAX_PERIOD_SECONDS)
+    return value
 
 
 def period_done(job: str, period: str) -> str:
@@ -393,10 +439,11 @@ def record_attempt(
 
 
 def history(*, job: str | None, limit: int) -> str:
-    """The latest attempts, newest first, as one JSON array."""
+    """The latest attempts, newest first, as one JSON array (:func:`utf8`)."""
     where = f"WHERE job = {sql_text(job)}" if job is not None else ""
+    rows = "coalesce(json_agg(r ORDER BY r.started_at DESC, r.id DESC), '[]'::json)"
     return (
-        "SELECT coalesce(json_agg(r ORDER BY r.started_at DESC, r.id DESC), '[]'::json)"
+        f"SELECT {utf8(rows)}"
         " FROM (SELECT id, job, lock_key, outcome, reason, started_at, finished_at,"
         " duration_ms, lock_wait_ms, host, pid, backend_pid, application_name,"
         f" exit_code, error FROM pgsolo.job_runs {where}"
@@ -422,18 +469,20 @@ def _operation(op_key: str) -> str:
 
 
 def once_read(op_key: str) -> str:
-    """The operation's row as one JSON text (its result nested), or no row."""
-    return (
-        "SELECT json_build_object('state', state, 'attempts', attempts,"
-        " 'idempotency_key', idempotency_key, 'result', result)::text"
-        f" FROM pgsolo.operations WHERE {_operation(op_key)}"
+    """The operation's row as one JSON object (its result nested; :func:`utf8`), or no
+    row."""
+    row = (
+        "json_build_object('state', state, 'attempts', attempts,"
+        " 'idempotency_key', idempotency_key, 'result', result)"
     )
+    return f"SELECT {utf8(row)} FROM pgsolo.operations WHERE {_operation(op_key)}"
 
 
 def once_start(op_key: str, idempotency_key: str, *, host: str, pid: int) -> str:
     """Begin an attempt: insert the row, or take over one that is not succeeded.
 
-    Returns the attempt's number and the stored idempotency key as JSON text, or no row
+    Returns the attempt's number and the stored idempotency key as JSON (:func:`utf8`),
+    or no row
     when the operation has succeeded meanwhile. The stored key wins over the one given,
     so a retry always presents the key of the first attempt.
     """
@@ -446,8 +495,8 @@ def once_start(op_key: str, idempotency_key: str, *, host: str, pid: int) -> str
         " holder_pid = excluded.holder_pid, host = excluded.host, pid = excluded.pid,"
         " result = NULL, error = NULL, finished_at = NULL, updated_at = now()"
         " WHERE o.state <> 'succeeded'"
-        " RETURNING json_build_object('attempts', o.attempts,"
-        " 'idempotency_key', o.idempotency_key)::text"
+        " RETURNING "
+        + utf8("json_build_object('attempts', o.attempts, 'idempotency_key', o.idempotency_key)")
     )
 
 
@@ -469,8 +518,9 @@ def once_succeed(op_key: str, attempt: int, result_json: str) -> str:
 
 
 def once_result(op_key: str) -> str:
-    """The stored result, as the server keeps it (what a later call will read)."""
-    return f"SELECT result::text FROM pgsolo.operations WHERE {_operation(op_key)}"
+    """The stored result, as the server keeps it (what a later call will read; JSON,
+    :func:`utf8`)."""
+    return f"SELECT {utf8('result')} FROM pgsolo.operations WHERE {_operation(op_key)}"
 
 
 def once_fail(op_key: str, attempt: int, error: str) -> str:
@@ -498,7 +548,8 @@ _ADVISORY_IN_THIS_DATABASE = (
 
 
 def advisory_locks(*, key: Key | None = None, pid: int | None = None) -> str:
-    """Every advisory lock of the current database, held and waiting, as one JSON object.
+    """Every advisory lock of the current database, held and waiting, as one JSON object
+    (:func:`utf8`: other sessions' queries can hold any character).
 
     ``locks`` is compact (one array per row, 10,000 rows stay small); ``sessions`` has
     one entry per backend that appears there. ``pg_locks`` is read first, in full (its
@@ -512,12 +563,14 @@ def advisory_locks(*, key: Key | None = None, pid: int | None = None) -> str:
         filters += f" AND classid = {classid} AND objid = {objid} AND objsubid = {objsubid}"
     if pid is not None:
         filters += f" AND pid = {int(pid)}"
-    return (
+    locks = (
         "WITH l AS MATERIALIZED (SELECT pid, classid::bigint AS classid,"
         " objid::bigint AS objid, objsubid::int AS objsubid, mode = 'ShareLock' AS shared,"
         " granted, waitstart FROM pg_locks"
         f" WHERE {_ADVISORY_IN_THIS_DATABASE}{filters})"
-        " SELECT json_build_object("
+    )
+    snapshot = (
+        "json_build_object("
         "'seen_after', statement_timestamp(), 'now', clock_timestamp(),"
         " 'database', current_database(),"
         " 'locks', coalesce((SELECT json_agg(json_build_array(pid, classid, objid, objsubid,"
@@ -532,6 +585,7 @@ def advisory_locks(*, key: Key | None = None, pid: int | None = None) -> str:
         " FROM (SELECT DISTINCT pid FROM l WHERE pid IS NOT NULL) p,"
         " LATERAL pg_stat_get_activity(p.pid) a), '{}'::json))"
     )
+    return f"{locks} SELECT {utf8(snapshot)}"
 
 
 # The functions that take an advisory lock (not the unlocks): who may call them can
@@ -540,11 +594,13 @@ ADVISORY_LOCK_FUNCTIONS_PATTERN = "^pg_(try_)?advisory_(xact_)?lock(_shared)?$"
 
 _DOCTOR_SETTINGS = ("idle_session_timeout", "idle_in_transaction_session_timeout", "lock_timeout")
 
-DOCTOR = (
+_DOCTOR_LOCKS = (
     "WITH l AS MATERIALIZED (SELECT pid, granted, database"
     " = (SELECT oid FROM pg_database WHERE datname = current_database()) AS here,"
     " waitstart FROM pg_locks WHERE locktype = 'advisory')"
-    " SELECT json_build_object("
+)
+_DOCTOR_SNAPSHOT = (
+    "json_build_object("
     "'now', statement_timestamp(), 'database', current_database(),"
     f" 'user', current_user, 'in_recovery', {IN_RECOVERY},"
     " 'settings', (SELECT json_object_agg(name, json_build_object("
@@ -584,6 +640,8 @@ DOCTOR = (
     " FROM l WHERE here AND pid IS NOT NULL GROUP BY pid) p,"
     " LATERAL pg_stat_get_activity(p.pid) a), '[]'::json))"
 )
+# One JSON object (utf8(): role and database names can hold any character).
+DOCTOR = f"{_DOCTOR_LOCKS} SELECT {utf8(_DOCTOR_SNAPSHOT)}"
 
 
 def terminate_backend(pid: int, *, wait_ms: int) -> str:

@@ -101,6 +101,7 @@ from .errors import (
 from .jobs import Job, JobResult, Outcome, ledger_statements, report
 from .keeper import Keep
 from .locks import Lock, session_lock
+from .reasons import FailReason, LostReason, Reason, RunReason
 
 __all__ = [
     "DEFAULT_CHECK_TIMEOUT",
@@ -150,7 +151,7 @@ _LOST_DETAIL = {
 
 @dataclass(frozen=True, slots=True)
 class _Lost:
-    reason: str
+    reason: LostReason
     detail: str
     stopped: bool  # COMMAND was still running when pgsolo sent SIGTERM
 
@@ -161,7 +162,7 @@ class RunReport:
 
     exit_code: int
     outcome: Outcome | None  # None: the attempt never got as far as the lock
-    reason: str | None
+    reason: Reason | RunReason | None  # pgsolo.reasons
     job: str
     key: str
     key_name: str | None
@@ -300,7 +301,7 @@ class _Attempt:
             return True
         return self.unresponsive
 
-    def _connection_reason(self, driver: SyncDriver) -> str:
+    def _connection_reason(self, driver: SyncDriver) -> LostReason:
         if self._unresponsive:
             return "connection-unresponsive"
         return "connection-lost" if driver.is_closed() else "lock-released"
@@ -460,7 +461,9 @@ class _Attempt:
                 proc = child.start()
             except OSError as exc:
                 code = EXIT_NOT_FOUND if _not_found(exc) else EXIT_CANNOT_EXECUTE
-                reason = "command-not-found" if code == EXIT_NOT_FOUND else "cannot-execute"
+                reason: FailReason = (
+                    "command-not-found" if code == EXIT_NOT_FOUND else "cannot-execute"
+                )
                 self.report.command_exit_code = code
                 self.report.error = f"cannot run {self.command[0]!r}: {self._scrub(exc)}"
                 return self._result("failed", reason=reason, error=exc), code
@@ -542,8 +545,7 @@ class _Attempt:
                 return returncode, lost
             child.log_forwarded()
             if lost is None and (loss := lock.loss) is not None:
-                reason = loss.reason or "lock-released"
-                detail = _LOST_DETAIL.get(reason, "").format(timeout=self.check_timeout)
+                detail = _LOST_DETAIL.get(loss.reason, "").format(timeout=self.check_timeout)
                 detail = detail or self._scrub(loss)
                 logger.error(
                     "pgsolo: lock %s of job %s lost while the command ran (%s):"
@@ -554,7 +556,7 @@ class _Attempt:
                     child.target,
                     self.grace,
                 )
-                lost = _Lost(reason, detail, stopped=child.stop())
+                lost = _Lost(loss.reason, detail, stopped=child.stop())
                 kill_at = time.monotonic() + self.grace
             elif kill_at is not None and time.monotonic() >= kill_at:
                 logger.error(
@@ -614,7 +616,7 @@ class _Attempt:
         self,
         outcome: Outcome,
         *,
-        reason: str | None = None,
+        reason: Reason | None = None,
         error: BaseException | None = None,
         duration: float = 0.0,
     ) -> JobResult[None]:

@@ -217,13 +217,17 @@ class _PsycopgBase:
     def server_info(self) -> ServerInfo:
         if self._conn.closed:
             return self._last_info
-        info = self._conn.info
+        # From libpq's bytes, not psycopg's ``info`` strings, which decode with the
+        # client_encoding: under SQL_ASCII a database or role named "grüße" would raise.
+        # The connection parameters are the UTF-8 the caller gave; application_name is
+        # ASCII (the server escapes the rest).
+        pgconn = self._conn.pgconn
         self._last_info = ServerInfo(
-            database=info.dbname,
-            host=info.host,
-            port=info.port,
-            user=info.user,
-            application_name=info.parameter_status("application_name") or "",
+            database=_text(pgconn.db),
+            host=_text(pgconn.host),
+            port=self._conn.info.port,
+            user=_text(pgconn.user),
+            application_name=_text(pgconn.parameter_status(b"application_name")),
         )
         return self._last_info
 
@@ -251,8 +255,8 @@ class _PsycopgBase:
         ``get_parameters``), for a short-lived second connection named ``pgsolo:probe``."""
         info = self._conn.info
         params: dict[str, Any] = dict(info.get_parameters())
-        if info.password:
-            params["password"] = info.password
+        if password := password_of(self._conn):
+            params["password"] = password
         params["application_name"] = "pgsolo:probe"
         if not os.environ.get("PGCONNECT_TIMEOUT"):
             params.setdefault("connect_timeout", str(PROBE_CONNECT_TIMEOUT))
@@ -273,6 +277,17 @@ class _PsycopgBase:
             pgconn.transaction_status == pq.TransactionStatus.IDLE
             and pgconn.pipeline_status == pq.PipelineStatus.OFF
         )
+
+
+def _text(value: bytes | None) -> str:
+    return "" if value is None else value.decode("utf-8", errors="replace")
+
+
+def password_of(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> str | None:
+    """The connection's password, as the caller gave it (UTF-8). psycopg's
+    ``info.password`` decodes it with the client_encoding, which fails under SQL_ASCII."""
+    value = conn.pgconn.password
+    return value.decode("utf-8", errors="replace") if value else None
 
 
 def _has_row(cursor: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> bool:
