@@ -12,6 +12,9 @@ from contextlib import suppress
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+# The server's ReadyForQuery message, idle ('I'): what ends a successful login.
+READY_AFTER_LOGIN = b"Z\x00\x00\x00\x05I"
+
 
 class FreezingProxy:
     """A loopback TCP proxy to the test server that can stop passing the server's replies on.
@@ -23,9 +26,13 @@ class FreezingProxy:
     everything it sends. Connections opened later work normally. When a client closes or
     shuts down its side, the proxy closes the server side too, as a server's TCP stack
     would eventually notice.
+
+    With ``freeze_after_login``, every connection freezes by itself as soon as the server
+    says it is ready for the first query: the client connects and logs in, and then no
+    answer ever comes (a server that stops answering right after a connection opened).
     """
 
-    def __init__(self, dsn: str) -> None:
+    def __init__(self, dsn: str, *, freeze_after_login: bool = False) -> None:
         params = conninfo_to_dict(dsn)
         host, port = str(params.get("host") or ""), str(params.get("port") or "5432")
         if not host or "," in host:
@@ -45,6 +52,7 @@ class FreezingProxy:
         self._frozen: list[threading.Event] = []
         self._threads: list[threading.Thread] = []
         self._closing = threading.Event()
+        self._freeze_after_login = freeze_after_login
         self._spawn(self._accept)
 
     def __enter__(self) -> FreezingProxy:
@@ -67,6 +75,13 @@ class FreezingProxy:
         with self._lock:
             for frozen in self._frozen:
                 frozen.set()
+
+    @property
+    def frozen_connections(self) -> int:
+        """How many of the connections so far are frozen (with ``freeze_after_login``:
+        how many logged in before their answers stopped)."""
+        with self._lock:
+            return sum(frozen.is_set() for frozen in self._frozen)
 
     def _spawn(self, target: Callable[..., None], *args: object) -> None:
         thread = threading.Thread(target=target, args=args, daemon=True)
@@ -92,12 +107,26 @@ class FreezingProxy:
                 self._sockets += [client, server]
                 self._frozen.append(frozen)
                 self._spawn(self._pump, client, server, None)
-                self._spawn(self._pump, server, client, frozen)
+                self._spawn(self._pump, server, client, frozen, self._freeze_after_login)
 
     @staticmethod
-    def _pump(source: socket.socket, sink: socket.socket, frozen: threading.Event | None) -> None:
+    def _pump(
+        source: socket.socket,
+        sink: socket.socket,
+        frozen: threading.Event | None,
+        freeze_after_login: bool = False,
+    ) -> None:
+        seen = b""  # the end of what came before, for a message split between reads
         try:
             while data := source.recv(65536):
+                if freeze_after_login and frozen is not None and not frozen.is_set():
+                    window = seen + data
+                    at = window.find(READY_AFTER_LOGIN)
+                    if at >= 0:  # pass the login on, up to its ReadyForQuery; then nothing
+                        sink.sendall(data[: at + len(READY_AFTER_LOGIN) - len(seen)])
+                        frozen.set()
+                        continue
+                    seen = window[-(len(READY_AFTER_LOGIN) - 1) :]
                 if frozen is None or not frozen.is_set():
                     sink.sendall(data)
         except OSError:

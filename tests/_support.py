@@ -4,8 +4,14 @@ directory on ``sys.path``)."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
@@ -93,3 +99,76 @@ def app_name_of(observer: Any, pid: int) -> str | None:
         "SELECT application_name FROM pg_stat_activity WHERE pid = %s", (pid,)
     ).fetchone()
     return None if row is None else str(row[0])
+
+
+# -- the command line, run for real -------------------------------------------------------
+
+# What the caller's environment must not decide for a command under test: which database,
+# and how libpq connects to it (a DSN on the command line says it all).
+CLI_ENV_DROP = (
+    "PGSOLO_DSN",
+    "DATABASE_URL",
+    "PGAPPNAME",
+    "PGCONNECT_TIMEOUT",
+    "PGTARGETSESSIONATTRS",
+    "PGSERVICE",
+)
+
+
+@dataclass(frozen=True)
+class CliRun:
+    """How a ``pgsolo`` command ended, and how long it took (wall clock)."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+    def stdout_json(self) -> dict[str, Any]:
+        """What ``--json`` printed on stdout (``doctor``, ``locks``...)."""
+        data = json.loads(self.stdout)
+        assert isinstance(data, dict), self.stdout
+        return data
+
+    def stderr_json(self) -> dict[str, Any]:
+        """The JSON object ``pgsolo run --json`` prints as the last line of stderr."""
+        lines = [line for line in self.stderr.splitlines() if line.strip()]
+        assert lines, "no output on stderr"
+        data = json.loads(lines[-1])
+        assert isinstance(data, dict), lines[-1]
+        return data
+
+
+def cli_env() -> dict[str, str]:
+    """The environment for a ``pgsolo`` command under test: ours, without CLI_ENV_DROP."""
+    env = {k: v for k, v in os.environ.items() if k not in CLI_ENV_DROP}
+    return {**env, "PYTHONIOENCODING": "utf-8"}
+
+
+def touching(marker: Path) -> list[str]:
+    """A COMMAND for ``pgsolo run`` that creates ``marker``: whether the file exists says
+    whether COMMAND ran."""
+    source = "import pathlib, sys; pathlib.Path(sys.argv[1]).touch()"
+    return [sys.executable, "-c", source, str(marker)]
+
+
+def pgsolo_cli(*args: str, within: float = 60.0) -> CliRun:
+    """Run ``python -m pgsolo ARGS`` with stdin closed and without the caller's DSN
+    variables; fail the test if it has not ended after ``within`` seconds (it is killed)."""
+    started = time.monotonic()
+    try:  # no traceback on a timeout: its command line can carry a DSN's password
+        done = subprocess.run(
+            [sys.executable, "-m", "pgsolo", *args],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            encoding="utf-8",
+            env=cli_env(),
+            timeout=within,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        done = None
+    if done is None:
+        pytest.fail(f"pgsolo {' '.join(args[:1])} had not ended after {within}s", pytrace=False)
+    return CliRun(done.returncode, done.stdout, done.stderr, time.monotonic() - started)

@@ -18,6 +18,7 @@ from psycopg import sql as pgsql
 from psycopg.conninfo import make_conninfo
 
 from _bouncer import bouncer, session_bouncer, via_bouncer  # noqa: F401 - fixtures
+from _cluster import Replicas, replica_pair, replicas  # noqa: F401 - fixtures
 from _support import WORK
 from pgsolo import ledger
 from pgsolo.embedded import embedded_server
@@ -102,6 +103,20 @@ class Observer:
 @pytest.fixture
 def observer(connect: Connect) -> Observer:
     return Observer(connect())
+
+
+@pytest.fixture
+def primary_observer(replicas: Replicas) -> Iterator[Observer]:  # noqa: F811 - the fixture
+    """An operator's session on the primary of ``replicas``."""
+    with replicas.connect_primary() as conn:
+        yield Observer(conn)
+
+
+@pytest.fixture
+def standby_observer(replicas: Replicas) -> Iterator[Observer]:  # noqa: F811 - the fixture
+    """An operator's session on the hot standby of ``replicas``: its own ``pg_locks``."""
+    with replicas.connect_standby() as conn:
+        yield Observer(conn)
 
 
 _key_counter = iter(range(1, 1_000_000))

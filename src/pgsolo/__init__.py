@@ -2,7 +2,9 @@
 
 from .errors import (
     ConnectionStateError,
+    DatabaseUnavailableError,
     InvalidArgumentError,
+    InvalidDsnError,
     InvalidKeyError,
     InvalidOperationError,
     InvalidOperationKeyError,
@@ -56,7 +58,9 @@ __all__ = [
     "AsyncLock",
     "Check",
     "ConnectionStateError",
+    "DatabaseUnavailableError",
     "InvalidArgumentError",
+    "InvalidDsnError",
     "InvalidKeyError",
     "InvalidOperationError",
     "InvalidOperationKeyError",

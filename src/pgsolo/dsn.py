@@ -105,8 +105,10 @@ def parse_dsn(dsn: str) -> ConnDict:
         ) from None
     for port in str(params.get("port") or "").split(","):
         if port and not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+            # Not quoted: in "port= password=..." libpq reads the password as the port.
             raise InvalidDsnError(
-                f"the connection string's port {port!r} is not a port number (1 to 65535)"
+                "the connection string's port is not a port number from 1 to 65535 (its"
+                " value is not shown: it may be a password)"
             )
     return params
 
