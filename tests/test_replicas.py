@@ -298,6 +298,16 @@ def test_doctor_fails_the_primary_check_on_a_standby(replicas: Replicas) -> None
     assert code == 1
 
 
+def test_migrate_on_a_standby_exits_78_without_a_traceback(replicas: Replicas) -> None:
+    """Regression: ``pgsolo migrate`` on a standby raised the refusal as a traceback (exit
+    1). It is an unsafe configuration like any other refusal: exit 78, one plain line
+    naming the fix."""
+    done = pgsolo_cli("migrate", "--dsn", replicas.standby_dsn)
+    assert done.returncode == 78, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "target_session_attrs=read-write" in done.stderr
+
+
 # -- a multi-host DSN reaches the primary ------------------------------------------------
 
 FORMS = [pytest.param(False, id="key-value"), pytest.param(True, id="url")]

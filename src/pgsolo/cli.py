@@ -35,6 +35,8 @@ from .errors import (
     InvalidArgumentError,
     InvalidDsnError,
     LockTimeoutError,
+    PgsoloError,
+    UnsafeConnectionError,
     UsageError,
 )
 from .keys import Key, name_to_sql
@@ -1009,15 +1011,24 @@ def main(argv: list[str] | None = None) -> int:
     handler: Handler = args.handler
     try:
         return handler(args)
-    except CliError as exc:
+    except (CliError, PgsoloError) as exc:  # said plainly, never as a traceback
         print(f"pgsolo {args.command}: error: {exc}", file=sys.stderr)
-        return exc.code
-    except UsageError as exc:
-        print(f"pgsolo {args.command}: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return _exit_code(exc)
     except KeyboardInterrupt:
         print(f"pgsolo {args.command}: interrupted", file=sys.stderr)
         return 128 + 2
+
+
+def _exit_code(exc: CliError | PgsoloError) -> int:
+    if isinstance(exc, CliError):
+        return exc.code
+    if isinstance(exc, UsageError):
+        return EXIT_USAGE
+    if isinstance(exc, UnsafeConnectionError):  # a standby, a transaction pooler
+        return EXIT_UNSAFE
+    if isinstance(exc, DatabaseUnavailableError):
+        return EXIT_UNAVAILABLE
+    return EXIT_FAILED
 
 
 if __name__ == "__main__":
