@@ -17,10 +17,10 @@ import pytest
 from psycopg import sql as pgsql
 from psycopg.conninfo import make_conninfo
 
+import pgsolo
 from _bouncer import bouncer, session_bouncer, via_bouncer  # noqa: F401 - fixtures
 from _cluster import Replicas, replica_pair, replicas  # noqa: F401 - fixtures
 from _support import WORK
-from pgsolo import ledger
 from pgsolo.embedded import embedded_server
 from pgsolo.keys import Key, decode_pg_lock
 
@@ -132,7 +132,7 @@ def key() -> Key:
 def db(dsn: str) -> str:
     """The test database with pgsolo's tables and a table for the jobs' own work."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        ledger.migrate(conn)
+        pgsolo.migrate(conn)
         conn.execute(f"CREATE TABLE IF NOT EXISTS {WORK} (job text NOT NULL, note text)")
     return dsn
 

@@ -21,7 +21,8 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from pgsolo.cli import main
-from pgsolo.dsn import EMBEDDED, choose_dsn, redact_dsn, scrub_secrets
+from pgsolo.drivers.conninfo import redact_dsn, scrub_secrets
+from pgsolo.dsn import EMBEDDED, choose_dsn
 from pgsolo.keys import Key
 
 Connect = Callable[..., psycopg.Connection]

@@ -1,5 +1,5 @@
 """Every duration pgsolo takes is checked when it is given, by one validator
-(:func:`pgsolo.durations.check_seconds`): a typed :class:`InvalidArgumentError` before any
+(:func:`pgsolo._types.check_seconds`): a typed :class:`InvalidArgumentError` before any
 SQL, never a keeper thread that dies later or a server error once the work holds its lock.
 """
 
@@ -20,8 +20,7 @@ import pytest
 import pgsolo
 from _support import eventually, terminate
 from pgsolo import InvalidArgumentError, Keep, Key
-from pgsolo.durations import DAY, check_seconds
-from pgsolo.sql import MAX_PERIOD_SECONDS
+from pgsolo._types import DAY, MAX_PERIOD_SECONDS, check_seconds
 
 Connect = Callable[..., psycopg.Connection[Any]]
 

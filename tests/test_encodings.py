@@ -25,7 +25,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import pgsolo
 from _support import WORK, aeventually, eventually, terminate, work_rows
-from pgsolo import Keep, Key, ledger
+from pgsolo import Keep, Key
 
 Connect = Callable[..., psycopg.Connection[Any]]
 
@@ -117,7 +117,7 @@ def test_jobs_work_and_record_whatever_the_client_encoding(
     again = pgsolo.run_job(conn, job, lambda c: 0, lifetime=lifetime, period="day", record=True)
     assert (result.outcome, result.value) == ("completed", conn.info.backend_pid)
     assert (again.outcome, again.reason) == ("skipped", "already-done-this-period")
-    rows = ledger.history(conn, job=job)  # read back on the same connection
+    rows = pgsolo.history(conn, job=job)  # read back on the same connection
     assert [(r["job"], r["outcome"]) for r in rows] == [(job, "skipped"), (job, "completed")]
 
 
@@ -229,7 +229,7 @@ def test_history_reads_any_job_name_and_error_whatever_the_client_encoding(
 
     pgsolo.run_job(db, job, fails, record=True, raise_errors=False)  # written in UTF-8
     conn = in_encoding(connect(), encoding)
-    [row] = ledger.history(conn, job=job)
+    [row] = pgsolo.history(conn, job=job)
     assert (row["job"], row["outcome"], row["error"]) == (
         job,
         "failed",
@@ -344,4 +344,4 @@ def test_a_database_role_and_password_that_are_not_ascii_work_whatever_the_clien
 
         job = new_name("encodings-place")
         assert pgsolo.run_job(conn, job, lambda c: 1, record=True).completed
-        assert [row["outcome"] for row in ledger.history(conn, job=job)] == ["completed"]
+        assert [row["outcome"] for row in pgsolo.history(conn, job=job)] == ["completed"]

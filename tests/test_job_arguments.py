@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 import pgsolo
-from pgsolo import JobResult, UsageError, ledger
+from pgsolo import JobResult, UsageError
 
 Connect = Callable[..., psycopg.Connection[Any]]
 
@@ -48,8 +48,8 @@ def test_singleton_passes_every_keyword_of_a_call_to_the_function(db: str, obser
     assert (first.outcome, first.job, first.value) == ("completed", job, "hello bob")
     assert (second.outcome, second.job, second.value) == ("completed", job, "hello x")
     assert first.key == second.key == pgsolo.as_key(job)
-    assert ledger.history(observer.conn, job=job) == []  # record=True was greet's, not ours
-    assert ledger.history(observer.conn, job="bob") == []
+    assert pgsolo.history(observer.conn, job=job) == []  # record=True was greet's, not ours
+    assert pgsolo.history(observer.conn, job="bob") == []
 
 
 async def test_async_singleton_passes_every_keyword_of_a_call_to_the_function(
@@ -69,7 +69,7 @@ async def test_async_singleton_passes_every_keyword_of_a_call_to_the_function(
     assert received == [("bob", False), ("x", True)]
     assert (first.outcome, first.job, first.value) == ("completed", job, "bob")
     assert (second.outcome, second.job, second.value) == ("completed", job, "x")
-    assert ledger.history(observer.conn, job=job) == []
+    assert pgsolo.history(observer.conn, job=job) == []
 
 
 def test_run_job_positional_arguments_and_bound_keywords_reach_the_function(db: str) -> None:

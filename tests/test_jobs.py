@@ -40,10 +40,11 @@ from _support import (
     unhold,
     work_rows,
 )
-from pgsolo import ConnectionStateError, InvalidKeyError, LockLostError, UsageError, ledger
-from pgsolo import sql as pgsolo_sql
+from pgsolo import ConnectionStateError, InvalidKeyError, LockLostError, UsageError
+from pgsolo._types import Lifetime
 from pgsolo.jobs import JobResult, run_job, singleton
-from pgsolo.sql import Lifetime
+from pgsolo.jobs.record import skip_warning
+from pgsolo.schema import LATEST_VERSION, MIGRATIONS, schema_version
 
 Connect = Callable[..., psycopg.Connection]
 T = TypeVar("T")
@@ -671,7 +672,7 @@ def test_the_ledger_records_every_attempt(db: str, connect: Connect, observer: A
         run_job(db, job, fn, record=True)  # recorded before it is re-raised
     after = server_now(observer)
 
-    rows = ledger.history(observer.conn, job=job)
+    rows = pgsolo.history(observer.conn, job=job)
     assert [r["outcome"] for r in rows] == ["failed", "skipped", "completed"]  # newest first
     assert [r["reason"] for r in rows] == [None, "busy", None]
     assert rows[0]["error"] == "Boom: disk on fire"
@@ -692,7 +693,7 @@ def test_the_ledger_records_every_attempt(db: str, connect: Connect, observer: A
         assert isinstance(row["backend_pid"], int)
         assert row["application_name"] == f"pgsolo:{job}"
         assert row["exit_code"] is None
-    assert ledger.history(observer.conn, job=job, limit=1) == rows[:1]
+    assert pgsolo.history(observer.conn, job=job, limit=1) == rows[:1]
 
 
 def test_a_lost_attempt_is_recorded_through_a_fresh_connection(db: str, observer: Any) -> None:
@@ -706,7 +707,7 @@ def test_a_lost_attempt_is_recorded_through_a_fresh_connection(db: str, observer
     with pytest.raises(LockLostError):
         run_job(db, job, fn, lifetime="session", record=True)
 
-    rows = ledger.history(observer.conn, job=job)
+    rows = pgsolo.history(observer.conn, job=job)
     assert len(rows) == 1
     assert rows[0]["outcome"] == "lost"
     assert rows[0]["backend_pid"] == pids[0]  # the attempt's backend, not the recorder's
@@ -727,7 +728,7 @@ def test_a_lost_attempt_on_a_callers_connection_is_logged_as_unrecorded(
         result = run_job(conn, job, fn, lifetime="session", record=True, raise_errors=False)
 
     assert result.outcome == "lost"
-    assert ledger.history(observer.conn, job=job) == []
+    assert pgsolo.history(observer.conn, job=job) == []
     assert any(
         "not recorded" in r.getMessage() and job in r.getMessage() and r.levelno == logging.ERROR
         for r in caplog.records
@@ -748,15 +749,15 @@ def test_skip_warning_flags_jobs_that_are_mostly_busy(
     for _ in range(4):  # once a day, tried often: skips, but not because it is slow
         run_job(db, periodic, lambda c: None, record=True, period="day")
 
-    rows = [*ledger.history(observer.conn, job=slow), *ledger.history(observer.conn, job=healthy)]
-    warnings = ledger.skip_warning(rows)
+    rows = [*pgsolo.history(observer.conn, job=slow), *pgsolo.history(observer.conn, job=healthy)]
+    warnings = skip_warning(rows)
     assert len(warnings) == 1
     assert slow in warnings[0]
     assert "4 of its last 5" in warnings[0]
-    assert ledger.skip_warning(ledger.history(observer.conn, job=healthy)) == []
-    periodic_rows = ledger.history(observer.conn, job=periodic)
+    assert skip_warning(pgsolo.history(observer.conn, job=healthy)) == []
+    periodic_rows = pgsolo.history(observer.conn, job=periodic)
     assert [r["reason"] for r in periodic_rows].count("already-done-this-period") == 3
-    assert ledger.skip_warning(periodic_rows) == []
+    assert skip_warning(periodic_rows) == []
 
 
 def test_a_recorded_busy_skip_warns_when_the_job_mostly_skips(
@@ -779,9 +780,9 @@ def test_a_recorded_busy_skip_warns_when_the_job_mostly_skips(
 
 
 def test_migrate_is_idempotent_and_reports_the_schema_version(db: str, observer: Any) -> None:
-    assert ledger.migrate(observer.conn) == []
-    latest = pgsolo_sql.MIGRATIONS[-1][0]
-    assert ledger.schema_version(observer.conn) == latest == ledger.LATEST_VERSION
+    assert pgsolo.migrate(observer.conn) == []
+    latest = MIGRATIONS[-1][0]
+    assert schema_version(observer.conn) == latest == LATEST_VERSION
 
 
 def test_record_or_period_before_migrate_is_a_usage_error_before_the_work(
@@ -790,7 +791,7 @@ def test_record_or_period_before_migrate_is_a_usage_error_before_the_work(
     job = new_job()
     calls: list[int] = []
     with psycopg.connect(fresh_db, autocommit=True) as conn:
-        assert ledger.schema_version(conn) == 0
+        assert schema_version(conn) == 0
         # Without record/period, pgsolo needs no tables at all.
         assert run_job(conn, job, lambda c: calls.append(1)).outcome == "completed"
         calls.clear()
@@ -804,14 +805,14 @@ def test_record_or_period_before_migrate_is_a_usage_error_before_the_work(
             run_job(fresh_db, job, lambda c: calls.append(1), record=True, lifetime="session")
         assert calls == []
 
-        applied = ledger.migrate(conn)
-        assert applied == [version for version, _ in pgsolo_sql.MIGRATIONS]
-        assert ledger.migrate(conn) == []
-        assert ledger.schema_version(conn) == ledger.LATEST_VERSION
+        applied = pgsolo.migrate(conn)
+        assert applied == [version for version, _ in MIGRATIONS]
+        assert pgsolo.migrate(conn) == []
+        assert schema_version(conn) == LATEST_VERSION
         result = run_job(fresh_db, job, lambda c: calls.append(1), record=True, period="day")
         assert result.outcome == "completed"
         assert calls == [1]
-        assert [r["outcome"] for r in ledger.history(conn, job=job)] == ["completed"]
+        assert [r["outcome"] for r in pgsolo.history(conn, job=job)] == ["completed"]
 
 
 # -- 8. application_name ------------------------------------------------------------------
@@ -1195,7 +1196,7 @@ def test_hostile_error_text_is_recorded_verbatim_under_any_client_encoding(
     result = run_job(conn, job, bad, record=True, raise_errors=False)
     assert result.outcome == "failed"
     assert observer.conn.execute("SELECT to_regclass('pgsolo_pwned')").fetchone() == (None,)
-    [row] = ledger.history(observer.conn, job=job)
+    [row] = pgsolo.history(observer.conn, job=job)
     assert row["error"] == f"ValueError: {payload}"
 
 
@@ -1226,7 +1227,7 @@ def test_an_error_message_that_is_not_valid_unicode_is_still_recorded(
     result = run_job(connect(), job, missing, record=True, raise_errors=False)
     assert result.outcome == "failed"
     assert isinstance(result.error, FileNotFoundError)
-    [row] = ledger.history(observer.conn, job=job)
+    [row] = pgsolo.history(observer.conn, job=job)
     assert row["outcome"] == "failed"
     assert "No such file" in row["error"]
     assert "\\udcff" in row["error"]  # the undecodable byte, escaped rather than lost
@@ -1297,7 +1298,7 @@ def test_xact_work_that_ends_its_own_transaction_is_lost(
     assert seen["holders"] == set()  # the server really let go of the lock mid-way
     assert observer.holders(key_of(job)) == set()
     assert work_rows(observer, job) == (["after", "before"] if ending == "COMMIT" else ["after"])
-    [row] = ledger.history(observer.conn, job=job)
+    [row] = pgsolo.history(observer.conn, job=job)
     assert row["outcome"] == "lost"
     assert row["reason"] == "work-ended-transaction"
 
@@ -1357,7 +1358,7 @@ def test_ledger_reads_leave_a_non_autocommit_connection_idle(
     conn = connect(autocommit=False)
     pid = conn.info.backend_pid
 
-    assert ledger.schema_version(conn) == ledger.LATEST_VERSION
+    assert schema_version(conn) == LATEST_VERSION
     assert conn.info.transaction_status == IDLE
     rows = pgsolo.history(conn, job=job)
     assert [r["outcome"] for r in rows] == ["completed"]
@@ -1372,5 +1373,5 @@ def test_schema_version_of_an_unmigrated_database_leaves_the_connection_idle(
     fresh_db: str,
 ) -> None:
     with psycopg.connect(fresh_db, autocommit=False) as conn:
-        assert ledger.schema_version(conn) == 0
+        assert schema_version(conn) == 0
         assert conn.info.transaction_status == IDLE

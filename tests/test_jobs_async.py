@@ -35,9 +35,10 @@ from _support import (
     unhold,
     work_rows,
 )
-from pgsolo import InvalidKeyError, LockLostError, UsageError, ledger
+from pgsolo import InvalidKeyError, LockLostError, UsageError
+from pgsolo._types import Lifetime
 from pgsolo.jobs import JobResult, run_job_async, singleton
-from pgsolo.sql import Lifetime
+from pgsolo.schema import schema_version
 
 AConnect = Callable[..., Awaitable[psycopg.AsyncConnection[Any]]]
 Connect = Callable[..., psycopg.Connection]
@@ -505,7 +506,7 @@ async def test_the_ledger_records_every_attempt(db: str, connect: Connect, obser
     with pytest.raises(Boom):
         await run_job_async(db, job, fail, record=True)
 
-    rows = ledger.history(observer.conn, job=job)
+    rows = pgsolo.history(observer.conn, job=job)
     assert [r["outcome"] for r in rows] == ["failed", "skipped", "completed"]
     assert [r["reason"] for r in rows] == [None, "busy", None]
     assert rows[0]["error"] == "Boom: disk on fire"
@@ -531,7 +532,7 @@ async def test_a_lost_attempt_is_recorded_through_a_fresh_connection(
     result = await run_job_async(db, job, kill, lifetime="session", record=True, raise_errors=False)
 
     assert result.outcome == "lost"
-    rows = ledger.history(observer.conn, job=job)
+    rows = pgsolo.history(observer.conn, job=job)
     assert [(r["outcome"], r["backend_pid"]) for r in rows] == [("lost", pids[0])]
     assert rows[0]["application_name"] == f"pgsolo:{job}"
 
@@ -550,8 +551,8 @@ async def test_record_or_period_before_migrate_is_a_usage_error_before_the_work(
             await run_job_async(fresh_db, job, fn, **options)
         assert calls == []
     with psycopg.connect(fresh_db, autocommit=True) as conn:
-        assert ledger.schema_version(conn) == 0
-        ledger.migrate(conn)
+        assert schema_version(conn) == 0
+        pgsolo.migrate(conn)
     result = await run_job_async(fresh_db, job, fn, record=True, period="day")
     assert result.outcome == "completed"
     assert calls == [1]

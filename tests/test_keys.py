@@ -23,8 +23,8 @@ from pgsolo.keys import (
     derive_int64,
     encode_pg_lock,
     from_name,
-    name_to_sql,
 )
+from pgsolo.sql import name_to_sql
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1

@@ -35,7 +35,12 @@ from pgsolo import (
     TransactionFailedError,
     UsageError,
 )
-from pgsolo.once import MAX_OP_KEY_BYTES, MAX_RESULT_BYTES, lock_key_for, storable_result
+from pgsolo.once.operation import (
+    MAX_OP_KEY_BYTES,
+    MAX_RESULT_BYTES,
+    lock_key_for,
+    storable_result,
+)
 
 Connect = Callable[..., psycopg.Connection]
 Ctx = OperationContext[psycopg.Connection]

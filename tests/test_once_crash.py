@@ -31,7 +31,7 @@ import pytest
 import pgsolo
 from _once_child import PAID_ORDERS, post_charge
 from _support import eventually
-from pgsolo.once import lock_key_for
+from pgsolo.once.operation import lock_key_for
 
 CHILD = Path(__file__).resolve().parent / "_once_child.py"
 DEADLINE = 20.0  # generous: a worker process starts, imports and connects in this time

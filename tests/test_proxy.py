@@ -28,7 +28,7 @@ from _bouncer import Bouncer, bouncer_client
 from _relay import FreezingProxy
 from _support import eventually
 from pgsolo import Key, UnsafeConnectionError
-from pgsolo.cli import EXIT_UNSAFE
+from pgsolo.cli.exit_codes import EXIT_UNSAFE
 
 BUSY_CLIENTS = 8  # more than the bouncer's pool: every server connection is in demand
 

@@ -13,7 +13,7 @@ import pytest
 
 import pgsolo
 from _support import terminate
-from pgsolo import JobResult, Key, LockLostError, LockNotHeldError, ledger
+from pgsolo import JobResult, Key, LockLostError, LockNotHeldError
 from pgsolo.reasons import LOST_REASONS, REASONS, LostReason
 
 Connect = Callable[..., psycopg.Connection[Any]]
@@ -96,7 +96,7 @@ def test_a_session_job_whose_lock_is_gone_at_release_has_a_reason_code(
     )
     _check(result, "lock-released")
     assert isinstance(result.error, LockNotHeldError)
-    [row] = ledger.history(observer.conn, job=job)
+    [row] = pgsolo.history(observer.conn, job=job)
     assert (row["outcome"], row["reason"]) == ("lost", "lock-released")
     assert "no longer held" in row["error"]
 
@@ -138,7 +138,7 @@ def test_work_that_ends_its_transaction_has_a_reason_code(db: str, observer: Any
     _check(result, "work-ended-transaction")
     assert isinstance(result.error, LockLostError)
     assert result.error.reason == "work-ended-transaction"
-    [row] = ledger.history(observer.conn, job=job)
+    [row] = pgsolo.history(observer.conn, job=job)
     assert row["reason"] == "work-ended-transaction"
 
 

@@ -26,8 +26,9 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from _relay import FreezingProxy
-from pgsolo.keys import Key, name_to_sql
-from pgsolo.sql import MIGRATIONS
+from pgsolo.keys import Key
+from pgsolo.schema import MIGRATIONS
+from pgsolo.sql import name_to_sql
 
 Connect = Callable[..., psycopg.Connection]
 

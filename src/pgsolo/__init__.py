@@ -1,5 +1,10 @@
-"""pgsolo: run a piece of work at most once at a time, with PostgreSQL advisory locks."""
+"""pgsolo: run a piece of work at most once at a time, with PostgreSQL advisory locks.
 
+The public API is what this module re-exports; each name lives in the module of its layer
+(``locking``, ``jobs``, ``once``, ``monitor``, ``schema``; see DESIGN.md §3).
+"""
+
+from ._types import OnceOutcome, Outcome
 from .errors import (
     ConnectionStateError,
     DatabaseUnavailableError,
@@ -14,18 +19,18 @@ from .errors import (
     LockNotHeldError,
     LockTimeoutError,
     LockUnavailableError,
+    NotMigratedError,
     PgsoloError,
     ResultNotStorableError,
     TransactionFailedError,
     UnsafeConnectionError,
     UsageError,
 )
-from .jobs import Job, JobResult, Outcome, run_job, run_job_async, singleton
-from .keeper import Keep
+from .jobs import Job, JobResult, history, run_job, run_job_async, singleton
 from .keys import Key, KeyLike, Registry, as_key, decode_pg_lock
-from .ledger import history, migrate
-from .locks import (
+from .locking import (
     AsyncLock,
+    Keep,
     Lock,
     async_pool_reset,
     held_session_locks,
@@ -42,7 +47,6 @@ from .monitor import (
     wait_chains,
 )
 from .once import (
-    OnceOutcome,
     OnceResult,
     OperationContext,
     idempotency_key_for,
@@ -50,6 +54,7 @@ from .once import (
     run_once_async,
 )
 from .reasons import LostReason, Reason
+from .schema import migrate
 
 __version__ = "0.1.0"
 
@@ -77,6 +82,7 @@ __all__ = [
     "LockTimeoutError",
     "LockUnavailableError",
     "LostReason",
+    "NotMigratedError",
     "OnceOutcome",
     "OnceResult",
     "OperationContext",

@@ -20,14 +20,16 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Barrier
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import psycopg
-
-from .connect import conninfo_for
-from .dsn import scrub_secrets
+from ._logging import LOG_FORMAT
+from .drivers.connect import open_connection
+from .drivers.conninfo import scrub_secrets
 from .errors import UsageError
-from .locks import session_lock, xact_lock
+from .locking import session_lock, xact_lock
+
+if TYPE_CHECKING:
+    import psycopg
 
 __all__ = [
     "DEMO_LOCK",
@@ -147,7 +149,7 @@ def run_demo(
     if isinstance(rows, bool) or not isinstance(rows, int) or not 1 <= rows <= 1_000_000:
         raise UsageError(f"rows must be an int from 1 to 1000000, got {rows!r}")
     with (
-        psycopg.connect(conninfo_for(dsn, "pgsolo-demo:setup"), autocommit=True) as conn,
+        open_connection(dsn, application_name="pgsolo-demo:setup") as conn,
         session_lock(conn, DEMO_LOCK, wait=DEMO_LOCK_WAIT),
     ):
         _setup(conn, rows)
@@ -256,9 +258,7 @@ def _worker_main(
 ) -> None:
     """The body of one worker process (spawned: it inherits nothing but its arguments)."""
     if log_level is not None:
-        from .cli import LOG_FORMAT  # noqa: PLC0415 - the same lines as the parent's
-
-        logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT)
+        logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT)  # the parent's lines
         logging.getLogger("pgsolo").setLevel(log_level)
     try:
         report = _settle(index, dsn, work_seconds, barrier)
@@ -271,7 +271,7 @@ def _worker_main(
 
 def _settle(index: int, dsn: str, work_seconds: float, barrier: Barrier) -> WorkerReport:
     """The daily settlement of the article, protected by a transaction-level try lock."""
-    with psycopg.connect(conninfo_for(dsn, f"pgsolo-demo:worker-{index}"), autocommit=True) as conn:
+    with open_connection(dsn, application_name=f"pgsolo-demo:worker-{index}") as conn:
         pid = conn.info.backend_pid
         barrier.wait(timeout=BARRIER_TIMEOUT)  # everyone is connected: go
         started = time.perf_counter()

@@ -23,6 +23,7 @@ __all__ = [
     "LockNotHeldError",
     "LockTimeoutError",
     "LockUnavailableError",
+    "NotMigratedError",
     "PgsoloError",
     "ResultNotStorableError",
     "TransactionFailedError",
@@ -61,6 +62,11 @@ class ResultNotStorableError(UsageError, ValueError):
     Unlike other usage errors it can only be detected once the operation has returned;
     it is raised before its database work commits and before success is recorded.
     """
+
+
+class NotMigratedError(UsageError):
+    """pgsolo's tables are missing in this database (or older than this pgsolo needs):
+    ``pgsolo migrate`` has not run. Nothing was held or run."""
 
 
 class ConnectionStateError(UsageError):

@@ -17,7 +17,6 @@ from os import PathLike
 from typing import TypeAlias
 
 from .errors import InvalidKeyError, KeyCollisionError
-from .literals import sql_literal
 
 __all__ = [
     "Key",
@@ -30,7 +29,6 @@ __all__ = [
     "derive_int64",
     "encode_pg_lock",
     "from_name",
-    "name_to_sql",
 ]
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -161,17 +159,6 @@ def from_name(name: str, *, namespace: int | None = None) -> Key:
         return Key(derive_int64(name), name)
     _check_int(namespace, INT32_MIN, INT32_MAX, "a namespace")
     return Key((namespace, derive_int32(name)), name)
-
-
-def name_to_sql(name: str, *, namespace: int | None = None) -> str:
-    """The SQL expression that derives the same key on the server, for use from psql."""
-    _check_name(name)
-    literal = sql_literal(name)
-    digest = f"encode(sha256(convert_to({literal}, 'UTF8')), 'hex')"
-    if namespace is None:
-        return f"('x' || substr({digest}, 1, 16))::bit(64)::bigint"
-    _check_int(namespace, INT32_MIN, INT32_MAX, "a namespace")
-    return f"{namespace}, ('x' || substr({digest}, 1, 8))::bit(32)::int"
 
 
 def as_key(key: KeyLike, *, namespace: int | None = None, registry: Registry | None = None) -> Key:

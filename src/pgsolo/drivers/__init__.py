@@ -42,7 +42,9 @@ __all__ = [
     "adapt_sync",
     "as_sync",
     "bound_answers",
+    "driver_errors",
     "is_async",
+    "is_unavailable",
     "shut_down",
 ]
 
@@ -105,6 +107,10 @@ class DriverBase(Protocol):
 
     def error_detail(self, exc: BaseException) -> str | None: ...
 
+    def scrub(self, text: str) -> str:
+        """``text`` (say, an error to store) with this connection's own password blanked
+        out."""
+
     def client_address(self) -> tuple[str, int] | None:
         """(address, port) of this end of a TCP connection; None for a unix socket."""
 
@@ -163,6 +169,22 @@ def shut_down(connection: object) -> None:
     from . import _psycopg  # noqa: PLC0415
 
     _psycopg.shut_down(connection)  # type: ignore[arg-type]
+
+
+def driver_errors() -> tuple[type[Exception], ...]:
+    """The exception classes of the drivers pgsolo uses: what a statement on a connection
+    raises when the server refuses it or the connection fails."""
+    import psycopg  # noqa: PLC0415
+
+    return (psycopg.Error,)
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` (a driver's error) says the server cannot be reached or the
+    connection failed, rather than that a statement was refused."""
+    import psycopg  # noqa: PLC0415
+
+    return isinstance(exc, psycopg.OperationalError)
 
 
 def is_async(driver: SyncDriver | AsyncDriver) -> TypeGuard[AsyncDriver]:

@@ -11,16 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import heapq
-import itertools
 import logging
 import os
 import select
 import socket
-import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -31,6 +28,8 @@ from psycopg.rows import tuple_row
 
 from ..errors import DatabaseUnavailableError
 from . import BeatFailed, ServerInfo, TxStatus
+from .conninfo import scrub_secrets
+from .deadlines import DEADLINES, shut_down_socket
 
 logger = logging.getLogger("pgsolo")
 
@@ -72,66 +71,6 @@ def bound_answers(
     _ANSWER_WITHIN[conn] = _Bound(seconds, f"{conn.info.host}:{conn.info.port}")
 
 
-class _Deadlines:
-    """One thread for every armed deadline: arming and disarming cost a heap push and
-    a dict operation, not a thread per round trip."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._heap: list[tuple[float, int]] = []
-        self._actions: dict[int, Callable[[], None]] = {}
-        self._ids = itertools.count()
-        self._thread: threading.Thread | None = None
-
-    def arm(self, seconds: float, action: Callable[[], None]) -> int:
-        due = time.monotonic() + seconds
-        with self._cond:
-            ident = next(self._ids)
-            self._actions[ident] = action
-            if len(self._heap) > 2 * len(self._actions) + 1000:  # mostly disarmed ones
-                self._heap = [entry for entry in self._heap if entry[1] in self._actions]
-                heapq.heapify(self._heap)
-            # The thread sleeps until the earliest deadline: wake it only for an earlier one.
-            earlier = not self._heap or due < self._heap[0][0]
-            heapq.heappush(self._heap, (due, ident))
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="pgsolo-deadlines", daemon=True
-                )
-                self._thread.start()
-            elif earlier:
-                self._cond.notify()
-            return ident
-
-    def disarm(self, ident: int) -> None:
-        """After this returns the action has run, or never will."""
-        with self._cond:
-            self._actions.pop(ident, None)
-
-    def _run(self) -> None:
-        with self._cond:
-            while True:
-                while self._heap and self._heap[0][1] not in self._actions:
-                    heapq.heappop(self._heap)  # disarmed
-                if not self._heap:
-                    self._cond.wait()
-                    continue
-                due, ident = self._heap[0]
-                remaining = due - time.monotonic()
-                if remaining > 0:
-                    self._cond.wait(remaining)
-                    continue
-                heapq.heappop(self._heap)
-                action = self._actions.pop(ident)
-                try:  # under the lock: disarm() cannot return while it runs
-                    action()
-                except Exception:  # pragma: no cover - shutting a socket down
-                    logger.exception("pgsolo: a connection deadline failed")
-
-
-_DEADLINES = _Deadlines()
-
-
 class _Deadline:
     """A hard deadline for one round trip on one of pgsolo's own connections."""
 
@@ -145,7 +84,7 @@ class _Deadline:
         self.address = bound.address
         self.seconds = bound.seconds + wait
         self.expired = False
-        self._ident = _DEADLINES.arm(self.seconds, self._expire)
+        self._ident = DEADLINES.arm(self.seconds, self._expire)
 
     def _expire(self) -> None:
         self.expired = True
@@ -154,7 +93,7 @@ class _Deadline:
     def end(self, failure: BaseException | None = None) -> None:
         """The round trip is over: disarm, and turn its failure into
         :class:`DatabaseUnavailableError` if the deadline caused it."""
-        _DEADLINES.disarm(self._ident)
+        DEADLINES.disarm(self._ident)
         if self.expired and isinstance(failure, psycopg.Error):
             raise DatabaseUnavailableError(
                 f"the database at {self.address} gave no answer within {self.seconds:g}s,"
@@ -236,6 +175,11 @@ class _PsycopgBase:
 
     def is_closed(self) -> bool:
         return self._conn.closed or self._conn.broken
+
+    def scrub(self, text: str) -> str:
+        """``text`` with this connection's own password blanked out."""
+        password = password_of(self._conn)
+        return scrub_secrets(text, make_conninfo("", password=password)) if password else text
 
     def error_detail(self, exc: BaseException) -> str | None:
         return exc.diag.message_detail if isinstance(exc, psycopg.Error) else None
@@ -507,22 +451,7 @@ def shut_down(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> N
     on it sees the end of the stream at once and the driver raises, instead of waiting for
     a server that may never answer (a half-open TCP connection, a stopped backend)."""
     with contextlib.suppress(psycopg.Error):
-        _shut_down(conn.fileno())
-
-
-def _shut_down(fileno: int) -> None:
-    # Through a duplicate of the descriptor, so the driver still owns (and closes) its own.
-    try:
-        copy = os.dup(fileno)
-    except OSError:
-        return
-    try:
-        sock = socket.socket(fileno=copy)
-    except OSError:
-        os.close(copy)
-        return
-    with sock, contextlib.suppress(OSError):
-        sock.shutdown(socket.SHUT_RDWR)
+        shut_down_socket(conn.fileno())
 
 
 async def _settle(

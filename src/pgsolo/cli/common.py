@@ -1,0 +1,226 @@
+"""What every command shares: its common options, where it connects (and how a failure
+to connect becomes exit 69), output, and argument types."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+from .._types import check_seconds
+from ..drivers import driver_errors, is_unavailable
+from ..drivers.connect import open_connection
+from ..drivers.conninfo import (
+    DEFAULT_CONNECT_TIMEOUT,
+    application_name_for,
+    connection_settings,
+    parse_dsn,
+    redact_dsn,
+    scrub_secrets,
+)
+from ..dsn import DsnChoice, choose_dsn, resolved_dsn
+from ..errors import (
+    DatabaseUnavailableError,
+    InvalidArgumentError,
+    InvalidDsnError,
+)
+from .exit_codes import (
+    EXIT_FAILED,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+)
+
+if TYPE_CHECKING:
+    import psycopg
+
+
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
+Handler: TypeAlias = Callable[[argparse.Namespace], int]
+
+
+class CliError(Exception):
+    """Ends the command with ``message`` on stderr and exit code ``code``."""
+
+    def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# Options every command takes, before or after its name: pgsolo -v demo, pgsolo demo -v.
+COMMON = argparse.ArgumentParser(add_help=False)
+COMMON.add_argument(
+    "-v",
+    "--verbose",
+    action="count",
+    default=argparse.SUPPRESS,
+    help="log each lock attempt (-vv: debug)",
+)
+
+
+def add_command(
+    subparsers: Subparsers,
+    name: str,
+    *,
+    help: str,
+    description: str,
+) -> argparse.ArgumentParser:
+    """Declare subcommand ``name`` with the options every command takes."""
+    return subparsers.add_parser(name, help=help, description=description, parents=[COMMON])
+
+
+def add_dsn_argument(parser: argparse.ArgumentParser, *, help: str | None = None) -> None:
+    """``--dsn`` and ``--connect-timeout``: every command that connects takes both."""
+    parser.add_argument(
+        "--dsn",
+        metavar="DSN",
+        help=help
+        or "connection string (URI or key=value, several hosts allowed: host=a,b"
+        " target_session_attrs=read-write), or 'embedded'; default: $PGSOLO_DSN, then"
+        " $DATABASE_URL, then libpq defaults (PGHOST, ...)",
+    )
+    parser.add_argument(
+        "--connect-timeout",
+        type=seconds_between(1, 3600),
+        metavar="S",
+        help=f"give up connecting after S seconds, for each host of the DSN (libpq's"
+        f" minimum is 2); default: the DSN's connect_timeout, then $PGCONNECT_TIMEOUT,"
+        f" then {DEFAULT_CONNECT_TIMEOUT}",
+    )
+
+
+def add_json_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+@dataclass(frozen=True, slots=True)
+class Database:
+    """Where a command connects: ``dsn`` for psycopg, ``label`` for people, and the
+    ``--connect-timeout`` given (None: the DSN's, the environment's, or pgsolo's)."""
+
+    dsn: str
+    label: str
+    connect_timeout: float | None = None
+
+
+@contextmanager
+def database(
+    flag: str | None, *, default: str | None = None, connect_timeout: float | None = None
+) -> Iterator[Database]:
+    """Resolve the connection (``--dsn`` > ``PGSOLO_DSN`` > ``DATABASE_URL`` > libpq
+    defaults, or ``default`` instead of the last three), start the embedded server for
+    ``embedded``, and turn connection failures inside the block into exit code 69.
+    """
+    choice = choose_dsn(flag, default=default)
+    if choice.dsn and not choice.embedded:
+        validate_dsn(choice.dsn, choice.source)
+    with ExitStack() as stack:
+        if choice.embedded:
+            note_first_embedded_start()
+            try:
+                dsn = stack.enter_context(resolved_dsn(choice))
+            except (OSError, subprocess.SubprocessError) as exc:
+                raise CliError(
+                    f"could not start the embedded server: {exc}", EXIT_UNAVAILABLE
+                ) from exc
+            label = f"the embedded server ({redact_dsn(dsn)})"
+        else:
+            dsn, label = choice.dsn, display(choice)
+        try:
+            yield Database(dsn, label, connect_timeout)
+        except DatabaseUnavailableError as exc:  # it says where
+            raise CliError(f"database unavailable: {exc}", EXIT_UNAVAILABLE) from exc
+        except driver_errors() as exc:
+            message = scrub_secrets(str(exc).strip(), dsn)
+            if is_unavailable(exc):
+                raise CliError(
+                    f"database unavailable ({label}): {message}", EXIT_UNAVAILABLE
+                ) from exc
+            raise CliError(f"database error ({label}): {message}", EXIT_FAILED) from exc
+
+
+def display(choice: DsnChoice) -> str:
+    """Where ``choice`` connects, safe to print."""
+    if choice.embedded:
+        return "the embedded server"
+    if not choice.dsn:
+        return "libpq defaults (PGHOST, PGPORT, PGDATABASE, ...)"
+    return redact_dsn(choice.dsn)
+
+
+def validate_dsn(dsn: str, source: str) -> None:
+    try:
+        parse_dsn(dsn)
+    except InvalidDsnError as exc:
+        # Never quoted: what libpq could not read may be a password in any spelling of
+        # the string (postgresql+psycopg2://, POSTGRESQL://, a quote missing...).
+        raise CliError(f"invalid connection string in {source}: {exc}", EXIT_USAGE) from None
+
+
+def note_first_embedded_start() -> None:
+    from ..embedded import default_data_dir  # noqa: PLC0415
+
+    data_dir = default_data_dir()
+    if not (data_dir / "PG_VERSION").exists():
+        print(
+            f"pgsolo: creating the embedded PostgreSQL in {data_dir} (first run only)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def emit_json(obj: object) -> None:
+    print(json.dumps(obj), flush=True)
+
+
+@contextmanager
+def connection(db: Database, default_name: str) -> Iterator[psycopg.Connection[Any]]:
+    """A connection of pgsolo's own to ``db``, named ``default_name`` in
+    ``pg_stat_activity`` unless the DSN or ``PGAPPNAME`` names it."""
+    name = application_name_for(db.dsn, default_name)
+    settings = connection_settings(connect_timeout=db.connect_timeout)
+    with open_connection(db.dsn, application_name=name, defaults=settings) as conn:
+        yield conn
+
+
+def print_table(table: list[tuple[str, ...]]) -> None:
+    widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
+    for line in table:
+        print(
+            "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+        )
+
+
+def int_between(low: int, high: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be from {low} to {high}, got {value}")
+        return value
+
+    return parse
+
+
+def seconds_between(low: float, high: float) -> Callable[[str], float]:
+    """An argparse type for a number of seconds: pgsolo's one duration check."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+        try:
+            return check_seconds("the value", value, low, high)
+        except InvalidArgumentError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse

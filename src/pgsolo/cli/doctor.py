@@ -1,0 +1,76 @@
+"""``pgsolo doctor``: the production checklist against a live database."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from ..monitor.doctor import MAX_OLDER_THAN
+from .exit_codes import (
+    EXIT_FAILED,
+    EXIT_OK,
+)
+
+if TYPE_CHECKING:
+    pass
+from .common import (
+    Subparsers,
+    add_command,
+    add_dsn_argument,
+    add_json_argument,
+    connection,
+    database,
+    emit_json,
+    seconds_between,
+)
+
+
+def add_doctor_command(subparsers: Subparsers) -> None:
+    parser = add_command(
+        subparsers,
+        "doctor",
+        help="check the production checklist against a live database",
+        description="Check the database against the advisory-lock production checklist and"
+        " print each check as ok, warn or fail with one line of advice: idle sessions"
+        " holding session locks, idle or long transactions holding locks, the shared lock"
+        " table's capacity, connections without an application_name, idle timeouts that"
+        " end lock holders, lock_timeout, a pooling proxy, and PUBLIC's EXECUTE on the"
+        " advisory-lock functions. Exit codes: 0 no check failed (warnings allowed);"
+        " 1 at least one check failed; 69 database unavailable; 2 usage error.",
+    )
+    parser.add_argument(
+        "--older-than",
+        type=seconds_between(0, MAX_OLDER_THAN),
+        default=300.0,
+        metavar="SECONDS",
+        help="an idle session or open transaction holding a lock, or a wait, older than this"
+        " is suspect (default: 300)",
+    )
+    add_dsn_argument(parser)
+    add_json_argument(parser)
+    parser.set_defaults(handler=cmd_doctor)
+
+
+DOCTOR_MARKS = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL"}
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from ..monitor.doctor import doctor  # noqa: PLC0415
+
+    with (
+        database(args.dsn, connect_timeout=args.connect_timeout) as db,
+        connection(db, "pgsolo:doctor") as conn,
+    ):
+        checks = doctor(conn, older_than=args.older_than)
+    code = EXIT_FAILED if any(check.status == "fail" for check in checks) else EXIT_OK
+    if args.json:
+        emit_json(
+            {"database": db.label, "exit_code": code, "checks": [c.as_dict() for c in checks]}
+        )
+        return code
+    print(f"pgsolo doctor: {db.label}")
+    for check in checks:
+        print(f"[{DOCTOR_MARKS[check.status]}] {check.name}: {check.detail}")
+        if check.advice:
+            print(f"       advice: {check.advice}")
+    return code

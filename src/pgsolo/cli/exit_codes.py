@@ -1,0 +1,34 @@
+"""The exit codes of the ``pgsolo`` command (DESIGN §5, normative)."""
+
+from __future__ import annotations
+
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_LOST",
+    "EXIT_OK",
+    "EXIT_SKIPPED",
+    "EXIT_UNAVAILABLE",
+    "EXIT_UNSAFE",
+    "EXIT_USAGE",
+]
+
+# Exit codes (DESIGN §5, normative).
+EXIT_OK = 0
+
+
+EXIT_FAILED = 1
+
+
+EXIT_USAGE = 2
+
+
+EXIT_UNAVAILABLE = 69  # database unavailable
+
+
+EXIT_LOST = 70  # lock lost while the command ran
+
+
+EXIT_SKIPPED = 75  # busy, wait timed out, or already done
+
+
+EXIT_UNSAFE = 78  # unsafe configuration (session lock behind a transaction pooler)

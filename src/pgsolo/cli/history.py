@@ -1,0 +1,93 @@
+"""``pgsolo history``: the ledger, newest first."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from contextlib import suppress
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from .exit_codes import (
+    EXIT_OK,
+    EXIT_USAGE,
+)
+
+if TYPE_CHECKING:
+    pass
+from .common import (
+    CliError,
+    Subparsers,
+    add_command,
+    add_dsn_argument,
+    add_json_argument,
+    connection,
+    database,
+    emit_json,
+    int_between,
+    print_table,
+)
+
+
+def add_history_command(subparsers: Subparsers) -> None:
+    parser = add_command(
+        subparsers,
+        "history",
+        help="show the latest recorded attempts (pgsolo run --record), newest first",
+        description="Show the ledger: the latest attempts recorded by `pgsolo run --record`"
+        " (or record=True), newest first, and warn about jobs whose recent attempts were"
+        " mostly skipped because the previous run was still going.",
+    )
+    parser.add_argument("--job", metavar="NAME", help="only this job")
+    parser.add_argument(
+        "--limit", type=int_between(1, 10_000), default=20, metavar="N", help="default: 20"
+    )
+    add_dsn_argument(parser)
+    add_json_argument(parser)
+    parser.set_defaults(handler=cmd_history)
+
+
+HISTORY_COLUMNS = ("started_at", "job", "outcome", "reason", "duration", "host", "exit/error")
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    from ..errors import NotMigratedError  # noqa: PLC0415
+    from ..jobs.record import history, skip_warning  # noqa: PLC0415
+
+    with (
+        database(args.dsn, connect_timeout=args.connect_timeout) as db,
+        connection(db, "pgsolo:history") as conn,
+    ):
+        try:
+            rows = history(conn, job=args.job, limit=args.limit)
+        except NotMigratedError as exc:
+            raise CliError(
+                f"no ledger in {db.label}: run pgsolo migrate first", EXIT_USAGE
+            ) from exc
+    if args.json:
+        emit_json(rows)
+    elif not rows:
+        print("no attempts recorded" + (f" for job {args.job}" if args.job else ""))
+    else:
+        print_table([HISTORY_COLUMNS, *(_history_line(row) for row in rows)])
+    for warning in skip_warning(rows):
+        print(f"warning: {warning}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _history_line(row: dict[str, Any]) -> tuple[str, ...]:
+    started = str(row.get("started_at") or "")
+    with suppress(ValueError):
+        started = datetime.fromisoformat(started).isoformat(sep=" ", timespec="seconds")
+    duration = row.get("duration_ms")
+    exit_code, error = row.get("exit_code"), row.get("error")
+    detail = " ".join(str(x) for x in (exit_code, error) if x is not None)
+    return (
+        started,
+        str(row.get("job") or ""),
+        str(row.get("outcome") or ""),
+        str(row.get("reason") or ""),
+        f"{float(duration) / 1000:.3f}s" if duration is not None else "",
+        str(row.get("host") or ""),
+        detail,
+    )

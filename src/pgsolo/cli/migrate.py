@@ -1,0 +1,65 @@
+"""``pgsolo migrate``: create or upgrade pgsolo's tables."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from ..errors import (
+    LockTimeoutError,
+)
+from .exit_codes import (
+    EXIT_OK,
+    EXIT_SKIPPED,
+)
+
+if TYPE_CHECKING:
+    pass
+from .common import (
+    CliError,
+    Subparsers,
+    add_command,
+    add_dsn_argument,
+    add_json_argument,
+    connection,
+    database,
+    emit_json,
+)
+
+
+def add_migrate_command(subparsers: Subparsers) -> None:
+    parser = add_command(
+        subparsers,
+        "migrate",
+        help="create or upgrade pgsolo's tables (the ledger, once-per-period records)",
+        description="Create or upgrade the tables in the pgsolo schema that --record,"
+        " --once-per and `pgsolo history` use. Idempotent, and safe to run from many hosts"
+        " at once: versions are applied in order under an advisory lock of their own.",
+    )
+    add_dsn_argument(parser)
+    add_json_argument(parser)
+    parser.set_defaults(handler=cmd_migrate)
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from ..schema import migrate, schema_version  # noqa: PLC0415
+
+    with (
+        database(args.dsn, connect_timeout=args.connect_timeout) as db,
+        connection(db, "pgsolo:migrate") as conn,
+    ):
+        try:
+            applied = migrate(conn)
+        except LockTimeoutError as exc:
+            raise CliError(
+                f"another pgsolo migrate kept {db.label} busy for {exc.timeout:g}s", EXIT_SKIPPED
+            ) from exc
+        version = schema_version(conn)
+    if args.json:
+        emit_json({"applied": applied, "schema_version": version, "database": db.label})
+    elif applied:
+        versions = ", ".join(str(v) for v in applied)
+        print(f"applied migration {versions}: pgsolo schema version {version} on {db.label}")
+    else:
+        print(f"up to date: pgsolo schema version {version} on {db.label}")
+    return EXIT_OK

@@ -1,0 +1,77 @@
+"""How one ``pgsolo run`` ended: the report behind ``--json`` and the exit code."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..._types import Outcome
+from ...reasons import LostReason, Reason, RunReason
+
+if TYPE_CHECKING:
+    pass
+
+__all__ = ["LOST_DETAIL", "CommandFailed", "Lost", "RunReport"]
+
+
+class CommandFailed(Exception):
+    """What the ledger's ``error`` column says about a command killed by a signal."""
+
+
+LOST_DETAIL = {
+    "connection-unresponsive": "the database did not answer the lock check within {timeout:g}s"
+    " (--check-timeout), so pgsolo dropped the connection",
+    "lock-released": "pg_locks no longer shows it on pgsolo's connection",
+    "connection-moved": "the connection now reaches another server backend: a"
+    " transaction-pooling proxy is in between, where session locks cannot work",
+    "server-in-recovery": "the server is now in recovery (a standby), where an advisory"
+    " lock coordinates nothing",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Lost:
+    reason: LostReason
+    detail: str
+    stopped: bool  # COMMAND was still running when pgsolo sent SIGTERM
+
+
+@dataclass(slots=True)
+class RunReport:
+    """How one ``pgsolo run`` ended; :meth:`as_dict` is the ``--json`` object."""
+
+    exit_code: int
+    outcome: Outcome | None  # None: the attempt never got as far as the lock
+    reason: Reason | RunReason | None  # pgsolo.reasons
+    job: str
+    key: str
+    key_name: str | None
+    lock_wait: float = 0.0
+    duration: float = 0.0
+    backend_pid: int | None = None
+    database: str | None = None
+    server: str | None = None
+    application_name: str | None = None
+    command_exit_code: int | None = None
+    error: str | None = None
+    """A one-line explanation for a person (never a password)."""
+    recorded: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "outcome": self.outcome,
+            "reason": self.reason,
+            "job": self.job,
+            "key": self.key,
+            "key_name": self.key_name,
+            "exit_code": self.exit_code,
+            "command_exit_code": self.command_exit_code,
+            "lock_wait_seconds": round(self.lock_wait, 6),
+            "duration_seconds": round(self.duration, 6),
+            "backend_pid": self.backend_pid,
+            "database": self.database,
+            "server": self.server,
+            "application_name": self.application_name,
+            "recorded": self.recorded,
+            "error": self.error,
+        }

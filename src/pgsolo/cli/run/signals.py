@@ -1,0 +1,95 @@
+"""SIGTERM and SIGINT for the whole of one ``pgsolo run``: forwarded to COMMAND while it
+runs, ending a wait before it starts."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .child import Child
+
+    pass
+
+__all__ = ["FORWARDED_SIGNALS", "Interrupted", "RunSignals", "signal_name"]
+
+
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM or SIGINT before COMMAND started.
+
+    :class:`RunSignals` raises it from its handler to end a wait; being a
+    ``KeyboardInterrupt``, psycopg cancels the statement in flight before passing it on.
+    """
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"pgsolo got {signal_name(signum)} before the command started")
+        self.signum = signum
+
+
+class RunSignals:
+    """SIGTERM and SIGINT for the whole of one ``pgsolo run`` (main thread only).
+
+    Installed (:meth:`installed`) before anything connects, so that no signal kills pgsolo
+    outright. Inside :meth:`interruptible` (connecting, waiting for the lock) the handler
+    raises :class:`Interrupted`; while COMMAND runs (``child`` set) it forwards the signal
+    to it; otherwise it only remembers it, and a remembered signal keeps COMMAND from being
+    started at all. A signal the caller ignores stays ignored.
+    """
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        self.child: Child | None = None
+        self._interruptible = False
+
+    @property
+    def first(self) -> int | None:
+        return self.received[0] if self.received else None
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.received.append(signum)
+        if self._interruptible:
+            self._interruptible = False  # once: a second signal must not break the cleanup
+            raise Interrupted(signum)
+        if self.child is not None:
+            self.child.forward(signum)
+
+    @contextmanager
+    def interruptible(self) -> Iterator[None]:
+        """A wait that a signal may end (with :class:`Interrupted`)."""
+        if (signum := self.first) is not None:
+            raise Interrupted(signum)  # it came before the wait began
+        self._interruptible = True
+        try:
+            yield
+        finally:
+            self._interruptible = False
+
+    @contextmanager
+    def installed(self) -> Iterator[RunSignals]:
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        previous: dict[signal.Signals, Any] = {}
+        try:
+            for signum in FORWARDED_SIGNALS:
+                if signal.getsignal(signum) is signal.SIG_IGN:
+                    continue
+                previous[signum] = signal.signal(signum, self._handle)
+            yield self
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"

@@ -1,0 +1,122 @@
+"""``pgsolo terminate``: end a lock holder, after showing what it holds and asking."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING
+
+from .exit_codes import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+)
+
+if TYPE_CHECKING:
+    pass
+from .common import (
+    CliError,
+    Subparsers,
+    add_command,
+    add_dsn_argument,
+    connection,
+    database,
+    int_between,
+    print_table,
+)
+from .locks import LOCKS_COLUMNS, lock_line
+
+
+def add_terminate_command(subparsers: Subparsers) -> None:
+    parser = add_command(
+        subparsers,
+        "terminate",
+        help="end the backend that holds advisory locks (after showing what it holds)",
+        description="Show what backend PID holds and waits for, ask for confirmation on the"
+        " terminal, then end it with pg_terminate_backend: its session ends, its"
+        " transaction rolls back and every lock it holds is released. Refuses a PID that"
+        " holds no advisory lock in this database unless --force. Without a terminal on"
+        " stdin, --yes is required. Exit codes: 0 terminated and its locks are gone;"
+        " 1 declined, or the backend did not end; 2 usage error (including no terminal"
+        " and no --yes, or nothing held without --force); 69 database unavailable.",
+    )
+    parser.add_argument("pid", type=int_between(1, 2**31 - 1), metavar="PID")
+    parser.add_argument("--yes", action="store_true", help="do not ask (for scripts)")
+    parser.add_argument(
+        "--force", action="store_true", help="terminate PID even if it holds no advisory lock"
+    )
+    add_dsn_argument(parser)
+    parser.set_defaults(handler=cmd_terminate)
+
+
+TERMINATE_WAIT_MS = 5000  # how long pg_terminate_backend waits for the backend to be gone
+
+
+def cmd_terminate(args: argparse.Namespace) -> int:
+    from ..monitor.locks import advisory_locks  # noqa: PLC0415
+    from ..monitor.terminate import terminate_backend  # noqa: PLC0415
+
+    with (
+        database(args.dsn, connect_timeout=args.connect_timeout) as db,
+        connection(db, "pgsolo:terminate") as conn,
+    ):
+        if args.pid == conn.info.backend_pid:
+            raise CliError(f"pid {args.pid} is this command's own session", EXIT_USAGE)
+        locks = advisory_locks(conn, pid=args.pid)
+        held = [lock for lock in locks if lock.granted]
+        if not held and not args.force:
+            waits = " (it only waits for one)" if locks else ""
+            raise CliError(
+                f"pid {args.pid} holds no advisory lock in {db.label}{waits}; nothing to"
+                " release (--force terminates it anyway)",
+                EXIT_USAGE,
+            )
+        if locks:
+            first = locks[0]
+            app = repr(first.application_name) if first.application_name else "no application_name"
+            print(
+                f"pid {args.pid} ({app}, client {first.client_addr or 'local'}, state"
+                f" {first.state or 'unknown'}) in {db.label}:"
+            )
+            print_table([LOCKS_COLUMNS, *(lock_line(lock) for lock in locks)])
+        else:
+            print(f"pid {args.pid} holds no advisory lock in {db.label} (--force)")
+        if not args.yes and not _confirmed(args.pid):
+            print(f"not terminated: pid {args.pid}")
+            return EXIT_FAILED
+        ended = terminate_backend(conn, args.pid, wait_ms=TERMINATE_WAIT_MS)
+        left = advisory_locks(conn, pid=args.pid) if ended else locks
+    if not ended:
+        print(
+            f"pgsolo terminate: pid {args.pid} did not end within"
+            f" {TERMINATE_WAIT_MS / 1000:g}s (or is not a backend of this server)",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
+    if left:
+        print(
+            f"pgsolo terminate: pid {args.pid} ended but {len(left)} locks still show",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
+    waited = len(locks) - len(held)
+    ended_waits = f", {waited} wait(s) ended" if waited else ""
+    print(f"terminated pid {args.pid}: {len(held)} advisory lock(s) released{ended_waits}")
+    return EXIT_OK
+
+
+def _confirmed(pid: int) -> bool:
+    if not sys.stdin.isatty():
+        raise CliError(
+            "stdin is not a terminal, so pgsolo cannot ask for confirmation; pass --yes to"
+            f" terminate pid {pid} without asking",
+            EXIT_USAGE,
+        )
+    print(
+        f"terminate pid {pid}? Its session ends, its transaction rolls back and its locks"
+        " are released. [y/N] ",
+        end="",
+        file=sys.stderr,
+        flush=True,
+    )
+    return sys.stdin.readline().strip().lower() in ("y", "yes")

@@ -1,0 +1,208 @@
+"""Connection strings in libpq's grammar: parsed, merged with pgsolo's defaults, and
+shown without secrets.
+
+Anything shown to a person (CLI output, errors, logs) goes through :func:`redact_dsn` or
+:func:`scrub_secrets` first: a password never leaves this process in clear. The libpq
+parameters pgsolo adds to the connections it opens itself (:func:`connection_settings`)
+never override what the connection string says.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Mapping
+from urllib.parse import unquote
+
+import psycopg
+from psycopg.abc import ConnDict
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from ..dsn import EMBEDDED
+from ..errors import InvalidDsnError
+
+__all__ = [
+    "DEFAULT_ANSWER_TIMEOUT",
+    "DEFAULT_APP_PREFIX",
+    "DEFAULT_CONNECT_TIMEOUT",
+    "application_name_for",
+    "connection_settings",
+    "conninfo_for",
+    "parse_dsn",
+    "redact_dsn",
+    "scrub_secrets",
+]
+
+REDACTED = "***"
+
+
+# libpq parameters whose value is a secret.
+SECRET_KEYS = frozenset({"password", "sslpassword"})
+
+
+_URI_PREFIXES = ("postgresql://", "postgres://")
+
+
+# A key=value pair whose key is a secret: the value is a quoted string with backslash
+# escapes, or a run of non-blanks (libpq's conninfo grammar).
+_SECRET_PAIR = re.compile(
+    r"(?P<head>(?:^|(?<=\s))(?:ssl)?password\s*=\s*)(?P<value>'(?:[^'\\]|\\.)*'?|(?:[^\s\\]|\\.)+)",
+    re.IGNORECASE,
+)
+
+
+def parse_dsn(dsn: str) -> ConnDict:
+    """The parameters of ``dsn`` (a URI or key=value string, possibly multi-host), or
+    :class:`~pgsolo.InvalidDsnError` for one libpq would refuse. The message never
+    quotes the string: the part that could not be read may be a password."""
+    try:
+        params = conninfo_to_dict(dsn) if dsn else {}
+    except psycopg.Error:
+        raise InvalidDsnError(
+            "the connection string cannot be parsed (libpq's message is not shown: it may"
+            " contain a password)"
+        ) from None
+    for port in str(params.get("port") or "").split(","):
+        if port and not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+            # Not quoted: in "port= password=..." libpq reads the password as the port.
+            raise InvalidDsnError(
+                "the connection string's port is not a port number from 1 to 65535 (its"
+                " value is not shown: it may be a password)"
+            )
+    return params
+
+
+def redact_dsn(dsn: str) -> str:
+    """``dsn`` with every password replaced by ``***``; everything else is kept.
+
+    Handles URIs (``postgresql://user:pw@host/db?password=...``) and key=value strings
+    (``host=h password=pw``), including ``sslpassword``. The result is checked against
+    libpq's own parse of ``dsn``: if a secret would still show, the string is rebuilt
+    from the parsed parameters instead.
+    """
+    if not dsn or dsn.strip().lower() == EMBEDDED:
+        return dsn
+    try:
+        params: ConnDict | None = conninfo_to_dict(dsn)
+    except psycopg.Error:
+        params = None  # not valid; redact by pattern, best effort
+    if dsn.startswith(_URI_PREFIXES):
+        redacted = _redact_uri(dsn)
+    else:
+        redacted = _SECRET_PAIR.sub(lambda m: m.group("head") + REDACTED, dsn)
+    if params is not None:
+        secrets = [str(params[k]) for k in SECRET_KEYS if params.get(k)]
+        if any(secret in redacted for secret in secrets):
+            safe = {k: (REDACTED if k in SECRET_KEYS and v else v) for k, v in params.items()}
+            return make_conninfo("", **safe)
+    return redacted
+
+
+def _redact_uri(uri: str) -> str:
+    scheme, _, rest = uri.partition("://")
+    # Like libpq: user info is whatever precedes the first '@' that comes before any '/'.
+    userinfo = ""
+    if (match := re.match(r"[^@/]*@", rest)) is not None:
+        userinfo, rest = match.group()[:-1], rest[match.end() :]
+        user, colon, password = userinfo.partition(":")
+        if colon and password:
+            userinfo = f"{user}:{REDACTED}"
+        userinfo += "@"
+    location, question, query = rest.partition("?")
+    if question:
+        pairs = []
+        for pair in query.split("&"):
+            name, equals, _value = pair.partition("=")
+            if equals and unquote(name).strip().lower() in SECRET_KEYS:
+                pair = f"{name}={REDACTED}"  # noqa: PLW2901
+            pairs.append(pair)
+        query = "&".join(pairs)
+    return f"{scheme}://{userinfo}{location}{question}{query}"
+
+
+def scrub_secrets(message: str, dsn: str) -> str:
+    """``message`` (say, a driver error) with any secret of ``dsn`` blanked out."""
+    secrets: set[str] = set()
+    try:
+        params = conninfo_to_dict(dsn) if dsn and dsn.strip().lower() != EMBEDDED else {}
+        secrets.update(str(params[k]) for k in SECRET_KEYS if params.get(k))
+    except psycopg.Error:
+        pass
+    for match in _SECRET_PAIR.finditer(dsn):
+        secrets.add(match.group("value").strip("'"))
+    if dsn.startswith(_URI_PREFIXES):
+        head = re.match(r"[^:]*://([^@/]*)@", dsn)
+        if head and ":" in head.group(1):
+            password = head.group(1).partition(":")[2]
+            secrets.update({password, unquote(password)})
+    if dsn and dsn in message:
+        message = message.replace(dsn, redact_dsn(dsn))
+    for secret in sorted((s for s in secrets if s), key=len, reverse=True):
+        message = message.replace(secret, REDACTED)
+    return message
+
+
+DEFAULT_APP_PREFIX = "pgsolo:"
+
+
+MAX_APPLICATION_NAME = 63  # PostgreSQL truncates longer names (NAMEDATALEN - 1)
+
+
+DEFAULT_CONNECT_TIMEOUT = 5  # seconds to open a connection, each host of a multi-host DSN
+
+
+DEFAULT_ANSWER_TIMEOUT = 30.0  # seconds the server has to answer each of pgsolo's statements
+
+
+KEEPALIVE_BASIS = 10.0  # seconds; what TCP keepalives are sized from by default
+
+
+_KEEPALIVE_PROBES = 3
+
+
+def application_name_for(dsn: str, default: str, explicit: str | None = None) -> str:
+    """The name a connection shows in ``pg_stat_activity``: an explicit one, else one
+    already in the DSN or in ``PGAPPNAME``, else pgsolo's default."""
+    if explicit:
+        return explicit
+    try:
+        given = conninfo_to_dict(dsn).get("application_name") if dsn else None
+    except psycopg.Error:
+        given = None
+    return str(given or os.environ.get("PGAPPNAME") or default)[:MAX_APPLICATION_NAME]
+
+
+def connection_settings(
+    check_timeout: float = KEEPALIVE_BASIS, *, connect_timeout: float | None = None
+) -> dict[str, str]:
+    """libpq parameters for pgsolo's own connections: TCP keepalives sized from how long
+    the server may take to answer (``pgsolo run --check-timeout``) notice a dead peer on
+    an idle connection, ``tcp_user_timeout`` one that stops acknowledging what pgsolo
+    sends (both ignored on a unix socket), and ``connect_timeout`` bounds each attempt
+    to connect. What the connection string sets itself wins, and so does
+    ``PGCONNECT_TIMEOUT`` over pgsolo's default (not over an explicit ``connect_timeout``).
+    """
+    settings = {
+        "keepalives": "1",
+        "keepalives_idle": str(max(1, math.ceil(check_timeout / 2))),
+        "keepalives_interval": str(max(1, math.ceil(check_timeout / (2 * _KEEPALIVE_PROBES)))),
+        "keepalives_count": str(_KEEPALIVE_PROBES),
+        "tcp_user_timeout": str(max(1, math.ceil(check_timeout * 1000))),
+    }
+    if connect_timeout is not None:
+        settings["connect_timeout"] = str(max(1, math.ceil(connect_timeout)))
+    elif not os.environ.get("PGCONNECT_TIMEOUT"):
+        settings["connect_timeout"] = str(DEFAULT_CONNECT_TIMEOUT)
+    return settings
+
+
+def conninfo_for(dsn: str, application_name: str, defaults: Mapping[str, str] | None = None) -> str:
+    """``dsn`` with pgsolo's name for the connection and the ``defaults`` it leaves
+    unset (what it says itself wins)."""
+    given = parse_dsn(dsn)
+    if defaults is None:
+        defaults = connection_settings()
+    extra = {k: v for k, v in defaults.items() if given.get(k) in (None, "")}
+    extra["application_name"] = application_name[:MAX_APPLICATION_NAME]
+    return make_conninfo(dsn, **extra)

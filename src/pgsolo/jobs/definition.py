@@ -1,0 +1,137 @@
+"""What a job is: its validated definition (:class:`Job`) and what one attempt at it ended
+as (:class:`JobResult`)."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from .._types import Lifetime, Outcome, check_period
+from ..drivers.conninfo import DEFAULT_APP_PREFIX, application_name_for
+from ..errors import UsageError
+from ..keys import Key, KeyLike, Registry, as_key
+from ..locking.core import wait_ms_of
+from ..locking.keeper import Keep, as_keep
+from ..reasons import Reason
+
+__all__ = ["Job", "JobResult", "refuse_unknown_options"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class JobResult(Generic[T]):
+    """What one attempt at a job ended as."""
+
+    outcome: Outcome
+    job: str
+    key: Key
+    reason: Reason | None = None
+    """A short code of :mod:`pgsolo.reasons`, never a message: ``busy`` or
+    ``already-done-this-period`` for a skip, how the lock went for ``lost``
+    (``connection-lost``, ``lock-released``, ``work-ended-transaction``, ...); None for
+    ``completed`` and for a ``failed`` run (its exception is :attr:`error`)."""
+    value: T | None = None
+    """The callable's return value, for ``completed``."""
+    error: BaseException | None = field(default=None, compare=False)
+    lock_wait: float = 0.0
+    """Seconds spent getting (or failing to get) the lock."""
+    duration: float = 0.0
+    """Seconds the work ran."""
+    backend_pid: int | None = None
+
+    @property
+    def completed(self) -> bool:
+        return self.outcome == "completed"
+
+    @property
+    def skipped(self) -> bool:
+        return self.outcome == "skipped"
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A validated job definition. Built by :func:`run_job` and :func:`singleton`."""
+
+    name: str
+    key: Key
+    lifetime: Lifetime = "xact"
+    wait: float | None = None
+    period: str | None = None
+    record: bool = False
+    application_name: str | None = None
+    keep: Keep | None = None
+    """Session jobs: the keeper watches the lock while the work runs (``keep=``)."""
+
+    @classmethod
+    def define(
+        cls,
+        key: KeyLike,
+        *,
+        name: str | None = None,
+        lifetime: Lifetime = "xact",
+        wait: float | None = None,
+        period: str | None = None,
+        record: bool = False,
+        application_name: str | None = None,
+        namespace: int | None = None,
+        registry: Registry | None = None,
+        keep: bool | Keep = False,
+    ) -> Job:
+        resolved = as_key(key, namespace=namespace, registry=registry)
+        if lifetime not in ("xact", "session"):
+            raise UsageError(f"lifetime must be 'xact' or 'session', got {lifetime!r}")
+        wait_ms_of(wait)
+        if period is not None:
+            check_period(period)  # InvalidArgumentError for a period it cannot be
+        job_name = name if name is not None else (resolved.name or resolved.text)
+        if not isinstance(job_name, str) or not job_name or "\0" in job_name:
+            raise UsageError(f"a job name must be non-empty text without NUL, got {job_name!r}")
+        try:
+            job_name.encode("utf-8")
+        except UnicodeEncodeError:
+            raise UsageError(f"a job name must be valid Unicode text, got {job_name!r}") from None
+        if not isinstance(record, bool):
+            raise UsageError(f"record must be True or False, got {record!r}")
+        keeping = as_keep(keep)
+        if keeping is not None and lifetime != "session":
+            raise UsageError(
+                "keep= watches a session lock; a transaction-level job's lock lives and dies"
+                " with its transaction, and its COMMIT already checks it"
+            )
+        return cls(job_name, resolved, lifetime, wait, period, record, application_name, keeping)
+
+    def application_name_for(self, dsn: str) -> str:
+        """``pgsolo:<job name>`` unless the caller, the DSN or ``PGAPPNAME`` names it."""
+        return application_name_for(dsn, f"{DEFAULT_APP_PREFIX}{self.name}", self.application_name)
+
+
+def refuse_unknown_options(
+    call: Callable[..., object], unknown: Mapping[str, object], *, decorator: bool = False
+) -> None:
+    """Keyword arguments of :func:`run_job` and :func:`singleton` are pgsolo's options,
+    never the function's: one that is not an option is a :class:`UsageError`, before
+    anything connects, with the way to pass it to the function instead."""
+    if not unknown:
+        return
+    names = sorted(unknown)
+    parameters = inspect.signature(call).parameters.values()
+    options = ", ".join(p.name for p in parameters if p.kind is p.KEYWORD_ONLY)
+    if decorator:
+        hint = (
+            "the decorated function's own arguments are given when it is called"
+            f" ({', '.join(f'{n}=...' for n in names)} there)"
+        )
+    else:
+        hint = (
+            "bind the function's own keyword arguments first, with functools.partial(fn,"
+            f" {', '.join(f'{n}=...' for n in names)}); positional arguments after fn still"
+            " go to fn"
+        )
+    raise UsageError(
+        f"{call.__name__}() got keyword argument(s) {', '.join(names)} that are not pgsolo"
+        f" options ({options}): keyword arguments here are pgsolo's, never the job"
+        f" function's; {hint}"
+    )

@@ -1,0 +1,135 @@
+"""The ledger: each attempt as a row of ``pgsolo.job_runs`` (``record=True``, ``pgsolo run
+--record``), read back by :func:`history`, with a warning for jobs that mostly skip."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping, Sequence
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    ParamSpec,
+    TypeVar,
+)
+
+from .. import sql
+from .._logging import logger
+from ..drivers import DriverBase, adapt_sync
+from ..errors import NotMigratedError
+from ..locking.plans import Plan, outside_transaction
+from .definition import Job, JobResult
+
+if TYPE_CHECKING:
+    import psycopg
+
+__all__ = [
+    "SKIP_WARNING_WINDOW",
+    "history",
+    "history_rows",
+    "ledger_statements",
+    "log_unrecorded",
+    "record_plan",
+    "skip_warning",
+]
+
+T = TypeVar("T")
+P = ParamSpec("P")
+
+
+def ledger_statements(
+    job: Job, result: JobResult[Any], driver: DriverBase, *, exit_code: int | None = None
+) -> list[str]:
+    """The statements that write ``result`` to the ledger (``pgsolo.job_runs``)."""
+    error = None if result.error is None else f"{type(result.error).__name__}: {result.error}"
+    return outside_transaction(
+        driver,
+        [
+            sql.record_attempt(
+                job=job.name,
+                lock_key=job.key.text,
+                outcome=result.outcome,
+                reason=result.reason,
+                duration_s=result.duration,
+                lock_wait_s=result.lock_wait,
+                host=socket.gethostname(),
+                pid=os.getpid(),
+                backend_pid=result.backend_pid,
+                application_name=driver.server_info().application_name,
+                exit_code=exit_code,
+                error=error,
+            )
+        ],
+    )
+
+
+def log_unrecorded(job: Job, result: JobResult[Any]) -> None:
+    logger.error(
+        "pgsolo: job %s %s, but its connection is gone and there is no DSN to reconnect"
+        " with: the attempt is not recorded in the ledger",
+        job.name,
+        result.outcome,
+    )
+
+
+def record_plan(job: Job, result: JobResult[Any], driver: DriverBase) -> Plan[None]:
+    try:
+        yield ledger_statements(job, result, driver)
+    except Exception as exc:
+        if sql.meaning(driver.sqlstate(exc)) is sql.Meaning.NOT_MIGRATED:
+            raise NotMigratedError(
+                "record=True needs pgsolo's tables: run `pgsolo migrate` first"
+            ) from exc
+        raise
+    if result.outcome == "skipped" and result.reason == "busy":
+        # Only a skip pays for this look back: repeated skips mean the work is slower
+        # than its schedule, which the article says to watch for.
+        recent = yield outside_transaction(
+            driver, [sql.history(job=job.name, limit=SKIP_WARNING_WINDOW)]
+        )
+        for warning in skip_warning(history_rows(recent)):
+            logger.warning("pgsolo: %s", warning)
+
+
+def history(
+    conn: psycopg.Connection[Any], *, job: str | None = None, limit: int = 20
+) -> list[dict[str, Any]]:
+    """The latest recorded attempts, newest first."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ValueError(f"limit must be a positive int, got {limit!r}")
+    driver = adapt_sync(conn)
+    try:
+        rows = driver.fetch_value(outside_transaction(driver, [sql.history(job=job, limit=limit)]))
+    except Exception as exc:
+        if sql.meaning(driver.sqlstate(exc)) is sql.Meaning.NOT_MIGRATED:
+            raise NotMigratedError("no ledger: run `pgsolo migrate` first") from exc
+        raise
+    return history_rows(rows)
+
+
+def history_rows(value: object) -> list[dict[str, Any]]:
+    """The rows of :func:`pgsolo.sql.history`'s answer (UTF-8 JSON, whatever the
+    connection's client_encoding)."""
+    rows = sql.read_json(value)
+    return list(rows) if isinstance(rows, list) else []
+
+
+SKIP_WARNING_WINDOW = 10
+
+
+def skip_warning(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Warnings for jobs whose recent attempts are mostly skips because they were busy:
+    the work is probably slower than its schedule (the article's advice)."""
+    by_job: dict[str, list[Mapping[str, Any]]] = {}
+    for row in rows:
+        by_job.setdefault(str(row["job"]), []).append(row)
+    warnings = []
+    for job, attempts in by_job.items():
+        recent = attempts[:SKIP_WARNING_WINDOW]
+        busy = sum(1 for r in recent if r["outcome"] == "skipped" and r.get("reason") == "busy")
+        if len(recent) >= 3 and busy * 2 > len(recent):
+            warnings.append(
+                f"job {job}: {busy} of its last {len(recent)} attempts were skipped because"
+                " it was still running; the work may be slower than its schedule"
+            )
+    return warnings

@@ -1,0 +1,52 @@
+"""One log line and the metrics for every attempt at a job."""
+
+from __future__ import annotations
+
+import logging
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    ParamSpec,
+    TypeVar,
+)
+
+from .._logging import log_event, logger
+from ..drivers import DriverBase, ServerInfo
+from . import metrics
+from .definition import Job, JobResult
+
+if TYPE_CHECKING:
+    pass
+
+__all__ = ["report"]
+
+T = TypeVar("T")
+P = ParamSpec("P")
+
+
+def report(
+    job: Job, result: JobResult[Any], driver: DriverBase, info: ServerInfo | None = None
+) -> None:
+    """Log the outcome (one line per attempt, with everything an incident needs) and
+    count it in the metrics. ``info`` is the server as seen before the run: a lost
+    connection no longer knows its database, server or application_name."""
+    metrics.observe(result)
+    level = logging.ERROR if result.outcome in ("failed", "lost") else logging.INFO
+    if not logger.isEnabledFor(level):
+        return
+    if info is None:
+        info = driver.server_info()
+    fields: dict[str, object] = {
+        "job": job.name,
+        "reason": result.reason,
+        "key": job.key.text,
+        "name": job.key.name,
+        "database": info.database,
+        "server": info.address,
+        "application_name": info.application_name,
+        "backend_pid": result.backend_pid,
+        "lock_wait_ms": round(result.lock_wait * 1000, 3),
+        "duration_ms": round(result.duration * 1000, 3),
+        "error": repr(result.error) if result.error is not None else None,
+    }
+    log_event(level, "job", "outcome", result.outcome, fields)

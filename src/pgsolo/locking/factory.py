@@ -1,0 +1,186 @@
+"""``xact_lock`` and ``session_lock``: validate everything, then pick the shell for the
+connection's driver."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, overload
+
+from .._types import Lifetime
+from ..drivers import adapt, as_sync, is_async
+from ..errors import UsageError
+from ..keys import KeyLike, Registry, as_key
+from .core import LockCore, wait_ms_of
+from .keeper import Keep, as_keep
+from .lock import AsyncLock, Lock
+
+if TYPE_CHECKING:
+    import psycopg
+
+__all__ = ["session_lock", "xact_lock"]
+
+
+def _make(
+    conn: object,
+    key: KeyLike,
+    lifetime: Lifetime,
+    *,
+    wait: float | None,
+    shared: bool,
+    reentrant: bool,
+    namespace: int | None,
+    registry: Registry | None,
+    fencing: bool = False,
+    keep: bool | Keep | None = None,
+) -> Lock | AsyncLock:
+    # Validate everything before touching the connection.
+    resolved = as_key(key, namespace=namespace, registry=registry)
+    wait_ms = wait_ms_of(wait)
+    for flag, label in ((shared, "shared"), (reentrant, "reentrant"), (fencing, "fencing")):
+        if not isinstance(flag, bool):
+            raise UsageError(f"{label} must be True or False, got {flag!r}")
+    if fencing and (shared or reentrant):
+        raise UsageError(
+            "fencing tokens order exclusive holders one after another; a shared or"
+            " re-entrant lock has several holders at once"
+        )
+    keeping = as_keep(keep)
+    driver = adapt(conn)
+    if keeping is not None and keeping.cancel and not is_async(driver):
+        raise UsageError("Keep(cancel=True) cancels an asyncio task: it needs an async connection")
+    core = LockCore(
+        driver,
+        resolved,
+        lifetime,
+        wait_ms=wait_ms,
+        shared=shared,
+        reentrant=reentrant,
+        fencing=fencing,
+        keep=keeping,
+    )
+    if is_async(driver):
+        return AsyncLock(core, driver)
+    return Lock(core, as_sync(driver))
+
+
+@overload
+def xact_lock(
+    conn: psycopg.AsyncConnection[Any],
+    key: KeyLike,
+    *,
+    wait: float | None = None,
+    shared: bool = False,
+    namespace: int | None = None,
+    registry: Registry | None = None,
+    fencing: bool = False,
+) -> AsyncLock: ...
+@overload
+def xact_lock(
+    conn: psycopg.Connection[Any],
+    key: KeyLike,
+    *,
+    wait: float | None = None,
+    shared: bool = False,
+    namespace: int | None = None,
+    registry: Registry | None = None,
+    fencing: bool = False,
+) -> Lock: ...
+def xact_lock(
+    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
+    key: KeyLike,
+    *,
+    wait: float | None = None,
+    shared: bool = False,
+    namespace: int | None = None,
+    registry: Registry | None = None,
+    fencing: bool = False,
+) -> Lock | AsyncLock:
+    """A transaction-level advisory lock: released by COMMIT or ROLLBACK, never leaked.
+
+    As a context manager it opens a transaction when none is open (BEGIN and the lock in
+    one round trip), commits it at the end of the block and rolls it back on an error.
+    Inside a transaction the caller already has, it joins that transaction and the lock
+    lasts until the caller ends it. ``wait=None`` tries once (``lock.acquired`` tells the
+    answer); ``wait=S`` waits up to S seconds with a server-side ``lock_timeout`` and
+    raises :class:`~pgsolo.LockTimeoutError` after that.
+
+    ``fencing=True`` issues a fencing token (``lock.token``) in the same transaction as the
+    lock; it needs ``pgsolo migrate``.
+    """
+    return _make(
+        conn,
+        key,
+        "xact",
+        wait=wait,
+        shared=shared,
+        reentrant=False,
+        namespace=namespace,
+        registry=registry,
+        fencing=fencing,
+    )
+
+
+@overload
+def session_lock(
+    conn: psycopg.AsyncConnection[Any],
+    key: KeyLike,
+    *,
+    wait: float | None = None,
+    shared: bool = False,
+    reentrant: bool = False,
+    namespace: int | None = None,
+    registry: Registry | None = None,
+    fencing: bool = False,
+    keep: bool | Keep = False,
+) -> AsyncLock: ...
+@overload
+def session_lock(
+    conn: psycopg.Connection[Any],
+    key: KeyLike,
+    *,
+    wait: float | None = None,
+    shared: bool = False,
+    reentrant: bool = False,
+    namespace: int | None = None,
+    registry: Registry | None = None,
+    fencing: bool = False,
+    keep: bool | Keep = False,
+) -> Lock: ...
+def session_lock(
+    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
+    key: KeyLike,
+    *,
+    wait: float | None = None,
+    shared: bool = False,
+    reentrant: bool = False,
+    namespace: int | None = None,
+    registry: Registry | None = None,
+    fencing: bool = False,
+    keep: bool | Keep = False,
+) -> Lock | AsyncLock:
+    """A session-level advisory lock, for work that spans commits or external calls.
+
+    It stays on the connection it was taken on until released (the ``with`` block
+    releases it in ``finally``) or until the session ends. A second acquisition of a
+    key this connection already holds is refused (busy for a try, an error for a wait)
+    unless ``reentrant=True``, in which case holds are counted.
+
+    Before the first session lock on a connection pgsolo checks that the connection
+    reaches one server session for good: behind a transaction-pooling proxy it raises
+    :class:`~pgsolo.UnsafeConnectionError` and takes nothing (see :mod:`pgsolo.proxy`).
+
+    ``keep=True`` (or a :class:`~pgsolo.Keep`) watches the lock while it is held
+    (``lock.lost``, ``lock.check()``, ``on_lost``); ``fencing=True`` issues a fencing
+    token (``lock.token``) in the same round trip as the lock; it needs ``pgsolo migrate``.
+    """
+    return _make(
+        conn,
+        key,
+        "session",
+        wait=wait,
+        shared=shared,
+        reentrant=reentrant,
+        namespace=namespace,
+        registry=registry,
+        fencing=fencing,
+        keep=keep,
+    )

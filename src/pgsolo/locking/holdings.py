@@ -1,0 +1,176 @@
+"""What each connection holds, by pgsolo's own count.
+
+PostgreSQL lets one session take the same key any number of times, so two threads or
+tasks sharing a connection would both "get" a lock. pgsolo keeps its own count per
+connection object (and the backend pid it counted on) and refuses a second holder unless
+re-entrancy was asked for. A transaction pgsolo opened for an xact lock is tracked here
+too, so that another thread or task cannot join it, and so is what answers the connection
+(the route of :mod:`pgsolo.locking.routing`), found before its first session lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Literal
+
+from .._types import Lifetime
+from ..keys import Key
+from .routing import Route
+
+__all__ = [
+    "Claim",
+    "claim",
+    "confirm",
+    "context_token",
+    "forget_all",
+    "held_session_locks",
+    "hold_count",
+    "is_claimed",
+    "route_of",
+    "set_route",
+    "set_transaction_owner",
+    "transaction_owner",
+    "unclaim",
+]
+
+
+@dataclass
+class _Held:
+    shared: bool
+    count: int
+    pending: bool  # the first acquisition is still on its way to the server
+    lifetime: Lifetime = "session"
+
+
+@dataclass
+class _Holdings:
+    pid: int
+    keys: dict[Key, _Held]
+    # The thread or task whose pgsolo-opened transaction is open on this connection:
+    # another one must not join it (it would get the keys of that transaction too).
+    transaction_owner: tuple[int, int] | None = None
+    # What answers this connection (pgsolo.proxy), found before its first session lock.
+    route: Route | None = None
+
+
+_HOLDINGS: weakref.WeakKeyDictionary[object, _Holdings] = weakref.WeakKeyDictionary()
+
+
+_HOLDINGS_LOCK = threading.Lock()
+
+
+Claim = Literal["new", "reentered", "busy"]
+
+
+def claim(
+    conn: object,
+    pid: int,
+    key: Key,
+    *,
+    shared: bool,
+    reentrant: bool,
+    lifetime: Lifetime = "session",
+) -> Claim:
+    with _HOLDINGS_LOCK:
+        holdings = _HOLDINGS.get(conn)
+        if holdings is None or holdings.pid != pid:
+            holdings = _HOLDINGS[conn] = _Holdings(pid, {})
+        held = holdings.keys.get(key)
+        if held is None:
+            holdings.keys[key] = _Held(shared, 1, pending=True, lifetime=lifetime)
+            return "new"
+        if reentrant and (held.lifetime, held.shared) == (lifetime, shared) and not held.pending:
+            held.count += 1
+            return "reentered"
+        return "busy"
+
+
+def route_of(conn: object, pid: int) -> Route | None:
+    with _HOLDINGS_LOCK:
+        holdings = _HOLDINGS.get(conn)
+        return holdings.route if holdings and holdings.pid == pid else None
+
+
+def set_route(conn: object, pid: int, route: Route) -> None:
+    with _HOLDINGS_LOCK:
+        holdings = _HOLDINGS.get(conn)
+        if holdings is not None and holdings.pid == pid:
+            holdings.route = route
+
+
+def context_token() -> tuple[int, int]:
+    """Who is running: this thread, and this asyncio task if there is one."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no event loop in this thread
+        task = None
+    return threading.get_ident(), id(task) if task is not None else 0
+
+
+def set_transaction_owner(conn: object, pid: int, owner: tuple[int, int] | None) -> None:
+    with _HOLDINGS_LOCK:
+        holdings = _HOLDINGS.get(conn)
+        if holdings is None or holdings.pid != pid:
+            holdings = _HOLDINGS[conn] = _Holdings(pid, {})
+        holdings.transaction_owner = owner
+
+
+def transaction_owner(conn: object, pid: int) -> tuple[int, int] | None:
+    with _HOLDINGS_LOCK:
+        holdings = _HOLDINGS.get(conn)
+        return holdings.transaction_owner if holdings and holdings.pid == pid else None
+
+
+def hold_count(conn: object, key: Key) -> int:
+    with _HOLDINGS_LOCK:
+        holdings = _HOLDINGS.get(conn)
+        held = holdings.keys.get(key) if holdings else None
+        return held.count if held else 0
+
+
+def is_claimed(conn: object, pid: int, key: Key) -> bool:
+    with _HOLDINGS_LOCK:
+        holdings = _HOLDINGS.get(conn)
+        return holdings is not None and holdings.pid == pid and key in holdings.keys
+
+
+def confirm(conn: object, key: Key) -> None:
+    with _HOLDINGS_LOCK:
+        if (holdings := _HOLDINGS.get(conn)) and (held := holdings.keys.get(key)):
+            held.pending = False
+
+
+def unclaim(conn: object, key: Key) -> int:
+    """Drop one hold of ``key``; return how many remain on this connection."""
+    with _HOLDINGS_LOCK:
+        holdings = _HOLDINGS.get(conn)
+        held = holdings.keys.get(key) if holdings else None
+        if holdings is None or held is None:
+            return 0
+        held.count -= 1
+        if held.count <= 0:
+            del holdings.keys[key]
+            return 0
+        return held.count
+
+
+def forget_all(conn: object) -> list[Key]:
+    with _HOLDINGS_LOCK:
+        holdings = _HOLDINGS.pop(conn, None)
+    return list(holdings.keys) if holdings else []
+
+
+def held_session_locks(conn: object) -> list[Key]:
+    """The session locks pgsolo took on ``conn`` and has not released."""
+    with _HOLDINGS_LOCK:
+        holdings = _HOLDINGS.get(conn)
+        if holdings is None:
+            return []
+        return [
+            k
+            for k, held in holdings.keys.items()
+            if held.lifetime == "session" and not held.pending
+        ]

@@ -1,0 +1,28 @@
+"""Who holds which advisory lock, who waits behind it, and what looks wrong.
+
+:func:`advisory_locks` is ``pg_locks`` joined with ``pg_stat_activity`` in one round trip,
+keys decoded per DESIGN §2 and named from a registry or from names the caller gives.
+:func:`doctor` checks the article's production checklist against a live database.
+Both only read; ``pgsolo terminate`` (in :mod:`pgsolo.cli`) is the one that acts.
+
+PostgreSQL does not record whether an advisory lock was taken at session or transaction
+level, so :attr:`AdvisoryLock.lifetime` says only what the server proves (see there),
+and is ``None`` otherwise.
+"""
+
+from __future__ import annotations
+
+from .doctor import Check, doctor
+from .locks import AdvisoryLock, advisory_locks, wait_chains
+from .snapshot import format_seconds
+from .terminate import terminate_backend
+
+__all__ = [
+    "AdvisoryLock",
+    "Check",
+    "advisory_locks",
+    "doctor",
+    "format_seconds",
+    "terminate_backend",
+    "wait_chains",
+]

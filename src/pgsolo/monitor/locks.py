@@ -1,0 +1,279 @@
+"""Who holds which advisory lock and who waits: ``pgsolo locks`` and :func:`advisory_locks`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Literal
+
+from .. import sql
+from ..drivers import adapt_sync
+from ..errors import InvalidArgumentError
+from ..keys import Key, KeyLike, Registry, as_key, decode_pg_lock, derive_int32, derive_int64
+
+if TYPE_CHECKING:
+    import psycopg
+from .snapshot import check_positive, fetch_json, parse_time
+
+__all__ = ["AdvisoryLock", "advisory_locks", "wait_chains"]
+
+
+SinceSource = Literal["waitstart", "query_start", "state_change", "xact_start"]
+
+
+@dataclass(frozen=True, slots=True)
+class AdvisoryLock:
+    """One row of ``pg_locks`` for an advisory lock, with its session.
+
+    ``lifetime`` is ``"session"`` when the holder was idle outside any transaction from
+    before this snapshot was taken (a transaction-level lock cannot outlive its
+    transaction), ``"xact"`` for a lock held by a prepared transaction (no session), and
+    ``None`` otherwise: PostgreSQL does not record it, and pgsolo does not guess.
+
+    ``since`` is when the wait began (``waitstart``; ``query_start`` for the moment
+    before PostgreSQL fills it in) for a waiter. For a holder it is the best bound the
+    server gives: ``state_change`` for a holder idle outside a transaction (held at
+    least since then), ``xact_start`` for one inside a transaction (a transaction-level
+    lock was taken at or after it; a session lock may be older). ``since_source`` names
+    which. Fields of ``pg_stat_activity`` are ``None`` when the server hides another
+    role's session (without ``pg_read_all_stats``) or the backend just ended.
+    """
+
+    key: Key
+    name: str | None
+    lifetime: Literal["session", "xact"] | None
+    shared: bool
+    granted: bool
+    pid: int | None
+    database: str
+    application_name: str | None
+    client_addr: str | None
+    client_port: int | None
+    state: str | None
+    since: datetime | None
+    since_source: SinceSource | None
+    query: str | None
+    blocked_by: tuple[int, ...]
+    observed_at: datetime
+
+    @property
+    def age_seconds(self) -> float | None:
+        """How long it has been held or waited for, by the server's clock."""
+        return None if self.since is None else (self.observed_at - self.since).total_seconds()
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict. ``key`` is the command-line form, a string (an int64 does
+        not survive a JSON parser that reads numbers as doubles)."""
+        namespace, resource = self.key.value if isinstance(self.key.value, tuple) else (None, None)
+        return {
+            "key": self.key.text,
+            "namespace": namespace,
+            "resource": resource,
+            "name": self.name,
+            "lifetime": self.lifetime,
+            "mode": "shared" if self.shared else "exclusive",
+            "granted": self.granted,
+            "pid": self.pid,
+            "database": self.database,
+            "application_name": self.application_name,
+            "client_addr": self.client_addr,
+            "client_port": self.client_port,
+            "state": self.state,
+            "since": self.since.isoformat() if self.since else None,
+            "since_source": self.since_source,
+            "age_seconds": self.age_seconds,
+            "query": self.query,
+            "blocked_by": list(self.blocked_by),
+        }
+
+
+class _Namer:
+    """Names for keys: the registry first, then the v1 derivation of the given names
+    (an int64 key, or a pair in any namespace whose resource half is the name's int32)."""
+
+    def __init__(self, registry: Registry | None, names: Iterable[str]) -> None:
+        if isinstance(names, str):
+            raise InvalidArgumentError(f"names= takes a list of names, not one str ({names!r})")
+        self._registry = registry
+        self._int64: dict[int, str] = {}
+        self._int32: dict[int, str] = {}
+        for name in names:
+            self._int64.setdefault(derive_int64(name), name)  # InvalidKeyError first
+            self._int32.setdefault(derive_int32(name), name)
+
+    def name_of(self, key: Key) -> str | None:
+        if self._registry is not None and (registered := self._registry.name_of(key)):
+            return registered
+        if isinstance(key.value, tuple):
+            return self._int32.get(key.value[1])
+        return self._int64.get(key.value)
+
+
+def advisory_locks(
+    conn: psycopg.Connection[Any],
+    *,
+    registry: Registry | None = None,
+    names: Iterable[str] = (),
+    key: KeyLike | None = None,
+    pid: int | None = None,
+) -> list[AdvisoryLock]:
+    """Every advisory lock of the connection's database, held and waiting, in one round
+    trip: grouped by key, holders first, waiters in the order they started waiting.
+
+    ``registry`` and ``names`` name the keys; ``key`` and ``pid`` keep only that key's
+    or that backend's rows. Bad arguments raise before any SQL is sent.
+    """
+    namer = _Namer(registry, names)
+    wanted = as_key(key, registry=registry) if key is not None else None
+    if pid is not None:
+        check_positive(pid, "pid")
+    driver = adapt_sync(conn)
+    snapshot = fetch_json(
+        driver, [sql.CLEAR_ACTIVITY_SNAPSHOT, sql.advisory_locks(key=wanted, pid=pid)]
+    )
+    return _locks_from(snapshot, namer)
+
+
+def _locks_from(snapshot: Mapping[str, Any], namer: _Namer) -> list[AdvisoryLock]:
+    seen_after = parse_time(snapshot["seen_after"])
+    now = parse_time(snapshot["now"])
+    # The query always sets both.
+    assert seen_after is not None  # noqa: S101
+    assert now is not None  # noqa: S101
+    sessions: Mapping[str, Mapping[str, Any]] = snapshot["sessions"]
+    database = str(snapshot["database"])
+    # What a holder's session says is the same for each of its locks (one session may
+    # hold thousands): worked out once per pid.
+    holding: dict[int | None, tuple[Any, ...]] = {}
+    locks = []
+    for pid, classid, objid, objsubid, shared, granted, waitstart, blockers in snapshot["locks"]:
+        key = decode_pg_lock(int(classid), int(objid), int(objsubid))
+        if (name := namer.name_of(key)) is not None:
+            key = Key(key.value, name)
+        activity = sessions.get(str(pid), {}) if pid is not None else {}
+        if granted:
+            if (facts := holding.get(pid)) is None:
+                facts = holding[pid] = (
+                    _lifetime(pid, True, activity, seen_after),
+                    *_since(True, None, activity),
+                    _one_line(activity.get("query")),
+                )
+        else:
+            facts = (
+                None,
+                *_since(False, parse_time(waitstart), activity),
+                _one_line(activity.get("query")),
+            )
+        lifetime, since, source, query = facts
+        locks.append(
+            AdvisoryLock(
+                key=key,
+                name=name,
+                lifetime=lifetime,
+                shared=bool(shared),
+                granted=bool(granted),
+                pid=pid,
+                database=database,
+                application_name=activity.get("application_name"),
+                client_addr=activity.get("client_addr"),
+                client_port=_port(activity.get("client_port")),
+                state=activity.get("state"),
+                since=since,
+                since_source=source,
+                query=query,
+                blocked_by=tuple(sorted(blockers or ())),
+                observed_at=now,
+            )
+        )
+    locks.sort(key=_display_order)
+    return locks
+
+
+def _lifetime(
+    pid: int | None, granted: bool, activity: Mapping[str, Any], seen_after: datetime
+) -> Literal["session", "xact"] | None:
+    if pid is None:
+        return "xact"  # a prepared transaction: no session, only its transaction's locks
+    if not granted:
+        return None
+    idle_since = parse_time(activity.get("state_change"))
+    # Idle outside a transaction since before the lock snapshot (which is older than the
+    # activity row, see sql.advisory_locks): the lock was held with no transaction open.
+    if (
+        activity.get("state") == "idle"
+        and activity.get("xact_start") is None
+        and idle_since is not None
+        and idle_since < seen_after
+    ):
+        return "session"
+    return None
+
+
+def _since(
+    granted: bool, waitstart: datetime | None, activity: Mapping[str, Any]
+) -> tuple[datetime | None, SinceSource | None]:
+    candidates: tuple[tuple[datetime | None, SinceSource], ...]
+    if not granted:
+        candidates = (
+            (waitstart, "waitstart"),
+            (parse_time(activity.get("query_start")), "query_start"),
+        )
+    elif activity.get("xact_start") is None:
+        candidates = ((parse_time(activity.get("state_change")), "state_change"),)
+    else:
+        candidates = ((parse_time(activity.get("xact_start")), "xact_start"),)
+    for value, source in candidates:
+        if value is not None:
+            return value, source
+    return None, None
+
+
+def _display_order(lock: AdvisoryLock) -> tuple[object, ...]:
+    value = lock.key.value
+    key_order = (1, *value) if isinstance(value, tuple) else (0, value, 0)
+    since = lock.since.timestamp() if lock.since is not None else float("inf")
+    return (*key_order, not lock.granted, since, lock.pid or 0)
+
+
+def _port(value: object) -> int | None:
+    # PostgreSQL says -1 for a unix-socket client.
+    return value if isinstance(value, int) and value >= 0 else None
+
+
+def _one_line(query: object) -> str | None:
+    return " ".join(query.split()) if isinstance(query, str) else None
+
+
+def wait_chains(locks: Sequence[AdvisoryLock]) -> list[tuple[int, ...]]:
+    """Who waits on whom: each chain starts at a waiter nobody waits on and follows
+    ``pg_blocking_pids`` to a backend that waits on no one (the holder at the root).
+
+    ``(303, 302, 301)`` reads "303 waits for 302, which waits for 301". A waiter blocked
+    by several backends starts one chain per blocker. A cycle (a deadlock PostgreSQL has
+    not broken yet) ends where a pid would repeat.
+    """
+    blocked_by: dict[int, set[int]] = {}
+    for lock in locks:
+        if not lock.granted and lock.pid is not None and lock.blocked_by:
+            blocked_by.setdefault(lock.pid, set()).update(lock.blocked_by)
+    waited_on = {blocker for blockers in blocked_by.values() for blocker in blockers}
+    chains: list[tuple[int, ...]] = []
+
+    def follow(path: tuple[int, ...]) -> None:
+        nexts = sorted(blocked_by.get(path[-1], ()))
+        if not nexts:
+            chains.append(path)
+        for blocker in nexts:
+            if blocker in path:
+                chains.append(path)
+            else:
+                follow((*path, blocker))
+
+    for tail in sorted(pid for pid in blocked_by if pid not in waited_on):
+        follow((tail,))
+    # In a cycle every waiter is waited on: start at its lowest pid not shown yet.
+    for start in sorted(blocked_by):
+        if not any(start in chain for chain in chains):
+            follow((start,))
+    return chains

@@ -1,0 +1,238 @@
+"""The one definition of a call of ``run_once``, as a plan both shells drive."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .. import sql
+from .._logging import logger
+from .._types import OnceOutcome
+from ..drivers import DriverBase, TxStatus
+from ..errors import (
+    InvalidOperationError,
+    LockLostError,
+    LockTimeoutError,
+    NotMigratedError,
+    TransactionFailedError,
+)
+from ..keys import Key
+from ..locking.core import LockCore, require_no_transaction, wait_ms_of
+from ..locking.plans import WORK, Plan, outside_transaction
+
+if TYPE_CHECKING:
+    pass
+from .operation import (
+    OnceResult,
+    idempotency_key_for,
+    lock_key_for,
+    storable_result,
+    validate_op_key,
+)
+
+__all__ = ["Attempt", "Operation", "core_for", "once_plan"]
+
+MAX_ERROR_CHARS = 4000
+
+
+@dataclass(frozen=True, slots=True)
+class Operation:
+    op_key: str
+    lock_key: Key
+    wait_ms: int | None
+
+    @classmethod
+    def define(
+        cls, op_key: object, operation: object, wait: float | None, *, sync: bool
+    ) -> Operation:
+        key = validate_op_key(op_key)
+        wait_ms = wait_ms_of(wait)
+        if not callable(operation):
+            raise InvalidOperationError(
+                f"the operation must be a callable taking a context, got {operation!r}"
+            )
+        if sync and inspect.iscoroutinefunction(operation):
+            raise InvalidOperationError(
+                "run_once() cannot run an async function (it would never be awaited);"
+                " use run_once_async()"
+            )
+        return cls(key, lock_key_for(key), wait_ms)
+
+
+@dataclass(slots=True)
+class Attempt:
+    """Filled in by the plan before the operation runs; read by the shell's work."""
+
+    number: int = 0
+    idempotency_key: str = ""
+
+
+def once_plan(
+    op: Operation, core: LockCore, attempt: Attempt, scrub: Callable[[str], str]
+) -> Plan[OnceResult]:
+    """The one definition of a call, for both shells."""
+    require_no_transaction(
+        core.driver,
+        f"operation {op.op_key!r}",
+        "pgsolo commits its state before the operation runs",
+    )
+    found = yield from _read(op, core)
+    if found is not None and found["state"] == "succeeded":
+        return _from_row("already-succeeded", op, found)
+    try:
+        acquired = yield from core.acquire(context=True)
+    except LockTimeoutError:
+        acquired = False
+    if not acquired:
+        derived = idempotency_key_for(op.op_key)
+        return OnceResult(
+            "skipped-busy",
+            op.op_key,
+            found["idempotency_key"] if found else derived,
+            attempts=found["attempts"] if found else 0,
+        )
+    try:
+        return (yield from _run_attempt(op, core, attempt, scrub))
+    finally:
+        yield from _release(op, core)
+
+
+def _read(op: Operation, core: LockCore) -> Plan[dict[str, Any] | None]:
+    driver = core.driver
+    try:
+        text = yield outside_transaction(driver, [sql.once_read(op.op_key)])
+    except Exception as exc:
+        if driver.transaction_status() in (TxStatus.INTRANS, TxStatus.INERROR):
+            yield from core._quietly([sql.ROLLBACK])
+        if sql.meaning(driver.sqlstate(exc)) is sql.Meaning.NOT_MIGRATED:
+            raise NotMigratedError(
+                "operation keys need pgsolo's tables: run `pgsolo migrate` first"
+            ) from exc
+        raise
+    row = sql.read_json(text)
+    return None if row is None else dict(row)
+
+
+def _from_row(outcome: OnceOutcome, op: Operation, row: dict[str, Any]) -> OnceResult:
+    return OnceResult(
+        outcome, op.op_key, row["idempotency_key"], result=row["result"], attempts=row["attempts"]
+    )
+
+
+def _run_attempt(
+    op: Operation, core: LockCore, attempt: Attempt, scrub: Callable[[str], str]
+) -> Plan[OnceResult]:
+    """With the lock held: begin an attempt, run the operation, record how it ended."""
+    driver = core.driver
+    start = sql.once_start(
+        op.op_key, idempotency_key_for(op.op_key), host=socket.gethostname(), pid=os.getpid()
+    )
+    # 'started' commits before the operation runs; on an autocommit connection the
+    # operation's own transaction opens in the same round trip.
+    opening = [] if driver.begins_implicitly else [sql.BEGIN]
+    began = yield [*_committed(driver, [start]), *opening]
+    if began is None:  # another attempt succeeded between the first look and the lock
+        if opening:  # the operation's transaction, opened in that round trip for nothing
+            yield [sql.ROLLBACK]
+        found = yield from _read(op, core)
+        assert found is not None  # noqa: S101 - a succeeded row is never deleted
+        return _from_row("already-succeeded", op, found)
+    started = sql.read_json(began)
+    attempt.number, attempt.idempotency_key = started["attempts"], started["idempotency_key"]
+    try:
+        value = yield WORK
+        stored = storable_result(value)
+        # What the server stores (jsonb normalises numbers) is what every call returns.
+        stored = str(sql.read_text((yield _success_statements(op, driver, attempt, stored))))
+    except BaseException as exc:
+        superseded = sql.meaning(driver.sqlstate(exc)) is sql.Meaning.SUPERSEDED
+        if isinstance(exc, Exception) and not superseded:
+            error = scrub(_describe(exc))[:MAX_ERROR_CHARS]
+            yield from core._quietly(
+                _committed(driver, [sql.once_fail(op.op_key, attempt.number, error)])
+            )
+            # Not logger.exception: the traceback would repeat the unscrubbed message, and
+            # the exception goes back to the caller, whose logging shows it anyway.
+            logger.error(
+                "operation failed: op_key=%s attempt=%s error=%s",
+                op.op_key,
+                attempt.number,
+                error,
+            )
+        elif driver.transaction_status() in (TxStatus.INTRANS, TxStatus.INERROR):
+            # Interrupted, or taken over: this attempt's work is undone, and the row is
+            # left to whoever runs the operation next.
+            yield from core._quietly([sql.ROLLBACK])
+        if superseded:
+            raise LockLostError(
+                f"operation {op.op_key!r}: attempt {attempt.number} lost its lock and another"
+                " caller took the operation over before it could record success; this"
+                " attempt's database work was rolled back (the other attempt used the same"
+                " idempotency key)",
+                key=op.lock_key,
+                reason="lock-released",
+            ) from exc
+        raise
+    return OnceResult("ran", op.op_key, attempt.idempotency_key, json.loads(stored), attempt.number)
+
+
+def _describe(exc: BaseException) -> str:
+    """``Type: message``, even for an exception whose message cannot be built."""
+    try:
+        return f"{type(exc).__name__}: {exc}"
+    except Exception:
+        return f"{type(exc).__name__} (its message could not be shown)"
+
+
+def _success_statements(
+    op: Operation, driver: DriverBase, attempt: Attempt, stored: str
+) -> list[str]:
+    """Record success and read the result back as stored, in one round trip."""
+    succeed = [sql.once_succeed(op.op_key, attempt.number, stored), sql.once_result(op.op_key)]
+    status = driver.transaction_status()
+    if status is TxStatus.INERROR:
+        raise TransactionFailedError(
+            f"operation {op.op_key!r}: its transaction failed inside the operation (a database"
+            " error was caught there and not re-raised); its database work was rolled back"
+            " and the attempt recorded as failed"
+        )
+    if status is TxStatus.IDLE:
+        # With a driver that begins by itself, idle may just mean no database work.
+        if not driver.begins_implicitly:
+            logger.warning(
+                "operation %s ended its own transaction: its database work committed apart"
+                " from the record of its success",
+                op.op_key,
+            )
+        return _committed(driver, succeed)
+    return [*succeed, sql.COMMIT]
+
+
+def _committed(driver: DriverBase, statements: list[str]) -> list[str]:
+    """``statements`` in a transaction of their own, committed in the same round trip.
+    A transaction left open (the operation's, failed or not) is rolled back first."""
+    if driver.transaction_status() in (TxStatus.INTRANS, TxStatus.INERROR):
+        return [sql.ROLLBACK, sql.BEGIN, *statements, sql.COMMIT]
+    if driver.begins_implicitly:
+        return [*statements, sql.COMMIT]
+    return [sql.BEGIN, *statements, sql.COMMIT]
+
+
+def _release(op: Operation, core: LockCore) -> Plan[None]:
+    # The outcome is already recorded (or deliberately not): a lock that cannot be
+    # released cleanly is logged, never allowed to turn a success into an error.
+    try:
+        yield from core.exit(failed=False)
+    except Exception as exc:
+        logger.warning("pgsolo: operation %s: releasing its lock: %r", op.op_key, exc)
+
+
+def core_for(op: Operation, driver: DriverBase) -> LockCore:
+    return LockCore(
+        driver, op.lock_key, "session", wait_ms=op.wait_ms, shared=False, reentrant=False
+    )

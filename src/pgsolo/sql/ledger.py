@@ -1,0 +1,97 @@
+"""The statements of singleton jobs' own tables: once-per-period records and the ledger of
+attempts (both created by ``pgsolo migrate``)."""
+
+from __future__ import annotations
+
+from .._types import PERIOD_UNITS, parse_period_seconds
+from .text import sql_text, text_or_null, utf8
+
+__all__ = [
+    "LEDGER_READY",
+    "history",
+    "period_done",
+    "period_record",
+    "period_start",
+    "record_attempt",
+]
+
+
+LEDGER_READY = "SELECT to_regclass('pgsolo.job_runs') IS NOT NULL"
+
+
+def period_start(period: str) -> str:
+    """The start of the current period by the database's clock (never the host's).
+
+    ``period`` is a unit (``minute`` ... ``year``, truncated in UTC) or ``N seconds``
+    (``date_bin`` buckets from the Unix epoch).
+    """
+    if period in PERIOD_UNITS:
+        return f"date_trunc('{period}', now(), 'UTC')"
+    seconds = parse_period_seconds(period)
+    return f"date_bin('{seconds} seconds'::interval, now(), '1970-01-01 00:00:00+00')"
+
+
+def period_done(job: str, period: str) -> str:
+    return (
+        "SELECT EXISTS (SELECT 1 FROM pgsolo.job_periods"
+        f" WHERE job = {sql_text(job)} AND period = {sql_text(period)}"
+        f" AND period_start = {period_start(period)})"
+    )
+
+
+def period_record(job: str, period: str, *, host: str, pid: int) -> str:
+    """Mark this period done; returns true, or nothing if it was already marked."""
+    return (
+        "INSERT INTO pgsolo.job_periods (job, period, period_start, host, pid)"
+        f" VALUES ({sql_text(job)}, {sql_text(period)}, {period_start(period)},"
+        f" {sql_text(host)}, {int(pid)})"
+        " ON CONFLICT DO NOTHING RETURNING true"
+    )
+
+
+def record_attempt(
+    *,
+    job: str,
+    lock_key: str,
+    outcome: str,
+    reason: str | None,
+    duration_s: float,
+    lock_wait_s: float,
+    host: str,
+    pid: int,
+    backend_pid: int | None,
+    application_name: str | None,
+    exit_code: int | None,
+    error: str | None,
+) -> str:
+    """One ledger row. Times are the database's: finished now, started that many
+    seconds earlier by the host's monotonic clock (which never jumps)."""
+    elapsed = float(lock_wait_s) + float(duration_s)
+    return (
+        "INSERT INTO pgsolo.job_runs (job, lock_key, outcome, reason, started_at,"
+        " finished_at, duration_ms, lock_wait_ms, host, pid, backend_pid,"
+        " application_name, exit_code, error) VALUES ("
+        f"{sql_text(job)}, {sql_text(lock_key)}, {sql_text(outcome)},"
+        f" {text_or_null(reason)}, clock_timestamp() - make_interval(secs => {elapsed!r}),"
+        f" clock_timestamp(), {float(duration_s) * 1000!r}, {float(lock_wait_s) * 1000!r},"
+        f" {sql_text(host)}, {int(pid)}, {_int_or_null(backend_pid)},"
+        f" {text_or_null(application_name)}, {_int_or_null(exit_code)},"
+        f" {text_or_null(error)})"
+    )
+
+
+def history(*, job: str | None, limit: int) -> str:
+    """The latest attempts, newest first, as one JSON array (:func:`utf8`)."""
+    where = f"WHERE job = {sql_text(job)}" if job is not None else ""
+    rows = "coalesce(json_agg(r ORDER BY r.started_at DESC, r.id DESC), '[]'::json)"
+    return (
+        f"SELECT {utf8(rows)}"
+        " FROM (SELECT id, job, lock_key, outcome, reason, started_at, finished_at,"
+        " duration_ms, lock_wait_ms, host, pid, backend_pid, application_name,"
+        f" exit_code, error FROM pgsolo.job_runs {where}"
+        f" ORDER BY started_at DESC, id DESC LIMIT {int(limit)}) r"
+    )
+
+
+def _int_or_null(value: int | None) -> str:
+    return "NULL" if value is None else str(int(value))

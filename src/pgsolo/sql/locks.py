@@ -1,0 +1,259 @@
+"""The statements that take, check and release advisory locks, and that find out what
+answers a connection (a proxy? a standby?)."""
+
+from __future__ import annotations
+
+from .._types import Lifetime
+from ..keys import Key, encode_pg_lock, from_name
+from .states import SQLSTATE_IN_RECOVERY, SQLSTATE_LOCK_GONE
+from .text import sql_literal, utf8
+
+__all__ = [
+    "BEGIN",
+    "COMMIT",
+    "FENCING_SEQUENCE",
+    "IN_RECOVERY",
+    "LAST_FENCING_TOKEN",
+    "REFUSE_STANDBY",
+    "RESTORE_LOCK_TIMEOUT",
+    "ROLLBACK",
+    "SAVEPOINT",
+    "SAVEPOINT_RELEASE",
+    "SAVEPOINT_UNDO",
+    "SAVE_LOCK_TIMEOUT",
+    "SESSION_STAMP_SETTING",
+    "UNLOCK_ALL",
+    "XACT_MARKER_SETTING",
+    "acquire",
+    "assert_same_transaction",
+    "held_here",
+    "is_session",
+    "keeper_beat",
+    "lock_function",
+    "mark_transaction",
+    "name_to_sql",
+    "session_guarded",
+    "set_local_lock_timeout",
+    "stamp_session",
+    "still_on_session",
+    "unlock",
+]
+
+
+BEGIN = "BEGIN"
+COMMIT = "COMMIT"
+ROLLBACK = "ROLLBACK"
+UNLOCK_ALL = "SELECT pg_advisory_unlock_all()"
+
+# Inside the caller's transaction, pgsolo's statements run in a savepoint: rolling back
+# to it after an error or an interruption keeps the caller's transaction usable (and
+# restores lock_timeout), while a session-level advisory lock survives the rollback
+# (PostgreSQL: session locks ignore transaction semantics).
+SAVEPOINT = "SAVEPOINT pgsolo_lock"
+SAVEPOINT_UNDO = "ROLLBACK TO SAVEPOINT pgsolo_lock"
+SAVEPOINT_RELEASE = "RELEASE SAVEPOINT pgsolo_lock"
+
+SAVE_LOCK_TIMEOUT = (
+    "SELECT set_config('pgsolo.lock_timeout_before_wait', current_setting('lock_timeout'), true)"
+)
+RESTORE_LOCK_TIMEOUT = (
+    "SELECT set_config('lock_timeout', current_setting('pgsolo.lock_timeout_before_wait'), true)"
+)
+
+
+def lock_function(lifetime: Lifetime, *, wait: bool, shared: bool) -> str:
+    """The name of the advisory-lock function for these choices (the article's table)."""
+    return (
+        "pg_"
+        + ("" if wait else "try_")
+        + "advisory_"
+        + ("xact_" if lifetime == "xact" else "")
+        + "lock"
+        + ("_shared" if shared else "")
+    )
+
+
+# -- standbys ------------------------------------------------------------------------
+#
+# Advisory locks are not WAL-logged: a hot standby grants them locally and no other
+# server ever sees them, so every lock pgsolo takes is refused on a server in recovery.
+# A server never goes into recovery while a session lives (only a restart does that),
+# so a session lock checks once per connection, with the route (stamp_session); an xact
+# lock, which a transaction pooler may send to another server each time, checks in the
+# statement that takes it.
+
+IN_RECOVERY = "pg_is_in_recovery()"
+REFUSE_STANDBY = (
+    f"DO $pgsolo$BEGIN IF {IN_RECOVERY} THEN RAISE EXCEPTION USING"
+    f" ERRCODE = '{SQLSTATE_IN_RECOVERY}',"
+    " MESSAGE = 'pgsolo: this server is in recovery (a standby): no advisory lock here';"
+    " END IF; END$pgsolo$"
+)
+
+
+FENCING_SEQUENCE = "pgsolo.fencing_token_seq"
+# The token this session's last acquisition took, for a message whose last row is not
+# the acquisition's own.
+LAST_FENCING_TOKEN = f"SELECT currval('{FENCING_SEQUENCE}')"
+
+
+def acquire(
+    key: Key,
+    lifetime: Lifetime,
+    *,
+    wait: bool,
+    shared: bool,
+    fencing: bool = False,
+    refuse_standby: bool = False,
+) -> str:
+    """Take the lock: true/false for a try, true once granted for a wait. With
+    ``fencing``, the lock and its token in one statement: the token (from 1 up) once
+    granted, 0 for a busy try. The sequence never waits for anyone, and a statement
+    that names it fails before it takes the lock when it does not exist.
+
+    ``refuse_standby`` (tries only): NULL instead of taking the lock on a server in
+    recovery. CASE tests its conditions in order, so the lock function is not called
+    there; the check costs no round trip and leaves the caller's transaction usable.
+    A wait is refused by :data:`REFUSE_STANDBY` before it instead."""
+    call = f"{lock_function(lifetime, wait=wait, shared=shared)}({key.sql_args})"
+    token = f"nextval('{FENCING_SEQUENCE}')"
+    if wait:  # the waiting functions return void: as a subquery, a row once granted
+        return f"SELECT (SELECT {token if fencing else 'true'} FROM {call})"
+    standby = f"WHEN {IN_RECOVERY} THEN NULL " if refuse_standby else ""
+    if fencing:
+        return f"SELECT CASE {standby}WHEN {call} THEN {token} ELSE 0 END"
+    if refuse_standby:
+        return f"SELECT CASE {standby}ELSE {call} END"
+    return f"SELECT {call}"
+
+
+def unlock(key: Key, *, shared: bool) -> str:
+    # Returns true, or false (with a server warning) when the key was not held.
+    return f"SELECT pg_advisory_unlock{'_shared' if shared else ''}({key.sql_args})"
+
+
+def set_local_lock_timeout(milliseconds: int) -> str:
+    if isinstance(milliseconds, bool) or not isinstance(milliseconds, int) or milliseconds < 1:
+        raise ValueError(f"lock_timeout must be a positive number of ms, got {milliseconds!r}")
+    return f"SET LOCAL lock_timeout = '{milliseconds}ms'"
+
+
+XACT_MARKER_SETTING = "pgsolo.xact_lock_marker"
+
+
+def mark_transaction(marker: str) -> str:
+    """Mark the transaction that takes an xact lock (a transaction-local setting, gone
+    when that transaction ends, exactly like the lock)."""
+    return f"SELECT set_config('{XACT_MARKER_SETTING}', {_token_literal(marker)}, true)"
+
+
+def assert_same_transaction(key: Key, marker: str, *, shared: bool) -> str:
+    """Fail unless this backend still holds ``key``: sent in the same message as the
+    COMMIT, so that work which ended the locked transaction and carried on in another is
+    rolled back, not committed. A transaction-level lock can only go away with its
+    transaction, so the marker of that transaction (:func:`mark_transaction`) answers
+    without reading the whole shared lock table; only when the marker is gone (the work
+    ended the transaction, or ran RESET ALL) is ``pg_locks`` asked."""
+    return (
+        # CASE, not AND: PostgreSQL does not promise to evaluate AND's sides in order,
+        # and pg_locks must be read only when the marker is gone.
+        # (In parentheses: PL/pgSQL's IF ends its condition at the first THEN outside them.)
+        f"DO $pgsolo$BEGIN IF (CASE WHEN current_setting('{XACT_MARKER_SETTING}', true)"
+        f" = {_token_literal(marker)} THEN false"
+        f" ELSE NOT {_held_here_condition(key, shared=shared)} END) THEN"
+        f" RAISE EXCEPTION USING ERRCODE = '{SQLSTATE_LOCK_GONE}',"
+        f" MESSAGE = 'pgsolo: advisory lock {key.text} is no longer held';"
+        " END IF; END$pgsolo$"
+    )
+
+
+def held_here(key: Key, *, shared: bool) -> str:
+    """Whether this backend holds ``key`` granted, according to ``pg_locks``."""
+    return f"SELECT {_held_here_condition(key, shared=shared)}"
+
+
+def _held_here_condition(key: Key, *, shared: bool) -> str:
+    classid, objid, objsubid = encode_pg_lock(key)
+    mode = "ShareLock" if shared else "ExclusiveLock"
+    return (
+        "EXISTS (SELECT 1 FROM pg_locks"
+        " WHERE locktype = 'advisory' AND granted AND pid = pg_backend_pid()"
+        " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        f" AND classid = {classid} AND objid = {objid} AND objsubid = {objsubid}"
+        f" AND mode = '{mode}')"
+    )
+
+
+# -- which backend answers: proxies, the keeper ----------------------------------------
+#
+# A transaction-pooling proxy (PgBouncer pool_mode=transaction) hands each transaction of
+# a client to whichever server connection is free, so a session lock stays on a backend
+# the client no longer talks to. pgsolo stamps a session with a random token (a
+# session-level setting) to see whether a second connection lands on it; statements
+# meant for the session that holds a lock check its pid, and so does the keeper.
+
+SESSION_STAMP_SETTING = "pgsolo.session_token"
+
+
+def _token_literal(token: str) -> str:
+    if not token or not token.isascii() or not token.isalnum():
+        raise ValueError(f"a session token is ASCII letters and digits, got {token!r}")
+    return f"'{token}'"
+
+
+def is_session(token: str) -> str:
+    """Whether this statement runs on the session stamped with ``token``."""
+    return f"SELECT {_on_session(token)}"
+
+
+def _on_session(token: str) -> str:
+    stamped = f"coalesce(current_setting('{SESSION_STAMP_SETTING}', true), '')"
+    return f"{stamped} = {_token_literal(token)}"
+
+
+def stamp_session(token: str) -> str:
+    """Stamp this session and say who answers: ``"<pid> <client addr or -> <port or -1>
+    <in recovery: t or f>"`` (:func:`utf8`), the client address and port as the server
+    sees them (a proxy shows its own)."""
+    answer = (
+        "concat_ws(' ', pg_backend_pid(), coalesce(host(inet_client_addr()), '-'),"
+        f" coalesce(inet_client_port(), -1), CASE WHEN {IN_RECOVERY} THEN 't' ELSE 'f' END,"
+        f" set_config('{SESSION_STAMP_SETTING}', {_token_literal(token)}, false))"
+    )
+    return f"SELECT {utf8(answer)}"
+
+
+def still_on_session(token: str, server_pid: int) -> str:
+    return f"SELECT {_on_session(token)} AND pg_backend_pid() = {int(server_pid)}"
+
+
+def session_guarded(server_pid: int, statement: str) -> str:
+    """``statement`` (a ``SELECT <expr>``) run only on backend ``server_pid``, the session
+    the route was checked on (a pid names one live session); NULL elsewhere."""
+    expression = statement.removeprefix("SELECT ")
+    return f"SELECT CASE WHEN pg_backend_pid() = {int(server_pid)} THEN {expression} END"
+
+
+def keeper_beat(key: Key, *, shared: bool) -> str:
+    """One heartbeat: which backend answers, whether it holds ``key``, and whether the
+    server is in recovery (then the lock coordinates nothing)."""
+    return f"SELECT pg_backend_pid(), {_held_here_condition(key, shared=shared)}, {IN_RECOVERY}"
+
+
+# -- the ledger and once-per-period records (created by `pgsolo migrate`) ---------------
+
+
+# -- operation keys (pgsolo.once; the table is migration 3) ------------------------------
+
+
+# -- the monitor: `pgsolo locks`, `pgsolo doctor`, `pgsolo terminate` --------------------
+
+
+def name_to_sql(name: str, *, namespace: int | None = None) -> str:
+    """The SQL expression that derives the same key on the server, for use from psql."""
+    from_name(name, namespace=namespace)  # the checks of the key itself
+    literal = sql_literal(name)
+    digest = f"encode(sha256(convert_to({literal}, 'UTF8')), 'hex')"
+    if namespace is None:
+        return f"('x' || substr({digest}, 1, 16))::bit(64)::bigint"
+    return f"{namespace}, ('x' || substr({digest}, 1, 8))::bit(32)::int"

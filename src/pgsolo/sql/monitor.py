@@ -1,0 +1,139 @@
+"""The monitor's queries: ``pgsolo locks``, ``pgsolo doctor``, ``pgsolo terminate``."""
+
+from __future__ import annotations
+
+from ..keys import Key, encode_pg_lock
+from .locks import IN_RECOVERY
+from .text import utf8
+
+__all__ = [
+    "ADVISORY_LOCK_FUNCTIONS_PATTERN",
+    "CLEAR_ACTIVITY_SNAPSHOT",
+    "DOCTOR",
+    "MONITOR_QUERY_CHARS",
+    "advisory_locks",
+    "terminate_backend",
+]
+
+
+# pg_stat_activity is read once per transaction and cached; clearing the cache first
+# makes it newer than the pg_locks snapshot of the next statement, even inside a
+# transaction the caller has open (the monitor's session-lifetime rule depends on it).
+CLEAR_ACTIVITY_SNAPSHOT = "SELECT pg_stat_clear_snapshot()"
+
+
+MONITOR_QUERY_CHARS = 200  # the current query is cut to this many characters on the server
+
+
+_ADVISORY_IN_THIS_DATABASE = (
+    "locktype = 'advisory'"
+    " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+)
+
+
+def advisory_locks(*, key: Key | None = None, pid: int | None = None) -> str:
+    """Every advisory lock of the current database, held and waiting, as one JSON object
+    (:func:`utf8`: other sessions' queries can hold any character).
+
+    ``locks`` is compact (one array per row, 10,000 rows stay small); ``sessions`` has
+    one entry per backend that appears there. ``pg_locks`` is read first, in full (its
+    function copies the lock table at its first row); ``pg_stat_get_activity`` is called
+    only after, per distinct pid, so what it says about a backend is no older than the
+    lock snapshot, and ``seen_after`` (the statement's start) is older than both.
+    """
+    filters = ""
+    if key is not None:
+        classid, objid, objsubid = encode_pg_lock(key)
+        filters += f" AND classid = {classid} AND objid = {objid} AND objsubid = {objsubid}"
+    if pid is not None:
+        filters += f" AND pid = {int(pid)}"
+    locks = (
+        "WITH l AS MATERIALIZED (SELECT pid, classid::bigint AS classid,"
+        " objid::bigint AS objid, objsubid::int AS objsubid, mode = 'ShareLock' AS shared,"
+        " granted, waitstart FROM pg_locks"
+        f" WHERE {_ADVISORY_IN_THIS_DATABASE}{filters})"
+    )
+    snapshot = (
+        "json_build_object("
+        "'seen_after', statement_timestamp(), 'now', clock_timestamp(),"
+        " 'database', current_database(),"
+        " 'locks', coalesce((SELECT json_agg(json_build_array(pid, classid, objid, objsubid,"
+        " shared, granted, waitstart,"
+        " CASE WHEN granted THEN NULL ELSE pg_blocking_pids(pid) END)) FROM l), '[]'::json),"
+        " 'sessions', coalesce((SELECT json_object_agg(a.pid, json_build_object("
+        "'application_name', a.application_name, 'client_addr', host(a.client_addr),"
+        " 'client_port', a.client_port, 'state', a.state, 'backend_start', a.backend_start,"
+        " 'xact_start', a.xact_start, 'query_start', a.query_start,"
+        " 'state_change', a.state_change,"
+        f" 'query', left(a.query, {int(MONITOR_QUERY_CHARS)})))"
+        " FROM (SELECT DISTINCT pid FROM l WHERE pid IS NOT NULL) p,"
+        " LATERAL pg_stat_get_activity(p.pid) a), '{}'::json))"
+    )
+    return f"{locks} SELECT {utf8(snapshot)}"
+
+
+# The functions that take an advisory lock (not the unlocks): who may call them can
+# hold any key and starve a job.
+ADVISORY_LOCK_FUNCTIONS_PATTERN = "^pg_(try_)?advisory_(xact_)?lock(_shared)?$"
+
+
+_DOCTOR_SETTINGS = ("idle_session_timeout", "idle_in_transaction_session_timeout", "lock_timeout")
+
+
+_DOCTOR_LOCKS = (
+    "WITH l AS MATERIALIZED (SELECT pid, granted, database"
+    " = (SELECT oid FROM pg_database WHERE datname = current_database()) AS here,"
+    " waitstart FROM pg_locks WHERE locktype = 'advisory')"
+)
+
+
+_DOCTOR_SNAPSHOT = (
+    "json_build_object("
+    "'now', statement_timestamp(), 'database', current_database(),"
+    f" 'user', current_user, 'in_recovery', {IN_RECOVERY},"
+    " 'settings', (SELECT json_object_agg(name, json_build_object("
+    "'ms', setting::bigint, 'source', source))"
+    " FROM pg_settings WHERE name IN ("
+    + ", ".join(f"'{name}'" for name in _DOCTOR_SETTINGS)
+    + ")),"
+    " 'role_settings', coalesce((SELECT json_agg(json_build_object("
+    "'role', coalesce(r.rolname, 'every role'), 'database', coalesce(d.datname, 'every database'),"
+    " 'setting', c.setting) ORDER BY r.rolname NULLS FIRST, d.datname NULLS FIRST)"
+    " FROM pg_db_role_setting s CROSS JOIN LATERAL unnest(s.setconfig) AS c(setting)"
+    " LEFT JOIN pg_roles r ON r.oid = s.setrole LEFT JOIN pg_database d ON d.oid = s.setdatabase"
+    " WHERE (d.datname IS NULL OR d.datname = current_database())"
+    " AND split_part(c.setting, '=', 1) IN ("
+    + ", ".join(f"'{name}'" for name in _DOCTOR_SETTINGS)
+    + ")), '[]'::json),"
+    " 'capacity', json_build_object("
+    "'max_locks_per_transaction', current_setting('max_locks_per_transaction')::int,"
+    " 'max_connections', current_setting('max_connections')::int,"
+    " 'max_prepared_transactions', current_setting('max_prepared_transactions')::int,"
+    " 'advisory', (SELECT count(*) FROM l),"
+    " 'all', (SELECT count(*) FROM pg_locks WHERE NOT fastpath)),"
+    " 'public_execute', coalesce((SELECT json_agg(p.oid::regprocedure::text ORDER BY 1)"
+    " FROM pg_proc p WHERE p.pronamespace = 'pg_catalog'::regnamespace"
+    f" AND p.proname ~ '{ADVISORY_LOCK_FUNCTIONS_PATTERN}'"
+    " AND has_function_privilege('public', p.oid, 'EXECUTE')), '[]'::json),"
+    " 'sessions', coalesce((SELECT json_agg(json_build_object("
+    "'pid', p.pid, 'held', p.held, 'waiting', p.waiting, 'waiting_since', p.waiting_since,"
+    " 'application_name', a.application_name, 'client_addr', host(a.client_addr),"
+    " 'state', a.state, 'xact_start', a.xact_start, 'state_change', a.state_change,"
+    # A wait whose own statement sets lock_timeout (pgsolo's do) is bounded.
+    " 'bounded_wait', a.query ILIKE '%lock_timeout%')"
+    " ORDER BY p.pid)"
+    " FROM (SELECT pid, count(*) FILTER (WHERE granted) AS held,"
+    " count(*) FILTER (WHERE NOT granted) AS waiting,"
+    " min(waitstart) FILTER (WHERE NOT granted) AS waiting_since"
+    " FROM l WHERE here AND pid IS NOT NULL GROUP BY pid) p,"
+    " LATERAL pg_stat_get_activity(p.pid) a), '[]'::json))"
+)
+
+
+# One JSON object (utf8(): role and database names can hold any character).
+DOCTOR = f"{_DOCTOR_LOCKS} SELECT {utf8(_DOCTOR_SNAPSHOT)}"
+
+
+def terminate_backend(pid: int, *, wait_ms: int) -> str:
+    """End backend ``pid`` and wait up to ``wait_ms`` for it to be gone (true if it is)."""
+    return f"SELECT pg_terminate_backend({int(pid)}, {int(wait_ms)})"

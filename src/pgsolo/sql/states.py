@@ -1,0 +1,54 @@
+"""Every SQLSTATE pgsolo reads, and what it means to pgsolo: the one table.
+
+Drivers say which SQLSTATE an error carries (``driver.sqlstate(exc)``); :func:`meaning`
+says what that is to pgsolo. Codes starting ``PGS`` are pgsolo's own, raised by its
+statements (see :mod:`pgsolo.sql.locks` and :mod:`pgsolo.sql.once`).
+"""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = [
+    "SQLSTATE_ATTEMPT_SUPERSEDED",
+    "SQLSTATE_DEADLOCK",
+    "SQLSTATE_IN_RECOVERY",
+    "SQLSTATE_LOCK_GONE",
+    "SQLSTATE_LOCK_NOT_AVAILABLE",
+    "SQLSTATE_UNDEFINED_TABLE",
+    "Meaning",
+    "meaning",
+]
+
+SQLSTATE_LOCK_NOT_AVAILABLE = "55P03"  # lock_timeout ran out
+SQLSTATE_DEADLOCK = "40P01"
+SQLSTATE_UNDEFINED_TABLE = "42P01"
+SQLSTATE_INVALID_SCHEMA_NAME = "3F000"
+SQLSTATE_IN_RECOVERY = "PGSRC"  # raised by sql.locks.REFUSE_STANDBY
+SQLSTATE_LOCK_GONE = "PGSLG"  # raised by sql.locks.assert_same_transaction
+SQLSTATE_ATTEMPT_SUPERSEDED = "PGSLS"  # raised by sql.once.once_succeed
+
+
+class Meaning(enum.Enum):
+    LOCK_TIMEOUT = "a bounded wait for a lock ran out"
+    DEADLOCK = "PostgreSQL broke a deadlock by failing this wait"
+    NOT_MIGRATED = "pgsolo's tables are missing: pgsolo migrate has not run"
+    IN_RECOVERY = "the server is in recovery (a standby)"
+    LOCK_GONE = "a transaction-level lock was no longer held at commit"
+    SUPERSEDED = "another caller took an operation over"
+
+
+_MEANINGS: dict[str, Meaning] = {
+    SQLSTATE_LOCK_NOT_AVAILABLE: Meaning.LOCK_TIMEOUT,
+    SQLSTATE_DEADLOCK: Meaning.DEADLOCK,
+    SQLSTATE_UNDEFINED_TABLE: Meaning.NOT_MIGRATED,
+    SQLSTATE_INVALID_SCHEMA_NAME: Meaning.NOT_MIGRATED,
+    SQLSTATE_IN_RECOVERY: Meaning.IN_RECOVERY,
+    SQLSTATE_LOCK_GONE: Meaning.LOCK_GONE,
+    SQLSTATE_ATTEMPT_SUPERSEDED: Meaning.SUPERSEDED,
+}
+
+
+def meaning(sqlstate: str | None) -> Meaning | None:
+    """What ``sqlstate`` means to pgsolo, or None (an error pgsolo has no word for)."""
+    return _MEANINGS.get(sqlstate) if sqlstate is not None else None
