@@ -19,7 +19,9 @@ from ..errors import (
     UsageError,
 )
 from ..keys import KeyLike, Registry
-from ..locking.keeper import AsyncKeeper, Keep, Keeper
+from ..locking._async.keeper import AsyncKeeper
+from ..locking._sync.keeper import Keeper
+from ..locking.keeper import Keep
 from ..locking.plans import adrive, drive
 from .definition import Job, JobResult, refuse_unknown_options
 from .plan import attempt_plan, conclude, core_for
