@@ -7,8 +7,9 @@ under a directory named ``_async/``. This script turns each such module into its
 at the same relative path under the sibling directory ``_sync/``, so the two cannot drift:
 
 - the substitutions of :data:`SUBSTITUTIONS` are applied, in order, to the whole text
-  (code, comments and docstrings alike): syntax (``async def``, ``await x``, ...), then
-  whole-word renames from each async name to its sync twin, then prose;
+  (code, comments and docstrings alike): syntax (``async def``, ``await x``, a module
+  path through ``._async.``, ...), then whole-word renames from each async name to its
+  sync twin, then prose;
 - ruff then sorts the imports, drops the ones the renames left unused (``Awaitable``...)
   and formats the result, so a twin is ruff- and mypy-clean as generated;
 - a first line says that the file is generated and from which source.
@@ -21,7 +22,9 @@ table maps that name to its sync twin (``aspawn`` -> ``spawn``, ``AEvent`` -> ``
 which is usually trivial (a thread cannot be cancelled: nothing to do). So, in an async
 source:
 
-- use only names the table maps, or names that are the same in both flavours;
+- use only names the table maps, or names that are the same in both flavours; import
+  another async module by its path (``from ...locking._async.keeper import AsyncKeeper``),
+  which becomes its twin's (``from ...locking._sync.keeper import Keeper``);
 - write prose that reads right once "async" becomes "sync" ("an async connection" ->
   "a sync connection"); say "task" only where the sync twin has none either;
 - never edit a twin: edit its source and run this script. A new sync/async pair of names
@@ -70,6 +73,8 @@ _SYNTAX = [
     (r"\basync with\b", "with"),
     (r"\basync for\b", "for"),
     (r"\bawait\s+", ""),
+    # a module path through an _async package: ``..locking._async.keeper`` -> ``._sync.``
+    (r"(?<=\.)_async\b", "_sync"),
     # ``Awaitable[X]`` -> ``X`` (one level of brackets inside: ``Awaitable[list[int]]``)
     (r"\bAwaitable\[((?:[^\[\]]|\[[^\[\]]*\])*)\]", r"\1"),
 ]
