@@ -58,13 +58,7 @@ def unlock_statement(core: LockCore) -> str:
 
 def session_acquisition(core: LockCore, status: TxStatus, route: Route) -> list[str]:
     """The statements that take ``core``'s session lock on a connection in ``status``."""
-    acquire = sql.acquire(
-        core.key,
-        "session",
-        wait=core.wait_ms is not None,
-        shared=core.shared,
-        fencing=core.fencing,
-    )
+    acquire = _acquire(core)
     if not route.direct:  # behind a proxy: only on the session the route was checked on
         acquire = sql.session_guarded(route.server_pid, acquire)
     if core.wait_ms is None:
@@ -86,14 +80,7 @@ def session_acquisition(core: LockCore, status: TxStatus, route: Route) -> list[
 def xact_acquisition(core: LockCore, *, in_callers_transaction: bool) -> list[str]:
     """The statements that take ``core``'s transaction lock, after those that open
     pgsolo's own transaction if it opens one (:mod:`pgsolo.locking.transaction`)."""
-    acquire = sql.acquire(
-        core.key,
-        "xact",
-        wait=core.wait_ms is not None,
-        shared=core.shared,
-        fencing=core.fencing,
-        refuse_standby=True,
-    )
+    acquire = _acquire(core)
     if core.wait_ms is None:
         return [acquire]
     if in_callers_transaction:
@@ -121,3 +108,16 @@ def xact_acquisition(core: LockCore, *, in_callers_transaction: bool) -> list[st
     if core.fencing:  # the restore's row came last
         statements.append(sql.LAST_FENCING_TOKEN)
     return statements
+
+
+def _acquire(core: LockCore) -> str:
+    """The statement that takes ``core``'s lock. A transaction lock refuses a standby
+    in it; a session lock was checked once per connection (the route's stamp)."""
+    return sql.acquire(
+        core.key,
+        core.lifetime,
+        wait=core.wait_ms is not None,
+        shared=core.shared,
+        fencing=core.fencing,
+        refuse_standby=core.lifetime == "xact",
+    )
