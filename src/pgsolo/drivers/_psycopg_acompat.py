@@ -22,13 +22,15 @@ T = TypeVar("T")
 _SETTLE_SECONDS = 5.0
 
 
-def round_trip(conn: psycopg.Connection[Any], fetch: Callable[[], T]) -> T:
-    """``fetch()``, a round trip on ``conn``."""
-    return fetch()
+def round_trip(conn: psycopg.Connection[Any], fetch: Callable[..., T], *args: Any) -> T:
+    """``fetch(*args)``, a round trip on ``conn``."""
+    return fetch(*args)
 
 
-async def around_trip(conn: psycopg.AsyncConnection[Any], fetch: Callable[[], Awaitable[T]]) -> T:
-    """``await fetch()``, a round trip on ``conn``, safe to cancel.
+async def around_trip(
+    conn: psycopg.AsyncConnection[Any], fetch: Callable[..., Awaitable[T]], *args: Any
+) -> T:
+    """``await fetch(*args)``, a round trip on ``conn``, safe to cancel.
 
     psycopg's own handling of a cancelled task is not safe enough for a lock: a cancel
     request that reaches the server just before the statement starts is ignored, so
@@ -38,7 +40,7 @@ async def around_trip(conn: psycopg.AsyncConnection[Any], fetch: Callable[[], Aw
     until it takes), lets the round trip finish, and only then does the cancellation go on.
     """
     call = _Call()
-    block = asyncio.ensure_future(_owning(conn, call, fetch))
+    block = asyncio.ensure_future(_owning(conn, call, fetch, args))
     try:
         return await asyncio.shield(block)
     except asyncio.CancelledError:
@@ -51,12 +53,17 @@ class _Call:
 
 
 async def _owning(
-    conn: psycopg.AsyncConnection[Any], call: _Call, fetch: Callable[[], Awaitable[T]]
+    conn: psycopg.AsyncConnection[Any],
+    call: _Call,
+    fetch: Callable[..., Awaitable[T]],
+    args: tuple[Any, ...],
 ) -> T:
     # psycopg takes the connection's lock at once when it is free: then the statements
-    # on the server are ours, and cancelling them hits nobody else.
+    # on the server are ours, and cancelling them hits nobody else. (fetch is called
+    # here, not by the caller: a task cancelled before it starts leaves no coroutine
+    # behind that was never awaited.)
     call.owns_connection = not conn.lock.locked()
-    return await fetch()
+    return await fetch(*args)
 
 
 async def _settle(
