@@ -26,9 +26,13 @@ source:
   another async module by its path (``from ...locking._async.keeper import AsyncKeeper``),
   which becomes its twin's (``from ...locking._sync.keeper import Keeper``);
 - write prose that reads right once "async" becomes "sync" ("an async connection" ->
-  "a sync connection"); say "task" only where the sync twin has none either;
+  "a sync connection"); other words are not translated, so say "worker" or "caller"
+  rather than "task" where the twin has a thread;
+- a package of twins needs an ``__init__.py``: write it in ``_async/``, its twin is
+  generated too (under ``tests/`` that also lets pytest tell ``_async/test_x.py`` from
+  ``_sync/test_x.py``);
 - never edit a twin: edit its source and run this script. A new sync/async pair of names
-  gets a line in :data:`SUBSTITUTIONS`.
+  gets an entry in ``_RENAMES`` (or a regex in ``_SYNTAX``/``_PROSE``).
 
 Usage (from anywhere; paths are relative to the repository)::
 
