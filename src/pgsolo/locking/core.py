@@ -34,10 +34,10 @@ from ..errors import (
 )
 from ..keys import Key
 from . import failures, holdings, placement, recovery, transaction
-from .keeper import Keep
 from .placement import in_savepoint, unlock_statement
 from .plans import Plan, Wait
 from .routing import Route, check_route, transaction_pooling_error
+from .watch import Keep
 
 __all__ = ["MAX_WAIT_SECONDS", "LockCore", "require_no_transaction", "wait_ms_of"]
 

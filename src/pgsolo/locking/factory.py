@@ -12,7 +12,7 @@ from ..keys import KeyLike, Registry, as_key
 from ._async.lock import AsyncLock
 from ._sync.lock import Lock
 from .core import LockCore, wait_ms_of
-from .keeper import Keep, as_keep
+from .watch import Keep, as_keep
 
 if TYPE_CHECKING:
     import psycopg

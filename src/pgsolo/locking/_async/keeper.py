@@ -1,6 +1,6 @@
 """The keeper of one held session lock on an async connection: a worker of its own that
 beats every ``interval`` seconds and judges each answer with
-:class:`~pgsolo.locking.keeper.Watch`. See :mod:`pgsolo.locking.keeper`."""
+:class:`~pgsolo.locking.watch.Watch`. See :mod:`pgsolo.locking.keeper`."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from ..._acompat import (
 )
 from ...drivers import AsyncDriver
 from ...errors import LockLostError
-from ..keeper import Keep, Watch
+from ..watch import Keep, Watch
 
 if TYPE_CHECKING:
     from ..core import LockCore
