@@ -27,6 +27,7 @@ __all__ = [
     "MIGRATION_KEY",
     "migrate",
     "schema_version",
+    "version_plan",
 ]
 
 MIGRATION_KEY: Key = from_name("pgsolo:migrate")
@@ -80,9 +81,16 @@ def migrate(conn: psycopg.Connection[Any]) -> list[int]:
     return drive(_migrate_plan(driver), driver)
 
 
+def version_plan(driver: DriverBase) -> Plan[int]:
+    """The version of pgsolo's tables in this database (0: never migrated), as a plan:
+    :func:`schema_version` drives it, and so does every job attempt that needs the
+    tables (``record``, ``period``; ``pgsolo run --record``/``--once-per``)."""
+    if (yield outside_transaction(driver, [sql.MIGRATIONS_TABLE_EXISTS])) is not True:
+        return 0
+    return int(str((yield outside_transaction(driver, [sql.SCHEMA_VERSION]))))
+
+
 def schema_version(conn: psycopg.Connection[Any]) -> int:
     """The version of pgsolo's tables in this database (0: never migrated)."""
     driver = adapt_sync(conn)
-    if driver.fetch_value(outside_transaction(driver, [sql.MIGRATIONS_TABLE_EXISTS])) is not True:
-        return 0
-    return int(str(driver.fetch_value(outside_transaction(driver, [sql.SCHEMA_VERSION]))))
+    return drive(version_plan(driver), driver)
