@@ -19,7 +19,6 @@ lacks, and psycopg reads JSON as UTF-8 whatever the encoding.
 from __future__ import annotations
 
 from .ledger import (
-    LEDGER_READY,
     history,
     period_done,
     period_record,
@@ -107,7 +106,6 @@ __all__ = [
     "FENCING_SEQUENCE",
     "IN_RECOVERY",
     "LAST_FENCING_TOKEN",
-    "LEDGER_READY",
     "MIGRATIONS_TABLE",
     "MIGRATIONS_TABLE_EXISTS",
     "MONITOR_QUERY_CHARS",
