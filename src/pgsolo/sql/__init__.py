@@ -72,7 +72,6 @@ from .once import (
 )
 from .schema import (
     MIGRATIONS_TABLE,
-    MIGRATIONS_TABLE_EXISTS,
     SCHEMA,
     SCHEMA_VERSION,
     record_migration,
@@ -107,7 +106,6 @@ __all__ = [
     "IN_RECOVERY",
     "LAST_FENCING_TOKEN",
     "MIGRATIONS_TABLE",
-    "MIGRATIONS_TABLE_EXISTS",
     "MONITOR_QUERY_CHARS",
     "REFUSE_STANDBY",
     "RESTORE_LOCK_TIMEOUT",
