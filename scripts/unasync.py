@@ -110,6 +110,7 @@ _RENAMES = {
     "adapt_async": "adapt_sync",
     "adrive": "drive",
     "aopen_connection": "open_connection",
+    "arecord_result": "record_result",
     # pgsolo._acompat and pgsolo.drivers._psycopg_acompat
     "AEvent": "Event",
     "AIS_ASYNC": "IS_ASYNC",

@@ -66,7 +66,14 @@ class ResultNotStorableError(UsageError, ValueError):
 
 class NotMigratedError(UsageError):
     """pgsolo's tables are missing in this database (or older than this pgsolo needs):
-    ``pgsolo migrate`` has not run. Nothing was held or run."""
+    ``pgsolo migrate`` has not run. Nothing was held or run.
+
+    ``version``: the schema version pgsolo found, when it asked before anything else;
+    None when a table turned out to be missing as it was used."""
+
+    def __init__(self, message: str, *, version: int | None = None) -> None:
+        super().__init__(message)
+        self.version = version
 
 
 class ConnectionStateError(UsageError):

@@ -32,9 +32,11 @@ hot standby, for any lock), ``transaction-pooling`` (a session lock behind a
 transaction-pooling proxy), ``proxy-unchecked`` (a proxy that can only be checked between
 transactions, met inside one), ``connection-moved``.
 
-Failed (``pgsolo run`` only; a failure of the work itself has no reason, its exception
-is the error): an unsafe reason, ``interrupted``, ``command-not-found``,
-``cannot-execute``, ``killed-by-signal``, ``period-not-recorded``.
+Failed (a failure of the work itself has no reason, its exception is the error):
+``period-not-recorded`` (a session job or ``pgsolo run``: the work is done, but its
+period could not be marked, so the next run in this period would do it again); and for
+``pgsolo run`` only, an unsafe reason, ``interrupted``, ``command-not-found``,
+``cannot-execute``, ``killed-by-signal``.
 
 ``pgsolo run --json`` with no attempt made (``outcome`` null): ``usage-error``,
 ``not-migrated``, ``database-unavailable``, ``database-error``.

@@ -1,5 +1,5 @@
-"""What a job is: its validated definition (:class:`Job`) and what one attempt at it ended
-as (:class:`JobResult`)."""
+"""What a job is: its validated definition (:class:`Job`), what one attempt at it ended
+as (:class:`JobResult`), and how a work says it failed without raising (:class:`Failure`)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from ..errors import UsageError
 from ..keys import Key, KeyLike, Registry, as_key
 from ..locking.core import wait_ms_of
 from ..locking.keeper import Keep, as_keep
-from ..reasons import Reason
+from ..reasons import FailReason, Reason
 
-__all__ = ["Job", "JobResult", "refuse_cancel_without_tasks", "refuse_unknown_options"]
+__all__ = ["Failure", "Job", "JobResult", "refuse_cancel_without_tasks", "refuse_unknown_options"]
 
 T = TypeVar("T")
 
@@ -49,6 +49,20 @@ class JobResult(Generic[T]):
     @property
     def skipped(self) -> bool:
         return self.outcome == "skipped"
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """What a job's work returns, instead of raising, when it ran to its end and failed:
+    ``pgsolo run``'s COMMAND exited non-zero, was killed by a signal, or could not start.
+
+    The attempt ends ``failed`` with this ``reason`` and ``error`` (either may be None),
+    and no period is recorded. The lock ends as after a completed run: a session lock is
+    released and checked, so a lock gone by then makes the attempt ``lost``; a
+    transaction-level lock's transaction is rolled back."""
+
+    reason: FailReason | None = None
+    error: BaseException | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,23 +1,25 @@
-"""The one definition of a job attempt, as a plan both shells drive: take the lock, check
-the period, run the work, verify the commit, record the period, end."""
+"""The one definition of a job attempt, as a plan every shell drives (``run_job``,
+``run_job_async``, and ``pgsolo run`` with COMMAND as the work).
+
+Its steps, in order: check that pgsolo's tables are ready (``record``, ``period``); take
+the lock; check the period; run the work and judge whether the lock lasted through it;
+record the period; let the lock go. Each step after the lock either ends the attempt,
+having let the lock go, or lets it go on.
+"""
 
 from __future__ import annotations
 
 import os
 import socket
 import time
-from typing import (
-    TYPE_CHECKING,
-    Any,
-    ParamSpec,
-    TypeVar,
-)
+from typing import Any, TypeVar
 
 from .. import sql
 from .._logging import logger
 from .._types import Outcome
 from ..drivers import DriverBase, TxStatus
 from ..errors import (
+    DatabaseUnavailableError,
     LockLostError,
     LockNotHeldError,
     LockTimeoutError,
@@ -27,139 +29,277 @@ from ..errors import (
 from ..locking.core import LockCore, require_no_transaction, wait_ms_of
 from ..locking.plans import WORK, Plan, outside_transaction
 from ..reasons import LostReason
-from .definition import Job, JobResult
+from ..schema import LATEST_VERSION, version_plan
+from .definition import Failure, Job, JobResult
 
-if TYPE_CHECKING:
-    pass
-
-__all__ = ["attempt_plan", "conclude", "core_for"]
+__all__ = [
+    "attempt_plan",
+    "conclude",
+    "core_for",
+    "ledger_ready",
+    "lost_reason",
+    "unresponsive",
+]
 
 T = TypeVar("T")
-P = ParamSpec("P")
 
 
-def attempt_plan(job: Job, core: LockCore) -> Plan[JobResult[Any]]:  # noqa: PLR0911, PLR0915
-    """The one definition of a job attempt, for both shells."""
-    driver = core.driver
+def attempt_plan(job: Job, core: LockCore) -> Plan[JobResult[Any]]:
+    """The one definition of a job attempt, for every shell (see the module docstring).
+
+    What goes wrong before the lock is held is raised (:class:`NotMigratedError`,
+    :class:`~pgsolo.UnsafeConnectionError`, the driver's errors); from then on every
+    ending is a :class:`JobResult`, except an interruption (``KeyboardInterrupt``,
+    cancellation), raised once the lock is let go.
+    """
     require_no_transaction(
-        driver, f"job {job.name!r}", "pgsolo must own the transaction or the session lock"
+        core.driver, f"job {job.name!r}", "pgsolo must own the transaction or the session lock"
     )
-    host, pid = socket.gethostname(), os.getpid()
-    backend_pid = driver.backend_pid()
+    if job.record or job.period is not None:
+        yield from ledger_ready(job, core.driver)
+    attempt = _Attempt(job, core)
+    if not (yield from attempt.take_lock()):
+        return attempt.result("skipped", reason="busy")
+    for step in (attempt.check_period, attempt.run_work, attempt.record_period):
+        if (ended := (yield from step())) is not None:
+            return ended
+    return (yield from attempt.end())
 
-    def outside(statements: list[str]) -> list[str]:
-        return statements if job.lifetime == "xact" else outside_transaction(driver, statements)
 
-    def result(outcome: Outcome, **kwargs: Any) -> JobResult[Any]:
+def ledger_ready(job: Job, driver: DriverBase) -> Plan[None]:
+    """Before the lock: pgsolo's tables are there, at the version this pgsolo needs.
+
+    Checked before the work runs: finding out afterwards would fail a run whose work is
+    done, and the caller's retry would do it twice.
+    """
+    version = yield from version_plan(driver)
+    if version >= LATEST_VERSION:
+        return
+    options = (("record=True", job.record), ("period=", job.period is not None))
+    needs = " and ".join(option for option, used in options if used)
+    raise NotMigratedError(
+        f"a job with {needs} needs pgsolo's tables, and this database has schema version"
+        f" {version} (this pgsolo needs {LATEST_VERSION}): run `pgsolo migrate` first",
+        version=version,
+    )
+
+
+class _Attempt:
+    """One attempt as it goes: what it knows, and its steps once the lock is held."""
+
+    def __init__(self, job: Job, core: LockCore) -> None:
+        self.job = job
+        self.core = core
+        self.driver = core.driver
+        self.backend_pid = self.driver.backend_pid()
+        self.lock_wait = 0.0
+        self.duration = 0.0  # seconds the work ran
+        self.value: Any = None  # what the work returned
+        self.failure: Failure | None = None  # the work ran to its end and failed
+
+    def result(self, outcome: Outcome, **kwargs: Any) -> JobResult[Any]:
         return JobResult(
-            outcome, job.name, job.key, lock_wait=lock_wait, backend_pid=backend_pid, **kwargs
+            outcome,
+            self.job.name,
+            self.job.key,
+            lock_wait=self.lock_wait,
+            backend_pid=self.backend_pid,
+            **kwargs,
         )
 
-    if job.record:
-        # Checked before the work runs: finding out afterwards would fail a run whose
-        # work is done, and the caller's retry would do it twice.
-        ready = yield outside_transaction(driver, [sql.LEDGER_READY])
-        if ready is not True:
-            raise NotMigratedError("record=True needs pgsolo's tables: run `pgsolo migrate` first")
+    def _outside(self, statements: list[str]) -> list[str]:
+        if self.job.lifetime == "xact":
+            return statements
+        return outside_transaction(self.driver, statements)
 
-    started = time.perf_counter()
-    try:
-        acquired = yield from core.acquire(context=True)
-    except LockTimeoutError:
-        acquired = False
-    lock_wait = time.perf_counter() - started
-    if not acquired:
-        yield from core.exit(failed=False)
-        return result("skipped", reason="busy")
+    def take_lock(self) -> Plan[bool]:
+        """Try, or wait up to ``wait``; busy or timed out is False, with nothing held."""
+        started = time.perf_counter()
+        try:
+            acquired = yield from self.core.acquire(context=True)
+        except LockTimeoutError:
+            acquired = False
+        self.lock_wait = time.perf_counter() - started
+        if not acquired:
+            yield from self.core.exit(failed=False)
+        return acquired
 
-    work_started = time.perf_counter()
-    in_work = False
-    try:
-        if job.period is not None:
-            done = yield outside([sql.period_done(job.name, job.period)])
-            if done is True:
-                yield from core.exit(failed=False)
-                return result("skipped", reason="already-done-this-period")
-        in_work = True
-        value = yield WORK
-        in_work = False
-        duration = time.perf_counter() - work_started
-        if core.lost is not None:  # the keeper saw the lock go: not all of it ran locked
-            yield from core.exit(failed=True)
-            loss = core.lost
-            return result("lost", value=value, duration=duration, reason=loss.reason, error=loss)
-        if job.lifetime == "xact" and driver.transaction_status() is TxStatus.IDLE:
+    def check_period(self) -> Plan[JobResult[Any] | None]:
+        """With a period: skip if it is already done, by the database's clock and with
+        the lock held."""
+        job = self.job
+        if job.period is None:
+            return None
+        try:
+            done = yield self._outside([sql.period_done(job.name, job.period)])
+        except BaseException as exc:
+            return (yield from self._failed(exc, in_work=False))
+        if done is not True:
+            return None
+        try:
+            yield from self.core.exit(failed=False)
+        except Exception as exc:  # nothing ran: whatever became of the lock, this is a skip
+            logger.warning(
+                "pgsolo: letting %s go after a skip failed: %s", job.key, self._scrub(exc)
+            )
+        return self.result("skipped", reason="already-done-this-period")
+
+    def run_work(self) -> Plan[JobResult[Any] | None]:
+        """The work, then whether the lock lasted through it."""
+        started = time.perf_counter()
+        try:
+            value = yield WORK
+        except BaseException as exc:
+            self.duration = time.perf_counter() - started
+            return (yield from self._failed(exc, in_work=True))
+        self.duration = time.perf_counter() - started
+        if isinstance(value, Failure):
+            self.failure = value
+        else:
+            self.value = value
+        if (loss := self.core.lost) is not None:  # the keeper saw the lock go meanwhile
+            yield from self.core.exit(failed=True)
+            return self._ended("lost", reason=loss.reason, error=loss, value=self.value)
+        if self.job.lifetime == "xact" and self.driver.transaction_status() is TxStatus.IDLE:
             # The work committed or rolled back the locked transaction itself: the lock
             # went with it, and whatever ran after that ran unprotected. Leaving sends
             # nothing (the transaction is over) but drops pgsolo's claim on the key.
-            yield from core.exit(failed=False)
-            return result(
-                "lost",
-                value=value,
-                duration=duration,
-                reason="work-ended-transaction",
-                error=LockLostError(
-                    f"job {job.name!r}: the work ended the transaction that held {job.key}"
-                    " itself (commit or rollback); the lock was released before the work"
-                    " finished",
-                    key=job.key,
-                    reason="work-ended-transaction",
-                ),
+            yield from self.core.exit(failed=False)
+            lost = self._ended_transaction()
+            return self._ended("lost", reason=lost.reason, error=lost, value=self.value)
+        return None
+
+    def _ended_transaction(self) -> LockLostError:
+        job = self.job
+        return LockLostError(
+            f"job {job.name!r}: the work ended the transaction that held {job.key} itself"
+            " (commit or rollback); the lock was released before the work finished",
+            key=job.key,
+            reason="work-ended-transaction",
+        )
+
+    def record_period(self) -> Plan[JobResult[Any] | None]:
+        """With a period, after work that succeeded: mark the period done, with the lock
+        still held."""
+        job = self.job
+        if job.period is None or self.failure is not None:
+            return None
+        statement = sql.period_record(
+            job.name, job.period, host=socket.gethostname(), pid=os.getpid()
+        )
+        try:
+            marked = yield self._outside([statement])
+        except BaseException as exc:
+            return (yield from self._period_not_recorded(exc))
+        if marked is True:
+            return None
+        if job.lifetime == "xact":
+            # Another run recorded this period first: the constraint wins, and this
+            # run's transaction, work included, is rolled back.
+            yield from self.core.exit(failed=True)
+            return self._ended("skipped", reason="already-done-this-period")
+        logger.error(
+            "pgsolo: job %s completed but period %s was already recorded by another run:"
+            " the work ran twice in this period (do all its runs use the same key?)",
+            job.name,
+            job.period,
+        )
+        return None
+
+    def _period_not_recorded(self, exc: BaseException) -> Plan[JobResult[Any]]:
+        yield from self.core.exit(failed=True)
+        if not isinstance(exc, Exception):
+            raise exc  # KeyboardInterrupt, SystemExit, cancellation
+        gone = _gone(self.driver, exc)
+        if self.job.lifetime == "xact":  # rolled back, work included
+            return self._ended("lost" if gone else "failed", reason=gone, error=exc)
+        # The work is done but its period is not marked: the next run in this period
+        # will do it again. Say so with a failure rather than a silent success.
+        logger.error(
+            "pgsolo: job %s completed but its period could not be recorded: %s",
+            self.job.name,
+            self._scrub(exc),
+        )
+        if gone is not None:
+            return self._ended("lost", reason=gone, error=exc)
+        return self._ended("failed", reason="period-not-recorded", error=exc)
+
+    def end(self) -> Plan[JobResult[Any]]:
+        """Let the lock go after work that ran to its end: a lock found gone by then makes
+        the attempt lost, whatever the work said."""
+        rollback = self.failure is not None and self.job.lifetime == "xact"
+        try:
+            yield from self.core.exit(failed=rollback)
+        except (LockLostError, LockNotHeldError) as exc:
+            return self._ended("lost", reason=lost_reason(exc), error=exc, value=self.value)
+        except TransactionFailedError as exc:
+            return self._ended("failed", error=exc)
+        except Exception as exc:
+            if (gone := _gone(self.driver, exc)) is None:
+                return self._ended("failed", error=exc)
+            # The work returned, but the transaction holding the lock died with its
+            # connection before it could commit: a lost lock, not a failure of the work.
+            lost = LockLostError(
+                f"{self.job.lifetime} lock {self.job.key} was lost with its connection"
+                " before the run could end, so the work's transaction was not confirmed"
+                f" committed: {exc}",
+                key=self.job.key,
+                reason=gone,
             )
-        if job.period is not None:
-            marked = yield outside([sql.period_record(job.name, job.period, host=host, pid=pid)])
-            if marked is not True and job.lifetime == "xact":
-                # Another run recorded this period first: the constraint wins, and this
-                # run's transaction, work included, is rolled back.
-                yield from core.exit(failed=True)
-                return result("skipped", reason="already-done-this-period", duration=duration)
-            if marked is not True:
-                logger.error(
-                    "pgsolo: job %s completed but period %s was already recorded by another"
-                    " run: the work ran twice in this period",
-                    job.name,
-                    job.period,
-                )
-    except BaseException as exc:
-        duration = time.perf_counter() - work_started
-        yield from core.exit(failed=True)
-        undefined_table = sql.meaning(driver.sqlstate(exc)) is sql.Meaning.NOT_MIGRATED
-        if undefined_table and job.period is not None and not in_work:
+            lost.__cause__ = exc
+            return self._ended("lost", reason=gone, error=lost)
+        if (failure := self.failure) is not None:
+            return self._ended("failed", reason=failure.reason, error=failure.error)
+        return self._ended("completed", value=self.value)
+
+    def _failed(self, exc: BaseException, *, in_work: bool) -> Plan[JobResult[Any]]:
+        """The period check or the work raised ``exc``: let the lock go (never masking
+        ``exc``), and say what that makes the attempt."""
+        yield from self.core.exit(failed=True)
+        undefined_table = sql.meaning(self.driver.sqlstate(exc)) is sql.Meaning.NOT_MIGRATED
+        if undefined_table and self.job.period is not None and not in_work:
             raise NotMigratedError(
                 "once-per-period runs need pgsolo's tables: run `pgsolo migrate` first"
             ) from exc
         if isinstance(exc, LockLostError):  # the keeper saw the lock go while the work ran
-            return result("lost", error=exc, duration=duration, reason=exc.reason)
-        if isinstance(exc, Exception):
-            if driver.is_closed():  # the connection, and the lock with it, went under the work
-                return result("lost", error=exc, duration=duration, reason="connection-lost")
-            return result("failed", error=exc, duration=duration)
-        raise  # KeyboardInterrupt, SystemExit, cancellation: not the work's outcome
-    try:
-        yield from core.exit(failed=False)
-    except (LockLostError, LockNotHeldError) as exc:
-        return result("lost", error=exc, duration=duration, reason=_lost_reason(exc), value=value)
-    except TransactionFailedError as exc:
-        return result("failed", error=exc, duration=duration)
-    except Exception as exc:
-        if not driver.is_closed():
-            return result("failed", error=exc, duration=duration)
-        # The work returned, but the transaction holding the lock died with its
-        # connection before it could commit: a lost lock, not a failure of the work.
-        lost = LockLostError(
-            f"{job.lifetime} lock {job.key} was lost with its connection before the run"
-            f" could end, so the work's transaction was not confirmed committed: {exc}",
-            key=job.key,
-            reason="connection-lost",
-        )
-        lost.__cause__ = exc
-        return result("lost", error=lost, duration=duration, reason="connection-lost")
-    return result("completed", value=value, duration=duration)
+            return self._ended("lost", reason=exc.reason, error=exc)
+        if not isinstance(exc, Exception):
+            raise exc  # KeyboardInterrupt, SystemExit, cancellation: not the work's outcome
+        if (gone := _gone(self.driver, exc)) is not None:
+            # The connection, and the lock with it, went under the work.
+            return self._ended("lost", reason=gone, error=exc)
+        return self._ended("failed", error=exc)
+
+    def _ended(self, outcome: Outcome, **kwargs: Any) -> JobResult[Any]:
+        return self.result(outcome, duration=self.duration, **kwargs)
+
+    def _scrub(self, exc: BaseException) -> str:
+        return self.driver.scrub(str(exc).strip())
 
 
-def _lost_reason(error: BaseException | None) -> LostReason:
-    """The reason code of a loss found at the end of the run: the error's own, or
-    ``lock-released`` when the server said the lock was no longer held at release."""
+def unresponsive(error: BaseException | None) -> bool:
+    """Whether ``error``, or one of its causes, says that a deadline shut the connection
+    down (:class:`~pgsolo.DatabaseUnavailableError` with ``unresponsive``)."""
+    while error is not None:
+        if isinstance(error, DatabaseUnavailableError) and error.unresponsive:
+            return True
+        error = error.__cause__
+    return False
+
+
+def _gone(driver: DriverBase, error: BaseException) -> LostReason | None:
+    """How the connection went, if ``error`` came with its end; None while it lives."""
+    if unresponsive(error):
+        return "connection-unresponsive"
+    return "connection-lost" if driver.is_closed() else None
+
+
+def lost_reason(error: BaseException | None) -> LostReason:
+    """The reason code of a loss found at the end of the run: ``connection-unresponsive``
+    when a deadline shut the connection down, else the error's own, or ``lock-released``
+    when the server said the lock was no longer held at release."""
+    if unresponsive(error):
+        return "connection-unresponsive"
     return error.reason if isinstance(error, LockLostError) else "lock-released"
 
 
@@ -169,7 +309,7 @@ def conclude(job: Job, result: JobResult[T], raise_errors: bool) -> JobResult[T]
             raise LockLostError(
                 f"job {job.name!r} lost its lock {job.key} while the work ran: {result.error}",
                 key=job.key,
-                reason=_lost_reason(result.error),
+                reason=lost_reason(result.error),
             ) from result.error
         raise result.error
     return result

@@ -1,24 +1,22 @@
 """The ledger: each attempt as a row of ``pgsolo.job_runs`` (``record=True``, ``pgsolo run
---record``), read back by :func:`history`, with a warning for jobs that mostly skip."""
+--record``), written over the attempt's own connection or a spare one, read back by
+:func:`history`, with a warning for jobs that mostly skip."""
 
 from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Mapping, Sequence
-from typing import (
-    TYPE_CHECKING,
-    Any,
-    ParamSpec,
-    TypeVar,
-)
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from .. import sql
 from .._logging import logger
-from ..drivers import DriverBase, adapt_sync
+from ..drivers import AsyncDriver, DriverBase, SyncDriver, adapt_async, adapt_sync
+from ..drivers.connect import aopen_connection, open_connection
+from ..drivers.conninfo import DEFAULT_ANSWER_TIMEOUT
 from ..errors import NotMigratedError
 from ..locking.placement import outside_transaction
-from ..locking.plans import Plan
+from ..locking.plans import Plan, adrive, drive
 from .definition import Job, JobResult
 
 if TYPE_CHECKING:
@@ -26,16 +24,23 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SKIP_WARNING_WINDOW",
+    "Warn",
+    "arecord_result",
     "history",
     "history_rows",
     "ledger_statements",
     "log_unrecorded",
     "record_plan",
+    "record_result",
     "skip_warning",
 ]
 
-T = TypeVar("T")
-P = ParamSpec("P")
+Warn = Callable[[str], object]
+"""Where a warning about a job's recent attempts goes (the log, or pgsolo run's stderr)."""
+
+
+def _log_warning(text: str) -> None:
+    logger.warning("pgsolo: %s", text)
 
 
 def ledger_statements(
@@ -73,9 +78,18 @@ def log_unrecorded(job: Job, result: JobResult[Any]) -> None:
     )
 
 
-def record_plan(job: Job, result: JobResult[Any], driver: DriverBase) -> Plan[None]:
+def record_plan(
+    job: Job,
+    result: JobResult[Any],
+    driver: DriverBase,
+    *,
+    exit_code: int | None = None,
+    warn: Warn = _log_warning,
+) -> Plan[None]:
+    """Write ``result`` to the ledger (``exit_code``: ``pgsolo run``'s); after a busy
+    skip, ``warn`` about a job that mostly skips."""
     try:
-        yield ledger_statements(job, result, driver)
+        yield ledger_statements(job, result, driver, exit_code=exit_code)
     except Exception as exc:
         if sql.meaning(driver.sqlstate(exc)) is sql.Meaning.NOT_MIGRATED:
             raise NotMigratedError(
@@ -85,11 +99,59 @@ def record_plan(job: Job, result: JobResult[Any], driver: DriverBase) -> Plan[No
     if result.outcome == "skipped" and result.reason == "busy":
         # Only a skip pays for this look back: repeated skips mean the work is slower
         # than its schedule, which the article says to watch for.
-        recent = yield outside_transaction(
-            driver, [sql.history(job=job.name, limit=SKIP_WARNING_WINDOW)]
-        )
+        try:
+            recent = yield outside_transaction(
+                driver, [sql.history(job=job.name, limit=SKIP_WARNING_WINDOW)]
+            )
+        except Exception as exc:  # the row is written; a warning must not undo that
+            logger.debug("pgsolo: reading the ledger for skip warnings failed: %r", exc)
+            return
         for warning in skip_warning(history_rows(recent)):
-            logger.warning("pgsolo: %s", warning)
+            warn(warning)
+
+
+def record_result(
+    job: Job,
+    result: JobResult[Any],
+    driver: SyncDriver,
+    dsn: str | None,
+    *,
+    exit_code: int | None = None,
+    warn: Warn = _log_warning,
+    defaults: Mapping[str, str] | None = None,
+    answer_timeout: float = DEFAULT_ANSWER_TIMEOUT,
+) -> None:
+    """Record ``result`` over the attempt's own connection (``driver``) or, when that one
+    is gone, over a new one to ``dsn`` (opened with ``defaults`` and ``answer_timeout``,
+    as :func:`~pgsolo.drivers.connect.open_connection` takes them); with no ``dsn``, log
+    that it is not recorded. Errors are raised."""
+    if not driver.is_closed():
+        drive(record_plan(job, result, driver, exit_code=exit_code, warn=warn), driver)
+        return
+    if dsn is None:
+        log_unrecorded(job, result)
+        return
+    name = job.application_name_for(dsn)
+    with open_connection(
+        dsn, application_name=name, defaults=defaults, answer_timeout=answer_timeout
+    ) as spare:
+        spare_driver = adapt_sync(spare)
+        drive(record_plan(job, result, spare_driver, exit_code=exit_code, warn=warn), spare_driver)
+
+
+async def arecord_result(
+    job: Job, result: JobResult[Any], driver: AsyncDriver, dsn: str | None
+) -> None:
+    """The async twin of :func:`record_result`."""
+    if not driver.is_closed():
+        await adrive(record_plan(job, result, driver), driver)
+        return
+    if dsn is None:
+        log_unrecorded(job, result)
+        return
+    async with aopen_connection(dsn, application_name=job.application_name_for(dsn)) as spare:
+        spare_driver = adapt_async(spare)
+        await adrive(record_plan(job, result, spare_driver), spare_driver)
 
 
 def history(

@@ -13,7 +13,7 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 from .. import sql
-from ..drivers import DriverBase, adapt_sync
+from ..drivers import DriverBase, TxStatus, adapt_sync
 from ..keys import Key, from_name
 from ..locking.core import LockCore
 from ..locking.placement import outside_transaction
@@ -28,6 +28,7 @@ __all__ = [
     "MIGRATION_KEY",
     "migrate",
     "schema_version",
+    "version_plan",
 ]
 
 MIGRATION_KEY: Key = from_name("pgsolo:migrate")
@@ -81,9 +82,33 @@ def migrate(conn: psycopg.Connection[Any]) -> list[int]:
     return drive(_migrate_plan(driver), driver)
 
 
+def version_plan(driver: DriverBase) -> Plan[int]:
+    """The version of pgsolo's tables in this database (0: never migrated), as a plan:
+    :func:`schema_version` drives it, and so does every job attempt that needs the
+    tables (``record``, ``period``; ``pgsolo run --record``/``--once-per``).
+
+    One round trip where pgsolo's tables are there (the case that matters, since every
+    such job pays it): the version is read directly, and a missing table, which fails
+    the statement when it is parsed, means version 0. Inside the caller's transaction the
+    read runs in a savepoint, so that the failure costs the transaction nothing."""
+    status = driver.transaction_status()
+    read = [sql.SCHEMA_VERSION]
+    if status is TxStatus.INTRANS:
+        read = [sql.SAVEPOINT, *read, sql.SAVEPOINT_RELEASE]
+    try:
+        version = yield outside_transaction(driver, read)
+    except Exception as exc:
+        if sql.meaning(driver.sqlstate(exc)) is not sql.Meaning.NOT_MIGRATED:
+            raise
+        if status is TxStatus.INTRANS:
+            yield [sql.SAVEPOINT_UNDO, sql.SAVEPOINT_RELEASE]
+        elif driver.transaction_status() in (TxStatus.INTRANS, TxStatus.INERROR):
+            yield [sql.ROLLBACK]  # the transaction the driver opened for the read
+        return 0
+    return int(str(version))
+
+
 def schema_version(conn: psycopg.Connection[Any]) -> int:
     """The version of pgsolo's tables in this database (0: never migrated)."""
     driver = adapt_sync(conn)
-    if driver.fetch_value(outside_transaction(driver, [sql.MIGRATIONS_TABLE_EXISTS])) is not True:
-        return 0
-    return int(str(driver.fetch_value(outside_transaction(driver, [sql.SCHEMA_VERSION]))))
+    return drive(version_plan(driver), driver)

@@ -19,7 +19,6 @@ lacks, and psycopg reads JSON as UTF-8 whatever the encoding.
 from __future__ import annotations
 
 from .ledger import (
-    LEDGER_READY,
     history,
     period_done,
     period_record,
@@ -73,7 +72,6 @@ from .once import (
 )
 from .schema import (
     MIGRATIONS_TABLE,
-    MIGRATIONS_TABLE_EXISTS,
     SCHEMA,
     SCHEMA_VERSION,
     record_migration,
@@ -107,9 +105,7 @@ __all__ = [
     "FENCING_SEQUENCE",
     "IN_RECOVERY",
     "LAST_FENCING_TOKEN",
-    "LEDGER_READY",
     "MIGRATIONS_TABLE",
-    "MIGRATIONS_TABLE_EXISTS",
     "MONITOR_QUERY_CHARS",
     "REFUSE_STANDBY",
     "RESTORE_LOCK_TIMEOUT",

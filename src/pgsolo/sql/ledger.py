@@ -7,16 +7,12 @@ from .._types import PERIOD_UNITS, parse_period_seconds
 from .text import sql_text, text_or_null, utf8
 
 __all__ = [
-    "LEDGER_READY",
     "history",
     "period_done",
     "period_record",
     "period_start",
     "record_attempt",
 ]
-
-
-LEDGER_READY = "SELECT to_regclass('pgsolo.job_runs') IS NOT NULL"
 
 
 def period_start(period: str) -> str:

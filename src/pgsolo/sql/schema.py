@@ -5,7 +5,6 @@ from __future__ import annotations
 
 __all__ = [
     "MIGRATIONS_TABLE",
-    "MIGRATIONS_TABLE_EXISTS",
     "SCHEMA",
     "SCHEMA_VERSION",
     "record_migration",
@@ -24,11 +23,6 @@ CREATE TABLE IF NOT EXISTS pgsolo.schema_migrations (
 
 
 SCHEMA_VERSION = "SELECT coalesce(max(version), 0) FROM pgsolo.schema_migrations"
-
-
-# Two statements, not one CASE: a query that names a missing table fails when it is
-# parsed, whichever branch would run.
-MIGRATIONS_TABLE_EXISTS = "SELECT to_regclass('pgsolo.schema_migrations') IS NOT NULL"
 
 
 def record_migration(version: int) -> str:

@@ -1,36 +1,35 @@
-"""``pgsolo run``: a command under a session lock (DESIGN §5)."""
+"""``pgsolo run``: a command under a session lock (DESIGN §5).
+
+Where each part lives:
+
+- :mod:`.arguments`: its options, and COMMAND after ``--``;
+- :mod:`.attempt`: one attempt, start to end: connect, drive the job plan
+  (:mod:`pgsolo.jobs.plan`) with COMMAND as its work, log, count and record the ending;
+- :mod:`.watch`: COMMAND as that work: started, watched with the keeper while it runs,
+  stopped when the lock is lost;
+- :mod:`.child`: COMMAND's process and its process group;
+- :mod:`.signals`: SIGTERM and SIGINT, ending a wait before COMMAND, forwarded while it runs;
+- :mod:`.outcome`: what each ending means: the exit code and the error line;
+- :mod:`.report`: the ``--json`` object.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 from typing import TYPE_CHECKING
 
-from ...drivers.conninfo import (
-    redact_dsn,
-)
-from ...errors import (
-    UsageError,
-)
+from ...errors import UsageError
 from ...keys import Key
-from ...locking.core import MAX_WAIT_SECONDS
-from ..exit_codes import (
-    EXIT_UNAVAILABLE,
-    EXIT_USAGE,
-)
+from ..common import CliError, Subparsers, add_command, database
+from ..exit_codes import EXIT_UNAVAILABLE, EXIT_USAGE
+from .arguments import add_run_arguments, command_of, with_separator
 
 if TYPE_CHECKING:
     from ...reasons import RunReason
-from ..common import (
-    CliError,
-    Subparsers,
-    add_command,
-    add_dsn_argument,
-    database,
-    seconds_between,
-)
+
+__all__ = ["add_run_command", "cmd_run"]
 
 
 def add_run_command(subparsers: Subparsers) -> None:
@@ -55,73 +54,7 @@ def add_run_command(subparsers: Subparsers) -> None:
         " too); with a terminal on stdin, only COMMAND's own process. If pgsolo itself is"
         " killed, COMMAND's own process is killed with it (Linux).",
     )
-    parser.add_argument("--key", required=True, metavar="KEY", help="a name, an int64 or N:R")
-    parser.add_argument(
-        "--namespace",
-        type=int,
-        metavar="N",
-        help="derive the pair (N, int32 of the name) instead of an int64 (names only)",
-    )
-    parser.add_argument(
-        "--wait",
-        type=seconds_between(0.001, MAX_WAIT_SECONDS),
-        metavar="SECONDS",
-        help="wait up to SECONDS for the lock (server-side lock_timeout); default: try once",
-    )
-    parser.add_argument(
-        "--once-per",
-        metavar="PERIOD",
-        help="run at most once per PERIOD by the database's clock: minute, hour, day, week,"
-        " month, year (UTC) or 'N seconds' (N from 1 to 3153600000, 100 years); needs"
-        " `pgsolo migrate`",
-    )
-    parser.add_argument(
-        "--record",
-        action="store_true",
-        help="write every attempt to the ledger (pgsolo.job_runs; needs `pgsolo migrate`)",
-    )
-    parser.add_argument(
-        "--name", metavar="NAME", help="the job's name (default: the key's name or text)"
-    )
-    parser.add_argument(
-        "--application-name",
-        metavar="NAME",
-        help="application_name of pgsolo's connection (default: pgsolo:<job name>)",
-    )
-    parser.add_argument(
-        "--check-interval",
-        type=seconds_between(0.01, 3600),
-        default=1.0,
-        metavar="S",
-        help="check that the lock is still held every S seconds (default: 1)",
-    )
-    parser.add_argument(
-        "--check-timeout",
-        type=seconds_between(0.1, 3600),
-        default=10.0,
-        metavar="S",
-        help="a check (any exchange with the database once the lock is held) that gets no"
-        " answer within S seconds drops the connection and counts as a lost lock; TCP"
-        " keepalives and tcp_user_timeout are sized from it too (default: 10)",
-    )
-    parser.add_argument(
-        "--grace",
-        type=seconds_between(0, 3600),
-        default=10.0,
-        metavar="S",
-        help="after a lost lock, seconds between SIGTERM and SIGKILL (default: 10)",
-    )
-    add_dsn_argument(parser)
-    parser.add_argument(
-        "--json",
-        action="store_true",
-        help="print one JSON object with the outcome on stderr (its last line), however the"
-        " run ends once its arguments parse",
-    )
-    # Not dest="command": main() reads the subcommand's name from there.
-    parser.add_argument(
-        "argv", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARG...]", help="what to run"
-    )
+    add_run_arguments(parser)
     parser.set_defaults(handler=cmd_run)
 
 
@@ -131,7 +64,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .report import RunReport  # noqa: PLC0415
     from .signals import RunSignals  # noqa: PLC0415
 
-    command, separated = _command_of(args)
+    command, separated = command_of(args)
     key: Key | None = None
     job: Job | None = None
     # From here on every ending prints its error and, with --json, one JSON object (the
@@ -147,7 +80,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 raise CliError(  # noqa: TRY301
                     "COMMAND must come after `--` (pgsolo run --key KEY [OPTIONS] -- COMMAND"
                     " [ARG...]), so that no option is ever taken for the wrong program;"
-                    f" run: {_with_separator(args, command)}",
+                    f" run: {with_separator(args, command)}",
                     EXIT_USAGE,
                 )
             # Everything is validated before anything connects (UsageError: exit 2).
@@ -193,38 +126,3 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(outcome.as_dict()), file=sys.stderr, flush=True)
     return outcome.exit_code
-
-
-def _command_of(args: argparse.Namespace) -> tuple[list[str], bool]:
-    """COMMAND [ARG...] of ``pgsolo run``, and whether ``--`` came before it (DESIGN §5).
-
-    argparse keeps everything from COMMAND on, options included; whether it keeps the
-    ``--`` itself depends on the Python version, so the command line as given decides.
-    """
-    command = list(args.argv)
-    if command[:1] == ["--"]:
-        return command[1:], True
-    given: list[str] = getattr(args, "given_argv", [])
-    start = len(given) - len(command)
-    separated = start > 0 and given[start:] == command and given[start - 1] == "--"
-    return command, separated
-
-
-def _with_separator(args: argparse.Namespace, command: list[str]) -> str:
-    """The command line as it should have been given, to show in the error: pgsolo's own
-    options with any password blanked out, ``--``, then COMMAND's name only (its arguments
-    are never shown: they may carry secrets)."""
-    given: list[str] = getattr(args, "given_argv", [])
-    options = given[: len(given) - len(command)] if given[-len(command) :] == command else []
-    shown: list[str] = []
-    for index, word in enumerate(options):
-        if index > 0 and options[index - 1] == "--dsn":
-            shown.append(redact_dsn(word))
-        elif word.startswith("--dsn="):
-            shown.append("--dsn=" + redact_dsn(word.removeprefix("--dsn=")))
-        else:
-            shown.append(word)
-    if not options:
-        shown = ["run", "--key", "KEY", "[OPTIONS]"]
-    arguments = " ARG..." if len(command) > 1 else ""
-    return shlex.join(["pgsolo", *shown, "--", command[0]]) + arguments

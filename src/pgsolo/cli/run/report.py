@@ -1,39 +1,14 @@
-"""How one ``pgsolo run`` ended: the report behind ``--json`` and the exit code."""
+"""How one ``pgsolo run`` ended: the report behind ``--json``, with the exit code."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..._types import Outcome
-from ...reasons import LostReason, Reason, RunReason
+from ...reasons import Reason, RunReason
 
-if TYPE_CHECKING:
-    pass
-
-__all__ = ["LOST_DETAIL", "CommandFailed", "Lost", "RunReport"]
-
-
-class CommandFailed(Exception):
-    """What the ledger's ``error`` column says about a command killed by a signal."""
-
-
-LOST_DETAIL = {
-    "connection-unresponsive": "the database did not answer the lock check within {timeout:g}s"
-    " (--check-timeout), so pgsolo dropped the connection",
-    "lock-released": "pg_locks no longer shows it on pgsolo's connection",
-    "connection-moved": "the connection now reaches another server backend: a"
-    " transaction-pooling proxy is in between, where session locks cannot work",
-    "server-in-recovery": "the server is now in recovery (a standby), where an advisory"
-    " lock coordinates nothing",
-}
-
-
-@dataclass(frozen=True, slots=True)
-class Lost:
-    reason: LostReason
-    detail: str
-    stopped: bool  # COMMAND was still running when pgsolo sent SIGTERM
+__all__ = ["RunReport"]
 
 
 @dataclass(slots=True)

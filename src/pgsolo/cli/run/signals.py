@@ -13,8 +13,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .child import Child
 
-    pass
-
 __all__ = ["FORWARDED_SIGNALS", "Interrupted", "RunSignals", "signal_name"]
 
 
@@ -37,9 +35,10 @@ class RunSignals:
     """SIGTERM and SIGINT for the whole of one ``pgsolo run`` (main thread only).
 
     Installed (:meth:`installed`) before anything connects, so that no signal kills pgsolo
-    outright. Inside :meth:`interruptible` (connecting, waiting for the lock) the handler
-    raises :class:`Interrupted`; while COMMAND runs (``child`` set) it forwards the signal
-    to it; otherwise it only remembers it, and a remembered signal keeps COMMAND from being
+    outright. Inside :meth:`interruptible` (connecting; then everything the job plan does
+    before COMMAND starts, waiting for the lock included) the handler raises
+    :class:`Interrupted`; from :meth:`forwarding` on, it forwards the signal to COMMAND;
+    otherwise it only remembers it, and a remembered signal keeps COMMAND from being
     started at all. A signal the caller ignores stays ignored.
     """
 
@@ -70,6 +69,17 @@ class RunSignals:
             yield
         finally:
             self._interruptible = False
+
+    @contextmanager
+    def forwarding(self, child: Child) -> Iterator[None]:
+        """While COMMAND is started and runs: a signal goes to it (or waits for its
+        start); it no longer ends the attempt."""
+        self._interruptible = False
+        self.child = child
+        try:
+            yield
+        finally:
+            self.child = None
 
     @contextmanager
     def installed(self) -> Iterator[RunSignals]:

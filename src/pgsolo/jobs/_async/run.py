@@ -16,7 +16,7 @@ from ...locking.keeper import Keep
 from ...locking.plans import adrive
 from ..definition import Job, JobResult, refuse_cancel_without_tasks, refuse_unknown_options
 from ..plan import attempt_plan, conclude, core_for
-from ..record import log_unrecorded, record_plan
+from ..record import arecord_result
 from ..report import report
 
 if TYPE_CHECKING:
@@ -116,14 +116,5 @@ async def _run_async(
     result: JobResult[T] = await adrive(attempt_plan(job, core), driver, work)
     report(job, result, driver, info)
     if job.record:
-        if not driver.is_closed():
-            await adrive(record_plan(job, result, driver), driver)
-        elif dsn is not None:
-            async with aopen_connection(
-                dsn, application_name=job.application_name_for(dsn)
-            ) as spare:
-                spare_driver = adapt_async(spare)
-                await adrive(record_plan(job, result, spare_driver), spare_driver)
-        else:
-            log_unrecorded(job, result)
+        await arecord_result(job, result, driver, dsn)
     return conclude(job, result, raise_errors)

@@ -17,7 +17,7 @@ from ...locking.keeper import Keep
 from ...locking.plans import drive
 from ..definition import Job, JobResult, refuse_cancel_without_tasks, refuse_unknown_options
 from ..plan import attempt_plan, conclude, core_for
-from ..record import log_unrecorded, record_plan
+from ..record import record_result
 from ..report import report
 
 if TYPE_CHECKING:
@@ -115,12 +115,5 @@ def _run_sync(
     result: JobResult[T] = drive(attempt_plan(job, core), driver, work)
     report(job, result, driver, info)
     if job.record:
-        if not driver.is_closed():
-            drive(record_plan(job, result, driver), driver)
-        elif dsn is not None:
-            with open_connection(dsn, application_name=job.application_name_for(dsn)) as spare:
-                spare_driver = adapt_sync(spare)
-                drive(record_plan(job, result, spare_driver), spare_driver)
-        else:
-            log_unrecorded(job, result)
+        record_result(job, result, driver, dsn)
     return conclude(job, result, raise_errors)
