@@ -36,7 +36,16 @@ from . import BeatFailed, ServerInfo, TxStatus
 from .conninfo import scrub_secrets
 from .deadlines import DEADLINES, shut_down_socket
 
-__all__ = ["PsycopgBase", "bound_answers", "exchange_beat", "has_row", "message", "shut_down"]
+__all__ = [
+    "Deadline",
+    "PsycopgBase",
+    "bound_answers",
+    "exchange_beat",
+    "has_row",
+    "message",
+    "shut_down",
+    "start_deadline",
+]
 
 # A second, short-lived connection to the place the caller's connection goes (the proxy
 # check): the caller's connection answered a moment ago, so these are generous.
@@ -75,7 +84,7 @@ def bound_answers(
     _ANSWER_WITHIN[conn] = _Bound(seconds, f"{conn.info.host}:{conn.info.port}")
 
 
-class _Deadline:
+class Deadline:
     """A hard deadline for one round trip on one of pgsolo's own connections."""
 
     def __init__(
@@ -106,20 +115,14 @@ class _Deadline:
             ) from failure
 
 
-_UNBOUNDED = contextlib.nullcontext()
-
-
-@contextlib.contextmanager
-def _bounded(
-    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], bound: _Bound, wait: float
-) -> Iterator[None]:
-    deadline = _Deadline(conn, bound, wait)
-    try:
-        yield
-    except BaseException as exc:
-        deadline.end(exc)
-        raise
-    deadline.end()
+def start_deadline(
+    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], wait: float
+) -> Deadline | None:
+    """The hard deadline of one round trip on ``conn`` (with ``wait`` seconds of lock wait
+    in it), armed now, if pgsolo opened ``conn`` itself (:func:`bound_answers`); None on
+    the caller's own connections, which pgsolo never cuts."""
+    bound = _ANSWER_WITHIN.get(conn)
+    return None if bound is None else Deadline(conn, bound, wait)
 
 
 # Connections on which a keeper's beat is in flight. The beat is one statement sent only
@@ -218,12 +221,6 @@ class PsycopgBase:
         """How long a second connection of pgsolo's to the same place may take to answer."""
         bound = _ANSWER_WITHIN.get(self._conn)
         return bound.seconds if bound is not None else PROBE_ANSWER_TIMEOUT
-
-    def _deadline(self, wait: float) -> contextlib.AbstractContextManager[None]:
-        """The hard deadline of one round trip (with ``wait`` seconds of lock wait in it),
-        on a connection pgsolo opened itself (:func:`bound_answers`); none on others."""
-        bound = _ANSWER_WITHIN.get(self._conn)
-        return _UNBOUNDED if bound is None else _bounded(self._conn, bound, wait)
 
     @contextlib.contextmanager
     def _beating(self) -> Iterator[None]:

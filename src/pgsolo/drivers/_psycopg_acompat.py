@@ -1,7 +1,8 @@
 """What the two psycopg adapters differ by, as pairs of helpers in the manner of
 :mod:`pgsolo._acompat`: one name for async code, the same without its leading ``a`` for
-sync code, which ``scripts/unasync.py`` maps. Here: a round trip that the caller's
-cancellation cannot leave half done (a thread is never cancelled halfway through one)."""
+sync code, which ``scripts/unasync.py`` maps. Here: one round trip, within its deadline on
+a connection pgsolo opened, and, for a task, safe from the caller's cancellation (a thread
+is never cancelled halfway through one)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from typing import Any, TypeVar
 
 import psycopg
 
+from ._psycopg import start_deadline
+
 __all__ = ["around_trip", "round_trip"]
 
 logger = logging.getLogger("pgsolo")
@@ -22,15 +25,30 @@ T = TypeVar("T")
 _SETTLE_SECONDS = 5.0
 
 
-def round_trip(conn: psycopg.Connection[Any], fetch: Callable[..., T], *args: Any) -> T:
-    """``fetch(*args)``, a round trip on ``conn``."""
-    return fetch(*args)
+def round_trip(
+    conn: psycopg.Connection[Any], wait: float, fetch: Callable[..., T], *args: Any
+) -> T:
+    """``fetch(*args)``, a round trip on ``conn`` that may wait ``wait`` seconds for a
+    lock, within its deadline on a connection pgsolo opened (:func:`start_deadline`)."""
+    deadline = start_deadline(conn, wait)
+    if deadline is None:
+        return fetch(*args)
+    try:
+        value = fetch(*args)
+    except BaseException as exc:
+        deadline.end(exc)
+        raise
+    deadline.end()
+    return value
 
 
 async def around_trip(
-    conn: psycopg.AsyncConnection[Any], fetch: Callable[..., Awaitable[T]], *args: Any
+    conn: psycopg.AsyncConnection[Any],
+    wait: float,
+    fetch: Callable[..., Awaitable[T]],
+    *args: Any,
 ) -> T:
-    """``await fetch(*args)``, a round trip on ``conn``, safe to cancel.
+    """``await fetch(*args)``, the same round trip, safe to cancel.
 
     psycopg's own handling of a cancelled task is not safe enough for a lock: a cancel
     request that reaches the server just before the statement starts is ignored, so
@@ -39,13 +57,23 @@ async def around_trip(
     cancelled, :func:`_settle` cancels the statement on the server (repeating the request
     until it takes), lets the round trip finish, and only then does the cancellation go on.
     """
+    deadline = start_deadline(conn, wait)
     call = _Call()
     block = asyncio.ensure_future(_owning(conn, call, fetch, args))
     try:
-        return await asyncio.shield(block)
+        value = await asyncio.shield(block)
     except asyncio.CancelledError:
         await _settle(conn, block, call)
+        if deadline is not None:
+            deadline.end()
         raise
+    except BaseException as exc:
+        if deadline is not None:
+            deadline.end(exc)
+        raise
+    if deadline is not None:
+        deadline.end()
+    return value
 
 
 class _Call:

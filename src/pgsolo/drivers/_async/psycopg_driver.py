@@ -26,8 +26,7 @@ class AsyncPsycopgDriver(PsycopgBase):
         self._conn = conn
 
     async def fetch_value(self, statements: Sequence[str], wait: float = 0.0) -> object:
-        with self._deadline(wait):
-            return await around_trip(self._conn, self._fetch, statements)
+        return await around_trip(self._conn, wait, self._fetch, statements)
 
     async def _fetch(self, statements: Sequence[str]) -> object:
         # The caller's connection may have any row factory; pgsolo reads plain tuples.

@@ -27,8 +27,7 @@ class PsycopgDriver(PsycopgBase):
         self._conn = conn
 
     def fetch_value(self, statements: Sequence[str], wait: float = 0.0) -> object:
-        with self._deadline(wait):
-            return round_trip(self._conn, self._fetch, statements)
+        return round_trip(self._conn, wait, self._fetch, statements)
 
     def _fetch(self, statements: Sequence[str]) -> object:
         # The caller's connection may have any row factory; pgsolo reads plain tuples.
