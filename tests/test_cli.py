@@ -20,6 +20,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
+from _support import run_cli as pgsolo
 from pgsolo.cli import main
 from pgsolo.drivers.conninfo import redact_dsn, scrub_secrets
 from pgsolo.dsn import EMBEDDED, choose_dsn
@@ -34,20 +35,6 @@ VECTORS = {
     "tenant-export": (-4731608009049143110, -1101663339),
     "Grüße": (-559005354142841542, -130153577),
 }
-
-
-def pgsolo(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m pgsolo ARGS``; the caller's DSN variables are not inherited."""
-    base = {k: v for k, v in os.environ.items() if k not in ("PGSOLO_DSN", "DATABASE_URL")}
-    return subprocess.run(
-        [sys.executable, "-m", "pgsolo", *args],
-        capture_output=True,
-        text=True,
-        encoding="utf-8",
-        env={**base, "PYTHONIOENCODING": "utf-8", **(env or {})},
-        timeout=120,
-        check=False,
-    )
 
 
 def key_json(*args: str) -> dict[str, object]:

@@ -22,8 +22,8 @@ import pytest
 from psycopg import sql as pgsql
 
 from _support import DEADLINE, eventually
+from _support import run_cli as pgsolo
 from pgsolo.keys import Key, derive_int64
-from test_cli import pgsolo
 
 Connect = Callable[..., psycopg.Connection]
 

@@ -12,11 +12,10 @@ from collections.abc import Callable
 import psycopg
 
 import pgsolo
-from _support import DEADLINE, eventually
+from _support import DEADLINE, eventually, run_cli
 from pgsolo import UsageError
 from pgsolo.keys import Key, derive_int64
 from pgsolo.monitor import advisory_locks, doctor, terminate_backend, wait_chains
-from test_cli import pgsolo as run_cli
 
 Connect = Callable[..., psycopg.Connection]
 BOUND = "-c statement_timeout=20000"

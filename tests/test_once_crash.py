@@ -28,12 +28,13 @@ from typing import Any
 import psycopg
 import pytest
 
+import _once_child
 import pgsolo
 from _once_child import PAID_ORDERS, post_charge
 from _support import eventually
 from pgsolo.once.operation import lock_key_for
 
-CHILD = Path(__file__).resolve().parent / "_once_child.py"
+CHILD = Path(_once_child.__file__).resolve()
 DEADLINE = 20.0  # generous: a worker process starts, imports and connects in this time
 Connect = Callable[..., psycopg.Connection]
 
