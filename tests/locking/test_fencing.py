@@ -1,6 +1,11 @@
 """Fencing tokens: each acquisition of a key yields a larger token than any before it,
 issued by the database in the same round trip (or transaction) as the lock, so that a
-downstream system can refuse the writes of a holder whose lock was lost."""
+downstream system can refuse the writes of a holder whose lock was lost.
+
+Also: the token of this very acquisition inside a caller's transaction, no stale token
+on a busy retry, and fencing that never acquires without a token nor waits for another
+session's transaction.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +18,7 @@ import pytest
 
 import pgsolo
 from _support import eventually, terminate
-from pgsolo import Key, UsageError
+from pgsolo import Key, UsageError, session_lock, xact_lock
 
 Connect = Callable[..., psycopg.Connection[Any]]
 
@@ -196,3 +201,120 @@ def test_fencing_with_shared_or_reentrant_is_refused_before_any_sql(
     with pytest.raises(UsageError):
         pgsolo.session_lock(conn, key, **{"fencing": True, **options})
     assert observer.holders(key) == set()
+
+
+# -- a keeper task when the event loop closes ----------------------------------------------
+
+
+@pytest.mark.parametrize("autocommit", [True, False])
+def test_fencing_wait_in_callers_transaction_returns_this_acquisitions_token(
+    db: str, key: Any, autocommit: bool
+) -> None:
+    with psycopg.connect(db, autocommit=autocommit) as conn, psycopg.connect(db) as other:
+        other.execute("SELECT nextval('pgsolo.fencing_token_seq')")  # another session's token
+        with conn.transaction():
+            lock = xact_lock(conn, key, wait=5, fencing=True)
+            assert lock.acquire()
+            first = lock.token
+            session = session_lock(conn, f"{key.text}-session", wait=5, fencing=True)
+            assert session.acquire()
+            second = session.token
+            current = conn.execute("SELECT currval('pgsolo.fencing_token_seq')").fetchone()
+            assert current == (second,)
+            session.release()
+        assert first is not None
+        assert second is not None
+        assert second > first
+        # a busy fencing try answers 0: not acquired, no token
+        other.execute(f"SELECT pg_advisory_lock({key.sql_args})")
+        with conn.transaction():
+            busy = xact_lock(conn, key, fencing=True)
+            assert busy.acquire() is False
+            assert busy.token is None
+            assert not busy.acquired
+
+
+def test_a_busy_retry_does_not_show_the_previous_acquisitions_token(db: str, key: Any) -> None:
+    with (
+        psycopg.connect(db, autocommit=True) as conn,
+        psycopg.connect(db, autocommit=True) as other,
+    ):
+        lock = session_lock(conn, key, fencing=True)
+        assert lock.acquire()
+        old = lock.token
+        lock.release()
+        other.execute(f"SELECT pg_advisory_lock({key.sql_args})")
+        assert lock.acquire() is False  # busy: nothing held, no token issued
+        assert lock.token is None, f"busy try still shows token {old} of a released hold"
+
+
+# -- found in review -----------------------------------------------------------------------
+
+
+def _fencing_row_locked_by_open_transaction(connect: Connect, key: Key) -> psycopg.Connection[Any]:
+    """Worker A takes and releases the key inside a transaction it keeps open (an earlier
+    design kept a row per key, which A's open transaction then held locked)."""
+    a = connect()
+    a.execute("BEGIN")
+    lock = pgsolo.session_lock(a, key, fencing=True)
+    assert lock.acquire()
+    assert lock.token is not None
+    lock.release()  # the advisory lock is free now; A's transaction is still open
+    return a
+
+
+@pytest.mark.usefixtures("db")
+def test_wait_with_fencing_never_acquires_without_a_token(
+    connect: Connect, observer: Any, key: Key
+) -> None:
+    a = _fencing_row_locked_by_open_transaction(connect, key)
+    b = connect()
+    lock = pgsolo.session_lock(b, key, wait=1, fencing=True)
+    try:
+        acquired = lock.acquire()
+    except pgsolo.LockTimeoutError:
+        acquired = False
+    # Acquired with fencing=True must mean a token (never "granted as it timed out"
+    # without one).
+    assert not acquired or lock.token is not None, (acquired, lock.token)
+    if lock.acquired:
+        lock.release()
+    a.execute("ROLLBACK")
+
+
+@pytest.mark.usefixtures("db")
+def test_try_with_fencing_does_not_wait_for_another_transaction(
+    connect: Connect, observer: Any, key: Key
+) -> None:
+    a = _fencing_row_locked_by_open_transaction(connect, key)
+    b = connect()
+    b.execute("SET statement_timeout = '3s'")  # bounds the test if the try waits
+    lock = pgsolo.session_lock(b, key, fencing=True)
+    outcome: list[object] = []
+    try:
+        outcome.append(lock.acquire())
+    except psycopg.Error as exc:  # statement_timeout: the try waited for A's transaction
+        outcome.append(exc)
+    token = lock.token
+    a.execute("ROLLBACK")
+    if lock.acquired:
+        lock.release()
+    # A try answers at once (the key is free): acquired, with a token, never cancelled.
+    assert outcome == [True], outcome
+    assert token is not None
+
+
+@pytest.mark.parametrize("wait", [None, 2.0], ids=["try", "wait"])
+def test_fencing_failure_inside_the_callers_transaction_holds_nothing(
+    fresh_db: str, observer: Any, key: Key, wait: float | None
+) -> None:
+    """Not migrated: the fencing INSERT fails. Inside the caller's transaction, in wait
+    mode, it runs after the savepoint was released, so recovery cannot see the grant."""
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute("BEGIN")
+        with pytest.raises(pgsolo.UsageError, match="nothing is held"):
+            pgsolo.session_lock(conn, key, wait=wait, fencing=True).acquire()
+        held = observer.holders(key)
+        conn.execute("ROLLBACK")
+        assert held == set(), "a session lock was left held after 'nothing is held'"
+        assert observer.holders(key) == set()

@@ -6,12 +6,16 @@ same session, or a TCP relay in front of the server stops passing the server's a
 What the keeper does is checked the way an operator would see it: ``pg_locks`` and
 ``pg_stat_activity`` from another session (the ``observer`` fixture), never only what
 pgsolo says about itself.
+
+The async keeper is in ``test_keeper_async.py``. The last section holds cases found in
+review: descriptors above 1023, a beat that timed out, pipelines, re-entrant holds.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 import time
 import uuid
@@ -22,6 +26,7 @@ import psycopg
 import pytest
 from psycopg import pq
 
+import _support
 import pgsolo
 from _relay import FreezingProxy
 from _support import DEADLINE, eventually, terminate
@@ -646,3 +651,95 @@ def test_other_locks_on_the_connection_are_not_refused_during_a_beat(
     assert attempts > 0
     assert refused == []
     assert observer.holders(other) == set()
+
+
+# -- found in review -----------------------------------------------------------------------
+
+
+def _hog_descriptors(count: int = 1100) -> list[int]:
+
+    return [os.open(os.devnull, os.O_RDONLY) for _ in range(count)]
+
+
+def test_keeper_works_on_a_connection_whose_descriptor_is_above_1023(
+    connect: Connect, observer: Any, key: Key
+) -> None:
+    """select.select() cannot watch a descriptor >= FD_SETSIZE (1024); a process with
+    many open files (a busy web server) gets such connections."""
+
+    hogs = _hog_descriptors()
+    try:
+        conn = connect()
+        assert conn.fileno() >= 1024
+        lock = pgsolo.session_lock(conn, key, keep=pgsolo.Keep(interval=0.05, timeout=2))
+        assert lock.acquire()
+        time.sleep(0.5)  # several beats
+        # The user's connection must still work after the keeper's beats...
+        assert conn.execute("SELECT 42").fetchone() == (42,)
+        # ...and the keeper must still see a loss.
+        _support.terminate(observer, conn.info.backend_pid)
+        _support.eventually(lambda: lock.lost, "the keeper to notice")
+    finally:
+        for fd in hogs:
+            os.close(fd)
+
+
+def test_a_timed_out_beat_never_shuts_down_a_socket_it_no_longer_owns(
+    dsn: str, key: Key, connect: Connect
+) -> None:
+    """The connection is closed while a beat waits for a frozen server; the descriptor
+    number is reused by the next connection. The beat's deadline must not shut that one."""
+
+    with FreezingProxy(dsn) as relay:
+        conn = psycopg.connect(relay.dsn, autocommit=True)
+        lock = pgsolo.session_lock(conn, key, keep=pgsolo.Keep(interval=0.05, timeout=1.5))
+        assert lock.acquire()
+        number = conn.fileno()
+        relay.freeze()
+        time.sleep(0.3)  # a beat is now waiting for the frozen server
+        conn.close()
+        bystander = connect()
+        if bystander.fileno() != number:
+            pytest.skip("the descriptor number was not reused")
+        time.sleep(2.5)  # past the beat's deadline
+        assert bystander.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_beats_during_a_users_pipeline_neither_fail_nor_disturb_it(
+    connect: Connect, key: Key, caplog: pytest.LogCaptureFixture
+) -> None:
+    conn = connect()
+    lock = pgsolo.session_lock(conn, key, keep=pgsolo.Keep(interval=0.01))
+    assert lock.acquire()
+    with caplog.at_level("WARNING", logger="pgsolo"):
+        deadline = time.monotonic() + 0.6
+        results = []
+        with conn.pipeline() as pipeline:
+            while time.monotonic() < deadline:
+                cur = conn.execute("SELECT 7")
+                pipeline.sync()
+                results.append(cur.fetchone())
+                time.sleep(0.005)  # the pipeline is idle (synced) but still on
+        assert set(results) == {(7,)}
+        time.sleep(0.1)
+    assert not lock.lost
+    assert [r.getMessage() for r in caplog.records] == []
+    lock.release()
+
+
+def test_release_of_a_reentrant_hold_after_a_loss_raises_the_loss(
+    connect: Connect, key: Key
+) -> None:
+    """README: after a loss, 'release() raises it'. An inner re-entrant hold's release
+    only decrements a counter and returns quietly."""
+
+    conn = connect()
+    keep = pgsolo.Keep(interval=0.02)
+    outer = pgsolo.session_lock(conn, key, reentrant=True, keep=keep)
+    inner = pgsolo.session_lock(conn, key, reentrant=True, keep=keep)
+    assert outer.acquire()
+    assert inner.acquire()
+    conn.execute("SELECT pg_advisory_unlock_all()")  # gone behind pgsolo's back
+    eventually(lambda: inner.lost and outer.lost, "both keepers to notice")
+    with pytest.raises(pgsolo.LockLostError):
+        inner.release()

@@ -6,11 +6,16 @@ cancels the task that took the lock, and its ``async with`` block then ends with
 (``pg_terminate_backend``, an unlock on the same session, a relay that stops passing the
 server's answers on), and ``pg_locks`` / ``pg_stat_activity`` are read from another
 session (the ``observer`` fixture).
+
+The last section: the keeper's task is finished when an event loop closes right after the
+block.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
@@ -23,7 +28,7 @@ from psycopg import pq
 import pgsolo
 from _relay import FreezingProxy
 from _support import DEADLINE, terminate
-from pgsolo import Keep, Key, LockLostError, UsageError, sql
+from pgsolo import Keep, Key, LockLostError, UsageError, session_lock, sql
 
 AConnect = Callable[..., Awaitable[psycopg.AsyncConnection[Any]]]
 
@@ -706,3 +711,52 @@ async def test_other_locks_on_the_connection_are_not_refused_during_a_beat(
     assert attempts > 0
     assert refused == []
     assert observer.holders(other) == set()
+
+
+# -- a keeper task when the event loop closes ----------------------------------------------
+
+
+def test_async_keeper_task_is_finished_when_a_manual_loop_closes(db: str, key: Any) -> None:
+    destroyed: list[dict[str, Any]] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(lambda _loop, context: destroyed.append(context))
+        conn = await psycopg.AsyncConnection.connect(db, autocommit=True)
+        try:
+            async with session_lock(conn, key, keep=Keep(interval=0.01)):
+                await asyncio.sleep(0.1)
+        finally:
+            await conn.close()
+
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(main())
+        pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    finally:
+        loop.close()
+    gc.collect()
+    assert pending == []
+    assert destroyed == []
+
+
+def test_async_keeper_task_finished_when_the_block_closes_its_connection(db: str, key: Any) -> None:
+    destroyed: list[dict[str, Any]] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(lambda _loop, context: destroyed.append(context))
+        conn = await psycopg.AsyncConnection.connect(db, autocommit=True)
+        with contextlib.suppress(LockLostError):
+            async with session_lock(conn, key, keep=Keep(interval=5)):
+                await conn.close()  # release has no I/O left: no await after stop()
+
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(main())
+        pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    finally:
+        loop.close()
+    gc.collect()
+    assert pending == [], pending
+    assert destroyed == []

@@ -7,6 +7,8 @@ lone client lands on the same backend, so a naive "who answers" check passes) or
 server connection. Through PgBouncer in ``pool_mode=session`` and through a plain TCP
 relay (what a NAT or a TCP load balancer looks like to the server) session locks work.
 What is asserted is what the server shows (``pg_locks`` through the direct ``observer``).
+
+A session stamp wiped by RESET ALL behind a relay never strands a lock (last section).
 """
 
 from __future__ import annotations
@@ -197,3 +199,25 @@ def test_session_lock_through_a_plain_relay_works(
             time.sleep(0.3)
             assert not lock.lost
         assert observer.holders(key) == set()
+
+
+# -- found in review -----------------------------------------------------------------------
+
+
+def test_reset_all_behind_a_relay_does_not_strand_a_held_lock(
+    dsn: str, observer: Any, key: Key
+) -> None:
+    """RESET ALL keeps advisory locks but wipes pgsolo's session stamp; behind a proxy the
+    guarded unlock then believes the connection moved, forgets the lock and leaves it held
+    on this very (live) session."""
+
+    with FreezingProxy(dsn) as relay, psycopg.connect(relay.dsn, autocommit=True) as conn:
+        lock = pgsolo.session_lock(conn, key)
+        assert lock.acquire()
+        conn.execute("RESET ALL")
+        try:
+            lock.release()
+        finally:
+            held = observer.holders(key)
+            forgotten = pgsolo.held_session_locks(conn) == []
+        assert held == set(), f"still held by {held}; pgsolo forgot it: {forgotten}"
