@@ -5,7 +5,8 @@ psycopg returns ``bytes`` for text under ``SQL_ASCII``, and under ``LATIN1`` (or
 reads JSON as UTF-8 whatever the encoding. So every text or JSON value pgsolo reads
 travels as the UTF-8 bytes of a ``bytea`` and is decoded in Python; the lock paths return
 booleans and integers only. Each test runs on a real server, on connections set to these
-encodings.
+encodings. What pgsolo writes reaches the database as written, whatever the session's
+settings (SJIS, ``standard_conforming_strings = off``): see the last section.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 import pgsolo
 from _support import WORK, aeventually, eventually, terminate, work_rows
 from pgsolo import Keep, Key
+from pgsolo.jobs import run_job
 
 Connect = Callable[..., psycopg.Connection[Any]]
 
@@ -345,3 +347,66 @@ def test_a_database_role_and_password_that_are_not_ascii_work_whatever_the_clien
         job = new_name("encodings-place")
         assert pgsolo.run_job(conn, job, lambda c: 1, record=True).completed
         assert [row["outcome"] for row in pgsolo.history(conn, job=job)] == ["completed"]
+
+
+# -- text reaches the database as written, whatever the session's settings -----------------
+
+
+def new_job() -> str:
+    """A unique job name; used as the (str) key too, so the job is named after it."""
+    return f"jobs-test:{uuid.uuid4().hex[:16]}"
+
+
+def test_hostile_error_text_is_recorded_verbatim_under_any_client_encoding(
+    db: str, connect: Connect, observer: Any
+) -> None:
+    """In SJIS, 0x5C can end a two-byte character; text quoted for UTF-8 would let a
+    backslash escape the closing quote. pgsolo writes text as hex digits instead."""
+    job = new_job()
+    payload = "\u00c1\\'); CREATE TABLE pgsolo_pwned(); --"
+    conn = connect()
+    conn.execute("SET client_encoding TO 'SJIS'")
+    conn.execute("SET backslash_quote = on")
+    conn.execute("SET standard_conforming_strings = off")
+
+    def bad(c: psycopg.Connection) -> None:
+        raise ValueError(payload)
+
+    result = run_job(conn, job, bad, record=True, raise_errors=False)
+    assert result.outcome == "failed"
+    assert observer.conn.execute("SELECT to_regclass('pgsolo_pwned')").fetchone() == (None,)
+    [row] = pgsolo.history(observer.conn, job=job)
+    assert row["error"] == f"ValueError: {payload}"
+
+
+def test_a_period_is_one_period_whatever_the_client_encoding(
+    db: str, connect: Connect, observer: Any
+) -> None:
+    job = f"Grüße-{uuid.uuid4().hex[:8]}"
+    utf8, latin1 = connect(), connect()
+    latin1.execute("SET client_encoding TO 'LATIN1'")
+    assert run_job(utf8, job, lambda c: 1, period="day").completed
+    again = run_job(latin1, job, lambda c: 1, period="day")
+    assert (again.outcome, again.reason) == ("skipped", "already-done-this-period")
+    rows = observer.conn.execute(
+        "SELECT job FROM pgsolo.job_periods WHERE job LIKE 'Gr%%' AND job = %s", (job,)
+    ).fetchall()
+    assert rows == [(job,)]
+
+
+def test_an_error_message_that_is_not_valid_unicode_is_still_recorded(
+    db: str, connect: Connect, observer: Any
+) -> None:
+    job = new_job()
+    undecodable = b"/tmp/\xff".decode("utf-8", "surrogateescape")
+
+    def missing(c: psycopg.Connection) -> None:
+        raise FileNotFoundError(2, "No such file", undecodable)
+
+    result = run_job(connect(), job, missing, record=True, raise_errors=False)
+    assert result.outcome == "failed"
+    assert isinstance(result.error, FileNotFoundError)
+    [row] = pgsolo.history(observer.conn, job=job)
+    assert row["outcome"] == "failed"
+    assert "No such file" in row["error"]
+    assert "\\udcff" in row["error"]  # the undecodable byte, escaped rather than lost

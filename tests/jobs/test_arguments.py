@@ -4,6 +4,9 @@
 the decorated function goes to the function. ``run_job`` / ``run_job_async`` take pgsolo's
 options as keywords and the function's arguments positionally; anything else is a
 :class:`UsageError` before a connection is opened. (``tests/typing`` checks the types.)
+
+Below them, the job options themselves: bad keys, lifetimes, waits, periods and names are
+refused before connecting.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ import psycopg
 import pytest
 
 import pgsolo
-from pgsolo import JobResult, UsageError
+from pgsolo import InvalidKeyError, UsageError
+from pgsolo.jobs import JobResult, run_job, run_job_async
 
 Connect = Callable[..., psycopg.Connection[Any]]
 
@@ -125,3 +129,70 @@ async def test_run_job_async_refuses_a_keyword_that_is_no_option_before_connecti
 def test_singleton_refuses_a_keyword_that_is_no_option_when_it_decorates() -> None:
     with pytest.raises(UsageError, match="lifetim"):
         pgsolo.singleton(new_job(), dsn=CLOSED_PORT_DSN, lifetim="session")  # type: ignore[arg-type]
+
+
+# -- sync jobs -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "match"),
+    [
+        ({"key": 2**63}, InvalidKeyError, "int64"),
+        ({"key": (1, 2**31)}, InvalidKeyError, "pair key"),
+        ({"key": ""}, InvalidKeyError, "empty"),
+        ({"key": 1.5}, InvalidKeyError, "float"),
+        ({"lifetime": "forever"}, UsageError, "lifetime"),
+        ({"wait": -1}, UsageError, "wait"),
+        ({"wait": 0}, UsageError, "wait"),
+        ({"wait": "5"}, UsageError, "wait"),
+        ({"period": "fortnight"}, UsageError, "period"),
+        ({"period": "0 seconds"}, UsageError, "period"),
+        ({"record": "yes"}, UsageError, "record"),
+    ],
+)
+def test_bad_arguments_fail_before_connecting(
+    options: dict[str, Any], error: type[Exception], match: str
+) -> None:
+    key = options.pop("key", "jobs-test:valid")
+    calls: list[int] = []
+
+    with pytest.raises(error, match=match) as raised:
+        run_job(CLOSED_PORT_DSN, key, lambda c: calls.append(1), **options)
+
+    assert not isinstance(raised.value, psycopg.Error)
+    assert calls == []
+
+
+@pytest.mark.parametrize("name", ["", "a\0b", "\ud800"])
+def test_job_names_must_be_text_the_database_can_store(name: str) -> None:
+    with pytest.raises(pgsolo.UsageError):
+        run_job(CLOSED_PORT_DSN, 1, lambda c: None, name=name)
+
+
+# -- async jobs ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("options", "error"),
+    [
+        ({"key": 2**63}, InvalidKeyError),
+        ({"key": ""}, InvalidKeyError),
+        ({"lifetime": "forever"}, UsageError),
+        ({"wait": -1}, UsageError),
+        ({"period": "fortnight"}, UsageError),
+    ],
+)
+async def test_bad_arguments_fail_before_connecting_async(
+    options: dict[str, Any], error: type[Exception]
+) -> None:
+    key = options.pop("key", "jobs-async-test:valid")
+    calls: list[int] = []
+
+    async def fn(conn: psycopg.AsyncConnection[Any]) -> None:
+        calls.append(1)
+
+    with pytest.raises(error) as raised:
+        await run_job_async(CLOSED_PORT_DSN, key, fn, **options)
+
+    assert not isinstance(raised.value, psycopg.Error)
+    assert calls == []
