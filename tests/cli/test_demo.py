@@ -1,6 +1,8 @@
 """``pgsolo demo``: the article's scenario with real worker processes on the test server.
 
 Each run is checked against the table itself, not only against what the demo says.
+
+Without ``--dsn`` it runs on an embedded server, whatever the environment says (last test).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 
 import psycopg
 
+from _support import run_cli as pgsolo
 from pgsolo.demo import JOB_KEY, TABLE, DemoResult, WorkerReport, format_report
 from pgsolo.keys import from_name
 
@@ -241,3 +244,24 @@ def test_verdict_rejects_double_processing_and_missing_rows() -> None:
         "2 workers processed rows, expected exactly 1",
         "workers report 25 rows, the table shows 18",
     }
+
+
+# -- the environment -----------------------------------------------------------------------
+
+
+def test_demo_default_ignores_the_environment(tmp_path: object) -> None:
+    # PGSOLO_DSN names a server that does not exist; the demo must not even look at it.
+    # The embedded server cannot be created under /proc, which proves that is what it tried.
+    done = pgsolo(
+        "demo",
+        "--json",
+        env={
+            "PGSOLO_DSN": "postgresql://nobody:hunter2@127.0.0.1:1/nope",
+            "DATABASE_URL": "postgresql://nobody:hunter2@127.0.0.1:1/nope",
+            "XDG_DATA_HOME": "/proc/pgsolo-no-such-dir",
+        },
+    )
+    assert done.returncode == 69, done.stderr
+    assert "embedded server" in done.stderr
+    assert "127.0.0.1" not in done.stderr + done.stdout
+    assert done.stdout == ""

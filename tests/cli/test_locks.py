@@ -1,41 +1,20 @@
-"""``pgsolo locks``, ``pgsolo doctor`` and ``pgsolo terminate``, run for real in subprocesses.
-
-The locks are held by other real sessions; what the commands print is checked against
-them, and what ``terminate`` does is checked on the server (``pg_locks`` through the
-observer session). The confirmation prompt is answered through a real pseudo-terminal.
+"""``pgsolo locks``, run for real in subprocesses: the table and JSON, with names and the
+wait chain, an empty database, bad arguments, and a key given by name.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
-import pty
-import subprocess
-import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
-import pytest
-from psycopg import sql as pgsql
 
-from _support import DEADLINE, eventually
+from _support import DEADLINE, eventually, run_cli
 from _support import run_cli as pgsolo
 from pgsolo.keys import Key, derive_int64
-
-Connect = Callable[..., psycopg.Connection]
-
-
-def alive(observer: object, pid: int) -> bool:
-    row = observer.conn.execute(  # type: ignore[attr-defined]
-        "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,)
-    ).fetchone()
-    return row == (1,)
-
-
-# -- pgsolo locks ------------------------------------------------------------------------
 
 
 def test_locks_table_and_json_with_names_and_the_wait_chain(
@@ -128,107 +107,19 @@ def test_locks_in_an_empty_database_and_bad_arguments(fresh_db: str, tmp_path: P
         assert done.stderr.startswith("pgsolo locks: error: "), done.stderr
 
 
-# -- pgsolo doctor -----------------------------------------------------------------------
+# -- found in review -----------------------------------------------------------------------
+
+Connect = Callable[..., psycopg.Connection]
 
 
-def test_doctor_exit_code_follows_failed_checks(fresh_db: str) -> None:
-    done = pgsolo("doctor", "--dsn", fresh_db)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "[WARN] public-execute:" in done.stdout  # a warning does not change the code
-    assert "[ok  ] idle-timeouts:" in done.stdout
-    with psycopg.connect(fresh_db, autocommit=True) as admin:
-        admin.execute(
-            pgsql.SQL("ALTER DATABASE {} SET idle_session_timeout = '30min'").format(
-                pgsql.Identifier(admin.info.dbname)
-            )
-        )
-    done = pgsolo("doctor", "--dsn", fresh_db, "--json")
-    assert done.returncode == 1, done.stderr
-    report = json.loads(done.stdout)
-    assert report["exit_code"] == 1
-    failed = [c for c in report["checks"] if c["status"] == "fail"]
-    assert [c["name"] for c in failed] == ["idle-timeouts"]
-    assert "idle_session_timeout=30m00s" in failed[0]["detail"]
-    assert failed[0]["advice"]
-
-
-# -- pgsolo terminate --------------------------------------------------------------------
-
-
-def _holder(dsn: str, key: Key) -> psycopg.Connection:
-    conn = psycopg.connect(dsn, autocommit=True, application_name="to-terminate")
-    conn.execute(f"SELECT pg_advisory_lock({key.sql_args})")
-    return conn
-
-
-def terminate_on_a_terminal(answer: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """Run ``pgsolo terminate ARGS`` with a real pseudo-terminal as stdin, answering."""
-    primary, secondary = pty.openpty()
-    try:
-        os.write(primary, answer.encode() + b"\n")
-        base = {k: v for k, v in os.environ.items() if k not in ("PGSOLO_DSN", "DATABASE_URL")}
-        return subprocess.run(
-            [sys.executable, "-m", "pgsolo", "terminate", *args],
-            stdin=secondary,
-            capture_output=True,
-            text=True,
-            env=base,
-            timeout=120,
-            check=False,
-        )
-    finally:
-        os.close(primary)
-        os.close(secondary)
-
-
-def test_terminate_shows_asks_and_releases(dsn: str, key: Key, observer: object) -> None:
-    holder = _holder(dsn, key)
-    pid = holder.info.backend_pid
-    try:
-        done = pgsolo("terminate", str(pid), "--dsn", dsn)  # stdin is not a terminal
-        assert done.returncode == 2
-        assert "pass --yes" in done.stderr
-        assert key.text in done.stdout
-        assert "to-terminate" in done.stdout
-        assert observer.holders(key) == {pid}  # type: ignore[attr-defined]
-
-        done = terminate_on_a_terminal("n", str(pid), "--dsn", dsn)
-        assert done.returncode == 1, done.stderr
-        assert "[y/N]" in done.stderr
-        assert f"not terminated: pid {pid}" in done.stdout
-        assert observer.holders(key) == {pid}  # type: ignore[attr-defined]
-
-        done = terminate_on_a_terminal("y", str(pid), "--dsn", dsn)
-        assert done.returncode == 0, done.stderr
-        assert f"terminated pid {pid}: 1 advisory lock(s) released" in done.stdout
-        assert observer.holders(key) == set()  # type: ignore[attr-defined]
-        assert not alive(observer, pid)
-    finally:
-        holder.close()
-
-
-def test_terminate_yes_for_scripts(dsn: str, key: Key, observer: object) -> None:
-    holder = _holder(dsn, key)
-    try:
-        done = pgsolo("terminate", str(holder.info.backend_pid), "--yes", "--dsn", dsn)
-        assert done.returncode == 0, done.stderr
-        assert observer.holders(key) == set()  # type: ignore[attr-defined]
-    finally:
-        holder.close()
-
-
-def test_terminate_refuses_a_pid_without_advisory_locks(dsn: str, observer: object) -> None:
-    with psycopg.connect(dsn, autocommit=True) as bystander:
-        pid = bystander.info.backend_pid
-        done = pgsolo("terminate", str(pid), "--yes", "--dsn", dsn)
-        assert done.returncode == 2
-        assert "holds no advisory lock" in done.stderr
-        assert alive(observer, pid)
-        done = pgsolo("terminate", str(pid), "--yes", "--force", "--dsn", dsn)
-        assert done.returncode == 0, done.stderr
-        eventually(lambda: not alive(observer, pid), "the bystander to be gone")
-
-
-@pytest.mark.parametrize("pid", ["0", "-3", "abc"])
-def test_terminate_bad_pid_is_a_usage_error(pid: str) -> None:
-    assert pgsolo("terminate", pid, "--yes", "--dsn", "host=/nonexistent").returncode == 2
+def test_locks_key_given_by_name_is_shown_with_that_name(connect: Connect, dsn: str) -> None:
+    """`pgsolo locks --key review2-job` filters on the name's key but leaves the NAME
+    column empty: the name the user typed is not used to label the rows it selected."""
+    name = "review2-job-name"
+    holder = connect()
+    holder.execute(f"SELECT pg_advisory_lock({derive_int64(name)})")
+    done = run_cli("locks", "--key", name, "--json", "--dsn", dsn)
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(done.stdout)["locks"]
+    assert [row["key"] for row in rows] == [str(derive_int64(name))]
+    assert rows[0]["name"] == name, rows[0]

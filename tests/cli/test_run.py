@@ -1,9 +1,10 @@
-"""``pgsolo run``, ``pgsolo migrate`` and ``pgsolo history``, for real.
+"""``pgsolo run``, for real.
 
 Every test runs the command line in subprocesses (``python -m pgsolo``) against the real
 test server, and the commands pgsolo runs are small Python scripts that report what they
 did through files: readiness, their pid, the signal they got. An observer session checks
-``pg_locks`` and ``pg_stat_activity`` the way an operator would.
+``pg_locks`` and ``pg_stat_activity`` the way an operator would. ``pgsolo migrate`` and
+``pgsolo history`` have their own files; COMMAND after ``--`` is the last section here.
 """
 
 from __future__ import annotations
@@ -11,13 +12,13 @@ from __future__ import annotations
 import json
 import os
 import pty
+import shlex
 import signal
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -26,15 +27,15 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from _relay import FreezingProxy
+from _support import run_cli
+from pgsolo.drivers.conninfo import redact_dsn
 from pgsolo.keys import Key
-from pgsolo.schema import MIGRATIONS
 from pgsolo.sql import name_to_sql
 
 Connect = Callable[..., psycopg.Connection]
 
 PY = sys.executable
 TIMEOUT = 60  # bound on every subprocess wait; never reached when things work
-ALL_VERSIONS = [version for version, _ in MIGRATIONS]  # what a first migrate applies
 JSON_FIELDS = {
     "outcome",
     "reason",
@@ -294,9 +295,6 @@ def job() -> str:
     return f"run-test-{uuid.uuid4().hex[:12]}"
 
 
-# -- running a command -------------------------------------------------------------------
-
-
 def test_runs_the_command_and_reports_one_json_object(
     migrated: str, observer: Any, key: Key, job: str, tmp_path: Path
 ) -> None:
@@ -425,9 +423,6 @@ def test_a_command_that_cannot_start_exits_like_a_shell(
     assert observer.holders(key) == set()
     [row] = ledger(observer.conn, job)
     assert (row["outcome"], row["exit_code"]) == ("failed", expected)
-
-
-# -- contention ------------------------------------------------------------------------
 
 
 def test_two_runs_started_together_one_runs_one_skips(
@@ -581,9 +576,6 @@ def test_wait_that_times_out_skips(
     psql.execute("SELECT pg_advisory_unlock_all()")
 
 
-# -- once per period ---------------------------------------------------------------------
-
-
 def test_once_per_period_runs_once_across_two_runs(
     migrated: str, observer: Any, key: Key, job: str, tmp_path: Path
 ) -> None:
@@ -630,9 +622,6 @@ def test_a_failed_run_does_not_use_up_its_period(
     assert attempt(0) == 0
     assert attempt(0) == 75
     assert len((tmp_path / "ran").read_text().split()) == 2
-
-
-# -- signals and a lost lock -------------------------------------------------------------
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
@@ -968,8 +957,6 @@ def test_a_signal_before_the_command_starts_means_it_never_starts(
     assert (row["outcome"], row["reason"], row["exit_code"]) == ("failed", "interrupted", 143)
 
 
-# -- usage errors and connections --------------------------------------------------------
-
 UNREACHABLE = "postgresql://alice:hunter2@127.0.0.1:1/db"
 
 
@@ -1107,105 +1094,41 @@ def test_a_password_in_the_dsn_never_shows_up(
     assert "advisory lock acquired" in outputs[0].stderr  # -vv really logged the attempt
 
 
-# -- the ledger ------------------------------------------------------------------------
+# -- COMMAND after `--` --------------------------------------------------------------------
 
 
-def test_record_writes_one_row_per_attempt_and_history_shows_them(
-    migrated: str, connect: Connect, observer: Any, key: Key, job: str, tmp_path: Path
+def test_run_without_the_separator_is_a_usage_error_that_shows_the_fix(
+    db: str, tmp_path: Path
 ) -> None:
-    base = (*run_args(key.text, migrated, job=job), "--record")
-    assert pgsolo(*base, "--", *script(MARK, tmp_path, 0)).returncode == 0
-    assert pgsolo(*base, "--", *script(MARK, tmp_path, 2)).returncode == 2
-    psql = connect()
-    psql.execute(_raw_lock_sql(key.text))
-    assert pgsolo(*base, "--", *script(MARK, tmp_path, 0)).returncode == 75
-    psql.execute("SELECT pg_advisory_unlock_all()")
-
-    rows = ledger(observer.conn, job)
-    assert [(r["outcome"], r["reason"], r["exit_code"]) for r in rows] == [
-        ("completed", None, 0),
-        ("failed", None, 2),
-        ("skipped", "busy", 75),
-    ]
-    assert {r["application_name"] for r in rows} == {f"pgsolo:{job}"}
-    assert {r["lock_key"] for r in rows} == {key.text}
-    assert all(r["ordered"] for r in rows)
-
-    history = pgsolo("history", "--dsn", migrated, "--job", job, "--json")
-    assert history.returncode == 0, history.stderr
-    shown = json.loads(history.stdout)
-    assert [(r["outcome"], r["exit_code"]) for r in shown] == [
-        ("skipped", 75),
-        ("failed", 2),
-        ("completed", 0),
-    ]  # newest first
-    assert {r["job"] for r in shown} == {job}
-    assert {"started_at", "finished_at", "duration_ms", "host", "pid"} <= set(shown[0])
-
-    table = pgsolo("history", "--dsn", migrated, "--job", job, "--limit", "2")
-    assert table.returncode == 0, table.stderr
-    lines = table.stdout.splitlines()
-    assert lines[0].split()[:4] == ["started_at", "job", "outcome", "reason"]
-    assert len(lines) == 3
-    assert "skipped" in lines[1]
-    assert "busy" in lines[1]
-    assert "failed" in lines[2]
-    other = pgsolo("history", "--dsn", migrated, "--job", f"{job}-nobody")
-    assert (other.returncode, other.stdout.strip()) == (
-        0,
-        f"no attempts recorded for job {job}-nobody",
-    )
-
-
-def test_mostly_skipped_attempts_bring_a_warning(
-    migrated: str, connect: Connect, key: Key, job: str, tmp_path: Path
-) -> None:
-    psql = connect()
-    psql.execute(_raw_lock_sql(key.text))
-    base = (*run_args(key.text, migrated, job=job), "--record")
-    skips = [pgsolo(*base, "--", *script(MARK, tmp_path, 0)) for _ in range(3)]
-    psql.execute("SELECT pg_advisory_unlock_all()")
-    assert [s.returncode for s in skips] == [75, 75, 75]
-    assert "slower than its schedule" not in skips[0].stderr  # one skip is no pattern
-    assert f"pgsolo run: warning: job {job}: 3 of its last 3 attempts" in skips[2].stderr
-    history = pgsolo("history", "--dsn", migrated, "--job", job)
-    assert history.returncode == 0
-    warnings = [line for line in history.stderr.splitlines() if line.startswith("warning: ")]
-    assert len(warnings) == 1
-    assert "slower than its schedule" in warnings[0]
-    assert job in warnings[0]
-
-
-def test_migrate_twice_is_up_to_date_the_second_time(migrated: str) -> None:
-    again = pgsolo("migrate", "--dsn", migrated)
-    assert again.returncode == 0, again.stderr
-    assert again.stdout.startswith(f"up to date: pgsolo schema version {ALL_VERSIONS[-1]}")
-    as_json = pgsolo("migrate", "--dsn", migrated, "--json")
-    assert as_json.returncode == 0
-    assert json.loads(as_json.stdout)["applied"] == []
-
-
-def test_concurrent_migrate_from_four_processes(fresh_db: str, connect: Connect) -> None:
-    with ThreadPoolExecutor(4) as pool:
-        results = list(pool.map(lambda _: pgsolo("migrate", "--dsn", fresh_db, "--json"), range(4)))
-    assert [r.returncode for r in results] == [0, 0, 0, 0], [r.stderr for r in results]
-    applied = sorted(json.loads(r.stdout)["applied"] for r in results)
-    assert applied == [[], [], [], ALL_VERSIONS]  # exactly one of them did the work
-    conn = psycopg.connect(fresh_db, autocommit=True)
-    with conn:
-        versions = conn.execute("SELECT version FROM pgsolo.schema_migrations").fetchall()
-    assert sorted(v for (v,) in versions) == ALL_VERSIONS
-
-
-def test_without_migrate_ledger_features_say_run_migrate_first(
-    fresh_db: str, key: Key, tmp_path: Path
-) -> None:
-    history = pgsolo("history", "--dsn", fresh_db)
-    assert history.returncode == 2
-    assert "run pgsolo migrate first" in history.stderr
-    for option in (["--record"], ["--once-per", "day"]):
-        done = pgsolo(*run_args(key.text, fresh_db), *option, "--", *script(MARK, tmp_path, 0))
+    """Guards DESIGN §5's ``-- COMMAND``: ``pgsolo run --key k true`` used to run the
+    command. It exits 2 before connecting, shows the corrected command line (with the
+    DSN's password blanked and COMMAND's arguments left out) and runs nothing."""
+    marker = tmp_path / "ran"
+    command = [sys.executable, "-c", f"open({str(marker)!r}, 'w').close()"]
+    # The second DSN has a password and nothing listens there: exit 2, not 69.
+    for dsn in (db, "postgresql://alice:hunter2@127.0.0.1:1/db"):
+        done = run_cli("run", "--key", "cli-separator", "--dsn", dsn, "--json", *command)
         assert done.returncode == 2, done.stderr
-        assert "run pgsolo migrate first" in done.stderr
-        assert "Traceback" not in done.stderr
-    assert not (tmp_path / "ran").exists()  # nothing ran without its ledger
+        assert "must come after `--`" in done.stderr
+        expected = shlex.join(["--key", "cli-separator", "--dsn", redact_dsn(dsn), "--json"])
+        assert f"run: pgsolo run {expected} -- {shlex.quote(sys.executable)} ARG..." in (
+            done.stderr
+        )
+        assert "hunter2" not in done.stdout + done.stderr
+        report = json.loads(done.stderr.strip().splitlines()[-1])
+        assert (report["outcome"], report["reason"], report["exit_code"]) == (
+            None,
+            "usage-error",
+            2,
+        )
+    assert not marker.exists()
+
+
+def test_run_options_after_the_separator_belong_to_the_command(db: str) -> None:
+    show = "import json, sys; print(json.dumps(sys.argv[1:]))"
+    done = run_cli(
+        "run", "--key", "cli-separator-2", "--dsn", db, "--", sys.executable, "-c", show,
+        "--wait", "5", "--", "--key",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == ["--wait", "5", "--", "--key"]

@@ -1,10 +1,7 @@
-"""The monitor's Python API on a real server: ``advisory_locks``, ``wait_chains``, ``doctor``.
-
-Locks are taken with raw SQL by other sessions, the way any client would take them, and
-what the monitor reports is checked against what those sessions did. Each doctor check
-is made to pass and to fail for real: settings are changed with ALTER DATABASE in a
-database of the test's own (``fresh_db``), so no other test's sessions or settings can
-change the verdict.
+"""``doctor()``: each check passes and fails for real, on a database of its own (idle
+sessions holding locks, long transactions, the lock table filling up, idle timeouts,
+lock_timeout, PUBLIC execute on the lock functions), and the proxy check through direct
+connections, relays and PgBouncer in both pooling modes.
 """
 
 from __future__ import annotations
@@ -12,8 +9,8 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
+import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import psycopg
 import pytest
@@ -23,16 +20,10 @@ import pgsolo
 from _bouncer import Bouncer
 from _relay import FreezingProxy
 from _support import DEADLINE, eventually
-from pgsolo import AdvisoryLock, Check, Key, Registry, advisory_locks, doctor, wait_chains
-from pgsolo.errors import InvalidArgumentError, InvalidKeyError
-from pgsolo.keys import derive_int32, derive_int64
+from pgsolo import Check, Key, doctor
 
 Connect = Callable[..., psycopg.Connection]
 STATEMENT_BOUND = "-c statement_timeout=60000"  # no raw blocking wait in a test outlives this
-
-
-def mine(conn: psycopg.Connection, *pids: int, key: Key | None = None) -> list[AdvisoryLock]:
-    return [lock for lock in advisory_locks(conn, key=key) if lock.pid in pids]
 
 
 def in_background(conn: psycopg.Connection, statement: str) -> threading.Thread:
@@ -50,173 +41,6 @@ def in_background(conn: psycopg.Connection, statement: str) -> threading.Thread:
 
 def by_name(checks: list[Check]) -> dict[str, Check]:
     return {check.name: check for check in checks}
-
-
-# -- advisory_locks ----------------------------------------------------------------------
-
-
-def test_every_kind_of_key_is_decoded_with_its_mode_and_lifetime(
-    connect: Connect, observer: object
-) -> None:
-    session = connect(application_name="kinds-session")
-    session.execute(
-        "SELECT pg_advisory_lock(123456789012), pg_advisory_lock(-2533923874772390729),"
-        " pg_advisory_lock_shared(-1, -2), pg_advisory_lock(2147483647, -2147483648)"
-    )
-    xact = connect(autocommit=False, application_name="kinds-xact")
-    xact.execute("SELECT pg_advisory_xact_lock(-9223372036854775808), pg_advisory_lock(77, -77)")
-    monitor = connect()
-
-    rows = {
-        (lock.key, lock.pid): lock
-        for lock in mine(monitor, session.info.backend_pid, xact.info.backend_pid)
-    }
-    s, x = session.info.backend_pid, xact.info.backend_pid
-    expected = {
-        (Key(123456789012), s): (False, "session"),
-        (Key(-2533923874772390729), s): (False, "session"),
-        (Key((-1, -2)), s): (True, "session"),
-        (Key((2147483647, -2147483648)), s): (False, "session"),
-        # In an open transaction PostgreSQL cannot tell an xact lock from a session one.
-        (Key(-9223372036854775808), x): (False, None),
-        (Key((77, -77)), x): (False, None),
-    }
-    assert {k: (v.shared, v.lifetime) for k, v in rows.items()} == expected
-    assert all(lock.granted and lock.blocked_by == () for lock in rows.values())
-    held = rows[(Key((-1, -2)), s)]
-    assert held.application_name == "kinds-session"
-    assert held.state == "idle"
-    assert held.since_source == "state_change"
-    assert held.age_seconds is not None
-    assert held.age_seconds >= 0
-    assert held.query is not None
-    assert "pg_advisory_lock_shared(-1, -2)" in held.query
-    assert held.database == monitor.info.dbname
-    in_xact = rows[(Key((77, -77)), x)]
-    assert (in_xact.state, in_xact.since_source) == ("idle in transaction", "xact_start")
-    assert in_xact.as_dict()["key"] == "77:-77"
-    assert in_xact.as_dict()["mode"] == "exclusive"
-
-
-def test_a_three_deep_wait_chain_is_shown_in_order(connect: Connect, observer: object) -> None:
-    first, second = Key((7_100_001, 1)), Key((7_100_001, 2))
-    a = connect(application_name="chain-a")
-    b = connect(application_name="chain-b", options=STATEMENT_BOUND)
-    c = connect(application_name="chain-c", options=STATEMENT_BOUND)
-    a.execute(f"SELECT pg_advisory_lock({first.sql_args})")
-    b.execute(f"SELECT pg_advisory_lock({second.sql_args})")
-    threads = [in_background(b, f"SELECT pg_advisory_lock({first.sql_args})")]
-    eventually(lambda: observer.waiters(first), "b to wait for a")  # type: ignore[attr-defined]
-    threads.append(in_background(c, f"SELECT pg_advisory_lock_shared({second.sql_args})"))
-    eventually(lambda: observer.waiters(second), "c to wait for b")  # type: ignore[attr-defined]
-    pa, pb, pc = (conn.info.backend_pid for conn in (a, b, c))
-    try:
-        locks = mine(connect(), pa, pb, pc)
-        assert [(lock.key, lock.pid, lock.granted, lock.blocked_by) for lock in locks] == [
-            (first, pa, True, ()),
-            (first, pb, False, (pa,)),
-            (second, pb, True, ()),
-            (second, pc, False, (pb,)),
-        ]
-        waiting = [lock for lock in locks if not lock.granted]
-        assert all(lock.since_source == "waitstart" for lock in waiting)
-        assert [lock.shared for lock in waiting] == [False, True]
-        assert wait_chains(locks) == [(pc, pb, pa)]
-    finally:
-        for pid in (pb, pc):
-            observer.conn.execute("SELECT pg_terminate_backend(%s, 5000)", (pid,))  # type: ignore[attr-defined]
-        for thread in threads:
-            thread.join(DEADLINE)
-
-
-def test_names_come_from_a_registry_file_and_from_given_names(
-    connect: Connect, tmp_path: Path
-) -> None:
-    registry_file = tmp_path / "locks.toml"
-    registry_file.write_text(
-        "[namespaces]\njobs = 7100002\n\n[locks]\nnightly-report = [7100002, 5]\n"
-        "cache-refresh = -7100002\n",
-        encoding="utf-8",
-    )
-    registry = Registry.from_toml(registry_file)
-    holder = connect()
-    holder.execute(
-        "SELECT pg_advisory_lock(7100002, 5), pg_advisory_lock(-7100002),"
-        f" pg_advisory_lock({derive_int64('daily-settlement')}),"
-        f" pg_advisory_lock(7100003, {derive_int32('tenant-export')}), pg_advisory_lock(7100002, 6)"
-    )
-    monitor = connect()
-    locks = advisory_locks(monitor, registry=registry, names=["daily-settlement", "tenant-export"])
-    names = {lock.key.text: lock.name for lock in locks if lock.pid == holder.info.backend_pid}
-    assert names == {
-        "7100002:5": "nightly-report",
-        "-7100002": "cache-refresh",
-        str(derive_int64("daily-settlement")): "daily-settlement",
-        f"7100003:{derive_int32('tenant-export')}": "tenant-export",
-        "7100002:6": None,
-    }
-    # The key filter takes a registered name, and the row carries the name in its Key.
-    [only] = advisory_locks(monitor, registry=registry, key="nightly-report")
-    assert (only.key, only.key.name, only.name) == (
-        Key((7100002, 5)),
-        "nightly-report",
-        "nightly-report",
-    )
-    assert advisory_locks(monitor, key=(7100002, 99)) == []
-    assert {lock.key for lock in advisory_locks(monitor, pid=holder.info.backend_pid)} == {
-        Key((7100002, 5)),
-        Key(-7100002),
-        Key(derive_int64("daily-settlement")),
-        Key((7100003, derive_int32("tenant-export"))),
-        Key((7100002, 6)),
-    }
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "error"),
-    [
-        ({"names": "daily-settlement"}, InvalidArgumentError),
-        ({"names": [""]}, InvalidKeyError),
-        ({"key": True}, InvalidKeyError),
-        ({"key": (1, 2**31)}, InvalidKeyError),
-        ({"pid": 0}, InvalidArgumentError),
-        ({"pid": "12"}, InvalidArgumentError),
-    ],
-)
-def test_bad_arguments_raise_before_any_sql(
-    connect: Connect, kwargs: dict[str, object], error: type[Exception]
-) -> None:
-    conn = connect()
-    conn.close()  # any statement sent would raise psycopg.OperationalError instead
-    with pytest.raises(error):
-        advisory_locks(conn, **kwargs)  # type: ignore[arg-type]
-    with pytest.raises(InvalidArgumentError):
-        doctor(conn, older_than=-1)
-
-
-def test_an_autocommit_off_connection_is_left_idle(connect: Connect) -> None:
-    conn = connect(autocommit=False)
-    advisory_locks(conn)
-    assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-    doctor(conn)
-    assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-    # Inside the caller's transaction the monitor joins it and leaves it open.
-    conn.execute("SELECT 1")
-    advisory_locks(conn)
-    assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
-    conn.rollback()
-
-
-def test_terminate_backend_releases_what_it_held(connect: Connect, observer: object) -> None:
-    holder = connect()
-    holder.execute("SELECT pg_advisory_lock(7100004, 1)")
-    monitor = connect()
-    assert pgsolo.terminate_backend(monitor, holder.info.backend_pid) is True
-    assert observer.holders(Key((7100004, 1))) == set()  # type: ignore[attr-defined]
-    assert advisory_locks(monitor, pid=holder.info.backend_pid) == []
-
-
-# -- doctor: each check passes and fails for real ----------------------------------------
 
 
 @pytest.fixture
@@ -417,9 +241,6 @@ def test_public_execute_on_the_lock_functions(fresh: Callable[..., psycopg.Conne
     assert "pg_advisory_lock(bigint)" not in check.advice
 
 
-# -- doctor: the proxy check -------------------------------------------------------------
-
-
 def test_a_direct_connection_passes_the_proxy_check(connect: Connect) -> None:
     check = by_name(doctor(connect()))["proxy"]
     assert check.status == "ok"
@@ -444,3 +265,35 @@ def test_a_session_pooling_pgbouncer_passes_the_proxy_check(session_bouncer: Bou
     with psycopg.connect(session_bouncer.dsn, autocommit=True, prepare_threshold=None) as conn:
         check = by_name(doctor(conn))["proxy"]
     assert check.status == "ok", check
+
+
+# -- found in review -----------------------------------------------------------------------
+
+
+def test_doctor_does_not_fail_lock_timeout_for_pgsolos_own_bounded_waits(
+    connect: Connect, observer: object
+) -> None:
+    """pgsolo's waits bound themselves (SET LOCAL lock_timeout in the same message as the
+    lock, visible in pg_stat_activity.query), yet doctor counts a pgsolo waiter like a raw
+    pg_advisory_lock() and reports 'fail ... a job that hangs rather than skips' once it
+    has waited longer than --older-than."""
+
+    k = Key((7_200_003, 1))
+    holder, waiter = connect(), connect(application_name="pgsolo:bounded")
+    holder.execute(f"SELECT pg_advisory_lock({k.sql_args})")
+
+    def wait_bounded() -> None:
+        with contextlib.suppress(pgsolo.PgsoloError), pgsolo.session_lock(waiter, k, wait=8):
+            pass
+
+    thread = threading.Thread(target=wait_bounded, daemon=True)
+    thread.start()
+    eventually(lambda: observer.waiters(k), "the pgsolo waiter to wait")  # type: ignore[attr-defined]
+    time.sleep(0.5)
+    try:
+        checks = {c.name: c for c in doctor(connect(), older_than=0.2)}
+        check = checks["lock-timeout"]
+        assert check.status != "fail", check
+    finally:
+        holder.execute(f"SELECT pg_advisory_unlock({k.sql_args})")
+        thread.join(DEADLINE)
