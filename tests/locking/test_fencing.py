@@ -210,6 +210,9 @@ def test_fencing_with_shared_or_reentrant_is_refused_before_any_sql(
 def test_fencing_wait_in_callers_transaction_returns_this_acquisitions_token(
     db: str, key: Any, autocommit: bool
 ) -> None:
+    """Inside the caller's transaction a fencing acquisition returns the token issued for it
+    (the sequence's ``currval`` right after), whatever other sessions took meanwhile, and a
+    later one a larger token; a busy fencing try there gets none."""
     with psycopg.connect(db, autocommit=autocommit) as conn, psycopg.connect(db) as other:
         other.execute("SELECT nextval('pgsolo.fencing_token_seq')")  # another session's token
         with conn.transaction():
@@ -235,6 +238,9 @@ def test_fencing_wait_in_callers_transaction_returns_this_acquisitions_token(
 
 
 def test_a_busy_retry_does_not_show_the_previous_acquisitions_token(db: str, key: Any) -> None:
+    """A session Lock object used again after its release finds the key busy: it holds
+    nothing and was issued no token, so ``lock.token`` must be None, not the token of the
+    earlier, released hold (which a downstream system would still accept)."""
     with (
         psycopg.connect(db, autocommit=True) as conn,
         psycopg.connect(db, autocommit=True) as other,
@@ -267,6 +273,9 @@ def _fencing_row_locked_by_open_transaction(connect: Connect, key: Key) -> psyco
 def test_wait_with_fencing_never_acquires_without_a_token(
     connect: Connect, observer: Any, key: Key
 ) -> None:
+    """Another session took and released the key inside a transaction it keeps open (an
+    earlier design kept a fencing row per key, which that transaction held locked): a fencing
+    wait must fail or acquire with a token, never report the lock acquired without one."""
     a = _fencing_row_locked_by_open_transaction(connect, key)
     b = connect()
     lock = pgsolo.session_lock(b, key, wait=1, fencing=True)
@@ -286,6 +295,8 @@ def test_wait_with_fencing_never_acquires_without_a_token(
 def test_try_with_fencing_does_not_wait_for_another_transaction(
     connect: Connect, observer: Any, key: Key
 ) -> None:
+    """The same setup, with a try: the key is free, so the fencing try must answer at once,
+    acquired and with a token, never wait for the other session's open transaction."""
     a = _fencing_row_locked_by_open_transaction(connect, key)
     b = connect()
     b.execute("SET statement_timeout = '3s'")  # bounds the test if the try waits

@@ -326,6 +326,9 @@ def test_release_interrupted_before_the_unlock_was_sent(
 def test_release_interrupted_after_the_unlock_ran(
     connect: Connect, observer: Any, key: Key, monkeypatch: pytest.MonkeyPatch, setup: str
 ) -> None:
+    """Ctrl-C right after the server ran the unlock, before pgsolo saw the answer: the release
+    counts as done (nothing held or tracked, ``acquired`` false, so a second release() raises
+    LockNotHeldError) and the connection is left as it was."""
     conn = _release_setup(connect, setup)
     pid = pid_of(conn)
     lock = pgsolo.session_lock(conn, key)

@@ -708,6 +708,9 @@ def test_a_timed_out_beat_never_shuts_down_a_socket_it_no_longer_owns(
 def test_beats_during_a_users_pipeline_neither_fail_nor_disturb_it(
     connect: Connect, key: Key, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """The user runs a psycopg pipeline on the kept lock's connection (synced: idle, but still
+    in pipeline mode) while beats are due every 10 ms: the beats must neither fail nor report
+    a loss or log a warning, and every pipeline result stays right."""
     conn = connect()
     lock = pgsolo.session_lock(conn, key, keep=pgsolo.Keep(interval=0.01))
     assert lock.acquire()

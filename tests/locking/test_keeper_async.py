@@ -1,6 +1,6 @@
 """The keeper on async connections: ``session_lock(aconn, key, keep=...)`` watched by a task.
 
-The async twins of tests/test_keeper.py, plus what only async code has: ``cancel=True``
+The async twins of ``test_keeper.py``, plus what only async code has: ``cancel=True``
 cancels the task that took the lock, and its ``async with`` block then ends with the
 :class:`~pgsolo.LockLostError`. Every test runs against a real PostgreSQL; losses are real
 (``pg_terminate_backend``, an unlock on the same session, a relay that stops passing the
@@ -669,6 +669,9 @@ async def received(conn: psycopg.AsyncConnection[Any]) -> list[str]:
 async def test_notifications_are_not_swallowed_by_beats(
     aconnect: AConnect, observer: Any, key: Key
 ) -> None:
+    """A notification that arrives between the user's reads must reach the next read, with
+    beats going on (it does without a keeper: see the first half); the keeper's round trips
+    must not consume it."""
     conn, sender = await aconnect(), await aconnect()
     await conn.execute("LISTEN pgsolo_keeper_test")
     pid = conn.info.backend_pid
@@ -717,6 +720,9 @@ async def test_other_locks_on_the_connection_are_not_refused_during_a_beat(
 
 
 def test_async_keeper_task_is_finished_when_a_manual_loop_closes(db: str, key: Any) -> None:
+    """The keeper's task, stopped at the end of the ``async with`` block, must be finished
+    when the event loop closes right afterwards, not left pending for asyncio to report as a
+    task destroyed while pending."""
     destroyed: list[dict[str, Any]] = []
 
     async def main() -> None:
@@ -741,6 +747,9 @@ def test_async_keeper_task_is_finished_when_a_manual_loop_closes(db: str, key: A
 
 
 def test_async_keeper_task_finished_when_the_block_closes_its_connection(db: str, key: Any) -> None:
+    """The block closes the lock's connection itself, so the release has no round trip left to
+    await after the keeper is told to stop: its task must still be finished before the loop
+    closes, with nothing reported to the loop's exception handler."""
     destroyed: list[dict[str, Any]] = []
 
     async def main() -> None:

@@ -254,6 +254,9 @@ def second_key(key: Key) -> Key:
 
 
 def test_nested_xact_blocks_in_one_thread(connect: Connect, observer: Any, key: Key) -> None:
+    """The other side of refusing another thread's xact block on a shared connection: nested
+    blocks in one thread are not refused; the inner one joins the outer transaction and its
+    lock lasts until that ends."""
     conn = connect()
     pid = pid_of(conn)
     inner_key = second_key(key)
@@ -422,6 +425,9 @@ def other_key(key: Key) -> Key:
 
 
 async def test_nested_xact_blocks_in_one_task(aconnect: AConnect, observer: Any, key: Key) -> None:
+    """The other side of refusing another task's xact block on a shared connection: nested
+    blocks in one task are not refused; the inner one joins the outer transaction and its
+    lock lasts until that ends."""
     conn = await aconnect()
     pid = pid_of(conn)
     key2 = other_key(key)

@@ -180,6 +180,9 @@ def test_before_migrate_is_a_usage_error_and_nothing_runs(
 def test_op_keys_at_exactly_the_byte_limit_run(
     db: str, connect: Connect, wide: str, count: int, tail: str
 ) -> None:
+    """Operation keys of exactly the byte limit (512 UTF-8 bytes of 2-, 3- or 4-byte
+    characters) must run and read their result back: the limit counts bytes, not characters,
+    and nothing after the check (the lock key, the row) refuses a key the check let through."""
     op_key = uuid.uuid4().hex[:12] + wide * count + tail  # unique per run, 512 bytes
     assert len(op_key.encode()) == 512
     conn = connect()

@@ -287,6 +287,9 @@ def test_a_waiter_that_finds_the_operation_succeeded_leaves_no_transaction_open(
 def test_racing_callers_on_fresh_keys_run_each_once_and_leave_connections_idle(
     db: str, connect: Connect
 ) -> None:
+    """Four connections race for each of 40 operation keys that have no row yet (the first
+    call inserts it while the others meet it): each operation must run exactly once, every
+    caller that did not skip get its result, and no call leave its connection in a transaction."""
     workers = 4
     keys = [new_edge_op() for _ in range(40)]
     conns = [connect() for _ in range(workers)]

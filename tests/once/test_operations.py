@@ -349,6 +349,9 @@ def test_the_connections_password_is_not_stored_in_the_error(
 ) -> None:
     # The server's own password when it asks for one (CI's PostgreSQL 15); otherwise
     # (trust authentication) one with quotes, backslashes and spaces, which it accepts.
+    """An operation's error text that contains the connection's own password (with a quote, a
+    backslash and spaces where the server accepts one) is stored and logged without it: the
+    message is kept, the password never."""
     secret = connect().info.password or "pw with 'quote\\ and space"
     conn = connect(password=secret)
     op_key = new_edge_op()

@@ -23,6 +23,8 @@ def test_migrate_is_idempotent_and_reports_the_schema_version(db: str, observer:
 def test_schema_version_of_an_unmigrated_database_leaves_the_connection_idle(
     fresh_db: str,
 ) -> None:
+    """``schema_version()`` on a database never migrated answers 0 and, like the ledger reads
+    on a migrated one, must not leave an autocommit-off connection idle in transaction."""
     with psycopg.connect(fresh_db, autocommit=False) as conn:
         assert schema_version(conn) == 0
         assert conn.info.transaction_status == IDLE
