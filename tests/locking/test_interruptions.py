@@ -26,7 +26,7 @@ from pgsolo import (
     Key,
     LockNotHeldError,
 )
-from pgsolo.drivers._psycopg import PsycopgDriver
+from pgsolo.drivers._sync.psycopg_driver import PsycopgDriver
 from pgsolo.sql import lock_function
 
 Connect = Callable[..., psycopg.Connection]

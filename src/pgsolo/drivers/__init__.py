@@ -140,12 +140,13 @@ def adapt(connection: object) -> SyncDriver | AsyncDriver:
     """The adapter for ``connection``, chosen by its type."""
     import psycopg  # noqa: PLC0415 - drivers are imported only when a connection arrives
 
-    from . import _psycopg  # noqa: PLC0415
+    from ._async.psycopg_driver import AsyncPsycopgDriver  # noqa: PLC0415
+    from ._sync.psycopg_driver import PsycopgDriver  # noqa: PLC0415
 
     if isinstance(connection, psycopg.Connection):
-        return _psycopg.PsycopgDriver(connection)
+        return PsycopgDriver(connection)
     if isinstance(connection, psycopg.AsyncConnection):
-        return _psycopg.AsyncPsycopgDriver(connection)
+        return AsyncPsycopgDriver(connection)
     raise TypeError(
         "pgsolo needs a psycopg 3 Connection or AsyncConnection, "
         f"got {type(connection).__module__}.{type(connection).__qualname__}"

@@ -17,16 +17,18 @@ from urllib.parse import unquote
 
 import psycopg
 from psycopg.abc import ConnDict
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import conninfo_to_dict, make_conninfo, timeout_from_conninfo
 
 from ..dsn import EMBEDDED
-from ..errors import InvalidDsnError
+from ..errors import DatabaseUnavailableError, InvalidDsnError, PgsoloError
 
 __all__ = [
     "DEFAULT_ANSWER_TIMEOUT",
     "DEFAULT_APP_PREFIX",
     "DEFAULT_CONNECT_TIMEOUT",
     "application_name_for",
+    "connect_error",
+    "connect_error_cause",
     "connection_settings",
     "conninfo_for",
     "parse_dsn",
@@ -206,3 +208,26 @@ def conninfo_for(dsn: str, application_name: str, defaults: Mapping[str, str] | 
     extra = {k: v for k, v in defaults.items() if given.get(k) in (None, "")}
     extra["application_name"] = application_name[:MAX_APPLICATION_NAME]
     return make_conninfo(dsn, **extra)
+
+
+def connect_error(exc: psycopg.Error, dsn: str, conninfo: str) -> PgsoloError:
+    """What a failed connect to ``dsn`` (with pgsolo's ``conninfo``) means, without its
+    secrets: raise it ``from`` :func:`connect_error_cause`."""
+    if isinstance(exc, psycopg.ProgrammingError):  # a parameter libpq does not take
+        # libpq's message may quote a password: the cause is not chained either.
+        return InvalidDsnError(
+            "the connection string cannot be used (libpq's message is not shown: it may"
+            " contain a password)"
+        )
+    message = scrub_secrets(" ".join(str(exc).split()), dsn)
+    if isinstance(exc, psycopg.errors.ConnectionTimeout):
+        message += f" (connect_timeout {timeout_from_conninfo(conninfo_to_dict(conninfo))}s)"
+    return DatabaseUnavailableError(
+        f"cannot connect to {redact_dsn(dsn) or 'the libpq defaults'}: {message}"
+    )
+
+
+def connect_error_cause(exc: psycopg.Error) -> psycopg.Error | None:
+    """The cause to chain to :func:`connect_error`'s error: none for one whose message
+    may quote a password."""
+    return None if isinstance(exc, psycopg.ProgrammingError) else exc

@@ -16,7 +16,7 @@ from ..locking.core import wait_ms_of
 from ..locking.keeper import Keep, as_keep
 from ..reasons import Reason
 
-__all__ = ["Job", "JobResult", "refuse_unknown_options"]
+__all__ = ["Job", "JobResult", "refuse_cancel_without_tasks", "refuse_unknown_options"]
 
 T = TypeVar("T")
 
@@ -135,3 +135,11 @@ def refuse_unknown_options(
         f" options ({options}): keyword arguments here are pgsolo's, never the job"
         f" function's; {hint}"
     )
+
+
+def refuse_cancel_without_tasks(job: Job, *, tasks: bool) -> None:
+    """``Keep(cancel=True)`` cancels the task that runs the work: code that runs in
+    threads (``tasks`` False: :func:`run_job`) has none, so it is a :class:`UsageError`,
+    before anything connects."""
+    if not tasks and job.keep is not None and job.keep.cancel:
+        raise UsageError("Keep(cancel=True) cancels an asyncio task: use run_job_async")

@@ -20,8 +20,9 @@ from .._types import Lifetime
 from ..dsn import choose_dsn
 from ..keys import KeyLike, Registry
 from ..locking.keeper import Keep
+from ._async.run import run_job_async
+from ._sync.run import run_job
 from .definition import Job, JobResult, refuse_unknown_options
-from .run import run_job, run_job_async
 
 if TYPE_CHECKING:
     import psycopg

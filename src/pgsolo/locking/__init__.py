@@ -2,18 +2,25 @@
 the keeper that watches a held session lock.
 
 Modules, one idea each: :mod:`.factory` (``xact_lock``, ``session_lock``), :mod:`.lock`
-(the ``Lock``/``AsyncLock`` objects), :mod:`.core` (one lock's state and plans),
-:mod:`.holdings` (what each connection holds), :mod:`.routing` (proxies and standbys),
-:mod:`.keeper`, :mod:`.pools` (pool reset hooks) and :mod:`.plans` (driving a plan).
+(the ``Lock``/``AsyncLock`` objects) and :mod:`.view` (what they show), :mod:`.core` (one
+lock's state and plans), :mod:`.holdings` (what each connection holds), :mod:`.routing`
+(proxies and standbys), :mod:`.keeper` (``Keep`` and what a beat means), :mod:`.pools`
+(what a pool reset does) and :mod:`.plans` (driving a plan).
+
+The shells that exist in both flavours (the lock objects, the keeper, the pool hooks)
+are written once, async, in ``_async/``; ``scripts/unasync.py`` generates their sync twins
+in ``_sync/``.
 """
 
 from __future__ import annotations
 
+from ._async.lock import AsyncLock
+from ._async.pools import async_pool_reset
+from ._sync.lock import Lock
+from ._sync.pools import pool_reset
 from .factory import session_lock, xact_lock
 from .holdings import held_session_locks
 from .keeper import Keep
-from .lock import AsyncLock, Lock
-from .pools import async_pool_reset, pool_reset
 
 __all__ = [
     "AsyncLock",

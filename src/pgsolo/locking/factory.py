@@ -9,9 +9,10 @@ from .._types import Lifetime
 from ..drivers import adapt, as_sync, is_async
 from ..errors import UsageError
 from ..keys import KeyLike, Registry, as_key
+from ._async.lock import AsyncLock
+from ._sync.lock import Lock
 from .core import LockCore, wait_ms_of
 from .keeper import Keep, as_keep
-from .lock import AsyncLock, Lock
 
 if TYPE_CHECKING:
     import psycopg

@@ -19,27 +19,30 @@ On loss the keeper records a :class:`~pgsolo.LockLostError` on the lock (``lock.
 ``lock.check()``), logs it, calls ``on_lost`` (in the keeper's thread or task) and, for
 an async lock with ``cancel=True``, cancels the task that took the lock; that task's
 ``async with`` block then ends with the :class:`~pgsolo.LockLostError`.
+
+This module has what both keepers share: :class:`Keep` and :class:`Watch`. The keepers
+themselves are one source, :class:`~pgsolo.locking._async.keeper.AsyncKeeper` (a task),
+and its generated twin :class:`~pgsolo.locking._sync.keeper.Keeper` (a thread); what
+differs between a task and a thread is :mod:`pgsolo._acompat`'s.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .. import sql
 from .._types import DAY, check_seconds
-from ..drivers import AsyncDriver, BeatFailed, DriverBase, SyncDriver
+from ..drivers import BeatFailed, DriverBase
 from ..errors import InvalidArgumentError, LockLostError
 from ..reasons import LostReason
 
 if TYPE_CHECKING:
     from .core import LockCore
 
-__all__ = ["AsyncKeeper", "Keep", "Keeper"]
+__all__ = ["Keep", "Watch", "as_keep"]
 
 logger = logging.getLogger("pgsolo")
 
@@ -85,8 +88,8 @@ def as_keep(keep: bool | Keep | None) -> Keep | None:
     raise InvalidArgumentError(f"keep must be True, False or a pgsolo.Keep, got {keep!r}")
 
 
-class _Watch:
-    """What a beat's answer means; shared by both keepers."""
+class Watch:
+    """What a beat's answer means, and what a loss sets off; shared by both keepers."""
 
     def __init__(self, core: LockCore, keep: Keep) -> None:
         self.core = core
@@ -160,95 +163,3 @@ class _Watch:
                 self.keep.on_lost(error)
             except Exception:
                 logger.exception("pgsolo keeper: the on_lost callback of %s failed", self.core.key)
-
-
-class Keeper:
-    """A thread that watches one lock on a sync connection."""
-
-    def __init__(self, core: LockCore, driver: SyncDriver, keep: Keep) -> None:
-        self._watch = _Watch(core, keep)
-        self._driver = driver
-        self._stopping = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run, name=f"pgsolo-keeper {core.key}", daemon=True
-        )
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        """Stop beating; after this returns no beat is in flight (unless called from the
-        keeper's own thread, by ``on_lost``)."""
-        self._stopping.set()
-        if threading.current_thread() is not self._thread and self._thread.is_alive():
-            self._thread.join(self._watch.keep.timeout + 1)
-
-    def _run(self) -> None:
-        watch = self._watch
-        while not self._stopping.wait(watch.keep.interval):
-            row, failure = None, None
-            try:
-                row = self._driver.beat(watch.statement, watch.keep.timeout)
-            except Exception as exc:
-                failure = exc
-            error = watch.verdict(row, failure, self._driver)
-            if self._stopping.is_set():
-                return  # released meanwhile: the answer may be about the release
-            if error is not None:
-                watch.declare(error)
-                return
-
-
-class AsyncKeeper:
-    """A task that watches one lock on an async connection."""
-
-    def __init__(self, core: LockCore, driver: AsyncDriver, keep: Keep) -> None:
-        self._watch = _Watch(core, keep)
-        self._driver = driver
-        self._task: asyncio.Task[None] | None = None
-        self.holder: asyncio.Task[object] | None = None
-        self.cancelled_holder = False
-
-    def start(self) -> None:
-        self.holder = asyncio.current_task()
-        self._task = asyncio.create_task(self._run(), name=f"pgsolo-keeper {self._watch.core.key}")
-
-    def undo_cancel(self, ended_with: BaseException | None) -> LockLostError | None:
-        """Once the holder's block or work is over: undo the keeper's one cancellation of
-        the holder task, however it ended (it may have swallowed the cancellation or
-        turned it into another error). Returns the loss to raise instead when it ended
-        with that cancellation and no other is pending."""
-        if not self.cancelled_holder:
-            return None
-        self.cancelled_holder = False
-        task = asyncio.current_task()
-        remaining = task.uncancel() if task is not None else 1
-        if isinstance(ended_with, asyncio.CancelledError) and remaining == 0:
-            return self._watch.core.lost
-        return None
-
-    def stop(self) -> None:
-        """Stop beating. Not awaited, so that a second cancellation of the caller cannot
-        land here and skip the release that follows: a beat in flight holds psycopg's
-        connection lock, so the release waits for it anyway, and a cancelled keeper
-        never judges what it saw."""
-        task, self._task = self._task, None
-        if task is not None and task is not asyncio.current_task():
-            task.cancel()
-
-    async def _run(self) -> None:
-        watch = self._watch
-        while True:
-            await asyncio.sleep(watch.keep.interval)
-            row, failure = None, None
-            try:
-                row = await self._driver.beat(watch.statement, watch.keep.timeout)
-            except Exception as exc:
-                failure = exc
-            error = watch.verdict(row, failure, self._driver)
-            if error is not None:
-                watch.declare(error)
-                if watch.keep.cancel and self.holder is not None and not self.holder.done():
-                    self.cancelled_holder = True
-                    self.holder.cancel(f"pgsolo: {error}")
-                return

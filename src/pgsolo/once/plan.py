@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import logging
 import os
 import socket
 from collections.abc import Callable
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .. import sql
-from .._logging import logger
+from .._logging import log_event, logger
 from .._types import OnceOutcome
 from ..drivers import DriverBase, TxStatus
 from ..errors import (
@@ -35,7 +36,7 @@ from .operation import (
     validate_op_key,
 )
 
-__all__ = ["Attempt", "Operation", "core_for", "once_plan"]
+__all__ = ["Attempt", "Operation", "core_for", "once_plan", "report_outcome"]
 
 MAX_ERROR_CHARS = 4000
 
@@ -236,3 +237,10 @@ def core_for(op: Operation, driver: DriverBase) -> LockCore:
     return LockCore(
         driver, op.lock_key, "session", wait_ms=op.wait_ms, shared=False, reentrant=False
     )
+
+
+def report_outcome(result: OnceResult) -> OnceResult:
+    """Log what a call of ``run_once`` came to; ``result`` itself."""
+    fields = {"op_key": result.op_key, "attempts": result.attempts}
+    log_event(logging.INFO, "operation", "outcome", result.outcome, fields)
+    return result

@@ -1,131 +1,30 @@
-"""``run_job`` and ``run_job_async``: a function run as one attempt at a job, on a connection
-the caller gives or one pgsolo opens from a connection string."""
+"""``run_job_async``: a function run as one attempt at a job, on an async connection the
+caller gives or one pgsolo opens from a connection string."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import (
-    TYPE_CHECKING,
-    Any,
-    Never,
-    ParamSpec,
-    TypeVar,
-)
+from typing import TYPE_CHECKING, Any, Never, TypeVar
 
-from .._types import Lifetime
-from ..drivers import adapt_async, adapt_sync
-from ..drivers.connect import aopen_connection, open_connection
-from ..errors import (
-    UsageError,
-)
-from ..keys import KeyLike, Registry
-from ..locking.keeper import AsyncKeeper, Keep, Keeper
-from ..locking.plans import adrive, drive
-from .definition import Job, JobResult, refuse_unknown_options
-from .plan import attempt_plan, conclude, core_for
-from .record import log_unrecorded, record_plan
-from .report import report
+from ..._acompat import AIS_ASYNC
+from ..._types import Lifetime
+from ...drivers import adapt_async
+from ...drivers._async.connect import aopen_connection
+from ...keys import KeyLike, Registry
+from ...locking._async.keeper import AsyncKeeper
+from ...locking.keeper import Keep
+from ...locking.plans import adrive
+from ..definition import Job, JobResult, refuse_cancel_without_tasks, refuse_unknown_options
+from ..plan import attempt_plan, conclude, core_for
+from ..record import log_unrecorded, record_plan
+from ..report import report
 
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ["run_job", "run_job_async"]
+__all__ = ["run_job_async"]
 
 T = TypeVar("T")
-P = ParamSpec("P")
-
-
-def run_job(
-    target: psycopg.Connection[Any] | str,
-    key: KeyLike,
-    fn: Callable[..., T],
-    *args: Any,
-    name: str | None = None,
-    lifetime: Lifetime = "xact",
-    wait: float | None = None,
-    period: str | None = None,
-    record: bool = False,
-    raise_errors: bool = True,
-    application_name: str | None = None,
-    namespace: int | None = None,
-    registry: Registry | None = None,
-    keep: bool | Keep = False,
-    **not_options: Never,
-) -> JobResult[T]:
-    """Run ``fn(conn, *args)`` at most once at a time across every process.
-
-    Keyword arguments are pgsolo's options only; any other raises :class:`UsageError`
-    before anything connects. To give ``fn`` keyword arguments of its own, bind them
-    first: ``run_job(dsn, key, functools.partial(fn, name="bob"))``.
-
-    ``target`` is a psycopg connection, or a connection string from which pgsolo opens
-    (and closes) a connection named ``pgsolo:<job name>`` in ``pg_stat_activity``.
-    ``lifetime="xact"`` (default) runs ``fn`` inside the locked transaction and commits
-    with it; ``"session"`` holds a session lock on the pinned connection, for work that
-    spans commits or external calls. Busy means skip, unless ``wait=`` seconds are
-    given. ``period="day"`` (or ``hour``, ``"900 seconds"``...) records each completed
-    run durably, so a second run in the same period, by the database's clock, is
-    skipped. ``record=True`` writes every attempt to the ledger (``pgsolo migrate``).
-    ``keep=True`` (or a :class:`~pgsolo.Keep`), for a session job, watches the lock
-    while ``fn`` runs: a loss makes the outcome ``lost`` (its reason from the keeper).
-    A failure re-raises the callable's exception after it is logged and recorded,
-    unless ``raise_errors=False``.
-    """
-    refuse_unknown_options(run_job, not_options)
-    job = Job.define(
-        key,
-        name=name,
-        lifetime=lifetime,
-        wait=wait,
-        period=period,
-        record=record,
-        application_name=application_name,
-        namespace=namespace,
-        registry=registry,
-        keep=keep,
-    )
-    if job.keep is not None and job.keep.cancel:
-        raise UsageError("Keep(cancel=True) cancels an asyncio task: use run_job_async")
-    if isinstance(target, str):
-        with open_connection(target, application_name=job.application_name_for(target)) as conn:
-            return _run_sync(job, conn, target, fn, args, raise_errors)
-    return _run_sync(job, target, None, fn, args, raise_errors)
-
-
-def _run_sync(
-    job: Job,
-    conn: psycopg.Connection[Any],
-    dsn: str | None,
-    fn: Callable[..., T],
-    args: tuple[Any, ...],
-    raise_errors: bool,
-) -> JobResult[T]:
-    driver = adapt_sync(conn)
-    info = driver.server_info()
-    core = core_for(job, driver)
-
-    def work() -> T:
-        keeper = Keeper(core, driver, job.keep) if job.keep is not None else None
-        if keeper is not None:
-            keeper.start()
-        try:
-            return fn(conn, *args)
-        finally:
-            if keeper is not None:
-                keeper.stop()
-
-    result: JobResult[T] = drive(attempt_plan(job, core), driver, work)
-    report(job, result, driver, info)
-    if job.record:
-        if not driver.is_closed():
-            drive(record_plan(job, result, driver), driver)
-        elif dsn is not None:
-            with open_connection(dsn, application_name=job.application_name_for(dsn)) as spare:
-                spare_driver = adapt_sync(spare)
-                drive(record_plan(job, result, spare_driver), spare_driver)
-        else:
-            log_unrecorded(job, result)
-    return conclude(job, result, raise_errors)
 
 
 async def run_job_async(
@@ -145,8 +44,25 @@ async def run_job_async(
     keep: bool | Keep = False,
     **not_options: Never,
 ) -> JobResult[T]:
-    """The async twin of :func:`run_job`: ``await fn(conn, *args)``; keyword arguments
-    are pgsolo's options only (bind ``fn``'s own with ``functools.partial``)."""
+    """Run ``fn(conn, *args)`` at most once at a time across every process.
+
+    Keyword arguments are pgsolo's options only; any other raises :class:`UsageError`
+    before anything connects. To give ``fn`` keyword arguments of its own, bind them
+    first: ``run_job_async(dsn, key, functools.partial(fn, name="bob"))``.
+
+    ``target`` is a psycopg connection, or a connection string from which pgsolo opens
+    (and closes) a connection named ``pgsolo:<job name>`` in ``pg_stat_activity``.
+    ``lifetime="xact"`` (default) runs ``fn`` inside the locked transaction and commits
+    with it; ``"session"`` holds a session lock on the pinned connection, for work that
+    spans commits or external calls. Busy means skip, unless ``wait=`` seconds are
+    given. ``period="day"`` (or ``hour``, ``"900 seconds"``...) records each completed
+    run durably, so a second run in the same period, by the database's clock, is
+    skipped. ``record=True`` writes every attempt to the ledger (``pgsolo migrate``).
+    ``keep=True`` (or a :class:`~pgsolo.Keep`), for a session job, watches the lock
+    while ``fn`` runs: a loss makes the outcome ``lost`` (its reason from the keeper).
+    A failure re-raises the callable's exception after it is logged and recorded,
+    unless ``raise_errors=False``.
+    """
     refuse_unknown_options(run_job_async, not_options)
     job = Job.define(
         key,
@@ -160,6 +76,7 @@ async def run_job_async(
         registry=registry,
         keep=keep,
     )
+    refuse_cancel_without_tasks(job, tasks=AIS_ASYNC)
     if isinstance(target, str):
         async with aopen_connection(
             target, application_name=job.application_name_for(target)
@@ -177,9 +94,10 @@ async def _run_async(
     raise_errors: bool,
 ) -> JobResult[T]:
     driver = adapt_async(conn)
+    info = driver.server_info()
     core = core_for(job, driver)
 
-    async def work() -> object:
+    async def work() -> T:
         keeper = AsyncKeeper(core, driver, job.keep) if job.keep is not None else None
         if keeper is not None:
             keeper.start()
@@ -195,7 +113,6 @@ async def _run_async(
                 if (instead := keeper.undo_cancel(ended_with)) is not None:
                     raise instead from ended_with  # Keep(cancel=True) stopped the work
 
-    info = driver.server_info()
     result: JobResult[T] = await adrive(attempt_plan(job, core), driver, work)
     report(job, result, driver, info)
     if job.record:

@@ -1,0 +1,201 @@
+"""What sync and async code differ by, as pairs of helpers: one name for async code (it
+starts with ``a`` or ``A``), the same name without it for sync code.
+
+pgsolo writes code that has both flavours once, async, under a directory named
+``_async/``; ``scripts/unasync.py`` writes the sync twin under ``_sync/``, mapping every
+async name of this module to its sync one. So a difference between the flavours that is
+more than a name lives here: the async helper does what a task needs, and its sync twin
+is often trivial (a thread cannot be cancelled; a sync call has nothing to await).
+Standard library only: every layer may use it. Helpers that know psycopg are in
+:mod:`pgsolo.drivers._psycopg_acompat`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import threading
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from typing import Any, Final, TypeAlias, TypeVar
+
+__all__ = [
+    "AIS_ASYNC",
+    "IS_ASYNC",
+    "AEvent",
+    "AWorker",
+    "Event",
+    "Worker",
+    "acancel_worker",
+    "acurrent_worker",
+    "aresult_of",
+    "arun_blocking",
+    "aspawn",
+    "astop_worker",
+    "atry_lock",
+    "auncancel_current",
+    "cancel_worker",
+    "current_worker",
+    "result_of",
+    "run_blocking",
+    "spawn",
+    "stop_worker",
+    "try_lock",
+    "uncancel_current",
+]
+
+T = TypeVar("T")
+
+IS_ASYNC: Final = False
+AIS_ASYNC: Final = True
+"""Whether the code at hand runs in tasks on an event loop (async) or in threads."""
+
+# -- workers: a thread, or a task -------------------------------------------------------
+
+Worker: TypeAlias = threading.Thread
+AWorker: TypeAlias = asyncio.Task[Any]
+
+
+def spawn(run: Callable[[], object], name: str) -> Worker:
+    """Run ``run()`` in a new daemon thread called ``name``."""
+    worker = threading.Thread(target=run, name=name, daemon=True)
+    worker.start()
+    return worker
+
+
+def aspawn(run: Callable[[], Coroutine[Any, Any, object]], name: str) -> AWorker:
+    """Run ``run()`` in a new task called ``name``."""
+    return asyncio.create_task(run(), name=name)
+
+
+def current_worker() -> Worker | None:
+    return threading.current_thread()
+
+
+def acurrent_worker() -> AWorker | None:
+    return asyncio.current_task()
+
+
+def stop_worker(worker: Worker, join_within: float) -> None:
+    """Wait up to ``join_within`` seconds for ``worker`` to end (not from inside it: a
+    worker stopping itself just goes on to its end)."""
+    if worker is not threading.current_thread() and worker.is_alive():
+        worker.join(join_within)
+
+
+def astop_worker(worker: AWorker, join_within: float) -> None:
+    """Cancel ``worker`` (not from inside it) without awaiting it, so that a second
+    cancellation of the caller cannot land here; ``join_within`` is for a thread."""
+    if worker is not asyncio.current_task():
+        worker.cancel()
+
+
+def cancel_worker(worker: Worker | None, message: str) -> bool:
+    """A thread cannot be cancelled: False, nothing done."""
+    return False
+
+
+def acancel_worker(worker: AWorker | None, message: str) -> bool:
+    """Cancel ``worker`` with ``message`` unless it is over; whether it was cancelled."""
+    if worker is None or worker.done():
+        return False
+    worker.cancel(message)
+    return True
+
+
+def uncancel_current(ended_with: BaseException | None) -> bool:
+    """Nothing was cancelled (see :func:`cancel_worker`): False."""
+    return False
+
+
+def auncancel_current(ended_with: BaseException | None) -> bool:
+    """Undo one cancellation (by :func:`acancel_worker`) of the current task, however it
+    ended; whether it ended with that cancellation (``ended_with``) and none other is
+    pending."""
+    task = asyncio.current_task()
+    remaining = task.uncancel() if task is not None else 1
+    return isinstance(ended_with, asyncio.CancelledError) and remaining == 0
+
+
+# -- an event with a timed wait ---------------------------------------------------------
+
+Event = threading.Event
+
+
+class AEvent:
+    """:class:`threading.Event`'s interface for tasks: ``wait(seconds)`` says whether the
+    event is set, once it is or once ``seconds`` have passed (pass it positionally: the
+    thread's event calls it ``timeout``)."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def set(self) -> None:
+        self._event.set()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    async def wait(self, seconds: float) -> bool:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self._event.wait()
+        return self._event.is_set()
+
+
+# -- what a call gives back --------------------------------------------------------------
+
+
+def result_of(value: T) -> T:
+    """``value`` itself: a sync caller's function has nothing to await."""
+    return value
+
+
+async def aresult_of(value: object) -> object:
+    """``value``, awaited if it is awaitable: an async caller may pass a plain function."""
+    return await value if inspect.isawaitable(value) else value
+
+
+def run_blocking(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)``, here."""
+    return fn(*args)
+
+
+async def arun_blocking(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` in a worker thread, so that the event loop goes on meanwhile. If the
+    caller is cancelled, the call still runs to its end before the cancellation goes on
+    (whatever ``fn`` holds, say a connection, stays held until then)."""
+    done = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    try:
+        return await asyncio.shield(done)
+    except asyncio.CancelledError:
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait({done})
+        raise
+
+
+# -- a lock taken only when it is free ----------------------------------------------------
+
+
+@contextlib.contextmanager
+def try_lock(lock: threading.Lock) -> Iterator[bool]:
+    """Take ``lock`` if it is free, without waiting; yields whether it was taken (and
+    releases it at the end of the block if so)."""
+    if not lock.acquire(blocking=False):
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        lock.release()
+
+
+@contextlib.asynccontextmanager
+async def atry_lock(lock: asyncio.Lock) -> AsyncIterator[bool]:
+    """The same for an :class:`asyncio.Lock`: a free one is taken without yielding to
+    another task."""
+    if lock.locked():
+        yield False
+        return
+    async with lock:
+        yield True

@@ -1,0 +1,2 @@
+"""The driver adapters and connections for async code. Each module of ``_async/`` is the
+source of its namesake in ``_sync/`` (``scripts/unasync.py``)."""

@@ -1,0 +1,60 @@
+"""The psycopg 3 adapter of an async connection; see :mod:`pgsolo.drivers._psycopg`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import psycopg
+from psycopg.rows import tuple_row
+
+from ..._acompat import AIS_ASYNC, arun_blocking, atry_lock
+from .._psycopg import PsycopgBase, bound_answers, exchange_beat, has_row, message
+from .._psycopg_acompat import around_trip
+
+__all__ = ["AsyncPsycopgDriver"]
+
+
+class AsyncPsycopgDriver(PsycopgBase):
+    """pgsolo's driver protocol (:class:`~pgsolo.drivers.AsyncDriver`) on a psycopg
+    ``AsyncConnection``."""
+
+    is_async: ClassVar[bool] = AIS_ASYNC
+    _conn: psycopg.AsyncConnection[Any]
+
+    def __init__(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        self._conn = conn
+
+    async def fetch_value(self, statements: Sequence[str], wait: float = 0.0) -> object:
+        with self._deadline(wait):
+            return await around_trip(self._conn, lambda: self._fetch(statements))
+
+    async def _fetch(self, statements: Sequence[str]) -> object:
+        # The caller's connection may have any row factory; pgsolo reads plain tuples.
+        cursor = self._conn.cursor(row_factory=tuple_row)
+        await cursor.execute(message(statements))
+        value: object = None
+        while True:
+            if has_row(cursor) and (row := await cursor.fetchone()) is not None:
+                value = row[0]
+            if not cursor.nextset():
+                return value
+
+    async def fetch_value_elsewhere(self, statements: Sequence[str]) -> object:
+        async with await psycopg.AsyncConnection.connect(
+            self._elsewhere_conninfo(), autocommit=True
+        ) as other:
+            bound_answers(other, self._answer_within())
+            return await AsyncPsycopgDriver(other).fetch_value(statements)
+
+    async def beat(self, statement: str, answer_within: float) -> Sequence[str | None] | None:
+        # psycopg's own lock: while the keeper holds it, no statement of the caller's can
+        # start on this connection, and the keeper never waits for it. libpq is called
+        # directly, in a worker thread for a task; the connection stays locked until the
+        # exchange is over, even if the keeper is cancelled meanwhile.
+        async with atry_lock(self._conn.lock) as taken:
+            if not taken or not self._beat_ready():
+                return None
+            with self._beating():
+                pgconn = self._conn.pgconn
+                return await arun_blocking(exchange_beat, pgconn, statement, answer_within)

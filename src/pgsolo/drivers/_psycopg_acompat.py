@@ -1,0 +1,95 @@
+"""What the two psycopg adapters differ by, as pairs of helpers in the manner of
+:mod:`pgsolo._acompat`: one name for async code, the same without its leading ``a`` for
+sync code, which ``scripts/unasync.py`` maps. Here: a round trip that the caller's
+cancellation cannot leave half done (a thread is never cancelled halfway through one)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import psycopg
+
+__all__ = ["around_trip", "round_trip"]
+
+logger = logging.getLogger("pgsolo")
+
+T = TypeVar("T")
+
+_SETTLE_SECONDS = 5.0
+
+
+def round_trip(conn: psycopg.Connection[Any], fetch: Callable[[], T]) -> T:
+    """``fetch()``, a round trip on ``conn``."""
+    return fetch()
+
+
+async def around_trip(conn: psycopg.AsyncConnection[Any], fetch: Callable[[], Awaitable[T]]) -> T:
+    """``await fetch()``, a round trip on ``conn``, safe to cancel.
+
+    psycopg's own handling of a cancelled task is not safe enough for a lock: a cancel
+    request that reaches the server just before the statement starts is ignored, so
+    psycopg waits 5s and then closes the connection, and a lock wait would go on
+    meanwhile. So the round trip runs shielded in a task of its own; if the caller is
+    cancelled, :func:`_settle` cancels the statement on the server (repeating the request
+    until it takes), lets the round trip finish, and only then does the cancellation go on.
+    """
+    call = _Call()
+    block = asyncio.ensure_future(_owning(conn, call, fetch))
+    try:
+        return await asyncio.shield(block)
+    except asyncio.CancelledError:
+        await _settle(conn, block, call)
+        raise
+
+
+class _Call:
+    owns_connection = False
+
+
+async def _owning(
+    conn: psycopg.AsyncConnection[Any], call: _Call, fetch: Callable[[], Awaitable[T]]
+) -> T:
+    # psycopg takes the connection's lock at once when it is free: then the statements
+    # on the server are ours, and cancelling them hits nobody else.
+    call.owns_connection = not conn.lock.locked()
+    return await fetch()
+
+
+async def _settle(
+    conn: psycopg.AsyncConnection[Any], block: asyncio.Future[Any], call: _Call
+) -> None:
+    """Bring an interrupted round trip to its end, bounded.
+
+    Cancel its statement on the server, again every quarter of a second (a request
+    that arrives before the statement starts, or between two statements of a
+    pipeline, is ignored by the server). If another task was using the connection
+    when the round trip started, its statement could be the one running: cancel only
+    our task then, as psycopg would. After a few seconds, give up the same way.
+    Further cancellations of the caller are absorbed: it is already on its way out
+    with one.
+    """
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + _SETTLE_SECONDS
+    handed_over = False
+    while not block.done():
+        try:
+            if call.owns_connection and loop.time() < give_up:
+                if hasattr(conn, "cancel_safe"):  # psycopg >= 3.2
+                    await conn.cancel_safe(timeout=_SETTLE_SECONDS)
+                else:
+                    await asyncio.to_thread(conn.cancel)
+            elif not handed_over:  # once: a second interruption makes psycopg close it
+                handed_over = True
+                block.cancel()
+        except asyncio.CancelledError:
+            pass
+        except Exception as exc:
+            logger.warning("pgsolo: cancelling an interrupted statement failed: %r", exc)
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait({block}, timeout=0.25)
+    if not block.cancelled():
+        block.exception()  # retrieved: the caller's cancellation is what propagates

@@ -1,0 +1,90 @@
+"""The lock object users hold on an async connection: it drives the plans of its
+:class:`~pgsolo.locking.core.LockCore` with its driver, and starts and stops the keeper
+around a held session lock."""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Self
+
+from ...drivers import AsyncDriver
+from ...errors import LockLostError, LockNotHeldError
+from ..core import LockCore
+from ..plans import adrive
+from ..view import LockView
+from .keeper import AsyncKeeper
+
+__all__ = ["AsyncLock"]
+
+
+class AsyncLock(LockView):
+    """An advisory lock on an async connection; see :func:`~pgsolo.xact_lock` and
+    :func:`~pgsolo.session_lock`."""
+
+    def __init__(self, core: LockCore, driver: AsyncDriver) -> None:
+        self._core = core
+        self._driver = driver
+        self._keeper: AsyncKeeper | None = None
+
+    async def acquire(self) -> bool:
+        """Try (or wait, if ``wait=`` was given) and return whether the lock was acquired.
+
+        A wait that runs out raises :class:`~pgsolo.LockTimeoutError`.
+        """
+        acquired = await adrive(self._core.acquire(context=False), self._driver)
+        self._start_keeper()
+        return acquired
+
+    async def release(self) -> None:
+        """Release a session lock on the connection it was taken on. Raises the
+        :class:`~pgsolo.LockLostError` the keeper found, if it found one."""
+        self._stop_keeper()
+        try:
+            await adrive(self._core.release(), self._driver)
+        except (LockLostError, LockNotHeldError) as exc:
+            if (instead := self._lost_instead(exc)) is not exc:
+                raise instead from exc
+            raise
+        except BaseException:
+            self._start_keeper()  # still held and on the books: still watched
+            raise
+        if self._core.lost is not None:  # a re-entrant hold released only its count
+            raise self._core.lost
+
+    async def is_held(self) -> bool:
+        return await adrive(self._core.is_held(), self._driver)
+
+    async def __aenter__(self) -> Self:
+        await adrive(self._core.acquire(context=True), self._driver)
+        self._start_keeper()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        keeper = self._keeper
+        self._stop_keeper()
+        loss_for_cancel = keeper.undo_cancel(exc) if keeper is not None else None
+        try:
+            await adrive(self._core.exit(failed=exc_type is not None), self._driver)
+        except (LockLostError, LockNotHeldError) as failure:
+            if (instead := self._lost_instead(failure)) is not failure:
+                raise instead from failure
+            raise
+        if loss_for_cancel is not None:
+            raise loss_for_cancel from exc  # Keep(cancel=True) ended the block
+        if exc_type is None and self._core.lost is not None:
+            raise self._core.lost  # the block ran to its end, but not all of it under the lock
+
+    def _start_keeper(self) -> None:
+        if self._core.keep is not None and self._core.acquired and self._keeper is None:
+            self._keeper = AsyncKeeper(self._core, self._driver, self._core.keep)
+            self._keeper.start()
+
+    def _stop_keeper(self) -> None:
+        keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            keeper.stop()

@@ -1,0 +1,81 @@
+"""The read-only side of a lock object, the same for both flavours."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .._types import Lifetime
+from ..errors import LockLostError, LockNotHeldError
+from ..keys import Key
+
+if TYPE_CHECKING:
+    from .core import LockCore
+
+__all__ = ["LockView"]
+
+
+class LockView:
+    """What a lock object shows of its :class:`~pgsolo.locking.core.LockCore`, without a
+    round trip; shared by :class:`~pgsolo.Lock` and :class:`~pgsolo.AsyncLock`."""
+
+    _core: LockCore
+
+    @property
+    def key(self) -> Key:
+        return self._core.key
+
+    @property
+    def lifetime(self) -> Lifetime:
+        return self._core.lifetime
+
+    @property
+    def shared(self) -> bool:
+        return self._core.shared
+
+    @property
+    def acquired(self) -> bool:
+        """Whether this object acquired the lock (and, for a session lock, still holds it)."""
+        return self._core.acquired
+
+    @property
+    def backend_pid(self) -> int | None:
+        """The backend pid the lock was taken on, as the connection announced it."""
+        return self._core.backend_pid
+
+    @property
+    def token(self) -> int | None:
+        """The fencing token of this acquisition (``fencing=True``): larger than any
+        token issued for this key before. Downstream systems reject writes that carry a
+        smaller token than one they have seen, so a holder that lost its lock cannot
+        overwrite the work of the next one."""
+        return self._core.token
+
+    @property
+    def lost(self) -> bool:
+        """Whether the keeper (``keep=``) found the lock gone while it was held."""
+        return self._core.lost is not None
+
+    @property
+    def loss(self) -> LockLostError | None:
+        """What the keeper found (``reason`` says how the lock went), or None."""
+        return self._core.lost
+
+    def check(self) -> None:
+        """Raise :class:`~pgsolo.LockLostError` if the keeper found the lock gone.
+
+        Cheap (no round trip): call it between steps of long work."""
+        if self._core.lost is not None:
+            raise self._core.lost
+
+    def _lost_instead(self, exc: BaseException) -> BaseException:
+        """What a failed release means once the keeper has seen the lock go."""
+        lost = self._core.lost
+        if lost is not None and isinstance(exc, LockLostError | LockNotHeldError):
+            return lost
+        return exc
+
+    def __repr__(self) -> str:
+        state = "acquired" if self.acquired else "not acquired"
+        if self.lost:
+            state = "lost"
+        return f"<{type(self).__name__} {self.lifetime} {self.key} {state}>"
