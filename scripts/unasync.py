@@ -106,6 +106,11 @@ _RENAMES = {
     "adapt_async": "adapt_sync",
     "adrive": "drive",
     "aopen_connection": "open_connection",
+    # the test suite's fixtures and helpers (tests/conftest.py, tests/_support.py)
+    "AConnect": "Connect",
+    "aconnect": "connect",
+    "aeventually": "eventually",
+    "asleep": "sleep",
     # pgsolo._acompat and pgsolo.drivers._psycopg_acompat
     "AEvent": "Event",
     "AIS_ASYNC": "IS_ASYNC",

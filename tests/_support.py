@@ -50,6 +50,16 @@ async def aeventually(predicate: Callable[[], T], what: str) -> T:
         await asyncio.sleep(0.02)
 
 
+async def asleep(seconds: float) -> None:
+    """``asyncio.sleep``, under a name that a generated sync twin turns into :func:`sleep`."""
+    await asyncio.sleep(seconds)
+
+
+def sleep(seconds: float) -> None:
+    """``time.sleep``: what :func:`asleep` is in a generated sync twin."""
+    time.sleep(seconds)
+
+
 # -- jobs: the table their callables write to, and other sessions' view of them ----------
 
 WORK = "pgsolo_test_job_work"  # rows written by the jobs' callables

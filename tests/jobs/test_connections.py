@@ -1,6 +1,8 @@
-"""The connections a job opens: its name in ``pg_stat_activity`` (``application_name``,
-cut to what PostgreSQL keeps, unless the caller, the DSN or the environment names it),
-and TCP keepalives unless the DSN says otherwise.
+"""The connections a job opens: TCP keepalives unless the DSN says otherwise, and its name in
+``pg_stat_activity`` (``application_name``) cut to what PostgreSQL keeps, unless the
+caller, the DSN or the environment names it. The name test alike in both flavours is
+written once, async, in ``_async/test_connections.py``; scripts/unasync.py generates
+``_sync/test_connections.py``.
 """
 
 from __future__ import annotations
@@ -15,27 +17,12 @@ from psycopg.conninfo import make_conninfo
 from _support import (
     app_name_of,
 )
-from pgsolo.jobs import run_job, run_job_async
-
-# -- sync jobs -----------------------------------------------------------------------------
+from pgsolo.jobs import run_job
 
 
 def new_job() -> str:
     """A unique job name; used as the (str) key too, so the job is named after it."""
     return f"jobs-test:{uuid.uuid4().hex[:16]}"
-
-
-def test_a_job_shows_its_name_in_pg_stat_activity(db: str, observer: Any) -> None:
-    job = new_job()
-
-    def fn(conn: psycopg.Connection) -> str | None:
-        return app_name_of(observer, conn.info.backend_pid)
-
-    assert run_job(db, job, fn).value == f"pgsolo:{job}"
-    assert run_job(db, job, fn, lifetime="session").value == f"pgsolo:{job}"
-    named = run_job(db, (7_100_001, 5), fn, name="nightly-settlement")
-    assert named.job == "nightly-settlement"
-    assert named.value == "pgsolo:nightly-settlement"
 
 
 def test_connections_a_job_opens_use_tcp_keepalives_unless_the_dsn_says_otherwise(
@@ -80,22 +67,3 @@ def test_application_name_given_by_caller_dsn_or_environment_wins(
     monkeypatch.setenv("PGAPPNAME", "from-env")
     assert run_job(db, job, fn).value == "from-env"
     assert run_job(named_dsn, job, fn).value == "from-dsn"
-
-
-# -- async jobs ----------------------------------------------------------------------------
-
-
-def new_async_job() -> str:
-    return f"jobs-async-test:{uuid.uuid4().hex[:16]}"
-
-
-async def test_an_async_job_shows_its_name_in_pg_stat_activity(db: str, observer: Any) -> None:
-    job = new_async_job()
-
-    async def fn(conn: psycopg.AsyncConnection[Any]) -> str | None:
-        return app_name_of(observer, conn.info.backend_pid)
-
-    assert (await run_job_async(db, job, fn)).value == f"pgsolo:{job}"
-    assert (await run_job_async(db, job, fn, application_name="worker-7")).value == "worker-7"
-    named_dsn = make_conninfo(db, application_name="from-dsn")
-    assert (await run_job_async(named_dsn, job, fn)).value == "from-dsn"

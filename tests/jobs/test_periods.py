@@ -1,6 +1,8 @@
-"""Once per period (``period=``): a completed run uses up its period, a failed one does not;
-the period comes from the database clock in UTC; concurrent runs in one period run the
-work once, and the unique constraint, not the lock, has the last word.
+"""Once per period (``period=``), the tests that only one flavour has: the period comes from
+the database clock in UTC; concurrent runs (threads, or tasks) in one period run the work
+once, and the unique constraint, not the lock, has the last word. The period tests alike
+in both flavours are written once, async, in ``_async/test_periods.py``; scripts/unasync.py
+generates ``_sync/test_periods.py``.
 """
 
 from __future__ import annotations
@@ -8,8 +10,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import os
-import socket
 import threading
 import time
 import uuid
@@ -23,7 +23,6 @@ from psycopg.conninfo import make_conninfo
 
 from _support import (
     WORK,
-    key_of,
     period_rows,
     work_rows,
 )
@@ -34,10 +33,6 @@ from pgsolo.jobs import JobResult, run_job, run_job_async
 
 Connect = Callable[..., psycopg.Connection]
 DEADLINE = 10.0  # generous bound for anything that must happen "soon"; never a speed claim
-
-
-class Boom(Exception):
-    """The callable's own failure."""
 
 
 def new_job() -> str:
@@ -53,58 +48,6 @@ def server_now(observer: Any) -> datetime:
 
 def insert_work(conn: psycopg.Connection, job: str, note: str) -> None:
     conn.execute(f"INSERT INTO {WORK} (job, note) VALUES (%s, %s)", (job, note))
-
-
-@pytest.mark.parametrize("lifetime", ["xact", "session"])
-def test_a_failed_run_does_not_use_up_the_period(
-    db: str, observer: Any, lifetime: Lifetime
-) -> None:
-    job = new_job()
-    calls: list[bool] = []
-
-    def fn(conn: psycopg.Connection, fail: bool) -> str:
-        calls.append(fail)
-        if fail:
-            raise Boom("first try fails")
-        return "done"
-
-    first = run_job(db, job, fn, True, period="day", lifetime=lifetime, raise_errors=False)
-    assert first.outcome == "failed"
-    assert period_rows(observer, job) == []
-
-    second = run_job(db, job, fn, False, period="day", lifetime=lifetime)
-    third = run_job(db, job, fn, False, period="day", lifetime=lifetime)
-
-    assert (second.outcome, second.value) == ("completed", "done")
-    assert (third.outcome, third.reason) == ("skipped", "already-done-this-period")
-    assert calls == [True, False]
-    assert len(period_rows(observer, job)) == 1
-
-
-@pytest.mark.parametrize("lifetime", ["xact", "session"])
-def test_once_per_day_completes_then_skips(db: str, observer: Any, lifetime: Lifetime) -> None:
-    job = new_job()
-    calls: list[int] = []
-
-    def fn(conn: psycopg.Connection) -> str:
-        calls.append(conn.info.backend_pid)
-        return "settled"
-
-    first = run_job(db, job, fn, period="day", lifetime=lifetime)
-    assert observer.holders(key_of(job)) == set()  # the first run is over: no overlap
-    second = run_job(db, job, fn, period="day", lifetime=lifetime)
-
-    assert (first.outcome, first.value) == ("completed", "settled")
-    assert (second.outcome, second.reason, second.value) == (
-        "skipped",
-        "already-done-this-period",
-        None,
-    )
-    assert len(calls) == 1
-    assert period_rows(observer, job) == [("day", socket.gethostname(), os.getpid(), True)]
-    assert observer.holders(key_of(job)) == set()
-    # Another period of the same job is tracked on its own.
-    assert run_job(db, job, fn, period="hour", lifetime=lifetime).outcome == "completed"
 
 
 @pytest.mark.parametrize(
@@ -181,52 +124,6 @@ def test_concurrent_runs_in_one_period_run_the_work_once(
     assert len(period_rows(observer, job)) == 1
 
 
-@pytest.mark.parametrize("lifetime", ["xact", "session"])
-def test_a_period_already_recorded_skips_without_running(
-    db: str, observer: Any, lifetime: Lifetime
-) -> None:
-    job = new_job()
-    observer.conn.execute(
-        "INSERT INTO pgsolo.job_periods (job, period, period_start)"
-        " VALUES (%s, 'day', date_trunc('day', now(), 'UTC'))",
-        (job,),
-    )
-    calls: list[int] = []
-
-    result = run_job(db, job, lambda c: calls.append(1), period="day", lifetime=lifetime)
-
-    assert (result.outcome, result.reason) == ("skipped", "already-done-this-period")
-    assert calls == []
-    assert observer.holders(key_of(job)) == set()
-
-
-def test_a_run_that_sneaks_in_without_the_lock_wins_and_the_xact_work_rolls_back(
-    db: str, connect: Connect, observer: Any
-) -> None:
-    job = new_job()
-    sneak = connect()  # a run that did not take the lock records the period meanwhile
-
-    def fn(conn: psycopg.Connection) -> str:
-        insert_work(conn, job, "would be the second time")
-        sneak.execute(
-            "INSERT INTO pgsolo.job_periods (job, period, period_start)"
-            " VALUES (%s, 'day', date_trunc('day', now(), 'UTC'))",
-            (job,),
-        )
-        return "ran"
-
-    result = run_job(db, job, fn, period="day")
-
-    assert (result.outcome, result.reason, result.value) == (
-        "skipped",
-        "already-done-this-period",
-        None,
-    )
-    assert work_rows(observer, job) == []  # the job's transaction was rolled back
-    assert period_rows(observer, job) == [("day", None, None, True)]  # the sneak's row
-    assert observer.holders(key_of(job)) == set()
-
-
 def test_a_session_run_that_loses_the_period_race_says_the_work_ran_twice(
     db: str, connect: Connect, observer: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -267,48 +164,6 @@ async def ainsert_work(conn: psycopg.AsyncConnection[Any], job: str, note: str) 
     await conn.execute(f"INSERT INTO {WORK} (job, note) VALUES (%s, %s)", (job, note))
 
 
-async def test_a_failed_run_does_not_use_up_the_period_async(db: str, observer: Any) -> None:
-    job = new_async_job()
-    calls: list[bool] = []
-
-    async def fn(conn: psycopg.AsyncConnection[Any], fail: bool) -> str:
-        calls.append(fail)
-        if fail:
-            raise Boom("first try fails")
-        return "done"
-
-    first = await run_job_async(db, job, fn, True, period="day", raise_errors=False)
-    second = await run_job_async(db, job, fn, False, period="day")
-    third = await run_job_async(db, job, fn, False, period="day")
-
-    assert first.outcome == "failed"
-    assert (second.outcome, second.value) == ("completed", "done")
-    assert (third.outcome, third.reason) == ("skipped", "already-done-this-period")
-    assert calls == [True, False]
-    assert len(period_rows(observer, job)) == 1
-
-
-@pytest.mark.parametrize("lifetime", ["xact", "session"])
-async def test_once_per_day_completes_then_skips_async(
-    db: str, observer: Any, lifetime: Lifetime
-) -> None:
-    job = new_async_job()
-    calls: list[int] = []
-
-    async def fn(conn: psycopg.AsyncConnection[Any]) -> str:
-        calls.append(conn.info.backend_pid)
-        return "settled"
-
-    first = await run_job_async(db, job, fn, period="day", lifetime=lifetime)
-    assert observer.holders(key_of(job)) == set()
-    second = await run_job_async(db, job, fn, period="day", lifetime=lifetime)
-
-    assert (first.outcome, first.value) == ("completed", "settled")
-    assert (second.outcome, second.reason) == ("skipped", "already-done-this-period")
-    assert len(calls) == 1
-    assert period_rows(observer, job) == [("day", socket.gethostname(), os.getpid(), True)]
-
-
 @pytest.mark.parametrize("lifetime", ["xact", "session"])
 async def test_concurrent_tasks_in_one_period_run_the_work_once(
     db: str, aconnect: AConnect, observer: Any, lifetime: Lifetime
@@ -338,50 +193,3 @@ async def test_concurrent_tasks_in_one_period_run_the_work_once(
     (winner,) = [r for r in results if r.completed]
     assert work_rows(observer, job) == [str(winner.value)]
     assert len(period_rows(observer, job)) == 1
-
-
-async def test_a_period_already_recorded_skips_without_running_async(
-    db: str, observer: Any
-) -> None:
-    job = new_async_job()
-    observer.conn.execute(
-        "INSERT INTO pgsolo.job_periods (job, period, period_start)"
-        " VALUES (%s, 'day', date_trunc('day', now(), 'UTC'))",
-        (job,),
-    )
-    calls: list[int] = []
-
-    async def fn(conn: psycopg.AsyncConnection[Any]) -> None:
-        calls.append(1)
-
-    result = await run_job_async(db, job, fn, period="day")
-
-    assert (result.outcome, result.reason) == ("skipped", "already-done-this-period")
-    assert calls == []
-
-
-async def test_a_run_that_sneaks_in_without_the_lock_wins_and_the_xact_work_rolls_back_async(
-    db: str, connect: Connect, observer: Any
-) -> None:
-    job = new_async_job()
-    sneak = connect()
-
-    async def fn(conn: psycopg.AsyncConnection[Any]) -> str:
-        await ainsert_work(conn, job, "would be the second time")
-        sneak.execute(
-            "INSERT INTO pgsolo.job_periods (job, period, period_start)"
-            " VALUES (%s, 'day', date_trunc('day', now(), 'UTC'))",
-            (job,),
-        )
-        return "ran"
-
-    result = await run_job_async(db, job, fn, period="day")
-
-    assert (result.outcome, result.reason, result.value) == (
-        "skipped",
-        "already-done-this-period",
-        None,
-    )
-    assert work_rows(observer, job) == []
-    assert period_rows(observer, job) == [("day", None, None, True)]
-    assert observer.holders(key_of(job)) == set()
