@@ -1,6 +1,7 @@
 """The keeper on async connections: ``session_lock(aconn, key, keep=...)`` watched by a task.
 
-The async twins of ``test_keeper.py``, plus what only async code has: ``cancel=True``
+The tests that read the same in both flavours are written once, async, in
+``_async/test_keeper.py``; here is what only async code has: ``cancel=True``
 cancels the task that took the lock, and its ``async with`` block then ends with the
 :class:`~pgsolo.LockLostError`. Every test runs against a real PostgreSQL; losses are real
 (``pg_terminate_backend``, an unlock on the same session, a relay that stops passing the
@@ -134,76 +135,6 @@ async def test_terminated_backend_is_lost_in_an_async_with_block(
     assert observer.holders(key) == {other.info.backend_pid}
 
 
-async def test_terminated_backend_is_lost_and_release_raises_it(
-    aconnect: AConnect, observer: Any, key: Key
-) -> None:
-    conn = await aconnect()
-    on_lost = OnLost()
-    lock = pgsolo.session_lock(conn, key, keep=Keep(interval=0.1, on_lost=on_lost))
-    assert await lock.acquire() is True
-    assert lock.backend_pid is not None
-    terminate(observer, lock.backend_pid)
-    await wait_until_lost(lock)
-    loss = lock.loss
-    assert loss is not None
-    assert loss.reason == "connection-lost"
-    with pytest.raises(LockLostError) as released:
-        await lock.release()
-    assert released.value is loss
-    assert on_lost.errors == [loss]
-    assert pgsolo.held_session_locks(conn) == []
-    other = await aconnect()
-    async with pgsolo.session_lock(other, key) as taken:
-        assert taken.acquired
-        assert observer.holders(key) == {other.info.backend_pid}
-
-
-# -- loss: released behind pgsolo's back on the same session ------------------------------
-
-
-async def test_unlock_all_on_the_same_session_is_lock_released(
-    aconnect: AConnect, observer: Any, key: Key
-) -> None:
-    conn = await aconnect()
-    pid = conn.info.backend_pid
-    on_lost = OnLost()
-    lock = pgsolo.session_lock(conn, key, keep=Keep(interval=INTERVAL, on_lost=on_lost))
-
-    async def block() -> None:
-        async with lock:
-            await conn.execute("SELECT pg_advisory_unlock_all()")
-            assert observer.holders(key) == set()
-            await wait_until_lost(lock)
-
-    with pytest.raises(LockLostError) as at_exit:
-        await block()
-    loss = lock.loss
-    assert loss is not None
-    assert at_exit.value is loss
-    assert loss.reason == "lock-released"
-    assert on_lost.errors == [loss]
-    assert conn.info.backend_pid == pid
-    await assert_still_usable(conn)
-    assert pgsolo.held_session_locks(conn) == []
-
-
-async def test_unlock_on_the_same_session_then_release_raises_the_loss(
-    aconnect: AConnect, observer: Any, key: Key
-) -> None:
-    conn = await aconnect()
-    lock = pgsolo.session_lock(conn, key, keep=Keep(interval=INTERVAL))
-    assert await lock.acquire()
-    await conn.execute(f"SELECT pg_advisory_unlock({key.sql_args})")
-    await wait_until_lost(lock)
-    with pytest.raises(LockLostError) as released:
-        await lock.release()
-    assert released.value is lock.loss
-    assert lock.loss is not None
-    assert lock.loss.reason == "lock-released"
-    assert observer.holders(key) == set()
-    await assert_still_usable(conn)
-
-
 # -- no false alarms, no disturbance ---------------------------------------------------
 
 
@@ -329,57 +260,6 @@ async def test_keeper_stops_on_release_and_reports_nothing_later(
     assert not lock.lost
     assert on_lost.errors == []
     lock.check()  # and this task was not cancelled either (we are still here)
-
-
-# -- the user's transaction: skipped, then resumed ------------------------------------------
-
-
-@pytest.mark.parametrize("explicit", [True, False], ids=["transaction", "implicit-begin"])
-async def test_keeper_skips_during_a_user_transaction_and_resumes_after(
-    aconnect: AConnect, observer: Any, key: Key, explicit: bool
-) -> None:
-    conn = await aconnect(autocommit=explicit)
-    pid = conn.info.backend_pid
-    on_lost = OnLost()
-    lock = pgsolo.session_lock(conn, key, keep=Keep(interval=INTERVAL, on_lost=on_lost))
-    marker = "SELECT 'the user is in a transaction'"
-
-    async def in_transaction() -> None:
-        await conn.execute("SET LOCAL application_name = 'pgsolo-in-xact'")
-        await conn.execute(marker)
-        # Many beats are due while the transaction is open: none runs inside it.
-        for _ in range(20):
-            assert activity(observer, pid) == ("idle in transaction", marker)
-            await asyncio.sleep(INTERVAL)
-        cur = await conn.execute("SHOW application_name")
-        assert await cur.fetchone() == ("pgsolo-in-xact",)
-        await conn.execute("CREATE TEMP TABLE pgsolo_keeper_skip (n int)")
-        await conn.execute("INSERT INTO pgsolo_keeper_skip VALUES (1)")
-
-    async def block() -> None:
-        async with lock:
-            await wait_for_beat(observer, pid, key)
-            if explicit:
-                async with conn.transaction():
-                    await in_transaction()
-            else:
-                await in_transaction()
-                await conn.commit()
-            cur = await conn.execute("SELECT count(*) FROM pgsolo_keeper_skip")
-            assert await cur.fetchone() == (1,)
-            if not explicit:
-                await conn.commit()
-            assert not lock.lost
-            # Resumed: it beats again, and so it sees the next loss.
-            await wait_for_beat(observer, pid, key)
-            terminate(observer, pid)
-            await wait_until_lost(lock)
-
-    with pytest.raises(LockLostError):
-        await block()
-    assert lock.loss is not None
-    assert lock.loss.reason == "connection-lost"
-    assert on_lost.errors == [lock.loss]
 
 
 # -- cancel=True: the holder's task is cancelled ---------------------------------------------
@@ -641,50 +521,7 @@ async def test_bad_keep_is_refused_before_any_sql(
     assert keeper_tasks(key) == []
 
 
-async def test_xact_lock_has_no_keeper(aconnect: AConnect, observer: Any, key: Key) -> None:
-    conn = await aconnect()
-    with pytest.raises(TypeError, match="keep"):
-        pgsolo.xact_lock(conn, key, keep=True)  # type: ignore[call-arg]
-    assert activity(observer, conn.info.backend_pid) == ("idle", "")
-
-
 # -- sharing the connection: regressions -------------------------------------------------
-
-
-async def beats_after_now(observer: Any, pid: int, count: int) -> None:
-    """Until backend ``pid`` has started ``count`` more statements."""
-    query = "SELECT query_start FROM pg_stat_activity WHERE pid = %s"
-    for _ in range(count):
-        before = observer.conn.execute(query, (pid,)).fetchone()
-        await eventually(
-            lambda before=before: observer.conn.execute(query, (pid,)).fetchone() != before,
-            f"another statement on backend {pid}",
-        )
-
-
-async def received(conn: psycopg.AsyncConnection[Any]) -> list[str]:
-    return [n.payload async for n in conn.notifies(timeout=2.0, stop_after=1)]
-
-
-async def test_notifications_are_not_swallowed_by_beats(
-    aconnect: AConnect, observer: Any, key: Key
-) -> None:
-    """A notification that arrives between the user's reads must reach the next read, with
-    beats going on (it does without a keeper: see the first half); the keeper's round trips
-    must not consume it."""
-    conn, sender = await aconnect(), await aconnect()
-    await conn.execute("LISTEN pgsolo_keeper_test")
-    pid = conn.info.backend_pid
-    async with pgsolo.session_lock(conn, key):  # no keeper: the notification is there at once
-        await sender.execute("NOTIFY pgsolo_keeper_test, 'unwatched'")
-        await asyncio.sleep(0.3)
-        assert await received(conn) == ["unwatched"]
-    async with pgsolo.session_lock(conn, key, keep=Keep(interval=INTERVAL)):
-        await wait_for_beat(observer, pid, key)
-        await sender.execute("NOTIFY pgsolo_keeper_test, 'watched'")
-        await beats_after_now(observer, pid, 2)  # the notification reached the socket by then
-        watched = await received(conn)
-    assert watched == ["watched"]
 
 
 async def test_other_locks_on_the_connection_are_not_refused_during_a_beat(
