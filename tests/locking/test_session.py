@@ -1,9 +1,12 @@
 """session_lock: a lock held until it is released, or until its session ends.
 
-Exceptions in the block, a holder whose backend is terminated or whose process is killed,
-a release that finds nothing held, re-entrant holds, and connections with autocommit off
-(the lock never leaves them idle in transaction). Sync and async connections alike; what
-is asserted is what ``pg_locks`` says through the ``observer`` session.
+A holder whose backend is terminated or whose process is killed, an error in the block
+that wins over the loss, a release that finds nothing held, and (async) a release after
+the connection was closed and a busy try with autocommit off. What is asserted is what
+``pg_locks`` says through the ``observer`` session. The tests that read the same in both
+flavours (an exception in the block, re-entrant holds, autocommit off) are written once,
+async, in ``_async/test_session.py``; scripts/unasync.py generates
+``_sync/test_session.py``.
 """
 
 from __future__ import annotations
@@ -116,29 +119,6 @@ class JobFailedError(Exception):
     pass
 
 
-def test_exception_in_session_block_releases_and_propagates_unchanged(
-    connect: Connect, observer: Any, key: Key
-) -> None:
-    conn, other = connect(), connect()
-    failure = JobFailedError("upload failed")
-    lock = pgsolo.session_lock(conn, key)
-
-    def job() -> None:
-        with lock:
-            assert lock.acquired
-            assert observer.holders(key) == {pid_of(conn)}
-            raise failure
-
-    with pytest.raises(JobFailedError) as raised:
-        job()
-    assert raised.value is failure
-    assert type(raised.value) is JobFailedError
-    assert observer.holders(key) == set()
-    assert pgsolo.held_session_locks(conn) == []
-    assert lock.acquired is False
-    assert pgsolo.session_lock(other, key).acquire() is True
-
-
 def terminate(observer: Any, pid: int) -> None:
     row = observer.conn.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone()
     assert row == (True,)
@@ -239,24 +219,6 @@ def test_sigkilled_holder_process_releases(
     assert observer.holders(key) == {pid_of(other)}
 
 
-def test_reentrant_holds_are_counted(connect: Connect, observer: Any, key: Key) -> None:
-    conn = connect()
-    outer = pgsolo.session_lock(conn, key, reentrant=True)
-    inner = pgsolo.session_lock(conn, key, reentrant=True)
-    assert outer.acquire() is True
-    assert inner.acquire() is True
-    assert observer.holders(key) == {pid_of(conn)}
-    inner.release()
-    assert observer.holders(key) == {pid_of(conn)}  # the outer hold remains
-    assert pgsolo.held_session_locks(conn) == [key]
-    outer.release()
-    assert observer.holders(key) == set()
-    assert pgsolo.held_session_locks(conn) == []
-    # Only one unlock reached the server: a further raw unlock finds nothing held.
-    k1, k2 = key.value  # type: ignore[misc]
-    assert conn.execute("SELECT pg_advisory_unlock(%s, %s)", (k1, k2)).fetchone() == (False,)
-
-
 def test_release_of_never_acquired_session_lock(connect: Connect, key: Key) -> None:
     conn = connect()
     with pytest.raises(LockNotHeldError) as raised:
@@ -277,30 +239,6 @@ def test_unlock_all_behind_pgsolos_back_is_reported_on_release(
         lock.release()
     assert raised.value.key == key
     assert pgsolo.held_session_locks(conn) == []
-
-
-@pytest.mark.parametrize("wait", [None, 5.0], ids=["try", "wait"])
-def test_session_lock_on_non_autocommit_connection_stays_idle(
-    connect: Connect, observer: Any, key: Key, wait: float | None
-) -> None:
-    conn = connect(autocommit=False)
-    pid = pid_of(conn)
-    lock = pgsolo.session_lock(conn, key, wait=wait)
-    assert lock.acquire() is True
-    assert conn.info.transaction_status is IDLE
-    assert backend_state(observer, pid)[0] == "idle"  # type: ignore[index]
-    assert observer.holders(key) == {pid}
-    assert lock.is_held() is True
-    assert conn.info.transaction_status is IDLE
-    lock.release()
-    assert conn.info.transaction_status is IDLE
-    assert backend_state(observer, pid)[0] == "idle"  # type: ignore[index]
-    assert observer.holders(key) == set()
-    # A busy try leaves it idle as well.
-    other = connect()
-    with pgsolo.session_lock(other, key):
-        assert pgsolo.session_lock(conn, key).acquire() is False
-        assert conn.info.transaction_status is IDLE
 
 
 # -- async connections ---------------------------------------------------------------------
@@ -333,28 +271,6 @@ async def assert_clean(conn: psycopg.AsyncConnection[Any], observer: Any) -> Non
     if not conn.autocommit:
         await conn.rollback()
     assert conn.info.transaction_status is pq.TransactionStatus.IDLE
-
-
-async def test_session_block_exception_propagates_unchanged_and_releases(
-    aconnect: AConnect, observer: Any, key: Key
-) -> None:
-    conn = await aconnect()
-    error = ValueError("boom")
-    lock = pgsolo.session_lock(conn, key)
-
-    async def job() -> None:
-        async with lock:
-            assert lock.acquired
-            assert observer.holders(key) == {pid_of(conn)}
-            assert pgsolo.held_session_locks(conn) == [key]
-            raise error
-
-    with pytest.raises(ValueError, match="boom") as caught:
-        await job()
-    assert caught.value is error
-    assert lock.acquired is False
-    assert observer.holders(key) == set()
-    await assert_clean(conn, observer)
 
 
 async def test_session_block_error_wins_over_lost_lock(
@@ -476,49 +392,10 @@ async def test_release_after_the_connection_was_closed_is_lock_lost(
     await wait_until(lambda: observer.holders(key) == set(), "the closed session's lock is gone")
 
 
-async def test_reentrant_holds_are_counted_async(
-    aconnect: AConnect, observer: Any, key: Key
-) -> None:
-    conn = await aconnect()
-    pid = pid_of(conn)
-    outer = pgsolo.session_lock(conn, key, reentrant=True)
-    inner = pgsolo.session_lock(conn, key, reentrant=True)
-    assert await outer.acquire() is True
-    assert await inner.acquire() is True
-    assert await pgsolo.session_lock(conn, key).acquire() is False  # not re-entrant: refused
-    assert pgsolo.held_session_locks(conn) == [key]
-
-    await inner.release()
-    assert observer.holders(key) == {pid}  # one hold remains: no unlock sent yet
-    assert pgsolo.held_session_locks(conn) == [key]
-    await outer.release()
-    assert observer.holders(key) == set()
-    with pytest.raises(pgsolo.LockNotHeldError):
-        await outer.release()
-    await assert_clean(conn, observer)
-
-
 async def _hold(conn: psycopg.AsyncConnection[Any], key: Key) -> pgsolo.AsyncLock:
     lock = pgsolo.session_lock(conn, key)
     assert await lock.acquire() is True
     return lock
-
-
-@pytest.mark.parametrize("wait", [None, 5], ids=["try", "wait"])
-async def test_implicit_transaction_connection_session_lock_stays_idle(
-    aconnect: AConnect, observer: Any, key: Key, wait: float | None
-) -> None:
-    conn = await aconnect(autocommit=False)
-    lock = pgsolo.session_lock(conn, key, wait=wait)
-    assert await lock.acquire() is True
-    assert conn.info.transaction_status is pq.TransactionStatus.IDLE  # not idle in transaction
-    assert observer.holders(key) == {pid_of(conn)}
-    assert await lock.is_held() is True
-    assert conn.info.transaction_status is pq.TransactionStatus.IDLE
-    await lock.release()
-    assert conn.info.transaction_status is pq.TransactionStatus.IDLE
-    assert observer.holders(key) == set()
-    await assert_clean(conn, observer)
 
 
 async def test_implicit_transaction_connection_busy_try_stays_idle(

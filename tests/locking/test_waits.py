@@ -1,6 +1,8 @@
 """Bounded waits (``wait=``): the timeout error, a wait that succeeds when the holder lets
 go, and the connection's own ``lock_timeout``, which a wait never changes, inside or
-outside the caller's transaction.
+outside the caller's transaction. A wait that times out inside the caller's transaction,
+alike in both flavours, is written once, async, in ``_async/test_waits.py``;
+scripts/unasync.py generates ``_sync/test_waits.py``.
 """
 
 from __future__ import annotations
@@ -8,14 +10,12 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg import pq
-from psycopg import sql as pgsql
 
 import pgsolo
 from _support import eventually
@@ -41,28 +41,6 @@ def show_lock_timeout(conn: psycopg.Connection) -> str:
     row = conn.execute("SHOW lock_timeout").fetchone()
     assert row is not None
     return str(row[0])
-
-
-@pytest.fixture
-def table(observer: Any) -> Iterator[str]:
-    """A real (not temporary) table, so the observer session can see what was committed."""
-    name = f"pgsolo_work_{uuid.uuid4().hex[:12]}"
-    observer.conn.execute(
-        pgsql.SQL("CREATE TABLE {} (note text NOT NULL)").format(pgsql.Identifier(name))
-    )
-    yield name
-    observer.conn.execute(pgsql.SQL("DROP TABLE IF EXISTS {}").format(pgsql.Identifier(name)))
-
-
-def insert_note(conn: psycopg.Connection, table: str, note: str) -> None:
-    conn.execute(pgsql.SQL("INSERT INTO {} VALUES (%s)").format(pgsql.Identifier(table)), (note,))
-
-
-def notes(observer: Any, table: str) -> list[str]:
-    rows = observer.conn.execute(
-        pgsql.SQL("SELECT note FROM {} ORDER BY note").format(pgsql.Identifier(table))
-    ).fetchall()
-    return [r[0] for r in rows]
 
 
 def lock_factory(lifetime: str) -> Callable[..., pgsolo.Lock]:
@@ -99,27 +77,6 @@ def test_wait_times_out_with_key_and_timeout_and_keeps_lock_timeout(
     assert observer.advisory(pid=pid_of(waiter)) == set()
     assert observer.waiters(key) == set()
     assert pgsolo.held_session_locks(waiter) == []
-
-
-@pytest.mark.parametrize("lifetime", ["session", "xact"])
-def test_wait_timeout_inside_callers_transaction_leaves_it_usable(
-    connect: Connect, observer: Any, key: Key, table: str, lifetime: str
-) -> None:
-    holder, waiter = connect(), connect()
-    assert pgsolo.session_lock(holder, key).acquire() is True
-    waiter.execute("SET lock_timeout = '7s'")
-    with waiter.transaction():
-        insert_note(waiter, table, "before the wait")
-        lock = lock_factory(lifetime)(waiter, key, wait=0.3)
-        with pytest.raises(LockTimeoutError):
-            lock.acquire()
-        assert waiter.info.transaction_status is psycopg.pq.TransactionStatus.INTRANS
-        assert waiter.execute("SELECT 41 + 1").fetchone() == (42,)
-        assert show_lock_timeout(waiter) == "7s"
-        insert_note(waiter, table, "after the wait")
-    assert notes(observer, table) == ["after the wait", "before the wait"]
-    assert show_lock_timeout(waiter) == "7s"
-    assert observer.advisory(pid=pid_of(waiter)) == set()
 
 
 @pytest.mark.parametrize("lifetime", ["session", "xact"])
@@ -290,21 +247,5 @@ async def test_wait_timeout_raises_and_keeps_lock_timeout(
     if not autocommit:
         await conn.rollback()
     assert observer.waiters(key) == set()
-    await holder.release()
-    await assert_clean(conn, observer)
-
-
-async def test_xact_wait_timeout_inside_callers_transaction(
-    aconnect: AConnect, observer: Any, key: Key
-) -> None:
-    holder_conn, conn = await aconnect(), await aconnect()
-    await conn.execute("SET lock_timeout = '7s'")
-    holder = await _hold(holder_conn, key)
-    async with conn.transaction():
-        with pytest.raises(pgsolo.LockTimeoutError):
-            await pgsolo.xact_lock(conn, key, wait=0.3).acquire()
-        assert conn.info.transaction_status is pq.TransactionStatus.INTRANS
-        cur = await conn.execute("SHOW lock_timeout")
-        assert await cur.fetchone() == ("7s",)
     await holder.release()
     await assert_clean(conn, observer)
