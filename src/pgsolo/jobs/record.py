@@ -17,7 +17,8 @@ from .. import sql
 from .._logging import logger
 from ..drivers import DriverBase, adapt_sync
 from ..errors import NotMigratedError
-from ..locking.plans import Plan, outside_transaction
+from ..locking.placement import outside_transaction
+from ..locking.plans import Plan
 from .definition import Job, JobResult
 
 if TYPE_CHECKING:

@@ -13,8 +13,13 @@ from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Final, TypeVar
 
-from .. import sql
-from ..drivers import AsyncDriver, DriverBase, SyncDriver, TxStatus
+from ..drivers import AsyncDriver, SyncDriver
+from .placement import outside_transaction
+
+__all__ = ["WORK", "Elsewhere", "Plan", "Step", "Wait", "adrive", "drive", "outside_transaction"]
+
+# outside_transaction is .placement's (where statements go); still importable from here,
+# for jobs/plan.py.
 
 T = TypeVar("T")
 
@@ -94,14 +99,3 @@ async def adrive(
                 step = plan.send(value)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
-
-
-def outside_transaction(driver: DriverBase, statements: list[str]) -> list[str]:
-    """Statements that must not leave a transaction open behind them.
-
-    A driver that opens transactions by itself would leave the session "idle in
-    transaction" for as long as a session lock is held; close what it opened.
-    """
-    if driver.begins_implicitly and driver.transaction_status() is TxStatus.IDLE:
-        return [*statements, sql.COMMIT]
-    return statements

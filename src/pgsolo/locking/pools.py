@@ -9,7 +9,8 @@ from .. import sql
 from .._logging import logger
 from ..drivers import DriverBase, TxStatus
 from . import holdings
-from .plans import Plan, outside_transaction
+from .placement import outside_transaction
+from .plans import Plan
 
 __all__ = ["reset_plan"]
 

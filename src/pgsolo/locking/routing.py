@@ -36,7 +36,8 @@ from dataclasses import dataclass
 from .. import sql
 from ..drivers import DriverBase, TxStatus
 from ..errors import UnsafeConnectionError
-from .plans import Elsewhere, Plan, outside_transaction
+from .placement import outside_transaction
+from .plans import Elsewhere, Plan
 
 __all__ = [
     "PROBE_ROUNDS",

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from .. import sql
 from ..drivers import SyncDriver
 from ..errors import InvalidArgumentError
-from ..locking.plans import outside_transaction
+from ..locking.placement import outside_transaction
 
 if TYPE_CHECKING:
     pass

@@ -8,7 +8,7 @@ from .. import sql
 from .._types import DAY
 from ..drivers import adapt_sync
 from ..errors import InvalidArgumentError
-from ..locking.plans import outside_transaction
+from ..locking.placement import outside_transaction
 
 if TYPE_CHECKING:
     import psycopg

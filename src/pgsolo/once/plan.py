@@ -24,7 +24,9 @@ from ..errors import (
 )
 from ..keys import Key
 from ..locking.core import LockCore, require_no_transaction, wait_ms_of
-from ..locking.plans import WORK, Plan, outside_transaction
+from ..locking.placement import outside_transaction
+from ..locking.plans import WORK, Plan
+from ..locking.recovery import quietly
 
 if TYPE_CHECKING:
     pass
@@ -109,7 +111,7 @@ def _read(op: Operation, core: LockCore) -> Plan[dict[str, Any] | None]:
         text = yield outside_transaction(driver, [sql.once_read(op.op_key)])
     except Exception as exc:
         if driver.transaction_status() in (TxStatus.INTRANS, TxStatus.INERROR):
-            yield from core._quietly([sql.ROLLBACK])
+            yield from quietly(core, [sql.ROLLBACK])
         if sql.meaning(driver.sqlstate(exc)) is sql.Meaning.NOT_MIGRATED:
             raise NotMigratedError(
                 "operation keys need pgsolo's tables: run `pgsolo migrate` first"
@@ -154,8 +156,8 @@ def _run_attempt(
         superseded = sql.meaning(driver.sqlstate(exc)) is sql.Meaning.SUPERSEDED
         if isinstance(exc, Exception) and not superseded:
             error = scrub(_describe(exc))[:MAX_ERROR_CHARS]
-            yield from core._quietly(
-                _committed(driver, [sql.once_fail(op.op_key, attempt.number, error)])
+            yield from quietly(
+                core, _committed(driver, [sql.once_fail(op.op_key, attempt.number, error)])
             )
             # Not logger.exception: the traceback would repeat the unscrubbed message, and
             # the exception goes back to the caller, whose logging shows it anyway.
@@ -168,7 +170,7 @@ def _run_attempt(
         elif driver.transaction_status() in (TxStatus.INTRANS, TxStatus.INERROR):
             # Interrupted, or taken over: this attempt's work is undone, and the row is
             # left to whoever runs the operation next.
-            yield from core._quietly([sql.ROLLBACK])
+            yield from quietly(core, [sql.ROLLBACK])
         if superseded:
             raise LockLostError(
                 f"operation {op.op_key!r}: attempt {attempt.number} lost its lock and another"

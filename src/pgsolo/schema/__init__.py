@@ -16,7 +16,8 @@ from .. import sql
 from ..drivers import DriverBase, adapt_sync
 from ..keys import Key, from_name
 from ..locking.core import LockCore
-from ..locking.plans import Plan, drive, outside_transaction
+from ..locking.placement import outside_transaction
+from ..locking.plans import Plan, drive
 
 if TYPE_CHECKING:
     import psycopg

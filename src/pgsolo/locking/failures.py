@@ -1,0 +1,95 @@
+"""What a failed acquisition means: pgsolo's error for the driver's, logged once.
+
+A key this connection already holds through pgsolo is busy for a try, and a
+:class:`~pgsolo.LockUnavailableError` for a wait (PostgreSQL would grant it again). A wait
+that ran out is a :class:`~pgsolo.LockTimeoutError`; a standby, a
+:class:`~pgsolo.UnsafeConnectionError`; a deadlock between advisory waits, a
+:class:`~pgsolo.LockDeadlockError` naming the keys of the cycle; fencing on a database
+without pgsolo's tables, a :class:`~pgsolo.NotMigratedError`. Anything else is the
+driver's own error, raised as it is.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from .. import sql
+from ..errors import (
+    LockDeadlockError,
+    LockTimeoutError,
+    LockUnavailableError,
+    NotMigratedError,
+    UnsafeConnectionError,
+)
+from ..keys import advisory_keys_in
+from .routing import in_recovery_error
+
+if TYPE_CHECKING:
+    from .core import LockCore
+
+__all__ = ["acquisition_error", "busy_here", "standby_refused", "timed_out"]
+
+
+def busy_here(core: LockCore, pid: int) -> bool:
+    """Refuse ``core``'s key, which this connection (backend ``pid``) already holds
+    through pgsolo: False (busy) for a try."""
+    core.log(logging.INFO, "busy", reason="held-by-this-connection")
+    if core.wait_ms is None:
+        return False
+    hint = "" if core.lifetime == "xact" else ", or reentrant=True if that is on purpose"
+    raise LockUnavailableError(
+        f"{core.lifetime} lock {core.key} is already held on this connection (backend pid"
+        f" {pid}); PostgreSQL would grant it again, so two holders sharing one connection"
+        f" would both run. Use another connection{hint}.",
+        key=core.key,
+    )
+
+
+def acquisition_error(core: LockCore, exc: BaseException, started: float) -> BaseException | None:
+    """Log a failed acquisition of ``core``'s lock (begun at ``started``); return the
+    pgsolo error to raise instead of ``exc``, or None when it means none of them."""
+    if core.wait_ms is not None and timed_out(core, exc):
+        core.log(logging.INFO, "timeout", started)
+        return _timeout_error(core)
+    meaning = sql.meaning(core.driver.sqlstate(exc))
+    if meaning is sql.Meaning.IN_RECOVERY:
+        return standby_refused(core, started)
+    core.log(logging.WARNING, "error", started, error=repr(exc))
+    if meaning is sql.Meaning.DEADLOCK:
+        keys = advisory_keys_in(core.driver.error_detail(exc) or "") or (core.key,)
+        return LockDeadlockError(
+            f"deadlock: waiting for {core.lifetime} lock {core.key} would never end, so"
+            f" PostgreSQL cancelled the wait; the sessions involved were waiting for"
+            f" advisory locks {', '.join(str(k) for k in keys)}. Take several keys in"
+            " one fixed order everywhere (for example sorted), or one key for the group.",
+            key=core.key,
+            keys=keys,
+        )
+    if core.fencing and meaning is sql.Meaning.NOT_MIGRATED:
+        return NotMigratedError(
+            "fencing tokens are kept in pgsolo's tables, which this database does not"
+            " have: run `pgsolo migrate` first (nothing is held)"
+        )
+    return None
+
+
+def standby_refused(core: LockCore, started: float | None = None) -> UnsafeConnectionError:
+    """Log that the server is a standby, where no lock is taken; the error to raise."""
+    core.log(logging.WARNING, "refused", started, reason="server-in-recovery")
+    return in_recovery_error(core.driver.server_info().address)
+
+
+def timed_out(core: LockCore, exc: BaseException) -> bool:
+    """Whether ``exc`` is the server's ``lock_timeout``."""
+    return sql.meaning(core.driver.sqlstate(exc)) is sql.Meaning.LOCK_TIMEOUT
+
+
+def _timeout_error(core: LockCore) -> LockTimeoutError:
+    info = core.driver.server_info()
+    return LockTimeoutError(
+        f"timed out after {core.wait_seconds:g}s waiting for {core.lifetime} lock"
+        f" {core.key} on database {info.database!r} at {info.address}",
+        key=core.key,
+        timeout=core.wait_seconds,
+    )

@@ -1,0 +1,123 @@
+"""Where pgsolo's statements go on a connection, and in what company.
+
+Inside the caller's transaction a lock statement runs in a savepoint, so that its failure
+costs the caller nothing; outside any, pgsolo closes whatever transaction the driver opened
+by itself. A wait bounds itself with ``SET LOCAL lock_timeout`` and puts the connection's
+own value back in the same round trip. The statement lists of each acquisition are built
+here from one lock's state (:class:`~pgsolo.locking.core.LockCore`); sending them and
+reading the answers is the core's.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .. import sql
+from ..drivers import DriverBase, TxStatus
+
+if TYPE_CHECKING:
+    from .core import LockCore
+    from .routing import Route
+
+__all__ = [
+    "in_savepoint",
+    "outside_transaction",
+    "session_acquisition",
+    "unlock_statement",
+    "xact_acquisition",
+]
+
+
+def outside_transaction(driver: DriverBase, statements: list[str]) -> list[str]:
+    """Statements that must not leave a transaction open behind them.
+
+    A driver that opens transactions by itself would leave the session "idle in
+    transaction" for as long as a session lock is held; close what it opened.
+    """
+    if driver.begins_implicitly and driver.transaction_status() is TxStatus.IDLE:
+        return [*statements, sql.COMMIT]
+    return statements
+
+
+def in_savepoint(driver: DriverBase, status: TxStatus, statements: list[str]) -> list[str]:
+    """Statements for a session lock, placed so that they can fail or be interrupted
+    without costing the caller's transaction or leaving one of ours open."""
+    if status is TxStatus.INTRANS:
+        return [sql.SAVEPOINT, *statements, sql.SAVEPOINT_RELEASE]
+    return outside_transaction(driver, statements)
+
+
+def unlock_statement(core: LockCore) -> str:
+    """The unlock of ``core``'s session lock; behind a proxy, only on the backend that
+    holds it."""
+    unlock = sql.unlock(core.key, shared=core.shared)
+    if core.route is not None and not core.route.direct:
+        return sql.session_guarded(core.route.server_pid, unlock)
+    return unlock
+
+
+def session_acquisition(core: LockCore, status: TxStatus, route: Route) -> list[str]:
+    """The statements that take ``core``'s session lock on a connection in ``status``."""
+    acquire = _acquire(core)
+    if not route.direct:  # behind a proxy: only on the session the route was checked on
+        acquire = sql.session_guarded(route.server_pid, acquire)
+    if core.wait_ms is None:
+        return in_savepoint(core.driver, status, [acquire])
+    if status is TxStatus.INTRANS:
+        # Rolling back to the savepoint restores lock_timeout; the session lock stays.
+        return [
+            sql.SAVEPOINT,
+            sql.set_local_lock_timeout(core.wait_ms),
+            acquire,
+            sql.SAVEPOINT_UNDO,
+            sql.SAVEPOINT_RELEASE,
+        ]
+    # SET LOCAL dies with this short transaction; the session lock outlives it.
+    opening = [] if core.driver.begins_implicitly else [sql.BEGIN]
+    return [*opening, sql.set_local_lock_timeout(core.wait_ms), acquire, sql.COMMIT]
+
+
+def xact_acquisition(core: LockCore, *, in_callers_transaction: bool) -> list[str]:
+    """The statements that take ``core``'s transaction lock, after those that open
+    pgsolo's own transaction if it opens one (:mod:`pgsolo.locking.transaction`)."""
+    acquire = _acquire(core)
+    if core.wait_ms is None:
+        return [acquire]
+    if in_callers_transaction:
+        # A savepoint keeps the caller's transaction usable if the wait times out
+        # (or the server turns out to be a standby).
+        statements = [
+            sql.SAVE_LOCK_TIMEOUT,
+            sql.SAVEPOINT,
+            sql.REFUSE_STANDBY,
+            sql.set_local_lock_timeout(core.wait_ms),
+            acquire,
+            sql.SAVEPOINT_RELEASE,
+            sql.RESTORE_LOCK_TIMEOUT,
+        ]
+    else:
+        # The bound is for the wait only: the protected statements that follow run
+        # with the connection's own lock_timeout, put back in the same round trip.
+        statements = [
+            sql.SAVE_LOCK_TIMEOUT,
+            sql.REFUSE_STANDBY,
+            sql.set_local_lock_timeout(core.wait_ms),
+            acquire,
+            sql.RESTORE_LOCK_TIMEOUT,
+        ]
+    if core.fencing:  # the restore's row came last
+        statements.append(sql.LAST_FENCING_TOKEN)
+    return statements
+
+
+def _acquire(core: LockCore) -> str:
+    """The statement that takes ``core``'s lock. A transaction lock refuses a standby
+    in it; a session lock was checked once per connection (the route's stamp)."""
+    return sql.acquire(
+        core.key,
+        core.lifetime,
+        wait=core.wait_ms is not None,
+        shared=core.shared,
+        fencing=core.fencing,
+        refuse_standby=core.lifetime == "xact",
+    )

@@ -1,0 +1,149 @@
+"""Putting a connection right after a lock statement did not go as planned.
+
+A statement can fail, or be interrupted (a cancelled task, a signal) before, during or
+after the server ran it. Then pgsolo cleans up without raising (:func:`quietly`: a dead
+connection has nothing left to clean), puts the connection back as it was, and, for a
+session lock, asks the server whether the key is held after all, so that nothing stays
+held that nobody knows of and nothing is forgotten that is still held.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from .. import sql
+from .._logging import logger
+from ..drivers import TxStatus
+from ..errors import LockLostError
+from . import failures
+from .placement import in_savepoint, unlock_statement
+from .plans import Elsewhere, Plan
+from .routing import transaction_pooling_error
+
+if TYPE_CHECKING:
+    from .core import LockCore
+
+__all__ = [
+    "abandon_own_transaction",
+    "after_failed_release",
+    "after_session_failure",
+    "after_xact_failure",
+    "quietly",
+    "recover",
+    "release_stranded",
+]
+
+
+def quietly(core: LockCore, statements: list[str]) -> Plan[object]:
+    """Send clean-up statements; a dead connection has nothing left to clean."""
+    if core.driver.is_closed():
+        return None
+    try:
+        return (yield statements)
+    except Exception as exc:
+        logger.debug("pgsolo clean-up %s failed: %r", statements, exc)
+        return None
+
+
+def recover(core: LockCore, status: TxStatus) -> Plan[object]:
+    """After a failed or interrupted session-lock statement on a connection that was in
+    ``status``: put the connection back as it was, then ask the server whether this
+    backend holds the key (True/False, or None when it cannot tell)."""
+    now = core.driver.transaction_status()
+    if status is TxStatus.INTRANS:
+        if now is TxStatus.INERROR:  # the error happened inside our savepoint
+            yield from quietly(core, [sql.SAVEPOINT_UNDO, sql.SAVEPOINT_RELEASE])
+    elif now in (TxStatus.INTRANS, TxStatus.INERROR):  # a transaction we opened
+        yield from quietly(core, [sql.ROLLBACK])
+    held = in_savepoint(core.driver, status, [sql.held_here(core.key, shared=core.shared)])
+    return (yield from quietly(core, held))
+
+
+def abandon_own_transaction(core: LockCore) -> Plan[None]:
+    """Roll back the transaction pgsolo opened for a transaction lock it did not get."""
+    if core.opened_transaction:
+        core.opened_transaction = False
+        yield from quietly(core, [sql.ROLLBACK])
+
+
+def after_xact_failure(core: LockCore, *, in_callers_transaction: bool) -> Plan[None]:
+    """After a failed or interrupted transaction-lock acquisition: roll back pgsolo's own
+    transaction, or undo the savepoint of a wait in the caller's."""
+    if core.opened_transaction:
+        yield from abandon_own_transaction(core)
+    elif (
+        in_callers_transaction
+        and core.wait_ms is not None
+        and core.driver.transaction_status() is TxStatus.INERROR
+    ):
+        yield from quietly(core, [sql.SAVEPOINT_UNDO, sql.SAVEPOINT_RELEASE])
+
+
+def after_session_failure(
+    core: LockCore, status: TxStatus, exc: BaseException, started: float
+) -> Plan[bool]:
+    """After a failed or interrupted session-lock acquisition (``exc``) on a connection
+    that was in ``status``: whether the lock is the caller's after all (granted just as
+    the wait timed out). A lock granted before another interruption is released, so that
+    nothing is left behind."""
+    granted = (yield from recover(core, status)) is True
+    # With fencing the token was not read: the caller cannot have that lock.
+    timed_out = core.wait_ms is not None and failures.timed_out(core, exc)
+    if granted and timed_out and not core.fencing:
+        core.log(logging.INFO, "acquired", started, note="granted as it timed out")
+        return True
+    if granted:
+        yield from quietly(core, in_savepoint(core.driver, status, [unlock_statement(core)]))
+    return False
+
+
+def after_failed_release(
+    core: LockCore, status: TxStatus, exc: BaseException, started: float
+) -> Plan[None]:
+    """After a failed or interrupted unlock (``exc``) on a connection that was in
+    ``status``: a lost connection is a :class:`~pgsolo.LockLostError`; otherwise finish
+    the unlock, or keep the lock on the books (acquired, tracked) so that ``release()``
+    can be called again. The caller raises ``exc`` then."""
+    driver = core.driver
+    if driver.is_closed():
+        core.forget()
+        core.log(logging.WARNING, "lost", started, reason="connection-lost")
+        raise LockLostError(
+            f"session lock {core.key} was lost: the connection failed ({exc})",
+            key=core.key,
+            reason="connection-lost",
+        ) from exc
+    held = yield from recover(core, TxStatus.IDLE if status is TxStatus.INERROR else status)
+    if held is True:
+        unlock = in_savepoint(driver, driver.transaction_status(), [unlock_statement(core)])
+        if (yield from quietly(core, unlock)) is True:
+            held = False
+    if held is False:
+        core.forget()
+    core.log(logging.WARNING, "error", started, error=repr(exc))
+
+
+def release_stranded(core: LockCore, started: float) -> Plan[None]:
+    """The unlock did not reach the session holding the lock: a transaction-pooling
+    proxy moved this connection. A new connection may land on that session (it is
+    idle in the proxy's pool); the unlock is guarded, so it acts only there."""
+    route = core.route
+    assert route is not None  # noqa: S101 - the caller checked
+    try:
+        released = yield Elsewhere([unlock_statement(core)])
+    except Exception as exc:
+        released = None
+        logger.debug("pgsolo: releasing %s from a second connection failed: %r", core.key, exc)
+    core.forget()
+    core.log(logging.ERROR, "lost", started, reason="connection-moved")
+    remains = (
+        "it was released from a second connection that landed on that backend"
+        if released is True
+        else f"it may still be held there: SELECT pg_terminate_backend({route.server_pid})"
+        " releases it"
+    )
+    raise transaction_pooling_error(
+        f"the unlock of {core.key} reached another server session than backend pid"
+        f" {route.server_pid} that holds it; {remains}"
+    )

@@ -1,0 +1,113 @@
+"""The transaction pgsolo opens for a transaction lock taken as a context manager.
+
+On an idle connection ``with xact_lock(...)`` opens a transaction with the lock (BEGIN in
+the same round trip) and ends it with the block: a failure of the block rolls it back, and
+so does a transaction that failed inside the block without saying so. With
+``verify_commit`` (jobs) the transaction is marked when it opens, and commits only if it
+is still the one that took the lock, in the same round trip as the COMMIT; otherwise it is
+rolled back and :class:`~pgsolo.LockLostError` raised.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from typing import TYPE_CHECKING
+
+from .. import sql
+from ..drivers import TxStatus
+from ..errors import ConnectionStateError, LockLostError, TransactionFailedError
+from . import holdings
+from .recovery import quietly
+
+if TYPE_CHECKING:
+    from .core import LockCore
+    from .plans import Plan
+
+__all__ = ["end", "joins_callers_transaction", "opening"]
+
+
+def joins_callers_transaction(core: LockCore, status: TxStatus, *, context: bool) -> bool:
+    """Whether a transaction lock taken now belongs to the caller's transaction: one
+    already open, or, for a plain acquire on a connection that begins by itself, the one
+    the driver is about to open."""
+    return status is TxStatus.INTRANS or (
+        status is TxStatus.IDLE and not context and core.driver.begins_implicitly
+    )
+
+
+def opening(core: LockCore, status: TxStatus, *, context: bool) -> list[str]:
+    """The statements that open pgsolo's own transaction before a transaction lock (a
+    context manager on an idle connection: it owns the transaction), if any. A plain
+    acquire with no transaction to hold the lock is refused."""
+    if status is not TxStatus.IDLE:
+        return []
+    if context:
+        core.opened_transaction = True
+        statements = [] if core.driver.begins_implicitly else [sql.BEGIN]
+        if core.verify_commit:
+            core.transaction_marker = secrets.token_hex(8)
+            statements.append(sql.mark_transaction(core.transaction_marker))
+        return statements
+    if not core.driver.begins_implicitly:
+        raise ConnectionStateError(
+            "a transaction-level lock needs an open transaction, and this autocommit"
+            " connection has none: PostgreSQL would release the lock as soon as this"
+            " statement ended. Open one first (with conn.transaction(): ...), use the"
+            " lock as a context manager (it opens one), or use session_lock()."
+        )
+    return []
+
+
+def end(core: LockCore, *, failed: bool) -> Plan[None]:
+    """Leave the ``with`` block of a transaction lock: end the transaction pgsolo opened
+    for it, if it opened one, and let go of the connection's claim on it."""
+    if not core.opened_transaction:
+        return
+    core.opened_transaction = False
+    try:
+        yield from _end_own_transaction(core, failed=failed)
+    finally:
+        core.transaction_marker = None
+        conn = core.driver.connection
+        if core.acquired:
+            holdings.unclaim(conn, core.key)
+        holdings.set_transaction_owner(conn, core.driver.backend_pid(), None)
+
+
+def _end_own_transaction(core: LockCore, *, failed: bool) -> Plan[None]:
+    status = core.driver.transaction_status()
+    if status is TxStatus.IDLE:
+        return  # the block ended the transaction itself
+    if failed:
+        yield from quietly(core, [sql.ROLLBACK])
+        return
+    if status is TxStatus.INERROR:
+        yield [sql.ROLLBACK]
+        raise TransactionFailedError(
+            f"the transaction holding {core.key} failed inside the block (an error was"
+            " caught there and not re-raised); it was rolled back and nothing committed"
+        )
+    if not core.acquired:
+        yield [sql.ROLLBACK]
+        return
+    marker = core.transaction_marker
+    if marker is None:
+        yield [sql.COMMIT]
+        core.log(logging.DEBUG, "released")
+        return
+    try:
+        yield [sql.assert_same_transaction(core.key, marker, shared=core.shared), sql.COMMIT]
+    except Exception as exc:
+        if sql.meaning(core.driver.sqlstate(exc)) is not sql.Meaning.LOCK_GONE:
+            raise
+        yield from quietly(core, [sql.ROLLBACK])
+        core.log(logging.WARNING, "lost", reason="not-held-at-commit")
+        raise LockLostError(
+            f"transaction lock {core.key} was no longer held when the work was about to"
+            " commit (the work ended the locked transaction and began another); the"
+            " transaction was rolled back",
+            key=core.key,
+            reason="not-held-at-commit",
+        ) from exc
+    core.log(logging.DEBUG, "released")
