@@ -111,6 +111,11 @@ _RENAMES = {
     "adrive": "drive",
     "aopen_connection": "open_connection",
     "arecord_result": "record_result",
+    # the test suite's fixtures and helpers (tests/conftest.py, tests/_support.py)
+    "AConnect": "Connect",
+    "aconnect": "connect",
+    "aeventually": "eventually",
+    "asleep": "sleep",
     # pgsolo._acompat and pgsolo.drivers._psycopg_acompat
     "AEvent": "Event",
     "AIS_ASYNC": "IS_ASYNC",

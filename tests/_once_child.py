@@ -1,4 +1,4 @@
-"""A worker process for ``test_once_crash.py``: charge an order once, and stop where told.
+"""A worker process for ``once/test_crash.py``: charge an order once, and stop where told.
 
 Usage: ``python _once_child.py DSN SERVICE_URL ORDER_ID STEP``. It charges the order
 through ``pgsolo.run_once`` against the payment service at SERVICE_URL (a real HTTP

@@ -1,5 +1,5 @@
-"""Helpers shared by the test modules (imported as ``_support``; pytest puts this
-directory on ``sys.path``)."""
+"""Helpers shared by the test modules (imported as ``_support``: pyproject's ``pythonpath``
+puts this directory on ``sys.path`` for the test modules in every folder below it)."""
 
 from __future__ import annotations
 
@@ -48,6 +48,16 @@ async def aeventually(predicate: Callable[[], T], what: str) -> T:
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {DEADLINE}s waiting for {what}")
         await asyncio.sleep(0.02)
+
+
+async def asleep(seconds: float) -> None:
+    """``asyncio.sleep``, under a name that a generated sync twin turns into :func:`sleep`."""
+    await asyncio.sleep(seconds)
+
+
+def sleep(seconds: float) -> None:
+    """``time.sleep``: what :func:`asleep` is in a generated sync twin."""
+    time.sleep(seconds)
 
 
 # -- jobs: the table their callables write to, and other sessions' view of them ----------
@@ -143,6 +153,20 @@ def cli_env() -> dict[str, str]:
     """The environment for a ``pgsolo`` command under test: ours, without CLI_ENV_DROP."""
     env = {k: v for k, v in os.environ.items() if k not in CLI_ENV_DROP}
     return {**env, "PYTHONIOENCODING": "utf-8"}
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m pgsolo ARGS``; the caller's DSN variables are not inherited."""
+    base = {k: v for k, v in os.environ.items() if k not in ("PGSOLO_DSN", "DATABASE_URL")}
+    return subprocess.run(
+        [sys.executable, "-m", "pgsolo", *args],
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        env={**base, "PYTHONIOENCODING": "utf-8", **(env or {})},
+        timeout=120,
+        check=False,
+    )
 
 
 def touching(marker: Path) -> list[str]:

@@ -56,6 +56,14 @@ def connect(dsn: str) -> Iterator[Connect]:
 
 
 @pytest.fixture
+def sync_connect(connect: Connect) -> Connect:
+    """``connect`` under a name that a generated sync twin keeps: in a test written once,
+    async (under ``_async/``), the other sessions (a holder, an intruder) are sync
+    connections, while ``aconnect`` becomes ``connect`` in the twin."""
+    return connect
+
+
+@pytest.fixture
 async def aconnect(dsn: str) -> AsyncIterator[Callable[..., object]]:
     opened: list[psycopg.AsyncConnection] = []
 

@@ -1,0 +1,125 @@
+"""``pgsolo locks``, run for real in subprocesses: the table and JSON, with names and the
+wait chain, an empty database, bad arguments, and a key given by name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import psycopg
+
+from _support import DEADLINE, eventually, run_cli
+from _support import run_cli as pgsolo
+from pgsolo.keys import Key, derive_int64
+
+
+def test_locks_table_and_json_with_names_and_the_wait_chain(
+    fresh_db: str, tmp_path: Path, observer: object
+) -> None:
+    registry = tmp_path / "locks.toml"
+    registry.write_text("[locks]\nnightly-report = [42, -1001]\n", encoding="utf-8")
+    a = psycopg.connect(fresh_db, autocommit=True, application_name="worker-a")
+    b = psycopg.connect(fresh_db, autocommit=True, application_name="worker-b")
+    c = psycopg.connect(fresh_db, autocommit=True, application_name="worker-c")
+    settle = derive_int64("daily-settlement")
+    a.execute(f"SELECT pg_advisory_lock(42, -1001), pg_advisory_lock({settle})")
+    b.execute("SET statement_timeout = 60000")
+    c.execute("SET statement_timeout = 60000")
+    b.execute("SELECT pg_advisory_lock(-5)")
+    threads = [
+        threading.Thread(target=_quietly, args=(b, "SELECT pg_advisory_lock(42, -1001)")),
+        threading.Thread(target=_quietly, args=(c, "SELECT pg_advisory_lock_shared(-5)")),
+    ]
+    threads[0].start()
+    eventually(lambda: observer.waiters(Key((42, -1001))), "b to wait")  # type: ignore[attr-defined]
+    threads[1].start()
+    eventually(lambda: observer.waiters(Key(-5)), "c to wait")  # type: ignore[attr-defined]
+    pa, pb, pc = (conn.info.backend_pid for conn in (a, b, c))
+    try:
+        args = (
+            "locks",
+            "--dsn",
+            fresh_db,
+            "--registry",
+            str(registry),
+            "--name",
+            "daily-settlement",
+        )
+        done = pgsolo(*args)
+        assert done.returncode == 0, done.stderr
+        lines = done.stdout.splitlines()
+        assert lines[0].startswith("3 held, 2 waiting: advisory locks in ")
+        header = lines[1].split()
+        assert header[:5] == ["KEY", "NAME", "MODE", "LIFETIME", "STATUS"]
+        rows = [line.split() for line in lines[2:7]]
+        # int64 keys in numeric order, then pairs; holders before waiters.
+        assert rows[0][:5] == [str(settle), "daily-settlement", "exclusive", "session", "held"]
+        assert [r[:4] for r in rows[1:3]] == [  # no name: that column is empty
+            ["-5", "exclusive", "?", "held"],
+            ["-5", "shared", "?", "waiting"],
+        ]
+        assert rows[3][:5] == ["42:-1001", "nightly-report", "exclusive", "session", "held"]
+        assert rows[4][:5] == ["42:-1001", "nightly-report", "exclusive", "?", "waiting"]
+        assert "worker-a" in lines[2]
+        assert "worker-b" in lines[6]
+        assert lines[-1].split() == [str(pc), "->", str(pb), "->", str(pa)]
+
+        data = json.loads(pgsolo(*args, "--json").stdout)
+        assert data["wait_chains"] == [[pc, pb, pa]]
+        waiting = [lock for lock in data["locks"] if not lock["granted"]]
+        assert [(w["key"], w["pid"], w["blocked_by"], w["mode"]) for w in waiting] == [
+            ("-5", pc, [pb], "shared"),
+            ("42:-1001", pb, [pa], "exclusive"),
+        ]
+        assert all(w["since_source"] == "waitstart" for w in waiting)
+
+        only = json.loads(pgsolo(*args, "--key", "nightly-report", "--json").stdout)["locks"]
+        assert [(lock["key"], lock["pid"]) for lock in only] == [("42:-1001", pa), ("42:-1001", pb)]
+    finally:
+        for conn in (a, b, c):
+            conn.close()
+        for thread in threads:
+            thread.join(DEADLINE)
+
+
+def _quietly(conn: psycopg.Connection, statement: str) -> None:
+    with contextlib.suppress(psycopg.Error):
+        conn.execute(statement)
+
+
+def test_locks_in_an_empty_database_and_bad_arguments(fresh_db: str, tmp_path: Path) -> None:
+    done = pgsolo("locks", "--dsn", fresh_db)
+    assert (done.returncode, done.stdout.splitlines()[0][:19]) == (0, "0 held, 0 waiting: ")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[locks]\nx = 'not a key'\n", encoding="utf-8")
+    for args in (
+        ["--registry", str(bad)],
+        ["--registry", str(tmp_path / "missing.toml")],
+        ["--key", "1:99999999999"],
+        ["--name", ""],
+    ):
+        done = pgsolo("locks", "--dsn", fresh_db, *args)
+        assert done.returncode == 2, (args, done.stderr)
+        assert done.stderr.startswith("pgsolo locks: error: "), done.stderr
+
+
+# -- found in review -----------------------------------------------------------------------
+
+Connect = Callable[..., psycopg.Connection]
+
+
+def test_locks_key_given_by_name_is_shown_with_that_name(connect: Connect, dsn: str) -> None:
+    """`pgsolo locks --key review2-job` filters on the name's key but leaves the NAME
+    column empty: the name the user typed is not used to label the rows it selected."""
+    name = "review2-job-name"
+    holder = connect()
+    holder.execute(f"SELECT pg_advisory_lock({derive_int64(name)})")
+    done = run_cli("locks", "--key", name, "--json", "--dsn", dsn)
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(done.stdout)["locks"]
+    assert [row["key"] for row in rows] == [str(derive_int64(name))]
+    assert rows[0]["name"] == name, rows[0]

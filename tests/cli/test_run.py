@@ -1,0 +1,1134 @@
+"""``pgsolo run``, for real.
+
+Every test runs the command line in subprocesses (``python -m pgsolo``) against the real
+test server, and the commands pgsolo runs are small Python scripts that report what they
+did through files: readiness, their pid, the signal they got. An observer session checks
+``pg_locks`` and ``pg_stat_activity`` the way an operator would. ``pgsolo migrate`` and
+``pgsolo history`` have their own files; COMMAND after ``--`` is the last section here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from _relay import FreezingProxy
+from _support import run_cli
+from pgsolo.drivers.conninfo import redact_dsn
+from pgsolo.keys import Key
+from pgsolo.sql import name_to_sql
+
+Connect = Callable[..., psycopg.Connection]
+
+PY = sys.executable
+TIMEOUT = 60  # bound on every subprocess wait; never reached when things work
+JSON_FIELDS = {
+    "outcome",
+    "reason",
+    "job",
+    "key",
+    "exit_code",
+    "lock_wait_seconds",
+    "duration_seconds",
+    "backend_pid",
+    "database",
+    "server",
+}
+
+# The commands pgsolo runs. Each takes a directory to report through.
+
+# Appends its pid to "ran", writes "pid", touches "ready", then waits for "go" and exits
+# with argv[2] (99 if "go" never came).
+WAIT_FOR_GO = r"""
+import os, sys, time
+from pathlib import Path
+d = Path(sys.argv[1])
+with open(d / "ran", "a") as f:
+    f.write(f"{os.getpid()}\n")
+(d / "pid").write_text(str(os.getpid()))
+(d / "ready").touch()
+deadline = time.monotonic() + 60
+while not (d / "go").exists() and time.monotonic() < deadline:
+    time.sleep(0.02)
+sys.exit(int(sys.argv[2]) if (d / "go").exists() else 99)
+"""
+
+# Writes the name of the first SIGTERM/SIGINT it gets to "signal" and exits with argv[2];
+# with argv[3] == "ignore" it ignores SIGTERM instead. Sleeps up to 60s otherwise (98).
+TRAP = r"""
+import os, signal, sys, time
+from pathlib import Path
+d = Path(sys.argv[1])
+def on_signal(signum, frame):
+    (d / "signal").write_text(signal.Signals(signum).name)
+    sys.exit(int(sys.argv[2]))
+if sys.argv[3:] == ["ignore"]:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+else:
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+(d / "pid").write_text(str(os.getpid()))
+(d / "ready").touch()
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline:
+    time.sleep(0.05)
+sys.exit(98)
+"""
+
+# Appends its pid to "ran" and exits with argv[2] at once.
+MARK = r"""
+import os, sys
+from pathlib import Path
+with open(Path(sys.argv[1]) / "ran", "a") as f:
+    f.write(f"{os.getpid()}\n")
+sys.exit(int(sys.argv[2]))
+"""
+
+# Starts a grandchild that writes its pid to "grandchild" and sleeps (ignoring SIGTERM with
+# argv[2] == "ignore"); writes its own pid to "pid", touches "ready" once the grandchild
+# runs, and waits for it. Neither passes a signal on: only a signal to the group reaches both.
+SPAWN = r"""
+import os, subprocess, sys, time
+from pathlib import Path
+d = Path(sys.argv[1])
+sleeper = (
+    "import os, signal, sys, time\n"
+    "from pathlib import Path\n"
+    "if sys.argv[2] == 'ignore':\n"
+    "    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "(Path(sys.argv[1]) / 'grandchild').write_text(str(os.getpid()))\n"
+    "time.sleep(60)\n"
+)
+grandchild = subprocess.Popen([sys.executable, "-c", sleeper, str(d), sys.argv[2]])
+(d / "pid").write_text(str(os.getpid()))
+deadline = time.monotonic() + 60
+while not (d / "grandchild").exists() and time.monotonic() < deadline:
+    time.sleep(0.02)
+(d / "ready").touch()
+sys.exit(grandchild.wait())
+"""
+
+# Writes "<its pid> <its process group>" to "ids" and exits 0.
+IDS = r"""
+import os, sys
+from pathlib import Path
+(Path(sys.argv[1]) / "ids").write_text(f"{os.getpid()} {os.getpgid(0)}")
+"""
+
+
+def script(source: str, directory: Path, *args: object) -> list[str]:
+    return [PY, "-c", source, str(directory), *(str(a) for a in args)]
+
+
+def _env() -> dict[str, str]:
+    drop = ("PGSOLO_DSN", "DATABASE_URL", "PGAPPNAME")
+    return {**{k: v for k, v in os.environ.items() if k not in drop}, "PYTHONIOENCODING": "utf-8"}
+
+
+def pgsolo(
+    *args: str, timeout: float = TIMEOUT, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [PY, "-m", "pgsolo", *args],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        env={**_env(), **(env or {})},
+        timeout=timeout,
+        check=False,
+    )
+
+
+def run_args(key: str, dsn: str, *, job: str | None = None) -> list[str]:
+    """``run --key KEY [--name JOB] --dsn DSN``: the start of most command lines here."""
+    return ["run", "--key", key, *(["--name", job] if job else []), "--dsn", dsn]
+
+
+class Running:
+    """A ``pgsolo`` started in the background; its output goes to files (no pipe can
+    fill up and block it)."""
+
+    def __init__(self, tmp: Path, *args: str) -> None:
+        tag = uuid.uuid4().hex[:8]
+        self.out_path, self.err_path = tmp / f"pgsolo-{tag}.out", tmp / f"pgsolo-{tag}.err"
+        with self.out_path.open("w") as out, self.err_path.open("w") as err:
+            # No terminal on stdin: pgsolo forwards SIGINT only when no terminal did.
+            self.proc = subprocess.Popen(
+                [PY, "-m", "pgsolo", *args],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                env=_env(),
+            )
+
+    def finish(self, timeout: float = TIMEOUT) -> subprocess.CompletedProcess[str]:
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise
+        return subprocess.CompletedProcess(
+            self.proc.args,
+            code,
+            self.out_path.read_text(encoding="utf-8"),
+            self.err_path.read_text(encoding="utf-8"),
+        )
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def background(tmp_path: Path) -> Iterator[Callable[..., Running]]:
+    started: list[Running] = []
+
+    def start(*args: str) -> Running:
+        running = Running(tmp_path, *args)
+        started.append(running)
+        return running
+
+    yield start
+    for running in started:  # a failed test leaves nothing running behind
+        running.kill()
+
+
+def wait_until(predicate: Callable[[], object], what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)
+
+
+def last_json(stderr: str) -> dict[str, Any]:
+    """The ``--json`` object: the last line of stderr (the command shares stderr)."""
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert lines, "no output on stderr"
+    data = json.loads(lines[-1])
+    assert isinstance(data, dict)
+    return data
+
+
+def only_json(stderr: str) -> dict[str, Any]:
+    """The ``--json`` object, checked to be the only one on stderr and its last line."""
+    objects = []
+    for line in stderr.splitlines():
+        try:
+            objects.append(json.loads(line))
+        except ValueError:
+            continue
+    assert len(objects) == 1, stderr
+    assert objects[0] == last_json(stderr)
+    assert set(objects[0]) >= JSON_FIELDS
+    return objects[0]  # type: ignore[no-any-return]
+
+
+def ledger(conn: psycopg.Connection, job: str) -> list[dict[str, Any]]:
+    cursor = conn.execute(
+        "SELECT outcome, reason, exit_code, application_name, lock_key, backend_pid, error,"
+        " finished_at >= started_at AS ordered FROM pgsolo.job_runs WHERE job = %s ORDER BY id",
+        (job,),
+    )
+    names = [c.name for c in cursor.description or []]
+    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+
+def app_name_of(conn: psycopg.Connection, pid: int) -> str | None:
+    row = conn.execute(
+        "SELECT application_name FROM pg_stat_activity WHERE pid = %s", (pid,)
+    ).fetchone()
+    return None if row is None else str(row[0])
+
+
+def pid_exists(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie, dead but not yet reaped, is not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state != "Z"
+
+
+def process_state(pid: int) -> str:
+    """The one-letter state in ``/proc/PID/stat`` (T: stopped)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def backend_of(conn: psycopg.Connection, job: str) -> int:
+    [(backend,)] = conn.execute(
+        "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (f"pgsolo:{job}",)
+    ).fetchall()
+    return int(backend)
+
+
+@pytest.fixture(scope="module")
+def migrated(dsn: str) -> str:
+    done = pgsolo("migrate", "--dsn", dsn)
+    assert done.returncode == 0, done.stderr
+    return dsn
+
+
+@pytest.fixture
+def job() -> str:
+    return f"run-test-{uuid.uuid4().hex[:12]}"
+
+
+def test_runs_the_command_and_reports_one_json_object(
+    migrated: str, observer: Any, key: Key, job: str, tmp_path: Path
+) -> None:
+    done = pgsolo(
+        "-vv",
+        *run_args(key.text, migrated, job=job),
+        "--json",
+        "--",
+        PY,
+        "-c",
+        "print('hello from the command'); import sys; sys.exit(0)",
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "hello from the command\n"  # stdout is the command's own
+    # pgsolo unlocked explicitly (-vv logs it), not merely by exiting and dropping the session.
+    events = [line for line in done.stderr.splitlines() if "advisory lock " in line]
+    assert [line.split("advisory lock ")[1].split(":")[0] for line in events] == [
+        "acquired",
+        "released",
+    ]
+    report = last_json(done.stderr)
+    assert set(report) >= JSON_FIELDS
+    assert report["outcome"] == "completed"
+    assert report["reason"] is None
+    assert report["job"] == job
+    assert report["key"] == key.text  # the text form: an int64 survives any JSON parser
+    assert report["exit_code"] == 0
+    assert isinstance(report["backend_pid"], int)
+    assert report["lock_wait_seconds"] >= 0
+    assert report["duration_seconds"] >= 0
+    assert report["database"] == observer.conn.info.dbname
+    assert report["application_name"] == f"pgsolo:{job}"
+    assert observer.holders(key) == set()  # released after the command exited
+
+
+def test_without_json_stderr_stays_quiet_on_success(migrated: str, key: Key) -> None:
+    done = pgsolo(*run_args(key.text, migrated), "--", PY, "-c", "pass")
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+
+
+@pytest.mark.parametrize("override", [None, "nightly-report-worker"])
+def test_lock_is_held_by_the_named_connection_while_the_command_runs(
+    migrated: str,
+    observer: Any,
+    key: Key,
+    job: str,
+    tmp_path: Path,
+    background: Callable[..., Running],
+    override: str | None,
+) -> None:
+    extra = ["--application-name", override] if override else []
+    running = background(
+        *run_args(key.text, migrated, job=job),
+        "--record",
+        *extra,
+        "--",
+        *script(WAIT_FOR_GO, tmp_path, 0),
+    )
+    wait_until((tmp_path / "ready").exists, "the command to start")
+    holders = observer.holders(key)
+    assert len(holders) == 1
+    (backend,) = holders
+    assert app_name_of(observer.conn, backend) == (override or f"pgsolo:{job}")
+    # One pinned connection for the whole run: pgsolo has no other session open.
+    named = observer.conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+        (override or f"pgsolo:{job}",),
+    ).fetchone()
+    assert named == (1,)
+    (tmp_path / "go").touch()
+    done = running.finish()
+    assert done.returncode == 0, done.stderr
+    assert observer.holders(key) == set()
+    [row] = ledger(observer.conn, job)
+    assert (row["outcome"], row["exit_code"], row["backend_pid"]) == ("completed", 0, backend)
+    assert row["application_name"] == (override or f"pgsolo:{job}")
+
+
+def test_a_failed_command_passes_its_exit_code_through(
+    migrated: str, observer: Any, key: Key, job: str, tmp_path: Path
+) -> None:
+    done = pgsolo(
+        *run_args(key.text, migrated, job=job),
+        "--record",
+        "--json",
+        "--",
+        *script(MARK, tmp_path, 3),
+    )
+    assert done.returncode == 3
+    report = last_json(done.stderr)
+    assert (report["outcome"], report["exit_code"]) == ("failed", 3)
+    assert len((tmp_path / "ran").read_text().split()) == 1
+    assert observer.holders(key) == set()
+    [row] = ledger(observer.conn, job)
+    assert (row["outcome"], row["exit_code"]) == ("failed", 3)
+
+
+def test_a_command_killed_by_a_signal_exits_128_plus_n(
+    migrated: str, observer: Any, key: Key, job: str
+) -> None:
+    kill_self = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+    done = pgsolo(
+        *run_args(key.text, migrated, job=job), "--record", "--json", "--", PY, "-c", kill_self
+    )
+    assert done.returncode == 128 + signal.SIGKILL
+    report = last_json(done.stderr)
+    assert (report["outcome"], report["reason"]) == ("failed", "killed-by-signal")
+    [row] = ledger(observer.conn, job)
+    assert (row["outcome"], row["exit_code"]) == ("failed", 137)
+    assert "SIGKILL" in row["error"]
+    assert observer.holders(key) == set()
+
+
+@pytest.mark.parametrize(("kind", "expected"), [("missing", 127), ("not-executable", 126)])
+def test_a_command_that_cannot_start_exits_like_a_shell(
+    migrated: str, observer: Any, key: Key, job: str, tmp_path: Path, kind: str, expected: int
+) -> None:
+    program = tmp_path / "program"
+    if kind == "not-executable":
+        program.write_text("#!/bin/sh\nexit 0\n")
+        program.chmod(0o644)
+    done = pgsolo(*run_args(key.text, migrated, job=job), "--record", "--json", "--", str(program))
+    assert done.returncode == expected, done.stderr
+    assert f"cannot run {str(program)!r}" in done.stderr
+    assert last_json(done.stderr)["outcome"] == "failed"
+    assert observer.holders(key) == set()
+    [row] = ledger(observer.conn, job)
+    assert (row["outcome"], row["exit_code"]) == ("failed", expected)
+
+
+def test_two_runs_started_together_one_runs_one_skips(
+    migrated: str,
+    observer: Any,
+    key: Key,
+    job: str,
+    tmp_path: Path,
+    background: Callable[..., Running],
+) -> None:
+    args = (*run_args(key.text, migrated, job=job), "--record", "--json", "--")
+    args += (*script(WAIT_FOR_GO, tmp_path, 0),)
+    first, second = background(*args), background(*args)
+    # The winner's command waits for "go", so it holds the lock until the loser is done.
+    wait_until(
+        lambda: first.proc.poll() is not None or second.proc.poll() is not None,
+        "one of the two runs to give up",
+    )
+    loser, winner = (first, second) if first.proc.poll() is not None else (second, first)
+    lost = loser.finish()
+    assert lost.returncode == 75, lost.stderr
+    assert last_json(lost.stderr)["reason"] == "busy"
+    wait_until((tmp_path / "ready").exists, "the winner's command to start")
+    assert len(observer.holders(key)) == 1
+    (tmp_path / "go").touch()
+    won = winner.finish()
+    assert won.returncode == 0, won.stderr
+    assert len((tmp_path / "ran").read_text().split()) == 1  # the command ran once
+    assert observer.holders(key) == set()
+    rows = ledger(observer.conn, job)
+    assert sorted((r["outcome"], r["reason"], r["exit_code"]) for r in rows) == [
+        ("completed", None, 0),
+        ("skipped", "busy", 75),
+    ]
+
+
+def test_a_second_run_skips_while_the_first_holds_the_lock(
+    migrated: str,
+    observer: Any,
+    key: Key,
+    job: str,
+    tmp_path: Path,
+    background: Callable[..., Running],
+) -> None:
+    first_dir, second_dir = tmp_path / "first", tmp_path / "second"
+    first_dir.mkdir()
+    second_dir.mkdir()
+    first = background(*run_args(key.text, migrated), "--", *script(WAIT_FOR_GO, first_dir, 0))
+    wait_until((first_dir / "ready").exists, "the first command to start")
+    second = pgsolo(
+        *run_args(key.text, migrated, job=job), "--json", "--", *script(MARK, second_dir, 0)
+    )
+    assert second.returncode == 75, second.stderr
+    assert not (second_dir / "ran").exists()
+    report = last_json(second.stderr)
+    assert set(report) >= JSON_FIELDS
+    assert (report["outcome"], report["reason"], report["exit_code"]) == ("skipped", "busy", 75)
+    assert report["duration_seconds"] == 0
+    (first_dir / "go").touch()
+    assert first.finish().returncode == 0
+    assert observer.holders(key) == set()
+
+
+def _raw_lock_sql(key_text: str) -> str:
+    """How someone in psql would take the lock: plain SQL, pgsolo not involved."""
+    if ":" in key_text:
+        namespace, resource = key_text.split(":")
+        return f"SELECT pg_advisory_lock({namespace}, {resource})"
+    return f"SELECT pg_advisory_lock({name_to_sql(key_text)})"  # DESIGN §2 derivation
+
+
+@pytest.mark.parametrize("named", [False, True])
+def test_a_lock_taken_with_plain_sql_makes_run_skip(
+    migrated: str,
+    connect: Connect,
+    observer: Any,
+    key: Key,
+    job: str,
+    tmp_path: Path,
+    named: bool,
+) -> None:
+    key_text = f"raw-{job}" if named else key.text
+    expected = Key.parse(key_text)
+    psql = connect()
+    psql.execute(_raw_lock_sql(key_text))
+    assert observer.holders(expected) == {psql.info.backend_pid}
+    done = pgsolo(*run_args(key_text, migrated), "--json", "--", *script(MARK, tmp_path, 0))
+    assert done.returncode == 75, done.stderr
+    assert last_json(done.stderr)["reason"] == "busy"
+    assert not (tmp_path / "ran").exists()
+    assert observer.holders(expected) == {psql.info.backend_pid}  # nothing stolen
+    psql.execute("SELECT pg_advisory_unlock_all()")
+
+
+def test_wait_runs_the_command_once_the_holder_lets_go(
+    migrated: str,
+    connect: Connect,
+    observer: Any,
+    key: Key,
+    job: str,
+    tmp_path: Path,
+    background: Callable[..., Running],
+) -> None:
+    psql = connect()
+    psql.execute(_raw_lock_sql(key.text))
+    running = background(
+        *run_args(key.text, migrated, job=job),
+        "--wait",
+        "60",
+        "--json",
+        "--",
+        *script(MARK, tmp_path, 0),
+    )
+    wait_until(lambda: observer.waiters(key), "pgsolo to wait for the lock")
+    assert not (tmp_path / "ran").exists()
+    psql.execute("SELECT pg_advisory_unlock_all()")
+    done = running.finish()
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "ran").exists()
+    report = last_json(done.stderr)
+    assert report["outcome"] == "completed"
+    assert report["lock_wait_seconds"] > 0
+    assert observer.holders(key) == set()
+    assert observer.waiters(key) == set()
+
+
+def test_wait_that_times_out_skips(
+    migrated: str, connect: Connect, observer: Any, key: Key, job: str, tmp_path: Path
+) -> None:
+    psql = connect()
+    psql.execute(_raw_lock_sql(key.text))
+    done = pgsolo(
+        *run_args(key.text, migrated, job=job),
+        "--wait",
+        "0.5",
+        "--record",
+        "--json",
+        "--",
+        *script(MARK, tmp_path, 0),
+        timeout=30,
+    )
+    assert done.returncode == 75, done.stderr
+    assert not (tmp_path / "ran").exists()
+    report = last_json(done.stderr)
+    assert (report["outcome"], report["reason"]) == ("skipped", "busy")
+    assert report["lock_wait_seconds"] >= 0.45  # it did wait: the timeout is the behaviour
+    assert observer.holders(key) == {psql.info.backend_pid}
+    assert observer.waiters(key) == set()
+    [row] = ledger(observer.conn, job)
+    assert (row["outcome"], row["reason"], row["exit_code"]) == ("skipped", "busy", 75)
+    psql.execute("SELECT pg_advisory_unlock_all()")
+
+
+def test_once_per_period_runs_once_across_two_runs(
+    migrated: str, observer: Any, key: Key, job: str, tmp_path: Path
+) -> None:
+    args = (*run_args(key.text, migrated, job=job), "--once-per", "year", "--record", "--json")
+    args += ("--", *script(MARK, tmp_path, 0))
+    first = pgsolo(*args)
+    assert first.returncode == 0, first.stderr
+    # No lock is held by anyone now: the durable record alone makes the second run skip.
+    assert observer.holders(key) == set()
+    second = pgsolo(*args)
+    assert second.returncode == 75, second.stderr
+    report = last_json(second.stderr)
+    assert (report["outcome"], report["reason"]) == ("skipped", "already-done-this-period")
+    assert len((tmp_path / "ran").read_text().split()) == 1
+    periods = observer.conn.execute(
+        "SELECT period, period_start = date_trunc('year', now(), 'UTC')"
+        " FROM pgsolo.job_periods WHERE job = %s",
+        (job,),
+    ).fetchall()
+    assert periods == [("year", True)]
+    assert [(r["outcome"], r["reason"]) for r in ledger(observer.conn, job)] == [
+        ("completed", None),
+        ("skipped", "already-done-this-period"),
+    ]
+    assert observer.holders(key) == set()
+
+
+def test_a_failed_run_does_not_use_up_its_period(
+    migrated: str, observer: Any, key: Key, job: str, tmp_path: Path
+) -> None:
+    def attempt(exit_code: int) -> int:
+        return pgsolo(
+            *run_args(key.text, migrated, job=job),
+            "--once-per",
+            "1000000000 seconds",
+            "--",
+            *script(MARK, tmp_path, exit_code),
+        ).returncode
+
+    assert attempt(4) == 4
+    assert observer.conn.execute(
+        "SELECT count(*) FROM pgsolo.job_periods WHERE job = %s", (job,)
+    ).fetchone() == (0,)
+    assert attempt(0) == 0
+    assert attempt(0) == 75
+    assert len((tmp_path / "ran").read_text().split()) == 2
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_pgsolo_is_forwarded_and_pgsolo_waits_for_the_command(
+    migrated: str,
+    observer: Any,
+    key: Key,
+    job: str,
+    tmp_path: Path,
+    background: Callable[..., Running],
+    signum: signal.Signals,
+) -> None:
+    running = background(
+        *run_args(key.text, migrated, job=job),
+        "--record",
+        "--json",
+        "--",
+        *script(TRAP, tmp_path, 42),
+    )
+    wait_until((tmp_path / "ready").exists, "the command to start")
+    child = int((tmp_path / "pid").read_text())
+    running.proc.send_signal(signum)
+    done = running.finish()
+    assert done.returncode == 42, done.stderr  # the command's own answer
+    assert (tmp_path / "signal").read_text() == signum.name
+    assert not pid_exists(child)
+    report = last_json(done.stderr)
+    assert (report["outcome"], report["exit_code"]) == ("failed", 42)
+    assert observer.holders(key) == set()
+    [row] = ledger(observer.conn, job)
+    assert (row["outcome"], row["exit_code"]) == ("failed", 42)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal")
+def test_a_killed_pgsolo_takes_its_command_down_with_it(
+    migrated: str,
+    observer: Any,
+    key: Key,
+    job: str,
+    tmp_path: Path,
+    background: Callable[..., Running],
+) -> None:
+    """SIGKILL of pgsolo ends its session, so the server frees the lock at once: the
+    command must not run on unprotected while another host starts the same work."""
+    running = background(
+        *run_args(key.text, migrated, job=job), "--", *script(TRAP, tmp_path, 42, "ignore")
+    )
+    wait_until((tmp_path / "ready").exists, "the command to start")
+    child = int((tmp_path / "pid").read_text())
+    assert len(observer.holders(key)) == 1
+    running.proc.kill()
+    running.proc.wait(timeout=TIMEOUT)
+    wait_until(lambda: not pid_exists(child), "the command to die with pgsolo")
+    wait_until(lambda: observer.holders(key) == set(), "the server to free the lock")
+    assert not (tmp_path / "signal").exists()  # killed outright, not asked to stop
+
+
+@pytest.mark.parametrize("child_mode", ["exits-on-sigterm", "ignores-sigterm"])
+def test_a_terminated_backend_stops_the_command_and_exits_70(
+    migrated: str,
+    observer: Any,
+    key: Key,
+    job: str,
+    tmp_path: Path,
+    background: Callable[..., Running],
+    child_mode: str,
+) -> None:
+    child_args = (15,) if child_mode == "exits-on-sigterm" else (15, "ignore")
+    running = background(
+        *run_args(key.text, migrated, job=job),
+        "--record",
+        "--json",
+        "--check-interval",
+        "0.2",
+        "--grace",
+        "1",
+        "--",
+        *script(TRAP, tmp_path, *child_args),
+    )
+    wait_until((tmp_path / "ready").exists, "the command to start")
+    child = int((tmp_path / "pid").read_text())
+    [(backend,)] = observer.conn.execute(
+        "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (f"pgsolo:{job}",)
+    ).fetchall()
+    assert observer.holders(key) == {backend}
+    assert observer.conn.execute("SELECT pg_terminate_backend(%s)", (backend,)).fetchone() == (
+        True,
+    )
+    done = running.finish(timeout=30)
+    assert done.returncode == 70, done.stderr
+    assert not pid_exists(child)
+    report = last_json(done.stderr)
+    assert (report["outcome"], report["reason"]) == ("lost", "connection-lost")
+    if child_mode == "exits-on-sigterm":
+        assert (tmp_path / "signal").read_text() == "SIGTERM"
+        assert report["command_exit_code"] == 15
+    else:
+        assert report["command_exit_code"] == 128 + signal.SIGKILL
+    assert "was lost while the command ran" in done.stderr
+    assert observer.holders(key) == set()
+    [row] = ledger(observer.conn, job)  # written over a fresh connection
+    assert (row["outcome"], row["reason"], row["exit_code"]) == ("lost", "connection-lost", 70)
+    assert row["application_name"] == f"pgsolo:{job}"
+
+
+def test_a_connection_that_stops_answering_is_a_lost_lock(
+    migrated: str,
+    observer: Any,
+    key: Key,
+    job: str,
+    tmp_path: Path,
+    background: Callable[..., Running],
+) -> None:
+    """A half-open connection (or a stopped backend) never answers the lock check: without
+    a client-side deadline pgsolo would wait forever while the command ran on, and the
+    server would free the lock as soon as it noticed the dead session."""
+    with FreezingProxy(migrated) as proxy:
+        running = background(
+            *run_args(key.text, proxy.dsn, job=job),
+            "--record",
+            "--json",
+            "--check-interval",
+            "0.2",
+            "--check-timeout",
+            "2",
+            "--grace",
+            "1",
+            "--",
+            *script(TRAP, tmp_path, 15),
+        )
+        wait_until((tmp_path / "ready").exists, "the command to start")
+        child = int((tmp_path / "pid").read_text())
+        backend = backend_of(observer.conn, job)
+        assert observer.holders(key) == {backend}
+        proxy.freeze()  # from now on pgsolo's queries reach the server, its answers do not
+        done = running.finish(timeout=30)
+        assert done.returncode == 70, done.stderr
+        assert not pid_exists(child)
+        assert (tmp_path / "signal").read_text() == "SIGTERM"
+        report = only_json(done.stderr)
+        assert (report["outcome"], report["reason"]) == ("lost", "connection-unresponsive")
+        assert report["command_exit_code"] == 15
+        assert "within 2s (--check-timeout)" in report["error"]
+        # pgsolo dropped its side; the proxy passes that on and the server frees the lock.
+        wait_until(lambda: observer.holders(key) == set(), "the server to free the lock")
+        [row] = ledger(observer.conn, job)  # written over a fresh connection
+        assert (row["outcome"], row["reason"], row["exit_code"]) == (
+            "lost",
+            "connection-unresponsive",
+            70,
+        )
+
+
+@pytest.mark.parametrize(
+    ("trigger", "grandchild_mode"),
+    [("lost", "exits-on-sigterm"), ("lost", "ignores-sigterm"), ("sigterm", "exits-on-sigterm")],
+)
+def test_what_the_command_started_is_stopped_with_it(
+    migrated: str,
+    observer: Any,
+    key: Key,
+    job: str,
+    tmp_path: Path,
+    background: Callable[..., Running],
+    trigger: str,
+    grandchild_mode: str,
+) -> None:
+    """No terminal on stdin (cron, Kubernetes): COMMAND leads its own process group and
+    pgsolo signals all of it; after a lost lock the group gets SIGKILL after --grace."""
+    mode = "ignore" if grandchild_mode == "ignores-sigterm" else "default"
+    running = background(
+        *run_args(key.text, migrated, job=job),
+        "--json",
+        "--check-interval",
+        "0.2",
+        "--grace",
+        "1",
+        "--",
+        *script(SPAWN, tmp_path, mode),
+    )
+    wait_until((tmp_path / "ready").exists, "the command and its grandchild to start")
+    child = int((tmp_path / "pid").read_text())
+    grandchild = int((tmp_path / "grandchild").read_text())
+    if trigger == "lost":
+        backend = backend_of(observer.conn, job)
+        observer.conn.execute("SELECT pg_terminate_backend(%s)", (backend,))
+    else:
+        running.proc.send_signal(signal.SIGTERM)
+    done = running.finish(timeout=30)
+    report = only_json(done.stderr)
+    if trigger == "lost":
+        assert done.returncode == 70, done.stderr
+        assert (report["outcome"], report["reason"]) == ("lost", "connection-lost")
+        assert "the command was stopped by SIGTERM (exit status 143)" in report["error"]
+    else:
+        assert done.returncode == 128 + signal.SIGTERM, done.stderr
+        assert (report["outcome"], report["reason"]) == ("failed", "killed-by-signal")
+    wait_until(lambda: not pid_exists(child), "the command to be gone", timeout=10)
+    wait_until(lambda: not pid_exists(grandchild), "its grandchild to be gone", timeout=10)
+    assert observer.holders(key) == set()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a pseudo-terminal")
+@pytest.mark.parametrize("terminal", [False, True])
+def test_the_command_has_its_own_process_group_unless_stdin_is_a_terminal(
+    migrated: str, key: Key, tmp_path: Path, terminal: bool
+) -> None:
+    """With a terminal, COMMAND stays in the terminal's (here: pgsolo's) group, so that
+    it can read the terminal and Ctrl-C reaches all of it."""
+    master, slave = pty.openpty() if terminal else (-1, -1)
+    try:
+        proc = subprocess.Popen(
+            [PY, "-m", "pgsolo", *run_args(key.text, migrated), "--", *script(IDS, tmp_path)],
+            stdin=slave if terminal else subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_env(),
+            start_new_session=True,  # pgsolo leads a group: its pid is that group's id
+        )
+        try:
+            _, stderr = proc.communicate(timeout=TIMEOUT)
+        finally:
+            proc.kill()
+            proc.wait()
+    finally:
+        for fd in (master, slave):
+            if fd >= 0:
+                os.close(fd)
+    assert proc.returncode == 0, stderr
+    pid, group = (int(n) for n in (tmp_path / "ids").read_text().split())
+    assert group == (proc.pid if terminal else pid)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_while_waiting_for_the_lock_ends_the_wait(
+    migrated: str,
+    connect: Connect,
+    observer: Any,
+    key: Key,
+    job: str,
+    tmp_path: Path,
+    background: Callable[..., Running],
+    signum: signal.Signals,
+) -> None:
+    psql = connect()
+    psql.execute(_raw_lock_sql(key.text))
+    running = background(
+        *run_args(key.text, migrated, job=job),
+        "--wait",
+        "60",
+        "--record",
+        "--json",
+        "--",
+        *script(MARK, tmp_path, 0),
+    )
+    wait_until(lambda: observer.waiters(key), "pgsolo to wait for the lock")
+    running.proc.send_signal(signum)
+    done = running.finish(timeout=30)
+    assert done.returncode == 128 + signum, done.stderr
+    assert not (tmp_path / "ran").exists()
+    report = only_json(done.stderr)
+    assert (report["outcome"], report["reason"], report["exit_code"]) == (
+        "failed",
+        "interrupted",
+        128 + signum,
+    )
+    assert report["command_exit_code"] is None
+    assert "Traceback" not in done.stderr
+    assert observer.waiters(key) == set()  # the wait was cancelled, not left behind
+    assert observer.holders(key) == {psql.info.backend_pid}
+    [row] = ledger(observer.conn, job)
+    assert (row["outcome"], row["reason"], row["exit_code"]) == (
+        "failed",
+        "interrupted",
+        128 + signum,
+    )
+    psql.execute("SELECT pg_advisory_unlock_all()")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
+def test_a_signal_before_the_command_starts_means_it_never_starts(
+    migrated: str,
+    connect: Connect,
+    observer: Any,
+    key: Key,
+    job: str,
+    tmp_path: Path,
+    background: Callable[..., Running],
+) -> None:
+    """pgsolo holds the lock but has not started COMMAND yet (here: it is asking whether
+    this period is done, and a table lock makes that wait) when SIGTERM comes."""
+    blocker = connect(autocommit=False)
+    blocker.execute("LOCK TABLE pgsolo.job_periods IN ACCESS EXCLUSIVE MODE")
+    running = background(
+        *run_args(key.text, migrated, job=job),
+        "--once-per",
+        "year",
+        "--record",
+        "--json",
+        "--check-timeout",
+        "120",
+        "--",
+        *script(MARK, tmp_path, 0),
+    )
+    wait_until(lambda: observer.holders(key), "pgsolo to take the lock")
+    (backend,) = observer.holders(key)
+    wait_until(
+        lambda: (
+            observer.conn.execute(
+                "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (backend,)
+            ).fetchone()
+            == ("Lock",)
+        ),
+        "pgsolo's period check to wait for the table",
+    )
+    # Stopped, pgsolo cannot see the answer before the signal: it handles SIGTERM first
+    # when it resumes, whatever the scheduler does.
+    pid = running.proc.pid
+    os.kill(pid, signal.SIGSTOP)
+    wait_until(lambda: process_state(pid) == "T", "pgsolo to stop")
+    os.kill(pid, signal.SIGTERM)
+    blocker.rollback()
+    os.kill(pid, signal.SIGCONT)
+    done = running.finish(timeout=30)
+    assert done.returncode == 128 + signal.SIGTERM, done.stderr
+    assert not (tmp_path / "ran").exists()
+    report = only_json(done.stderr)
+    assert (report["outcome"], report["reason"]) == ("failed", "interrupted")
+    assert "it was not run" in report["error"]
+    assert observer.holders(key) == set()
+    [row] = ledger(observer.conn, job)
+    assert (row["outcome"], row["reason"], row["exit_code"]) == ("failed", "interrupted", 143)
+
+
+UNREACHABLE = "postgresql://alice:hunter2@127.0.0.1:1/db"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--key", "k", "--"], "no command to run"),
+        (["--key", "k"], "no command to run"),
+        (["--key", "", "--", "true"], "must not be empty"),
+        (["--key", "2147483648:1", "--", "true"], "pair"),
+        (["--key", "123", "--namespace", "4", "--", "true"], "names only"),
+        (["--key", "k", "--wait", "0", "--", "true"], "--wait"),
+        (["--key", "k", "--wait", "-1", "--", "true"], "--wait"),
+        (["--key", "k", "--wait", "soon", "--", "true"], "--wait"),
+        (["--key", "k", "--once-per", "fortnight", "--", "true"], "period"),
+        (["--key", "k", "--check-interval", "0", "--", "true"], "--check-interval"),
+        (["--key", "k", "--check-timeout", "0", "--", "true"], "--check-timeout"),
+        (["--", "true"], "--key"),
+    ],
+)
+def test_usage_errors_exit_2_before_connecting(args: list[str], message: str) -> None:
+    # The DSN points nowhere: had pgsolo tried to connect, it would exit 69.
+    done = pgsolo("run", "--dsn", UNREACHABLE, "--json", *args)
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr
+    assert "hunter2" not in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "reason", "code", "message"),
+    [
+        (["--key", "", "--", "true"], "usage-error", 2, "must not be empty"),
+        (["--key", "k", "--"], "usage-error", 2, "no command to run"),
+        (["--key", "k", "--dsn", "embedded", "--", "true"], "database-unavailable", 69, "embedded"),
+    ],
+)
+def test_json_even_when_no_attempt_was_made(
+    tmp_path: Path, args: list[str], reason: str, code: int, message: str
+) -> None:
+    if "embedded" in args:
+        pytest.importorskip("pgserver")
+    not_a_directory = tmp_path / "file"
+    not_a_directory.write_text("")  # the embedded server's data directory cannot be made
+    done = pgsolo("run", "--json", *args, env={"XDG_DATA_HOME": str(not_a_directory)})
+    assert done.returncode == code, done.stderr
+    report = only_json(done.stderr)
+    assert (report["outcome"], report["reason"], report["exit_code"]) == (None, reason, code)
+    assert message in report["error"]
+    assert f"pgsolo run: error: {report['error']}" in done.stderr
+
+
+def test_json_when_ledger_tables_are_missing(fresh_db: str, key: Key, tmp_path: Path) -> None:
+    for option in (["--record"], ["--once-per", "day"]):
+        done = pgsolo(
+            *run_args(key.text, fresh_db),
+            *option,
+            "--json",
+            "--",
+            *script(MARK, tmp_path, 0),
+        )
+        assert done.returncode == 2, done.stderr
+        report = only_json(done.stderr)
+        assert (report["outcome"], report["reason"], report["exit_code"]) == (
+            None,
+            "not-migrated",
+            2,
+        )
+        assert "run pgsolo migrate first" in report["error"]
+    assert not (tmp_path / "ran").exists()
+
+
+def test_a_usage_error_takes_no_lock_and_records_nothing(
+    migrated: str, observer: Any, key: Key, job: str, tmp_path: Path
+) -> None:
+    done = pgsolo(
+        *run_args(key.text, migrated, job=job),
+        "--record",
+        "--once-per",
+        "fortnight",
+        "--",
+        *script(MARK, tmp_path, 0),
+    )
+    assert done.returncode == 2
+    assert not (tmp_path / "ran").exists()
+    assert ledger(observer.conn, job) == []
+    named = observer.conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (f"pgsolo:{job}",)
+    ).fetchone()
+    assert named == (0,)
+
+
+def test_an_unreachable_database_exits_69_without_the_password(tmp_path: Path) -> None:
+    done = pgsolo(*run_args("k", UNREACHABLE), "--json", "--", *script(MARK, tmp_path, 0))
+    assert done.returncode == 69
+    assert not (tmp_path / "ran").exists()
+    assert "database unavailable" in done.stderr
+    assert "alice:***@127.0.0.1:1/db" in done.stderr
+    assert "hunter2" not in done.stdout + done.stderr
+    report = last_json(done.stderr)
+    assert (report["outcome"], report["exit_code"]) == (None, 69)
+    for command in (["migrate"], ["history"]):
+        other = pgsolo(*command, "--dsn", UNREACHABLE)
+        assert other.returncode == 69
+        assert "hunter2" not in other.stdout + other.stderr
+
+
+def test_a_password_in_the_dsn_never_shows_up(
+    migrated: str, connect: Connect, key: Key, job: str, tmp_path: Path
+) -> None:
+    params = conninfo_to_dict(migrated)
+    secret = str(params.get("password") or "")
+    if not secret:  # a trust-authenticated server ignores a password it did not ask for
+        secret = f"pw-{uuid.uuid4().hex}"
+        params["password"] = secret
+    with_password = make_conninfo("", **params)
+    outputs = []
+    base = (*run_args(key.text, with_password, job=job), "--record", "--json")
+    outputs.append(pgsolo("-vv", *base, "--", *script(MARK, tmp_path, 0)))
+    outputs.append(pgsolo("-vv", *base, "--", *script(MARK, tmp_path, 5)))
+    outputs.append(pgsolo("-vv", *base, "--", str(tmp_path / "no-such-program")))
+    psql = connect()
+    psql.execute(_raw_lock_sql(key.text))
+    outputs.append(pgsolo("-vv", *base, "--wait", "0.2", "--", PY, "-c", "pass"))
+    psql.execute("SELECT pg_advisory_unlock_all()")
+    outputs.append(pgsolo("-vv", "migrate", "--dsn", with_password))
+    outputs.append(pgsolo("-vv", "history", "--dsn", with_password, "--job", job))
+    outputs.append(pgsolo("history", "--dsn", with_password, "--job", job, "--json"))
+    # A server that refuses the connection: the error names the DSN, never its password.
+    refused = make_conninfo(with_password, port="1", host="127.0.0.1")
+    outputs.append(pgsolo(*run_args("k", refused), "--json", "--", "true"))
+    assert [o.returncode for o in outputs] == [0, 5, 127, 75, 0, 0, 0, 69]
+    for output in outputs:
+        assert secret not in output.stdout + output.stderr
+    assert "advisory lock acquired" in outputs[0].stderr  # -vv really logged the attempt
+
+
+# -- COMMAND after `--` --------------------------------------------------------------------
+
+
+def test_run_without_the_separator_is_a_usage_error_that_shows_the_fix(
+    db: str, tmp_path: Path
+) -> None:
+    """Guards DESIGN §5's ``-- COMMAND``: ``pgsolo run --key k true`` used to run the
+    command. It exits 2 before connecting, shows the corrected command line (with the
+    DSN's password blanked and COMMAND's arguments left out) and runs nothing."""
+    marker = tmp_path / "ran"
+    command = [sys.executable, "-c", f"open({str(marker)!r}, 'w').close()"]
+    # The second DSN has a password and nothing listens there: exit 2, not 69.
+    for dsn in (db, "postgresql://alice:hunter2@127.0.0.1:1/db"):
+        done = run_cli("run", "--key", "cli-separator", "--dsn", dsn, "--json", *command)
+        assert done.returncode == 2, done.stderr
+        assert "must come after `--`" in done.stderr
+        expected = shlex.join(["--key", "cli-separator", "--dsn", redact_dsn(dsn), "--json"])
+        assert f"run: pgsolo run {expected} -- {shlex.quote(sys.executable)} ARG..." in (
+            done.stderr
+        )
+        assert "hunter2" not in done.stdout + done.stderr
+        report = json.loads(done.stderr.strip().splitlines()[-1])
+        assert (report["outcome"], report["reason"], report["exit_code"]) == (
+            None,
+            "usage-error",
+            2,
+        )
+    assert not marker.exists()
+
+
+def test_run_options_after_the_separator_belong_to_the_command(db: str) -> None:
+    show = "import json, sys; print(json.dumps(sys.argv[1:]))"
+    done = run_cli(
+        "run", "--key", "cli-separator-2", "--dsn", db, "--", sys.executable, "-c", show,
+        "--wait", "5", "--", "--key",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == ["--wait", "5", "--", "--key"]

@@ -1,0 +1,144 @@
+"""``pgsolo terminate``, run for real: it shows, asks (through a real pseudo-terminal) and
+releases; ``--yes`` for scripts; it refuses a pid that holds no advisory lock (one that
+only waits included) and a bad pid.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pty
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+
+import psycopg
+import pytest
+
+from _support import DEADLINE, eventually, run_cli
+from _support import run_cli as pgsolo
+from pgsolo.keys import Key
+
+
+def alive(observer: object, pid: int) -> bool:
+    row = observer.conn.execute(  # type: ignore[attr-defined]
+        "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,)
+    ).fetchone()
+    return row == (1,)
+
+
+def _holder(dsn: str, key: Key) -> psycopg.Connection:
+    conn = psycopg.connect(dsn, autocommit=True, application_name="to-terminate")
+    conn.execute(f"SELECT pg_advisory_lock({key.sql_args})")
+    return conn
+
+
+def terminate_on_a_terminal(answer: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``pgsolo terminate ARGS`` with a real pseudo-terminal as stdin, answering."""
+    primary, secondary = pty.openpty()
+    try:
+        os.write(primary, answer.encode() + b"\n")
+        base = {k: v for k, v in os.environ.items() if k not in ("PGSOLO_DSN", "DATABASE_URL")}
+        return subprocess.run(
+            [sys.executable, "-m", "pgsolo", "terminate", *args],
+            stdin=secondary,
+            capture_output=True,
+            text=True,
+            env=base,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        os.close(primary)
+        os.close(secondary)
+
+
+def test_terminate_shows_asks_and_releases(dsn: str, key: Key, observer: object) -> None:
+    holder = _holder(dsn, key)
+    pid = holder.info.backend_pid
+    try:
+        done = pgsolo("terminate", str(pid), "--dsn", dsn)  # stdin is not a terminal
+        assert done.returncode == 2
+        assert "pass --yes" in done.stderr
+        assert key.text in done.stdout
+        assert "to-terminate" in done.stdout
+        assert observer.holders(key) == {pid}  # type: ignore[attr-defined]
+
+        done = terminate_on_a_terminal("n", str(pid), "--dsn", dsn)
+        assert done.returncode == 1, done.stderr
+        assert "[y/N]" in done.stderr
+        assert f"not terminated: pid {pid}" in done.stdout
+        assert observer.holders(key) == {pid}  # type: ignore[attr-defined]
+
+        done = terminate_on_a_terminal("y", str(pid), "--dsn", dsn)
+        assert done.returncode == 0, done.stderr
+        assert f"terminated pid {pid}: 1 advisory lock(s) released" in done.stdout
+        assert observer.holders(key) == set()  # type: ignore[attr-defined]
+        assert not alive(observer, pid)
+    finally:
+        holder.close()
+
+
+def test_terminate_yes_for_scripts(dsn: str, key: Key, observer: object) -> None:
+    holder = _holder(dsn, key)
+    try:
+        done = pgsolo("terminate", str(holder.info.backend_pid), "--yes", "--dsn", dsn)
+        assert done.returncode == 0, done.stderr
+        assert observer.holders(key) == set()  # type: ignore[attr-defined]
+    finally:
+        holder.close()
+
+
+def test_terminate_refuses_a_pid_without_advisory_locks(dsn: str, observer: object) -> None:
+    with psycopg.connect(dsn, autocommit=True) as bystander:
+        pid = bystander.info.backend_pid
+        done = pgsolo("terminate", str(pid), "--yes", "--dsn", dsn)
+        assert done.returncode == 2
+        assert "holds no advisory lock" in done.stderr
+        assert alive(observer, pid)
+        done = pgsolo("terminate", str(pid), "--yes", "--force", "--dsn", dsn)
+        assert done.returncode == 0, done.stderr
+        eventually(lambda: not alive(observer, pid), "the bystander to be gone")
+
+
+@pytest.mark.parametrize("pid", ["0", "-3", "abc"])
+def test_terminate_bad_pid_is_a_usage_error(pid: str) -> None:
+    assert pgsolo("terminate", pid, "--yes", "--dsn", "host=/nonexistent").returncode == 2
+
+
+# -- found in review -----------------------------------------------------------------------
+
+Connect = Callable[..., psycopg.Connection]
+STATEMENT_BOUND_20S = "-c statement_timeout=20000"
+
+
+def in_background(conn: psycopg.Connection, statement: str) -> threading.Thread:
+    def run() -> None:
+        with contextlib.suppress(psycopg.Error):
+            conn.execute(statement)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_terminate_refuses_a_pid_that_only_waits_and_never_claims_it_released_locks(
+    connect: Connect, observer: object, dsn: str
+) -> None:
+    """Issue 5: terminate "refuses pids that hold no advisory lock unless --force". A
+    backend that only waits holds none, yet it is terminated without --force and the
+    command reports "1 advisory lock(s) released"."""
+    k = Key((7_200_002, 1))
+    holder, waiter = connect(), connect(options=STATEMENT_BOUND_20S)
+    holder.execute(f"SELECT pg_advisory_lock({k.sql_args})")
+    thread = in_background(waiter, f"SELECT pg_advisory_lock({k.sql_args})")
+    eventually(lambda: observer.waiters(k), "the waiter to wait")  # type: ignore[attr-defined]
+    pid = waiter.info.backend_pid
+    try:
+        done = run_cli("terminate", str(pid), "--yes", "--dsn", dsn)
+        assert "released" not in done.stdout, done.stdout
+        assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
+    finally:
+        observer.conn.execute("SELECT pg_terminate_backend(%s, 5000)", (pid,))  # type: ignore[attr-defined]
+        thread.join(DEADLINE)

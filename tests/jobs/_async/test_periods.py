@@ -1,0 +1,143 @@
+"""Once per period (``period=``) for an async job: a completed run uses up its period, a
+failed one does not, a period already recorded skips, and a run that sneaks in without the
+lock wins while the job's xact work rolls back. Written once, under ``_async/``:
+scripts/unasync.py writes the twin under ``_sync/``. Tests of one flavour only (the
+database clock, concurrent runs, the session run that loses the race):
+``tests/jobs/test_periods.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+
+from _support import WORK, key_of, period_rows, work_rows
+from pgsolo._types import Lifetime
+from pgsolo.jobs import run_job_async
+
+SyncConnect = Callable[..., psycopg.Connection[Any]]
+
+
+class Boom(Exception):
+    """The callable's own failure."""
+
+
+def new_job() -> str:
+    """A unique job name; used as the (str) key too, so the job is named after it."""
+    return f"jobs-async-test:{uuid.uuid4().hex[:16]}"
+
+
+async def insert_work(conn: psycopg.AsyncConnection[Any], job: str, note: str) -> None:
+    await conn.execute(f"INSERT INTO {WORK} (job, note) VALUES (%s, %s)", (job, note))
+
+
+@pytest.mark.parametrize("lifetime", ["xact", "session"])
+async def test_a_failed_run_does_not_use_up_the_period(
+    db: str, observer: Any, lifetime: Lifetime
+) -> None:
+    job = new_job()
+    calls: list[bool] = []
+
+    async def fn(conn: psycopg.AsyncConnection[Any], fail: bool) -> str:
+        calls.append(fail)
+        if fail:
+            raise Boom("first try fails")
+        return "done"
+
+    first = await run_job_async(
+        db, job, fn, True, period="day", lifetime=lifetime, raise_errors=False
+    )
+    assert first.outcome == "failed"
+    assert period_rows(observer, job) == []
+
+    second = await run_job_async(db, job, fn, False, period="day", lifetime=lifetime)
+    third = await run_job_async(db, job, fn, False, period="day", lifetime=lifetime)
+
+    assert (second.outcome, second.value) == ("completed", "done")
+    assert (third.outcome, third.reason) == ("skipped", "already-done-this-period")
+    assert calls == [True, False]
+    assert len(period_rows(observer, job)) == 1
+
+
+@pytest.mark.parametrize("lifetime", ["xact", "session"])
+async def test_once_per_day_completes_then_skips(
+    db: str, observer: Any, lifetime: Lifetime
+) -> None:
+    job = new_job()
+    calls: list[int] = []
+
+    async def fn(conn: psycopg.AsyncConnection[Any]) -> str:
+        calls.append(conn.info.backend_pid)
+        return "settled"
+
+    first = await run_job_async(db, job, fn, period="day", lifetime=lifetime)
+    assert observer.holders(key_of(job)) == set()  # the first run is over: no overlap
+    second = await run_job_async(db, job, fn, period="day", lifetime=lifetime)
+
+    assert (first.outcome, first.value) == ("completed", "settled")
+    assert (second.outcome, second.reason, second.value) == (
+        "skipped",
+        "already-done-this-period",
+        None,
+    )
+    assert len(calls) == 1
+    assert period_rows(observer, job) == [("day", socket.gethostname(), os.getpid(), True)]
+    assert observer.holders(key_of(job)) == set()
+    # Another period of the same job is tracked on its own.
+    hourly = await run_job_async(db, job, fn, period="hour", lifetime=lifetime)
+    assert hourly.outcome == "completed"
+
+
+@pytest.mark.parametrize("lifetime", ["xact", "session"])
+async def test_a_period_already_recorded_skips_without_running(
+    db: str, observer: Any, lifetime: Lifetime
+) -> None:
+    job = new_job()
+    observer.conn.execute(
+        "INSERT INTO pgsolo.job_periods (job, period, period_start)"
+        " VALUES (%s, 'day', date_trunc('day', now(), 'UTC'))",
+        (job,),
+    )
+    calls: list[int] = []
+
+    async def fn(conn: psycopg.AsyncConnection[Any]) -> None:
+        calls.append(1)
+
+    result = await run_job_async(db, job, fn, period="day", lifetime=lifetime)
+
+    assert (result.outcome, result.reason) == ("skipped", "already-done-this-period")
+    assert calls == []
+    assert observer.holders(key_of(job)) == set()
+
+
+async def test_a_run_that_sneaks_in_without_the_lock_wins_and_the_xact_work_rolls_back(
+    db: str, sync_connect: SyncConnect, observer: Any
+) -> None:
+    job = new_job()
+    sneak = sync_connect()  # a run that did not take the lock records the period meanwhile
+
+    async def fn(conn: psycopg.AsyncConnection[Any]) -> str:
+        await insert_work(conn, job, "would be the second time")
+        sneak.execute(
+            "INSERT INTO pgsolo.job_periods (job, period, period_start)"
+            " VALUES (%s, 'day', date_trunc('day', now(), 'UTC'))",
+            (job,),
+        )
+        return "ran"
+
+    result = await run_job_async(db, job, fn, period="day")
+
+    assert (result.outcome, result.reason, result.value) == (
+        "skipped",
+        "already-done-this-period",
+        None,
+    )
+    assert work_rows(observer, job) == []  # the job's transaction was rolled back
+    assert period_rows(observer, job) == [("day", None, None, True)]  # the sneak's row
+    assert observer.holders(key_of(job)) == set()

@@ -1,0 +1,56 @@
+"""pgsolo's options never share a namespace with the job function's own arguments.
+
+``@singleton`` takes pgsolo's options on the decorator only; every argument of a call of
+the decorated function goes to the function. ``run_job`` / ``run_job_async`` take pgsolo's
+options as keywords and the function's arguments positionally; anything else is a
+:class:`UsageError` before a connection is opened. (``tests/typing`` checks the types.)
+
+Here the tests only one flavour has; those alike in both (every keyword of a call goes to
+the function, a keyword that is no option is refused, bad options fail before connecting)
+are written once, async, in ``_async/test_arguments.py``; scripts/unasync.py generates
+``_sync/test_arguments.py``.
+"""
+
+from __future__ import annotations
+
+import functools
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+
+import pgsolo
+from pgsolo import UsageError
+from pgsolo.jobs import run_job
+
+Connect = Callable[..., psycopg.Connection[Any]]
+
+CLOSED_PORT_DSN = "postgresql://u:p@127.0.0.1:1/db"  # nothing listens: connecting fails
+
+
+def new_job() -> str:
+    return f"job-arguments:{uuid.uuid4().hex[:16]}"
+
+
+def test_run_job_positional_arguments_and_bound_keywords_reach_the_function(db: str) -> None:
+    job = new_job()
+
+    def fn(conn: psycopg.Connection[Any], a: int, *, name: str, wait: int) -> tuple[Any, ...]:
+        return (a, name, wait)
+
+    result = pgsolo.run_job(db, job, functools.partial(fn, name="bob", wait=7), 1, wait=5)
+
+    assert (result.outcome, result.job, result.value) == ("completed", job, (1, "bob", 7))
+
+
+def test_singleton_refuses_a_keyword_that_is_no_option_when_it_decorates() -> None:
+    with pytest.raises(UsageError, match="lifetim"):
+        pgsolo.singleton(new_job(), dsn=CLOSED_PORT_DSN, lifetim="session")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", ["", "a\0b", "\ud800"])
+def test_job_names_must_be_text_the_database_can_store(name: str) -> None:
+    with pytest.raises(pgsolo.UsageError):
+        run_job(CLOSED_PORT_DSN, 1, lambda c: None, name=name)

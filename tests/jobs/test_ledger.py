@@ -1,0 +1,119 @@
+"""The ledger (``record=True``), the tests only the sync flavour has: a lost attempt on a
+caller's connection is logged as unrecorded, the warning for jobs that mostly skip, and
+ledger reads that leave the caller's connection idle. The ledger tests alike in both
+flavours are written once, async, in ``_async/test_ledger.py``; scripts/unasync.py
+generates ``_sync/test_ledger.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+
+import pgsolo
+from _support import (
+    hold,
+    terminate,
+    unhold,
+)
+from pgsolo.jobs import run_job
+from pgsolo.jobs.record import skip_warning
+from pgsolo.schema import LATEST_VERSION, schema_version
+
+Connect = Callable[..., psycopg.Connection]
+
+IDLE = psycopg.pq.TransactionStatus.IDLE
+
+
+def new_job() -> str:
+    """A unique job name; used as the (str) key too, so the job is named after it."""
+    return f"jobs-test:{uuid.uuid4().hex[:16]}"
+
+
+def test_a_lost_attempt_on_a_callers_connection_is_logged_as_unrecorded(
+    db: str, connect: Connect, observer: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    job = new_job()
+    conn = connect()
+
+    def fn(c: psycopg.Connection) -> None:
+        terminate(observer, c.info.backend_pid)
+
+    with caplog.at_level(logging.INFO, logger="pgsolo"):
+        result = run_job(conn, job, fn, lifetime="session", record=True, raise_errors=False)
+
+    assert result.outcome == "lost"
+    assert pgsolo.history(observer.conn, job=job) == []
+    assert any(
+        "not recorded" in r.getMessage() and job in r.getMessage() and r.levelno == logging.ERROR
+        for r in caplog.records
+    )
+
+
+def test_skip_warning_flags_jobs_that_are_mostly_busy(
+    db: str, connect: Connect, observer: Any
+) -> None:
+    slow, healthy, periodic = new_job(), new_job(), new_job()
+    assert run_job(db, slow, lambda c: None, record=True).completed
+    holder = hold(connect, slow)
+    for _ in range(4):
+        assert run_job(db, slow, lambda c: None, record=True).reason == "busy"
+    unhold(holder, slow)
+    for _ in range(3):
+        assert run_job(db, healthy, lambda c: None, record=True).completed
+    for _ in range(4):  # once a day, tried often: skips, but not because it is slow
+        run_job(db, periodic, lambda c: None, record=True, period="day")
+
+    rows = [*pgsolo.history(observer.conn, job=slow), *pgsolo.history(observer.conn, job=healthy)]
+    warnings = skip_warning(rows)
+    assert len(warnings) == 1
+    assert slow in warnings[0]
+    assert "4 of its last 5" in warnings[0]
+    assert skip_warning(pgsolo.history(observer.conn, job=healthy)) == []
+    periodic_rows = pgsolo.history(observer.conn, job=periodic)
+    assert [r["reason"] for r in periodic_rows].count("already-done-this-period") == 3
+    assert skip_warning(periodic_rows) == []
+
+
+def test_a_recorded_busy_skip_warns_when_the_job_mostly_skips(
+    db: str, connect: Connect, caplog: pytest.LogCaptureFixture
+) -> None:
+    slow = new_job()
+    assert run_job(db, slow, lambda c: None, record=True).completed
+    holder = hold(connect, slow)
+    with caplog.at_level(logging.WARNING, logger="pgsolo"):
+        for _ in range(3):
+            assert run_job(db, slow, lambda c: None, record=True).reason == "busy"
+    unhold(holder, slow)
+    warnings = [
+        r.getMessage() for r in caplog.records if "slower than its schedule" in r.getMessage()
+    ]
+    # 1 of 2 attempts skipped is not "mostly"; 2 of 3 and 3 of 4 are.
+    assert len(warnings) == 2
+    assert all(slow in w for w in warnings)
+    assert "3 of its last 4" in warnings[-1]
+
+
+def test_ledger_reads_leave_a_non_autocommit_connection_idle(
+    db: str, connect: Connect, observer: Any
+) -> None:
+    """schema_version() and history() must not leave the caller "idle in transaction"."""
+    job = new_job()
+    assert run_job(db, job, lambda c: "ok", record=True).completed
+    conn = connect(autocommit=False)
+    pid = conn.info.backend_pid
+
+    assert schema_version(conn) == LATEST_VERSION
+    assert conn.info.transaction_status == IDLE
+    rows = pgsolo.history(conn, job=job)
+    assert [r["outcome"] for r in rows] == ["completed"]
+    assert conn.info.transaction_status == IDLE
+    row = observer.conn.execute(
+        "SELECT state FROM pg_stat_activity WHERE pid = %s", (pid,)
+    ).fetchone()
+    assert row == ("idle",)

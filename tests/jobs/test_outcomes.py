@@ -1,0 +1,238 @@
+"""``run_job`` and ``run_job_async``: the outcomes that only one flavour has a test for.
+
+A connection with a transaction open is refused, a wait gets the lock when the holder lets
+go (a thread, or a task, runs the job meanwhile), a failure without raise_errors, a lost
+session lock behind the job's back, and a cancelled async run. The outcomes tested alike
+in both flavours are written once, async, in ``_async/test_outcomes.py``;
+``_sync/test_outcomes.py`` is generated from it by scripts/unasync.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import psycopg
+import pytest
+
+import pgsolo
+from _support import (
+    WORK,
+    eventually,
+    hold,
+    key_of,
+    period_rows,
+    terminate,
+    unhold,
+    work_rows,
+)
+from pgsolo import ConnectionStateError, LockLostError
+from pgsolo._types import Lifetime
+from pgsolo.jobs import run_job, run_job_async
+
+# -- sync jobs -----------------------------------------------------------------------------
+
+Connect = Callable[..., psycopg.Connection]
+
+IDLE = psycopg.pq.TransactionStatus.IDLE
+INTRANS = psycopg.pq.TransactionStatus.INTRANS
+DEADLINE = 10.0  # generous bound for anything that must happen "soon"; never a speed claim
+
+
+class Boom(Exception):
+    """The callable's own failure."""
+
+
+def new_job() -> str:
+    """A unique job name; used as the (str) key too, so the job is named after it."""
+    return f"jobs-test:{uuid.uuid4().hex[:16]}"
+
+
+def test_a_connection_with_a_transaction_open_is_refused(
+    db: str, connect: Connect, observer: Any
+) -> None:
+    job = new_job()
+    conn = connect(autocommit=False)
+    conn.execute("SELECT 1")  # the caller's own transaction is open
+    calls: list[int] = []
+
+    with pytest.raises(ConnectionStateError, match="no transaction open"):
+        run_job(conn, job, lambda c: calls.append(1))
+
+    assert calls == []
+    assert conn.info.transaction_status == INTRANS  # the caller's transaction is untouched
+    assert observer.holders(key_of(job)) == set()
+
+
+@pytest.mark.parametrize("lifetime", ["xact", "session"])
+def test_wait_gets_the_lock_when_the_holder_releases(
+    db: str, connect: Connect, observer: Any, lifetime: Lifetime
+) -> None:
+    job = new_job()
+    holder = hold(connect, job)
+    box: dict[str, Any] = {}
+
+    def fn(conn: psycopg.Connection) -> int:
+        return conn.info.backend_pid
+
+    def runner() -> None:
+        try:
+            box["result"] = run_job(db, job, fn, lifetime=lifetime, wait=10)
+        except BaseException as exc:
+            box["error"] = exc
+
+    thread = threading.Thread(target=runner, daemon=True)
+    thread.start()
+    waiting = eventually(lambda: observer.waiters(key_of(job)), "the job to wait for the lock")
+    unhold(holder, job)
+    thread.join(DEADLINE)
+
+    assert not thread.is_alive()
+    assert "error" not in box, box.get("error")
+    result = box["result"]
+    assert result.outcome == "completed"
+    assert {result.value} == waiting == {result.backend_pid}
+    assert result.lock_wait > 0
+    assert observer.holders(key_of(job)) == set()
+
+
+def test_failure_without_raise_errors_returns_a_failed_result(db: str, observer: Any) -> None:
+    job = new_job()
+    boom = Boom("nope")
+
+    def fn(conn: psycopg.Connection) -> None:
+        raise boom
+
+    result = run_job(db, job, fn, raise_errors=False)
+
+    assert result.outcome == "failed"
+    assert result.error is boom
+    assert result.value is None
+    assert not result.completed
+    assert not result.skipped
+    assert result.reason is None
+    assert observer.holders(key_of(job)) == set()
+
+
+@pytest.mark.parametrize("target", ["dsn", "conn"])
+def test_session_lock_lost_without_raise_errors(
+    db: str, connect: Connect, observer: Any, target: str
+) -> None:
+    job = new_job()
+    conn = connect() if target == "conn" else None
+    pids: list[int] = []
+
+    def fn(c: psycopg.Connection) -> None:
+        pids.append(c.info.backend_pid)
+        terminate(observer, c.info.backend_pid)
+
+    result = run_job(db if conn is None else conn, job, fn, lifetime="session", raise_errors=False)
+
+    assert result.outcome == "lost"
+    assert not result.completed
+    assert isinstance(result.error, LockLostError)
+    assert result.reason
+    assert result.backend_pid == pids[0]
+    if conn is not None:
+        assert conn.closed
+        assert pgsolo.held_session_locks(conn) == []
+
+
+def test_session_lock_released_behind_pgsolos_back_is_lost(db: str, observer: Any) -> None:
+    job = new_job()
+
+    def fn(conn: psycopg.Connection) -> None:
+        conn.execute("SELECT pg_advisory_unlock_all()")
+
+    result = run_job(db, job, fn, lifetime="session", raise_errors=False)
+
+    assert result.outcome == "lost"
+    assert isinstance(result.error, pgsolo.LockNotHeldError)
+    with pytest.raises(LockLostError):
+        run_job(db, job, fn, lifetime="session")
+
+
+# -- async jobs ----------------------------------------------------------------------------
+
+AConnect = Callable[..., Awaitable[psycopg.AsyncConnection[Any]]]
+BOUND = 10.0  # generous bound for anything that must happen "soon"; never a speed claim
+
+
+def new_async_job() -> str:
+    return f"jobs-async-test:{uuid.uuid4().hex[:16]}"
+
+
+async def aeventually(predicate: Callable[[], Any], what: str) -> Any:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + BOUND
+    while not (value := predicate()):
+        assert loop.time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)
+    return value
+
+
+async def ainsert_work(conn: psycopg.AsyncConnection[Any], job: str, note: str) -> None:
+    await conn.execute(f"INSERT INTO {WORK} (job, note) VALUES (%s, %s)", (job, note))
+
+
+def job_log_records(caplog: pytest.LogCaptureFixture, job: str) -> list[logging.LogRecord]:
+    return [
+        r
+        for r in caplog.records
+        if r.name == "pgsolo"
+        and r.getMessage().startswith("job ")
+        and getattr(r, "pgsolo", {}).get("job") == job
+    ]
+
+
+@pytest.mark.parametrize("lifetime", ["xact", "session"])
+async def test_wait_gets_the_lock_when_the_holder_releases_async(
+    db: str, connect: Connect, observer: Any, lifetime: Lifetime
+) -> None:
+    job = new_async_job()
+    holder = hold(connect, job)
+
+    async def fn(conn: psycopg.AsyncConnection[Any]) -> int:
+        return conn.info.backend_pid
+
+    task = asyncio.create_task(run_job_async(db, job, fn, lifetime=lifetime, wait=10))
+    waiting = await aeventually(lambda: observer.waiters(key_of(job)), "the job to wait")
+    unhold(holder, job)
+    result = await asyncio.wait_for(task, BOUND)
+
+    assert result.outcome == "completed"
+    assert {result.value} == waiting
+    assert observer.holders(key_of(job)) == set()
+
+
+@pytest.mark.parametrize("lifetime", ["xact", "session"])
+async def test_cancelled_run_releases_the_lock_and_rolls_back(
+    db: str, aconnect: AConnect, observer: Any, caplog: pytest.LogCaptureFixture, lifetime: Lifetime
+) -> None:
+    job = new_async_job()
+    conn = await aconnect()
+    started = asyncio.Event()
+    caplog.set_level(logging.INFO, logger="pgsolo")
+
+    async def fn(c: psycopg.AsyncConnection[Any]) -> None:
+        await ainsert_work(c, job, "interrupted")
+        started.set()
+        await asyncio.sleep(BOUND * 3)
+
+    task = asyncio.create_task(run_job_async(conn, job, fn, lifetime=lifetime, period="day"))
+    await asyncio.wait_for(started.wait(), BOUND)
+    assert observer.holders(key_of(job)) == {conn.info.backend_pid}
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, BOUND)
+
+    assert observer.holders(key_of(job)) == set()
+    assert conn.info.transaction_status == IDLE
+    assert pgsolo.held_session_locks(conn) == []
+    assert work_rows(observer, job) == ([] if lifetime == "xact" else ["interrupted"])
+    assert period_rows(observer, job) == []  # an interrupted run does not use up the day
+    assert job_log_records(caplog, job) == []  # not an outcome of the work

@@ -1,0 +1,195 @@
+"""Once per period (``period=``), the tests that only one flavour has: the period comes from
+the database clock in UTC; concurrent runs (threads, or tasks) in one period run the work
+once, and the unique constraint, not the lock, has the last word. The period tests alike
+in both flavours are written once, async, in ``_async/test_periods.py``; scripts/unasync.py
+generates ``_sync/test_periods.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.conninfo import make_conninfo
+
+from _support import (
+    WORK,
+    period_rows,
+    work_rows,
+)
+from pgsolo._types import Lifetime
+from pgsolo.jobs import JobResult, run_job, run_job_async
+
+# -- sync jobs -----------------------------------------------------------------------------
+
+Connect = Callable[..., psycopg.Connection]
+DEADLINE = 10.0  # generous bound for anything that must happen "soon"; never a speed claim
+
+
+def new_job() -> str:
+    """A unique job name; used as the (str) key too, so the job is named after it."""
+    return f"jobs-test:{uuid.uuid4().hex[:16]}"
+
+
+def server_now(observer: Any) -> datetime:
+    row = observer.conn.execute("SELECT clock_timestamp()").fetchone()
+    assert row is not None
+    return row[0]  # type: ignore[no-any-return]
+
+
+def insert_work(conn: psycopg.Connection, job: str, note: str) -> None:
+    conn.execute(f"INSERT INTO {WORK} (job, note) VALUES (%s, %s)", (job, note))
+
+
+@pytest.mark.parametrize(
+    ("period", "expected"),
+    [
+        ("day", "date_trunc('day', completed_at, 'UTC')"),
+        ("week", "date_trunc('week', completed_at, 'UTC')"),
+        ("month", "date_trunc('month', completed_at, 'UTC')"),
+        ("3600 seconds", "date_bin('1 hour', completed_at, timestamptz '1970-01-01 00:00+00')"),
+    ],
+)
+def test_the_period_comes_from_the_database_clock_in_utc(
+    db: str, observer: Any, period: str, expected: str
+) -> None:
+    """The session's time zone is +14h: a period truncated in local time would differ."""
+    job = new_job()
+    far_east = make_conninfo(db, options="-c TimeZone=Pacific/Kiritimati")
+    before = server_now(observer)
+
+    result = run_job(far_east, job, lambda c: None, period=period)
+
+    after = server_now(observer)
+    assert result.outcome == "completed"
+    rows = observer.conn.execute(
+        f"SELECT period_start = {expected}, completed_at, period_start"
+        " FROM pgsolo.job_periods WHERE job = %s AND period = %s",
+        (job, period),
+    ).fetchall()
+    assert len(rows) == 1
+    matches, completed_at, start = rows[0]
+    assert matches, (start, completed_at)
+    assert before <= completed_at <= after  # stamped by the server, during the run
+    assert start <= completed_at
+
+
+@pytest.mark.parametrize("lifetime", ["xact", "session"])
+def test_concurrent_runs_in_one_period_run_the_work_once(
+    db: str, connect: Connect, observer: Any, lifetime: Lifetime
+) -> None:
+    job = new_job()
+    workers = 8
+    conns = [connect() for _ in range(workers)]
+    barrier = threading.Barrier(workers)
+    results: list[JobResult[int] | None] = [None] * workers
+    errors: list[BaseException] = []
+
+    def fn(conn: psycopg.Connection, i: int) -> int:
+        insert_work(conn, job, str(i))
+        time.sleep(0.2)  # widen the window in which the others try; not synchronisation
+        return i
+
+    def runner(i: int) -> None:
+        try:
+            barrier.wait(DEADLINE)
+            results[i] = run_job(conns[i], job, fn, i, period="day", lifetime=lifetime)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=runner, args=(i,), daemon=True) for i in range(workers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(DEADLINE * 3)
+
+    assert not any(t.is_alive() for t in threads)
+    assert errors == []
+    done = [r for r in results if r is not None]
+    assert len(done) == workers
+    outcomes = collections.Counter(r.outcome for r in done)
+    assert outcomes == {"completed": 1, "skipped": workers - 1}
+    assert {r.reason for r in done if r.skipped} <= {"busy", "already-done-this-period"}
+    (winner,) = [r for r in done if r.completed]
+    assert work_rows(observer, job) == [str(winner.value)]  # the work ran exactly once
+    assert len(period_rows(observer, job)) == 1
+
+
+def test_a_session_run_that_loses_the_period_race_says_the_work_ran_twice(
+    db: str, connect: Connect, observer: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    job = new_job()
+    sneak = connect()
+
+    def fn(conn: psycopg.Connection) -> str:
+        insert_work(conn, job, "done")  # autocommit: already committed, cannot be undone
+        sneak.execute(
+            "INSERT INTO pgsolo.job_periods (job, period, period_start)"
+            " VALUES (%s, 'day', date_trunc('day', now(), 'UTC'))",
+            (job,),
+        )
+        return "ran"
+
+    with caplog.at_level(logging.INFO, logger="pgsolo"):
+        result = run_job(db, job, fn, period="day", lifetime="session")
+
+    assert (result.outcome, result.value) == ("completed", "ran")
+    assert work_rows(observer, job) == ["done"]
+    twice = [r for r in caplog.records if "ran twice" in r.getMessage()]
+    assert len(twice) == 1
+    assert twice[0].levelno == logging.ERROR
+    assert job in twice[0].getMessage()
+
+
+# -- async jobs ----------------------------------------------------------------------------
+
+AConnect = Callable[..., Awaitable[psycopg.AsyncConnection[Any]]]
+BOUND = 10.0  # generous bound for anything that must happen "soon"; never a speed claim
+
+
+def new_async_job() -> str:
+    return f"jobs-async-test:{uuid.uuid4().hex[:16]}"
+
+
+async def ainsert_work(conn: psycopg.AsyncConnection[Any], job: str, note: str) -> None:
+    await conn.execute(f"INSERT INTO {WORK} (job, note) VALUES (%s, %s)", (job, note))
+
+
+@pytest.mark.parametrize("lifetime", ["xact", "session"])
+async def test_concurrent_tasks_in_one_period_run_the_work_once(
+    db: str, aconnect: AConnect, observer: Any, lifetime: Lifetime
+) -> None:
+    job = new_async_job()
+    workers = 8
+    conns = [await aconnect() for _ in range(workers)]
+
+    async def fn(conn: psycopg.AsyncConnection[Any], i: int) -> int:
+        await ainsert_work(conn, job, str(i))
+        await asyncio.sleep(0.2)  # widen the window in which the others try
+        return i
+
+    results = await asyncio.wait_for(
+        asyncio.gather(
+            *(
+                run_job_async(conns[i], job, fn, i, period="day", lifetime=lifetime)
+                for i in range(workers)
+            )
+        ),
+        BOUND * 3,
+    )
+
+    outcomes = collections.Counter(r.outcome for r in results)
+    assert outcomes == {"completed": 1, "skipped": workers - 1}
+    assert {r.reason for r in results if r.skipped} <= {"busy", "already-done-this-period"}
+    (winner,) = [r for r in results if r.completed]
+    assert work_rows(observer, job) == [str(winner.value)]
+    assert len(period_rows(observer, job)) == 1

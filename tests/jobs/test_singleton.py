@@ -1,0 +1,162 @@
+"""The ``@singleton`` decorator on sync and async functions: it validates when it decorates,
+its options reach the run, and it falls back on ``PGSOLO_DSN``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+
+from _support import (
+    app_name_of,
+    hold,
+    unhold,
+)
+from pgsolo import InvalidKeyError, UsageError
+from pgsolo.jobs import JobResult, singleton
+
+# -- sync jobs -----------------------------------------------------------------------------
+
+Connect = Callable[..., psycopg.Connection]
+
+IDLE = psycopg.pq.TransactionStatus.IDLE
+INTRANS = psycopg.pq.TransactionStatus.INTRANS
+CLOSED_PORT_DSN = "postgresql://u:p@127.0.0.1:1/db"  # nothing listens: connecting fails
+
+
+class Boom(Exception):
+    """The callable's own failure."""
+
+
+def new_job() -> str:
+    """A unique job name; used as the (str) key too, so the job is named after it."""
+    return f"jobs-test:{uuid.uuid4().hex[:16]}"
+
+
+@pytest.mark.parametrize(
+    ("key", "options", "error"),
+    [
+        (-(2**63) - 1, {}, InvalidKeyError),
+        ("jobs-test:valid", {"lifetime": "forever"}, UsageError),
+        ("jobs-test:valid", {"wait": -1}, UsageError),
+        ("jobs-test:valid", {"period": "fortnight"}, UsageError),
+        ("jobs-test:valid", {"lifetim": "session"}, UsageError),  # a typo is not a kwarg
+    ],
+)
+def test_singleton_validates_when_it_decorates(
+    key: Any, options: dict[str, Any], error: type[Exception]
+) -> None:
+    with pytest.raises(error):
+        singleton(key, dsn=CLOSED_PORT_DSN, **options)
+
+
+def test_singleton_decorates_a_sync_function(db: str, connect: Connect, observer: Any) -> None:
+    job = new_job()
+
+    @singleton(job, dsn=db, period="day")
+    def settle(conn: psycopg.Connection, region: str, *, dry_run: bool) -> tuple[Any, ...]:
+        """Settle one region."""
+        return (
+            conn.info.transaction_status,
+            region,
+            dry_run,
+            app_name_of(observer, conn.info.backend_pid),
+        )
+
+    assert settle.__name__ == "settle"
+    assert settle.__doc__ == "Settle one region."
+    first = settle("eu", dry_run=False)
+    second = settle("eu", dry_run=False)
+
+    assert isinstance(first, JobResult)
+    assert first.outcome == "completed"
+    assert first.value == (INTRANS, "eu", False, f"pgsolo:{job}")
+    assert (second.outcome, second.reason) == ("skipped", "already-done-this-period")
+
+
+def test_singleton_options_reach_the_run(db: str, connect: Connect) -> None:
+    job = new_job()
+
+    @singleton(job, dsn=db, lifetime="session", raise_errors=False, wait=0.2)
+    def flaky(conn: psycopg.Connection) -> None:
+        assert conn.info.transaction_status == IDLE
+        raise Boom("x")
+
+    result = flaky()
+    assert result.outcome == "failed"
+    assert isinstance(result.error, Boom)
+    holder = hold(connect, job)
+    assert (flaky().outcome, flaky().reason) == ("skipped", "busy")
+    unhold(holder, job)
+
+
+def test_singleton_uses_pgsolo_dsn_when_no_dsn_is_given(
+    db: str, observer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = new_job()
+    monkeypatch.delenv("PGSOLO_DSN", raising=False)
+
+    @singleton(job)
+    def report(conn: psycopg.Connection, n: int) -> tuple[str, int]:
+        return conn.info.dbname, n
+
+    monkeypatch.setenv("PGSOLO_DSN", db)  # read when the job runs, not when it is defined
+    monkeypatch.setenv("DATABASE_URL", CLOSED_PORT_DSN)  # PGSOLO_DSN comes first
+    result = report(3)
+
+    assert result.outcome == "completed"
+    assert result.value == (observer.conn.info.dbname, 3)
+
+
+# -- async jobs ----------------------------------------------------------------------------
+
+
+def new_async_job() -> str:
+    return f"jobs-async-test:{uuid.uuid4().hex[:16]}"
+
+
+async def test_singleton_decorates_an_async_function(db: str, observer: Any) -> None:
+    job = new_async_job()
+
+    @singleton(job, dsn=db, period="day")
+    async def settle(
+        conn: psycopg.AsyncConnection[Any], region: str, *, dry_run: bool
+    ) -> tuple[Any, ...]:
+        """Settle one region."""
+        return conn.info.transaction_status, region, dry_run
+
+    assert settle.__name__ == "settle"
+    assert settle.__doc__ == "Settle one region."
+    first = await settle("eu", dry_run=True)
+    second = await settle("eu", dry_run=True)
+
+    assert isinstance(first, JobResult)
+    assert (first.outcome, first.value) == ("completed", (INTRANS, "eu", True))
+    assert (second.outcome, second.reason) == ("skipped", "already-done-this-period")
+
+
+async def test_singleton_uses_pgsolo_dsn_when_no_dsn_is_given_async(
+    db: str, observer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = new_async_job()
+    monkeypatch.delenv("PGSOLO_DSN", raising=False)
+
+    @singleton(job, lifetime="session")
+    async def report(conn: psycopg.AsyncConnection[Any], n: int) -> tuple[str, int, Any]:
+        return conn.info.dbname, n, conn.info.transaction_status
+
+    monkeypatch.setenv("PGSOLO_DSN", db)
+    monkeypatch.setenv("DATABASE_URL", CLOSED_PORT_DSN)
+    result = await report(3)
+
+    assert result.outcome == "completed"
+    assert result.value == (observer.conn.info.dbname, 3, IDLE)
+
+
+def test_singleton_validates_an_async_definition_when_it_decorates() -> None:
+    with pytest.raises(UsageError):
+        singleton("jobs-async-test:valid", dsn=CLOSED_PORT_DSN, lifetime="forever")

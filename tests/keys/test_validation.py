@@ -1,0 +1,209 @@
+"""What is not a key is refused, with an error that is both a ``ValueError`` and a usage
+error: int64 and int32 bounds, pairs that are tuples of exactly two real ints, names
+(empty, NUL, over 1024 UTF-8 bytes, lone surrogates) and namespaces.
+"""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+import pgsolo
+from pgsolo.errors import InvalidKeyError, KeyCollisionError, UsageError
+from pgsolo.keys import (
+    Key,
+    as_key,
+    derive_int32,
+    derive_int64,
+    from_name,
+)
+from pgsolo.sql import name_to_sql
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+
+@pytest.fixture
+def conn(connect) -> psycopg.Connection:
+    return connect()
+
+
+def test_invalid_key_error_is_a_value_error_and_a_usage_error() -> None:
+    assert issubclass(InvalidKeyError, ValueError)
+    assert issubclass(InvalidKeyError, UsageError)
+    assert issubclass(KeyCollisionError, ValueError)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [True, False, 1.0, 3.5, None, b"daily-settlement", bytearray(b"x"), object(), {1: 2}],
+    ids=repr,
+)
+def test_as_key_rejects_values_that_are_not_keys(bad: object) -> None:
+    with pytest.raises(InvalidKeyError):
+        as_key(bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):  # noqa: PT011 - the ValueError contract itself
+        as_key(bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad", [True, False, 1.0, None, b"1"], ids=repr)
+def test_key_constructor_rejects_values_that_are_not_ints(bad: object) -> None:
+    with pytest.raises(InvalidKeyError):
+        Key(bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad", [2**63, -(2**63) - 1, 2**64, -(2**100)])
+def test_int64_out_of_range_is_rejected(bad: int) -> None:
+    with pytest.raises(InvalidKeyError, match="int64"):
+        as_key(bad)
+    with pytest.raises(InvalidKeyError):
+        Key(bad)
+
+
+@pytest.mark.parametrize("good", [INT64_MAX, INT64_MIN, 0, -1, 1])
+def test_int64_boundaries_are_accepted(good: int) -> None:
+    key = as_key(good)
+    assert key.value == good
+    assert not key.is_pair
+
+
+@pytest.mark.parametrize(
+    "pair",
+    [
+        (INT32_MAX + 1, 0),
+        (0, INT32_MAX + 1),
+        (INT32_MIN - 1, 0),
+        (0, INT32_MIN - 1),
+        (2**40, 1),
+    ],
+)
+def test_pair_halves_out_of_int32_range_are_rejected(pair: tuple[int, int]) -> None:
+    with pytest.raises(InvalidKeyError, match="pair"):
+        as_key(pair)
+    with pytest.raises(InvalidKeyError):
+        Key(pair)
+
+
+def test_pair_int32_boundaries_are_accepted() -> None:
+    assert as_key((INT32_MIN, INT32_MAX)).value == (INT32_MIN, INT32_MAX)
+    assert as_key((INT32_MAX, INT32_MIN)).value == (INT32_MAX, INT32_MIN)
+
+
+@pytest.mark.parametrize("bad", [[42, 1001], [1, 2, 3], [], range(2), bytearray(b"ab")], ids=repr)
+def test_a_pair_is_a_tuple_never_a_list_or_other_sequence(bad: object) -> None:
+    """Guards: ``as_key([1, 2])`` was taken as a pair. A pair is a tuple only, and the
+    error says how to pass one."""
+    for make in (as_key, Key):
+        with pytest.raises(InvalidKeyError) as refused:
+            make(bad)  # type: ignore[operator]
+        if not isinstance(bad, bytearray):
+            assert "tuple(value)" in str(refused.value)
+    assert as_key(tuple([42, 1001])).value == (42, 1001)
+
+
+def test_a_list_key_is_refused_before_any_sql(connect, observer) -> None:
+    conn = connect()
+    for attempt in (
+        lambda: pgsolo.session_lock(conn, [42, 1001]),  # type: ignore[call-overload]
+        lambda: pgsolo.xact_lock(conn, [42, 1001]),  # type: ignore[call-overload]
+        lambda: pgsolo.run_job(conn, [42, 1001], lambda c: None),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(InvalidKeyError, match=r"tuple\(value\)"):
+            attempt()
+    row = observer.conn.execute(
+        "SELECT query FROM pg_stat_activity WHERE pid = %s", (conn.info.backend_pid,)
+    ).fetchone()
+    assert row == ("",)  # nothing was ever sent on it
+
+
+@pytest.mark.parametrize("bad", [(1, 2, 3), (1,), ()], ids=repr)
+def test_pair_must_have_exactly_two_parts(bad: object) -> None:
+    with pytest.raises(InvalidKeyError, match="two parts"):
+        as_key(bad)  # type: ignore[arg-type]
+
+
+def test_key_constructor_rejects_three_part_tuple() -> None:
+    with pytest.raises(InvalidKeyError, match="two parts"):
+        Key((1, 2, 3))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "bad", [(True, False), (True, 1), (1, False), (1.0, 2), (1, "2"), (None, 1)], ids=repr
+)
+def test_pair_halves_must_be_real_ints(bad: tuple[object, object]) -> None:
+    with pytest.raises(InvalidKeyError):
+        as_key(bad)  # type: ignore[arg-type]
+    with pytest.raises(InvalidKeyError):
+        Key(bad)  # type: ignore[arg-type]
+
+
+def test_empty_name_is_rejected() -> None:
+    with pytest.raises(InvalidKeyError, match="empty"):
+        as_key("")
+    with pytest.raises(InvalidKeyError):
+        derive_int64("")
+
+
+def test_name_with_nul_is_rejected() -> None:
+    with pytest.raises(InvalidKeyError, match="NUL"):
+        as_key("before\0after")
+    with pytest.raises(InvalidKeyError):
+        derive_int32("\0")
+
+
+def test_name_of_exactly_1024_bytes_is_accepted() -> None:
+    name = "a" * 1024
+    assert as_key(name).value == derive_int64(name)
+
+
+def test_name_over_1024_bytes_is_rejected() -> None:
+    with pytest.raises(InvalidKeyError, match="1024"):
+        as_key("a" * 1025)
+
+
+def test_name_limit_counts_utf8_bytes_not_characters() -> None:
+    # "ü" is two UTF-8 bytes: 512 of them are 1024 bytes, 513 are 1026 bytes.
+    exact = "ü" * 512
+    assert len(exact) == 512
+    assert len(exact.encode("utf-8")) == 1024
+    assert as_key(exact).value == derive_int64(exact)
+
+    over = "ü" * 513
+    assert len(over) < 1024
+    with pytest.raises(InvalidKeyError, match="1026"):
+        as_key(over)
+
+
+def test_name_limit_with_mixed_widths_and_four_byte_characters() -> None:
+    exact = "🔒" * 255 + "abcd"  # 255 * 4 + 4 = 1024 bytes, 259 characters
+    assert len(exact.encode("utf-8")) == 1024
+    assert from_name(exact).name == exact
+    with pytest.raises(InvalidKeyError):
+        from_name(exact + "x")
+
+
+@pytest.mark.parametrize("bad", ["\ud800", "ok\udfffok", "\udc80 trailing"], ids=repr)
+def test_name_with_lone_surrogate_is_rejected(bad: str) -> None:
+    with pytest.raises(InvalidKeyError, match="Unicode"):
+        as_key(bad)
+    with pytest.raises(InvalidKeyError):
+        name_to_sql(bad)
+
+
+def test_key_name_is_validated_too() -> None:
+    with pytest.raises(InvalidKeyError):
+        Key(1, "")
+    with pytest.raises(InvalidKeyError):
+        Key(1, "\0")
+
+
+@pytest.mark.parametrize("numeric", [5, -5, (42, 1001), [42, 1001]], ids=repr)
+def test_namespace_with_a_numeric_key_is_rejected(numeric: object) -> None:
+    with pytest.raises(InvalidKeyError, match="namespace"):
+        as_key(numeric, namespace=42)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("namespace", [True, 1.5, INT32_MAX + 1, INT32_MIN - 1])
+def test_bad_namespace_for_a_name_is_rejected(namespace: object) -> None:
+    with pytest.raises(InvalidKeyError, match="namespace"):
+        as_key("daily-settlement", namespace=namespace)  # type: ignore[arg-type]

@@ -1,0 +1,215 @@
+"""xact_lock on an async connection, the tests that read the same in both flavours.
+
+Exceptions and database errors in the block roll the work back and release the lock, a
+connection with autocommit off (psycopg's implicit transaction) is left idle, a plain
+acquire needs a transaction, and nested blocks join the outer transaction. What is
+asserted is what ``pg_locks`` says through the ``observer`` session. Written once, under
+``_async/``: scripts/unasync.py writes the twin under ``_sync/``. The tests of one flavour
+only (the article's scenario, raw SQL alongside) are in ``tests/locking/test_xact.py``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import pq
+from psycopg import sql as pgsql
+
+import pgsolo
+from pgsolo import ConnectionStateError, Key, TransactionFailedError
+
+AConnect = Callable[..., Awaitable[psycopg.AsyncConnection[Any]]]
+
+IDLE = psycopg.pq.TransactionStatus.IDLE
+INTRANS = psycopg.pq.TransactionStatus.INTRANS
+
+
+class JobFailedError(Exception):
+    pass
+
+
+def pid_of(conn: psycopg.AsyncConnection[Any]) -> int:
+    return conn.info.backend_pid
+
+
+def backend_state(observer: Any, pid: int) -> tuple[str | None, str | None] | None:
+    """(state, query) of a backend in pg_stat_activity, or None when it is gone."""
+    row = observer.conn.execute(
+        "SELECT state, query FROM pg_stat_activity WHERE pid = %s", (pid,)
+    ).fetchone()
+    return (row[0], row[1]) if row else None
+
+
+@pytest.fixture
+def table(observer: Any) -> Iterator[str]:
+    """A real (not temporary) table, so the observer session can see what was committed."""
+    name = f"pgsolo_work_{uuid.uuid4().hex[:12]}"
+    observer.conn.execute(
+        pgsql.SQL("CREATE TABLE {} (note text NOT NULL)").format(pgsql.Identifier(name))
+    )
+    yield name
+    observer.conn.execute(pgsql.SQL("DROP TABLE IF EXISTS {}").format(pgsql.Identifier(name)))
+
+
+async def insert_note(conn: psycopg.AsyncConnection[Any], table: str, note: str) -> None:
+    await conn.execute(
+        pgsql.SQL("INSERT INTO {} VALUES (%s)").format(pgsql.Identifier(table)), (note,)
+    )
+
+
+def notes(observer: Any, table: str) -> list[str]:
+    rows = observer.conn.execute(
+        pgsql.SQL("SELECT note FROM {} ORDER BY note").format(pgsql.Identifier(table))
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def second_key(key: Key) -> Key:
+    assert isinstance(key.value, tuple)
+    return Key((key.value[0], key.value[1] + 500_000))
+
+
+async def assert_clean(conn: psycopg.AsyncConnection[Any], observer: Any) -> None:
+    """The connection holds and waits for nothing, is IDLE (not ACTIVE, not idle in
+    transaction), and still answers queries."""
+    pid = pid_of(conn)
+    assert not conn.closed
+    assert not conn.broken
+    assert conn.info.transaction_status is pq.TransactionStatus.IDLE
+    assert observer.advisory(pid=pid) == set()
+    assert observer.advisory(pid=pid, granted=False) == set()
+    assert pgsolo.held_session_locks(conn) == []
+    cur = await conn.execute("SELECT 42")
+    assert await cur.fetchone() == (42,)
+    if not conn.autocommit:
+        await conn.rollback()
+    assert conn.info.transaction_status is pq.TransactionStatus.IDLE
+
+
+# -- rollback and exceptions ------------------------------------------------------------
+
+
+async def test_exception_in_xact_block_rolls_back_and_releases(
+    aconnect: AConnect, observer: Any, key: Key, table: str
+) -> None:
+    conn, other = await aconnect(), await aconnect()
+
+    # The happy path commits, so the row check below can tell a rollback from a no-op.
+    async with pgsolo.xact_lock(conn, key) as lock:
+        assert lock.acquired
+        await insert_note(conn, table, "committed")
+    assert notes(observer, table) == ["committed"]
+
+    failure = JobFailedError("the job broke")
+
+    async def job() -> None:
+        async with pgsolo.xact_lock(conn, key) as lock:
+            assert lock.acquired
+            await insert_note(conn, table, "rolled back")
+            assert observer.holders(key) == {pid_of(conn)}
+            raise failure
+
+    with pytest.raises(JobFailedError) as raised:
+        await job()
+    assert raised.value is failure
+    assert notes(observer, table) == ["committed"]
+    assert observer.holders(key) == set()
+    assert conn.info.transaction_status is psycopg.pq.TransactionStatus.IDLE
+    await assert_clean(conn, observer)
+    async with pgsolo.xact_lock(other, key) as lock:
+        assert lock.acquired is True
+
+
+async def test_caught_database_error_in_xact_block_commits_nothing(
+    aconnect: AConnect, observer: Any, key: Key, table: str
+) -> None:
+    conn = await aconnect()
+
+    async def job() -> None:
+        async with pgsolo.xact_lock(conn, key) as lock:
+            assert lock.acquired
+            await insert_note(conn, table, "must not commit")
+            with pytest.raises(psycopg.errors.DivisionByZero):
+                await conn.execute("SELECT 1/0")  # caught here, and not re-raised
+
+    with pytest.raises(TransactionFailedError, match="rolled back"):
+        await job()
+    assert notes(observer, table) == []
+    assert observer.holders(key) == set()
+    assert conn.info.transaction_status is psycopg.pq.TransactionStatus.IDLE
+    await assert_clean(conn, observer)
+
+
+# -- autocommit=False connections -------------------------------------------------------
+
+
+async def test_xact_context_on_non_autocommit_connection(
+    aconnect: AConnect, observer: Any, key: Key
+) -> None:
+    conn = await aconnect(autocommit=False)
+    assert conn.info.transaction_status is IDLE
+    async with pgsolo.xact_lock(conn, key) as lock:
+        assert lock.acquired
+        assert conn.info.transaction_status is INTRANS
+        assert observer.holders(key) == {pid_of(conn)}
+    assert conn.info.transaction_status is IDLE
+    assert observer.holders(key) == set()
+    assert backend_state(observer, pid_of(conn))[0] == "idle"  # type: ignore[index]
+    await assert_clean(conn, observer)
+    # A busy try on the same kind of connection ends idle too.
+    other = await aconnect()
+    async with pgsolo.session_lock(other, key):
+        async with pgsolo.xact_lock(conn, key) as lock:
+            assert lock.acquired is False
+        assert conn.info.transaction_status is IDLE
+
+
+async def test_xact_plain_acquire_on_non_autocommit_connection(
+    aconnect: AConnect, observer: Any, key: Key
+) -> None:
+    # Without a transaction (autocommit, idle) a plain acquire is refused...
+    autocommit = await aconnect()
+    with pytest.raises(ConnectionStateError):
+        await pgsolo.xact_lock(autocommit, key).acquire()
+    await assert_clean(autocommit, observer)
+
+    # ...with autocommit off it takes the lock in psycopg's implicit transaction.
+    conn = await aconnect(autocommit=False)
+    lock = pgsolo.xact_lock(conn, key)
+    assert await lock.acquire() is True
+    assert conn.info.transaction_status is INTRANS
+    assert observer.holders(key) == {pid_of(conn)}
+    await conn.commit()
+    assert observer.holders(key) == set()
+    assert conn.info.transaction_status is IDLE
+
+
+# -- nested blocks ----------------------------------------------------------------------
+
+
+async def test_nested_xact_blocks_join_the_outer_transaction(
+    aconnect: AConnect, observer: Any, key: Key
+) -> None:
+    """The other side of refusing another thread's or task's xact block on a shared
+    connection: nested blocks in one thread or task are not refused; the inner one joins
+    the outer transaction and its lock lasts until that ends."""
+    conn = await aconnect()
+    pid = pid_of(conn)
+    inner_key = second_key(key)
+    async with pgsolo.xact_lock(conn, key) as outer:
+        assert outer.acquired
+        async with pgsolo.xact_lock(conn, inner_key) as inner:
+            assert inner.acquired
+            assert observer.holders(key) == {pid}
+            assert observer.holders(inner_key) == {pid}
+        # The inner block joined the outer transaction: its lock lasts until that ends.
+        assert conn.info.transaction_status is INTRANS
+        assert observer.holders(inner_key) == {pid}
+    assert conn.info.transaction_status is IDLE
+    assert observer.holders(key) == set()
+    assert observer.holders(inner_key) == set()
+    await assert_clean(conn, observer)

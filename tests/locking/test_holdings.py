@@ -1,0 +1,492 @@
+"""One connection shared by threads or tasks: pgsolo's book of what each connection holds.
+
+PostgreSQL grants a key again to the session that holds it; pgsolo refuses a second
+holder on the same connection (busy, or "already held on this connection"), keeps a
+transaction it opened to the thread or task that opened it, and never lets a session
+lock ride on an xact claim.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import pq
+
+import pgsolo
+from _support import eventually
+from pgsolo import (
+    ConnectionStateError,
+    Key,
+    LockNotHeldError,
+    LockTimeoutError,
+    LockUnavailableError,
+)
+
+# -- sync connections ----------------------------------------------------------------------
+
+Connect = Callable[..., psycopg.Connection]
+
+IDLE = psycopg.pq.TransactionStatus.IDLE
+DEADLINE = 10.0  # generous bound for anything that must happen "soon"; never a speed claim
+
+
+def pid_of(conn: psycopg.Connection) -> int:
+    return conn.info.backend_pid
+
+
+def backend_state(observer: Any, pid: int) -> tuple[str | None, str | None] | None:
+    """(state, query) of a backend in pg_stat_activity, or None when it is gone."""
+    row = observer.conn.execute(
+        "SELECT state, query FROM pg_stat_activity WHERE pid = %s", (pid,)
+    ).fetchone()
+    return (row[0], row[1]) if row else None
+
+
+def run_threads(targets: list[Callable[[], None]], timeout: float = 30.0) -> list[BaseException]:
+    """Run each target in its own thread; join with a bound; return what they raised."""
+    errors: list[BaseException] = []
+    guard = threading.Lock()
+
+    def wrap(target: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                target()
+            except BaseException as exc:
+                with guard:
+                    errors.append(exc)
+
+        return run
+
+    threads = [threading.Thread(target=wrap(t), daemon=True) for t in targets]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + timeout
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    stuck = [t for t in threads if t.is_alive()]
+    assert not stuck, f"{len(stuck)} thread(s) still running after {timeout}s"
+    return errors
+
+
+class Critical:
+    """Counts who is inside; every entry checks it is alone."""
+
+    def __init__(self) -> None:
+        self.guard = threading.Lock()
+        self.inside = 0
+        self.max_inside = 0
+        self.entries = 0
+
+    def enter(self) -> None:
+        with self.guard:
+            self.inside += 1
+            self.entries += 1
+            self.max_inside = max(self.max_inside, self.inside)
+            alone = self.inside == 1
+        try:
+            assert alone, "two holders inside the critical section at once"
+            time.sleep(0.002)
+        finally:
+            with self.guard:
+                self.inside -= 1
+
+
+def test_second_thread_on_same_connection_is_refused(
+    connect: Connect, observer: Any, key: Key
+) -> None:
+    conn = connect()
+    held = threading.Event()
+    finish = threading.Event()
+    first: dict[str, object] = {}
+
+    def first_thread() -> None:
+        lock = pgsolo.session_lock(conn, key)
+        first["acquired"] = lock.acquire()
+        held.set()
+        assert finish.wait(DEADLINE)
+        lock.release()
+
+    thread = threading.Thread(target=first_thread, daemon=True)
+    thread.start()
+    try:
+        assert held.wait(DEADLINE)
+        assert first["acquired"] is True
+        assert observer.holders(key) == {pid_of(conn)}
+
+        # PostgreSQL itself would grant the key again to this session...
+        k1, k2 = key.value  # type: ignore[misc]
+        assert conn.execute("SELECT pg_try_advisory_lock(%s, %s)", (k1, k2)).fetchone() == (True,)
+        assert conn.execute("SELECT pg_advisory_unlock(%s, %s)", (k1, k2)).fetchone() == (True,)
+        # ...but pgsolo refuses a second holder on the same connection.
+        second = pgsolo.session_lock(conn, key)
+        assert second.acquire() is False
+        assert second.acquired is False
+        with pytest.raises(LockUnavailableError) as raised:
+            pgsolo.session_lock(conn, key, wait=5).acquire()
+        assert not isinstance(raised.value, LockTimeoutError)
+        assert raised.value.key == key
+        assert "already held on this connection" in str(raised.value)
+        with pgsolo.session_lock(conn, key) as lock:
+            assert lock.acquired is False
+        # The first thread's hold is untouched.
+        assert observer.holders(key) == {pid_of(conn)}
+        assert pgsolo.held_session_locks(conn) == [key]
+    finally:
+        finish.set()
+        thread.join(DEADLINE)
+    assert not thread.is_alive()
+    assert observer.holders(key) == set()
+    assert pgsolo.held_session_locks(conn) == []
+
+
+def test_busy_answer_while_the_holder_runs_statements_on_the_shared_connection(
+    connect: Connect, observer: Any, key: Key
+) -> None:
+    """The holder's work keeps the connection busy; a second thread still gets "busy"."""
+    conn = connect()
+    pid = pid_of(conn)
+    held = threading.Event()
+
+    def holder() -> None:
+        with pgsolo.session_lock(conn, key) as lock:
+            assert lock.acquired
+            held.set()
+            with contextlib.suppress(psycopg.errors.QueryCanceled):
+                conn.execute("SELECT pg_sleep(60)")  # the protected work, until cancelled
+
+    thread = threading.Thread(target=holder, daemon=True)
+    thread.start()
+    try:
+        assert held.wait(DEADLINE)
+        eventually(
+            lambda: (backend_state(observer, pid) or ("", ""))[0] == "active",
+            "the holder's statement to run",
+        )
+        assert conn.info.transaction_status is psycopg.pq.TransactionStatus.ACTIVE
+        assert pgsolo.session_lock(conn, key).acquire() is False
+        with pytest.raises(LockUnavailableError) as raised:
+            pgsolo.session_lock(conn, key, wait=5).acquire()
+        assert not isinstance(raised.value, LockTimeoutError)
+        assert observer.holders(key) == {pid}
+        assert conn.info.transaction_status is psycopg.pq.TransactionStatus.ACTIVE
+    finally:
+        observer.conn.execute("SELECT pg_cancel_backend(%s)", (pid,))
+        thread.join(DEADLINE)
+    assert not thread.is_alive()
+    assert observer.holders(key) == set()
+
+
+def test_threads_sharing_one_connection_never_hold_together(
+    connect: Connect, observer: Any, key: Key
+) -> None:
+    conn = connect()
+    n_threads = 4
+    start = threading.Barrier(n_threads)
+    critical = Critical()
+    in_flight: list[ConnectionStateError] = []
+
+    def worker() -> None:
+        start.wait(DEADLINE)
+        for _ in range(15):
+            try:
+                with pgsolo.session_lock(conn, key) as lock:
+                    if lock.acquired:
+                        critical.enter()
+            except ConnectionStateError as exc:
+                # A new attempt that meets another thread's unlock on the wire is refused
+                # rather than guessed at; it holds nothing.
+                in_flight.append(exc)
+
+    assert run_threads([worker] * n_threads) == []
+    assert critical.max_inside == 1
+    assert critical.entries >= 1
+    assert all("running another statement" in str(e) for e in in_flight)
+    assert observer.holders(key) == set()
+    assert pgsolo.held_session_locks(conn) == []
+
+
+def test_threads_sharing_one_connection_cannot_both_enter_an_xact_block(
+    connect: Connect, observer: Any, key: Key
+) -> None:
+    """A transaction pgsolo opened is tracked like a session lock: a second thread on the
+    same connection would otherwise join it and PostgreSQL would grant the key again."""
+    conn = connect()
+    with pgsolo.xact_lock(conn, key) as first:
+        assert first.acquired
+        outcome: list[object] = []
+
+        def second() -> None:
+            try:
+                outcome.append(pgsolo.xact_lock(conn, key).acquire())
+            except pgsolo.PgsoloError as exc:
+                outcome.append(exc)
+            try:
+                with pgsolo.xact_lock(conn, key, wait=5):
+                    outcome.append("entered")
+            except pgsolo.LockUnavailableError as exc:
+                outcome.append(exc)
+
+        worker = threading.Thread(target=second)
+        worker.start()
+        worker.join(30)
+        assert not worker.is_alive()
+    assert outcome[0] is False
+    assert isinstance(outcome[1], pgsolo.LockUnavailableError)
+    assert "already held on this connection" in str(outcome[1])
+    assert observer.holders(key) == set()
+    # Once the block is over the key is free for the connection again.
+    with pgsolo.xact_lock(conn, key) as again:
+        assert again.acquired
+
+
+def second_key(key: Key) -> Key:
+    assert isinstance(key.value, tuple)
+    return Key((key.value[0], key.value[1] + 500_000))
+
+
+def test_reentrant_session_lock_does_not_ride_on_an_xact_claim(
+    connect: Connect, observer: Any, key: Key
+) -> None:
+    """A key taken by xact_lock is not a session hold: "re-entering" it as a session lock
+    would send no SQL and leave a session lock that vanishes at COMMIT."""
+    conn = connect()
+    pid = pid_of(conn)
+    with pgsolo.xact_lock(conn, key) as xact:
+        assert xact.acquired
+        session = pgsolo.session_lock(conn, key, reentrant=True)
+        assert session.acquire() is False  # busy: held by this connection, not re-entered
+        assert session.acquired is False
+        with pytest.raises(LockUnavailableError) as raised:
+            pgsolo.session_lock(conn, key, reentrant=True, wait=5).acquire()
+        assert "already held on this connection" in str(raised.value)
+        assert pgsolo.held_session_locks(conn) == []
+        assert observer.holders(key) == {pid}
+    assert observer.holders(key) == set()
+    assert pgsolo.held_session_locks(conn) == []
+    with pytest.raises(LockNotHeldError):
+        session.release()
+    # The key is free again, for this connection as a session lock too.
+    again = pgsolo.session_lock(conn, key, reentrant=True)
+    assert again.acquire() is True
+    assert observer.holders(key) == {pid}
+    again.release()
+    assert observer.holders(key) == set()
+    assert pgsolo.held_session_locks(conn) == []
+
+
+def test_second_thread_cannot_join_an_xact_block_for_another_key(
+    connect: Connect, observer: Any, key: Key
+) -> None:
+    """Thread A is inside ``with xact_lock(conn, k1)`` (pgsolo opened the transaction);
+    thread B's ``with xact_lock(conn, k2)`` would join A's transaction and be committed
+    by A: refused. A's block then ends normally."""
+    conn = connect()
+    pid = pid_of(conn)
+    key2 = second_key(key)
+    inside = threading.Event()
+    finish = threading.Event()
+    seen: dict[str, object] = {}
+
+    def thread_a() -> None:
+        with pgsolo.xact_lock(conn, key) as lock:
+            seen["a_acquired"] = lock.acquired
+            inside.set()
+            assert finish.wait(DEADLINE)
+            seen["a_select"] = conn.execute("SELECT 1").fetchone()
+        seen["a_status"] = conn.info.transaction_status
+
+    def thread_b() -> None:
+        assert inside.wait(DEADLINE)
+        try:
+            try:
+                with pgsolo.xact_lock(conn, key2) as lock:
+                    seen["b_entered"] = lock.acquired
+            except ConnectionStateError as exc:
+                seen["b_context"] = exc
+            seen["b_holders"] = observer.holders(key2)
+            try:
+                seen["b_plain"] = pgsolo.xact_lock(conn, key2).acquire()
+            except ConnectionStateError as exc:
+                seen["b_plain"] = exc
+        finally:
+            finish.set()
+
+    assert run_threads([thread_a, thread_b]) == []
+    assert seen["a_acquired"] is True
+    assert "b_entered" not in seen
+    assert isinstance(seen["b_context"], ConnectionStateError)
+    assert "another thread or task" in str(seen["b_context"])
+    assert isinstance(seen["b_plain"], ConnectionStateError)
+    assert seen["b_holders"] == set()
+    assert seen["a_select"] == (1,)
+    assert seen["a_status"] is IDLE
+    assert observer.holders(key) == set()
+    assert observer.holders(key2) == set()
+    assert observer.advisory(pid=pid) == set()
+    # Once A's block is over, the connection is free for any thread.
+    with pgsolo.xact_lock(conn, key2) as lock:
+        assert lock.acquired
+
+
+# -- async connections ---------------------------------------------------------------------
+
+AConnect = Callable[..., Awaitable[psycopg.AsyncConnection[Any]]]
+
+BOUND = 10.0  # seconds: an upper bound for things that should take milliseconds
+
+
+async def assert_clean(conn: psycopg.AsyncConnection[Any], observer: Any) -> None:
+    """The connection holds and waits for nothing, is IDLE (not ACTIVE, not idle in
+    transaction), and still answers queries."""
+    pid = pid_of(conn)
+    assert not conn.closed
+    assert not conn.broken
+    assert conn.info.transaction_status is pq.TransactionStatus.IDLE
+    assert observer.advisory(pid=pid) == set()
+    assert observer.advisory(pid=pid, granted=False) == set()
+    assert pgsolo.held_session_locks(conn) == []
+    cur = await conn.execute("SELECT 42")
+    assert await cur.fetchone() == (42,)
+    if not conn.autocommit:
+        await conn.rollback()
+    assert conn.info.transaction_status is pq.TransactionStatus.IDLE
+
+
+async def test_tasks_sharing_one_connection_try_and_wait(
+    aconnect: AConnect, observer: Any, key: Key
+) -> None:
+    conn = await aconnect()
+    first, second = pgsolo.session_lock(conn, key), pgsolo.session_lock(conn, key)
+    # Both start together; PostgreSQL would grant the key twice to one session.
+    results = await asyncio.gather(first.acquire(), second.acquire())
+    assert results == [True, False]
+    assert observer.holders(key) == {pid_of(conn)}
+
+    with pytest.raises(pgsolo.LockUnavailableError) as caught:
+        await asyncio.wait_for(pgsolo.session_lock(conn, key, wait=30).acquire(), BOUND)
+    assert not isinstance(caught.value, pgsolo.LockTimeoutError)
+    assert caught.value.key == key
+    assert "already held on this connection" in str(caught.value)
+
+    await first.release()
+    assert observer.holders(key) == set()
+    await assert_clean(conn, observer)
+
+
+async def test_tasks_sharing_one_connection_concurrent_blocks(
+    aconnect: AConnect, observer: Any, key: Key
+) -> None:
+    conn = await aconnect()
+    inside: list[int] = []
+
+    async def job(i: int) -> None:
+        async with pgsolo.session_lock(conn, key, wait=30):
+            inside.append(i)
+            await asyncio.sleep(0.05)
+            assert observer.holders(key) == {pid_of(conn)}
+
+    outcomes = await asyncio.wait_for(asyncio.gather(job(1), job(2), return_exceptions=True), BOUND)
+    assert len(inside) == 1
+    errors = [o for o in outcomes if o is not None]
+    assert len(errors) == 1
+    assert isinstance(errors[0], pgsolo.LockUnavailableError)
+    await assert_clean(conn, observer)
+
+
+@pytest.mark.parametrize("wait", [None, 5], ids=["try", "wait"])
+async def test_tasks_sharing_one_connection_xact_blocks_exclude_each_other(
+    aconnect: AConnect, observer: Any, key: Key, wait: float | None
+) -> None:
+    conn = await aconnect()
+    inside = 0
+    most_inside = 0
+
+    async def job() -> None:
+        nonlocal inside, most_inside
+        with contextlib.suppress(pgsolo.LockUnavailableError):
+            async with pgsolo.xact_lock(conn, key, wait=wait) as lock:
+                if lock.acquired:
+                    inside += 1
+                    most_inside = max(most_inside, inside)
+                    await asyncio.sleep(0.05)
+                    inside -= 1
+
+    await asyncio.wait_for(asyncio.gather(job(), job()), BOUND)
+    assert most_inside == 1
+
+
+async def test_reentrant_needs_the_first_acquisition_to_have_completed(
+    aconnect: AConnect, observer: Any, key: Key
+) -> None:
+    conn = await aconnect()
+    first = pgsolo.session_lock(conn, key, reentrant=True)
+    second = pgsolo.session_lock(conn, key, reentrant=True)
+    # The second starts while the first is still on its way to the server.
+    assert await asyncio.gather(first.acquire(), second.acquire()) == [True, False]
+    assert observer.holders(key) == {pid_of(conn)}
+    await first.release()
+    assert observer.holders(key) == set()
+    await assert_clean(conn, observer)
+
+
+def other_key(key: Key) -> Key:
+    assert isinstance(key.value, tuple)
+    return Key((key.value[0], key.value[1] + 500_000))
+
+
+async def test_second_task_cannot_join_an_xact_block_for_another_key(
+    aconnect: AConnect, observer: Any, key: Key
+) -> None:
+    """Task A is inside ``async with xact_lock(ac, k1)`` (pgsolo opened the transaction);
+    task B's ``xact_lock(ac, k2)`` would join A's transaction (and be committed by A):
+    refused. A's block then ends normally."""
+    conn = await aconnect()
+    pid = pid_of(conn)
+    key2 = other_key(key)
+    inside, finish_a = asyncio.Event(), asyncio.Event()
+    seen: dict[str, Any] = {}
+
+    async def task_a() -> None:
+        async with pgsolo.xact_lock(conn, key) as lock:
+            seen["a_acquired"] = lock.acquired
+            inside.set()
+            await asyncio.wait_for(finish_a.wait(), BOUND)
+            cur = await conn.execute("SELECT 1")
+            seen["a_select"] = await cur.fetchone()
+        seen["a_status"] = conn.info.transaction_status
+
+    async def task_b() -> None:
+        await asyncio.wait_for(inside.wait(), BOUND)
+        try:
+            with pytest.raises(pgsolo.ConnectionStateError) as raised:
+                async with pgsolo.xact_lock(conn, key2):
+                    seen["b_entered"] = True
+            seen["b_context"] = raised.value
+            seen["b_holders"] = observer.holders(key2)
+            with pytest.raises(pgsolo.ConnectionStateError):
+                await pgsolo.xact_lock(conn, key2).acquire()
+        finally:
+            finish_a.set()
+
+    await asyncio.wait_for(asyncio.gather(task_a(), task_b()), BOUND * 2)
+    assert seen["a_acquired"] is True
+    assert "b_entered" not in seen
+    assert "another thread or task" in str(seen["b_context"])
+    assert seen["b_holders"] == set()
+    assert seen["a_select"] == (1,)
+    assert seen["a_status"] is pq.TransactionStatus.IDLE
+    assert observer.holders(key) == set()
+    assert observer.holders(key2) == set()
+    await assert_clean(conn, observer)
+    # Once A's block is over, any task may open one.
+    async with pgsolo.xact_lock(conn, key2) as lock:
+        assert lock.acquired
+        assert observer.holders(key2) == {pid}
+    await assert_clean(conn, observer)

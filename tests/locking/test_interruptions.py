@@ -1,0 +1,388 @@
+"""Ctrl-C (KeyboardInterrupt) during an acquisition or a release: a real SIGINT to a child
+process waiting for a lock, and interruptions aimed at precise round trips. Whatever the
+moment, no lock is left behind, nothing stays claimed, and the caller's transaction stays
+usable. (Task cancellation, the async counterpart, is in ``test_cancellation.py``.)
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql as pgsql
+
+import pgsolo
+from _support import eventually
+from pgsolo import (
+    Key,
+    LockNotHeldError,
+)
+from pgsolo.drivers._sync.psycopg_driver import PsycopgDriver
+from pgsolo.sql import lock_function
+
+Connect = Callable[..., psycopg.Connection]
+
+IDLE = psycopg.pq.TransactionStatus.IDLE
+INTRANS = psycopg.pq.TransactionStatus.INTRANS
+
+
+def pid_of(conn: psycopg.Connection) -> int:
+    return conn.info.backend_pid
+
+
+def backend_state(observer: Any, pid: int) -> tuple[str | None, str | None] | None:
+    """(state, query) of a backend in pg_stat_activity, or None when it is gone."""
+    row = observer.conn.execute(
+        "SELECT state, query FROM pg_stat_activity WHERE pid = %s", (pid,)
+    ).fetchone()
+    return (row[0], row[1]) if row else None
+
+
+class Child:
+    """A child Python process whose stdout lines are read with a deadline."""
+
+    def __init__(self, script: str, *args: object) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", script, *map(str, args)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.stderr: list[str] = []
+        threading.Thread(target=self._pump, daemon=True).start()
+        threading.Thread(target=self._pump_err, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put(None)
+
+    def _pump_err(self) -> None:
+        assert self.proc.stderr is not None
+        self.stderr.extend(self.proc.stderr)
+
+    def readline(self, timeout: float = 20.0) -> str:
+        try:
+            line = self.lines.get(timeout=timeout)
+        except queue.Empty:
+            pytest.fail(f"child printed nothing for {timeout}s; stderr: {''.join(self.stderr)}")
+        if line is None:
+            self.proc.wait(5)
+            pytest.fail(
+                f"child exited ({self.proc.returncode}) early; stderr: {''.join(self.stderr)}"
+            )
+        return line
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+
+
+@pytest.fixture
+def children() -> Iterator[Callable[..., Child]]:
+    started: list[Child] = []
+
+    def start(script: str, *args: object) -> Child:
+        child = Child(script, *args)
+        started.append(child)
+        return child
+
+    yield start
+    for child in started:
+        child.kill()
+
+
+@pytest.fixture
+def table(observer: Any) -> Iterator[str]:
+    """A real (not temporary) table, so the observer session can see what was committed."""
+    name = f"pgsolo_work_{uuid.uuid4().hex[:12]}"
+    observer.conn.execute(
+        pgsql.SQL("CREATE TABLE {} (note text NOT NULL)").format(pgsql.Identifier(name))
+    )
+    yield name
+    observer.conn.execute(pgsql.SQL("DROP TABLE IF EXISTS {}").format(pgsql.Identifier(name)))
+
+
+def insert_note(conn: psycopg.Connection, table: str, note: str) -> None:
+    conn.execute(pgsql.SQL("INSERT INTO {} VALUES (%s)").format(pgsql.Identifier(table)), (note,))
+
+
+def notes(observer: Any, table: str) -> list[str]:
+    rows = observer.conn.execute(
+        pgsql.SQL("SELECT note FROM {} ORDER BY note").format(pgsql.Identifier(table))
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+CHILD_INTERRUPTED_WAIT = r"""
+import json, signal, sys, time
+import psycopg
+import pgsolo
+
+# Python's own default; a child started from a non-interactive shell may inherit SIG_IGN.
+signal.signal(signal.SIGINT, signal.default_int_handler)
+dsn, a, b = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+conn = psycopg.connect(dsn, autocommit=True)
+print("pid", conn.info.backend_pid, flush=True)
+try:
+    pgsolo.session_lock(conn, (a, b), wait=30).acquire()
+    print(json.dumps({"outcome": "acquired"}), flush=True)
+except KeyboardInterrupt:
+    rows = conn.execute(
+        "SELECT classid::bigint, objid::bigint, objsubid, mode FROM pg_locks"
+        " WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
+    ).fetchall()
+    print(json.dumps({
+        "outcome": "interrupted",
+        "pid": conn.info.backend_pid,
+        "locks": rows,
+        "status": conn.info.transaction_status.name,
+        "tracked": [k.text for k in pgsolo.held_session_locks(conn)],
+    }), flush=True)
+time.sleep(120)
+"""
+
+
+def test_interrupted_wait_leaves_no_lock(
+    connect: Connect, observer: Any, key: Key, dsn: str, children: Callable[..., Child]
+) -> None:
+    holder = connect()
+    holding = pgsolo.session_lock(holder, key)
+    assert holding.acquire() is True
+    assert isinstance(key.value, tuple)
+    child = children(CHILD_INTERRUPTED_WAIT, dsn, *key.value)
+    word, child_backend = child.readline().split()
+    assert word == "pid"
+    backend = int(child_backend)
+    eventually(lambda: backend in observer.waiters(key), "the child to wait for the lock")
+
+    child.proc.send_signal(signal.SIGINT)
+    report = json.loads(child.readline())
+    assert report["outcome"] == "interrupted"
+    assert report["pid"] == backend
+    assert report["locks"] == []
+    assert report["status"] == "IDLE"
+    assert report["tracked"] == []
+    assert observer.waiters(key) == set()
+
+    holding.release()
+    assert backend_state(observer, backend) is not None  # still connected...
+    assert observer.advisory(pid=backend) == set()  # ...and holding nothing
+    assert observer.advisory(pid=backend, granted=False) == set()
+    assert observer.holders(key) == set()
+
+
+# KeyboardInterrupt can land at any bytecode, e.g. right after the server answered and
+# before pgsolo looked at the answer. A real SIGINT cannot be aimed that precisely, so
+# these tests wrap the driver's ``fetch_value`` to raise KeyboardInterrupt exactly there.
+# That injects an *interruption*, not a fake database: every statement still runs on the
+# real server (or, for "instead", is not sent at all, as when Ctrl-C comes first), and
+# what is asserted is what pg_locks says. Each rule fires once, only for statements that
+# contain the given text, and only after the rules before it have fired.
+
+
+class Interrupter:
+    """Raise KeyboardInterrupt around chosen round trips of pgsolo's psycopg driver."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.pending: list[tuple[str, str]] = []  # (text in a statement, "instead"/"after")
+        self.fired: list[str] = []
+        original = PsycopgDriver.fetch_value
+
+        def fetch_value(driver: PsycopgDriver, statements: Any, wait: float = 0.0) -> object:
+            when = self._take(statements)
+            if when == "instead":
+                raise KeyboardInterrupt
+            value = original(driver, statements, wait)
+            if when == "after":
+                raise KeyboardInterrupt
+            return value
+
+        monkeypatch.setattr(PsycopgDriver, "fetch_value", fetch_value)
+
+    def _take(self, statements: Any) -> str | None:
+        if not self.pending:
+            return None
+        needle, when = self.pending[0]
+        if not any(needle in statement for statement in statements):
+            return None
+        self.pending.pop(0)
+        self.fired.append(needle)
+        return when
+
+    def once(self, needle: str, when: str) -> Interrupter:
+        assert when in ("instead", "after")
+        self.pending.append((needle, when))
+        return self
+
+    def assert_all_fired(self) -> None:
+        assert self.pending == [], f"these interruptions never happened: {self.pending}"
+
+
+def lock_call(key: Key, *, wait: bool, unlock: bool = False) -> str:
+    """pgsolo's lock (or unlock) call for ``key``, e.g. ``pg_try_advisory_lock(1, 2)``."""
+    if unlock:
+        return f"pg_advisory_unlock({key.sql_args})"
+    return f"{lock_function('session', wait=wait, shared=False)}({key.sql_args})"
+
+
+HELD_CHECK = "FROM pg_locks"  # pgsolo's "does this backend hold the key?" question
+
+
+@pytest.mark.parametrize("wait", [None, 5.0], ids=["try", "wait"])
+def test_session_acquire_interrupted_after_the_grant_inside_callers_transaction(
+    connect: Connect,
+    observer: Any,
+    key: Key,
+    table: str,
+    monkeypatch: pytest.MonkeyPatch,
+    wait: float | None,
+) -> None:
+    """Ctrl-C right after the server granted the lock, inside the caller's transaction:
+    the caller's transaction stays usable (its work is kept) and no lock is left behind."""
+    conn = connect()
+    pid = pid_of(conn)
+    interrupter = Interrupter(monkeypatch).once(lock_call(key, wait=wait is not None), "after")
+    with conn.transaction():
+        insert_note(conn, table, "before")
+        with pytest.raises(KeyboardInterrupt):
+            pgsolo.session_lock(conn, key, wait=wait).acquire()
+        interrupter.assert_all_fired()
+        assert conn.info.transaction_status is INTRANS
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+        assert observer.holders(key) == set()
+        assert pgsolo.held_session_locks(conn) == []
+        insert_note(conn, table, "after")
+    assert conn.info.transaction_status is IDLE
+    assert sorted(notes(observer, table)) == ["after", "before"]  # the caller's work kept
+    assert observer.holders(key) == set()
+    assert observer.advisory(pid=pid) == set()
+    # Nothing is tracked either: the key can be taken again on this connection.
+    lock = pgsolo.session_lock(conn, key)
+    assert lock.acquire() is True
+    lock.release()
+    assert observer.holders(key) == set()
+
+
+RELEASE_SETUPS = ["autocommit", "callers-transaction", "non-autocommit"]
+
+
+def _release_setup(connect: Connect, setup: str) -> psycopg.Connection:
+    conn = connect(autocommit=setup != "non-autocommit")
+    if setup == "callers-transaction":
+        conn.execute("BEGIN")
+        conn.execute("SELECT 1")
+    return conn
+
+
+def _expected_status(setup: str) -> psycopg.pq.TransactionStatus:
+    return INTRANS if setup == "callers-transaction" else IDLE
+
+
+@pytest.mark.parametrize("setup", RELEASE_SETUPS)
+def test_release_interrupted_before_the_unlock_was_sent(
+    connect: Connect, observer: Any, key: Key, monkeypatch: pytest.MonkeyPatch, setup: str
+) -> None:
+    """Ctrl-C before the unlock went out: either pgsolo finished the release, or the lock
+    is still held, tracked and ``acquired`` so that release() can be called again."""
+    conn = _release_setup(connect, setup)
+    pid = pid_of(conn)
+    lock = pgsolo.session_lock(conn, key)
+    assert lock.acquire() is True
+    assert observer.holders(key) == {pid}
+    interrupter = Interrupter(monkeypatch).once(lock_call(key, wait=False, unlock=True), "instead")
+    with pytest.raises(KeyboardInterrupt):
+        lock.release()
+    interrupter.assert_all_fired()
+    if lock.acquired:
+        # Kept on the books: consistent with the server, and releasable.
+        assert observer.holders(key) == {pid}
+        assert pgsolo.held_session_locks(conn) == [key]
+        lock.release()  # must not raise LockNotHeldError
+    else:
+        assert observer.holders(key) == set()
+        assert pgsolo.held_session_locks(conn) == []
+    assert lock.acquired is False
+    assert observer.holders(key) == set()
+    assert observer.advisory(pid=pid) == set()
+    assert pgsolo.held_session_locks(conn) == []
+    assert conn.info.transaction_status is _expected_status(setup)
+    assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+@pytest.mark.parametrize("setup", RELEASE_SETUPS)
+def test_release_interrupted_after_the_unlock_ran(
+    connect: Connect, observer: Any, key: Key, monkeypatch: pytest.MonkeyPatch, setup: str
+) -> None:
+    """Ctrl-C right after the server ran the unlock, before pgsolo saw the answer: the release
+    counts as done (nothing held or tracked, ``acquired`` false, so a second release() raises
+    LockNotHeldError) and the connection is left as it was."""
+    conn = _release_setup(connect, setup)
+    pid = pid_of(conn)
+    lock = pgsolo.session_lock(conn, key)
+    assert lock.acquire() is True
+    interrupter = Interrupter(monkeypatch).once(lock_call(key, wait=False, unlock=True), "after")
+    with pytest.raises(KeyboardInterrupt):
+        lock.release()
+    interrupter.assert_all_fired()
+    assert lock.acquired is False
+    assert observer.holders(key) == set()
+    assert observer.advisory(pid=pid) == set()
+    assert pgsolo.held_session_locks(conn) == []
+    with pytest.raises(LockNotHeldError):
+        lock.release()
+    assert conn.info.transaction_status is _expected_status(setup)
+    assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+@pytest.mark.parametrize("in_transaction", [False, True], ids=["autocommit", "callers-transaction"])
+@pytest.mark.parametrize("wait", [None, 5.0], ids=["try", "wait"])
+def test_second_interruption_during_acquire_cleanup_leaves_no_stale_claim(
+    connect: Connect,
+    observer: Any,
+    key: Key,
+    monkeypatch: pytest.MonkeyPatch,
+    wait: float | None,
+    in_transaction: bool,
+) -> None:
+    """Ctrl-C instead of the lock call, then again during the pg_locks check of the
+    clean-up: the key must not stay claimed on the connection (it would be "busy" forever)."""
+    conn = connect()
+    pid = pid_of(conn)
+    if in_transaction:
+        conn.execute("BEGIN")
+    interrupter = (
+        Interrupter(monkeypatch)
+        .once(lock_call(key, wait=wait is not None), "instead")
+        .once(HELD_CHECK, "instead")
+    )
+    with pytest.raises(KeyboardInterrupt):
+        pgsolo.session_lock(conn, key, wait=wait).acquire()
+    interrupter.assert_all_fired()
+    monkeypatch.undo()
+    assert pgsolo.held_session_locks(conn) == []
+    assert observer.holders(key) == set()  # the lock call never reached the server
+    if in_transaction:
+        assert conn.info.transaction_status is INTRANS
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+        conn.execute("COMMIT")
+    assert conn.info.transaction_status is IDLE
+    lock = pgsolo.session_lock(conn, key)
+    assert lock.acquire() is True  # not "busy, held by this connection"
+    assert observer.holders(key) == {pid}
+    assert pgsolo.held_session_locks(conn) == [key]
+    lock.release()
+    assert observer.holders(key) == set()
+    assert pgsolo.held_session_locks(conn) == []

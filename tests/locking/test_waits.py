@@ -1,0 +1,251 @@
+"""Bounded waits (``wait=``): the timeout error, a wait that succeeds when the holder lets
+go, and the connection's own ``lock_timeout``, which a wait never changes, inside or
+outside the caller's transaction. A wait that times out inside the caller's transaction,
+alike in both flavours, is written once, async, in ``_async/test_waits.py``;
+scripts/unasync.py generates ``_sync/test_waits.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import pq
+
+import pgsolo
+from _support import eventually
+from pgsolo import (
+    Key,
+    LockTimeoutError,
+)
+
+# -- sync connections ----------------------------------------------------------------------
+
+Connect = Callable[..., psycopg.Connection]
+
+IDLE = psycopg.pq.TransactionStatus.IDLE
+INTRANS = psycopg.pq.TransactionStatus.INTRANS
+DEADLINE = 10.0  # generous bound for anything that must happen "soon"; never a speed claim
+
+
+def pid_of(conn: psycopg.Connection) -> int:
+    return conn.info.backend_pid
+
+
+def show_lock_timeout(conn: psycopg.Connection) -> str:
+    row = conn.execute("SHOW lock_timeout").fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def lock_factory(lifetime: str) -> Callable[..., pgsolo.Lock]:
+    return pgsolo.xact_lock if lifetime == "xact" else pgsolo.session_lock  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("lifetime", ["session", "xact"])
+def test_wait_times_out_with_key_and_timeout_and_keeps_lock_timeout(
+    connect: Connect, observer: Any, key: Key, lifetime: str
+) -> None:
+    holder, waiter = connect(), connect()
+    assert pgsolo.session_lock(holder, key).acquire() is True
+    waiter.execute("SET lock_timeout = '7s'")
+
+    def attempt() -> None:
+        if lifetime == "session":
+            pgsolo.session_lock(waiter, key, wait=0.3).acquire()
+        else:
+            with pgsolo.xact_lock(waiter, key, wait=0.3):
+                pytest.fail("the block must not run without the lock")
+
+    started = time.monotonic()
+    with pytest.raises(LockTimeoutError) as raised:
+        attempt()
+    assert time.monotonic() - started < DEADLINE
+    error = raised.value
+    assert error.timeout == 0.3
+    assert error.key == key
+    assert key.text in str(error)
+    assert "0.3s" in str(error)
+    assert isinstance(error, TimeoutError)
+    assert show_lock_timeout(waiter) == "7s"
+    assert waiter.info.transaction_status is psycopg.pq.TransactionStatus.IDLE
+    assert observer.advisory(pid=pid_of(waiter)) == set()
+    assert observer.waiters(key) == set()
+    assert pgsolo.held_session_locks(waiter) == []
+
+
+@pytest.mark.parametrize("lifetime", ["session", "xact"])
+def test_wait_succeeds_when_holder_releases_midway(
+    connect: Connect, observer: Any, key: Key, lifetime: str
+) -> None:
+    holder, waiter = connect(), connect()
+    holding = pgsolo.session_lock(holder, key)
+    assert holding.acquire() is True
+    waiter.execute("SET lock_timeout = '7s'")
+    waiter_pid = pid_of(waiter)
+    saw_waiting = threading.Event()
+
+    def release_once_waiting() -> None:
+        eventually(lambda: waiter_pid in observer.waiters(key), "the waiter to wait")
+        saw_waiting.set()
+        holding.release()
+
+    releaser = threading.Thread(target=release_once_waiting, daemon=True)
+    releaser.start()
+    try:
+        if lifetime == "session":
+            lock = pgsolo.session_lock(waiter, key, wait=10)
+            assert lock.acquire() is True
+            releaser.join(DEADLINE)
+            assert observer.holders(key) == {waiter_pid}
+            lock.release()
+        else:
+            with pgsolo.xact_lock(waiter, key, wait=10) as lock:
+                assert lock.acquired is True
+                releaser.join(DEADLINE)
+                assert observer.holders(key) == {waiter_pid}
+    finally:
+        releaser.join(DEADLINE)
+    assert saw_waiting.is_set()
+    assert observer.holders(key) == set()
+    assert show_lock_timeout(waiter) == "7s"
+
+
+@pytest.mark.parametrize("lifetime", ["session", "xact"])
+def test_successful_wait_inside_callers_transaction_keeps_its_lock_timeout(
+    connect: Connect, observer: Any, key: Key, lifetime: str
+) -> None:
+    """The caller's later statements must not run under pgsolo's wait as lock_timeout."""
+    conn = connect()
+    before = show_lock_timeout(conn)
+    assert before != "7s"
+    with conn.transaction():
+        conn.execute("SET LOCAL lock_timeout = '7s'")
+        lock = lock_factory(lifetime)(conn, key, wait=0.5)
+        assert lock.acquire() is True
+        assert show_lock_timeout(conn) == "7s"
+        assert conn.info.transaction_status is INTRANS
+        assert observer.holders(key) == {pid_of(conn)}
+        # A pgsolo context joining the caller's transaction behaves the same.
+        other_key = Key((key.value[0], key.value[1] + 500_000))  # type: ignore[index]
+        with lock_factory(lifetime)(conn, other_key, wait=0.5) as inner:
+            assert inner.acquired
+            assert show_lock_timeout(conn) == "7s"
+        assert show_lock_timeout(conn) == "7s"
+    assert show_lock_timeout(conn) == before  # the SET LOCAL ended with the transaction
+    if lifetime == "session":
+        assert observer.holders(key) == {pid_of(conn)}  # a session lock outlives it
+        lock.release()
+    assert observer.holders(key) == set()
+    assert observer.holders(other_key) == set()
+
+
+@pytest.mark.parametrize("autocommit", [True, False])
+def test_protected_block_runs_with_the_connections_own_lock_timeout(
+    connect: Connect, observer: Any, key: Key, autocommit: bool
+) -> None:
+    """The wait's bound applies to the wait, not to the statements protected by it."""
+    conn = connect(autocommit=autocommit)
+    conn.execute("SET lock_timeout = '7s'")
+    if not autocommit:
+        conn.commit()
+    with pgsolo.xact_lock(conn, key, wait=0.5) as lock:
+        assert lock.acquired
+        assert observer.holders(key) == {pid_of(conn)}
+        assert show_lock_timeout(conn) == "7s"
+    assert show_lock_timeout(conn) == "7s"
+    assert observer.holders(key) == set()
+
+
+def test_plain_xact_wait_timeout_on_non_autocommit_idle_connection_keeps_it_usable(
+    connect: Connect, observer: Any, key: Key
+) -> None:
+    """psycopg begins the transaction implicitly: it is the caller's, and a timeout must
+    not leave it aborted."""
+    holder = connect()
+    assert pgsolo.session_lock(holder, key).acquire() is True
+    conn = connect(autocommit=False, options="-c lock_timeout=7s")
+    assert conn.info.transaction_status is IDLE
+    started = time.monotonic()
+    with pytest.raises(LockTimeoutError) as raised:
+        pgsolo.xact_lock(conn, key, wait=0.3).acquire()
+    assert time.monotonic() - started < DEADLINE
+    assert raised.value.key == key
+    assert raised.value.timeout == pytest.approx(0.3)
+    assert conn.info.transaction_status is INTRANS  # not INERROR
+    assert conn.execute("SELECT 1").fetchone() == (1,)
+    assert show_lock_timeout(conn) == "7s"
+    assert observer.advisory(pid=pid_of(conn)) == set()
+    conn.rollback()
+    assert conn.info.transaction_status is IDLE
+    assert observer.holders(key) == {pid_of(holder)}
+
+
+# -- async connections ---------------------------------------------------------------------
+
+AConnect = Callable[..., Awaitable[psycopg.AsyncConnection[Any]]]
+
+BOUND = 10.0  # seconds: an upper bound for things that should take milliseconds
+
+
+async def assert_clean(conn: psycopg.AsyncConnection[Any], observer: Any) -> None:
+    """The connection holds and waits for nothing, is IDLE (not ACTIVE, not idle in
+    transaction), and still answers queries."""
+    pid = pid_of(conn)
+    assert not conn.closed
+    assert not conn.broken
+    assert conn.info.transaction_status is pq.TransactionStatus.IDLE
+    assert observer.advisory(pid=pid) == set()
+    assert observer.advisory(pid=pid, granted=False) == set()
+    assert pgsolo.held_session_locks(conn) == []
+    cur = await conn.execute("SELECT 42")
+    assert await cur.fetchone() == (42,)
+    if not conn.autocommit:
+        await conn.rollback()
+    assert conn.info.transaction_status is pq.TransactionStatus.IDLE
+
+
+def lock_for(conn: psycopg.AsyncConnection[Any], key: Key, lifetime: str, **kw: Any) -> Any:
+    make = pgsolo.session_lock if lifetime == "session" else pgsolo.xact_lock
+    return make(conn, key, **kw)
+
+
+async def _hold(conn: psycopg.AsyncConnection[Any], key: Key) -> pgsolo.AsyncLock:
+    lock = pgsolo.session_lock(conn, key)
+    assert await lock.acquire() is True
+    return lock
+
+
+@pytest.mark.parametrize("autocommit", [True, False], ids=["autocommit", "implicit-tx"])
+@pytest.mark.parametrize("lifetime", ["session", "xact"])
+async def test_wait_timeout_raises_and_keeps_lock_timeout(
+    aconnect: AConnect, observer: Any, key: Key, lifetime: str, autocommit: bool
+) -> None:
+    holder_conn = await aconnect()
+    conn = await aconnect(autocommit=autocommit)
+    await conn.execute("SET lock_timeout = '7s'")
+    if not autocommit:
+        await conn.commit()
+    holder = await _hold(holder_conn, key)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(pgsolo.LockTimeoutError) as caught:
+        async with lock_for(conn, key, lifetime, wait=0.3):
+            pytest.fail("entered a block whose lock is held elsewhere")
+    assert loop.time() - started < BOUND
+    assert caught.value.key == key
+    assert caught.value.timeout == pytest.approx(0.3)
+    assert "0.3s" in str(caught.value)
+    assert conn.info.transaction_status is pq.TransactionStatus.IDLE
+    cur = await conn.execute("SHOW lock_timeout")
+    assert await cur.fetchone() == ("7s",)
+    if not autocommit:
+        await conn.rollback()
+    assert observer.waiters(key) == set()
+    await holder.release()
+    await assert_clean(conn, observer)
