@@ -27,7 +27,8 @@ from ..errors import (
     TransactionFailedError,
 )
 from ..locking.core import LockCore, require_no_transaction, wait_ms_of
-from ..locking.plans import WORK, Plan, outside_transaction
+from ..locking.placement import outside_transaction
+from ..locking.plans import WORK, Plan
 from ..reasons import LostReason
 from ..schema import LATEST_VERSION, version_plan
 from .definition import Failure, Job, JobResult

@@ -1,6 +1,7 @@
 """The ledger: each attempt as a row of ``pgsolo.job_runs`` (``record=True``, ``pgsolo run
 --record``), written over the attempt's own connection or a spare one, read back by
-:func:`history`, with a warning for jobs that mostly skip."""
+:func:`history`, with a warning for jobs that mostly skip. Writing it over a spare
+connection when the attempt's own is gone is :mod:`pgsolo.jobs._async.record`'s."""
 
 from __future__ import annotations
 
@@ -11,12 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 from .. import sql
 from .._logging import logger
-from ..drivers import AsyncDriver, DriverBase, SyncDriver, adapt_async, adapt_sync
-from ..drivers.connect import aopen_connection, open_connection
-from ..drivers.conninfo import DEFAULT_ANSWER_TIMEOUT
+from ..drivers import DriverBase, adapt_sync
 from ..errors import NotMigratedError
 from ..locking.placement import outside_transaction
-from ..locking.plans import Plan, adrive, drive
+from ..locking.plans import Plan
 from .definition import Job, JobResult
 
 if TYPE_CHECKING:
@@ -25,13 +24,12 @@ if TYPE_CHECKING:
 __all__ = [
     "SKIP_WARNING_WINDOW",
     "Warn",
-    "arecord_result",
     "history",
     "history_rows",
     "ledger_statements",
     "log_unrecorded",
+    "log_warning",
     "record_plan",
-    "record_result",
     "skip_warning",
 ]
 
@@ -39,7 +37,7 @@ Warn = Callable[[str], object]
 """Where a warning about a job's recent attempts goes (the log, or pgsolo run's stderr)."""
 
 
-def _log_warning(text: str) -> None:
+def log_warning(text: str) -> None:
     logger.warning("pgsolo: %s", text)
 
 
@@ -84,7 +82,7 @@ def record_plan(
     driver: DriverBase,
     *,
     exit_code: int | None = None,
-    warn: Warn = _log_warning,
+    warn: Warn = log_warning,
 ) -> Plan[None]:
     """Write ``result`` to the ledger (``exit_code``: ``pgsolo run``'s); after a busy
     skip, ``warn`` about a job that mostly skips."""
@@ -108,50 +106,6 @@ def record_plan(
             return
         for warning in skip_warning(history_rows(recent)):
             warn(warning)
-
-
-def record_result(
-    job: Job,
-    result: JobResult[Any],
-    driver: SyncDriver,
-    dsn: str | None,
-    *,
-    exit_code: int | None = None,
-    warn: Warn = _log_warning,
-    defaults: Mapping[str, str] | None = None,
-    answer_timeout: float = DEFAULT_ANSWER_TIMEOUT,
-) -> None:
-    """Record ``result`` over the attempt's own connection (``driver``) or, when that one
-    is gone, over a new one to ``dsn`` (opened with ``defaults`` and ``answer_timeout``,
-    as :func:`~pgsolo.drivers.connect.open_connection` takes them); with no ``dsn``, log
-    that it is not recorded. Errors are raised."""
-    if not driver.is_closed():
-        drive(record_plan(job, result, driver, exit_code=exit_code, warn=warn), driver)
-        return
-    if dsn is None:
-        log_unrecorded(job, result)
-        return
-    name = job.application_name_for(dsn)
-    with open_connection(
-        dsn, application_name=name, defaults=defaults, answer_timeout=answer_timeout
-    ) as spare:
-        spare_driver = adapt_sync(spare)
-        drive(record_plan(job, result, spare_driver, exit_code=exit_code, warn=warn), spare_driver)
-
-
-async def arecord_result(
-    job: Job, result: JobResult[Any], driver: AsyncDriver, dsn: str | None
-) -> None:
-    """The async twin of :func:`record_result`."""
-    if not driver.is_closed():
-        await adrive(record_plan(job, result, driver), driver)
-        return
-    if dsn is None:
-        log_unrecorded(job, result)
-        return
-    async with aopen_connection(dsn, application_name=job.application_name_for(dsn)) as spare:
-        spare_driver = adapt_async(spare)
-        await adrive(record_plan(job, result, spare_driver), spare_driver)
 
 
 def history(

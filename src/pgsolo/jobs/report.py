@@ -6,8 +6,6 @@ import logging
 from typing import (
     TYPE_CHECKING,
     Any,
-    ParamSpec,
-    TypeVar,
 )
 
 from .._logging import log_event, logger
@@ -19,9 +17,6 @@ if TYPE_CHECKING:
     pass
 
 __all__ = ["report"]
-
-T = TypeVar("T")
-P = ParamSpec("P")
 
 
 def report(

@@ -1,4 +1,6 @@
-"""Driving the sans-I/O plans: one loop for sync drivers, its twin for async ones.
+"""The sans-I/O plans: what a plan yields and receives. The loops that drive one are
+:func:`~pgsolo.locking._async.drive.adrive` and its generated twin
+:func:`~pgsolo.locking._sync.drive.drive`.
 
 A plan is a generator that yields statements to send in one round trip (:class:`Wait`
 for those that may wait for a lock), statements to send on a second connection to the
@@ -9,27 +11,21 @@ caller's own function, and receives what came back; exceptions are thrown into i
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Generator, Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Final, TypeVar
 
-from ..drivers import AsyncDriver, SyncDriver
-from .placement import outside_transaction
-
-__all__ = ["WORK", "Elsewhere", "Plan", "Step", "Wait", "adrive", "drive", "outside_transaction"]
-
-# outside_transaction is .placement's (where statements go); still importable from here,
-# for jobs/plan.py.
+__all__ = ["WORK", "Elsewhere", "Plan", "Step", "Wait", "Work"]
 
 T = TypeVar("T")
 
 
-class _Work:
+class Work:
     def __repr__(self) -> str:
         return "WORK"
 
 
-WORK: Final = _Work()
+WORK: Final = Work()
 """Yielded by a plan where the caller's work runs; the shell calls it."""
 
 
@@ -51,51 +47,5 @@ class Wait:
     seconds: float
 
 
-Step = Sequence[str] | _Work | Elsewhere | Wait
+Step = Sequence[str] | Work | Elsewhere | Wait
 Plan = Generator[Step, object, T]
-
-
-def drive(plan: Plan[T], driver: SyncDriver, work: Callable[[], object] | None = None) -> T:
-    try:
-        step = next(plan)
-        while True:
-            try:
-                if isinstance(step, _Work):
-                    assert work is not None, "this plan runs no work"  # noqa: S101
-                    value = work()
-                elif isinstance(step, Elsewhere):
-                    value = driver.fetch_value_elsewhere(step.statements)
-                elif isinstance(step, Wait):
-                    value = driver.fetch_value(step.statements, step.seconds)
-                else:
-                    value = driver.fetch_value(step)
-            except BaseException as exc:
-                step = plan.throw(exc)
-            else:
-                step = plan.send(value)
-    except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
-
-
-async def adrive(
-    plan: Plan[T], driver: AsyncDriver, work: Callable[[], Awaitable[object]] | None = None
-) -> T:
-    try:
-        step = next(plan)
-        while True:
-            try:
-                if isinstance(step, _Work):
-                    assert work is not None, "this plan runs no work"  # noqa: S101
-                    value = await work()
-                elif isinstance(step, Elsewhere):
-                    value = await driver.fetch_value_elsewhere(step.statements)
-                elif isinstance(step, Wait):
-                    value = await driver.fetch_value(step.statements, step.seconds)
-                else:
-                    value = await driver.fetch_value(step)
-            except BaseException as exc:
-                step = plan.throw(exc)
-            else:
-                step = plan.send(value)
-    except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]

@@ -11,7 +11,7 @@ from .. import sql
 from .._types import DAY, check_seconds
 from ..drivers import SyncDriver, adapt_sync
 from ..errors import UnsafeConnectionError
-from ..locking.plans import drive
+from ..locking._sync.drive import drive
 from ..locking.routing import check_route
 
 if TYPE_CHECKING:

@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING, Any
 from .. import sql
 from ..drivers import DriverBase, TxStatus, adapt_sync
 from ..keys import Key, from_name
+from ..locking._sync.drive import drive
 from ..locking.core import LockCore
 from ..locking.placement import outside_transaction
-from ..locking.plans import Plan, drive
+from ..locking.plans import Plan
 
 if TYPE_CHECKING:
     import psycopg

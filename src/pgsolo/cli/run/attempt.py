@@ -81,13 +81,13 @@ from ...errors import (
     PgsoloError,
     UnsafeConnectionError,
 )
+from ...jobs._sync.record import record_result
 from ...jobs.definition import Job, JobResult
 from ...jobs.plan import attempt_plan, core_for
-from ...jobs.record import record_result
 from ...jobs.report import report
+from ...locking._sync.drive import drive
 from ...locking.core import LockCore
 from ...locking.keeper import Keep
-from ...locking.plans import drive
 from ...reasons import Reason
 from ..common import CliError
 from ..exit_codes import EXIT_UNAVAILABLE, EXIT_UNSAFE, EXIT_USAGE

@@ -11,13 +11,13 @@ from ..._types import Lifetime
 from ...drivers import adapt_async
 from ...drivers._async.connect import aopen_connection
 from ...keys import KeyLike, Registry
+from ...locking._async.drive import adrive
 from ...locking._async.keeper import AsyncKeeper
 from ...locking.keeper import Keep
-from ...locking.plans import adrive
 from ..definition import Job, JobResult, refuse_cancel_without_tasks, refuse_unknown_options
 from ..plan import attempt_plan, conclude, core_for
-from ..record import arecord_result
 from ..report import report
+from .record import arecord_result
 
 if TYPE_CHECKING:
     import psycopg

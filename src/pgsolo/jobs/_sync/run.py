@@ -12,13 +12,13 @@ from ..._types import Lifetime
 from ...drivers import adapt_sync
 from ...drivers._sync.connect import open_connection
 from ...keys import KeyLike, Registry
+from ...locking._sync.drive import drive
 from ...locking._sync.keeper import Keeper
 from ...locking.keeper import Keep
-from ...locking.plans import drive
 from ..definition import Job, JobResult, refuse_cancel_without_tasks, refuse_unknown_options
 from ..plan import attempt_plan, conclude, core_for
-from ..record import record_result
 from ..report import report
+from .record import record_result
 
 if TYPE_CHECKING:
     import psycopg

@@ -10,8 +10,8 @@ from typing import Self
 from ...drivers import AsyncDriver
 from ...errors import LockLostError, LockNotHeldError
 from ..core import LockCore
-from ..plans import adrive
 from ..view import LockView
+from .drive import adrive
 from .keeper import AsyncKeeper
 
 __all__ = ["AsyncLock"]

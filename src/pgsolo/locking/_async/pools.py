@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ...drivers import adapt_async
-from ..plans import adrive
 from ..pools import reset_plan
+from .drive import adrive
 
 if TYPE_CHECKING:
     import psycopg

@@ -11,8 +11,8 @@ from typing import Self
 from ...drivers import SyncDriver
 from ...errors import LockLostError, LockNotHeldError
 from ..core import LockCore
-from ..plans import drive
 from ..view import LockView
+from .drive import drive
 from .keeper import Keeper
 
 __all__ = ["Lock"]

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ...drivers import adapt_sync
-from ..plans import drive
 from ..pools import reset_plan
+from .drive import drive
 
 if TYPE_CHECKING:
     import psycopg

@@ -1,0 +1,43 @@
+"""The loop that drives a plan with an async driver (its sync twin is generated): each
+step the plan yields becomes a round trip, a round trip on a second connection, or the
+caller's work; what came back is sent in, and an exception thrown in, so the plan's
+``except`` and ``finally`` blocks run exactly as written."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from ...drivers import AsyncDriver
+from ..plans import Elsewhere, Plan, Wait, Work
+
+__all__ = ["adrive"]
+
+T = TypeVar("T")
+
+
+async def _no_work() -> object:
+    raise TypeError("this plan yields WORK, but no work was given")
+
+
+async def adrive(
+    plan: Plan[T], driver: AsyncDriver, work: Callable[[], Awaitable[object]] | None = None
+) -> T:
+    try:
+        step = next(plan)
+        while True:
+            try:
+                if isinstance(step, Work):
+                    value = await (work or _no_work)()
+                elif isinstance(step, Elsewhere):
+                    value = await driver.fetch_value_elsewhere(step.statements)
+                elif isinstance(step, Wait):
+                    value = await driver.fetch_value(step.statements, step.seconds)
+                else:
+                    value = await driver.fetch_value(step)
+            except BaseException as exc:
+                step = plan.throw(exc)
+            else:
+                step = plan.send(value)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
