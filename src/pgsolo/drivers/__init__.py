@@ -19,7 +19,7 @@ SQLAlchemy, psycopg2 and Django each fit in one new module) and offers:
 - ``beat(statement, timeout)``: one heartbeat for the keeper, sent only when nobody is
   using the connection and no transaction is open on it, with a hard deadline.
 
-The lock logic in :mod:`pgsolo.locks` is written once against this protocol and driven
+The lock logic in :mod:`pgsolo.locking` is written once against this protocol and driven
 by a sync or an async shell, so the two never drift.
 """
 

@@ -268,7 +268,7 @@ def message(statements: Sequence[str]) -> bytes:
 def _literal(statement: str) -> bytes:
     # Statements come from pgsolo.sql only: fixed text and validated values. Bytes skip
     # psycopg's composition step, which a statement without parameters does not need.
-    # ASCII only (see pgsolo.literals.sql_text), so no client_encoding can misread it.
+    # ASCII only (see pgsolo.sql.text.sql_text), so no client_encoding can misread it.
     return statement.encode("ascii")
 
 

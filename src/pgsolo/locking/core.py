@@ -293,7 +293,7 @@ class LockCore:
                 holdings.unclaim(conn, self.key)
 
     def _route(self, status: TxStatus, pid: int) -> Plan[Route]:
-        """What answers this connection, checked once per connection (pgsolo.proxy)."""
+        """What answers this connection, checked once per connection (pgsolo.locking.routing)."""
         driver = self.driver
         route = holdings.route_of(driver.connection, pid)
         if route is not None:

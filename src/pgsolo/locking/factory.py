@@ -167,7 +167,7 @@ def session_lock(
 
     Before the first session lock on a connection pgsolo checks that the connection
     reaches one server session for good: behind a transaction-pooling proxy it raises
-    :class:`~pgsolo.UnsafeConnectionError` and takes nothing (see :mod:`pgsolo.proxy`).
+    :class:`~pgsolo.UnsafeConnectionError` and takes nothing (see :mod:`pgsolo.locking.routing`).
 
     ``keep=True`` (or a :class:`~pgsolo.Keep`) watches the lock while it is held
     (``lock.lost``, ``lock.check()``, ``on_lost``); ``fencing=True`` issues a fencing

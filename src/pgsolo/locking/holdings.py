@@ -52,7 +52,7 @@ class _Holdings:
     # The thread or task whose pgsolo-opened transaction is open on this connection:
     # another one must not join it (it would get the keys of that transaction too).
     transaction_owner: tuple[int, int] | None = None
-    # What answers this connection (pgsolo.proxy), found before its first session lock.
+    # What answers this connection (pgsolo.locking.routing), found before its first session lock.
     route: Route | None = None
 
 

@@ -413,7 +413,7 @@ def _primary_check(in_recovery: bool) -> Check:
 
 def _proxy_check(driver: SyncDriver) -> Check:
     """Is there a proxy between this client and the server, and does it pool
-    transactions? The same detection as a session lock's (:mod:`pgsolo.proxy`)."""
+    transactions? The same detection as a session lock's (:mod:`pgsolo.locking.routing`)."""
     advice = (
         "session locks need the same server connection for the whole hold: use a direct"
         " connection or PgBouncer pool_mode=session for them; transaction-level locks"

@@ -4,7 +4,7 @@ Statements are plain ASCII text with no bind parameters so that several of them 
 travel in one simple-query message (one round trip). That is safe because the only values
 spliced in are Python ints validated by :class:`~pgsolo.keys.Key`, millisecond counts that
 are ints by construction, period units from a fixed list, and text (job names, hosts,
-error messages) written as hex digits by :func:`~pgsolo.literals.sql_text`, which no
+error messages) written as hex digits by :func:`~pgsolo.sql.text.sql_text`, which no
 session setting or client encoding can turn into a quote.
 
 What comes back is independent of the client encoding too. The lock statements answer
