@@ -123,8 +123,10 @@ class FreezingProxy:
                     window = seen + data
                     at = window.find(READY_AFTER_LOGIN)
                     if at >= 0:  # pass the login on, up to its ReadyForQuery; then nothing
-                        sink.sendall(data[: at + len(READY_AFTER_LOGIN) - len(seen)])
+                        # Frozen before the client can see its login end, so that a test
+                        # reading frozen_connections once connected finds it counted.
                         frozen.set()
+                        sink.sendall(data[: at + len(READY_AFTER_LOGIN) - len(seen)])
                         continue
                     seen = window[-(len(READY_AFTER_LOGIN) - 1) :]
                 if frozen is None or not frozen.is_set():
