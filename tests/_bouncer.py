@@ -4,11 +4,11 @@ pooling mode. The fixtures are made available to every test file by conftest.py.
 
 from __future__ import annotations
 
+import functools
 import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -21,6 +21,8 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
+
+from _support import closing_all, free_port
 
 POOL_SIZE = 6  # server connections per (database, user) pair behind the bouncer
 START_DEADLINE = 15.0  # bound for PgBouncer to start accepting connections
@@ -48,12 +50,6 @@ def _bouncer_binary() -> str | None:
     if found:
         return found
     return "/usr/sbin/pgbouncer" if os.access("/usr/sbin/pgbouncer", os.X_OK) else None
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _quote(value: str) -> str:
@@ -127,7 +123,7 @@ def _start(
     user: pwd.struct_passwd | None,
     pool_mode: str,
 ) -> tuple[subprocess.Popen[bytes], int]:
-    port = _free_port()
+    port = free_port()
     ini = workdir / "pgbouncer.ini"
     ini.write_text(
         f"""[databases]
@@ -253,13 +249,5 @@ def bouncer_client(bouncer: Bouncer, **kwargs: Any) -> psycopg.Connection:
 @pytest.fixture
 def via_bouncer(bouncer: Bouncer) -> Iterator[Callable[..., psycopg.Connection]]:
     """Open client connections to the transaction-pooling PgBouncer; closed afterwards."""
-    opened: list[psycopg.Connection] = []
-
-    def _connect(**kwargs: Any) -> psycopg.Connection:
-        conn = bouncer_client(bouncer, **kwargs)
-        opened.append(conn)
-        return conn
-
-    yield _connect
-    for conn in opened:
-        conn.close()
+    with closing_all(functools.partial(bouncer_client, bouncer)) as opener:
+        yield opener

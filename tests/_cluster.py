@@ -25,7 +25,6 @@ import pwd
 import re
 import shutil
 import signal
-import socket
 import stat
 import subprocess
 import tempfile
@@ -40,6 +39,8 @@ from urllib.parse import quote, urlencode
 import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from _support import free_port
 
 PG_BIN_ENV = "PGSOLO_PG_BIN"
 PRIMARY_ENV = "PGSOLO_TEST_DSN"
@@ -227,12 +228,6 @@ def _temp_parent(user: pwd.struct_passwd | None) -> str | None:
     return "/tmp"  # noqa: S108 - world-traversable, and the directory is ours alone
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _dsn(port: int) -> str:
     return make_conninfo("", host="127.0.0.1", port=port, user="postgres", dbname="postgres")
 
@@ -321,7 +316,7 @@ class ReplicaPair(Replicas):
         """Start the server in ``data`` on a free loopback port; return the port."""
         problem = ""
         for _attempt in range(STARTS):
-            port = _free_port()
+            port = free_port()
             done = self._run(
                 "pg_ctl",
                 "start",

@@ -1,28 +1,101 @@
 """Helpers shared by the test modules (imported as ``_support``: pyproject's ``pythonpath``
-puts this directory on ``sys.path`` for the test modules in every folder below it)."""
+puts this directory on ``sys.path`` for the test modules in every folder below it).
+
+A helper that tests of both flavours use takes a sync or an async connection: on an async
+one it returns an awaitable, which the test awaits. So a test written once, async, under
+``_async/`` calls it as ``await helper(conn, ...)``, and its sync twin (where
+``scripts/unasync.py`` drops the ``await``) as ``helper(conn, ...)``. A helper that waits
+without a connection at hand takes the poll to wait with: ``aeventually`` in async code,
+which the twin's ``eventually`` replaces.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import queue
+import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
 import pytest
+from prometheus_client import REGISTRY
+from psycopg import sql as pgsql
 
 import pgsolo
-from pgsolo import Key
+from pgsolo import Key, OperationContext, sql
+from pgsolo.sql import name_to_sql
 
 T = TypeVar("T")
 
 DEADLINE = 10.0  # generous bound for anything that must happen "soon"; never a speed claim
+
+# -- connections ---------------------------------------------------------------------------
+
+Connect = Callable[..., psycopg.Connection]  # the ``connect`` fixture
+AConnect = Callable[..., Awaitable[psycopg.AsyncConnection[Any]]]  # the ``aconnect`` fixture
+# ``sync_connect`` in a test written once, async: the name stays in its sync twin
+SyncConnect = Connect
+AnyConnection = psycopg.Connection[Any] | psycopg.AsyncConnection[Any]
+
+IDLE = psycopg.pq.TransactionStatus.IDLE
+INTRANS = psycopg.pq.TransactionStatus.INTRANS
+
+CLOSED_PORT_DSN = "postgresql://u:p@127.0.0.1:1/db"  # nothing listens: connecting fails
+# libpq options for a session whose raw blocking statements must end by themselves
+STATEMENT_BOUND = "-c statement_timeout=60000"  # no raw blocking wait in a test outlives this
+STATEMENT_BOUND_20S = "-c statement_timeout=20000"
+
+
+@contextlib.contextmanager
+def closing_all(open_one: Callable[..., Any]) -> Iterator[Callable[..., Any]]:
+    """``open_one`` (a function that opens a connection), wrapped so that every connection
+    it opened is closed at the end of the block: what a ``connect``-like fixture yields."""
+    opened: list[Any] = []
+
+    def _open(*args: Any, **kwargs: Any) -> Any:
+        conn = open_one(*args, **kwargs)
+        opened.append(conn)
+        return conn
+
+    try:
+        yield _open
+    finally:
+        for conn in opened:
+            conn.close()
+
+
+@contextlib.asynccontextmanager
+async def aclosing_all(
+    open_one: Callable[..., Awaitable[Any]],
+) -> AsyncIterator[Callable[..., Awaitable[Any]]]:
+    """:func:`closing_all` for async connections (``open_one`` returns an awaitable)."""
+    opened: list[Any] = []
+
+    async def _open(*args: Any, **kwargs: Any) -> Any:
+        conn = await open_one(*args, **kwargs)
+        opened.append(conn)
+        return conn
+
+    try:
+        yield _open
+    finally:
+        for conn in opened:
+            await conn.close()
+
+
+# -- waiting ------------------------------------------------------------------------------
 
 
 def eventually(predicate: Callable[[], T], what: str, timeout: float = DEADLINE) -> T:
@@ -63,7 +136,47 @@ def sleep(seconds: float) -> None:
 # -- jobs: the table their callables write to, and other sessions' view of them ----------
 
 WORK = "pgsolo_test_job_work"  # rows written by the jobs' callables
-Connect = Callable[..., psycopg.Connection]
+
+
+class Boom(Exception):
+    """The callable's own failure (a job's, an operation's)."""
+
+
+def unique_name(prefix: str) -> str:
+    """``PREFIX:`` and 16 random hex digits: a name no other test (or run) uses."""
+    return f"{prefix}:{uuid.uuid4().hex[:16]}"
+
+
+def new_job(prefix: str = "jobs-test") -> str:
+    """A unique job name; used as the (str) key too, so the job is named after it."""
+    return unique_name(prefix)
+
+
+def insert_work(conn: AnyConnection, job: str, note: str) -> Any:
+    """A row of the job's own work (awaitable on an async connection)."""
+    return conn.execute(f"INSERT INTO {WORK} (job, note) VALUES (%s, %s)", (job, note))
+
+
+def server_now(observer: Any) -> datetime:
+    row = observer.conn.execute("SELECT clock_timestamp()").fetchone()
+    assert row is not None
+    return row[0]  # type: ignore[no-any-return]
+
+
+def job_log_records(caplog: pytest.LogCaptureFixture, job: str) -> list[Any]:
+    """pgsolo's log records of ``job``'s outcomes ("job ..." messages)."""
+    return [
+        r
+        for r in caplog.records
+        if r.name == "pgsolo"
+        and r.getMessage().startswith("job ")
+        and getattr(r, "pgsolo", {}).get("job") == job
+    ]
+
+
+def sample(name: str, **labels: str) -> float:
+    """The value of a Prometheus sample in the default registry (0 when absent)."""
+    return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
 def key_of(job: str) -> Key:
@@ -86,6 +199,16 @@ def period_rows(observer: Any, job: str) -> list[tuple[Any, ...]]:
     return rows
 
 
+def record_period(conn: psycopg.Connection[Any], job: str) -> None:
+    """Record today's period of ``job`` (``period="day"``) from another session: as if
+    a run had done the work already, or (behind the lock's back) were doing it."""
+    conn.execute(
+        "INSERT INTO pgsolo.job_periods (job, period, period_start)"
+        " VALUES (%s, 'day', date_trunc('day', now(), 'UTC'))",
+        (job,),
+    )
+
+
 def hold(connect: Connect, job: str) -> psycopg.Connection:
     """Another session holding the job's key, the way any other client would (raw SQL)."""
     holder = connect()
@@ -96,6 +219,73 @@ def hold(connect: Connect, job: str) -> psycopg.Connection:
 def unhold(holder: psycopg.Connection, job: str) -> None:
     row = holder.execute(f"SELECT pg_advisory_unlock({key_of(job).sql_args})").fetchone()
     assert row == (True,)
+
+
+# -- run_once: the operations' rows ---------------------------------------------------------
+
+Ctx = OperationContext[psycopg.Connection]
+
+
+def new_op(prefix: str = "once-test") -> str:
+    """A unique operation key."""
+    return unique_name(prefix)
+
+
+def row_of(observer: Any, op_key: str) -> dict[str, Any] | None:
+    row = observer.conn.execute(
+        "SELECT state, attempts, idempotency_key, result, error, holder_pid, finished_at"
+        " FROM pgsolo.operations WHERE op_key = %s",
+        (op_key,),
+    ).fetchone()
+    if row is None:
+        return None
+    names = ("state", "attempts", "idempotency_key", "result", "error", "holder_pid", "finished")
+    return dict(zip(names, row, strict=True))
+
+
+def locks_of(observer: Any, conn: AnyConnection) -> set[Any]:
+    return observer.advisory(pid=pid_of(conn))  # type: ignore[no-any-return]
+
+
+def recorder(result: object = "done") -> tuple[list[Any], Callable[[Ctx], object]]:
+    """An operation that writes a work row and remembers each context it was given."""
+    calls: list[Any] = []
+
+    def operation(ctx: Ctx) -> object:
+        calls.append(ctx)
+        ctx.conn.execute(f"INSERT INTO {WORK} (job, note) VALUES (%s, %s)", (ctx.op_key, "work"))
+        return result
+
+    return calls, operation
+
+
+# -- backends, as another session sees them -------------------------------------------------
+
+
+def pid_of(conn: AnyConnection) -> int:
+    return conn.info.backend_pid
+
+
+def backend_state(observer: Any, pid: int) -> tuple[str | None, str | None] | None:
+    """(state, query) of a backend in pg_stat_activity, or None when it is gone."""
+    row = observer.conn.execute(
+        "SELECT state, query FROM pg_stat_activity WHERE pid = %s", (pid,)
+    ).fetchone()
+    return (row[0], row[1]) if row else None
+
+
+def server_pid(conn: psycopg.Connection[Any]) -> int:
+    """The server backend this client's statement ran on (not ``conn.info.backend_pid``,
+    which behind PgBouncer is the bouncer's own cancel key)."""
+    row = conn.execute("SELECT pg_backend_pid()").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def activity(observer: Any, pid: int) -> tuple[str | None, str | None]:
+    """(state, last query) of backend ``pid`` as pg_stat_activity shows it; (None, None)
+    when it is gone."""
+    return backend_state(observer, pid) or (None, None)
 
 
 def terminate(observer: Any, pid: int) -> None:
@@ -109,6 +299,275 @@ def app_name_of(observer: Any, pid: int) -> str | None:
         "SELECT application_name FROM pg_stat_activity WHERE pid = %s", (pid,)
     ).fetchone()
     return None if row is None else str(row[0])
+
+
+def in_background(conn: psycopg.Connection, statement: str) -> threading.Thread:
+    """Run a (blocking) statement on ``conn`` in a thread; errors there are ignored, the
+    test asserts what the server shows."""
+
+    def run() -> None:
+        with contextlib.suppress(psycopg.Error):
+            conn.execute(statement)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+# -- locks: what a test takes, and the state it must leave ----------------------------------
+
+
+class JobFailedError(Exception):
+    """The failure of the work a lock protects, raised by the test inside the block."""
+
+
+def lock_factory(lifetime: str) -> Callable[..., Any]:
+    """``xact_lock`` for "xact", else ``session_lock`` (either takes either flavour)."""
+    return pgsolo.xact_lock if lifetime == "xact" else pgsolo.session_lock  # type: ignore[return-value]
+
+
+def lock_for(conn: AnyConnection, key: Key, lifetime: str, **kw: Any) -> Any:
+    return lock_factory(lifetime)(conn, key, **kw)
+
+
+async def hold_session_lock(conn: psycopg.AsyncConnection[Any], key: Key) -> pgsolo.AsyncLock:
+    lock = pgsolo.session_lock(conn, key)
+    assert await lock.acquire() is True
+    return lock
+
+
+def other_key(key: Key) -> Key:
+    """A second key of the test's own (the ``key`` fixture's, 500,000 further on)."""
+    assert isinstance(key.value, tuple)
+    return Key((key.value[0], key.value[1] + 500_000))
+
+
+def assert_clean(conn: AnyConnection, observer: Any) -> Awaitable[None] | None:
+    """The connection holds and waits for nothing, is IDLE (not ACTIVE, not idle in
+    transaction), and still answers queries (await it on an async connection)."""
+    pid = pid_of(conn)
+    assert not conn.closed
+    assert not conn.broken
+    assert conn.info.transaction_status is IDLE
+    assert observer.advisory(pid=pid) == set()
+    assert observer.advisory(pid=pid, granted=False) == set()
+    assert pgsolo.held_session_locks(conn) == []
+    if isinstance(conn, psycopg.AsyncConnection):
+        return _aanswers_and_ends_idle(conn, "SELECT 42", conn.rollback)
+    _answers_and_ends_idle(conn, "SELECT 42", conn.rollback)
+    return None
+
+
+def assert_still_usable(conn: AnyConnection) -> Awaitable[None] | None:
+    """The connection answers a query and, with autocommit off, commits; then it is IDLE
+    (await it on an async connection)."""
+    if isinstance(conn, psycopg.AsyncConnection):
+        return _aanswers_and_ends_idle(conn, "SELECT 41 + 1", conn.commit)
+    _answers_and_ends_idle(conn, "SELECT 41 + 1", conn.commit)
+    return None
+
+
+def _answers_and_ends_idle(
+    conn: psycopg.Connection[Any], query: str, end: Callable[[], None]
+) -> None:
+    assert conn.execute(query).fetchone() == (42,)
+    if not conn.autocommit:
+        end()
+    assert conn.info.transaction_status is IDLE
+
+
+async def _aanswers_and_ends_idle(
+    conn: psycopg.AsyncConnection[Any], query: str, end: Callable[[], Awaitable[None]]
+) -> None:
+    cur = await conn.execute(query)
+    assert await cur.fetchone() == (42,)
+    if not conn.autocommit:
+        await end()
+    assert conn.info.transaction_status is IDLE
+
+
+def show_lock_timeout(conn: AnyConnection) -> Any:
+    """The session's ``lock_timeout`` (an awaitable of it on an async connection)."""
+    if isinstance(conn, psycopg.AsyncConnection):
+        return _ashow_lock_timeout(conn)
+    row = conn.execute("SHOW lock_timeout").fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+async def _ashow_lock_timeout(conn: psycopg.AsyncConnection[Any]) -> str:
+    cur = await conn.execute("SHOW lock_timeout")
+    row = await cur.fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def insert_note(conn: AnyConnection, table: str, note: str) -> Any:
+    """A row in the test's ``table`` (awaitable on an async connection)."""
+    return conn.execute(
+        pgsql.SQL("INSERT INTO {} VALUES (%s)").format(pgsql.Identifier(table)), (note,)
+    )
+
+
+def notes(observer: Any, table: str) -> list[str]:
+    """What the test's ``table`` holds, as another session sees it (what was committed)."""
+    rows = observer.conn.execute(
+        pgsql.SQL("SELECT note FROM {} ORDER BY note").format(pgsql.Identifier(table))
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+# -- the keeper, as pg_stat_activity shows it -----------------------------------------------
+
+INTERVAL = 0.05  # beats are cheap on a local server; several fit in any test's window
+
+
+class OnLost:
+    """An ``on_lost`` callback that records what it got, and where it ran: the thread's
+    name (a sync keeper's thread) and the task's ("" outside one; an async keeper's
+    task). With ``fail``, it then raises that."""
+
+    def __init__(self, fail: BaseException | None = None) -> None:
+        self.errors: list[pgsolo.LockLostError] = []
+        self.threads: list[str] = []
+        self.tasks: list[str] = []
+        self._fail = fail
+        self._guard = threading.Lock()
+
+    def __call__(self, error: pgsolo.LockLostError) -> None:
+        try:
+            task = asyncio.current_task()
+        except RuntimeError:  # no event loop in this thread
+            task = None
+        with self._guard:
+            self.errors.append(error)
+            self.threads.append(threading.current_thread().name)
+            self.tasks.append(task.get_name() if task is not None else "")
+        if self._fail is not None:
+            raise self._fail
+
+
+def wait_for_beat(
+    observer: Any,
+    pid: int,
+    key: Key,
+    *,
+    shared: bool = False,
+    poll: Callable[..., Any] = eventually,
+) -> Any:
+    """Until the keeper's statement is the last one backend ``pid`` ran (run something
+    else first to wait for a *new* beat). ``poll=aeventually`` in async code (await it)."""
+    beat = sql.keeper_beat(key, shared=shared)
+    return poll(lambda: activity(observer, pid)[1] == beat, f"a keeper beat on backend {pid}")
+
+
+def wait_until_lost(
+    lock: Any, what: str = "the keeper to report the loss", *, poll: Callable[..., Any] = eventually
+) -> Any:
+    """Until ``lock`` knows it is lost. ``poll=aeventually`` in async code (await it)."""
+    return poll(lambda: lock.lost, what)
+
+
+# -- threads and processes ------------------------------------------------------------------
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on (at the moment of asking)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_threads(targets: list[Callable[[], None]], timeout: float = 30.0) -> list[BaseException]:
+    """Run each target in its own thread; join with a bound; return what they raised."""
+    errors: list[BaseException] = []
+    guard = threading.Lock()
+
+    def wrap(target: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                target()
+            except BaseException as exc:
+                with guard:
+                    errors.append(exc)
+
+        return run
+
+    threads = [threading.Thread(target=wrap(t), daemon=True) for t in targets]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + timeout
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    stuck = [t for t in threads if t.is_alive()]
+    assert not stuck, f"{len(stuck)} thread(s) still running after {timeout}s"
+    return errors
+
+
+class Critical:
+    """Counts who is inside; every entry checks it is alone."""
+
+    def __init__(self) -> None:
+        self.guard = threading.Lock()
+        self.inside = 0
+        self.max_inside = 0
+        self.entries = 0
+
+    def enter(self) -> None:
+        with self.guard:
+            self.inside += 1
+            self.entries += 1
+            self.max_inside = max(self.max_inside, self.inside)
+            alone = self.inside == 1
+        try:
+            assert alone, "two holders inside the critical section at once"
+            time.sleep(0.002)
+        finally:
+            with self.guard:
+                self.inside -= 1
+
+
+class Child:
+    """A child Python process whose stdout lines are read with a deadline."""
+
+    def __init__(self, script: str, *args: object) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", script, *map(str, args)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.stderr: list[str] = []
+        threading.Thread(target=self._pump, daemon=True).start()
+        threading.Thread(target=self._pump_err, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put(None)
+
+    def _pump_err(self) -> None:
+        assert self.proc.stderr is not None
+        self.stderr.extend(self.proc.stderr)
+
+    def readline(self, timeout: float = 20.0) -> str:
+        try:
+            line = self.lines.get(timeout=timeout)
+        except queue.Empty:
+            pytest.fail(f"child printed nothing for {timeout}s; stderr: {''.join(self.stderr)}")
+        if line is None:
+            self.proc.wait(5)
+            pytest.fail(
+                f"child exited ({self.proc.returncode}) early; stderr: {''.join(self.stderr)}"
+            )
+        return line
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
 
 
 # -- the command line, run for real -------------------------------------------------------
@@ -176,9 +635,10 @@ def touching(marker: Path) -> list[str]:
     return [sys.executable, "-c", source, str(marker)]
 
 
-def pgsolo_cli(*args: str, within: float = 60.0) -> CliRun:
+def pgsolo_cli(*args: str, within: float = 60.0, env: dict[str, str] | None = None) -> CliRun:
     """Run ``python -m pgsolo ARGS`` with stdin closed and without the caller's DSN
-    variables; fail the test if it has not ended after ``within`` seconds (it is killed)."""
+    variables (``env`` adds to what is left); fail the test if it has not ended after
+    ``within`` seconds (it is killed)."""
     started = time.monotonic()
     try:  # no traceback on a timeout: its command line can carry a DSN's password
         done = subprocess.run(
@@ -187,7 +647,7 @@ def pgsolo_cli(*args: str, within: float = 60.0) -> CliRun:
             capture_output=True,
             text=True,
             encoding="utf-8",
-            env=cli_env(),
+            env={**cli_env(), **(env or {})},
             timeout=within,
             check=False,
         )
@@ -196,3 +656,78 @@ def pgsolo_cli(*args: str, within: float = 60.0) -> CliRun:
     if done is None:
         pytest.fail(f"pgsolo {' '.join(args[:1])} had not ended after {within}s", pytrace=False)
     return CliRun(done.returncode, done.stdout, done.stderr, time.monotonic() - started)
+
+
+@contextlib.contextmanager
+def pgsolo_in_background(*args: str) -> Iterator[subprocess.Popen[str]]:
+    """``python -m pgsolo ARGS`` started with stdin closed, stdout discarded and stderr
+    (where ``--json`` reports) piped, without the caller's DSN variables; killed at the
+    end of the block if it is still running."""
+    running = subprocess.Popen(
+        [sys.executable, "-m", "pgsolo", *args],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cli_env(),
+    )
+    try:
+        yield running
+    finally:
+        if running.poll() is None:
+            running.kill()
+            running.communicate()
+
+
+# Appends its pid to "ran" and exits with argv[2] at once.
+MARK = r"""
+import os, sys
+from pathlib import Path
+with open(Path(sys.argv[1]) / "ran", "a") as f:
+    f.write(f"{os.getpid()}\n")
+sys.exit(int(sys.argv[2]))
+"""
+
+
+def script(source: str, directory: Path, *args: object) -> list[str]:
+    """A COMMAND for ``pgsolo run``: Python ``source`` given ``directory`` (to report
+    through) and ``args``."""
+    return [sys.executable, "-c", source, str(directory), *(str(a) for a in args)]
+
+
+def run_args(key: str, dsn: str, *, job: str | None = None) -> list[str]:
+    """``run --key KEY [--name JOB] --dsn DSN``: the start of most command lines here."""
+    return ["run", "--key", key, *(["--name", job] if job else []), "--dsn", dsn]
+
+
+def ledger(conn: psycopg.Connection, job: str) -> list[dict[str, Any]]:
+    """``job``'s rows in pgsolo.job_runs, oldest first."""
+    cursor = conn.execute(
+        "SELECT outcome, reason, exit_code, application_name, lock_key, backend_pid, error,"
+        " finished_at >= started_at AS ordered FROM pgsolo.job_runs WHERE job = %s ORDER BY id",
+        (job,),
+    )
+    names = [c.name for c in cursor.description or []]
+    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+
+def raw_lock_sql(key_text: str) -> str:
+    """How someone in psql would take the lock: plain SQL, pgsolo not involved."""
+    if ":" in key_text:
+        namespace, resource = key_text.split(":")
+        return f"SELECT pg_advisory_lock({namespace}, {resource})"
+    return f"SELECT pg_advisory_lock({name_to_sql(key_text)})"  # DESIGN §2 derivation
+
+
+# -- keys ---------------------------------------------------------------------------------
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+# DESIGN.md §2, normative: name -> (int64 key, int32 half).
+VECTORS = {
+    "daily-settlement": (-2533923874772390729, -589975127),
+    "expired-session-cleanup": (1464048641933150878, 340875387),
+    "tenant-export": (-4731608009049143110, -1101663339),
+    "Grüße": (-559005354142841542, -130153577),
+}

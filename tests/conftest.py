@@ -7,10 +7,11 @@ directory and deleted afterwards.
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import psycopg
 import pytest
@@ -20,11 +21,9 @@ from psycopg.conninfo import make_conninfo
 import pgsolo
 from _bouncer import bouncer, session_bouncer, via_bouncer  # noqa: F401 - fixtures
 from _cluster import Replicas, replica_pair, replicas  # noqa: F401 - fixtures
-from _support import WORK
+from _support import WORK, AConnect, Connect, aclosing_all, closing_all
 from pgsolo.embedded import embedded_server
 from pgsolo.keys import Key, decode_pg_lock
-
-Connect = Callable[..., psycopg.Connection]
 
 
 @pytest.fixture(scope="session")
@@ -43,16 +42,8 @@ def dsn() -> Iterator[str]:
 @pytest.fixture
 def connect(dsn: str) -> Iterator[Connect]:
     """Open real connections (autocommit unless asked otherwise); all closed afterwards."""
-    opened: list[psycopg.Connection] = []
-
-    def _connect(*, autocommit: bool = True, **kwargs: object) -> psycopg.Connection:
-        conn = psycopg.connect(dsn, autocommit=autocommit, **kwargs)  # type: ignore[arg-type]
-        opened.append(conn)
-        return conn
-
-    yield _connect
-    for conn in opened:
-        conn.close()
+    with closing_all(functools.partial(psycopg.connect, dsn, autocommit=True)) as opener:
+        yield opener
 
 
 @pytest.fixture
@@ -64,17 +55,11 @@ def sync_connect(connect: Connect) -> Connect:
 
 
 @pytest.fixture
-async def aconnect(dsn: str) -> AsyncIterator[Callable[..., object]]:
-    opened: list[psycopg.AsyncConnection] = []
-
-    async def _connect(*, autocommit: bool = True, **kwargs: object) -> psycopg.AsyncConnection:
-        conn = await psycopg.AsyncConnection.connect(dsn, autocommit=autocommit, **kwargs)  # type: ignore[arg-type]
-        opened.append(conn)
-        return conn
-
-    yield _connect
-    for conn in opened:
-        await conn.close()
+async def aconnect(dsn: str) -> AsyncIterator[AConnect]:
+    """``connect`` for async connections."""
+    opening = functools.partial(psycopg.AsyncConnection.connect, dsn, autocommit=True)
+    async with aclosing_all(opening) as opener:
+        yield opener
 
 
 class Observer:

@@ -18,13 +18,9 @@ import psycopg
 import pytest
 
 import pgsolo
-from _support import eventually, terminate
+from _support import CLOSED_PORT_DSN, Connect, eventually, terminate
 from pgsolo import InvalidArgumentError, Keep, Key
 from pgsolo._types import DAY, MAX_PERIOD_SECONDS, check_seconds
-
-Connect = Callable[..., psycopg.Connection[Any]]
-
-CLOSED_PORT_DSN = "postgresql://u:p@127.0.0.1:1/db"  # nothing listens: connecting fails
 
 NOT_SECONDS = [True, "5", None, [1], math.nan, math.inf, -math.inf, 10**400]
 

@@ -4,23 +4,15 @@ every :class:`LockLostError` pgsolo raises carries one, and so does every lost o
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Callable
 from typing import Any, get_args
 
 import psycopg
 import pytest
 
 import pgsolo
-from _support import terminate
+from _support import Connect, new_job, terminate
 from pgsolo import JobResult, Key, LockLostError, LockNotHeldError
 from pgsolo.reasons import LOST_REASONS, REASONS, LostReason
-
-Connect = Callable[..., psycopg.Connection[Any]]
-
-
-def new_job() -> str:
-    return f"reasons:{uuid.uuid4().hex[:16]}"
 
 
 def test_the_vocabulary_is_one_set_of_short_codes() -> None:
@@ -86,7 +78,7 @@ def test_a_session_job_whose_lock_is_gone_at_release_has_a_reason_code(
 ) -> None:
     """Guards: the loss found at release put the whole error text into
     ``JobResult.reason``; it is ``lock-released``, the text stays in ``error``."""
-    job = new_job()
+    job = new_job("reasons")
 
     def unlock_all(conn: psycopg.Connection[Any]) -> None:
         conn.execute("SELECT pg_advisory_unlock_all()")
@@ -111,7 +103,7 @@ def test_a_job_whose_connection_dies_under_the_work_has_a_reason_code(
 ) -> None:
     """Guards: "connection closed while the work ran" was a text; it is
     ``connection-lost``, on the result and on the LockLostError raised for it."""
-    job = new_job()
+    job = new_job("reasons")
 
     def kill(conn: psycopg.Connection[Any]) -> str:
         terminate(observer, conn.info.backend_pid)
@@ -129,7 +121,7 @@ def test_a_job_whose_connection_dies_under_the_work_has_a_reason_code(
 def test_work_that_ends_its_transaction_has_a_reason_code(db: str, observer: Any) -> None:
     """Guards: "the work ended the locked transaction itself (commit or rollback)" was a
     text; it is ``work-ended-transaction`` (result, error, ledger)."""
-    job = new_job()
+    job = new_job("reasons")
 
     def commits(conn: psycopg.Connection[Any]) -> None:
         conn.execute("COMMIT")
@@ -144,7 +136,7 @@ def test_work_that_ends_its_transaction_has_a_reason_code(db: str, observer: Any
 
 def test_work_that_commits_and_begins_again_is_not_held_at_commit(db: str, observer: Any) -> None:
     """Guards: the LockLostError of the commit check had no reason."""
-    job = new_job()
+    job = new_job("reasons")
 
     def carries_on(conn: psycopg.Connection[Any]) -> None:
         conn.execute("COMMIT")

@@ -12,16 +12,14 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from typing import Any
 
 import psycopg
 
+from _support import Connect
 from _support import run_cli as pgsolo
 from pgsolo.demo import JOB_KEY, TABLE, DemoResult, WorkerReport, format_report
 from pgsolo.keys import from_name
-
-Connect = Callable[..., psycopg.Connection]
 
 
 def demo_command(dsn: str, *args: str) -> list[str]:

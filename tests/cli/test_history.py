@@ -6,103 +6,22 @@ first" before the ledger exists.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import psycopg
-import pytest
-
+from _support import MARK, Connect, ledger, pgsolo_cli, raw_lock_sql, run_args, script
 from pgsolo.keys import Key
-from pgsolo.sql import name_to_sql
-
-Connect = Callable[..., psycopg.Connection]
-
-PY = sys.executable
-TIMEOUT = 60  # bound on every subprocess wait; never reached when things work
-
-# Appends its pid to "ran" and exits with argv[2] at once.
-MARK = r"""
-import os, sys
-from pathlib import Path
-with open(Path(sys.argv[1]) / "ran", "a") as f:
-    f.write(f"{os.getpid()}\n")
-sys.exit(int(sys.argv[2]))
-"""
-
-
-def script(source: str, directory: Path, *args: object) -> list[str]:
-    return [PY, "-c", source, str(directory), *(str(a) for a in args)]
-
-
-def _env() -> dict[str, str]:
-    drop = ("PGSOLO_DSN", "DATABASE_URL", "PGAPPNAME")
-    return {**{k: v for k, v in os.environ.items() if k not in drop}, "PYTHONIOENCODING": "utf-8"}
-
-
-def pgsolo(
-    *args: str, timeout: float = TIMEOUT, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [PY, "-m", "pgsolo", *args],
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        encoding="utf-8",
-        env={**_env(), **(env or {})},
-        timeout=timeout,
-        check=False,
-    )
-
-
-def run_args(key: str, dsn: str, *, job: str | None = None) -> list[str]:
-    """``run --key KEY [--name JOB] --dsn DSN``: the start of most command lines here."""
-    return ["run", "--key", key, *(["--name", job] if job else []), "--dsn", dsn]
-
-
-def ledger(conn: psycopg.Connection, job: str) -> list[dict[str, Any]]:
-    cursor = conn.execute(
-        "SELECT outcome, reason, exit_code, application_name, lock_key, backend_pid, error,"
-        " finished_at >= started_at AS ordered FROM pgsolo.job_runs WHERE job = %s ORDER BY id",
-        (job,),
-    )
-    names = [c.name for c in cursor.description or []]
-    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
-
-
-@pytest.fixture(scope="module")
-def migrated(dsn: str) -> str:
-    done = pgsolo("migrate", "--dsn", dsn)
-    assert done.returncode == 0, done.stderr
-    return dsn
-
-
-@pytest.fixture
-def job() -> str:
-    return f"run-test-{uuid.uuid4().hex[:12]}"
-
-
-def _raw_lock_sql(key_text: str) -> str:
-    """How someone in psql would take the lock: plain SQL, pgsolo not involved."""
-    if ":" in key_text:
-        namespace, resource = key_text.split(":")
-        return f"SELECT pg_advisory_lock({namespace}, {resource})"
-    return f"SELECT pg_advisory_lock({name_to_sql(key_text)})"  # DESIGN §2 derivation
 
 
 def test_record_writes_one_row_per_attempt_and_history_shows_them(
     migrated: str, connect: Connect, observer: Any, key: Key, job: str, tmp_path: Path
 ) -> None:
     base = (*run_args(key.text, migrated, job=job), "--record")
-    assert pgsolo(*base, "--", *script(MARK, tmp_path, 0)).returncode == 0
-    assert pgsolo(*base, "--", *script(MARK, tmp_path, 2)).returncode == 2
+    assert pgsolo_cli(*base, "--", *script(MARK, tmp_path, 0)).returncode == 0
+    assert pgsolo_cli(*base, "--", *script(MARK, tmp_path, 2)).returncode == 2
     psql = connect()
-    psql.execute(_raw_lock_sql(key.text))
-    assert pgsolo(*base, "--", *script(MARK, tmp_path, 0)).returncode == 75
+    psql.execute(raw_lock_sql(key.text))
+    assert pgsolo_cli(*base, "--", *script(MARK, tmp_path, 0)).returncode == 75
     psql.execute("SELECT pg_advisory_unlock_all()")
 
     rows = ledger(observer.conn, job)
@@ -115,7 +34,7 @@ def test_record_writes_one_row_per_attempt_and_history_shows_them(
     assert {r["lock_key"] for r in rows} == {key.text}
     assert all(r["ordered"] for r in rows)
 
-    history = pgsolo("history", "--dsn", migrated, "--job", job, "--json")
+    history = pgsolo_cli("history", "--dsn", migrated, "--job", job, "--json")
     assert history.returncode == 0, history.stderr
     shown = json.loads(history.stdout)
     assert [(r["outcome"], r["exit_code"]) for r in shown] == [
@@ -126,7 +45,7 @@ def test_record_writes_one_row_per_attempt_and_history_shows_them(
     assert {r["job"] for r in shown} == {job}
     assert {"started_at", "finished_at", "duration_ms", "host", "pid"} <= set(shown[0])
 
-    table = pgsolo("history", "--dsn", migrated, "--job", job, "--limit", "2")
+    table = pgsolo_cli("history", "--dsn", migrated, "--job", job, "--limit", "2")
     assert table.returncode == 0, table.stderr
     lines = table.stdout.splitlines()
     assert lines[0].split()[:4] == ["started_at", "job", "outcome", "reason"]
@@ -134,7 +53,7 @@ def test_record_writes_one_row_per_attempt_and_history_shows_them(
     assert "skipped" in lines[1]
     assert "busy" in lines[1]
     assert "failed" in lines[2]
-    other = pgsolo("history", "--dsn", migrated, "--job", f"{job}-nobody")
+    other = pgsolo_cli("history", "--dsn", migrated, "--job", f"{job}-nobody")
     assert (other.returncode, other.stdout.strip()) == (
         0,
         f"no attempts recorded for job {job}-nobody",
@@ -145,14 +64,14 @@ def test_mostly_skipped_attempts_bring_a_warning(
     migrated: str, connect: Connect, key: Key, job: str, tmp_path: Path
 ) -> None:
     psql = connect()
-    psql.execute(_raw_lock_sql(key.text))
+    psql.execute(raw_lock_sql(key.text))
     base = (*run_args(key.text, migrated, job=job), "--record")
-    skips = [pgsolo(*base, "--", *script(MARK, tmp_path, 0)) for _ in range(3)]
+    skips = [pgsolo_cli(*base, "--", *script(MARK, tmp_path, 0)) for _ in range(3)]
     psql.execute("SELECT pg_advisory_unlock_all()")
     assert [s.returncode for s in skips] == [75, 75, 75]
     assert "slower than its schedule" not in skips[0].stderr  # one skip is no pattern
     assert f"pgsolo run: warning: job {job}: 3 of its last 3 attempts" in skips[2].stderr
-    history = pgsolo("history", "--dsn", migrated, "--job", job)
+    history = pgsolo_cli("history", "--dsn", migrated, "--job", job)
     assert history.returncode == 0
     warnings = [line for line in history.stderr.splitlines() if line.startswith("warning: ")]
     assert len(warnings) == 1
@@ -163,11 +82,11 @@ def test_mostly_skipped_attempts_bring_a_warning(
 def test_without_migrate_ledger_features_say_run_migrate_first(
     fresh_db: str, key: Key, tmp_path: Path
 ) -> None:
-    history = pgsolo("history", "--dsn", fresh_db)
+    history = pgsolo_cli("history", "--dsn", fresh_db)
     assert history.returncode == 2
     assert "run pgsolo migrate first" in history.stderr
     for option in (["--record"], ["--once-per", "day"]):
-        done = pgsolo(*run_args(key.text, fresh_db), *option, "--", *script(MARK, tmp_path, 0))
+        done = pgsolo_cli(*run_args(key.text, fresh_db), *option, "--", *script(MARK, tmp_path, 0))
         assert done.returncode == 2, done.stderr
         assert "run pgsolo migrate first" in done.stderr
         assert "Traceback" not in done.stderr

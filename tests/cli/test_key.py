@@ -6,24 +6,13 @@ says so).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from typing import Any
 
-import psycopg
 import pytest
 
+from _support import VECTORS, Connect
 from _support import run_cli as pgsolo
 from pgsolo.keys import Key
-
-Connect = Callable[..., psycopg.Connection]
-
-# DESIGN.md §2 test vectors: name -> (int64 key, int32 half)
-VECTORS = {
-    "daily-settlement": (-2533923874772390729, -589975127),
-    "expired-session-cleanup": (1464048641933150878, 340875387),
-    "tenant-export": (-4731608009049143110, -1101663339),
-    "Grüße": (-559005354142841542, -130153577),
-}
 
 
 def key_json(*args: str) -> dict[str, object]:

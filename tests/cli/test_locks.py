@@ -7,12 +7,11 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
-from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
 
-from _support import DEADLINE, eventually, run_cli
+from _support import DEADLINE, Connect, eventually, run_cli
 from _support import run_cli as pgsolo
 from pgsolo.keys import Key, derive_int64
 
@@ -108,8 +107,6 @@ def test_locks_in_an_empty_database_and_bad_arguments(fresh_db: str, tmp_path: P
 
 
 # -- found in review -----------------------------------------------------------------------
-
-Connect = Callable[..., psycopg.Connection]
 
 
 def test_locks_key_given_by_name_is_shown_with_that_name(connect: Connect, dsn: str) -> None:

@@ -5,63 +5,30 @@ apply the migrations exactly once.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
-import pytest
 
+from _support import Connect, pgsolo_cli
 from pgsolo.schema import MIGRATIONS
 
-Connect = Callable[..., psycopg.Connection]
-
-PY = sys.executable
-TIMEOUT = 60  # bound on every subprocess wait; never reached when things work
 ALL_VERSIONS = [version for version, _ in MIGRATIONS]  # what a first migrate applies
 
 
-def _env() -> dict[str, str]:
-    drop = ("PGSOLO_DSN", "DATABASE_URL", "PGAPPNAME")
-    return {**{k: v for k, v in os.environ.items() if k not in drop}, "PYTHONIOENCODING": "utf-8"}
-
-
-def pgsolo(
-    *args: str, timeout: float = TIMEOUT, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [PY, "-m", "pgsolo", *args],
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        encoding="utf-8",
-        env={**_env(), **(env or {})},
-        timeout=timeout,
-        check=False,
-    )
-
-
-@pytest.fixture(scope="module")
-def migrated(dsn: str) -> str:
-    done = pgsolo("migrate", "--dsn", dsn)
-    assert done.returncode == 0, done.stderr
-    return dsn
-
-
 def test_migrate_twice_is_up_to_date_the_second_time(migrated: str) -> None:
-    again = pgsolo("migrate", "--dsn", migrated)
+    again = pgsolo_cli("migrate", "--dsn", migrated)
     assert again.returncode == 0, again.stderr
     assert again.stdout.startswith(f"up to date: pgsolo schema version {ALL_VERSIONS[-1]}")
-    as_json = pgsolo("migrate", "--dsn", migrated, "--json")
+    as_json = pgsolo_cli("migrate", "--dsn", migrated, "--json")
     assert as_json.returncode == 0
     assert json.loads(as_json.stdout)["applied"] == []
 
 
 def test_concurrent_migrate_from_four_processes(fresh_db: str, connect: Connect) -> None:
     with ThreadPoolExecutor(4) as pool:
-        results = list(pool.map(lambda _: pgsolo("migrate", "--dsn", fresh_db, "--json"), range(4)))
+        results = list(
+            pool.map(lambda _: pgsolo_cli("migrate", "--dsn", fresh_db, "--json"), range(4))
+        )
     assert [r.returncode for r in results] == [0, 0, 0, 0], [r.stderr for r in results]
     applied = sorted(json.loads(r.stdout)["applied"] for r in results)
     assert applied == [[], [], [], ALL_VERSIONS]  # exactly one of them did the work

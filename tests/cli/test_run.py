@@ -16,7 +16,6 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,12 +26,21 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from _relay import FreezingProxy
-from _support import run_cli
+from _support import (
+    MARK,
+    Connect,
+    app_name_of,
+    cli_env,
+    eventually,
+    ledger,
+    pgsolo_cli,
+    raw_lock_sql,
+    run_args,
+    run_cli,
+    script,
+)
 from pgsolo.drivers.conninfo import redact_dsn
 from pgsolo.keys import Key
-from pgsolo.sql import name_to_sql
-
-Connect = Callable[..., psycopg.Connection]
 
 PY = sys.executable
 TIMEOUT = 60  # bound on every subprocess wait; never reached when things work
@@ -89,15 +97,6 @@ while time.monotonic() < deadline:
 sys.exit(98)
 """
 
-# Appends its pid to "ran" and exits with argv[2] at once.
-MARK = r"""
-import os, sys
-from pathlib import Path
-with open(Path(sys.argv[1]) / "ran", "a") as f:
-    f.write(f"{os.getpid()}\n")
-sys.exit(int(sys.argv[2]))
-"""
-
 # Starts a grandchild that writes its pid to "grandchild" and sleeps (ignoring SIGTERM with
 # argv[2] == "ignore"); writes its own pid to "pid", touches "ready" once the grandchild
 # runs, and waits for it. Neither passes a signal on: only a signal to the group reaches both.
@@ -130,35 +129,6 @@ from pathlib import Path
 """
 
 
-def script(source: str, directory: Path, *args: object) -> list[str]:
-    return [PY, "-c", source, str(directory), *(str(a) for a in args)]
-
-
-def _env() -> dict[str, str]:
-    drop = ("PGSOLO_DSN", "DATABASE_URL", "PGAPPNAME")
-    return {**{k: v for k, v in os.environ.items() if k not in drop}, "PYTHONIOENCODING": "utf-8"}
-
-
-def pgsolo(
-    *args: str, timeout: float = TIMEOUT, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [PY, "-m", "pgsolo", *args],
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        encoding="utf-8",
-        env={**_env(), **(env or {})},
-        timeout=timeout,
-        check=False,
-    )
-
-
-def run_args(key: str, dsn: str, *, job: str | None = None) -> list[str]:
-    """``run --key KEY [--name JOB] --dsn DSN``: the start of most command lines here."""
-    return ["run", "--key", key, *(["--name", job] if job else []), "--dsn", dsn]
-
-
 class Running:
     """A ``pgsolo`` started in the background; its output goes to files (no pipe can
     fill up and block it)."""
@@ -173,7 +143,7 @@ class Running:
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=err,
-                env=_env(),
+                env=cli_env(),
             )
 
     def finish(self, timeout: float = TIMEOUT) -> subprocess.CompletedProcess[str]:
@@ -211,11 +181,8 @@ def background(tmp_path: Path) -> Iterator[Callable[..., Running]]:
 
 
 def wait_until(predicate: Callable[[], object], what: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
+    """:func:`eventually`, with room for a command to start or end (30 s by default)."""
+    eventually(predicate, what, timeout)
 
 
 def last_json(stderr: str) -> dict[str, Any]:
@@ -239,23 +206,6 @@ def only_json(stderr: str) -> dict[str, Any]:
     assert objects[0] == last_json(stderr)
     assert set(objects[0]) >= JSON_FIELDS
     return objects[0]  # type: ignore[no-any-return]
-
-
-def ledger(conn: psycopg.Connection, job: str) -> list[dict[str, Any]]:
-    cursor = conn.execute(
-        "SELECT outcome, reason, exit_code, application_name, lock_key, backend_pid, error,"
-        " finished_at >= started_at AS ordered FROM pgsolo.job_runs WHERE job = %s ORDER BY id",
-        (job,),
-    )
-    names = [c.name for c in cursor.description or []]
-    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
-
-
-def app_name_of(conn: psycopg.Connection, pid: int) -> str | None:
-    row = conn.execute(
-        "SELECT application_name FROM pg_stat_activity WHERE pid = %s", (pid,)
-    ).fetchone()
-    return None if row is None else str(row[0])
 
 
 def pid_exists(pid: int) -> bool:
@@ -283,22 +233,10 @@ def backend_of(conn: psycopg.Connection, job: str) -> int:
     return int(backend)
 
 
-@pytest.fixture(scope="module")
-def migrated(dsn: str) -> str:
-    done = pgsolo("migrate", "--dsn", dsn)
-    assert done.returncode == 0, done.stderr
-    return dsn
-
-
-@pytest.fixture
-def job() -> str:
-    return f"run-test-{uuid.uuid4().hex[:12]}"
-
-
 def test_runs_the_command_and_reports_one_json_object(
     migrated: str, observer: Any, key: Key, job: str, tmp_path: Path
 ) -> None:
-    done = pgsolo(
+    done = pgsolo_cli(
         "-vv",
         *run_args(key.text, migrated, job=job),
         "--json",
@@ -331,7 +269,7 @@ def test_runs_the_command_and_reports_one_json_object(
 
 
 def test_without_json_stderr_stays_quiet_on_success(migrated: str, key: Key) -> None:
-    done = pgsolo(*run_args(key.text, migrated), "--", PY, "-c", "pass")
+    done = pgsolo_cli(*run_args(key.text, migrated), "--", PY, "-c", "pass")
     assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
 
 
@@ -357,7 +295,7 @@ def test_lock_is_held_by_the_named_connection_while_the_command_runs(
     holders = observer.holders(key)
     assert len(holders) == 1
     (backend,) = holders
-    assert app_name_of(observer.conn, backend) == (override or f"pgsolo:{job}")
+    assert app_name_of(observer, backend) == (override or f"pgsolo:{job}")
     # One pinned connection for the whole run: pgsolo has no other session open.
     named = observer.conn.execute(
         "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
@@ -376,7 +314,7 @@ def test_lock_is_held_by_the_named_connection_while_the_command_runs(
 def test_a_failed_command_passes_its_exit_code_through(
     migrated: str, observer: Any, key: Key, job: str, tmp_path: Path
 ) -> None:
-    done = pgsolo(
+    done = pgsolo_cli(
         *run_args(key.text, migrated, job=job),
         "--record",
         "--json",
@@ -396,7 +334,7 @@ def test_a_command_killed_by_a_signal_exits_128_plus_n(
     migrated: str, observer: Any, key: Key, job: str
 ) -> None:
     kill_self = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
-    done = pgsolo(
+    done = pgsolo_cli(
         *run_args(key.text, migrated, job=job), "--record", "--json", "--", PY, "-c", kill_self
     )
     assert done.returncode == 128 + signal.SIGKILL
@@ -416,7 +354,9 @@ def test_a_command_that_cannot_start_exits_like_a_shell(
     if kind == "not-executable":
         program.write_text("#!/bin/sh\nexit 0\n")
         program.chmod(0o644)
-    done = pgsolo(*run_args(key.text, migrated, job=job), "--record", "--json", "--", str(program))
+    done = pgsolo_cli(
+        *run_args(key.text, migrated, job=job), "--record", "--json", "--", str(program)
+    )
     assert done.returncode == expected, done.stderr
     assert f"cannot run {str(program)!r}" in done.stderr
     assert last_json(done.stderr)["outcome"] == "failed"
@@ -472,7 +412,7 @@ def test_a_second_run_skips_while_the_first_holds_the_lock(
     second_dir.mkdir()
     first = background(*run_args(key.text, migrated), "--", *script(WAIT_FOR_GO, first_dir, 0))
     wait_until((first_dir / "ready").exists, "the first command to start")
-    second = pgsolo(
+    second = pgsolo_cli(
         *run_args(key.text, migrated, job=job), "--json", "--", *script(MARK, second_dir, 0)
     )
     assert second.returncode == 75, second.stderr
@@ -484,14 +424,6 @@ def test_a_second_run_skips_while_the_first_holds_the_lock(
     (first_dir / "go").touch()
     assert first.finish().returncode == 0
     assert observer.holders(key) == set()
-
-
-def _raw_lock_sql(key_text: str) -> str:
-    """How someone in psql would take the lock: plain SQL, pgsolo not involved."""
-    if ":" in key_text:
-        namespace, resource = key_text.split(":")
-        return f"SELECT pg_advisory_lock({namespace}, {resource})"
-    return f"SELECT pg_advisory_lock({name_to_sql(key_text)})"  # DESIGN §2 derivation
 
 
 @pytest.mark.parametrize("named", [False, True])
@@ -507,9 +439,9 @@ def test_a_lock_taken_with_plain_sql_makes_run_skip(
     key_text = f"raw-{job}" if named else key.text
     expected = Key.parse(key_text)
     psql = connect()
-    psql.execute(_raw_lock_sql(key_text))
+    psql.execute(raw_lock_sql(key_text))
     assert observer.holders(expected) == {psql.info.backend_pid}
-    done = pgsolo(*run_args(key_text, migrated), "--json", "--", *script(MARK, tmp_path, 0))
+    done = pgsolo_cli(*run_args(key_text, migrated), "--json", "--", *script(MARK, tmp_path, 0))
     assert done.returncode == 75, done.stderr
     assert last_json(done.stderr)["reason"] == "busy"
     assert not (tmp_path / "ran").exists()
@@ -527,7 +459,7 @@ def test_wait_runs_the_command_once_the_holder_lets_go(
     background: Callable[..., Running],
 ) -> None:
     psql = connect()
-    psql.execute(_raw_lock_sql(key.text))
+    psql.execute(raw_lock_sql(key.text))
     running = background(
         *run_args(key.text, migrated, job=job),
         "--wait",
@@ -553,8 +485,8 @@ def test_wait_that_times_out_skips(
     migrated: str, connect: Connect, observer: Any, key: Key, job: str, tmp_path: Path
 ) -> None:
     psql = connect()
-    psql.execute(_raw_lock_sql(key.text))
-    done = pgsolo(
+    psql.execute(raw_lock_sql(key.text))
+    done = pgsolo_cli(
         *run_args(key.text, migrated, job=job),
         "--wait",
         "0.5",
@@ -562,7 +494,7 @@ def test_wait_that_times_out_skips(
         "--json",
         "--",
         *script(MARK, tmp_path, 0),
-        timeout=30,
+        within=30,
     )
     assert done.returncode == 75, done.stderr
     assert not (tmp_path / "ran").exists()
@@ -581,11 +513,11 @@ def test_once_per_period_runs_once_across_two_runs(
 ) -> None:
     args = (*run_args(key.text, migrated, job=job), "--once-per", "year", "--record", "--json")
     args += ("--", *script(MARK, tmp_path, 0))
-    first = pgsolo(*args)
+    first = pgsolo_cli(*args)
     assert first.returncode == 0, first.stderr
     # No lock is held by anyone now: the durable record alone makes the second run skip.
     assert observer.holders(key) == set()
-    second = pgsolo(*args)
+    second = pgsolo_cli(*args)
     assert second.returncode == 75, second.stderr
     report = last_json(second.stderr)
     assert (report["outcome"], report["reason"]) == ("skipped", "already-done-this-period")
@@ -607,7 +539,7 @@ def test_a_failed_run_does_not_use_up_its_period(
     migrated: str, observer: Any, key: Key, job: str, tmp_path: Path
 ) -> None:
     def attempt(exit_code: int) -> int:
-        return pgsolo(
+        return pgsolo_cli(
             *run_args(key.text, migrated, job=job),
             "--once-per",
             "1000000000 seconds",
@@ -839,7 +771,7 @@ def test_the_command_has_its_own_process_group_unless_stdin_is_a_terminal(
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
-            env=_env(),
+            env=cli_env(),
             start_new_session=True,  # pgsolo leads a group: its pid is that group's id
         )
         try:
@@ -868,7 +800,7 @@ def test_a_signal_while_waiting_for_the_lock_ends_the_wait(
     signum: signal.Signals,
 ) -> None:
     psql = connect()
-    psql.execute(_raw_lock_sql(key.text))
+    psql.execute(raw_lock_sql(key.text))
     running = background(
         *run_args(key.text, migrated, job=job),
         "--wait",
@@ -979,7 +911,7 @@ UNREACHABLE = "postgresql://alice:hunter2@127.0.0.1:1/db"
 )
 def test_usage_errors_exit_2_before_connecting(args: list[str], message: str) -> None:
     # The DSN points nowhere: had pgsolo tried to connect, it would exit 69.
-    done = pgsolo("run", "--dsn", UNREACHABLE, "--json", *args)
+    done = pgsolo_cli("run", "--dsn", UNREACHABLE, "--json", *args)
     assert done.returncode == 2, done.stderr
     assert message in done.stderr
     assert "Traceback" not in done.stderr
@@ -1001,7 +933,7 @@ def test_json_even_when_no_attempt_was_made(
         pytest.importorskip("pgserver")
     not_a_directory = tmp_path / "file"
     not_a_directory.write_text("")  # the embedded server's data directory cannot be made
-    done = pgsolo("run", "--json", *args, env={"XDG_DATA_HOME": str(not_a_directory)})
+    done = pgsolo_cli("run", "--json", *args, env={"XDG_DATA_HOME": str(not_a_directory)})
     assert done.returncode == code, done.stderr
     report = only_json(done.stderr)
     assert (report["outcome"], report["reason"], report["exit_code"]) == (None, reason, code)
@@ -1011,7 +943,7 @@ def test_json_even_when_no_attempt_was_made(
 
 def test_json_when_ledger_tables_are_missing(fresh_db: str, key: Key, tmp_path: Path) -> None:
     for option in (["--record"], ["--once-per", "day"]):
-        done = pgsolo(
+        done = pgsolo_cli(
             *run_args(key.text, fresh_db),
             *option,
             "--json",
@@ -1032,7 +964,7 @@ def test_json_when_ledger_tables_are_missing(fresh_db: str, key: Key, tmp_path: 
 def test_a_usage_error_takes_no_lock_and_records_nothing(
     migrated: str, observer: Any, key: Key, job: str, tmp_path: Path
 ) -> None:
-    done = pgsolo(
+    done = pgsolo_cli(
         *run_args(key.text, migrated, job=job),
         "--record",
         "--once-per",
@@ -1050,7 +982,7 @@ def test_a_usage_error_takes_no_lock_and_records_nothing(
 
 
 def test_an_unreachable_database_exits_69_without_the_password(tmp_path: Path) -> None:
-    done = pgsolo(*run_args("k", UNREACHABLE), "--json", "--", *script(MARK, tmp_path, 0))
+    done = pgsolo_cli(*run_args("k", UNREACHABLE), "--json", "--", *script(MARK, tmp_path, 0))
     assert done.returncode == 69
     assert not (tmp_path / "ran").exists()
     assert "database unavailable" in done.stderr
@@ -1059,7 +991,7 @@ def test_an_unreachable_database_exits_69_without_the_password(tmp_path: Path) -
     report = last_json(done.stderr)
     assert (report["outcome"], report["exit_code"]) == (None, 69)
     for command in (["migrate"], ["history"]):
-        other = pgsolo(*command, "--dsn", UNREACHABLE)
+        other = pgsolo_cli(*command, "--dsn", UNREACHABLE)
         assert other.returncode == 69
         assert "hunter2" not in other.stdout + other.stderr
 
@@ -1075,19 +1007,19 @@ def test_a_password_in_the_dsn_never_shows_up(
     with_password = make_conninfo("", **params)
     outputs = []
     base = (*run_args(key.text, with_password, job=job), "--record", "--json")
-    outputs.append(pgsolo("-vv", *base, "--", *script(MARK, tmp_path, 0)))
-    outputs.append(pgsolo("-vv", *base, "--", *script(MARK, tmp_path, 5)))
-    outputs.append(pgsolo("-vv", *base, "--", str(tmp_path / "no-such-program")))
+    outputs.append(pgsolo_cli("-vv", *base, "--", *script(MARK, tmp_path, 0)))
+    outputs.append(pgsolo_cli("-vv", *base, "--", *script(MARK, tmp_path, 5)))
+    outputs.append(pgsolo_cli("-vv", *base, "--", str(tmp_path / "no-such-program")))
     psql = connect()
-    psql.execute(_raw_lock_sql(key.text))
-    outputs.append(pgsolo("-vv", *base, "--wait", "0.2", "--", PY, "-c", "pass"))
+    psql.execute(raw_lock_sql(key.text))
+    outputs.append(pgsolo_cli("-vv", *base, "--wait", "0.2", "--", PY, "-c", "pass"))
     psql.execute("SELECT pg_advisory_unlock_all()")
-    outputs.append(pgsolo("-vv", "migrate", "--dsn", with_password))
-    outputs.append(pgsolo("-vv", "history", "--dsn", with_password, "--job", job))
-    outputs.append(pgsolo("history", "--dsn", with_password, "--job", job, "--json"))
+    outputs.append(pgsolo_cli("-vv", "migrate", "--dsn", with_password))
+    outputs.append(pgsolo_cli("-vv", "history", "--dsn", with_password, "--job", job))
+    outputs.append(pgsolo_cli("history", "--dsn", with_password, "--job", job, "--json"))
     # A server that refuses the connection: the error names the DSN, never its password.
     refused = make_conninfo(with_password, port="1", host="127.0.0.1")
-    outputs.append(pgsolo(*run_args("k", refused), "--json", "--", "true"))
+    outputs.append(pgsolo_cli(*run_args("k", refused), "--json", "--", "true"))
     assert [o.returncode for o in outputs] == [0, 5, 127, 75, 0, 0, 0, 69]
     for output in outputs:
         assert secret not in output.stdout + output.stderr

@@ -9,7 +9,6 @@ Each test has a database of its own (``fresh_db``): they lock or alter pgsolo's 
 from __future__ import annotations
 
 import logging
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +17,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from _support import CliRun, cli_env, eventually, pgsolo_cli, touching
+from _support import CliRun, eventually, pgsolo_cli, pgsolo_in_background, touching
 from pgsolo import Key, NotMigratedError, migrate, run_job, sql
 from pgsolo.schema import LATEST_VERSION, MIGRATIONS
 
@@ -178,17 +177,10 @@ def test_a_database_lost_before_the_command_started_exits_69(
     marker = tmp_path / "ran"
     try:
         blocker.execute("LOCK TABLE pgsolo.job_periods IN ACCESS EXCLUSIVE MODE")
-        running = subprocess.Popen(
-            [sys.executable, "-m", "pgsolo", "run", "--dsn", fresh_db, "--key", key.text,
-             "--name", "cut", "--once-per", "year", "--record", "--json", "--check-timeout",
-             "120", "--", *touching(marker)],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=cli_env(),
-        )  # fmt: skip
-        try:
+        with pgsolo_in_background(
+            "run", "--dsn", fresh_db, "--key", key.text, "--name", "cut", "--once-per", "year",
+            "--record", "--json", "--check-timeout", "120", "--", *touching(marker),
+        ) as running:  # fmt: skip
             backend = eventually(
                 lambda: admin.execute(
                     "SELECT pid FROM pg_stat_activity WHERE application_name = 'pgsolo:cut'"
@@ -199,10 +191,6 @@ def test_a_database_lost_before_the_command_started_exits_69(
             )
             admin.execute("SELECT pg_terminate_backend(%s)", backend)
             _, stderr = running.communicate(timeout=60)
-        finally:
-            if running.poll() is None:
-                running.kill()
-                running.communicate()
     finally:
         blocker.close()
     assert running.returncode == 69, stderr

@@ -5,18 +5,15 @@ only waits included) and a bad pid.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pty
 import subprocess
 import sys
-import threading
-from collections.abc import Callable
 
 import psycopg
 import pytest
 
-from _support import DEADLINE, eventually, run_cli
+from _support import DEADLINE, STATEMENT_BOUND_20S, Connect, eventually, in_background, run_cli
 from _support import run_cli as pgsolo
 from pgsolo.keys import Key
 
@@ -108,19 +105,6 @@ def test_terminate_bad_pid_is_a_usage_error(pid: str) -> None:
 
 
 # -- found in review -----------------------------------------------------------------------
-
-Connect = Callable[..., psycopg.Connection]
-STATEMENT_BOUND_20S = "-c statement_timeout=20000"
-
-
-def in_background(conn: psycopg.Connection, statement: str) -> threading.Thread:
-    def run() -> None:
-        with contextlib.suppress(psycopg.Error):
-            conn.execute(statement)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread
 
 
 def test_terminate_refuses_a_pid_that_only_waits_and_never_claims_it_released_locks(

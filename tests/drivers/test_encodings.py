@@ -16,7 +16,7 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -25,11 +25,9 @@ from psycopg import sql as pgsql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import pgsolo
-from _support import WORK, aeventually, eventually, terminate, work_rows
+from _support import WORK, Connect, aeventually, eventually, new_job, terminate, work_rows
 from pgsolo import Keep, Key
 from pgsolo.jobs import run_job
-
-Connect = Callable[..., psycopg.Connection[Any]]
 
 RESULT = {"city": "€ 東京", "note": "Grüße"}  # neither LATIN1 nor WIN1252 has 東京
 BYTES_FOR_TEXT = ["SQL_ASCII"]
@@ -350,11 +348,6 @@ def test_a_database_role_and_password_that_are_not_ascii_work_whatever_the_clien
 
 
 # -- text reaches the database as written, whatever the session's settings -----------------
-
-
-def new_job() -> str:
-    """A unique job name; used as the (str) key too, so the job is named after it."""
-    return f"jobs-test:{uuid.uuid4().hex[:16]}"
 
 
 def test_hostile_error_text_is_recorded_verbatim_under_any_client_encoding(

@@ -14,28 +14,19 @@ are written once, async, in ``_async/test_arguments.py``; scripts/unasync.py gen
 from __future__ import annotations
 
 import functools
-import uuid
-from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import pytest
 
 import pgsolo
+from _support import CLOSED_PORT_DSN, new_job
 from pgsolo import UsageError
 from pgsolo.jobs import run_job
 
-Connect = Callable[..., psycopg.Connection[Any]]
-
-CLOSED_PORT_DSN = "postgresql://u:p@127.0.0.1:1/db"  # nothing listens: connecting fails
-
-
-def new_job() -> str:
-    return f"job-arguments:{uuid.uuid4().hex[:16]}"
-
 
 def test_run_job_positional_arguments_and_bound_keywords_reach_the_function(db: str) -> None:
-    job = new_job()
+    job = new_job("job-arguments")
 
     def fn(conn: psycopg.Connection[Any], a: int, *, name: str, wait: int) -> tuple[Any, ...]:
         return (a, name, wait)
@@ -47,7 +38,7 @@ def test_run_job_positional_arguments_and_bound_keywords_reach_the_function(db: 
 
 def test_singleton_refuses_a_keyword_that_is_no_option_when_it_decorates() -> None:
     with pytest.raises(UsageError, match="lifetim"):
-        pgsolo.singleton(new_job(), dsn=CLOSED_PORT_DSN, lifetim="session")  # type: ignore[arg-type]
+        pgsolo.singleton(new_job("job-arguments"), dsn=CLOSED_PORT_DSN, lifetim="session")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("name", ["", "a\0b", "\ud800"])

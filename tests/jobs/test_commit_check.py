@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -15,27 +14,18 @@ import pytest
 
 import pgsolo
 from _support import (
+    IDLE,
     WORK,
+    Connect,
+    insert_work,
     key_of,
+    new_job,
     work_rows,
 )
 from pgsolo import LockLostError
 from pgsolo.jobs import run_job
 
 # -- sync jobs -----------------------------------------------------------------------------
-
-Connect = Callable[..., psycopg.Connection]
-
-IDLE = psycopg.pq.TransactionStatus.IDLE
-
-
-def new_job() -> str:
-    """A unique job name; used as the (str) key too, so the job is named after it."""
-    return f"jobs-test:{uuid.uuid4().hex[:16]}"
-
-
-def insert_work(conn: psycopg.Connection, job: str, note: str) -> None:
-    conn.execute(f"INSERT INTO {WORK} (job, note) VALUES (%s, %s)", (job, note))
 
 
 @pytest.mark.parametrize("autocommit", [True, False])

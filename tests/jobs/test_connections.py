@@ -7,7 +7,6 @@ written once, async, in ``_async/test_connections.py``; scripts/unasync.py gener
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 import psycopg
@@ -16,13 +15,9 @@ from psycopg.conninfo import make_conninfo
 
 from _support import (
     app_name_of,
+    new_job,
 )
 from pgsolo.jobs import run_job
-
-
-def new_job() -> str:
-    """A unique job name; used as the (str) key too, so the job is named after it."""
-    return f"jobs-test:{uuid.uuid4().hex[:16]}"
 
 
 def test_connections_a_job_opens_use_tcp_keepalives_unless_the_dsn_says_otherwise(

@@ -9,22 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import uuid
 from typing import Any
 
 import psycopg
 import pytest
 
 import pgsolo
-from _support import eventually, terminate
+from _support import INTERVAL, eventually, new_job, terminate
 from pgsolo import Keep, LockLostError, UsageError, run_job, run_job_async
 
-INTERVAL = 0.05
 BOUND = 20.0
-
-
-def new_job() -> str:
-    return f"keep-test-{uuid.uuid4().hex[:12]}"
 
 
 def test_a_lost_lock_while_the_work_runs_is_outcome_lost(db: str, observer: Any) -> None:
@@ -38,7 +32,7 @@ def test_a_lost_lock_while_the_work_runs_is_outcome_lost(db: str, observer: Any)
         finished.set()
         return "done, but not under the lock to the end"
 
-    job = new_job()
+    job = new_job("keep-test")
     result = run_job(
         db, job, work, lifetime="session", keep=Keep(interval=INTERVAL), raise_errors=False
     )
@@ -57,7 +51,9 @@ def test_lock_released_behind_the_jobs_back_is_lost_with_the_keepers_reason(
 
     lost = threading.Event()
     keep = Keep(interval=INTERVAL, on_lost=lambda _error: lost.set())
-    result = run_job(db, new_job(), work, lifetime="session", keep=keep, raise_errors=False)
+    result = run_job(
+        db, new_job("keep-test"), work, lifetime="session", keep=keep, raise_errors=False
+    )
     assert result.outcome == "lost"
     assert result.reason == "lock-released"
 
@@ -69,7 +65,7 @@ def test_a_watched_job_that_keeps_its_lock_completes(db: str, observer: Any) -> 
             threading.Event().wait(INTERVAL)
         return 42
 
-    job = new_job()
+    job = new_job("keep-test")
     result = run_job(db, job, work, lifetime="session", keep=Keep(interval=INTERVAL))
     assert (result.outcome, result.value) == ("completed", 42)
     assert observer.holders(pgsolo.as_key(job)) == set()
@@ -88,7 +84,7 @@ async def test_async_cancel_true_stops_the_work_and_reports_lost(db: str, observ
     result = await asyncio.wait_for(
         run_job_async(
             db,
-            new_job(),
+            new_job("keep-test"),
             work,
             lifetime="session",
             keep=Keep(interval=INTERVAL, cancel=True),
@@ -110,7 +106,11 @@ async def test_an_outside_cancellation_of_a_watched_job_stays_a_cancellation(db:
 
     task = asyncio.create_task(
         run_job_async(
-            db, new_job(), work, lifetime="session", keep=Keep(interval=INTERVAL, cancel=True)
+            db,
+            new_job("keep-test"),
+            work,
+            lifetime="session",
+            keep=Keep(interval=INTERVAL, cancel=True),
         )
     )
     await asyncio.wait_for(started.wait(), BOUND)
@@ -134,12 +134,8 @@ def test_bad_keep_options_are_refused_before_any_sql(
     conn.close()  # any SQL would fail with a driver error, not a UsageError
     ran: list[object] = []
     with pytest.raises(UsageError, match=message):
-        run_job(conn, new_job(), ran.append, **options)
+        run_job(conn, new_job("keep-test"), ran.append, **options)
     assert ran == []
-
-
-def new_edge_job() -> str:
-    return f"keep-edge-{uuid.uuid4().hex[:12]}"
 
 
 async def test_cancel_true_leaves_no_pending_cancellation_when_the_work_converts_it(
@@ -162,7 +158,7 @@ async def test_cancel_true_leaves_no_pending_cancellation_when_the_work_converts
     async def caller() -> tuple[Any, int]:
         result = await run_job_async(
             db,
-            new_edge_job(),
+            new_job("keep-edge"),
             work,
             lifetime="session",
             keep=Keep(interval=INTERVAL, cancel=True),
@@ -188,7 +184,9 @@ def test_a_lost_session_job_keeps_the_value_its_work_returned(db: str) -> None:
 
     lost = threading.Event()
     keep = Keep(interval=INTERVAL, on_lost=lambda _error: lost.set())
-    result = run_job(db, new_edge_job(), work, lifetime="session", keep=keep, raise_errors=False)
+    result = run_job(
+        db, new_job("keep-edge"), work, lifetime="session", keep=keep, raise_errors=False
+    )
     assert result.outcome == "lost"
     assert isinstance(result.error, LockLostError)
     assert result.value == "the work's value"

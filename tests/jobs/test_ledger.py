@@ -8,8 +8,6 @@ generates ``_sync/test_ledger.py``.
 from __future__ import annotations
 
 import logging
-import uuid
-from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -17,22 +15,16 @@ import pytest
 
 import pgsolo
 from _support import (
+    IDLE,
+    Connect,
     hold,
+    new_job,
     terminate,
     unhold,
 )
 from pgsolo.jobs import run_job
 from pgsolo.jobs.record import skip_warning
 from pgsolo.schema import LATEST_VERSION, schema_version
-
-Connect = Callable[..., psycopg.Connection]
-
-IDLE = psycopg.pq.TransactionStatus.IDLE
-
-
-def new_job() -> str:
-    """A unique job name; used as the (str) key too, so the job is named after it."""
-    return f"jobs-test:{uuid.uuid4().hex[:16]}"
 
 
 def test_a_lost_attempt_on_a_callers_connection_is_logged_as_unrecorded(

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -15,8 +15,12 @@ from psycopg import sql as pgsql
 from psycopg.conninfo import make_conninfo
 
 from _support import (
+    Boom,
+    Connect,
     hold,
+    job_log_records,
     key_of,
+    new_job,
     terminate,
     unhold,
 )
@@ -25,27 +29,6 @@ from pgsolo._types import Lifetime
 from pgsolo.jobs import run_job, run_job_async
 
 # -- sync jobs -----------------------------------------------------------------------------
-
-Connect = Callable[..., psycopg.Connection]
-
-
-class Boom(Exception):
-    """The callable's own failure."""
-
-
-def new_job() -> str:
-    """A unique job name; used as the (str) key too, so the job is named after it."""
-    return f"jobs-test:{uuid.uuid4().hex[:16]}"
-
-
-def job_log_records(caplog: pytest.LogCaptureFixture, job: str) -> list[logging.LogRecord]:
-    return [
-        r
-        for r in caplog.records
-        if r.name == "pgsolo"
-        and r.getMessage().startswith("job ")
-        and getattr(r, "pgsolo", {}).get("job") == job
-    ]
 
 
 def test_one_log_record_per_attempt_with_the_incident_fields(
@@ -175,10 +158,6 @@ def test_a_password_in_the_dsn_never_reaches_the_logs(
 # -- async jobs ----------------------------------------------------------------------------
 
 
-def new_async_job() -> str:
-    return f"jobs-async-test:{uuid.uuid4().hex[:16]}"
-
-
 async def returns(conn: psycopg.AsyncConnection[Any], value: Any) -> Any:
     return value
 
@@ -186,7 +165,7 @@ async def returns(conn: psycopg.AsyncConnection[Any], value: Any) -> Any:
 async def test_one_log_record_per_attempt_even_when_lost(
     db: str, connect: Connect, observer: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    job = new_async_job()
+    job = new_job("jobs-async-test")
     caplog.set_level(logging.WARNING, logger="pgsolo")  # INFO off, as in many deployments
 
     async def kill(conn: psycopg.AsyncConnection[Any]) -> None:

@@ -5,8 +5,6 @@ scripts/unasync.py generates ``_sync/test_metrics.py``.
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -14,20 +12,11 @@ from prometheus_client import REGISTRY
 
 import pgsolo
 from _support import (
+    new_job,
+    sample,
     terminate,
 )
 from pgsolo.jobs import run_job
-
-Connect = Callable[..., psycopg.Connection]
-
-
-def new_job() -> str:
-    """A unique job name; used as the (str) key too, so the job is named after it."""
-    return f"jobs-test:{uuid.uuid4().hex[:16]}"
-
-
-def sample(name: str, **labels: str) -> float:
-    return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
 def test_metric_labels_stay_bounded_when_locks_are_lost(db: str, observer: Any) -> None:

@@ -12,8 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import uuid
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
@@ -21,10 +19,19 @@ import pytest
 
 import pgsolo
 from _support import (
-    WORK,
+    DEADLINE,
+    IDLE,
+    INTRANS,
+    AConnect,
+    Boom,
+    Connect,
+    aeventually,
     eventually,
     hold,
+    insert_work,
+    job_log_records,
     key_of,
+    new_job,
     period_rows,
     terminate,
     unhold,
@@ -35,21 +42,6 @@ from pgsolo._types import Lifetime
 from pgsolo.jobs import run_job, run_job_async
 
 # -- sync jobs -----------------------------------------------------------------------------
-
-Connect = Callable[..., psycopg.Connection]
-
-IDLE = psycopg.pq.TransactionStatus.IDLE
-INTRANS = psycopg.pq.TransactionStatus.INTRANS
-DEADLINE = 10.0  # generous bound for anything that must happen "soon"; never a speed claim
-
-
-class Boom(Exception):
-    """The callable's own failure."""
-
-
-def new_job() -> str:
-    """A unique job name; used as the (str) key too, so the job is named after it."""
-    return f"jobs-test:{uuid.uuid4().hex[:16]}"
 
 
 def test_a_connection_with_a_transaction_open_is_refused(
@@ -158,42 +150,12 @@ def test_session_lock_released_behind_pgsolos_back_is_lost(db: str, observer: An
 
 # -- async jobs ----------------------------------------------------------------------------
 
-AConnect = Callable[..., Awaitable[psycopg.AsyncConnection[Any]]]
-BOUND = 10.0  # generous bound for anything that must happen "soon"; never a speed claim
-
-
-def new_async_job() -> str:
-    return f"jobs-async-test:{uuid.uuid4().hex[:16]}"
-
-
-async def aeventually(predicate: Callable[[], Any], what: str) -> Any:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + BOUND
-    while not (value := predicate()):
-        assert loop.time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
-    return value
-
-
-async def ainsert_work(conn: psycopg.AsyncConnection[Any], job: str, note: str) -> None:
-    await conn.execute(f"INSERT INTO {WORK} (job, note) VALUES (%s, %s)", (job, note))
-
-
-def job_log_records(caplog: pytest.LogCaptureFixture, job: str) -> list[logging.LogRecord]:
-    return [
-        r
-        for r in caplog.records
-        if r.name == "pgsolo"
-        and r.getMessage().startswith("job ")
-        and getattr(r, "pgsolo", {}).get("job") == job
-    ]
-
 
 @pytest.mark.parametrize("lifetime", ["xact", "session"])
 async def test_wait_gets_the_lock_when_the_holder_releases_async(
     db: str, connect: Connect, observer: Any, lifetime: Lifetime
 ) -> None:
-    job = new_async_job()
+    job = new_job("jobs-async-test")
     holder = hold(connect, job)
 
     async def fn(conn: psycopg.AsyncConnection[Any]) -> int:
@@ -202,7 +164,7 @@ async def test_wait_gets_the_lock_when_the_holder_releases_async(
     task = asyncio.create_task(run_job_async(db, job, fn, lifetime=lifetime, wait=10))
     waiting = await aeventually(lambda: observer.waiters(key_of(job)), "the job to wait")
     unhold(holder, job)
-    result = await asyncio.wait_for(task, BOUND)
+    result = await asyncio.wait_for(task, DEADLINE)
 
     assert result.outcome == "completed"
     assert {result.value} == waiting
@@ -213,22 +175,22 @@ async def test_wait_gets_the_lock_when_the_holder_releases_async(
 async def test_cancelled_run_releases_the_lock_and_rolls_back(
     db: str, aconnect: AConnect, observer: Any, caplog: pytest.LogCaptureFixture, lifetime: Lifetime
 ) -> None:
-    job = new_async_job()
+    job = new_job("jobs-async-test")
     conn = await aconnect()
     started = asyncio.Event()
     caplog.set_level(logging.INFO, logger="pgsolo")
 
     async def fn(c: psycopg.AsyncConnection[Any]) -> None:
-        await ainsert_work(c, job, "interrupted")
+        await insert_work(c, job, "interrupted")
         started.set()
-        await asyncio.sleep(BOUND * 3)
+        await asyncio.sleep(DEADLINE * 3)
 
     task = asyncio.create_task(run_job_async(conn, job, fn, lifetime=lifetime, period="day"))
-    await asyncio.wait_for(started.wait(), BOUND)
+    await asyncio.wait_for(started.wait(), DEADLINE)
     assert observer.holders(key_of(job)) == {conn.info.backend_pid}
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
-        await asyncio.wait_for(task, BOUND)
+        await asyncio.wait_for(task, DEADLINE)
 
     assert observer.holders(key_of(job)) == set()
     assert conn.info.transaction_status == IDLE

@@ -12,9 +12,6 @@ import collections
 import logging
 import threading
 import time
-import uuid
-from collections.abc import Awaitable, Callable
-from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -22,32 +19,20 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 from _support import (
-    WORK,
+    DEADLINE,
+    AConnect,
+    Connect,
+    insert_work,
+    new_job,
     period_rows,
+    record_period,
+    server_now,
     work_rows,
 )
 from pgsolo._types import Lifetime
 from pgsolo.jobs import JobResult, run_job, run_job_async
 
 # -- sync jobs -----------------------------------------------------------------------------
-
-Connect = Callable[..., psycopg.Connection]
-DEADLINE = 10.0  # generous bound for anything that must happen "soon"; never a speed claim
-
-
-def new_job() -> str:
-    """A unique job name; used as the (str) key too, so the job is named after it."""
-    return f"jobs-test:{uuid.uuid4().hex[:16]}"
-
-
-def server_now(observer: Any) -> datetime:
-    row = observer.conn.execute("SELECT clock_timestamp()").fetchone()
-    assert row is not None
-    return row[0]  # type: ignore[no-any-return]
-
-
-def insert_work(conn: psycopg.Connection, job: str, note: str) -> None:
-    conn.execute(f"INSERT INTO {WORK} (job, note) VALUES (%s, %s)", (job, note))
 
 
 @pytest.mark.parametrize(
@@ -132,11 +117,7 @@ def test_a_session_run_that_loses_the_period_race_says_the_work_ran_twice(
 
     def fn(conn: psycopg.Connection) -> str:
         insert_work(conn, job, "done")  # autocommit: already committed, cannot be undone
-        sneak.execute(
-            "INSERT INTO pgsolo.job_periods (job, period, period_start)"
-            " VALUES (%s, 'day', date_trunc('day', now(), 'UTC'))",
-            (job,),
-        )
+        record_period(sneak, job)
         return "ran"
 
     with caplog.at_level(logging.INFO, logger="pgsolo"):
@@ -152,28 +133,17 @@ def test_a_session_run_that_loses_the_period_race_says_the_work_ran_twice(
 
 # -- async jobs ----------------------------------------------------------------------------
 
-AConnect = Callable[..., Awaitable[psycopg.AsyncConnection[Any]]]
-BOUND = 10.0  # generous bound for anything that must happen "soon"; never a speed claim
-
-
-def new_async_job() -> str:
-    return f"jobs-async-test:{uuid.uuid4().hex[:16]}"
-
-
-async def ainsert_work(conn: psycopg.AsyncConnection[Any], job: str, note: str) -> None:
-    await conn.execute(f"INSERT INTO {WORK} (job, note) VALUES (%s, %s)", (job, note))
-
 
 @pytest.mark.parametrize("lifetime", ["xact", "session"])
 async def test_concurrent_tasks_in_one_period_run_the_work_once(
     db: str, aconnect: AConnect, observer: Any, lifetime: Lifetime
 ) -> None:
-    job = new_async_job()
+    job = new_job("jobs-async-test")
     workers = 8
     conns = [await aconnect() for _ in range(workers)]
 
     async def fn(conn: psycopg.AsyncConnection[Any], i: int) -> int:
-        await ainsert_work(conn, job, str(i))
+        await insert_work(conn, job, str(i))
         await asyncio.sleep(0.2)  # widen the window in which the others try
         return i
 
@@ -184,7 +154,7 @@ async def test_concurrent_tasks_in_one_period_run_the_work_once(
                 for i in range(workers)
             )
         ),
-        BOUND * 3,
+        DEADLINE * 3,
     )
 
     outcomes = collections.Counter(r.outcome for r in results)

@@ -4,37 +4,26 @@ its options reach the run, and it falls back on ``PGSOLO_DSN``.
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import pytest
 
 from _support import (
+    CLOSED_PORT_DSN,
+    IDLE,
+    INTRANS,
+    Boom,
+    Connect,
     app_name_of,
     hold,
+    new_job,
     unhold,
 )
 from pgsolo import InvalidKeyError, UsageError
 from pgsolo.jobs import JobResult, singleton
 
 # -- sync jobs -----------------------------------------------------------------------------
-
-Connect = Callable[..., psycopg.Connection]
-
-IDLE = psycopg.pq.TransactionStatus.IDLE
-INTRANS = psycopg.pq.TransactionStatus.INTRANS
-CLOSED_PORT_DSN = "postgresql://u:p@127.0.0.1:1/db"  # nothing listens: connecting fails
-
-
-class Boom(Exception):
-    """The callable's own failure."""
-
-
-def new_job() -> str:
-    """A unique job name; used as the (str) key too, so the job is named after it."""
-    return f"jobs-test:{uuid.uuid4().hex[:16]}"
 
 
 @pytest.mark.parametrize(
@@ -115,12 +104,8 @@ def test_singleton_uses_pgsolo_dsn_when_no_dsn_is_given(
 # -- async jobs ----------------------------------------------------------------------------
 
 
-def new_async_job() -> str:
-    return f"jobs-async-test:{uuid.uuid4().hex[:16]}"
-
-
 async def test_singleton_decorates_an_async_function(db: str, observer: Any) -> None:
-    job = new_async_job()
+    job = new_job("jobs-async-test")
 
     @singleton(job, dsn=db, period="day")
     async def settle(
@@ -142,7 +127,7 @@ async def test_singleton_decorates_an_async_function(db: str, observer: Any) -> 
 async def test_singleton_uses_pgsolo_dsn_when_no_dsn_is_given_async(
     db: str, observer: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    job = new_async_job()
+    job = new_job("jobs-async-test")
     monkeypatch.delenv("PGSOLO_DSN", raising=False)
 
     @singleton(job, lifetime="session")

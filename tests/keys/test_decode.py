@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
+from _support import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, VECTORS
 from pgsolo.errors import InvalidKeyError
 from pgsolo.keys import (
     Key,
@@ -18,23 +19,6 @@ from pgsolo.keys import (
     from_name,
 )
 from pgsolo.sql import name_to_sql
-
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
-
-# DESIGN.md §2, normative: name -> (int64 key, int32 half).
-VECTORS = {
-    "daily-settlement": (-2533923874772390729, -589975127),
-    "expired-session-cleanup": (1464048641933150878, 340875387),
-    "tenant-export": (-4731608009049143110, -1101663339),
-    "Grüße": (-559005354142841542, -130153577),
-}
-
-
-@pytest.fixture
-def conn(connect) -> psycopg.Connection:
-    return connect()
-
 
 ROUND_TRIP_KEYS = [
     Key(0),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
+from _support import INT32_MAX, INT32_MIN, VECTORS
 from pgsolo.errors import InvalidKeyError
 from pgsolo.keys import (
     derive_int32,
@@ -17,15 +18,6 @@ from pgsolo.keys import (
 )
 from pgsolo.sql import name_to_sql
 
-INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
-
-# DESIGN.md §2, normative: name -> (int64 key, int32 half).
-VECTORS = {
-    "daily-settlement": (-2533923874772390729, -589975127),
-    "expired-session-cleanup": (1464048641933150878, 340875387),
-    "tenant-export": (-4731608009049143110, -1101663339),
-    "Grüße": (-559005354142841542, -130153577),
-}
 VECTOR_NAMES = list(VECTORS)
 
 # Names that are awkward to quote in SQL; each must derive identically on the server.
@@ -43,11 +35,6 @@ AWKWARD_NAMES = [
     "new\nline\ttab",
     "emoji 🔒 lock",
 ]
-
-
-@pytest.fixture
-def conn(connect) -> psycopg.Connection:
-    return connect()
 
 
 def sql_scalar(conn: psycopg.Connection, expression: str) -> object:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from _support import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN
 from pgsolo.errors import InvalidKeyError
 from pgsolo.keys import (
     Key,
@@ -14,9 +15,6 @@ from pgsolo.keys import (
     derive_int64,
     from_name,
 )
-
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
 
 def test_as_key_with_a_name_and_namespace_derives_a_pair() -> None:

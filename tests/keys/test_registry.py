@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from _support import INT32_MAX, INT32_MIN, INT64_MIN
 from pgsolo.errors import InvalidKeyError, KeyCollisionError, UsageError
 from pgsolo.keys import (
     Key,
@@ -18,9 +19,6 @@ from pgsolo.keys import (
     derive_int32,
     derive_int64,
 )
-
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
 
 def test_registry_register_and_resolve() -> None:

@@ -5,10 +5,10 @@ error: int64 and int32 bounds, pairs that are tuples of exactly two real ints, n
 
 from __future__ import annotations
 
-import psycopg
 import pytest
 
 import pgsolo
+from _support import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN
 from pgsolo.errors import InvalidKeyError, KeyCollisionError, UsageError
 from pgsolo.keys import (
     Key,
@@ -18,14 +18,6 @@ from pgsolo.keys import (
     from_name,
 )
 from pgsolo.sql import name_to_sql
-
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
-
-
-@pytest.fixture
-def conn(connect) -> psycopg.Connection:
-    return connect()
 
 
 def test_invalid_key_error_is_a_value_error_and_a_usage_error() -> None:

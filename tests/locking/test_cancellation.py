@@ -10,31 +10,22 @@ import asyncio
 import random
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
 from typing import Any
 
-import psycopg
 import pytest
 from psycopg import pq
 
 import pgsolo
+from _support import DEADLINE, AConnect, assert_clean, hold_session_lock, lock_for, pid_of
 from pgsolo import Key
 
 # -- async connections ---------------------------------------------------------------------
-
-AConnect = Callable[..., Awaitable[psycopg.AsyncConnection[Any]]]
-
-BOUND = 10.0  # seconds: an upper bound for things that should take milliseconds
-
-
-def pid_of(conn: psycopg.AsyncConnection[Any] | psycopg.Connection[Any]) -> int:
-    return conn.info.backend_pid
 
 
 async def wait_until_waiting(observer: Any, key: Key, pid: int, task: asyncio.Task[Any]) -> None:
     """Poll pg_locks until backend ``pid`` is really queued on ``key`` (bounded)."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + BOUND
+    deadline = loop.time() + DEADLINE
     while pid not in observer.waiters(key):
         if task.done():
             task.result()  # surface the task's own failure
@@ -45,30 +36,8 @@ async def wait_until_waiting(observer: Any, key: Key, pid: int, task: asyncio.Ta
 
 async def finish(task: asyncio.Task[Any]) -> None:
     """Wait (bounded) for ``task`` to end, whatever its outcome."""
-    done, _ = await asyncio.wait({task}, timeout=BOUND)
+    done, _ = await asyncio.wait({task}, timeout=DEADLINE)
     assert task in done, "the task did not finish after it was cancelled"
-
-
-async def assert_clean(conn: psycopg.AsyncConnection[Any], observer: Any) -> None:
-    """The connection holds and waits for nothing, is IDLE (not ACTIVE, not idle in
-    transaction), and still answers queries."""
-    pid = pid_of(conn)
-    assert not conn.closed
-    assert not conn.broken
-    assert conn.info.transaction_status is pq.TransactionStatus.IDLE
-    assert observer.advisory(pid=pid) == set()
-    assert observer.advisory(pid=pid, granted=False) == set()
-    assert pgsolo.held_session_locks(conn) == []
-    cur = await conn.execute("SELECT 42")
-    assert await cur.fetchone() == (42,)
-    if not conn.autocommit:
-        await conn.rollback()
-    assert conn.info.transaction_status is pq.TransactionStatus.IDLE
-
-
-def lock_for(conn: psycopg.AsyncConnection[Any], key: Key, lifetime: str, **kw: Any) -> Any:
-    make = pgsolo.session_lock if lifetime == "session" else pgsolo.xact_lock
-    return make(conn, key, **kw)
 
 
 async def test_cancelling_a_lock_queued_behind_another_task_spares_its_statement(
@@ -90,18 +59,12 @@ async def test_cancelling_a_lock_queued_behind_another_task_spares_its_statement
         if not locker.cancelled():  # the lock call won the connection and finished first
             assert locker.result() is lock
             await lock.__aexit__(None, None, None)
-        done, _ = await asyncio.wait({other}, timeout=BOUND)
+        done, _ = await asyncio.wait({other}, timeout=DEADLINE)
         assert other in done
         cur = other.result()  # not QueryCanceled: its statement ran to the end
         assert await cur.fetchone() == ("", "other")
         assert observer.holders(key) == set()
         await assert_clean(conn, observer)
-
-
-async def _hold(conn: psycopg.AsyncConnection[Any], key: Key) -> pgsolo.AsyncLock:
-    lock = pgsolo.session_lock(conn, key)
-    assert await lock.acquire() is True
-    return lock
 
 
 @pytest.mark.parametrize("autocommit", [True, False], ids=["autocommit", "implicit-tx"])
@@ -112,7 +75,7 @@ async def test_cancelled_wait_leaves_nothing_behind(
     holder_conn = await aconnect()
     conn = await aconnect(autocommit=autocommit)
     pid = pid_of(conn)
-    holder = await _hold(holder_conn, key)
+    holder = await hold_session_lock(holder_conn, key)
     entered = asyncio.Event()
 
     async def waiter() -> None:
@@ -133,7 +96,7 @@ async def test_cancelled_wait_leaves_nothing_behind(
     assert observer.holders(key) == set()  # the abandoned wait was not granted later
     await assert_clean(conn, observer)
     # And the connection can take the lock normally now.
-    async with lock_for(conn, key, lifetime, wait=BOUND) as lock:
+    async with lock_for(conn, key, lifetime, wait=DEADLINE) as lock:
         assert lock.acquired
         assert observer.holders(key) == {pid}
     await assert_clean(conn, observer)
@@ -146,14 +109,14 @@ async def test_asyncio_timeout_around_a_wait(
 ) -> None:
     holder_conn = await aconnect()
     conn = await aconnect(autocommit=autocommit)
-    holder = await _hold(holder_conn, key)
+    holder = await hold_session_lock(holder_conn, key)
     loop = asyncio.get_running_loop()
     started = loop.time()
     with pytest.raises(TimeoutError) as caught:
         async with asyncio.timeout(0.3), lock_for(conn, key, lifetime, wait=30):
             pytest.fail("entered a block whose lock is held elsewhere")
     assert not isinstance(caught.value, pgsolo.LockTimeoutError)  # asyncio's, not the server's
-    assert loop.time() - started < BOUND
+    assert loop.time() - started < DEADLINE
     assert observer.waiters(key) == set()
     assert conn.info.transaction_status is pq.TransactionStatus.IDLE
     await holder.release()
@@ -167,7 +130,7 @@ async def test_cancelled_wait_inside_callers_transaction_keeps_it_usable(
 ) -> None:
     holder_conn, conn = await aconnect(), await aconnect()
     pid = pid_of(conn)
-    holder = await _hold(holder_conn, key)
+    holder = await hold_session_lock(holder_conn, key)
     seen: dict[str, Any] = {}
 
     async def waiter() -> None:
@@ -206,7 +169,7 @@ async def test_cancel_racing_the_release_never_leaves_a_lock(
     outcomes: Counter[str] = Counter()
 
     for i in range(12):
-        holder = await _hold(holder_conn, key)
+        holder = await hold_session_lock(holder_conn, key)
         entered = asyncio.Event()
 
         async def waiter(event: asyncio.Event = entered) -> None:
@@ -225,7 +188,7 @@ async def test_cancel_racing_the_release_never_leaves_a_lock(
             await asyncio.sleep(rng.uniform(0, 0.003))
             task.cancel()
         await finish(task)
-        await asyncio.wait_for(release, BOUND)
+        await asyncio.wait_for(release, DEADLINE)
         if cancel_first:
             assert task.cancelled(), "a cancel requested before the grant must win"
         else:
@@ -250,7 +213,7 @@ async def test_wait_cancelled_at_each_step_is_prompt_and_clean(
     (not after the 30s wait), with nothing held and the connection usable."""
     holder_conn = await aconnect()
     conn = await aconnect(autocommit=autocommit)
-    holder = await _hold(holder_conn, key)
+    holder = await hold_session_lock(holder_conn, key)
     loop = asyncio.get_running_loop()
     for steps in range(1, 9):
         # A busy event loop (blocked on purpose): psycopg then yields at every step.
@@ -261,7 +224,7 @@ async def test_wait_cancelled_at_each_step_is_prompt_and_clean(
         started = loop.time()
         task.cancel()
         await finish(task)
-        assert loop.time() - started < BOUND
+        assert loop.time() - started < DEADLINE
         assert task.cancelled(), f"step {steps}: the acquisition was not cancelled"
         assert observer.holders(key) == {pid_of(holder_conn)}
         assert observer.waiters(key) == set(), f"step {steps}: a wait was left running"

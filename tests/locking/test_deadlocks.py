@@ -6,24 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Awaitable, Callable
 from contextlib import nullcontext
 from typing import Any
 
-import psycopg
 import pytest
 
 import pgsolo
+from _support import AConnect, Connect, other_key
 from pgsolo import Key, LockDeadlockError, LockUnavailableError
 
-Connect = Callable[..., psycopg.Connection[Any]]
-AConnect = Callable[..., Awaitable[psycopg.AsyncConnection[Any]]]
 BOUND = 30.0
-
-
-def other_key(key: Key) -> Key:
-    namespace, resource = key.value  # type: ignore[misc]
-    return Key((namespace, resource + 500_000))
 
 
 @pytest.mark.parametrize("lifetime", ["session", "xact"])

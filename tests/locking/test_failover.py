@@ -15,7 +15,6 @@ everything, then the standby is promoted with ``pg_ctl promote``.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ import pytest
 
 import pgsolo
 from _cluster import ReplicaPair
-from _support import cli_env, eventually, pgsolo_cli, touching
+from _support import eventually, pgsolo_cli, pgsolo_in_background, touching
 from pgsolo import Keep, Key, LockLostError
 
 LOSS_BOUND = 30.0  # generous: the keeper beats every 0.2 s with a 2 s deadline
@@ -99,23 +98,13 @@ def test_pgsolo_run_under_a_failover_exits_70_and_the_next_run_reaches_the_new_p
     ready = tmp_path / "ready"
     waits = "import pathlib, sys, time; pathlib.Path(sys.argv[1]).touch(); time.sleep(120)"
     options = ["--check-interval", "0.2", "--check-timeout", "2", "--grace", "2"]
-    first = subprocess.Popen(
-        [sys.executable, "-m", "pgsolo", "run", "--dsn", dsn, "--key", key.text, *options,
-         "--json", "--", sys.executable, "-c", waits, str(ready)],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=cli_env(),
-    )  # fmt: skip
-    try:
+    with pgsolo_in_background(
+        "run", "--dsn", dsn, "--key", key.text, *options, "--json", "--",
+        sys.executable, "-c", waits, str(ready),
+    ) as first:  # fmt: skip
         eventually(ready.exists, "COMMAND to start under the lock", RUN_BOUND)
         fail_over(replica_pair)
         _, stderr = first.communicate(timeout=RUN_BOUND)
-    finally:
-        if first.poll() is None:
-            first.kill()
-            first.communicate()
     assert first.returncode == 70, stderr
     assert json.loads(stderr.splitlines()[-1])["outcome"] == "lost"
     marker = tmp_path / "ran"

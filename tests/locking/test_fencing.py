@@ -10,17 +10,14 @@ session's transaction.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import pytest
 
 import pgsolo
-from _support import eventually, terminate
+from _support import Connect, eventually, terminate
 from pgsolo import Key, UsageError, session_lock, xact_lock
-
-Connect = Callable[..., psycopg.Connection[Any]]
 
 
 def last_issued(observer: Any) -> int:

@@ -11,8 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
@@ -20,7 +18,19 @@ import pytest
 from psycopg import pq
 
 import pgsolo
-from _support import eventually
+from _support import (
+    DEADLINE,
+    IDLE,
+    AConnect,
+    Connect,
+    Critical,
+    assert_clean,
+    backend_state,
+    eventually,
+    other_key,
+    pid_of,
+    run_threads,
+)
 from pgsolo import (
     ConnectionStateError,
     Key,
@@ -30,72 +40,6 @@ from pgsolo import (
 )
 
 # -- sync connections ----------------------------------------------------------------------
-
-Connect = Callable[..., psycopg.Connection]
-
-IDLE = psycopg.pq.TransactionStatus.IDLE
-DEADLINE = 10.0  # generous bound for anything that must happen "soon"; never a speed claim
-
-
-def pid_of(conn: psycopg.Connection) -> int:
-    return conn.info.backend_pid
-
-
-def backend_state(observer: Any, pid: int) -> tuple[str | None, str | None] | None:
-    """(state, query) of a backend in pg_stat_activity, or None when it is gone."""
-    row = observer.conn.execute(
-        "SELECT state, query FROM pg_stat_activity WHERE pid = %s", (pid,)
-    ).fetchone()
-    return (row[0], row[1]) if row else None
-
-
-def run_threads(targets: list[Callable[[], None]], timeout: float = 30.0) -> list[BaseException]:
-    """Run each target in its own thread; join with a bound; return what they raised."""
-    errors: list[BaseException] = []
-    guard = threading.Lock()
-
-    def wrap(target: Callable[[], None]) -> Callable[[], None]:
-        def run() -> None:
-            try:
-                target()
-            except BaseException as exc:
-                with guard:
-                    errors.append(exc)
-
-        return run
-
-    threads = [threading.Thread(target=wrap(t), daemon=True) for t in targets]
-    for thread in threads:
-        thread.start()
-    deadline = time.monotonic() + timeout
-    for thread in threads:
-        thread.join(max(0.0, deadline - time.monotonic()))
-    stuck = [t for t in threads if t.is_alive()]
-    assert not stuck, f"{len(stuck)} thread(s) still running after {timeout}s"
-    return errors
-
-
-class Critical:
-    """Counts who is inside; every entry checks it is alone."""
-
-    def __init__(self) -> None:
-        self.guard = threading.Lock()
-        self.inside = 0
-        self.max_inside = 0
-        self.entries = 0
-
-    def enter(self) -> None:
-        with self.guard:
-            self.inside += 1
-            self.entries += 1
-            self.max_inside = max(self.max_inside, self.inside)
-            alone = self.inside == 1
-        try:
-            assert alone, "two holders inside the critical section at once"
-            time.sleep(0.002)
-        finally:
-            with self.guard:
-                self.inside -= 1
 
 
 def test_second_thread_on_same_connection_is_refused(
@@ -246,11 +190,6 @@ def test_threads_sharing_one_connection_cannot_both_enter_an_xact_block(
         assert again.acquired
 
 
-def second_key(key: Key) -> Key:
-    assert isinstance(key.value, tuple)
-    return Key((key.value[0], key.value[1] + 500_000))
-
-
 def test_reentrant_session_lock_does_not_ride_on_an_xact_claim(
     connect: Connect, observer: Any, key: Key
 ) -> None:
@@ -289,7 +228,7 @@ def test_second_thread_cannot_join_an_xact_block_for_another_key(
     by A: refused. A's block then ends normally."""
     conn = connect()
     pid = pid_of(conn)
-    key2 = second_key(key)
+    key2 = other_key(key)
     inside = threading.Event()
     finish = threading.Event()
     seen: dict[str, object] = {}
@@ -337,27 +276,6 @@ def test_second_thread_cannot_join_an_xact_block_for_another_key(
 
 # -- async connections ---------------------------------------------------------------------
 
-AConnect = Callable[..., Awaitable[psycopg.AsyncConnection[Any]]]
-
-BOUND = 10.0  # seconds: an upper bound for things that should take milliseconds
-
-
-async def assert_clean(conn: psycopg.AsyncConnection[Any], observer: Any) -> None:
-    """The connection holds and waits for nothing, is IDLE (not ACTIVE, not idle in
-    transaction), and still answers queries."""
-    pid = pid_of(conn)
-    assert not conn.closed
-    assert not conn.broken
-    assert conn.info.transaction_status is pq.TransactionStatus.IDLE
-    assert observer.advisory(pid=pid) == set()
-    assert observer.advisory(pid=pid, granted=False) == set()
-    assert pgsolo.held_session_locks(conn) == []
-    cur = await conn.execute("SELECT 42")
-    assert await cur.fetchone() == (42,)
-    if not conn.autocommit:
-        await conn.rollback()
-    assert conn.info.transaction_status is pq.TransactionStatus.IDLE
-
 
 async def test_tasks_sharing_one_connection_try_and_wait(
     aconnect: AConnect, observer: Any, key: Key
@@ -370,7 +288,7 @@ async def test_tasks_sharing_one_connection_try_and_wait(
     assert observer.holders(key) == {pid_of(conn)}
 
     with pytest.raises(pgsolo.LockUnavailableError) as caught:
-        await asyncio.wait_for(pgsolo.session_lock(conn, key, wait=30).acquire(), BOUND)
+        await asyncio.wait_for(pgsolo.session_lock(conn, key, wait=30).acquire(), DEADLINE)
     assert not isinstance(caught.value, pgsolo.LockTimeoutError)
     assert caught.value.key == key
     assert "already held on this connection" in str(caught.value)
@@ -392,7 +310,9 @@ async def test_tasks_sharing_one_connection_concurrent_blocks(
             await asyncio.sleep(0.05)
             assert observer.holders(key) == {pid_of(conn)}
 
-    outcomes = await asyncio.wait_for(asyncio.gather(job(1), job(2), return_exceptions=True), BOUND)
+    outcomes = await asyncio.wait_for(
+        asyncio.gather(job(1), job(2), return_exceptions=True), DEADLINE
+    )
     assert len(inside) == 1
     errors = [o for o in outcomes if o is not None]
     assert len(errors) == 1
@@ -418,7 +338,7 @@ async def test_tasks_sharing_one_connection_xact_blocks_exclude_each_other(
                     await asyncio.sleep(0.05)
                     inside -= 1
 
-    await asyncio.wait_for(asyncio.gather(job(), job()), BOUND)
+    await asyncio.wait_for(asyncio.gather(job(), job()), DEADLINE)
     assert most_inside == 1
 
 
@@ -434,11 +354,6 @@ async def test_reentrant_needs_the_first_acquisition_to_have_completed(
     await first.release()
     assert observer.holders(key) == set()
     await assert_clean(conn, observer)
-
-
-def other_key(key: Key) -> Key:
-    assert isinstance(key.value, tuple)
-    return Key((key.value[0], key.value[1] + 500_000))
 
 
 async def test_second_task_cannot_join_an_xact_block_for_another_key(
@@ -457,13 +372,13 @@ async def test_second_task_cannot_join_an_xact_block_for_another_key(
         async with pgsolo.xact_lock(conn, key) as lock:
             seen["a_acquired"] = lock.acquired
             inside.set()
-            await asyncio.wait_for(finish_a.wait(), BOUND)
+            await asyncio.wait_for(finish_a.wait(), DEADLINE)
             cur = await conn.execute("SELECT 1")
             seen["a_select"] = await cur.fetchone()
         seen["a_status"] = conn.info.transaction_status
 
     async def task_b() -> None:
-        await asyncio.wait_for(inside.wait(), BOUND)
+        await asyncio.wait_for(inside.wait(), DEADLINE)
         try:
             with pytest.raises(pgsolo.ConnectionStateError) as raised:
                 async with pgsolo.xact_lock(conn, key2):
@@ -475,7 +390,7 @@ async def test_second_task_cannot_join_an_xact_block_for_another_key(
         finally:
             finish_a.set()
 
-    await asyncio.wait_for(asyncio.gather(task_a(), task_b()), BOUND * 2)
+    await asyncio.wait_for(asyncio.gather(task_a(), task_b()), DEADLINE * 2)
     assert seen["a_acquired"] is True
     assert "b_entered" not in seen
     assert "another thread or task" in str(seen["b_context"])

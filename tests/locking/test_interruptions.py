@@ -7,124 +7,31 @@ usable. (Task cancellation, the async counterpart, is in ``test_cancellation.py`
 from __future__ import annotations
 
 import json
-import queue
 import signal
-import subprocess
-import sys
-import threading
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import pytest
-from psycopg import sql as pgsql
 
 import pgsolo
-from _support import eventually
+from _support import (
+    IDLE,
+    INTRANS,
+    Child,
+    Connect,
+    backend_state,
+    eventually,
+    insert_note,
+    notes,
+    pid_of,
+)
 from pgsolo import (
     Key,
     LockNotHeldError,
 )
 from pgsolo.drivers._sync.psycopg_driver import PsycopgDriver
 from pgsolo.sql import lock_function
-
-Connect = Callable[..., psycopg.Connection]
-
-IDLE = psycopg.pq.TransactionStatus.IDLE
-INTRANS = psycopg.pq.TransactionStatus.INTRANS
-
-
-def pid_of(conn: psycopg.Connection) -> int:
-    return conn.info.backend_pid
-
-
-def backend_state(observer: Any, pid: int) -> tuple[str | None, str | None] | None:
-    """(state, query) of a backend in pg_stat_activity, or None when it is gone."""
-    row = observer.conn.execute(
-        "SELECT state, query FROM pg_stat_activity WHERE pid = %s", (pid,)
-    ).fetchone()
-    return (row[0], row[1]) if row else None
-
-
-class Child:
-    """A child Python process whose stdout lines are read with a deadline."""
-
-    def __init__(self, script: str, *args: object) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", script, *map(str, args)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        self.lines: queue.Queue[str | None] = queue.Queue()
-        self.stderr: list[str] = []
-        threading.Thread(target=self._pump, daemon=True).start()
-        threading.Thread(target=self._pump_err, daemon=True).start()
-
-    def _pump(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.put(line.rstrip("\n"))
-        self.lines.put(None)
-
-    def _pump_err(self) -> None:
-        assert self.proc.stderr is not None
-        self.stderr.extend(self.proc.stderr)
-
-    def readline(self, timeout: float = 20.0) -> str:
-        try:
-            line = self.lines.get(timeout=timeout)
-        except queue.Empty:
-            pytest.fail(f"child printed nothing for {timeout}s; stderr: {''.join(self.stderr)}")
-        if line is None:
-            self.proc.wait(5)
-            pytest.fail(
-                f"child exited ({self.proc.returncode}) early; stderr: {''.join(self.stderr)}"
-            )
-        return line
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(10)
-
-
-@pytest.fixture
-def children() -> Iterator[Callable[..., Child]]:
-    started: list[Child] = []
-
-    def start(script: str, *args: object) -> Child:
-        child = Child(script, *args)
-        started.append(child)
-        return child
-
-    yield start
-    for child in started:
-        child.kill()
-
-
-@pytest.fixture
-def table(observer: Any) -> Iterator[str]:
-    """A real (not temporary) table, so the observer session can see what was committed."""
-    name = f"pgsolo_work_{uuid.uuid4().hex[:12]}"
-    observer.conn.execute(
-        pgsql.SQL("CREATE TABLE {} (note text NOT NULL)").format(pgsql.Identifier(name))
-    )
-    yield name
-    observer.conn.execute(pgsql.SQL("DROP TABLE IF EXISTS {}").format(pgsql.Identifier(name)))
-
-
-def insert_note(conn: psycopg.Connection, table: str, note: str) -> None:
-    conn.execute(pgsql.SQL("INSERT INTO {} VALUES (%s)").format(pgsql.Identifier(table)), (note,))
-
-
-def notes(observer: Any, table: str) -> list[str]:
-    rows = observer.conn.execute(
-        pgsql.SQL("SELECT note FROM {} ORDER BY note").format(pgsql.Identifier(table))
-    ).fetchall()
-    return [r[0] for r in rows]
-
 
 CHILD_INTERRUPTED_WAIT = r"""
 import json, signal, sys, time

@@ -22,7 +22,6 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -32,63 +31,26 @@ from psycopg import pq
 import _support
 import pgsolo
 from _relay import FreezingProxy
-from _support import DEADLINE, eventually, terminate
-from pgsolo import Keep, Key, LockLostError, UsageError, sql
-
-Connect = Callable[..., psycopg.Connection]
-
-INTERVAL = 0.05  # beats are cheap on a local server; several fit in any test's window
-
+from _support import (
+    DEADLINE,
+    INTERVAL,
+    Connect,
+    OnLost,
+    activity,
+    assert_still_usable,
+    eventually,
+    terminate,
+    wait_for_beat,
+    wait_until_lost,
+)
+from pgsolo import Keep, Key, LockLostError, UsageError
 
 # -- helpers -----------------------------------------------------------------------------
-
-
-class OnLost:
-    """An ``on_lost`` callback that records what it got, and in which thread."""
-
-    def __init__(self, fail: BaseException | None = None) -> None:
-        self.errors: list[LockLostError] = []
-        self.threads: list[str] = []
-        self._fail = fail
-        self._guard = threading.Lock()
-
-    def __call__(self, error: LockLostError) -> None:
-        with self._guard:
-            self.errors.append(error)
-            self.threads.append(threading.current_thread().name)
-        if self._fail is not None:
-            raise self._fail
 
 
 def keeper_threads(key: Key | None = None) -> list[threading.Thread]:
     prefix = "pgsolo-keeper" if key is None else f"pgsolo-keeper {key}"
     return [t for t in threading.enumerate() if t.name == prefix or t.name.startswith(prefix)]
-
-
-def activity(observer: Any, pid: int) -> tuple[str | None, str | None]:
-    """(state, last query) of backend ``pid`` as pg_stat_activity shows it."""
-    row = observer.conn.execute(
-        "SELECT state, query FROM pg_stat_activity WHERE pid = %s", (pid,)
-    ).fetchone()
-    return (None, None) if row is None else (row[0], row[1])
-
-
-def wait_for_beat(observer: Any, pid: int, key: Key, *, shared: bool = False) -> None:
-    """Until the keeper's statement is the last one backend ``pid`` ran (run something
-    else first to wait for a *new* beat)."""
-    beat = sql.keeper_beat(key, shared=shared)
-    eventually(lambda: activity(observer, pid)[1] == beat, f"a keeper beat on backend {pid}")
-
-
-def wait_until_lost(lock: pgsolo.Lock, what: str = "the keeper to report the loss") -> None:
-    eventually(lambda: lock.lost, what)
-
-
-def assert_still_usable(conn: psycopg.Connection) -> None:
-    assert conn.execute("SELECT 41 + 1").fetchone() == (42,)
-    if not conn.autocommit:
-        conn.commit()
-    assert conn.info.transaction_status is pq.TransactionStatus.IDLE
 
 
 # -- loss: the backend is terminated -----------------------------------------------------

@@ -19,7 +19,6 @@ import contextlib
 import gc
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
@@ -28,72 +27,27 @@ from psycopg import pq
 
 import pgsolo
 from _relay import FreezingProxy
-from _support import DEADLINE, terminate
-from pgsolo import Keep, Key, LockLostError, UsageError, session_lock, sql
-
-AConnect = Callable[..., Awaitable[psycopg.AsyncConnection[Any]]]
-
-INTERVAL = 0.05  # beats are cheap on a local server; several fit in any test's window
-
+from _support import (
+    DEADLINE,
+    INTERVAL,
+    AConnect,
+    OnLost,
+    activity,
+    aeventually,
+    assert_still_usable,
+    terminate,
+    wait_for_beat,
+    wait_until_lost,
+)
+from pgsolo import Keep, Key, LockLostError, UsageError, session_lock
 
 # -- helpers -----------------------------------------------------------------------------
-
-
-class OnLost:
-    """An ``on_lost`` callback that records what it got, and from which task."""
-
-    def __init__(self, fail: BaseException | None = None) -> None:
-        self.errors: list[LockLostError] = []
-        self.tasks: list[str] = []
-        self._fail = fail
-
-    def __call__(self, error: LockLostError) -> None:
-        self.errors.append(error)
-        task = asyncio.current_task()
-        self.tasks.append(task.get_name() if task is not None else "")
-        if self._fail is not None:
-            raise self._fail
 
 
 def keeper_tasks(key: Key) -> list[asyncio.Task[Any]]:
     return [
         t for t in asyncio.all_tasks() if t.get_name() == f"pgsolo-keeper {key}" and not t.done()
     ]
-
-
-def activity(observer: Any, pid: int) -> tuple[str | None, str | None]:
-    """(state, last query) of backend ``pid`` as pg_stat_activity shows it."""
-    row = observer.conn.execute(
-        "SELECT state, query FROM pg_stat_activity WHERE pid = %s", (pid,)
-    ).fetchone()
-    return (None, None) if row is None else (row[0], row[1])
-
-
-async def eventually(predicate: Callable[[], object], what: str) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + DEADLINE
-    while not predicate():
-        if loop.time() > deadline:
-            pytest.fail(f"timed out after {DEADLINE}s waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
-async def wait_for_beat(observer: Any, pid: int, key: Key, *, shared: bool = False) -> None:
-    """Until the keeper's statement is the last one backend ``pid`` ran."""
-    beat = sql.keeper_beat(key, shared=shared)
-    await eventually(lambda: activity(observer, pid)[1] == beat, f"a beat on backend {pid}")
-
-
-async def wait_until_lost(lock: pgsolo.AsyncLock) -> None:
-    await eventually(lambda: lock.lost, "the keeper to report the loss")
-
-
-async def assert_still_usable(conn: psycopg.AsyncConnection[Any]) -> None:
-    cur = await conn.execute("SELECT 41 + 1")
-    assert await cur.fetchone() == (42,)
-    if not conn.autocommit:
-        await conn.commit()
-    assert conn.info.transaction_status is pq.TransactionStatus.IDLE
 
 
 # -- loss: the backend is terminated -----------------------------------------------------
@@ -114,7 +68,7 @@ async def test_terminated_backend_is_lost_in_an_async_with_block(
             assert len(keeper_tasks(key)) == 1
             lock.check()
             terminate(observer, pid)
-            await wait_until_lost(lock)
+            await wait_until_lost(lock, poll=aeventually)
             with pytest.raises(LockLostError) as checked:
                 lock.check()
             assert checked.value is lock.loss
@@ -185,7 +139,7 @@ async def test_no_false_alarm_while_tasks_work_on_the_connection(
         await conn.execute("SELECT 'before the keeper alone'")
         if not autocommit:
             await conn.commit()
-        await wait_for_beat(observer, pid, key)
+        await wait_for_beat(observer, pid, key, poll=aeventually)
         states, statuses = set(), set()
         for _ in range(25):
             states.add(activity(observer, pid)[0])
@@ -247,11 +201,11 @@ async def test_keeper_stops_on_release_and_reports_nothing_later(
     if how == "with":
         async with lock:
             assert len(keeper_tasks(key)) == 1
-            await wait_for_beat(observer, pid, key)
+            await wait_for_beat(observer, pid, key, poll=aeventually)
     else:
         assert await lock.acquire()
         assert len(keeper_tasks(key)) == 1
-        await wait_for_beat(observer, pid, key)
+        await wait_for_beat(observer, pid, key, poll=aeventually)
         await lock.release()
     assert keeper_tasks(key) == []  # stopped, not merely told to stop
     await conn.execute("SELECT 'released'")
@@ -337,7 +291,8 @@ async def test_cancel_false_does_not_cancel_the_holder(
         async with lock:
             assert lock.backend_pid is not None
             terminate(observer, lock.backend_pid)
-            await wait_until_lost(lock)  # sleeps through several beats, never cancelled
+            # sleeps through several beats, never cancelled
+            await wait_until_lost(lock, poll=aeventually)
             await asyncio.sleep(5 * INTERVAL)
             steps.append("finished its work")
 
@@ -367,7 +322,7 @@ async def test_outside_cancellation_is_still_a_cancellation(
 
     task = asyncio.create_task(work())
     await asyncio.wait_for(started.wait(), DEADLINE)
-    await wait_for_beat(observer, conn.info.backend_pid, key)
+    await wait_for_beat(observer, conn.info.backend_pid, key, poll=aeventually)
     task.cancel()
     done, _ = await asyncio.wait({task}, timeout=DEADLINE)
     assert task in done
@@ -501,7 +456,7 @@ async def test_unresponsive_server_is_lost_and_the_connection_shut_down(
             if not conn.closed:
                 with pytest.raises(psycopg.OperationalError):
                     await asyncio.wait_for(conn.execute("SELECT 1"), DEADLINE)
-            await eventually(lambda: observer.holders(key) == set(), "the lock to go")
+            await aeventually(lambda: observer.holders(key) == set(), "the lock to go")
         finally:
             await conn.close()
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -15,17 +14,12 @@ from psycopg import sql as pgsql
 from psycopg.conninfo import make_conninfo
 
 import pgsolo
+from _support import Connect, pid_of
 from pgsolo import (
     Key,
     LockNotHeldError,
     LockTimeoutError,
 )
-
-Connect = Callable[..., psycopg.Connection]
-
-
-def pid_of(conn: psycopg.Connection) -> int:
-    return conn.info.backend_pid
 
 
 def pgsolo_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:

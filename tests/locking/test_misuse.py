@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -14,6 +14,7 @@ import pytest
 from psycopg import pq
 
 import pgsolo
+from _support import AConnect, Connect, assert_clean, backend_state, lock_factory, lock_for, pid_of
 from pgsolo import (
     InvalidKeyError,
     Key,
@@ -21,25 +22,6 @@ from pgsolo import (
 )
 
 # -- sync connections ----------------------------------------------------------------------
-
-Connect = Callable[..., psycopg.Connection]
-
-
-def pid_of(conn: psycopg.Connection) -> int:
-    return conn.info.backend_pid
-
-
-def backend_state(observer: Any, pid: int) -> tuple[str | None, str | None] | None:
-    """(state, query) of a backend in pg_stat_activity, or None when it is gone."""
-    row = observer.conn.execute(
-        "SELECT state, query FROM pg_stat_activity WHERE pid = %s", (pid,)
-    ).fetchone()
-    return (row[0], row[1]) if row else None
-
-
-def lock_factory(lifetime: str) -> Callable[..., pgsolo.Lock]:
-    return pgsolo.xact_lock if lifetime == "xact" else pgsolo.session_lock  # type: ignore[return-value]
-
 
 BAD_KEYS = [True, 1.5, 2**63, "", "a\0b"]
 
@@ -80,30 +62,6 @@ def test_bad_options_leave_open_connection_untouched(
 
 
 # -- async connections ---------------------------------------------------------------------
-
-AConnect = Callable[..., Awaitable[psycopg.AsyncConnection[Any]]]
-
-
-async def assert_clean(conn: psycopg.AsyncConnection[Any], observer: Any) -> None:
-    """The connection holds and waits for nothing, is IDLE (not ACTIVE, not idle in
-    transaction), and still answers queries."""
-    pid = pid_of(conn)
-    assert not conn.closed
-    assert not conn.broken
-    assert conn.info.transaction_status is pq.TransactionStatus.IDLE
-    assert observer.advisory(pid=pid) == set()
-    assert observer.advisory(pid=pid, granted=False) == set()
-    assert pgsolo.held_session_locks(conn) == []
-    cur = await conn.execute("SELECT 42")
-    assert await cur.fetchone() == (42,)
-    if not conn.autocommit:
-        await conn.rollback()
-    assert conn.info.transaction_status is pq.TransactionStatus.IDLE
-
-
-def lock_for(conn: psycopg.AsyncConnection[Any], key: Key, lifetime: str, **kw: Any) -> Any:
-    make = pgsolo.session_lock if lifetime == "session" else pgsolo.xact_lock
-    return make(conn, key, **kw)
 
 
 @pytest.mark.parametrize("lifetime", ["session", "xact"])

@@ -16,8 +16,6 @@ from __future__ import annotations
 import collections
 import threading
 import time
-import uuid
-from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -25,23 +23,11 @@ import pytest
 
 import pgsolo
 from _bouncer import POOL_SIZE, Bouncer
-from _support import DEADLINE, eventually
+from _support import DEADLINE, IDLE, INTRANS, eventually, new_job, run_threads, server_pid
 from pgsolo import Key, LockTimeoutError
 from pgsolo.keys import encode_pg_lock
 
-IDLE = psycopg.pq.TransactionStatus.IDLE
-INTRANS = psycopg.pq.TransactionStatus.INTRANS
-
-
 # -- helpers --------------------------------------------------------------------------------
-
-
-def server_pid(conn: psycopg.Connection) -> int:
-    """The server backend this client's statement ran on (not ``conn.info.backend_pid``,
-    which behind PgBouncer is the bouncer's own cancel key)."""
-    row = conn.execute("SELECT pg_backend_pid()").fetchone()
-    assert row is not None
-    return int(row[0])
 
 
 def held_here(conn: psycopg.Connection, key: Key) -> bool:
@@ -55,30 +41,6 @@ def held_here(conn: psycopg.Connection, key: Key) -> bool:
     ).fetchone()
     assert row is not None
     return bool(row[0])
-
-
-def run_threads(targets: list[Callable[[], None]], timeout: float = 45.0) -> list[BaseException]:
-    """Run each target in its own thread; return what they raised. Bounded."""
-    errors: list[BaseException] = []
-
-    def wrap(target: Callable[[], None]) -> Callable[[], None]:
-        def run() -> None:
-            try:
-                target()
-            except BaseException as exc:
-                errors.append(exc)
-
-        return run
-
-    threads = [threading.Thread(target=wrap(t), daemon=True) for t in targets]
-    for t in threads:
-        t.start()
-    deadline = time.monotonic() + timeout
-    for t in threads:
-        t.join(max(0.0, deadline - time.monotonic()))
-    stuck = [t for t in threads if t.is_alive()]
-    assert not stuck, f"{len(stuck)} thread(s) still running after {timeout}s"
-    return errors
 
 
 # -- 0. the setup really is transaction pooling ----------------------------------------------
@@ -183,7 +145,7 @@ def test_threads_racing_through_pgbouncer_never_hold_together(
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     try:
-        errors = run_threads([lambda c=c: worker(c) for c in conns])
+        errors = run_threads([lambda c=c: worker(c) for c in conns], timeout=45.0)
     finally:
         finished.set()
         watcher.join(DEADLINE)
@@ -312,14 +274,10 @@ def migrated(dsn: str) -> None:
         pgsolo.migrate(conn)
 
 
-def new_job() -> str:
-    return f"pgbouncer-test:{uuid.uuid4().hex[:16]}"
-
-
 def test_run_job_through_pgbouncer_completes(
     bouncer: Bouncer, observer: Any, migrated: None
 ) -> None:
-    job = new_job()
+    job = new_job("pgbouncer-test")
     job_key = pgsolo.as_key(job)
     seen: dict[str, object] = {}
 
@@ -349,7 +307,7 @@ def test_run_job_through_pgbouncer_completes(
 def test_same_job_once_per_period_from_many_threads_through_pgbouncer(
     bouncer: Bouncer, observer: Any, migrated: None, wait: float | None
 ) -> None:
-    job = new_job()
+    job = new_job("pgbouncer-test")
     n_threads = 8
     calls: list[int] = []
     results: list[pgsolo.JobResult[Any]] = []
@@ -364,7 +322,7 @@ def test_same_job_once_per_period_from_many_threads_through_pgbouncer(
         start.wait()
         results.append(pgsolo.run_job(bouncer.dsn, job, work, period="day", wait=wait))
 
-    errors = run_threads([attempt] * n_threads)
+    errors = run_threads([attempt] * n_threads, timeout=45.0)
     assert errors == []
     outcomes = collections.Counter((r.outcome, r.reason) for r in results)
     assert outcomes[("completed", None)] == 1, outcomes

@@ -8,25 +8,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
-import psycopg
 import pytest
 from psycopg import pq
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 import pgsolo
+from _support import DEADLINE, AConnect, aeventually, pid_of
 from pgsolo import (
     Key,
 )
 
 # -- sync connections ----------------------------------------------------------------------
-DEADLINE = 10.0  # generous bound for anything that must happen "soon"; never a speed claim
-
-
-def pid_of(conn: psycopg.Connection) -> int:
-    return conn.info.backend_pid
 
 
 def test_pool_reset_hook_releases_leaked_session_lock(
@@ -95,18 +89,6 @@ def test_pool_exhaustion_times_out_instead_of_hanging(dsn: str, observer: Any, k
 
 # -- async connections ---------------------------------------------------------------------
 
-AConnect = Callable[..., Awaitable[psycopg.AsyncConnection[Any]]]
-
-BOUND = 10.0  # seconds: an upper bound for things that should take milliseconds
-
-
-async def wait_until(predicate: Callable[[], bool], what: str) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + BOUND
-    while not predicate():
-        assert loop.time() < deadline, f"timed out waiting until {what}"
-        await asyncio.sleep(0.01)
-
 
 async def test_async_pool_reset_releases_a_leaked_session_lock(
     dsn: str, observer: Any, key: Key, caplog: pytest.LogCaptureFixture
@@ -129,7 +111,7 @@ async def test_async_pool_reset_releases_a_leaked_session_lock(
                 assert observer.holders(key) == {pid}
             # The pool resets in a worker; with one connection, getting it back means
             # the reset has run.
-            async with pool.connection(timeout=BOUND) as again:
+            async with pool.connection(timeout=DEADLINE) as again:
                 assert pid_of(again) == pid  # the same session: nothing was reconnected
                 assert observer.holders(key) == set()
                 assert observer.advisory(pid=pid) == set()
@@ -138,7 +120,7 @@ async def test_async_pool_reset_releases_a_leaked_session_lock(
                 assert await pgsolo.session_lock(again, key).acquire() is True
         assert "still held when its connection went back to the pool" in caplog.text
         assert key.text in caplog.text
-        async with pool.connection(timeout=BOUND):
+        async with pool.connection(timeout=DEADLINE):
             assert observer.holders(key) == set()
     finally:
         await pool.close()
@@ -153,7 +135,7 @@ async def test_async_pool_without_reset_leaks_the_session_lock(
         async with pool.connection() as conn:
             pid = pid_of(conn)
             assert await pgsolo.session_lock(conn, key).acquire() is True
-        async with pool.connection(timeout=BOUND) as again:
+        async with pool.connection(timeout=DEADLINE) as again:
             assert pid_of(again) == pid
             assert observer.holders(key) == {pid}  # leaked: "the lock always returns false"
             other = await aconnect()
@@ -163,7 +145,7 @@ async def test_async_pool_without_reset_leaks_the_session_lock(
             assert await pgsolo.session_lock(again, key).acquire() is False
     finally:
         await pool.close()
-    await wait_until(lambda: observer.holders(key) == set(), "closing the pool ends the leak")
+    await aeventually(lambda: observer.holders(key) == set(), "closing the pool ends the leak")
 
 
 async def test_async_pool_exhaustion_is_a_bounded_pool_timeout(
@@ -186,9 +168,9 @@ async def test_async_pool_exhaustion_is_a_bounded_pool_timeout(
             with pytest.raises(PoolTimeout):
                 async with pool.connection(timeout=0.5):
                     pytest.fail("a pool of one handed out its only, busy connection")
-            assert loop.time() - started < BOUND
+            assert loop.time() - started < DEADLINE
             assert observer.holders(key) == {pid_of(busy)}
-        async with pool.connection(timeout=BOUND) as conn:
+        async with pool.connection(timeout=DEADLINE) as conn:
             assert observer.holders(key) == set()
             assert await pgsolo.session_lock(conn, key).acquire() is True
     finally:

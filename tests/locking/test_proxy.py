@@ -28,7 +28,7 @@ import pytest
 import pgsolo
 from _bouncer import Bouncer, bouncer_client
 from _relay import FreezingProxy
-from _support import eventually
+from _support import eventually, server_pid
 from pgsolo import Key, UnsafeConnectionError
 from pgsolo.cli.exit_codes import EXIT_UNSAFE
 
@@ -41,12 +41,6 @@ def assert_refusal_explains_itself(error: BaseException) -> None:
     assert "pool_mode=transaction" in text
     assert "xact_lock()" in text  # the fix: transaction-level locks...
     assert "pool_mode=session" in text  # ...or a session-pinned connection
-
-
-def server_pid(conn: psycopg.Connection[Any]) -> int:
-    row = conn.execute("SELECT pg_backend_pid()").fetchone()
-    assert row is not None
-    return int(row[0])
 
 
 @pytest.fixture

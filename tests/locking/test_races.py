@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -16,67 +15,21 @@ import pytest
 from psycopg import pq
 
 import pgsolo
+from _support import (
+    DEADLINE,
+    AConnect,
+    Connect,
+    Critical,
+    lock_factory,
+    lock_for,
+    pid_of,
+    run_threads,
+)
 from pgsolo import (
     Key,
 )
 
 # -- sync connections ----------------------------------------------------------------------
-
-Connect = Callable[..., psycopg.Connection]
-DEADLINE = 10.0  # generous bound for anything that must happen "soon"; never a speed claim
-
-
-def run_threads(targets: list[Callable[[], None]], timeout: float = 30.0) -> list[BaseException]:
-    """Run each target in its own thread; join with a bound; return what they raised."""
-    errors: list[BaseException] = []
-    guard = threading.Lock()
-
-    def wrap(target: Callable[[], None]) -> Callable[[], None]:
-        def run() -> None:
-            try:
-                target()
-            except BaseException as exc:
-                with guard:
-                    errors.append(exc)
-
-        return run
-
-    threads = [threading.Thread(target=wrap(t), daemon=True) for t in targets]
-    for thread in threads:
-        thread.start()
-    deadline = time.monotonic() + timeout
-    for thread in threads:
-        thread.join(max(0.0, deadline - time.monotonic()))
-    stuck = [t for t in threads if t.is_alive()]
-    assert not stuck, f"{len(stuck)} thread(s) still running after {timeout}s"
-    return errors
-
-
-def lock_factory(lifetime: str) -> Callable[..., pgsolo.Lock]:
-    return pgsolo.xact_lock if lifetime == "xact" else pgsolo.session_lock  # type: ignore[return-value]
-
-
-class Critical:
-    """Counts who is inside; every entry checks it is alone."""
-
-    def __init__(self) -> None:
-        self.guard = threading.Lock()
-        self.inside = 0
-        self.max_inside = 0
-        self.entries = 0
-
-    def enter(self) -> None:
-        with self.guard:
-            self.inside += 1
-            self.entries += 1
-            self.max_inside = max(self.max_inside, self.inside)
-            alone = self.inside == 1
-        try:
-            assert alone, "two holders inside the critical section at once"
-            time.sleep(0.002)
-        finally:
-            with self.guard:
-                self.inside -= 1
 
 
 @pytest.mark.parametrize(
@@ -115,18 +68,6 @@ def test_threads_race_for_one_key(
 
 
 # -- async connections ---------------------------------------------------------------------
-
-AConnect = Callable[..., Awaitable[psycopg.AsyncConnection[Any]]]
-
-
-def pid_of(conn: psycopg.AsyncConnection[Any] | psycopg.Connection[Any]) -> int:
-    return conn.info.backend_pid
-
-
-def lock_for(conn: psycopg.AsyncConnection[Any], key: Key, lifetime: str, **kw: Any) -> Any:
-    make = pgsolo.session_lock if lifetime == "session" else pgsolo.xact_lock
-    return make(conn, key, **kw)
-
 
 TASKS = 20
 

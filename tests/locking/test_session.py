@@ -14,20 +14,28 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import queue
 import signal
-import subprocess
 import sys
-import threading
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-import psycopg
 import pytest
 from psycopg import pq
 
 import pgsolo
-from _support import eventually
+from _support import (
+    DEADLINE,
+    AConnect,
+    Child,
+    Connect,
+    JobFailedError,
+    aeventually,
+    assert_clean,
+    backend_state,
+    eventually,
+    hold_session_lock,
+    pid_of,
+)
 from pgsolo import (
     Key,
     LockLostError,
@@ -36,87 +44,9 @@ from pgsolo import (
 
 # -- sync connections ----------------------------------------------------------------------
 
-Connect = Callable[..., psycopg.Connection]
-
-IDLE = psycopg.pq.TransactionStatus.IDLE
-DEADLINE = 10.0  # generous bound for anything that must happen "soon"; never a speed claim
-
-
-def pid_of(conn: psycopg.Connection) -> int:
-    return conn.info.backend_pid
-
-
-def backend_state(observer: Any, pid: int) -> tuple[str | None, str | None] | None:
-    """(state, query) of a backend in pg_stat_activity, or None when it is gone."""
-    row = observer.conn.execute(
-        "SELECT state, query FROM pg_stat_activity WHERE pid = %s", (pid,)
-    ).fetchone()
-    return (row[0], row[1]) if row else None
-
 
 def backend_gone(observer: Any, pid: int) -> bool:
     return backend_state(observer, pid) is None
-
-
-class Child:
-    """A child Python process whose stdout lines are read with a deadline."""
-
-    def __init__(self, script: str, *args: object) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", script, *map(str, args)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        self.lines: queue.Queue[str | None] = queue.Queue()
-        self.stderr: list[str] = []
-        threading.Thread(target=self._pump, daemon=True).start()
-        threading.Thread(target=self._pump_err, daemon=True).start()
-
-    def _pump(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.put(line.rstrip("\n"))
-        self.lines.put(None)
-
-    def _pump_err(self) -> None:
-        assert self.proc.stderr is not None
-        self.stderr.extend(self.proc.stderr)
-
-    def readline(self, timeout: float = 20.0) -> str:
-        try:
-            line = self.lines.get(timeout=timeout)
-        except queue.Empty:
-            pytest.fail(f"child printed nothing for {timeout}s; stderr: {''.join(self.stderr)}")
-        if line is None:
-            self.proc.wait(5)
-            pytest.fail(
-                f"child exited ({self.proc.returncode}) early; stderr: {''.join(self.stderr)}"
-            )
-        return line
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(10)
-
-
-@pytest.fixture
-def children() -> Iterator[Callable[..., Child]]:
-    started: list[Child] = []
-
-    def start(script: str, *args: object) -> Child:
-        child = Child(script, *args)
-        started.append(child)
-        return child
-
-    yield start
-    for child in started:
-        child.kill()
-
-
-class JobFailedError(Exception):
-    pass
 
 
 def terminate(observer: Any, pid: int) -> None:
@@ -243,35 +173,6 @@ def test_unlock_all_behind_pgsolos_back_is_reported_on_release(
 
 # -- async connections ---------------------------------------------------------------------
 
-AConnect = Callable[..., Awaitable[psycopg.AsyncConnection[Any]]]
-
-BOUND = 10.0  # seconds: an upper bound for things that should take milliseconds
-
-
-async def wait_until(predicate: Callable[[], bool], what: str) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + BOUND
-    while not predicate():
-        assert loop.time() < deadline, f"timed out waiting until {what}"
-        await asyncio.sleep(0.01)
-
-
-async def assert_clean(conn: psycopg.AsyncConnection[Any], observer: Any) -> None:
-    """The connection holds and waits for nothing, is IDLE (not ACTIVE, not idle in
-    transaction), and still answers queries."""
-    pid = pid_of(conn)
-    assert not conn.closed
-    assert not conn.broken
-    assert conn.info.transaction_status is pq.TransactionStatus.IDLE
-    assert observer.advisory(pid=pid) == set()
-    assert observer.advisory(pid=pid, granted=False) == set()
-    assert pgsolo.held_session_locks(conn) == []
-    cur = await conn.execute("SELECT 42")
-    assert await cur.fetchone() == (42,)
-    if not conn.autocommit:
-        await conn.rollback()
-    assert conn.info.transaction_status is pq.TransactionStatus.IDLE
-
 
 async def test_session_block_error_wins_over_lost_lock(
     aconnect: AConnect, observer: Any, key: Key, caplog: pytest.LogCaptureFixture
@@ -291,7 +192,7 @@ async def test_session_block_error_wins_over_lost_lock(
         await job()
     assert caught.value is error
     assert "releasing" in caplog.text
-    await wait_until(lambda: observer.holders(key) == set(), "the killed session's lock is gone")
+    await aeventually(lambda: observer.holders(key) == set(), "the killed session's lock is gone")
 
 
 async def test_terminated_session_holder_loses_lock_to_another_session(
@@ -305,7 +206,7 @@ async def test_terminated_session_holder_loses_lock_to_another_session(
 
     kill = observer.conn.execute("SELECT pg_terminate_backend(%s, 5000)", (pid_of(holder),))
     assert kill.fetchone() == (True,)
-    taker = pgsolo.session_lock(other, key, wait=BOUND)
+    taker = pgsolo.session_lock(other, key, wait=DEADLINE)
     assert await taker.acquire() is True  # granted once the killed backend has gone
     assert observer.holders(key) == {pid_of(other)}
 
@@ -327,7 +228,7 @@ async def test_terminated_holder_block_exit_raises_lock_lost(
         async with pgsolo.session_lock(conn, key):
             observer.conn.execute("SELECT pg_terminate_backend(%s, 5000)", (pid_of(conn),))
     assert caught.value.key == key
-    await wait_until(lambda: observer.holders(key) == set(), "the killed session's lock is gone")
+    await aeventually(lambda: observer.holders(key) == set(), "the killed session's lock is gone")
 
 
 _CHILD_HOLDER = """
@@ -360,15 +261,15 @@ async def test_killed_client_process_releases_its_lock(
     )
     try:
         assert child.stdout is not None
-        line = await asyncio.wait_for(child.stdout.readline(), BOUND)
+        line = await asyncio.wait_for(child.stdout.readline(), DEADLINE)
         child_pid = int(line)
         assert observer.holders(key) == {child_pid}
         other = await aconnect()
         assert await pgsolo.session_lock(other, key).acquire() is False
         child.send_signal(signal.SIGKILL)
-        assert await asyncio.wait_for(child.wait(), BOUND) == -signal.SIGKILL
+        assert await asyncio.wait_for(child.wait(), DEADLINE) == -signal.SIGKILL
         # The server notices the dead socket and ends the session: the lock goes with it.
-        taker = pgsolo.session_lock(other, key, wait=BOUND)
+        taker = pgsolo.session_lock(other, key, wait=DEADLINE)
         assert await taker.acquire() is True
         assert observer.holders(key) == {pid_of(other)}
         await taker.release()
@@ -389,13 +290,7 @@ async def test_release_after_the_connection_was_closed_is_lock_lost(
         await lock.release()
     assert caught.value.key == key
     assert lock.acquired is False
-    await wait_until(lambda: observer.holders(key) == set(), "the closed session's lock is gone")
-
-
-async def _hold(conn: psycopg.AsyncConnection[Any], key: Key) -> pgsolo.AsyncLock:
-    lock = pgsolo.session_lock(conn, key)
-    assert await lock.acquire() is True
-    return lock
+    await aeventually(lambda: observer.holders(key) == set(), "the closed session's lock is gone")
 
 
 async def test_implicit_transaction_connection_busy_try_stays_idle(
@@ -403,7 +298,7 @@ async def test_implicit_transaction_connection_busy_try_stays_idle(
 ) -> None:
     holder_conn = await aconnect()
     conn = await aconnect(autocommit=False)
-    holder = await _hold(holder_conn, key)
+    holder = await hold_session_lock(holder_conn, key)
     assert await pgsolo.session_lock(conn, key).acquire() is False
     assert conn.info.transaction_status is pq.TransactionStatus.IDLE
     await holder.release()

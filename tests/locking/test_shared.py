@@ -12,42 +12,10 @@ from typing import Any
 import psycopg
 
 import pgsolo
+from _support import DEADLINE, Connect, pid_of, run_threads
 from pgsolo import (
     Key,
 )
-
-Connect = Callable[..., psycopg.Connection]
-DEADLINE = 10.0  # generous bound for anything that must happen "soon"; never a speed claim
-
-
-def pid_of(conn: psycopg.Connection) -> int:
-    return conn.info.backend_pid
-
-
-def run_threads(targets: list[Callable[[], None]], timeout: float = 30.0) -> list[BaseException]:
-    """Run each target in its own thread; join with a bound; return what they raised."""
-    errors: list[BaseException] = []
-    guard = threading.Lock()
-
-    def wrap(target: Callable[[], None]) -> Callable[[], None]:
-        def run() -> None:
-            try:
-                target()
-            except BaseException as exc:
-                with guard:
-                    errors.append(exc)
-
-        return run
-
-    threads = [threading.Thread(target=wrap(t), daemon=True) for t in targets]
-    for thread in threads:
-        thread.start()
-    deadline = time.monotonic() + timeout
-    for thread in threads:
-        thread.join(max(0.0, deadline - time.monotonic()))
-    stuck = [t for t in threads if t.is_alive()]
-    assert not stuck, f"{len(stuck)} thread(s) still running after {timeout}s"
-    return errors
 
 
 def test_shared_holders_coexist_and_exclusive_excludes(

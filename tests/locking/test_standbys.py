@@ -15,6 +15,7 @@ tests do that on pairs of their own.
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ import pytest
 
 import pgsolo
 from _cluster import Replicas
-from _support import pgsolo_cli, touching
+from _support import aclosing_all, closing_all, pgsolo_cli, touching
 from pgsolo import Key
 
 Open = Callable[..., psycopg.Connection[Any]]
@@ -46,32 +47,17 @@ def assert_refused(error: BaseException) -> None:
 @pytest.fixture
 def on_standby(replicas: Replicas) -> Iterator[Open]:
     """Open connections to the standby (autocommit unless asked otherwise); closed after."""
-    opened: list[psycopg.Connection[Any]] = []
-
-    def _open(*, autocommit: bool = True) -> psycopg.Connection[Any]:
-        conn = replicas.connect_standby(autocommit=autocommit)
-        opened.append(conn)
-        return conn
-
-    yield _open
-    for conn in opened:
-        conn.close()
+    with closing_all(replicas.connect_standby) as opener:
+        yield opener
 
 
 @pytest.fixture
 async def on_standby_async(replicas: Replicas) -> AsyncIterator[AOpen]:
-    opened: list[psycopg.AsyncConnection[Any]] = []
-
-    async def _open(*, autocommit: bool = True) -> psycopg.AsyncConnection[Any]:
-        conn = await psycopg.AsyncConnection.connect(
-            replicas.standby_dsn, autocommit=autocommit, connect_timeout=10
-        )
-        opened.append(conn)
-        return conn
-
-    yield _open
-    for conn in opened:
-        await conn.close()
+    opening = functools.partial(
+        psycopg.AsyncConnection.connect, replicas.standby_dsn, autocommit=True, connect_timeout=10
+    )
+    async with aclosing_all(opening) as opener:
+        yield opener
 
 
 @pytest.fixture(scope="module")

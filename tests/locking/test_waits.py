@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
@@ -18,33 +17,26 @@ import pytest
 from psycopg import pq
 
 import pgsolo
-from _support import eventually
+from _support import (
+    DEADLINE,
+    IDLE,
+    INTRANS,
+    AConnect,
+    Connect,
+    assert_clean,
+    eventually,
+    hold_session_lock,
+    lock_factory,
+    lock_for,
+    pid_of,
+    show_lock_timeout,
+)
 from pgsolo import (
     Key,
     LockTimeoutError,
 )
 
 # -- sync connections ----------------------------------------------------------------------
-
-Connect = Callable[..., psycopg.Connection]
-
-IDLE = psycopg.pq.TransactionStatus.IDLE
-INTRANS = psycopg.pq.TransactionStatus.INTRANS
-DEADLINE = 10.0  # generous bound for anything that must happen "soon"; never a speed claim
-
-
-def pid_of(conn: psycopg.Connection) -> int:
-    return conn.info.backend_pid
-
-
-def show_lock_timeout(conn: psycopg.Connection) -> str:
-    row = conn.execute("SHOW lock_timeout").fetchone()
-    assert row is not None
-    return str(row[0])
-
-
-def lock_factory(lifetime: str) -> Callable[..., pgsolo.Lock]:
-    return pgsolo.xact_lock if lifetime == "xact" else pgsolo.session_lock  # type: ignore[return-value]
 
 
 @pytest.mark.parametrize("lifetime", ["session", "xact"])
@@ -188,38 +180,6 @@ def test_plain_xact_wait_timeout_on_non_autocommit_idle_connection_keeps_it_usab
 
 # -- async connections ---------------------------------------------------------------------
 
-AConnect = Callable[..., Awaitable[psycopg.AsyncConnection[Any]]]
-
-BOUND = 10.0  # seconds: an upper bound for things that should take milliseconds
-
-
-async def assert_clean(conn: psycopg.AsyncConnection[Any], observer: Any) -> None:
-    """The connection holds and waits for nothing, is IDLE (not ACTIVE, not idle in
-    transaction), and still answers queries."""
-    pid = pid_of(conn)
-    assert not conn.closed
-    assert not conn.broken
-    assert conn.info.transaction_status is pq.TransactionStatus.IDLE
-    assert observer.advisory(pid=pid) == set()
-    assert observer.advisory(pid=pid, granted=False) == set()
-    assert pgsolo.held_session_locks(conn) == []
-    cur = await conn.execute("SELECT 42")
-    assert await cur.fetchone() == (42,)
-    if not conn.autocommit:
-        await conn.rollback()
-    assert conn.info.transaction_status is pq.TransactionStatus.IDLE
-
-
-def lock_for(conn: psycopg.AsyncConnection[Any], key: Key, lifetime: str, **kw: Any) -> Any:
-    make = pgsolo.session_lock if lifetime == "session" else pgsolo.xact_lock
-    return make(conn, key, **kw)
-
-
-async def _hold(conn: psycopg.AsyncConnection[Any], key: Key) -> pgsolo.AsyncLock:
-    lock = pgsolo.session_lock(conn, key)
-    assert await lock.acquire() is True
-    return lock
-
 
 @pytest.mark.parametrize("autocommit", [True, False], ids=["autocommit", "implicit-tx"])
 @pytest.mark.parametrize("lifetime", ["session", "xact"])
@@ -231,13 +191,13 @@ async def test_wait_timeout_raises_and_keeps_lock_timeout(
     await conn.execute("SET lock_timeout = '7s'")
     if not autocommit:
         await conn.commit()
-    holder = await _hold(holder_conn, key)
+    holder = await hold_session_lock(holder_conn, key)
     loop = asyncio.get_running_loop()
     started = loop.time()
     with pytest.raises(pgsolo.LockTimeoutError) as caught:
         async with lock_for(conn, key, lifetime, wait=0.3):
             pytest.fail("entered a block whose lock is held elsewhere")
-    assert loop.time() - started < BOUND
+    assert loop.time() - started < DEADLINE
     assert caught.value.key == key
     assert caught.value.timeout == pytest.approx(0.3)
     assert "0.3s" in str(caught.value)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
@@ -21,6 +20,7 @@ import pytest
 from psycopg import pq
 
 import pgsolo
+from _support import DEADLINE, AConnect, Connect, assert_clean, backend_state, pid_of
 from pgsolo import (
     ConnectionStateError,
     Key,
@@ -28,24 +28,6 @@ from pgsolo import (
 )
 
 # -- sync connections ----------------------------------------------------------------------
-
-Connect = Callable[..., psycopg.Connection]
-
-IDLE = psycopg.pq.TransactionStatus.IDLE
-INTRANS = psycopg.pq.TransactionStatus.INTRANS
-
-
-def pid_of(conn: psycopg.Connection) -> int:
-    return conn.info.backend_pid
-
-
-def backend_state(observer: Any, pid: int) -> tuple[str | None, str | None] | None:
-    """(state, query) of a backend in pg_stat_activity, or None when it is gone."""
-    row = observer.conn.execute(
-        "SELECT state, query FROM pg_stat_activity WHERE pid = %s", (pid,)
-    ).fetchone()
-    return (row[0], row[1]) if row else None
-
 
 ARTICLE_KEY = (42, 1001)
 
@@ -142,27 +124,6 @@ def test_xact_lock_has_no_release(connect: Connect, key: Key) -> None:
 
 # -- async connections ---------------------------------------------------------------------
 
-AConnect = Callable[..., Awaitable[psycopg.AsyncConnection[Any]]]
-
-BOUND = 10.0  # seconds: an upper bound for things that should take milliseconds
-
-
-async def assert_clean(conn: psycopg.AsyncConnection[Any], observer: Any) -> None:
-    """The connection holds and waits for nothing, is IDLE (not ACTIVE, not idle in
-    transaction), and still answers queries."""
-    pid = pid_of(conn)
-    assert not conn.closed
-    assert not conn.broken
-    assert conn.info.transaction_status is pq.TransactionStatus.IDLE
-    assert observer.advisory(pid=pid) == set()
-    assert observer.advisory(pid=pid, granted=False) == set()
-    assert pgsolo.held_session_locks(conn) == []
-    cur = await conn.execute("SELECT 42")
-    assert await cur.fetchone() == (42,)
-    if not conn.autocommit:
-        await conn.rollback()
-    assert conn.info.transaction_status is pq.TransactionStatus.IDLE
-
 
 async def test_article_scenario_interleaving_two_async_connections(
     aconnect: AConnect, observer: Any, key: Key
@@ -176,23 +137,23 @@ async def test_article_scenario_interleaving_two_async_connections(
             seen["a_acquired"] = lock.acquired
             seen["a_status"] = a.info.transaction_status
             a_holds.set()
-            await asyncio.wait_for(b_checked.wait(), BOUND)
+            await asyncio.wait_for(b_checked.wait(), DEADLINE)
             seen["holders_while_a"] = observer.holders(key)
         seen["holders_after_a"] = observer.holders(key)
         a_done.set()
 
     async def session_b() -> None:
-        await asyncio.wait_for(a_holds.wait(), BOUND)
+        await asyncio.wait_for(a_holds.wait(), DEADLINE)
         async with b.transaction():  # BEGIN; try; ROLLBACK, as in the article
             seen["b_first"] = await pgsolo.xact_lock(b, key).acquire()
             raise psycopg.Rollback()
         b_checked.set()
-        await asyncio.wait_for(a_done.wait(), BOUND)
+        await asyncio.wait_for(a_done.wait(), DEADLINE)
         async with pgsolo.xact_lock(b, key) as lock:
             seen["b_second"] = lock.acquired
             seen["holders_while_b"] = observer.holders(key)
 
-    await asyncio.wait_for(asyncio.gather(session_a(), session_b()), BOUND)
+    await asyncio.wait_for(asyncio.gather(session_a(), session_b()), DEADLINE)
 
     assert seen["a_acquired"] is True
     assert seen["a_status"] is pq.TransactionStatus.INTRANS

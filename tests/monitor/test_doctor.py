@@ -7,6 +7,7 @@ connections, relays and PgBouncer in both pooling modes.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import threading
 import time
@@ -19,24 +20,8 @@ from psycopg import sql as pgsql
 import pgsolo
 from _bouncer import Bouncer
 from _relay import FreezingProxy
-from _support import DEADLINE, eventually
+from _support import DEADLINE, STATEMENT_BOUND, Connect, closing_all, eventually, in_background
 from pgsolo import Check, Key, doctor
-
-Connect = Callable[..., psycopg.Connection]
-STATEMENT_BOUND = "-c statement_timeout=60000"  # no raw blocking wait in a test outlives this
-
-
-def in_background(conn: psycopg.Connection, statement: str) -> threading.Thread:
-    """Run a (blocking) statement on ``conn`` in a thread; errors there are ignored, the
-    test asserts what the server shows."""
-
-    def run() -> None:
-        with contextlib.suppress(psycopg.Error):
-            conn.execute(statement)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread
 
 
 def by_name(checks: list[Check]) -> dict[str, Check]:
@@ -46,16 +31,8 @@ def by_name(checks: list[Check]) -> dict[str, Check]:
 @pytest.fixture
 def fresh(fresh_db: str) -> Iterator[Callable[..., psycopg.Connection]]:
     """Connections to the test's own database (autocommit), closed afterwards."""
-    opened: list[psycopg.Connection] = []
-
-    def _connect(**kwargs: object) -> psycopg.Connection:
-        conn = psycopg.connect(fresh_db, autocommit=True, **kwargs)  # type: ignore[arg-type]
-        opened.append(conn)
-        return conn
-
-    yield _connect
-    for conn in opened:
-        conn.close()
+    with closing_all(functools.partial(psycopg.connect, fresh_db, autocommit=True)) as opener:
+        yield opener
 
 
 def alter_database(admin: psycopg.Connection, setting: str, value: str) -> None:

@@ -5,39 +5,27 @@ arguments refused before any SQL, and the cost of a call with 10,000 locks held.
 
 from __future__ import annotations
 
-import contextlib
-import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
 import pytest
 
-from _support import DEADLINE, eventually
+from _support import (
+    DEADLINE,
+    STATEMENT_BOUND,
+    STATEMENT_BOUND_20S,
+    Connect,
+    eventually,
+    in_background,
+)
 from pgsolo import AdvisoryLock, Key, Registry, advisory_locks, doctor, wait_chains
 from pgsolo.errors import InvalidArgumentError, InvalidKeyError
 from pgsolo.keys import derive_int32, derive_int64
 
-Connect = Callable[..., psycopg.Connection]
-STATEMENT_BOUND = "-c statement_timeout=60000"  # no raw blocking wait in a test outlives this
-
 
 def mine(conn: psycopg.Connection, *pids: int, key: Key | None = None) -> list[AdvisoryLock]:
     return [lock for lock in advisory_locks(conn, key=key) if lock.pid in pids]
-
-
-def in_background(conn: psycopg.Connection, statement: str) -> threading.Thread:
-    """Run a (blocking) statement on ``conn`` in a thread; errors there are ignored, the
-    test asserts what the server shows."""
-
-    def run() -> None:
-        with contextlib.suppress(psycopg.Error):
-            conn.execute(statement)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread
 
 
 def test_every_kind_of_key_is_decoded_with_its_mode_and_lifetime(
@@ -193,7 +181,6 @@ def test_an_autocommit_off_connection_is_left_idle(connect: Connect) -> None:
 
 
 # -- found in review -----------------------------------------------------------------------
-STATEMENT_BOUND_20S = "-c statement_timeout=20000"
 
 
 def test_a_deadlock_cycle_is_shown_as_a_wait_chain(connect: Connect, observer: object) -> None:

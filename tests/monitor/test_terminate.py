@@ -4,19 +4,14 @@ own connection before any SQL.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-import psycopg
-
 import pgsolo
+from _support import Connect
 from pgsolo import (
     Key,
     UsageError,
     advisory_locks,
 )
 from pgsolo.monitor import terminate_backend
-
-Connect = Callable[..., psycopg.Connection]
 
 
 def test_terminate_backend_releases_what_it_held(connect: Connect, observer: object) -> None:

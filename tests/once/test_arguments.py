@@ -7,62 +7,23 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import pytest
 
 import pgsolo
-from _support import WORK
+from _support import IDLE, Connect, locks_of, new_op, recorder, row_of
 from pgsolo import (
     ConnectionStateError,
     InvalidOperationError,
     InvalidOperationKeyError,
-    OperationContext,
     UsageError,
     run_once,
 )
 from pgsolo.once.operation import (
     MAX_OP_KEY_BYTES,
 )
-
-Connect = Callable[..., psycopg.Connection]
-Ctx = OperationContext[psycopg.Connection]
-IDLE = psycopg.pq.TransactionStatus.IDLE
-
-
-def new_op() -> str:
-    return f"once-test:{uuid.uuid4().hex[:16]}"
-
-
-def row_of(observer: Any, op_key: str) -> dict[str, Any] | None:
-    row = observer.conn.execute(
-        "SELECT state, attempts, idempotency_key, result, error, holder_pid, finished_at"
-        " FROM pgsolo.operations WHERE op_key = %s",
-        (op_key,),
-    ).fetchone()
-    if row is None:
-        return None
-    names = ("state", "attempts", "idempotency_key", "result", "error", "holder_pid", "finished")
-    return dict(zip(names, row, strict=True))
-
-
-def locks_of(observer: Any, conn: psycopg.Connection | psycopg.AsyncConnection) -> set[Any]:
-    return observer.advisory(pid=conn.info.backend_pid)  # type: ignore[no-any-return]
-
-
-def recorder(result: object = "done") -> tuple[list[Any], Callable[[Ctx], object]]:
-    """An operation that writes a work row and remembers each context it was given."""
-    calls: list[Any] = []
-
-    def operation(ctx: Ctx) -> object:
-        calls.append(ctx)
-        ctx.conn.execute(f"INSERT INTO {WORK} (job, note) VALUES (%s, %s)", (ctx.op_key, "work"))
-        return result
-
-    return calls, operation
-
 
 BAD_OP_KEYS = [
     ("", "empty"),

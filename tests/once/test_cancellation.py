@@ -5,38 +5,13 @@ and releases its lock; cancelled while starting the attempt, it leaves nothing b
 from __future__ import annotations
 
 import asyncio
-import uuid
 from typing import Any
 
-import psycopg
 import pytest
 
 import pgsolo
-from _support import WORK, work_rows
+from _support import DEADLINE, IDLE, WORK, locks_of, new_op, row_of, work_rows
 from pgsolo import run_once_async
-
-IDLE = psycopg.pq.TransactionStatus.IDLE
-DEADLINE = 10.0
-
-
-def new_op() -> str:
-    return f"once-test:{uuid.uuid4().hex[:16]}"
-
-
-def row_of(observer: Any, op_key: str) -> dict[str, Any] | None:
-    row = observer.conn.execute(
-        "SELECT state, attempts, idempotency_key, result, error, holder_pid, finished_at"
-        " FROM pgsolo.operations WHERE op_key = %s",
-        (op_key,),
-    ).fetchone()
-    if row is None:
-        return None
-    names = ("state", "attempts", "idempotency_key", "result", "error", "holder_pid", "finished")
-    return dict(zip(names, row, strict=True))
-
-
-def locks_of(observer: Any, conn: psycopg.Connection | psycopg.AsyncConnection) -> set[Any]:
-    return observer.advisory(pid=conn.info.backend_pid)  # type: ignore[no-any-return]
 
 
 async def test_a_cancelled_async_operation_stays_started_and_releases_its_lock(
@@ -67,17 +42,13 @@ async def test_a_cancelled_async_operation_stays_started_and_releases_its_lock(
 # -- found in review -----------------------------------------------------------------------
 
 
-def new_edge_op() -> str:
-    return f"review2:{uuid.uuid4().hex[:16]}"
-
-
 async def test_cancelled_while_starting_the_attempt_leaves_nothing_behind(
     db: str, aconnect: Any, observer: Any
 ) -> None:
     """Cancel the task while once_start waits on the operation's row (held FOR UPDATE by
     another session): the connection must be idle, its lock released, the row as before."""
 
-    op_key = new_edge_op()
+    op_key = new_op("review2")
     conn = await aconnect()
 
     async def failing(ctx: Any) -> None:

@@ -7,62 +7,35 @@ each operation once and leave their connections idle.
 from __future__ import annotations
 
 import threading
-import uuid
-from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import pytest
 
 import pgsolo
-from _support import WORK, eventually, work_rows
+from _support import (
+    DEADLINE,
+    IDLE,
+    WORK,
+    Connect,
+    Ctx,
+    eventually,
+    locks_of,
+    new_op,
+    recorder,
+    row_of,
+    work_rows,
+)
 from pgsolo import (
     InvalidOperationKeyError,
     LockLostError,
     OnceResult,
-    OperationContext,
     UsageError,
     run_once,
 )
 from pgsolo.once.operation import (
     lock_key_for,
 )
-
-Connect = Callable[..., psycopg.Connection]
-Ctx = OperationContext[psycopg.Connection]
-DEADLINE = 10.0
-
-
-def new_op() -> str:
-    return f"once-test:{uuid.uuid4().hex[:16]}"
-
-
-def row_of(observer: Any, op_key: str) -> dict[str, Any] | None:
-    row = observer.conn.execute(
-        "SELECT state, attempts, idempotency_key, result, error, holder_pid, finished_at"
-        " FROM pgsolo.operations WHERE op_key = %s",
-        (op_key,),
-    ).fetchone()
-    if row is None:
-        return None
-    names = ("state", "attempts", "idempotency_key", "result", "error", "holder_pid", "finished")
-    return dict(zip(names, row, strict=True))
-
-
-def locks_of(observer: Any, conn: psycopg.Connection | psycopg.AsyncConnection) -> set[Any]:
-    return observer.advisory(pid=conn.info.backend_pid)  # type: ignore[no-any-return]
-
-
-def recorder(result: object = "done") -> tuple[list[Any], Callable[[Ctx], object]]:
-    """An operation that writes a work row and remembers each context it was given."""
-    calls: list[Any] = []
-
-    def operation(ctx: Ctx) -> object:
-        calls.append(ctx)
-        ctx.conn.execute(f"INSERT INTO {WORK} (job, note) VALUES (%s, %s)", (ctx.op_key, "work"))
-        return result
-
-    return calls, operation
 
 
 class Holder:
@@ -227,11 +200,6 @@ async def test_async_skips_a_live_holder_and_rejects_bad_input_first(
 
 
 # -- found in review -----------------------------------------------------------------------
-IDLE = psycopg.pq.TransactionStatus.IDLE
-
-
-def new_edge_op() -> str:
-    return f"review2:{uuid.uuid4().hex[:16]}"
 
 
 def test_a_waiter_that_finds_the_operation_succeeded_leaves_no_transaction_open(
@@ -241,7 +209,7 @@ def test_a_waiter_that_finds_the_operation_succeeded_leaves_no_transaction_open(
     once_start then returns no row and B reports already-succeeded. On an autocommit
     connection B's trailing BEGIN is never closed: B is left idle in transaction, so the
     caller's next statements silently run in a transaction that is never committed."""
-    op_key = new_edge_op()
+    op_key = new_op("review2")
     a_conn, b_conn = connect(), connect()
     running, finish = threading.Event(), threading.Event()
     results: dict[str, Any] = {}
@@ -291,7 +259,7 @@ def test_racing_callers_on_fresh_keys_run_each_once_and_leave_connections_idle(
     call inserts it while the others meet it): each operation must run exactly once, every
     caller that did not skip get its result, and no call leave its connection in a transaction."""
     workers = 4
-    keys = [new_edge_op() for _ in range(40)]
+    keys = [new_op("review2") for _ in range(40)]
     conns = [connect() for _ in range(workers)]
     runs: dict[str, int] = dict.fromkeys(keys, 0)
     guard = threading.Lock()

@@ -20,7 +20,7 @@ import sys
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -31,12 +31,11 @@ import pytest
 import _once_child
 import pgsolo
 from _once_child import PAID_ORDERS, post_charge
-from _support import eventually
+from _support import Connect, eventually
 from pgsolo.once.operation import lock_key_for
 
 CHILD = Path(_once_child.__file__).resolve()
 DEADLINE = 20.0  # generous: a worker process starts, imports and connects in this time
-Connect = Callable[..., psycopg.Connection]
 
 
 class PaymentService:

@@ -14,64 +14,21 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-import uuid
-from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import pytest
 
 import pgsolo
-from _support import WORK, work_rows
+from _support import IDLE, WORK, Boom, Connect, Ctx, locks_of, new_op, recorder, row_of, work_rows
 from pgsolo import (
     OnceResult,
-    OperationContext,
     TransactionFailedError,
     run_once,
 )
 from pgsolo.once.operation import (
     lock_key_for,
 )
-
-Connect = Callable[..., psycopg.Connection]
-Ctx = OperationContext[psycopg.Connection]
-IDLE = psycopg.pq.TransactionStatus.IDLE
-
-
-class Boom(Exception):
-    """The operation's own failure."""
-
-
-def new_op() -> str:
-    return f"once-test:{uuid.uuid4().hex[:16]}"
-
-
-def row_of(observer: Any, op_key: str) -> dict[str, Any] | None:
-    row = observer.conn.execute(
-        "SELECT state, attempts, idempotency_key, result, error, holder_pid, finished_at"
-        " FROM pgsolo.operations WHERE op_key = %s",
-        (op_key,),
-    ).fetchone()
-    if row is None:
-        return None
-    names = ("state", "attempts", "idempotency_key", "result", "error", "holder_pid", "finished")
-    return dict(zip(names, row, strict=True))
-
-
-def locks_of(observer: Any, conn: psycopg.Connection | psycopg.AsyncConnection) -> set[Any]:
-    return observer.advisory(pid=conn.info.backend_pid)  # type: ignore[no-any-return]
-
-
-def recorder(result: object = "done") -> tuple[list[Any], Callable[[Ctx], object]]:
-    """An operation that writes a work row and remembers each context it was given."""
-    calls: list[Any] = []
-
-    def operation(ctx: Ctx) -> object:
-        calls.append(ctx)
-        ctx.conn.execute(f"INSERT INTO {WORK} (job, note) VALUES (%s, %s)", (ctx.op_key, "work"))
-        return result
-
-    return calls, operation
 
 
 @pytest.mark.parametrize("autocommit", [True, False], ids=["autocommit", "implicit-begin"])
@@ -303,10 +260,6 @@ async def test_async_runs_once_and_fails_like_the_sync_one(
 # -- found in review -----------------------------------------------------------------------
 
 
-def new_edge_op() -> str:
-    return f"review2:{uuid.uuid4().hex[:16]}"
-
-
 def test_an_autocommit_off_operation_without_database_work_does_not_warn(
     db: str, connect: Connect, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -315,7 +268,7 @@ def test_an_autocommit_off_operation_without_database_work_does_not_warn(
     from the record of its success' - which is false: there was no work and no commit."""
     conn = connect(autocommit=False)
     with caplog.at_level(logging.WARNING, logger="pgsolo"):
-        result = run_once(conn, new_edge_op(), lambda ctx: 1)
+        result = run_once(conn, new_op("review2"), lambda ctx: 1)
     assert result.outcome == "ran"
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert not warnings, warnings
@@ -334,7 +287,7 @@ def test_an_exception_that_cannot_be_printed_is_still_recorded_and_reraised(
     formatting error instead of its own, and the operation's transaction is left open on
     an autocommit connection."""
     conn = connect()
-    op_key = new_edge_op()
+    op_key = new_op("review2")
 
     def operation(ctx: Ctx) -> None:
         raise Unprintable
@@ -354,7 +307,7 @@ def test_the_connections_password_is_not_stored_in_the_error(
     message is kept, the password never."""
     secret = connect().info.password or "pw with 'quote\\ and space"
     conn = connect(password=secret)
-    op_key = new_edge_op()
+    op_key = new_op("review2")
 
     def operation(ctx: Ctx) -> None:
         raise ValueError(f"login failed for {secret}!")

@@ -6,17 +6,13 @@ reads back as the same type.
 from __future__ import annotations
 
 import math
-import uuid
-from collections.abc import Callable
 from typing import Any
 
-import psycopg
 import pytest
 
 import pgsolo
-from _support import WORK, work_rows
+from _support import IDLE, Connect, locks_of, new_op, recorder, row_of, work_rows
 from pgsolo import (
-    OperationContext,
     ResultNotStorableError,
     UsageError,
     run_once,
@@ -25,42 +21,6 @@ from pgsolo.once.operation import (
     MAX_RESULT_BYTES,
     storable_result,
 )
-
-Connect = Callable[..., psycopg.Connection]
-Ctx = OperationContext[psycopg.Connection]
-IDLE = psycopg.pq.TransactionStatus.IDLE
-
-
-def new_op() -> str:
-    return f"once-test:{uuid.uuid4().hex[:16]}"
-
-
-def row_of(observer: Any, op_key: str) -> dict[str, Any] | None:
-    row = observer.conn.execute(
-        "SELECT state, attempts, idempotency_key, result, error, holder_pid, finished_at"
-        " FROM pgsolo.operations WHERE op_key = %s",
-        (op_key,),
-    ).fetchone()
-    if row is None:
-        return None
-    names = ("state", "attempts", "idempotency_key", "result", "error", "holder_pid", "finished")
-    return dict(zip(names, row, strict=True))
-
-
-def locks_of(observer: Any, conn: psycopg.Connection | psycopg.AsyncConnection) -> set[Any]:
-    return observer.advisory(pid=conn.info.backend_pid)  # type: ignore[no-any-return]
-
-
-def recorder(result: object = "done") -> tuple[list[Any], Callable[[Ctx], object]]:
-    """An operation that writes a work row and remembers each context it was given."""
-    calls: list[Any] = []
-
-    def operation(ctx: Ctx) -> object:
-        calls.append(ctx)
-        ctx.conn.execute(f"INSERT INTO {WORK} (job, note) VALUES (%s, %s)", (ctx.op_key, "work"))
-        return result
-
-    return calls, operation
 
 
 @pytest.mark.parametrize(
@@ -125,10 +85,6 @@ def test_a_result_that_cannot_be_stored_commits_nothing_and_is_retried_with_the_
 # -- found in review -----------------------------------------------------------------------
 
 
-def new_edge_op() -> str:
-    return f"review2:{uuid.uuid4().hex[:16]}"
-
-
 @pytest.mark.parametrize("value", [1e16, 1e300, -0.0, 1.0])
 def test_a_stored_float_reads_back_as_the_same_type(
     db: str, connect: Connect, value: float
@@ -137,7 +93,7 @@ def test_a_stored_float_reads_back_as_the_same_type(
     gave back, which prints 1e16 as 10000000000000000 (an int in Python). The same
     operation's result then changes type between the first call and every later one."""
     conn = connect()
-    op_key = new_edge_op()
+    op_key = new_op("review2")
     first = run_once(conn, op_key, lambda ctx: {"amount": value})
     again = run_once(conn, op_key, lambda ctx: None)
     assert again.outcome == "already-succeeded"

@@ -10,10 +10,8 @@ import psycopg
 import pytest
 
 import pgsolo
+from _support import IDLE, INTRANS
 from pgsolo.schema import LATEST_VERSION, MIGRATIONS, schema_version
-
-IDLE = psycopg.pq.TransactionStatus.IDLE
-INTRANS = psycopg.pq.TransactionStatus.INTRANS
 
 
 def test_migrate_is_idempotent_and_reports_the_schema_version(db: str, observer: Any) -> None:

@@ -5,24 +5,15 @@ twin under ``_sync/``. Tests of one flavour only: ``tests/jobs/test_arguments.py
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
 import pytest
 
 import pgsolo
+from _support import CLOSED_PORT_DSN, AConnect, new_job
 from pgsolo import InvalidKeyError, UsageError
 from pgsolo.jobs import JobResult, run_job_async
-
-AConnect = Callable[..., Awaitable[psycopg.AsyncConnection[Any]]]
-
-CLOSED_PORT_DSN = "postgresql://u:p@127.0.0.1:1/db"  # nothing listens: connecting fails
-
-
-def new_job() -> str:
-    return f"job-arguments:{uuid.uuid4().hex[:16]}"
 
 
 async def test_singleton_passes_every_keyword_of_a_call_to_the_function(
@@ -31,7 +22,7 @@ async def test_singleton_passes_every_keyword_of_a_call_to_the_function(
     """Guards: ``greet(name="bob")`` renamed the job to ``bob`` and failed with a
     TypeError; ``greet("x", record=True)`` called the function with ``record=False`` and
     wrote a ledger row. The call's keywords are the function's, whatever their names."""
-    job = new_job()
+    job = new_job("job-arguments")
     received: list[tuple[str, bool, int]] = []
 
     @pgsolo.singleton(job, dsn=db)
@@ -67,7 +58,7 @@ async def test_run_job_refuses_a_keyword_that_is_no_option_before_connecting(
     with pytest.raises(UsageError, match=r"functools\.partial\(fn, greeting=\.\.\.\)"):
         await pgsolo.run_job_async(
             CLOSED_PORT_DSN if target == "dsn" else conn,
-            new_job(),
+            new_job("job-arguments"),
             fn,
             greeting="hi",  # type: ignore[arg-type]
         )

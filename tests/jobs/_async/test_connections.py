@@ -5,23 +5,17 @@ the twin under ``_sync/``. Tests of one flavour only: ``tests/jobs/test_connecti
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 import psycopg
 from psycopg.conninfo import make_conninfo
 
-from _support import app_name_of
+from _support import app_name_of, new_job
 from pgsolo.jobs import run_job_async
 
 
-def new_job() -> str:
-    """A unique job name; used as the (str) key too, so the job is named after it."""
-    return f"jobs-async-test:{uuid.uuid4().hex[:16]}"
-
-
 async def test_a_job_shows_its_name_in_pg_stat_activity(db: str, observer: Any) -> None:
-    job = new_job()
+    job = new_job("jobs-async-test")
 
     async def fn(conn: psycopg.AsyncConnection[Any]) -> str | None:
         return app_name_of(observer, conn.info.backend_pid)

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import os
 import socket
-import uuid
-from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any
 
@@ -18,30 +16,21 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 import pgsolo
-from _support import hold, key_of, terminate, unhold
+from _support import (
+    IDLE,
+    AConnect,
+    Boom,
+    SyncConnect,
+    hold,
+    key_of,
+    new_job,
+    server_now,
+    terminate,
+    unhold,
+)
 from pgsolo import LockLostError, UsageError
 from pgsolo.jobs import run_job_async
 from pgsolo.schema import LATEST_VERSION, MIGRATIONS, schema_version
-
-AConnect = Callable[..., Awaitable[psycopg.AsyncConnection[Any]]]
-SyncConnect = Callable[..., psycopg.Connection[Any]]
-
-IDLE = psycopg.pq.TransactionStatus.IDLE
-
-
-class Boom(Exception):
-    """The callable's own failure."""
-
-
-def new_job() -> str:
-    """A unique job name; used as the (str) key too, so the job is named after it."""
-    return f"jobs-async-test:{uuid.uuid4().hex[:16]}"
-
-
-def server_now(observer: Any) -> datetime:
-    row = observer.conn.execute("SELECT clock_timestamp()").fetchone()
-    assert row is not None
-    return row[0]  # type: ignore[no-any-return]
 
 
 async def returns(conn: psycopg.AsyncConnection[Any], value: Any) -> Any:
@@ -51,7 +40,7 @@ async def returns(conn: psycopg.AsyncConnection[Any], value: Any) -> Any:
 async def test_the_ledger_records_every_attempt(
     db: str, sync_connect: SyncConnect, observer: Any
 ) -> None:
-    job = new_job()
+    job = new_job("jobs-async-test")
     before = server_now(observer)
 
     completed = await run_job_async(db, job, returns, "ok", record=True)
@@ -94,7 +83,7 @@ async def test_the_ledger_records_every_attempt(
 async def test_a_lost_attempt_is_recorded_through_a_fresh_connection(
     db: str, observer: Any
 ) -> None:
-    job = new_job()
+    job = new_job("jobs-async-test")
     pids: list[int] = []
 
     async def fn(conn: psycopg.AsyncConnection[Any]) -> None:
@@ -112,7 +101,7 @@ async def test_a_lost_attempt_is_recorded_through_a_fresh_connection(
     assert "LockLostError" in rows[0]["error"]
 
     # Without raise_errors, the same kind of attempt comes back as "lost", recorded alike.
-    other = new_job()
+    other = new_job("jobs-async-test")
     result = await run_job_async(db, other, fn, lifetime="session", record=True, raise_errors=False)
     assert result.outcome == "lost"
     rows = pgsolo.history(observer.conn, job=other)
@@ -123,7 +112,7 @@ async def test_a_lost_attempt_is_recorded_through_a_fresh_connection(
 async def test_record_or_period_before_migrate_is_a_usage_error_before_the_work(
     fresh_db: str, aconnect: AConnect
 ) -> None:
-    job = new_job()
+    job = new_job("jobs-async-test")
     calls: list[int] = []
 
     async def fn(c: psycopg.AsyncConnection[Any]) -> None:

@@ -10,39 +10,29 @@ from __future__ import annotations
 
 import functools
 import time
-import uuid
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
 import pytest
 
 import pgsolo
-from _support import WORK, hold, key_of, terminate, work_rows
+from _support import (
+    DEADLINE,
+    IDLE,
+    INTRANS,
+    AConnect,
+    Boom,
+    SyncConnect,
+    hold,
+    insert_work,
+    key_of,
+    new_job,
+    terminate,
+    work_rows,
+)
 from pgsolo import LockLostError
 from pgsolo._types import Lifetime
 from pgsolo.jobs import JobResult, run_job_async
-
-AConnect = Callable[..., Awaitable[psycopg.AsyncConnection[Any]]]
-SyncConnect = Callable[..., psycopg.Connection[Any]]
-
-IDLE = psycopg.pq.TransactionStatus.IDLE
-INTRANS = psycopg.pq.TransactionStatus.INTRANS
-DEADLINE = 10.0  # generous bound for anything that must happen "soon"; never a speed claim
-
-
-class Boom(Exception):
-    """The callable's own failure."""
-
-
-def new_job() -> str:
-    """A unique job name; used as the (str) key too, so the job is named after it."""
-    return f"jobs-async-test:{uuid.uuid4().hex[:16]}"
-
-
-async def insert_work(conn: psycopg.AsyncConnection[Any], job: str, note: str) -> None:
-    await conn.execute(f"INSERT INTO {WORK} (job, note) VALUES (%s, %s)", (job, note))
-
 
 # -- completed --------------------------------------------------------------------------
 
@@ -50,7 +40,7 @@ async def insert_work(conn: psycopg.AsyncConnection[Any], job: str, note: str) -
 async def test_completed_returns_the_value_and_commits_the_transaction(
     db: str, observer: Any
 ) -> None:
-    job = new_job()
+    job = new_job("jobs-async-test")
     seen: dict[str, Any] = {}
 
     async def fn(conn: psycopg.AsyncConnection[Any], a: int, *, b: int) -> int:
@@ -84,7 +74,7 @@ async def test_completed_returns_the_value_and_commits_the_transaction(
 async def test_completed_on_a_callers_connection_leaves_it_idle(
     db: str, aconnect: AConnect, observer: Any, autocommit: bool
 ) -> None:
-    job = new_job()
+    job = new_job("jobs-async-test")
     conn = await aconnect(autocommit=autocommit)
     seen: dict[str, Any] = {}
 
@@ -110,7 +100,7 @@ async def test_completed_on_a_callers_connection_leaves_it_idle(
 async def test_session_lifetime_runs_outside_a_transaction_holding_a_session_lock(
     db: str, aconnect: AConnect, observer: Any, target: str
 ) -> None:
-    job = new_job()
+    job = new_job("jobs-async-test")
     conn = None if target == "dsn" else await aconnect(autocommit=target == "autocommit")
     seen: dict[str, Any] = {}
 
@@ -140,7 +130,7 @@ async def test_session_lifetime_runs_outside_a_transaction_holding_a_session_loc
 async def test_skipped_busy_when_another_session_holds_the_key(
     db: str, aconnect: AConnect, sync_connect: SyncConnect, observer: Any, lifetime: Lifetime
 ) -> None:
-    job = new_job()
+    job = new_job("jobs-async-test")
     holder = hold(sync_connect, job)
     conn = await aconnect(autocommit=False)
     calls: list[int] = []
@@ -167,7 +157,7 @@ async def test_skipped_busy_when_another_session_holds_the_key(
 async def test_bounded_wait_runs_out_as_a_busy_skip(
     db: str, aconnect: AConnect, sync_connect: SyncConnect, observer: Any, lifetime: Lifetime
 ) -> None:
-    job = new_job()
+    job = new_job("jobs-async-test")
     holder = hold(sync_connect, job)
     conn = await aconnect()
     calls: list[int] = []
@@ -197,7 +187,7 @@ async def test_bounded_wait_runs_out_as_a_busy_skip(
 async def test_failure_reraises_the_same_exception_and_releases_the_lock(
     db: str, observer: Any, lifetime: Lifetime
 ) -> None:
-    job = new_job()
+    job = new_job("jobs-async-test")
     boom = Boom("disk on fire")
     seen: dict[str, Any] = {}
 
@@ -227,7 +217,7 @@ async def test_a_database_error_of_the_callable_is_reraised_unchanged(
 ) -> None:
     """Even an "undefined table" error: it is the work's, not a sign that pgsolo's own
     tables are missing."""
-    job = new_job()
+    job = new_job("jobs-async-test")
     conn = await aconnect()
     seen: dict[str, BaseException] = {}
 
@@ -254,7 +244,7 @@ async def test_a_database_error_of_the_callable_is_reraised_unchanged(
 
 
 async def test_session_lock_lost_raises_lock_lost_error(db: str, observer: Any) -> None:
-    job = new_job()
+    job = new_job("jobs-async-test")
 
     async def fn(conn: psycopg.AsyncConnection[Any]) -> str:
         terminate(observer, conn.info.backend_pid)
@@ -276,7 +266,7 @@ async def test_session_lock_lost_raises_lock_lost_error(db: str, observer: Any) 
 async def test_xact_connection_killed_under_the_work_is_lost_not_failed(
     db: str, observer: Any
 ) -> None:
-    job = new_job()
+    job = new_job("jobs-async-test")
     seen: dict[str, BaseException] = {}
 
     async def fn(conn: psycopg.AsyncConnection[Any]) -> None:
@@ -305,7 +295,7 @@ async def test_xact_connection_killed_before_commit_raises_lock_lost(
     db: str, observer: Any
 ) -> None:
     """The callable returned, but its transaction (and lock) died before the commit."""
-    job = new_job()
+    job = new_job("jobs-async-test")
 
     async def fn(conn: psycopg.AsyncConnection[Any]) -> str:
         await insert_work(conn, job, "never committed")

@@ -10,38 +10,30 @@ from __future__ import annotations
 
 import os
 import socket
-import uuid
-from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import pytest
 
-from _support import WORK, key_of, period_rows, work_rows
+from _support import (
+    Boom,
+    SyncConnect,
+    insert_work,
+    key_of,
+    new_job,
+    period_rows,
+    record_period,
+    work_rows,
+)
 from pgsolo._types import Lifetime
 from pgsolo.jobs import run_job_async
-
-SyncConnect = Callable[..., psycopg.Connection[Any]]
-
-
-class Boom(Exception):
-    """The callable's own failure."""
-
-
-def new_job() -> str:
-    """A unique job name; used as the (str) key too, so the job is named after it."""
-    return f"jobs-async-test:{uuid.uuid4().hex[:16]}"
-
-
-async def insert_work(conn: psycopg.AsyncConnection[Any], job: str, note: str) -> None:
-    await conn.execute(f"INSERT INTO {WORK} (job, note) VALUES (%s, %s)", (job, note))
 
 
 @pytest.mark.parametrize("lifetime", ["xact", "session"])
 async def test_a_failed_run_does_not_use_up_the_period(
     db: str, observer: Any, lifetime: Lifetime
 ) -> None:
-    job = new_job()
+    job = new_job("jobs-async-test")
     calls: list[bool] = []
 
     async def fn(conn: psycopg.AsyncConnection[Any], fail: bool) -> str:
@@ -69,7 +61,7 @@ async def test_a_failed_run_does_not_use_up_the_period(
 async def test_once_per_day_completes_then_skips(
     db: str, observer: Any, lifetime: Lifetime
 ) -> None:
-    job = new_job()
+    job = new_job("jobs-async-test")
     calls: list[int] = []
 
     async def fn(conn: psycopg.AsyncConnection[Any]) -> str:
@@ -98,12 +90,8 @@ async def test_once_per_day_completes_then_skips(
 async def test_a_period_already_recorded_skips_without_running(
     db: str, observer: Any, lifetime: Lifetime
 ) -> None:
-    job = new_job()
-    observer.conn.execute(
-        "INSERT INTO pgsolo.job_periods (job, period, period_start)"
-        " VALUES (%s, 'day', date_trunc('day', now(), 'UTC'))",
-        (job,),
-    )
+    job = new_job("jobs-async-test")
+    record_period(observer.conn, job)
     calls: list[int] = []
 
     async def fn(conn: psycopg.AsyncConnection[Any]) -> None:
@@ -119,16 +107,12 @@ async def test_a_period_already_recorded_skips_without_running(
 async def test_a_run_that_sneaks_in_without_the_lock_wins_and_the_xact_work_rolls_back(
     db: str, sync_connect: SyncConnect, observer: Any
 ) -> None:
-    job = new_job()
+    job = new_job("jobs-async-test")
     sneak = sync_connect()  # a run that did not take the lock records the period meanwhile
 
     async def fn(conn: psycopg.AsyncConnection[Any]) -> str:
         await insert_work(conn, job, "would be the second time")
-        sneak.execute(
-            "INSERT INTO pgsolo.job_periods (job, period, period_start)"
-            " VALUES (%s, 'day', date_trunc('day', now(), 'UTC'))",
-            (job,),
-        )
+        record_period(sneak, job)
         return "ran"
 
     result = await run_job_async(db, job, fn, period="day")

@@ -6,31 +6,22 @@ twin under ``_sync/``. Tests of one flavour only: ``tests/jobs/test_arguments.py
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import pytest
 
 import pgsolo
+from _support import CLOSED_PORT_DSN, Connect, new_job
 from pgsolo import InvalidKeyError, UsageError
 from pgsolo.jobs import JobResult, run_job
-
-Connect = Callable[..., psycopg.Connection[Any]]
-
-CLOSED_PORT_DSN = "postgresql://u:p@127.0.0.1:1/db"  # nothing listens: connecting fails
-
-
-def new_job() -> str:
-    return f"job-arguments:{uuid.uuid4().hex[:16]}"
 
 
 def test_singleton_passes_every_keyword_of_a_call_to_the_function(db: str, observer: Any) -> None:
     """Guards: ``greet(name="bob")`` renamed the job to ``bob`` and failed with a
     TypeError; ``greet("x", record=True)`` called the function with ``record=False`` and
     wrote a ledger row. The call's keywords are the function's, whatever their names."""
-    job = new_job()
+    job = new_job("job-arguments")
     received: list[tuple[str, bool, int]] = []
 
     @pgsolo.singleton(job, dsn=db)
@@ -66,7 +57,7 @@ def test_run_job_refuses_a_keyword_that_is_no_option_before_connecting(
     with pytest.raises(UsageError, match=r"functools\.partial\(fn, greeting=\.\.\.\)"):
         pgsolo.run_job(
             CLOSED_PORT_DSN if target == "dsn" else conn,
-            new_job(),
+            new_job("job-arguments"),
             fn,
             greeting="hi",  # type: ignore[arg-type]
         )

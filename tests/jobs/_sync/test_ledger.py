@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import os
 import socket
-import uuid
-from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -19,30 +17,21 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 import pgsolo
-from _support import hold, key_of, terminate, unhold
+from _support import (
+    IDLE,
+    Boom,
+    Connect,
+    SyncConnect,
+    hold,
+    key_of,
+    new_job,
+    server_now,
+    terminate,
+    unhold,
+)
 from pgsolo import LockLostError, UsageError
 from pgsolo.jobs import run_job
 from pgsolo.schema import LATEST_VERSION, MIGRATIONS, schema_version
-
-Connect = Callable[..., psycopg.Connection[Any]]
-SyncConnect = Callable[..., psycopg.Connection[Any]]
-
-IDLE = psycopg.pq.TransactionStatus.IDLE
-
-
-class Boom(Exception):
-    """The callable's own failure."""
-
-
-def new_job() -> str:
-    """A unique job name; used as the (str) key too, so the job is named after it."""
-    return f"jobs-sync-test:{uuid.uuid4().hex[:16]}"
-
-
-def server_now(observer: Any) -> datetime:
-    row = observer.conn.execute("SELECT clock_timestamp()").fetchone()
-    assert row is not None
-    return row[0]  # type: ignore[no-any-return]
 
 
 def returns(conn: psycopg.Connection[Any], value: Any) -> Any:
@@ -52,7 +41,7 @@ def returns(conn: psycopg.Connection[Any], value: Any) -> Any:
 def test_the_ledger_records_every_attempt(
     db: str, sync_connect: SyncConnect, observer: Any
 ) -> None:
-    job = new_job()
+    job = new_job("jobs-sync-test")
     before = server_now(observer)
 
     completed = run_job(db, job, returns, "ok", record=True)
@@ -93,7 +82,7 @@ def test_the_ledger_records_every_attempt(
 
 
 def test_a_lost_attempt_is_recorded_through_a_fresh_connection(db: str, observer: Any) -> None:
-    job = new_job()
+    job = new_job("jobs-sync-test")
     pids: list[int] = []
 
     def fn(conn: psycopg.Connection[Any]) -> None:
@@ -111,7 +100,7 @@ def test_a_lost_attempt_is_recorded_through_a_fresh_connection(db: str, observer
     assert "LockLostError" in rows[0]["error"]
 
     # Without raise_errors, the same kind of attempt comes back as "lost", recorded alike.
-    other = new_job()
+    other = new_job("jobs-sync-test")
     result = run_job(db, other, fn, lifetime="session", record=True, raise_errors=False)
     assert result.outcome == "lost"
     rows = pgsolo.history(observer.conn, job=other)
@@ -122,7 +111,7 @@ def test_a_lost_attempt_is_recorded_through_a_fresh_connection(db: str, observer
 def test_record_or_period_before_migrate_is_a_usage_error_before_the_work(
     fresh_db: str, connect: Connect
 ) -> None:
-    job = new_job()
+    job = new_job("jobs-sync-test")
     calls: list[int] = []
 
     def fn(c: psycopg.Connection[Any]) -> None:

@@ -6,30 +6,12 @@ flavour only: ``tests/jobs/test_metrics.py``.
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Callable
 from typing import Any
 
 import psycopg
-from prometheus_client import REGISTRY
 
-from _support import hold, unhold
+from _support import Boom, SyncConnect, hold, new_job, sample, unhold
 from pgsolo.jobs import run_job
-
-SyncConnect = Callable[..., psycopg.Connection[Any]]
-
-
-class Boom(Exception):
-    """The callable's own failure."""
-
-
-def new_job() -> str:
-    """A unique job name; used as the (str) key too, so the job is named after it."""
-    return f"jobs-sync-test:{uuid.uuid4().hex[:16]}"
-
-
-def sample(name: str, **labels: str) -> float:
-    return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
 def returns(conn: psycopg.Connection[Any], value: Any) -> Any:
@@ -39,7 +21,7 @@ def returns(conn: psycopg.Connection[Any], value: Any) -> Any:
 def test_metrics_count_skips_apart_from_successes(
     db: str, sync_connect: SyncConnect, observer: Any
 ) -> None:
-    job = new_job()
+    job = new_job("jobs-sync-test")
     attempts = "pgsolo_job_attempts_total"
 
     for _ in range(2):

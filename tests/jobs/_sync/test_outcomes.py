@@ -11,45 +11,35 @@ from __future__ import annotations
 
 import functools
 import time
-import uuid
-from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import pytest
 
 import pgsolo
-from _support import WORK, hold, key_of, terminate, work_rows
+from _support import (
+    DEADLINE,
+    IDLE,
+    INTRANS,
+    Boom,
+    Connect,
+    SyncConnect,
+    hold,
+    insert_work,
+    key_of,
+    new_job,
+    terminate,
+    work_rows,
+)
 from pgsolo import LockLostError
 from pgsolo._types import Lifetime
 from pgsolo.jobs import JobResult, run_job
-
-Connect = Callable[..., psycopg.Connection[Any]]
-SyncConnect = Callable[..., psycopg.Connection[Any]]
-
-IDLE = psycopg.pq.TransactionStatus.IDLE
-INTRANS = psycopg.pq.TransactionStatus.INTRANS
-DEADLINE = 10.0  # generous bound for anything that must happen "soon"; never a speed claim
-
-
-class Boom(Exception):
-    """The callable's own failure."""
-
-
-def new_job() -> str:
-    """A unique job name; used as the (str) key too, so the job is named after it."""
-    return f"jobs-sync-test:{uuid.uuid4().hex[:16]}"
-
-
-def insert_work(conn: psycopg.Connection[Any], job: str, note: str) -> None:
-    conn.execute(f"INSERT INTO {WORK} (job, note) VALUES (%s, %s)", (job, note))
-
 
 # -- completed --------------------------------------------------------------------------
 
 
 def test_completed_returns_the_value_and_commits_the_transaction(db: str, observer: Any) -> None:
-    job = new_job()
+    job = new_job("jobs-sync-test")
     seen: dict[str, Any] = {}
 
     def fn(conn: psycopg.Connection[Any], a: int, *, b: int) -> int:
@@ -83,7 +73,7 @@ def test_completed_returns_the_value_and_commits_the_transaction(db: str, observ
 def test_completed_on_a_callers_connection_leaves_it_idle(
     db: str, connect: Connect, observer: Any, autocommit: bool
 ) -> None:
-    job = new_job()
+    job = new_job("jobs-sync-test")
     conn = connect(autocommit=autocommit)
     seen: dict[str, Any] = {}
 
@@ -109,7 +99,7 @@ def test_completed_on_a_callers_connection_leaves_it_idle(
 def test_session_lifetime_runs_outside_a_transaction_holding_a_session_lock(
     db: str, connect: Connect, observer: Any, target: str
 ) -> None:
-    job = new_job()
+    job = new_job("jobs-sync-test")
     conn = None if target == "dsn" else connect(autocommit=target == "autocommit")
     seen: dict[str, Any] = {}
 
@@ -139,7 +129,7 @@ def test_session_lifetime_runs_outside_a_transaction_holding_a_session_lock(
 def test_skipped_busy_when_another_session_holds_the_key(
     db: str, connect: Connect, sync_connect: SyncConnect, observer: Any, lifetime: Lifetime
 ) -> None:
-    job = new_job()
+    job = new_job("jobs-sync-test")
     holder = hold(sync_connect, job)
     conn = connect(autocommit=False)
     calls: list[int] = []
@@ -166,7 +156,7 @@ def test_skipped_busy_when_another_session_holds_the_key(
 def test_bounded_wait_runs_out_as_a_busy_skip(
     db: str, connect: Connect, sync_connect: SyncConnect, observer: Any, lifetime: Lifetime
 ) -> None:
-    job = new_job()
+    job = new_job("jobs-sync-test")
     holder = hold(sync_connect, job)
     conn = connect()
     calls: list[int] = []
@@ -196,7 +186,7 @@ def test_bounded_wait_runs_out_as_a_busy_skip(
 def test_failure_reraises_the_same_exception_and_releases_the_lock(
     db: str, observer: Any, lifetime: Lifetime
 ) -> None:
-    job = new_job()
+    job = new_job("jobs-sync-test")
     boom = Boom("disk on fire")
     seen: dict[str, Any] = {}
 
@@ -226,7 +216,7 @@ def test_a_database_error_of_the_callable_is_reraised_unchanged(
 ) -> None:
     """Even an "undefined table" error: it is the work's, not a sign that pgsolo's own
     tables are missing."""
-    job = new_job()
+    job = new_job("jobs-sync-test")
     conn = connect()
     seen: dict[str, BaseException] = {}
 
@@ -253,7 +243,7 @@ def test_a_database_error_of_the_callable_is_reraised_unchanged(
 
 
 def test_session_lock_lost_raises_lock_lost_error(db: str, observer: Any) -> None:
-    job = new_job()
+    job = new_job("jobs-sync-test")
 
     def fn(conn: psycopg.Connection[Any]) -> str:
         terminate(observer, conn.info.backend_pid)
@@ -273,7 +263,7 @@ def test_session_lock_lost_raises_lock_lost_error(db: str, observer: Any) -> Non
 
 
 def test_xact_connection_killed_under_the_work_is_lost_not_failed(db: str, observer: Any) -> None:
-    job = new_job()
+    job = new_job("jobs-sync-test")
     seen: dict[str, BaseException] = {}
 
     def fn(conn: psycopg.Connection[Any]) -> None:
@@ -300,7 +290,7 @@ def test_xact_connection_killed_under_the_work_is_lost_not_failed(db: str, obser
 
 def test_xact_connection_killed_before_commit_raises_lock_lost(db: str, observer: Any) -> None:
     """The callable returned, but its transaction (and lock) died before the commit."""
-    job = new_job()
+    job = new_job("jobs-sync-test")
 
     def fn(conn: psycopg.Connection[Any]) -> str:
         insert_work(conn, job, "never committed")

@@ -11,38 +11,30 @@ from __future__ import annotations
 
 import os
 import socket
-import uuid
-from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import pytest
 
-from _support import WORK, key_of, period_rows, work_rows
+from _support import (
+    Boom,
+    SyncConnect,
+    insert_work,
+    key_of,
+    new_job,
+    period_rows,
+    record_period,
+    work_rows,
+)
 from pgsolo._types import Lifetime
 from pgsolo.jobs import run_job
-
-SyncConnect = Callable[..., psycopg.Connection[Any]]
-
-
-class Boom(Exception):
-    """The callable's own failure."""
-
-
-def new_job() -> str:
-    """A unique job name; used as the (str) key too, so the job is named after it."""
-    return f"jobs-sync-test:{uuid.uuid4().hex[:16]}"
-
-
-def insert_work(conn: psycopg.Connection[Any], job: str, note: str) -> None:
-    conn.execute(f"INSERT INTO {WORK} (job, note) VALUES (%s, %s)", (job, note))
 
 
 @pytest.mark.parametrize("lifetime", ["xact", "session"])
 def test_a_failed_run_does_not_use_up_the_period(
     db: str, observer: Any, lifetime: Lifetime
 ) -> None:
-    job = new_job()
+    job = new_job("jobs-sync-test")
     calls: list[bool] = []
 
     def fn(conn: psycopg.Connection[Any], fail: bool) -> str:
@@ -66,7 +58,7 @@ def test_a_failed_run_does_not_use_up_the_period(
 
 @pytest.mark.parametrize("lifetime", ["xact", "session"])
 def test_once_per_day_completes_then_skips(db: str, observer: Any, lifetime: Lifetime) -> None:
-    job = new_job()
+    job = new_job("jobs-sync-test")
     calls: list[int] = []
 
     def fn(conn: psycopg.Connection[Any]) -> str:
@@ -95,12 +87,8 @@ def test_once_per_day_completes_then_skips(db: str, observer: Any, lifetime: Lif
 def test_a_period_already_recorded_skips_without_running(
     db: str, observer: Any, lifetime: Lifetime
 ) -> None:
-    job = new_job()
-    observer.conn.execute(
-        "INSERT INTO pgsolo.job_periods (job, period, period_start)"
-        " VALUES (%s, 'day', date_trunc('day', now(), 'UTC'))",
-        (job,),
-    )
+    job = new_job("jobs-sync-test")
+    record_period(observer.conn, job)
     calls: list[int] = []
 
     def fn(conn: psycopg.Connection[Any]) -> None:
@@ -116,16 +104,12 @@ def test_a_period_already_recorded_skips_without_running(
 def test_a_run_that_sneaks_in_without_the_lock_wins_and_the_xact_work_rolls_back(
     db: str, sync_connect: SyncConnect, observer: Any
 ) -> None:
-    job = new_job()
+    job = new_job("jobs-sync-test")
     sneak = sync_connect()  # a run that did not take the lock records the period meanwhile
 
     def fn(conn: psycopg.Connection[Any]) -> str:
         insert_work(conn, job, "would be the second time")
-        sneak.execute(
-            "INSERT INTO pgsolo.job_periods (job, period, period_start)"
-            " VALUES (%s, 'day', date_trunc('day', now(), 'UTC'))",
-            (job,),
-        )
+        record_period(sneak, job)
         return "ran"
 
     result = run_job(db, job, fn, period="day")

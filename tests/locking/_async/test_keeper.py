@@ -13,7 +13,6 @@ writes the twin under ``_sync/``. The tests of one flavour only (threads and tas
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
@@ -21,49 +20,19 @@ import pytest
 from psycopg import pq
 
 import pgsolo
-from _support import aeventually, asleep, terminate
-from pgsolo import Keep, Key, LockLostError, sql
-
-AConnect = Callable[..., Awaitable[psycopg.AsyncConnection[Any]]]
-
-INTERVAL = 0.05  # beats are cheap on a local server; several fit in any test's window
-
-
-class OnLost:
-    """An ``on_lost`` callback that records what it got."""
-
-    def __init__(self) -> None:
-        self.errors: list[LockLostError] = []
-
-    def __call__(self, error: LockLostError) -> None:
-        self.errors.append(error)
-
-
-def activity(observer: Any, pid: int) -> tuple[str | None, str | None]:
-    """(state, last query) of backend ``pid`` as pg_stat_activity shows it."""
-    row = observer.conn.execute(
-        "SELECT state, query FROM pg_stat_activity WHERE pid = %s", (pid,)
-    ).fetchone()
-    return (None, None) if row is None else (row[0], row[1])
-
-
-async def wait_for_beat(observer: Any, pid: int, key: Key, *, shared: bool = False) -> None:
-    """Until the keeper's statement is the last one backend ``pid`` ran (run something
-    else first to wait for a *new* beat)."""
-    beat = sql.keeper_beat(key, shared=shared)
-    await aeventually(lambda: activity(observer, pid)[1] == beat, f"a keeper beat on backend {pid}")
-
-
-async def wait_until_lost(lock: pgsolo.AsyncLock) -> None:
-    await aeventually(lambda: lock.lost, "the keeper to report the loss")
-
-
-async def assert_still_usable(conn: psycopg.AsyncConnection[Any]) -> None:
-    cur = await conn.execute("SELECT 41 + 1")
-    assert await cur.fetchone() == (42,)
-    if not conn.autocommit:
-        await conn.commit()
-    assert conn.info.transaction_status is pq.TransactionStatus.IDLE
+from _support import (
+    INTERVAL,
+    AConnect,
+    OnLost,
+    activity,
+    aeventually,
+    asleep,
+    assert_still_usable,
+    terminate,
+    wait_for_beat,
+    wait_until_lost,
+)
+from pgsolo import Keep, Key, LockLostError
 
 
 async def beats_after_now(observer: Any, pid: int, count: int) -> None:
@@ -95,7 +64,7 @@ async def test_terminated_backend_is_lost_and_release_raises_it(
     pid = lock.backend_pid
     assert pid is not None
     terminate(observer, pid)
-    await wait_until_lost(lock)
+    await wait_until_lost(lock, poll=aeventually)
     loss = lock.loss
     assert loss is not None
     assert loss.reason == "connection-lost"
@@ -131,7 +100,7 @@ async def test_released_behind_pgsolos_back_is_lock_released(
             assert observer.holders(key) == {pid}
             await conn.execute(statement.format(args=key.sql_args))
             assert observer.holders(key) == set()
-            await wait_until_lost(lock)
+            await wait_until_lost(lock, poll=aeventually)
 
     with pytest.raises(LockLostError) as at_exit:
         await block()
@@ -160,7 +129,7 @@ async def test_released_behind_pgsolos_back_then_release_raises_the_loss(
     lock = pgsolo.session_lock(conn, key, keep=Keep(interval=INTERVAL))
     assert await lock.acquire()
     await conn.execute(statement.format(args=key.sql_args))
-    await wait_until_lost(lock)
+    await wait_until_lost(lock, poll=aeventually)
     with pytest.raises(LockLostError) as released:
         await lock.release()
     assert released.value is lock.loss
@@ -197,7 +166,7 @@ async def test_keeper_skips_during_a_user_transaction_and_resumes_after(
 
     async def block() -> None:
         async with lock:
-            await wait_for_beat(observer, pid, key)
+            await wait_for_beat(observer, pid, key, poll=aeventually)
             if explicit:
                 async with conn.transaction():
                     await work_in_a_transaction()
@@ -211,9 +180,9 @@ async def test_keeper_skips_during_a_user_transaction_and_resumes_after(
             assert not lock.lost
             assert conn.info.transaction_status is pq.TransactionStatus.IDLE
             # Resumed: it beats again, and so it sees the next loss.
-            await wait_for_beat(observer, pid, key)
+            await wait_for_beat(observer, pid, key, poll=aeventually)
             terminate(observer, pid)
-            await wait_until_lost(lock)
+            await wait_until_lost(lock, poll=aeventually)
 
     with pytest.raises(LockLostError):
         await block()
@@ -250,7 +219,7 @@ async def test_notifications_are_not_swallowed_by_beats(
         unwatched = await received(conn)
     assert unwatched == ["unwatched"]
     async with pgsolo.session_lock(conn, key, keep=Keep(interval=INTERVAL)):
-        await wait_for_beat(observer, pid, key)
+        await wait_for_beat(observer, pid, key, poll=aeventually)
         await sender.execute("NOTIFY pgsolo_keeper_test, 'watched'")
         await beats_after_now(observer, pid, 2)  # the notification reached the socket by then
         watched = await received(conn)

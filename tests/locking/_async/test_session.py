@@ -10,52 +10,13 @@ a killed process, a release after a loss) are in ``tests/locking/test_session.py
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any
 
-import psycopg
 import pytest
-from psycopg import pq
 
 import pgsolo
+from _support import IDLE, AConnect, JobFailedError, assert_clean, backend_state, pid_of
 from pgsolo import Key, LockNotHeldError
-
-AConnect = Callable[..., Awaitable[psycopg.AsyncConnection[Any]]]
-
-IDLE = psycopg.pq.TransactionStatus.IDLE
-
-
-class JobFailedError(Exception):
-    pass
-
-
-def pid_of(conn: psycopg.AsyncConnection[Any]) -> int:
-    return conn.info.backend_pid
-
-
-def backend_state(observer: Any, pid: int) -> tuple[str | None, str | None] | None:
-    """(state, query) of a backend in pg_stat_activity, or None when it is gone."""
-    row = observer.conn.execute(
-        "SELECT state, query FROM pg_stat_activity WHERE pid = %s", (pid,)
-    ).fetchone()
-    return (row[0], row[1]) if row else None
-
-
-async def assert_clean(conn: psycopg.AsyncConnection[Any], observer: Any) -> None:
-    """The connection holds and waits for nothing, is IDLE (not ACTIVE, not idle in
-    transaction), and still answers queries."""
-    pid = pid_of(conn)
-    assert not conn.closed
-    assert not conn.broken
-    assert conn.info.transaction_status is pq.TransactionStatus.IDLE
-    assert observer.advisory(pid=pid) == set()
-    assert observer.advisory(pid=pid, granted=False) == set()
-    assert pgsolo.held_session_locks(conn) == []
-    cur = await conn.execute("SELECT 42")
-    assert await cur.fetchone() == (42,)
-    if not conn.autocommit:
-        await conn.rollback()
-    assert conn.info.transaction_status is pq.TransactionStatus.IDLE
 
 
 async def test_exception_in_session_block_releases_and_propagates_unchanged(

@@ -14,7 +14,6 @@ writes the twin under ``_sync/``. The tests of one flavour only (threads and tas
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -22,49 +21,19 @@ import pytest
 from psycopg import pq
 
 import pgsolo
-from _support import eventually, sleep, terminate
-from pgsolo import Keep, Key, LockLostError, sql
-
-Connect = Callable[..., psycopg.Connection[Any]]
-
-INTERVAL = 0.05  # beats are cheap on a local server; several fit in any test's window
-
-
-class OnLost:
-    """An ``on_lost`` callback that records what it got."""
-
-    def __init__(self) -> None:
-        self.errors: list[LockLostError] = []
-
-    def __call__(self, error: LockLostError) -> None:
-        self.errors.append(error)
-
-
-def activity(observer: Any, pid: int) -> tuple[str | None, str | None]:
-    """(state, last query) of backend ``pid`` as pg_stat_activity shows it."""
-    row = observer.conn.execute(
-        "SELECT state, query FROM pg_stat_activity WHERE pid = %s", (pid,)
-    ).fetchone()
-    return (None, None) if row is None else (row[0], row[1])
-
-
-def wait_for_beat(observer: Any, pid: int, key: Key, *, shared: bool = False) -> None:
-    """Until the keeper's statement is the last one backend ``pid`` ran (run something
-    else first to wait for a *new* beat)."""
-    beat = sql.keeper_beat(key, shared=shared)
-    eventually(lambda: activity(observer, pid)[1] == beat, f"a keeper beat on backend {pid}")
-
-
-def wait_until_lost(lock: pgsolo.Lock) -> None:
-    eventually(lambda: lock.lost, "the keeper to report the loss")
-
-
-def assert_still_usable(conn: psycopg.Connection[Any]) -> None:
-    cur = conn.execute("SELECT 41 + 1")
-    assert cur.fetchone() == (42,)
-    if not conn.autocommit:
-        conn.commit()
-    assert conn.info.transaction_status is pq.TransactionStatus.IDLE
+from _support import (
+    INTERVAL,
+    Connect,
+    OnLost,
+    activity,
+    assert_still_usable,
+    eventually,
+    sleep,
+    terminate,
+    wait_for_beat,
+    wait_until_lost,
+)
+from pgsolo import Keep, Key, LockLostError
 
 
 def beats_after_now(observer: Any, pid: int, count: int) -> None:
@@ -96,7 +65,7 @@ def test_terminated_backend_is_lost_and_release_raises_it(
     pid = lock.backend_pid
     assert pid is not None
     terminate(observer, pid)
-    wait_until_lost(lock)
+    wait_until_lost(lock, poll=eventually)
     loss = lock.loss
     assert loss is not None
     assert loss.reason == "connection-lost"
@@ -132,7 +101,7 @@ def test_released_behind_pgsolos_back_is_lock_released(
             assert observer.holders(key) == {pid}
             conn.execute(statement.format(args=key.sql_args))
             assert observer.holders(key) == set()
-            wait_until_lost(lock)
+            wait_until_lost(lock, poll=eventually)
 
     with pytest.raises(LockLostError) as at_exit:
         block()
@@ -161,7 +130,7 @@ def test_released_behind_pgsolos_back_then_release_raises_the_loss(
     lock = pgsolo.session_lock(conn, key, keep=Keep(interval=INTERVAL))
     assert lock.acquire()
     conn.execute(statement.format(args=key.sql_args))
-    wait_until_lost(lock)
+    wait_until_lost(lock, poll=eventually)
     with pytest.raises(LockLostError) as released:
         lock.release()
     assert released.value is lock.loss
@@ -198,7 +167,7 @@ def test_keeper_skips_during_a_user_transaction_and_resumes_after(
 
     def block() -> None:
         with lock:
-            wait_for_beat(observer, pid, key)
+            wait_for_beat(observer, pid, key, poll=eventually)
             if explicit:
                 with conn.transaction():
                     work_in_a_transaction()
@@ -212,9 +181,9 @@ def test_keeper_skips_during_a_user_transaction_and_resumes_after(
             assert not lock.lost
             assert conn.info.transaction_status is pq.TransactionStatus.IDLE
             # Resumed: it beats again, and so it sees the next loss.
-            wait_for_beat(observer, pid, key)
+            wait_for_beat(observer, pid, key, poll=eventually)
             terminate(observer, pid)
-            wait_until_lost(lock)
+            wait_until_lost(lock, poll=eventually)
 
     with pytest.raises(LockLostError):
         block()
@@ -251,7 +220,7 @@ def test_notifications_are_not_swallowed_by_beats(
         unwatched = received(conn)
     assert unwatched == ["unwatched"]
     with pgsolo.session_lock(conn, key, keep=Keep(interval=INTERVAL)):
-        wait_for_beat(observer, pid, key)
+        wait_for_beat(observer, pid, key, poll=eventually)
         sender.execute("NOTIFY pgsolo_keeper_test, 'watched'")
         beats_after_now(observer, pid, 2)  # the notification reached the socket by then
         watched = received(conn)

@@ -7,73 +7,22 @@ writes the twin under ``_sync/``. The other wait tests are in ``tests/locking/te
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
 import pytest
-from psycopg import pq
-from psycopg import sql as pgsql
 
 import pgsolo
+from _support import (
+    Connect,
+    assert_clean,
+    insert_note,
+    lock_factory,
+    notes,
+    pid_of,
+    show_lock_timeout,
+)
 from pgsolo import Key, LockTimeoutError
-
-Connect = Callable[..., psycopg.Connection[Any]]
-
-
-def pid_of(conn: psycopg.Connection[Any]) -> int:
-    return conn.info.backend_pid
-
-
-def show_lock_timeout(conn: psycopg.Connection[Any]) -> str:
-    cur = conn.execute("SHOW lock_timeout")
-    row = cur.fetchone()
-    assert row is not None
-    return str(row[0])
-
-
-@pytest.fixture
-def table(observer: Any) -> Iterator[str]:
-    """A real (not temporary) table, so the observer session can see what was committed."""
-    name = f"pgsolo_work_{uuid.uuid4().hex[:12]}"
-    observer.conn.execute(
-        pgsql.SQL("CREATE TABLE {} (note text NOT NULL)").format(pgsql.Identifier(name))
-    )
-    yield name
-    observer.conn.execute(pgsql.SQL("DROP TABLE IF EXISTS {}").format(pgsql.Identifier(name)))
-
-
-def insert_note(conn: psycopg.Connection[Any], table: str, note: str) -> None:
-    conn.execute(pgsql.SQL("INSERT INTO {} VALUES (%s)").format(pgsql.Identifier(table)), (note,))
-
-
-def notes(observer: Any, table: str) -> list[str]:
-    rows = observer.conn.execute(
-        pgsql.SQL("SELECT note FROM {} ORDER BY note").format(pgsql.Identifier(table))
-    ).fetchall()
-    return [r[0] for r in rows]
-
-
-def lock_factory(lifetime: str) -> Callable[..., pgsolo.Lock]:
-    return pgsolo.xact_lock if lifetime == "xact" else pgsolo.session_lock  # type: ignore[return-value]
-
-
-def assert_clean(conn: psycopg.Connection[Any], observer: Any) -> None:
-    """The connection holds and waits for nothing, is IDLE (not ACTIVE, not idle in
-    transaction), and still answers queries."""
-    pid = pid_of(conn)
-    assert not conn.closed
-    assert not conn.broken
-    assert conn.info.transaction_status is pq.TransactionStatus.IDLE
-    assert observer.advisory(pid=pid) == set()
-    assert observer.advisory(pid=pid, granted=False) == set()
-    assert pgsolo.held_session_locks(conn) == []
-    cur = conn.execute("SELECT 42")
-    assert cur.fetchone() == (42,)
-    if not conn.autocommit:
-        conn.rollback()
-    assert conn.info.transaction_status is pq.TransactionStatus.IDLE
 
 
 @pytest.mark.parametrize("lifetime", ["session", "xact"])

@@ -11,83 +11,25 @@ only (the article's scenario, raw SQL alongside) are in ``tests/locking/test_xac
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
 import pytest
-from psycopg import pq
-from psycopg import sql as pgsql
 
 import pgsolo
+from _support import (
+    IDLE,
+    INTRANS,
+    Connect,
+    JobFailedError,
+    assert_clean,
+    backend_state,
+    insert_note,
+    notes,
+    other_key,
+    pid_of,
+)
 from pgsolo import ConnectionStateError, Key, TransactionFailedError
-
-Connect = Callable[..., psycopg.Connection[Any]]
-
-IDLE = psycopg.pq.TransactionStatus.IDLE
-INTRANS = psycopg.pq.TransactionStatus.INTRANS
-
-
-class JobFailedError(Exception):
-    pass
-
-
-def pid_of(conn: psycopg.Connection[Any]) -> int:
-    return conn.info.backend_pid
-
-
-def backend_state(observer: Any, pid: int) -> tuple[str | None, str | None] | None:
-    """(state, query) of a backend in pg_stat_activity, or None when it is gone."""
-    row = observer.conn.execute(
-        "SELECT state, query FROM pg_stat_activity WHERE pid = %s", (pid,)
-    ).fetchone()
-    return (row[0], row[1]) if row else None
-
-
-@pytest.fixture
-def table(observer: Any) -> Iterator[str]:
-    """A real (not temporary) table, so the observer session can see what was committed."""
-    name = f"pgsolo_work_{uuid.uuid4().hex[:12]}"
-    observer.conn.execute(
-        pgsql.SQL("CREATE TABLE {} (note text NOT NULL)").format(pgsql.Identifier(name))
-    )
-    yield name
-    observer.conn.execute(pgsql.SQL("DROP TABLE IF EXISTS {}").format(pgsql.Identifier(name)))
-
-
-def insert_note(conn: psycopg.Connection[Any], table: str, note: str) -> None:
-    conn.execute(pgsql.SQL("INSERT INTO {} VALUES (%s)").format(pgsql.Identifier(table)), (note,))
-
-
-def notes(observer: Any, table: str) -> list[str]:
-    rows = observer.conn.execute(
-        pgsql.SQL("SELECT note FROM {} ORDER BY note").format(pgsql.Identifier(table))
-    ).fetchall()
-    return [r[0] for r in rows]
-
-
-def second_key(key: Key) -> Key:
-    assert isinstance(key.value, tuple)
-    return Key((key.value[0], key.value[1] + 500_000))
-
-
-def assert_clean(conn: psycopg.Connection[Any], observer: Any) -> None:
-    """The connection holds and waits for nothing, is IDLE (not ACTIVE, not idle in
-    transaction), and still answers queries."""
-    pid = pid_of(conn)
-    assert not conn.closed
-    assert not conn.broken
-    assert conn.info.transaction_status is pq.TransactionStatus.IDLE
-    assert observer.advisory(pid=pid) == set()
-    assert observer.advisory(pid=pid, granted=False) == set()
-    assert pgsolo.held_session_locks(conn) == []
-    cur = conn.execute("SELECT 42")
-    assert cur.fetchone() == (42,)
-    if not conn.autocommit:
-        conn.rollback()
-    assert conn.info.transaction_status is pq.TransactionStatus.IDLE
-
 
 # -- rollback and exceptions ------------------------------------------------------------
 
@@ -198,7 +140,7 @@ def test_nested_xact_blocks_join_the_outer_transaction(
     the outer transaction and its lock lasts until that ends."""
     conn = connect()
     pid = pid_of(conn)
-    inner_key = second_key(key)
+    inner_key = other_key(key)
     with pgsolo.xact_lock(conn, key) as outer:
         assert outer.acquired
         with pgsolo.xact_lock(conn, inner_key) as inner:
