@@ -2,7 +2,14 @@
 
 The public API is what this module re-exports; each name lives in the module of its layer
 (``locking``, ``jobs``, ``once``, ``monitor``, ``schema``; see DESIGN.md §3).
+
+The pure parts (errors, keys, reasons, outcomes) are imported with the package; the rest,
+and the driver under it, on first use (PEP 562), so that ``import pgsolo`` and a command
+such as ``pgsolo key`` load no database driver and only what they use.
 """
+
+from importlib import import_module
+from typing import TYPE_CHECKING
 
 from ._types import OnceOutcome, Outcome
 from .errors import (
@@ -26,35 +33,31 @@ from .errors import (
     UnsafeConnectionError,
     UsageError,
 )
-from .jobs import Job, JobResult, history, run_job, run_job_async, singleton
 from .keys import Key, KeyLike, Registry, as_key, decode_pg_lock
-from .locking import (
-    AsyncLock,
-    Keep,
-    Lock,
-    async_pool_reset,
-    held_session_locks,
-    pool_reset,
-    session_lock,
-    xact_lock,
-)
-from .monitor import (
-    AdvisoryLock,
-    Check,
-    advisory_locks,
-    doctor,
-    terminate_backend,
-    wait_chains,
-)
-from .once import (
-    OnceResult,
-    OperationContext,
-    idempotency_key_for,
-    run_once,
-    run_once_async,
-)
 from .reasons import LostReason, Reason
-from .schema import migrate
+
+if TYPE_CHECKING:  # the same names as _ON_FIRST_USE, for type checkers
+    from .jobs import Job, JobResult, history, run_job, run_job_async, singleton
+    from .locking import (
+        AsyncLock,
+        Keep,
+        Lock,
+        async_pool_reset,
+        held_session_locks,
+        pool_reset,
+        session_lock,
+        xact_lock,
+    )
+    from .monitor import (
+        AdvisoryLock,
+        Check,
+        advisory_locks,
+        doctor,
+        terminate_backend,
+        wait_chains,
+    )
+    from .once import OnceResult, OperationContext, idempotency_key_for, run_once, run_once_async
+    from .schema import migrate
 
 __version__ = "0.1.0"
 
@@ -115,3 +118,46 @@ __all__ = [
     "wait_chains",
     "xact_lock",
 ]
+
+# Where each name that is imported on first use lives (tests/test_api.py checks that this,
+# the imports above and __all__ agree).
+_ON_FIRST_USE = {
+    **dict.fromkeys(
+        ("Job", "JobResult", "history", "run_job", "run_job_async", "singleton"), ".jobs"
+    ),
+    **dict.fromkeys(
+        (
+            "AsyncLock",
+            "Keep",
+            "Lock",
+            "async_pool_reset",
+            "held_session_locks",
+            "pool_reset",
+            "session_lock",
+            "xact_lock",
+        ),
+        ".locking",
+    ),
+    **dict.fromkeys(
+        ("AdvisoryLock", "Check", "advisory_locks", "doctor", "terminate_backend", "wait_chains"),
+        ".monitor",
+    ),
+    **dict.fromkeys(
+        ("OnceResult", "OperationContext", "idempotency_key_for", "run_once", "run_once_async"),
+        ".once",
+    ),
+    "migrate": ".schema",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _ON_FIRST_USE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(module, __name__), name)
+    globals()[name] = value  # once: the next access does not come here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

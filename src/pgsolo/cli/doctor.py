@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from ..monitor.doctor import MAX_OLDER_THAN
+from ..monitor.checks import MAX_OLDER_THAN
 from .exit_codes import (
     EXIT_FAILED,
     EXIT_OK,
@@ -55,7 +55,7 @@ DOCTOR_MARKS = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL"}
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from ..monitor.doctor import doctor  # noqa: PLC0415
+    from ..monitor.checks import doctor  # noqa: PLC0415
 
     with (
         database(args.dsn, connect_timeout=args.connect_timeout) as db,

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from ._async.run import run_job_async
 from ._sync.run import run_job
+from .decorator import singleton
 from .definition import Job, JobResult
 from .record import history
-from .singleton import singleton
 
 __all__ = ["Job", "JobResult", "history", "run_job", "run_job_async", "singleton"]

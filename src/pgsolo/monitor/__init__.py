@@ -12,7 +12,7 @@ and is ``None`` otherwise.
 
 from __future__ import annotations
 
-from .doctor import Check, doctor
+from .checks import Check, doctor
 from .locks import AdvisoryLock, advisory_locks, wait_chains
 from .snapshot import format_seconds
 from .terminate import terminate_backend
