@@ -31,6 +31,7 @@ from .errors import (
     ResultNotStorableError,
     TransactionFailedError,
     UnsafeConnectionError,
+    UnsupportedConnectionError,
     UsageError,
 )
 from .keys import Key, KeyLike, Registry, as_key, decode_pg_lock
@@ -96,6 +97,7 @@ __all__ = [
     "ResultNotStorableError",
     "TransactionFailedError",
     "UnsafeConnectionError",
+    "UnsupportedConnectionError",
     "UsageError",
     "__version__",
     "advisory_locks",

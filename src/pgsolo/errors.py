@@ -28,6 +28,7 @@ __all__ = [
     "ResultNotStorableError",
     "TransactionFailedError",
     "UnsafeConnectionError",
+    "UnsupportedConnectionError",
     "UsageError",
 ]
 
@@ -74,6 +75,11 @@ class NotMigratedError(UsageError):
     def __init__(self, message: str, *, version: int | None = None) -> None:
         super().__init__(message)
         self.version = version
+
+
+class UnsupportedConnectionError(UsageError, TypeError):
+    """What was passed as a connection is not one pgsolo can use (the message names
+    those it can), or is sync where the call is async, or the other way round."""
 
 
 class ConnectionStateError(UsageError):

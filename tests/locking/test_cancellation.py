@@ -34,6 +34,19 @@ async def wait_until_waiting(observer: Any, key: Key, pid: int, task: asyncio.Ta
         await asyncio.sleep(0.005)
 
 
+async def end_callers_transaction(conn: Any, lifetime: str, autocommit: bool) -> None:
+    """With autocommit off, a transaction lock joins psycopg's implicit transaction: that
+    transaction is the caller's, still open and usable after the block or the cancelled
+    wait, and only the caller ends it (pgsolo never commits or rolls back the caller's
+    work). End it here, as the caller would."""
+    if lifetime == "xact" and not autocommit:
+        assert conn.info.transaction_status is pq.TransactionStatus.INTRANS
+        cur = await conn.execute("SELECT 1")  # usable, not aborted
+        assert await cur.fetchone() == (1,)
+        await conn.rollback()
+    assert conn.info.transaction_status is pq.TransactionStatus.IDLE
+
+
 async def finish(task: asyncio.Task[Any]) -> None:
     """Wait (bounded) for ``task`` to end, whatever its outcome."""
     done, _ = await asyncio.wait({task}, timeout=DEADLINE)
@@ -90,7 +103,7 @@ async def test_cancelled_wait_leaves_nothing_behind(
     assert not entered.is_set()
     # The server-side wait was cancelled, not left running behind the client's back.
     assert observer.waiters(key) == set()
-    assert conn.info.transaction_status is pq.TransactionStatus.IDLE
+    await end_callers_transaction(conn, lifetime, autocommit)
 
     await holder.release()
     assert observer.holders(key) == set()  # the abandoned wait was not granted later
@@ -99,6 +112,9 @@ async def test_cancelled_wait_leaves_nothing_behind(
     async with lock_for(conn, key, lifetime, wait=DEADLINE) as lock:
         assert lock.acquired
         assert observer.holders(key) == {pid}
+    if lifetime == "xact" and not autocommit:  # the caller's transaction holds it still
+        assert observer.holders(key) == {pid}
+    await end_callers_transaction(conn, lifetime, autocommit)
     await assert_clean(conn, observer)
 
 
@@ -118,7 +134,7 @@ async def test_asyncio_timeout_around_a_wait(
     assert not isinstance(caught.value, pgsolo.LockTimeoutError)  # asyncio's, not the server's
     assert loop.time() - started < DEADLINE
     assert observer.waiters(key) == set()
-    assert conn.info.transaction_status is pq.TransactionStatus.IDLE
+    await end_callers_transaction(conn, lifetime, autocommit)
     await holder.release()
     assert observer.holders(key) == set()
     await assert_clean(conn, observer)
@@ -196,6 +212,9 @@ async def test_cancel_racing_the_release_never_leaves_a_lock(
         outcomes["cancelled" if task.cancelled() else "completed"] += 1
         outcomes["entered"] += entered.is_set()
 
+        if entered.is_set() and lifetime == "xact" and not autocommit:
+            assert observer.holders(key) == {pid}  # in the caller's transaction
+        await end_callers_transaction(conn, lifetime, autocommit)
         assert observer.holders(key) == set(), f"round {i}: a lock was left held"
         assert observer.waiters(key) == set(), f"round {i}: a wait was left running"
         await assert_clean(conn, observer)
@@ -228,6 +247,13 @@ async def test_wait_cancelled_at_each_step_is_prompt_and_clean(
         assert task.cancelled(), f"step {steps}: the acquisition was not cancelled"
         assert observer.holders(key) == {pid_of(holder_conn)}
         assert observer.waiters(key) == set(), f"step {steps}: a wait was left running"
+        if (
+            lifetime == "xact"
+            and not autocommit
+            and conn.info.transaction_status is pq.TransactionStatus.IDLE
+        ):
+            continue  # cancelled before psycopg opened the caller's implicit transaction
+        await end_callers_transaction(conn, lifetime, autocommit)
         await assert_clean(conn, observer)
     await holder.release()
     await assert_clean(conn, observer)

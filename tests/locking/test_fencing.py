@@ -38,7 +38,9 @@ def acquire_token(
     with pgsolo.xact_lock(conn, key, wait=wait, fencing=True) as lock:
         assert lock.acquired
         assert lock.token is not None
-        return lock.token
+    if not conn.autocommit:  # the lock joined the caller's implicit transaction
+        conn.commit()
+    return lock.token
 
 
 @pytest.mark.usefixtures("db")

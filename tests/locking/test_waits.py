@@ -151,6 +151,9 @@ def test_protected_block_runs_with_the_connections_own_lock_timeout(
         assert observer.holders(key) == {pid_of(conn)}
         assert show_lock_timeout(conn) == "7s"
     assert show_lock_timeout(conn) == "7s"
+    if not autocommit:  # the lock joined the caller's implicit transaction, open still
+        assert observer.holders(key) == {pid_of(conn)}
+        conn.commit()
     assert observer.holders(key) == set()
 
 
@@ -201,7 +204,12 @@ async def test_wait_timeout_raises_and_keeps_lock_timeout(
     assert caught.value.key == key
     assert caught.value.timeout == pytest.approx(0.3)
     assert "0.3s" in str(caught.value)
-    assert conn.info.transaction_status is pq.TransactionStatus.IDLE
+    # A transaction lock with autocommit off waited in the caller's implicit transaction,
+    # which stays open and usable (the wait's savepoint was undone).
+    joined = lifetime == "xact" and not autocommit
+    assert conn.info.transaction_status is (
+        pq.TransactionStatus.INTRANS if joined else pq.TransactionStatus.IDLE
+    )
     cur = await conn.execute("SHOW lock_timeout")
     assert await cur.fetchone() == ("7s",)
     if not autocommit:

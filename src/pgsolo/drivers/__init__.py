@@ -1,11 +1,13 @@
 """The small surface pgsolo needs from a database driver.
 
-A driver adapter wraps one connection of some library (psycopg 3 today; asyncpg,
-SQLAlchemy, psycopg2 and Django each fit in one new module) and offers:
+A driver adapter wraps one connection of some library (psycopg 3, psycopg2, asyncpg, or
+a framework's connection: SQLAlchemy, Django) and offers:
 
-- ``fetch_value(statements)``: send statements in one round trip, outside any
-  transaction the driver would open by itself, and return the first value of the last
-  statement that returned a row;
+- ``fetch_value(statements, wait, edge)``: send statements in as few round trips as the
+  library allows (one where it takes several statements in one message), and return the
+  first value of the last statement that returned a row; with ``edge``, open the
+  transaction pgsolo owns before them or end it after them, the way the library or the
+  framework that owns the connection's transactions does it;
 - ``transaction_status()``, ``backend_pid()``, ``begins_implicitly`` and
   ``server_info()``: what the connection looks like now, without a round trip;
 - ``sqlstate(exc)``, ``error_detail(exc)`` and ``is_closed()``: how to read the
@@ -28,12 +30,17 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Protocol, TypeGuard, cast
+from importlib import import_module
+from typing import ClassVar, Literal, Protocol, TypeGuard, cast
+
+from .. import sql
+from ..errors import UnsupportedConnectionError
 
 __all__ = [
     "AsyncDriver",
     "BeatFailed",
     "DriverBase",
+    "Edge",
     "ServerInfo",
     "SyncDriver",
     "TxStatus",
@@ -43,10 +50,15 @@ __all__ = [
     "as_sync",
     "bound_answers",
     "driver_errors",
+    "edged",
     "is_async",
     "is_unavailable",
     "shut_down",
 ]
+
+
+Edge = Literal["begin", "commit", "rollback"]
+"""An edge of the transaction pgsolo owns (see :class:`~pgsolo.locking.plans.Own`)."""
 
 
 class TxStatus(enum.Enum):
@@ -93,7 +105,8 @@ class DriverBase(Protocol):
     @property
     def begins_implicitly(self) -> bool:
         """True when the driver opens a transaction by itself before a statement
-        (psycopg with ``autocommit=False``)."""
+        (psycopg with ``autocommit=False``): the caller is in that transaction even
+        before its first statement, so a transaction lock joins it."""
 
     def transaction_status(self) -> TxStatus: ...
 
@@ -116,10 +129,14 @@ class DriverBase(Protocol):
 
 
 class SyncDriver(DriverBase, Protocol):
-    def fetch_value(self, statements: Sequence[str], wait: float = 0.0) -> object:
+    def fetch_value(
+        self, statements: Sequence[str], wait: float = 0.0, edge: Edge | None = None
+    ) -> object:
         """``wait``: seconds the statements may wait for a lock on the server (bounded
         there by ``lock_timeout``), on top of the deadline of a connection pgsolo opened
-        (:func:`bound_answers`)."""
+        (:func:`bound_answers`). ``edge``: open pgsolo's own transaction before the
+        statements, or commit or roll it back after them (:func:`edged` on a bare
+        connection)."""
 
     def fetch_value_elsewhere(self, statements: Sequence[str]) -> object: ...
 
@@ -129,28 +146,57 @@ class SyncDriver(DriverBase, Protocol):
 
 
 class AsyncDriver(DriverBase, Protocol):
-    async def fetch_value(self, statements: Sequence[str], wait: float = 0.0) -> object: ...
+    async def fetch_value(
+        self, statements: Sequence[str], wait: float = 0.0, edge: Edge | None = None
+    ) -> object: ...
 
     async def fetch_value_elsewhere(self, statements: Sequence[str]) -> object: ...
 
     async def beat(self, statement: str, answer_within: float) -> Sequence[str | None] | None: ...
 
 
+def edged(statements: Sequence[str], edge: Edge | None, *, begins_implicitly: bool) -> list[str]:
+    """``statements`` with the edge of pgsolo's own transaction as statements of the same
+    message, for a bare connection (one no framework keeps books on)."""
+    if edge == "begin":
+        return list(statements) if begins_implicitly else [sql.BEGIN, *statements]
+    if edge is not None:
+        return [*statements, sql.COMMIT if edge == "commit" else sql.ROLLBACK]
+    return list(statements)
+
+
+# The libraries pgsolo adapts, by the top-level package their connection types live in,
+# and the module of pgsolo's that adapts each. A module is imported only when one of its
+# connections arrives, so importing pgsolo never imports a driver the user did not
+# install; each module's ``adapt`` returns None for a type of its library it does not
+# take (a cursor, an Engine).
+_ADAPTERS = {
+    "psycopg": "._psycopg",
+    "psycopg2": "._psycopg2",
+    "asyncpg": "._asyncpg",
+    "sqlalchemy": "._sqlalchemy",
+    "django": "._django",
+}
+
+SUPPORTED_CONNECTIONS = (
+    "a psycopg 3 Connection or AsyncConnection, a psycopg2 connection, an asyncpg"
+    " Connection (also one acquired from a Pool), a SQLAlchemy Connection, AsyncConnection,"
+    " Session or AsyncSession, or a Django connection (django.db.connection,"
+    " connections[alias])"
+)
+
+
 def adapt(connection: object) -> SyncDriver | AsyncDriver:
-    """The adapter for ``connection``, chosen by its type."""
-    import psycopg  # noqa: PLC0415 - drivers are imported only when a connection arrives
-
-    from ._async.psycopg_driver import AsyncPsycopgDriver  # noqa: PLC0415
-    from ._sync.psycopg_driver import PsycopgDriver  # noqa: PLC0415
-
-    if isinstance(connection, psycopg.Connection):
-        return PsycopgDriver(connection)
-    if isinstance(connection, psycopg.AsyncConnection):
-        return AsyncPsycopgDriver(connection)
-    raise TypeError(
-        "pgsolo needs a psycopg 3 Connection or AsyncConnection, "
-        f"got {type(connection).__module__}.{type(connection).__qualname__}"
-    )
+    """The adapter for ``connection``, chosen by its type. Anything else raises
+    :class:`~pgsolo.UnsupportedConnectionError` naming what is supported."""
+    kind = type(connection)
+    module = _ADAPTERS.get(kind.__module__.partition(".")[0])
+    driver = import_module(module, __name__).adapt(connection) if module else None
+    if driver is None:
+        raise UnsupportedConnectionError(
+            f"pgsolo takes {SUPPORTED_CONNECTIONS}; got {kind.__module__}.{kind.__qualname__}"
+        )
+    return cast("SyncDriver | AsyncDriver", driver)
 
 
 def bound_answers(connection: object, seconds: float) -> None:
@@ -200,12 +246,14 @@ def as_sync(driver: SyncDriver | AsyncDriver) -> SyncDriver:
 def adapt_sync(connection: object) -> SyncDriver:
     driver = adapt(connection)
     if is_async(driver):
-        raise TypeError("this call needs a sync connection; use the async variant")
+        raise UnsupportedConnectionError("this call needs a sync connection; use the async variant")
     return as_sync(driver)
 
 
 def adapt_async(connection: object) -> AsyncDriver:
     driver = adapt(connection)
     if not is_async(driver):
-        raise TypeError("this call needs an async connection; use the sync variant")
+        raise UnsupportedConnectionError(
+            "this call needs an async connection; use the sync variant"
+        )
     return driver

@@ -35,7 +35,7 @@ from ..errors import (
 from ..keys import Key
 from . import failures, holdings, placement, recovery, transaction
 from .placement import in_savepoint, unlock_statement
-from .plans import Plan, Wait
+from .plans import Own, Plan, Wait
 from .routing import Route, check_route, transaction_pooling_error
 from .watch import Keep
 
@@ -180,7 +180,7 @@ class LockCore:
         pid = driver.backend_pid()
         # A transaction pgsolo opens is tracked like a session lock, so that a second
         # thread or task on the same connection cannot join it and "get" the key too.
-        owns = context and status is TxStatus.IDLE
+        owns = transaction.opens_own(self, status, context=context)
         if owns:
             claim = holdings.claim(
                 conn, pid, self.key, shared=self.shared, reentrant=False, lifetime="xact"
@@ -213,11 +213,16 @@ class LockCore:
     def _acquire_xact_claimed(self, status: TxStatus, *, context: bool) -> Plan[bool]:
         status = self._usable_status(status)
         joins = transaction.joins_callers_transaction(self, status, context=context)
-        statements = transaction.opening(self, status, context=context)
-        statements += placement.xact_acquisition(self, in_callers_transaction=joins)
+        opening = transaction.opening(self, status, context=context)
+        statements = placement.xact_acquisition(self, in_callers_transaction=joins)
+        step = (
+            self._waiting(statements)
+            if opening is None
+            else Own([*opening, *statements], "begin", self.wait_seconds)
+        )
         started = time.perf_counter()
         try:
-            value = yield self._waiting(statements)
+            value = yield step
         except BaseException as exc:
             yield from recovery.after_xact_failure(self, in_callers_transaction=joins)
             if (error := failures.acquisition_error(self, exc, started)) is not None:

@@ -15,7 +15,9 @@ from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Final, TypeVar
 
-__all__ = ["WORK", "Elsewhere", "Plan", "Step", "Wait", "Work"]
+from ..drivers import Edge
+
+__all__ = ["ROLLBACK", "WORK", "Elsewhere", "Own", "Plan", "Step", "Wait", "Work"]
 
 T = TypeVar("T")
 
@@ -47,5 +49,22 @@ class Wait:
     seconds: float
 
 
-Step = Sequence[str] | Work | Elsewhere | Wait
+@dataclass(frozen=True, slots=True)
+class Own:
+    """Yielded by a plan for statements at an edge of the transaction pgsolo opens for a
+    transaction lock (``with xact_lock(...)`` on a connection with none open, a job):
+    ``begin`` opens it before ``statements``, ``commit`` or ``rollback`` ends it after
+    them. The driver does that its own way: BEGIN and COMMIT in the same message on a
+    bare connection, through the framework's own API on Django or SQLAlchemy, whose idea
+    of the transaction must stay true. ``seconds`` as for :class:`Wait`."""
+
+    statements: Sequence[str]
+    edge: Edge
+    seconds: float = 0.0
+
+
+ROLLBACK: Final = Own([], "rollback")
+"""Roll back the transaction pgsolo opened."""
+
+Step = Sequence[str] | Work | Elsewhere | Wait | Own
 Plan = Generator[Step, object, T]

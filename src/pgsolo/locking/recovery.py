@@ -18,7 +18,7 @@ from ..drivers import TxStatus
 from ..errors import LockLostError
 from . import failures
 from .placement import in_savepoint, unlock_statement
-from .plans import Elsewhere, Plan
+from .plans import ROLLBACK, Elsewhere, Own, Plan
 from .routing import transaction_pooling_error
 
 if TYPE_CHECKING:
@@ -35,14 +35,16 @@ __all__ = [
 ]
 
 
-def quietly(core: LockCore, statements: list[str]) -> Plan[object]:
-    """Send clean-up statements; a dead connection has nothing left to clean."""
-    if core.driver.is_closed():
+def quietly(core: LockCore, statements: list[str] | Own) -> Plan[object]:
+    """Send clean-up statements; a dead connection has nothing left to clean, but the end
+    of pgsolo's own transaction (:class:`Own`) is always sent: a framework closes its
+    books on the transaction even when the connection is gone."""
+    if core.driver.is_closed() and not isinstance(statements, Own):
         return None
     try:
         return (yield statements)
     except Exception as exc:
-        logger.debug("pgsolo clean-up %s failed: %r", statements, exc)
+        logger.debug("pgsolo clean-up %r failed: %r", statements, exc)
         return None
 
 
@@ -64,7 +66,7 @@ def abandon_own_transaction(core: LockCore) -> Plan[None]:
     """Roll back the transaction pgsolo opened for a transaction lock it did not get."""
     if core.opened_transaction:
         core.opened_transaction = False
-        yield from quietly(core, [sql.ROLLBACK])
+        yield from quietly(core, ROLLBACK)
 
 
 def after_xact_failure(core: LockCore, *, in_callers_transaction: bool) -> Plan[None]:

@@ -1,7 +1,9 @@
 """The transaction pgsolo opens for a transaction lock taken as a context manager.
 
-On an idle connection ``with xact_lock(...)`` opens a transaction with the lock (BEGIN in
-the same round trip) and ends it with the block: a failure of the block rolls it back, and
+On a connection with no transaction open and none about to open by itself, ``with
+xact_lock(...)`` opens a transaction with the lock (on a bare connection BEGIN goes in the
+same round trip; a framework opens it its own way, see :class:`~pgsolo.locking.plans.Own`)
+and ends it with the block: a failure of the block rolls it back, and
 so does a transaction that failed inside the block without saying so. With
 ``verify_commit`` (jobs) the transaction is marked when it opens, and commits only if it
 is still the one that took the lock, in the same round trip as the COMMIT; otherwise it is
@@ -18,45 +20,55 @@ from .. import sql
 from ..drivers import TxStatus
 from ..errors import ConnectionStateError, LockLostError, TransactionFailedError
 from . import holdings
+from .plans import ROLLBACK, Own
 from .recovery import quietly
 
 if TYPE_CHECKING:
     from .core import LockCore
     from .plans import Plan
 
-__all__ = ["end", "joins_callers_transaction", "opening"]
+__all__ = ["end", "joins_callers_transaction", "opening", "opens_own"]
+
+
+def opens_own(core: LockCore, status: TxStatus, *, context: bool) -> bool:
+    """Whether a transaction lock taken now opens pgsolo's own transaction and ends it
+    with the block: a context manager on a connection with no transaction open and none
+    about to open by itself. A job owns its transaction even on a connection that begins
+    by itself (``verify_commit``: the work commits with the lock, or not at all)."""
+    return (
+        context
+        and status is TxStatus.IDLE
+        and (core.verify_commit or not core.driver.begins_implicitly)
+    )
 
 
 def joins_callers_transaction(core: LockCore, status: TxStatus, *, context: bool) -> bool:
     """Whether a transaction lock taken now belongs to the caller's transaction: one
-    already open, or, for a plain acquire on a connection that begins by itself, the one
-    the driver is about to open."""
-    return status is TxStatus.INTRANS or (
-        status is TxStatus.IDLE and not context and core.driver.begins_implicitly
-    )
+    already open, or the one a driver that begins by itself is about to open (psycopg
+    with ``autocommit=False``: the caller commits or rolls back, never pgsolo)."""
+    if opens_own(core, status, context=context):
+        return False
+    return status is TxStatus.INTRANS or (status is TxStatus.IDLE and core.driver.begins_implicitly)
 
 
-def opening(core: LockCore, status: TxStatus, *, context: bool) -> list[str]:
-    """The statements that open pgsolo's own transaction before a transaction lock (a
-    context manager on an idle connection: it owns the transaction), if any. A plain
-    acquire with no transaction to hold the lock is refused."""
-    if status is not TxStatus.IDLE:
-        return []
-    if context:
+def opening(core: LockCore, status: TxStatus, *, context: bool) -> list[str] | None:
+    """The statements to send as pgsolo's own transaction opens, before a transaction
+    lock, if it opens one (:func:`opens_own`); None when it does not. A plain acquire
+    with no transaction to hold the lock is refused."""
+    if opens_own(core, status, context=context):
         core.opened_transaction = True
-        statements = [] if core.driver.begins_implicitly else [sql.BEGIN]
         if core.verify_commit:
             core.transaction_marker = secrets.token_hex(8)
-            statements.append(sql.mark_transaction(core.transaction_marker))
-        return statements
-    if not core.driver.begins_implicitly:
+            return [sql.mark_transaction(core.transaction_marker)]
+        return []
+    if status is TxStatus.IDLE and not core.driver.begins_implicitly:
         raise ConnectionStateError(
             "a transaction-level lock needs an open transaction, and this autocommit"
             " connection has none: PostgreSQL would release the lock as soon as this"
             " statement ended. Open one first (with conn.transaction(): ...), use the"
             " lock as a context manager (it opens one), or use session_lock()."
         )
-    return []
+    return None
 
 
 def end(core: LockCore, *, failed: bool) -> Plan[None]:
@@ -80,28 +92,28 @@ def _end_own_transaction(core: LockCore, *, failed: bool) -> Plan[None]:
     if status is TxStatus.IDLE:
         return  # the block ended the transaction itself
     if failed:
-        yield from quietly(core, [sql.ROLLBACK])
+        yield from quietly(core, ROLLBACK)
         return
     if status is TxStatus.INERROR:
-        yield [sql.ROLLBACK]
+        yield ROLLBACK
         raise TransactionFailedError(
             f"the transaction holding {core.key} failed inside the block (an error was"
             " caught there and not re-raised); it was rolled back and nothing committed"
         )
     if not core.acquired:
-        yield [sql.ROLLBACK]
+        yield ROLLBACK
         return
     marker = core.transaction_marker
     if marker is None:
-        yield [sql.COMMIT]
+        yield Own([], "commit")
         core.log(logging.DEBUG, "released")
         return
     try:
-        yield [sql.assert_same_transaction(core.key, marker, shared=core.shared), sql.COMMIT]
+        yield Own([sql.assert_same_transaction(core.key, marker, shared=core.shared)], "commit")
     except Exception as exc:
         if sql.meaning(core.driver.sqlstate(exc)) is not sql.Meaning.LOCK_GONE:
             raise
-        yield from quietly(core, [sql.ROLLBACK])
+        yield from quietly(core, ROLLBACK)
         core.log(logging.WARNING, "lost", reason="not-held-at-commit")
         raise LockLostError(
             f"transaction lock {core.key} was no longer held when the work was about to"

@@ -22,7 +22,6 @@ from _support import (
     AConnect,
     JobFailedError,
     assert_clean,
-    backend_state,
     insert_note,
     notes,
     other_key,
@@ -87,25 +86,35 @@ async def test_caught_database_error_in_xact_block_commits_nothing(
 # -- autocommit=False connections -------------------------------------------------------
 
 
-async def test_xact_context_on_non_autocommit_connection(
+async def test_xact_context_on_non_autocommit_connection_joins_the_callers_transaction(
     aconnect: AConnect, observer: Any, key: Key
 ) -> None:
+    """With autocommit off, psycopg's implicit transaction is the caller's: the block joins
+    it, and pgsolo never commits what the caller meant to roll back. (It once committed
+    at the end of the block, and the caller's rollback left the rows in the table.)"""
     conn = await aconnect(autocommit=False)
+    await conn.execute("CREATE TEMP TABLE written (n int) ON COMMIT PRESERVE ROWS")
+    await conn.commit()
     assert conn.info.transaction_status is IDLE
     async with pgsolo.xact_lock(conn, key) as lock:
         assert lock.acquired
         assert conn.info.transaction_status is INTRANS
-        assert observer.holders(key) == {pid_of(conn)}
-    assert conn.info.transaction_status is IDLE
+        await conn.execute("INSERT INTO written VALUES (1)")
+    assert conn.info.transaction_status is INTRANS  # still the caller's, still open
+    assert observer.holders(key) == {pid_of(conn)}  # held until the caller ends it
+    await conn.rollback()
     assert observer.holders(key) == set()
-    assert backend_state(observer, pid_of(conn))[0] == "idle"  # type: ignore[index]
-    await assert_clean(conn, observer)
-    # A busy try on the same kind of connection ends idle too.
+    cur = await conn.execute("SELECT count(*) FROM written")
+    assert await cur.fetchone() == (0,)  # the caller's rollback undid the block's rows
+    await conn.rollback()
+    # A busy try leaves the caller's transaction open and usable too.
     other = await aconnect()
     async with pgsolo.session_lock(other, key):
         async with pgsolo.xact_lock(conn, key) as lock:
             assert lock.acquired is False
-        assert conn.info.transaction_status is IDLE
+        assert conn.info.transaction_status is INTRANS
+        await conn.rollback()
+    await assert_clean(conn, observer)
 
 
 async def test_xact_plain_acquire_on_non_autocommit_connection(

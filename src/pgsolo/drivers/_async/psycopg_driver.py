@@ -9,6 +9,7 @@ import psycopg
 from psycopg.rows import tuple_row
 
 from ..._acompat import AIS_ASYNC, arun_blocking, atry_lock
+from .. import Edge, edged
 from .._psycopg import PsycopgBase, bound_answers, exchange_beat, has_row, message
 from .._psycopg_acompat import around_trip
 
@@ -25,8 +26,11 @@ class AsyncPsycopgDriver(PsycopgBase):
     def __init__(self, conn: psycopg.AsyncConnection[Any]) -> None:
         self._conn = conn
 
-    async def fetch_value(self, statements: Sequence[str], wait: float = 0.0) -> object:
-        return await around_trip(self._conn, wait, self._fetch, statements)
+    async def fetch_value(
+        self, statements: Sequence[str], wait: float = 0.0, edge: Edge | None = None
+    ) -> object:
+        sent = edged(statements, edge, begins_implicitly=self.begins_implicitly)
+        return await around_trip(self._conn, wait, self._fetch, sent)
 
     async def _fetch(self, statements: Sequence[str]) -> object:
         # The caller's connection may have any row factory; pgsolo reads plain tuples.

@@ -10,6 +10,7 @@ import psycopg
 from psycopg.rows import tuple_row
 
 from ..._acompat import IS_ASYNC, run_blocking, try_lock
+from .. import Edge, edged
 from .._psycopg import PsycopgBase, bound_answers, exchange_beat, has_row, message
 from .._psycopg_acompat import round_trip
 
@@ -26,8 +27,11 @@ class PsycopgDriver(PsycopgBase):
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
         self._conn = conn
 
-    def fetch_value(self, statements: Sequence[str], wait: float = 0.0) -> object:
-        return round_trip(self._conn, wait, self._fetch, statements)
+    def fetch_value(
+        self, statements: Sequence[str], wait: float = 0.0, edge: Edge | None = None
+    ) -> object:
+        sent = edged(statements, edge, begins_implicitly=self.begins_implicitly)
+        return round_trip(self._conn, wait, self._fetch, sent)
 
     def _fetch(self, statements: Sequence[str]) -> object:
         # The caller's connection may have any row factory; pgsolo reads plain tuples.

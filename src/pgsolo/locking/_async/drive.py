@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from ...drivers import AsyncDriver
-from ..plans import Elsewhere, Plan, Wait, Work
+from ..plans import Elsewhere, Own, Plan, Wait, Work
 
 __all__ = ["adrive"]
 
@@ -31,6 +31,8 @@ async def adrive(
                     value = await (work or _no_work)()
                 elif isinstance(step, Elsewhere):
                     value = await driver.fetch_value_elsewhere(step.statements)
+                elif isinstance(step, Own):
+                    value = await driver.fetch_value(step.statements, step.seconds, step.edge)
                 elif isinstance(step, Wait):
                     value = await driver.fetch_value(step.statements, step.seconds)
                 else:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from ...drivers import SyncDriver
-from ..plans import Elsewhere, Plan, Wait, Work
+from ..plans import Elsewhere, Own, Plan, Wait, Work
 
 __all__ = ["drive"]
 
@@ -30,6 +30,8 @@ def drive(plan: Plan[T], driver: SyncDriver, work: Callable[[], object] | None =
                     value = (work or _no_work)()
                 elif isinstance(step, Elsewhere):
                     value = driver.fetch_value_elsewhere(step.statements)
+                elif isinstance(step, Own):
+                    value = driver.fetch_value(step.statements, step.seconds, step.edge)
                 elif isinstance(step, Wait):
                     value = driver.fetch_value(step.statements, step.seconds)
                 else:
