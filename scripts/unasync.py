@@ -114,6 +114,8 @@ _RENAMES = {
     # the test suite's fixtures and helpers (tests/conftest.py, tests/_support.py)
     "AConnect": "Connect",
     "aconnect": "connect",
+    "ASYNC_KINDS": "SYNC_KINDS",
+    "AKind": "Kind",
     "aeventually": "eventually",
     "asleep": "sleep",
     # pgsolo._acompat and pgsolo.drivers._psycopg_acompat

@@ -1,0 +1,200 @@
+"""The behaviours every kind of connection must show the same, each against the real
+server, in the manner of DistributedLock's shared provider tests: the kinds are in
+``tests/_drivers.py`` (this module and its generated twin take one flavour each), and a
+new driver joins every test by adding its kind there.
+
+What each kind must do: take and let go of a key, see a key held through any other kind
+as busy, bound a wait and leave nothing behind when it runs out, follow the caller's
+transaction (join it, never end it) and end the one pgsolo opens with the block, issue
+fencing tokens, and run a job on the caller's connection.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from typing import Any
+
+import pytest
+
+import pgsolo
+from _drivers import ASYNC_KINDS, AKind
+from _support import WORK, Boom, Connect, work_rows
+from pgsolo import Key
+
+OWNING_KINDS = [kind for kind in ASYNC_KINDS if not kind.implicit]
+
+
+def note_statement(tag: str) -> str:
+    """A row of the test's own (``tag`` is a fresh uuid: nothing to quote)."""
+    return f"INSERT INTO {WORK} (job, note) VALUES ('{tag}', 'written')"
+
+
+@pytest.mark.parametrize("kind", ASYNC_KINDS, ids=str)
+async def test_a_key_is_taken_and_let_go(kind: AKind, db: str, observer: Any, key: Key) -> None:
+    async with kind.open(db) as conn:
+        pid = await conn.pid()
+        async with pgsolo.session_lock(conn.conn, key) as lock:
+            assert lock.acquired
+            assert observer.holders(key) == {pid}
+        assert observer.holders(key) == set()
+        async with pgsolo.xact_lock(conn.conn, key, wait=5) as lock:
+            assert lock.acquired
+            assert observer.holders(key) == {pid}
+        if kind.implicit:  # the lock is in the caller's transaction, which goes on
+            assert observer.holders(key) == {pid}
+            await conn.rollback()
+        assert observer.holders(key) == set()
+        assert not await conn.in_transaction()
+
+
+@pytest.mark.parametrize("kind", ASYNC_KINDS, ids=str)
+async def test_a_key_held_through_one_kind_is_busy_through_every_other(
+    kind: AKind, db: str, observer: Any, key: Key, sync_connect: Connect
+) -> None:
+    async with kind.open(db) as holder:
+        async with pgsolo.session_lock(holder.conn, key) as held:
+            assert held.acquired
+            for other in ASYNC_KINDS:
+                async with other.open(db) as conn:
+                    async with pgsolo.session_lock(conn.conn, key) as lock:
+                        assert not lock.acquired, f"{other} took a key {kind} holds"
+                    async with pgsolo.xact_lock(conn.conn, key) as lock:
+                        assert not lock.acquired, f"{other} took a key {kind} holds"
+                    if other.implicit:
+                        await conn.rollback()
+            with pgsolo.session_lock(sync_connect(), key) as lock:
+                assert not lock.acquired
+        assert observer.holders(key) == set()
+    # And the other way round: a key held through psycopg 3 is busy through this kind.
+    with pgsolo.session_lock(sync_connect(), key) as held:
+        assert held.acquired
+        async with kind.open(db) as conn, pgsolo.session_lock(conn.conn, key) as lock:
+            assert not lock.acquired
+
+
+@pytest.mark.parametrize("kind", ASYNC_KINDS, ids=str)
+async def test_a_wait_runs_out_with_nothing_left_behind(
+    kind: AKind, db: str, observer: Any, key: Key, sync_connect: Connect
+) -> None:
+    with pgsolo.session_lock(sync_connect(), key) as held:
+        assert held.acquired
+        async with kind.open(db) as conn:
+            with pytest.raises(pgsolo.LockTimeoutError):
+                await pgsolo.session_lock(conn.conn, key, wait=0.2).acquire()
+            with pytest.raises(pgsolo.LockTimeoutError):
+                await pgsolo.xact_lock(conn.conn, key, wait=0.2).__aenter__()
+            assert observer.waiters(key) == set()
+            if kind.implicit:
+                await conn.rollback()
+            assert not await conn.in_transaction()
+            await conn.execute("SELECT 1")  # still usable
+        assert observer.holders(key) == {held.backend_pid}
+
+
+@pytest.mark.parametrize("kind", ASYNC_KINDS, ids=str)
+async def test_a_wait_gets_the_key_when_its_holder_lets_go(
+    kind: AKind, db: str, observer: Any, key: Key, sync_connect: Connect
+) -> None:
+    holder = pgsolo.session_lock(sync_connect(), key)
+    assert holder.acquire()
+    letting_go = threading.Timer(0.3, holder.release)
+    async with kind.open(db) as conn:
+        letting_go.start()
+        try:
+            async with pgsolo.session_lock(conn.conn, key, wait=10) as lock:
+                assert lock.acquired
+                assert observer.holders(key) == {await conn.pid()}
+        finally:
+            letting_go.join()
+        assert observer.holders(key) == set()
+
+
+@pytest.mark.parametrize("kind", ASYNC_KINDS, ids=str)
+async def test_a_transaction_lock_joins_the_callers_transaction_and_never_ends_it(
+    kind: AKind, db: str, observer: Any, key: Key
+) -> None:
+    """The lock follows the transaction the caller believes it is in: the caller's
+    rollback undoes what the block wrote and only then lets the key go. (On an
+    ``autocommit=False`` connection, inside Django's ``atomic()`` and inside SQLAlchemy's
+    ``begin()``, the block once committed its rows, and the rollback kept them.)"""
+    tag = str(uuid.uuid4())
+    async with kind.open(db) as conn:
+        pid = await conn.pid()
+        await conn.begin()
+        async with pgsolo.xact_lock(conn.conn, key, wait=5) as lock:
+            assert lock.acquired
+            await conn.execute(note_statement(tag))
+        assert await conn.in_transaction()
+        assert observer.holders(key) == {pid}  # until the caller ends its transaction
+        await conn.rollback()
+        assert observer.holders(key) == set()
+        assert not await conn.in_transaction()
+    assert work_rows(observer, tag) == []
+
+
+@pytest.mark.parametrize("kind", OWNING_KINDS, ids=str)
+async def test_the_transaction_pgsolo_opens_ends_with_the_block(
+    kind: AKind, db: str, observer: Any, key: Key
+) -> None:
+    committed, rolled_back = str(uuid.uuid4()), str(uuid.uuid4())
+    async with kind.open(db) as conn:
+        async with pgsolo.xact_lock(conn.conn, key) as lock:
+            assert lock.acquired
+            assert await conn.in_transaction()
+            await conn.execute(note_statement(committed))
+        assert not await conn.in_transaction()
+        assert observer.holders(key) == set()
+
+        async def failing_block() -> None:
+            async with pgsolo.xact_lock(conn.conn, key) as lock:
+                assert lock.acquired
+                await conn.execute(note_statement(rolled_back))
+                raise Boom
+
+        with pytest.raises(Boom):
+            await failing_block()
+        assert not await conn.in_transaction()
+        assert observer.holders(key) == set()
+        await conn.execute("SELECT 1")  # still usable
+    assert work_rows(observer, committed) == ["written"]
+    assert work_rows(observer, rolled_back) == []
+
+
+@pytest.mark.parametrize("kind", ASYNC_KINDS, ids=str)
+async def test_fencing_tokens_only_go_up(kind: AKind, db: str, key: Key) -> None:
+    async with kind.open(db) as conn:
+        async with pgsolo.session_lock(conn.conn, key, fencing=True) as lock:
+            first = lock.token
+        async with pgsolo.xact_lock(conn.conn, key, fencing=True) as lock:
+            second = lock.token
+        if kind.implicit:
+            await conn.rollback()
+    assert first is not None
+    assert second is not None
+    assert second > first
+
+
+@pytest.mark.parametrize("kind", OWNING_KINDS, ids=str)
+async def test_a_job_runs_on_the_callers_connection(
+    kind: AKind, db: str, observer: Any, sync_connect: Connect
+) -> None:
+    job = f"conformance-{uuid.uuid4()}"
+    seen: list[object] = []
+
+    async def work(conn: Any) -> str:
+        seen.append(conn)
+        return "done"
+
+    async with kind.open(db) as conn:
+        result = await pgsolo.run_job_async(conn.conn, job, work)
+        assert result.completed
+        assert result.value == "done"
+        assert seen == [conn.conn]
+        assert not await conn.in_transaction()
+        with pgsolo.session_lock(sync_connect(), job) as held:
+            assert held.acquired
+            busy = await pgsolo.run_job_async(conn.conn, job, work)
+        assert busy.outcome == "skipped"
+        assert busy.reason == "busy"
+        assert seen == [conn.conn]
