@@ -47,6 +47,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 import pgsolo
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # also run as a script
+from benchmarks import frameworks
 from benchmarks.pgproxy import LatencyProxy, compact
 
 KEY = (42, 1001)  # the article's key: namespace 42 (background jobs), 1001 (daily settlement)
@@ -657,6 +658,14 @@ def lineup(latency_ms: float | None) -> tuple[list[Contender], list[tuple[str, s
                 Contender("recipe-session-psycopg2", pg2, "recipe-session-psycopg2"),
                 Psycopg2RecipeSession(),
             ),
+            _sync(
+                Contender("pgsolo-xact-psycopg2", pg2, "recipe-xact-psycopg2"),
+                frameworks.PgsoloOn("xact", frameworks.psycopg2_autocommit),
+            ),
+            _sync(
+                Contender("pgsolo-session-psycopg2", pg2, "recipe-session-psycopg2"),
+                frameworks.PgsoloOn("session", frameworks.psycopg2_autocommit),
+            ),
         ]
         if _has("tooz"):
             contenders.append(
@@ -709,6 +718,14 @@ def lineup(latency_ms: float | None) -> tuple[list[Contender], list[tuple[str, s
                 Contender("recipe-session-asyncpg", apg, "recipe-session-asyncpg"),
                 AsyncpgRecipeSession(),
             ),
+            _async(
+                Contender("pgsolo-xact-asyncpg", apg, "recipe-xact-asyncpg"),
+                frameworks.APgsoloOn("xact", frameworks.asyncpg_connection),
+            ),
+            _async(
+                Contender("pgsolo-session-asyncpg", apg, "recipe-session-asyncpg"),
+                frameworks.APgsoloOn("session", frameworks.asyncpg_connection),
+            ),
         ]
         if _has("asyncpg_lock"):
             # keep-alive budget (pause / 3) of at least 3 round trips, and >= 50 ms
@@ -738,7 +755,44 @@ def lineup(latency_ms: float | None) -> tuple[list[Contender], list[tuple[str, s
                 "not installed (or failed to import): pip install asyncpg-lock",
             )
         )
+    contenders += _framework_contenders(pg3, skipped)
     return contenders, skipped
+
+
+def _framework_contenders(pg3: str, skipped: list[tuple[str, str]]) -> list[Contender]:
+    """pgsolo on a SQLAlchemy Connection and on Django's connection (both on psycopg 3),
+    each against the recipe written by hand the framework's way."""
+    contenders: list[Contender] = []
+    if _has("sqlalchemy"):
+        sqla = f"SQLAlchemy {_version('sqlalchemy')} + {pg3}"
+        for lifetime in ("xact", "session"):
+            recipe = f"recipe-{lifetime}-sqlalchemy"
+            connect = frameworks.opener(
+                frameworks.sqlalchemy_connection, autocommit=lifetime == "session"
+            )
+            contenders += [
+                _sync(Contender(recipe, sqla, recipe), frameworks.SqlalchemyRecipe(lifetime)),
+                _sync(
+                    Contender(f"pgsolo-{lifetime}-sqlalchemy", sqla, recipe),
+                    frameworks.PgsoloOn(lifetime, connect),
+                ),
+            ]
+    else:
+        skipped.append(("SQLAlchemy contenders", "not installed: pip install sqlalchemy"))
+    if _has("django"):
+        dj = f"Django {_version('django')} + {pg3}"
+        for lifetime in ("xact", "session"):
+            recipe = f"recipe-{lifetime}-django"
+            contenders += [
+                _sync(Contender(recipe, dj, recipe), frameworks.DjangoRecipe(lifetime)),
+                _sync(
+                    Contender(f"pgsolo-{lifetime}-django", dj, recipe),
+                    frameworks.PgsoloOn(lifetime, frameworks.django_connection),
+                ),
+            ]
+    else:
+        skipped.append(("Django contenders", "not installed: pip install django"))
+    return contenders
 
 
 # -- running -------------------------------------------------------------------------------

@@ -18,6 +18,8 @@ from benchmarks.registry import Context, Goal, Ratio, Row, scenario
 XACT_GOAL = Goal("<=", 0.75)  # pgsolo saves one of the recipe's three round trips
 SESSION_GOAL = Goal("<=", 1.05)  # the same two round trips: pgsolo must cost ~nothing more
 PALS_GOAL = Goal("<=", 1 / 3)  # at least 3x faster than pals
+DRIVER_GOAL = Goal("<=", 1.05)  # on every library: no dearer than the recipe by hand on it
+LIBRARIES = ("psycopg2", "asyncpg", "sqlalchemy", "django")
 
 # (pgsolo contender, other contender, goal, which item); the other may be a peer.
 PAIRS: list[tuple[str, str, Goal | None, str]] = [
@@ -31,6 +33,12 @@ PAIRS: list[tuple[str, str, Goal | None, str]] = [
     ("pgsolo-session", "pals", PALS_GOAL, "2"),
     ("pgsolo-session", "tooz", None, "2"),
     ("pgsolo-session-async", "asyncpg-lock", None, "2"),
+    # The connections users already have: pgsolo on each, over the recipe by hand on it.
+    *(
+        (f"pgsolo-{lifetime}-{library}", f"recipe-{lifetime}-{library}", DRIVER_GOAL, "drivers")
+        for library in LIBRARIES
+        for lifetime in ("xact", "session")
+    ),
 ]
 
 
@@ -76,7 +84,7 @@ def uncontended(ctx: Context) -> list[Row]:
     proxied = _measure(ctx, ctx.latency_ms)
     direct = _measure(ctx, None)
     return [
-        *_rows(proxied, f"{ctx.latency_ms:g} ms per round trip", {"1", "2"}),
+        *_rows(proxied, f"{ctx.latency_ms:g} ms per round trip", {"1", "2", "drivers"}),
         # Item 1's goal is a saved round trip, which only shows where round trips
         # dominate; over the local socket it is reported without one.
         *_rows(direct, "direct socket", {"2"}),

@@ -95,6 +95,7 @@ _RENAMES = {
     "AsyncIterable": "Iterable",
     # psycopg and psycopg_pool
     "AsyncConnectionPool": "ConnectionPool",
+    "AsyncConnectionLike": "SyncConnectionLike",
     "AsyncConnection": "Connection",
     "AsyncCursor": "Cursor",
     # pgsolo's public pairs

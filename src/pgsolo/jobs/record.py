@@ -19,7 +19,7 @@ from ..locking.plans import Plan
 from .definition import Job, JobResult
 
 if TYPE_CHECKING:
-    import psycopg
+    from ..drivers.kinds import SyncConnectionLike
 
 __all__ = [
     "SKIP_WARNING_WINDOW",
@@ -109,7 +109,7 @@ def record_plan(
 
 
 def history(
-    conn: psycopg.Connection[Any], *, job: str | None = None, limit: int = 20
+    conn: SyncConnectionLike, *, job: str | None = None, limit: int = 20
 ) -> list[dict[str, Any]]:
     """The latest recorded attempts, newest first."""
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:

@@ -3,7 +3,7 @@ connection's driver."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, overload
 
 from .._types import Lifetime
 from ..drivers import adapt, as_sync, is_async
@@ -15,7 +15,7 @@ from .core import LockCore, wait_ms_of
 from .watch import Keep, as_keep
 
 if TYPE_CHECKING:
-    import psycopg
+    from ..drivers.kinds import AsyncConnectionLike, SyncConnectionLike
 
 __all__ = ["session_lock", "xact_lock"]
 
@@ -65,7 +65,7 @@ def _make(
 
 @overload
 def xact_lock(
-    conn: psycopg.AsyncConnection[Any],
+    conn: AsyncConnectionLike,
     key: KeyLike,
     *,
     wait: float | None = None,
@@ -76,7 +76,7 @@ def xact_lock(
 ) -> AsyncLock: ...
 @overload
 def xact_lock(
-    conn: psycopg.Connection[Any],
+    conn: SyncConnectionLike,
     key: KeyLike,
     *,
     wait: float | None = None,
@@ -86,7 +86,7 @@ def xact_lock(
     fencing: bool = False,
 ) -> Lock: ...
 def xact_lock(
-    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
+    conn: SyncConnectionLike | AsyncConnectionLike,
     key: KeyLike,
     *,
     wait: float | None = None,
@@ -122,7 +122,7 @@ def xact_lock(
 
 @overload
 def session_lock(
-    conn: psycopg.AsyncConnection[Any],
+    conn: AsyncConnectionLike,
     key: KeyLike,
     *,
     wait: float | None = None,
@@ -135,7 +135,7 @@ def session_lock(
 ) -> AsyncLock: ...
 @overload
 def session_lock(
-    conn: psycopg.Connection[Any],
+    conn: SyncConnectionLike,
     key: KeyLike,
     *,
     wait: float | None = None,
@@ -147,7 +147,7 @@ def session_lock(
     keep: bool | Keep = False,
 ) -> Lock: ...
 def session_lock(
-    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
+    conn: SyncConnectionLike | AsyncConnectionLike,
     key: KeyLike,
     *,
     wait: float | None = None,

@@ -15,7 +15,7 @@ from ..locking._sync.drive import drive
 from ..locking.routing import check_route
 
 if TYPE_CHECKING:
-    import psycopg
+    from ..drivers.kinds import SyncConnectionLike
 from .snapshot import fetch_json, format_seconds, parse_time
 
 __all__ = ["DEFAULT_OLDER_THAN", "MAX_OLDER_THAN", "Check", "Status", "doctor"]
@@ -54,7 +54,7 @@ class Check:
         }
 
 
-def doctor(conn: psycopg.Connection[Any], *, older_than: float = DEFAULT_OLDER_THAN) -> list[Check]:
+def doctor(conn: SyncConnectionLike, *, older_than: float = DEFAULT_OLDER_THAN) -> list[Check]:
     """Check the production checklist against the connection's database.
 
     ``older_than`` (seconds) is when an idle session holding a lock, an open transaction

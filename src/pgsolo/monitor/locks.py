@@ -13,7 +13,7 @@ from ..errors import InvalidArgumentError
 from ..keys import Key, KeyLike, Registry, as_key, decode_pg_lock, derive_int32, derive_int64
 
 if TYPE_CHECKING:
-    import psycopg
+    from ..drivers.kinds import SyncConnectionLike
 from .snapshot import check_positive, fetch_json, parse_time
 
 __all__ = ["AdvisoryLock", "advisory_locks", "wait_chains"]
@@ -111,7 +111,7 @@ class _Namer:
 
 
 def advisory_locks(
-    conn: psycopg.Connection[Any],
+    conn: SyncConnectionLike,
     *,
     registry: Registry | None = None,
     names: Iterable[str] = (),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .. import sql
 from .._types import DAY
@@ -11,13 +11,13 @@ from ..errors import InvalidArgumentError
 from ..locking.placement import outside_transaction
 
 if TYPE_CHECKING:
-    import psycopg
+    from ..drivers.kinds import SyncConnectionLike
 from .snapshot import check_positive
 
 __all__ = ["terminate_backend"]
 
 
-def terminate_backend(conn: psycopg.Connection[Any], pid: int, *, wait_ms: int = 5000) -> bool:
+def terminate_backend(conn: SyncConnectionLike, pid: int, *, wait_ms: int = 5000) -> bool:
     """End backend ``pid`` (its session, its transaction and every lock it holds) and wait
     up to ``wait_ms`` (at most a day) for it to be gone: True if it is. Shows nothing and
     asks nothing; ``pgsolo terminate`` is the careful way."""

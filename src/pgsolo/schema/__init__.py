@@ -10,7 +10,7 @@ transaction that holds an advisory lock of its own, and recorded in
 from __future__ import annotations
 
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .. import sql
 from ..drivers import DriverBase, TxStatus, adapt_sync
@@ -21,7 +21,7 @@ from ..locking.placement import outside_transaction
 from ..locking.plans import Plan
 
 if TYPE_CHECKING:
-    import psycopg
+    from ..drivers.kinds import SyncConnectionLike
 
 __all__ = [
     "LATEST_VERSION",
@@ -77,7 +77,7 @@ def _migrate_plan(driver: DriverBase) -> Plan[list[int]]:
     return applied
 
 
-def migrate(conn: psycopg.Connection[Any]) -> list[int]:
+def migrate(conn: SyncConnectionLike) -> list[int]:
     """Create or upgrade pgsolo's tables; return the versions this call applied."""
     driver = adapt_sync(conn)
     return drive(_migrate_plan(driver), driver)
@@ -109,7 +109,7 @@ def version_plan(driver: DriverBase) -> Plan[int]:
     return int(str(version))
 
 
-def schema_version(conn: psycopg.Connection[Any]) -> int:
+def schema_version(conn: SyncConnectionLike) -> int:
     """The version of pgsolo's tables in this database (0: never migrated)."""
     driver = adapt_sync(conn)
     return drive(version_plan(driver), driver)

@@ -20,7 +20,7 @@ from ..report import report
 from .record import arecord_result
 
 if TYPE_CHECKING:
-    import psycopg
+    from ...drivers.kinds import AsyncConnectionLike
 
 __all__ = ["run_job_async"]
 
@@ -28,7 +28,7 @@ T = TypeVar("T")
 
 
 async def run_job_async(
-    target: psycopg.AsyncConnection[Any] | str,
+    target: AsyncConnectionLike | str,
     key: KeyLike,
     fn: Callable[..., Awaitable[T]],
     *args: Any,
@@ -87,7 +87,7 @@ async def run_job_async(
 
 async def _run_async(
     job: Job,
-    conn: psycopg.AsyncConnection[Any],
+    conn: AsyncConnectionLike,
     dsn: str | None,
     fn: Callable[..., Awaitable[T]],
     args: tuple[Any, ...],

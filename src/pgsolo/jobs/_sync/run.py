@@ -21,7 +21,7 @@ from ..report import report
 from .record import record_result
 
 if TYPE_CHECKING:
-    import psycopg
+    from ...drivers.kinds import SyncConnectionLike
 
 __all__ = ["run_job"]
 
@@ -29,7 +29,7 @@ T = TypeVar("T")
 
 
 def run_job(
-    target: psycopg.Connection[Any] | str,
+    target: SyncConnectionLike | str,
     key: KeyLike,
     fn: Callable[..., T],
     *args: Any,
@@ -86,7 +86,7 @@ def run_job(
 
 def _run_sync(
     job: Job,
-    conn: psycopg.Connection[Any],
+    conn: SyncConnectionLike,
     dsn: str | None,
     fn: Callable[..., T],
     args: tuple[Any, ...],

@@ -12,15 +12,15 @@ from ..operation import OnceResult, OperationContext
 from ..plan import Attempt, Operation, core_for, once_plan, report_outcome
 
 if TYPE_CHECKING:
-    import psycopg
+    from ...drivers.kinds import AsyncConnectionLike
 
 __all__ = ["run_once_async"]
 
 
 async def run_once_async(
-    conn: psycopg.AsyncConnection[Any],
+    conn: AsyncConnectionLike,
     op_key: str,
-    operation: Callable[[OperationContext[psycopg.AsyncConnection[Any]]], Awaitable[object]],
+    operation: Callable[[OperationContext[Any]], Awaitable[object]],
     *,
     wait: float | None = None,
 ) -> OnceResult:

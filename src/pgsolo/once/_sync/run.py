@@ -13,15 +13,15 @@ from ..operation import OnceResult, OperationContext
 from ..plan import Attempt, Operation, core_for, once_plan, report_outcome
 
 if TYPE_CHECKING:
-    import psycopg
+    from ...drivers.kinds import SyncConnectionLike
 
 __all__ = ["run_once"]
 
 
 def run_once(
-    conn: psycopg.Connection[Any],
+    conn: SyncConnectionLike,
     op_key: str,
-    operation: Callable[[OperationContext[psycopg.Connection[Any]]], object],
+    operation: Callable[[OperationContext[Any]], object],
     *,
     wait: float | None = None,
 ) -> OnceResult:
