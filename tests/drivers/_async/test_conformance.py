@@ -6,7 +6,7 @@ new driver joins every test by adding its kind there.
 What each kind must do: take and let go of a key, see a key held through any other kind
 as busy, bound a wait and leave nothing behind when it runs out, follow the caller's
 transaction (join it, never end it) and end the one pgsolo opens with the block, issue
-fencing tokens, and run a job on the caller's connection.
+fencing tokens, run a job on the caller's connection, and refuse a hot standby.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 import pgsolo
+from _cluster import Replicas
 from _drivers import ASYNC_KINDS, AKind
 from _support import WORK, Boom, Connect, work_rows
 from pgsolo import Key
@@ -198,3 +199,24 @@ async def test_a_job_runs_on_the_callers_connection(
         assert busy.outcome == "skipped"
         assert busy.reason == "busy"
         assert seen == [conn.conn]
+
+
+@pytest.mark.parametrize("kind", ASYNC_KINDS, ids=str)
+async def test_a_standby_is_refused_and_nothing_is_taken(
+    kind: AKind, replicas: Replicas, key: Key
+) -> None:
+    """A hot standby grants advisory locks nobody else sees: every kind refuses it, by the
+    same SQL-side check, before anything is held."""
+    async with kind.open(replicas.standby_dsn) as conn:
+        for lock in (
+            pgsolo.session_lock(conn.conn, key),
+            pgsolo.xact_lock(conn.conn, key),
+            pgsolo.xact_lock(conn.conn, key, wait=1),
+        ):
+            with pytest.raises(pgsolo.UnsafeConnectionError) as refused:
+                await lock.__aenter__()
+            assert refused.value.reason == "server-in-recovery"
+        if kind.implicit:
+            await conn.rollback()
+        assert not await conn.in_transaction()
+        await conn.execute("SELECT 1")  # still usable
