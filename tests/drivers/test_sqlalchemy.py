@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 
 import pgsolo
 import pgsolo.sqlalchemy
+from _support import WORK, Boom
 from pgsolo.errors import (
     ConnectionStateError,
     LockTimeoutError,
@@ -98,11 +99,22 @@ def assert_left_alone(conn: Connection) -> None:
 
 
 def rows(observer: Any, note: str) -> int:
-    return int(observer.conn.execute("SELECT count(*) FROM pgsolo_test_job_work WHERE note = %s", (note,)).fetchone()[0])
+    """How many rows the work wrote with ``note``, as another session sees them."""
+    found = observer.conn.execute(f"SELECT count(*) FROM {WORK} WHERE note = %s", (note,))
+    return int(found.fetchone()[0])
+
+
+INSERT = text(f"INSERT INTO {WORK} (job, note) VALUES ('sqlalchemy', :note)")
 
 
 def insert(conn: Connection | Session, note: str) -> None:
-    conn.execute(text("INSERT INTO pgsolo_test_job_work (job, note) VALUES ('sa', :n)"), {"n": note})
+    conn.execute(INSERT, {"note": note})
+
+
+def fail_in_lock(conn: Connection, key: Key, note: str) -> None:
+    with pgsolo.xact_lock(conn, key, wait=5):
+        insert(conn, note)
+        raise Boom
 
 
 def pid_of(conn: Connection) -> int:
@@ -161,9 +173,8 @@ def test_xact_lock_outside_a_transaction_opens_and_ends_its_own(
             assert conn.in_transaction()
             insert(conn, kept)
         assert_left_alone(conn)
-        with pytest.raises(ZeroDivisionError), pgsolo.xact_lock(conn, key, wait=5):
-            insert(conn, undone)
-            _ = 1 / 0
+        with pytest.raises(Boom):
+            fail_in_lock(conn, key, undone)
         assert_left_alone(conn)
     assert rows(observer, kept) == 1
     assert rows(observer, undone) == 0
@@ -255,9 +266,8 @@ def test_excludes_a_psycopg_holder_and_the_other_way_round(
     engine: Engine, connect: Any, key: Key
 ) -> None:
     plain = connect()
-    with pgsolo.session_lock(plain, key):
-        with engine.connect() as conn:
-            assert pgsolo.session_lock(conn, key).acquire() is False
+    with pgsolo.session_lock(plain, key), engine.connect() as conn:
+        assert pgsolo.session_lock(conn, key).acquire() is False
     with engine.connect() as conn, pgsolo.session_lock(conn, key):
         assert pgsolo.session_lock(plain, key).acquire() is False
 
@@ -323,28 +333,23 @@ def test_session_lock_survives_return_to_the_pool_without_install(
 def test_install_releases_what_is_left_on_return(
     pg_engine: Engine, observer: Any, key: Key, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """With install(), a session lock left on a Connection that goes back to the pool is
+    released with a warning naming its key, and pgsolo's books forget it: the next user
+    of the pooled connection holds nothing and can take the key."""
     pgsolo.sqlalchemy.install(pg_engine)
-    with pg_engine.connect() as conn:
-        raw = conn.connection.driver_connection
-        conn.commit()
-        assert pgsolo.session_lock(conn, key).acquire()
     with caplog.at_level(logging.WARNING, logger="pgsolo"):
-        pass
-    assert observer.holders(key) == set()
-    assert pgsolo.held_session_locks(raw) == [] if hasattr(pgsolo, "held_session_locks") else True
+        with pg_engine.connect() as conn:
+            raw = conn.connection.driver_connection
+            assert pgsolo.session_lock(conn, key).acquire()
+            assert_left_alone(conn)
+        assert observer.holders(key) == set()
+    assert any(key.text in record.getMessage() for record in caplog.records)
+    assert pgsolo.held_session_locks(raw) == []
     with pg_engine.connect() as conn:  # the same pooled connection, usable and clean
         assert conn.connection.driver_connection is raw
-        assert pgsolo.session_lock(conn, key).acquire()
-        conn.commit()
-
-
-def test_install_warns_naming_the_key(
-    pg_engine: Engine, key: Key, caplog: pytest.LogCaptureFixture
-) -> None:
-    pgsolo.sqlalchemy.install(pg_engine)
-    with caplog.at_level(logging.WARNING, logger="pgsolo"), pg_engine.connect() as conn:
-        assert pgsolo.session_lock(conn, key).acquire()
-    assert any(key.text in r.getMessage() for r in caplog.records)
+        assert_left_alone(conn)
+        with pgsolo.session_lock(conn, key):
+            assert observer.holders(key) == {pid_of(conn)}
 
 
 # -- what is not taken ---------------------------------------------------------------
@@ -372,18 +377,21 @@ async def test_async_connection_join_own_and_session_lock(
         lock = pgsolo.xact_lock(conn, key, wait=5)
         assert isinstance(lock, pgsolo.AsyncLock)
         trans = await conn.begin()
-        async with lock:
-            await conn.execute(text("INSERT INTO pgsolo_test_job_work (job, note) VALUES ('sa', :n)"), {"n": note})
+        async with lock:  # asyncpg: the lock runs in SQLAlchemy's asyncpg transaction
+            assert len(observer.holders(key)) == 1
+            await conn.execute(INSERT, {"note": note})
+        assert len(observer.holders(key)) == 1
         await trans.rollback()
         assert rows(observer, note) == 0
+        assert observer.holders(key) == set()
         async with pgsolo.xact_lock(conn, key):
             assert conn.in_transaction()
-            await conn.execute(text("INSERT INTO pgsolo_test_job_work (job, note) VALUES ('sa', :n)"), {"n": kept})
+            await conn.execute(INSERT, {"note": kept})
         assert not conn.in_transaction()
         async with pgsolo.session_lock(conn, key, wait=5):
             assert not conn.in_transaction()
             assert len(observer.holders(key)) == 1
-        assert await conn.run_sync(lambda c: raw_status(c)) == "idle"
+        assert await conn.run_sync(raw_status) == "idle"
         assert observer.holders(key) == set()
     assert rows(observer, kept) == 1
 
@@ -392,7 +400,7 @@ async def test_async_session_own_transaction(aengine: AsyncEngine, observer: Any
     kept = uuid.uuid4().hex
     async with AsyncSession(aengine) as session:
         async with pgsolo.xact_lock(session, key):
-            await session.execute(text("INSERT INTO pgsolo_test_job_work (job, note) VALUES ('sa', :n)"), {"n": kept})
+            await session.execute(INSERT, {"note": kept})
         assert not session.in_transaction()
         with pytest.raises(UnsupportedConnectionError):
             await pgsolo.session_lock(session, key).acquire()
@@ -405,7 +413,7 @@ async def test_run_job_async_on_an_async_connection(
     note = uuid.uuid4().hex
 
     async def work(conn: Any) -> None:
-        await conn.execute(text("INSERT INTO pgsolo_test_job_work (job, note) VALUES ('sa', :n)"), {"n": note})
+        await conn.execute(INSERT, {"note": note})
 
     async with aengine.connect() as conn:
         result = await pgsolo.run_job_async(conn, key, work)

@@ -48,15 +48,15 @@ __all__ = [
     "Connection",
     "Session",
     "SqlAlchemyBase",
+    "aautocommitting",
     "acore_of",
+    "adapt",
     "as_async",
     "as_sync",
-    "core_of",
-    "driver_connection_of",
-    "aautocommitting",
-    "adapt",
     "astart_driver_transaction",
     "autocommitting",
+    "core_of",
+    "driver_connection_of",
     "listen_for_returns",
     "start_driver_transaction",
 ]
@@ -130,6 +130,13 @@ class SqlAlchemyBase:
                 " run_sync()) cannot carry pgsolo's statements: pass the AsyncConnection or"
                 " AsyncSession itself"
             )
+        return inner
+
+    def _bound_inner(self) -> SyncDriver | AsyncDriver:
+        """The adapter bound last (a Session's binds at its first statement)."""
+        inner = self._current() or self._inner
+        if inner is None:
+            raise ConnectionStateError("this ORM session has not used a connection yet")
         return inner
 
     def _dialect(self) -> Any:
@@ -216,8 +223,8 @@ class SqlAlchemyBase:
 
     def _dialect_url(self) -> Any:
         core = self._core
-        bind = core.get_bind() if isinstance(core, Session) else core.engine
-        return bind.url
+        bind = core.get_bind() if isinstance(core, Session) else core
+        return bind.engine.url
 
     def sqlstate(self, exc: BaseException) -> str | None:
         inner = self._current() or self._inner

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from ..._acompat import AIS_ASYNC
+from ...errors import ConnectionStateError
 from .. import AsyncDriver, Edge
 from .._sqlalchemy import (
     AsyncConnection,
@@ -20,7 +21,6 @@ from .._sqlalchemy import (
     astart_driver_transaction,
     driver_connection_of,
 )
-from ...errors import ConnectionStateError
 
 __all__ = ["AsyncSqlAlchemyDriver"]
 
@@ -58,18 +58,18 @@ class AsyncSqlAlchemyDriver(SqlAlchemyBase):
         SQLAlchemy's connection over it."""
         core = self._core
         if isinstance(core, Connection):
-            conn = core
-        else:
-            if not core.in_transaction():
-                raise ConnectionStateError(
-                    "pgsolo's statements on an ORM session need its transaction open (the"
-                    " session has no connection outside one): `with session.begin():`"
-                )
-            conn = acore_of(await self._owner.connection())  # type: ignore[assignment]
-            if self._inner_of is not core.get_transaction():
-                self._inner = self._adapt_driver(driver_connection_of(conn))
-                self._inner_of = core.get_transaction()
-        assert self._inner is not None  # noqa: S101 - bound above or at adapt()
+            return as_async(self._bound_inner()), core
+        if not core.in_transaction():
+            raise ConnectionStateError(
+                "pgsolo's statements on an ORM session need its transaction open (the"
+                " session has no connection outside one): `with session.begin():`"
+            )
+        conn = acore_of(await cast(AsyncSession, self._owner).connection())
+        if not isinstance(conn, Connection):
+            raise ConnectionStateError("the session gave no connection")
+        if self._inner is None or self._inner_of is not core.get_transaction():
+            self._inner = self._adapt_driver(driver_connection_of(conn))
+            self._inner_of = core.get_transaction()
         return as_async(self._inner), conn
 
     async def _end(self, statements: Sequence[str], wait: float, edge: Edge) -> object:
@@ -115,9 +115,7 @@ class AsyncSqlAlchemyDriver(SqlAlchemyBase):
             await target.rollback()
 
     async def fetch_value_elsewhere(self, statements: Sequence[str]) -> object:
-        inner = self._current() or self._inner
-        assert inner is not None  # noqa: S101 - a Session's elsewhere follows a statement
-        return await as_async(inner).fetch_value_elsewhere(statements)
+        return await as_async(self._bound_inner()).fetch_value_elsewhere(statements)
 
     async def beat(self, statement: str, answer_within: float) -> Sequence[str | None] | None:
         inner = self._current()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from ..._acompat import IS_ASYNC
 from ...errors import ConnectionStateError
@@ -58,18 +58,18 @@ class SqlAlchemyDriver(SqlAlchemyBase):
         SQLAlchemy's connection over it."""
         core = self._core
         if isinstance(core, Connection):
-            conn = core
-        else:
-            if not core.in_transaction():
-                raise ConnectionStateError(
-                    "pgsolo's statements on an ORM session need its transaction open (the"
-                    " session has no connection outside one): `with session.begin():`"
-                )
-            conn = core_of(self._owner.connection())  # type: ignore[assignment]
-            if self._inner_of is not core.get_transaction():
-                self._inner = self._adapt_driver(driver_connection_of(conn))
-                self._inner_of = core.get_transaction()
-        assert self._inner is not None
+            return as_sync(self._bound_inner()), core
+        if not core.in_transaction():
+            raise ConnectionStateError(
+                "pgsolo's statements on an ORM session need its transaction open (the"
+                " session has no connection outside one): `with session.begin():`"
+            )
+        conn = core_of(cast(Session, self._owner).connection())
+        if not isinstance(conn, Connection):
+            raise ConnectionStateError("the session gave no connection")
+        if self._inner is None or self._inner_of is not core.get_transaction():
+            self._inner = self._adapt_driver(driver_connection_of(conn))
+            self._inner_of = core.get_transaction()
         return as_sync(self._inner), conn
 
     def _end(self, statements: Sequence[str], wait: float, edge: Edge) -> object:
@@ -115,9 +115,7 @@ class SqlAlchemyDriver(SqlAlchemyBase):
             target.rollback()
 
     def fetch_value_elsewhere(self, statements: Sequence[str]) -> object:
-        inner = self._current() or self._inner
-        assert inner is not None
-        return as_sync(inner).fetch_value_elsewhere(statements)
+        return as_sync(self._bound_inner()).fetch_value_elsewhere(statements)
 
     def beat(self, statement: str, answer_within: float) -> Sequence[str | None] | None:
         inner = self._current()
