@@ -98,6 +98,8 @@ _RENAMES = {
     "AsyncConnectionLike": "SyncConnectionLike",
     "AsyncConnection": "Connection",
     "AsyncCursor": "Cursor",
+    # SQLAlchemy (its asyncio extension)
+    "AsyncSession": "Session",
     # pgsolo's public pairs
     "AsyncLock": "Lock",
     "async_pool_reset": "pool_reset",
@@ -107,9 +109,11 @@ _RENAMES = {
     "AsyncDriver": "SyncDriver",
     "AsyncKeeper": "Keeper",
     "AsyncPsycopgDriver": "PsycopgDriver",
+    "AsyncSqlAlchemyDriver": "SqlAlchemyDriver",
     "_run_async": "_run_sync",
     "adapt_async": "adapt_sync",
     "adrive": "drive",
+    "as_async": "as_sync",
     "aopen_connection": "open_connection",
     "arecord_result": "record_result",
     # the test suite's fixtures and helpers (tests/conftest.py, tests/_support.py)
@@ -131,6 +135,10 @@ _RENAMES = {
     "aspawn": "spawn",
     "astop_worker": "stop_worker",
     "atry_lock": "try_lock",
+    # pgsolo.drivers._sqlalchemy
+    "aautocommitting": "autocommitting",
+    "acore_of": "core_of",
+    "astart_driver_transaction": "start_driver_transaction",
     "auncancel_current": "uncancel_current",
 }
 _PROSE = [

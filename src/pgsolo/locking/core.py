@@ -30,6 +30,7 @@ from ..errors import (
     LockLostError,
     LockNotHeldError,
     UnsafeConnectionError,
+    UnsupportedConnectionError,
     UsageError,
 )
 from ..keys import Key
@@ -245,6 +246,9 @@ class LockCore:
         is refused for it.
         """
         driver = self.driver
+        # A connection that may change under the lock (an ORM Session's) says why.
+        if refusal := getattr(driver, "refuses_session_locks", None):
+            raise UnsupportedConnectionError(refusal)
         status = driver.transaction_status()
         if status is not TxStatus.ACTIVE:
             self._usable_status(status)

@@ -1,0 +1,124 @@
+"""The SQLAlchemy adapter of an async connection or session; see
+:mod:`pgsolo.drivers._sqlalchemy`."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from typing import Any, ClassVar, cast
+
+from ..._acompat import AIS_ASYNC
+from ...errors import ConnectionStateError
+from .. import AsyncDriver, Edge
+from .._sqlalchemy import (
+    AsyncConnection,
+    AsyncSession,
+    Connection,
+    SqlAlchemyBase,
+    aautocommitting,
+    acore_of,
+    as_async,
+    astart_driver_transaction,
+    driver_connection_of,
+)
+
+__all__ = ["AsyncSqlAlchemyDriver"]
+
+
+class AsyncSqlAlchemyDriver(SqlAlchemyBase):
+    """pgsolo's driver protocol (:class:`~pgsolo.drivers.AsyncDriver`) on a SQLAlchemy
+    ``AsyncConnection`` or ``AsyncSession``: the statements go through pgsolo's adapter of
+    the driver connection under it, the transaction's edges through SQLAlchemy."""
+
+    is_async: ClassVar[bool] = AIS_ASYNC
+    _owner: AsyncConnection | AsyncSession
+
+    def __init__(self, owner: AsyncConnection | AsyncSession) -> None:
+        self._setup(owner, acore_of(owner))
+
+    async def fetch_value(
+        self, statements: Sequence[str], wait: float = 0.0, edge: Edge | None = None
+    ) -> object:
+        if edge is not None and edge != "begin":
+            return await self._end(statements, wait, edge)
+        if edge == "begin":
+            self._trans = await self._owner.begin()
+        inner, conn = await self._bound()
+        if self._sqlalchemy_autocommit():
+            # No transaction at the server whatever SQLAlchemy's books say: a bare one.
+            return await inner.fetch_value(statements, wait, edge)
+        if conn.in_transaction():
+            await astart_driver_transaction(conn)
+            return await inner.fetch_value(statements, wait)
+        async with aautocommitting(conn, inner):
+            return await inner.fetch_value(statements, wait)
+
+    async def _bound(self) -> tuple[AsyncDriver, Connection]:
+        """pgsolo's adapter of the driver connection serving the caller's object now, and
+        SQLAlchemy's connection over it."""
+        core = self._core
+        if isinstance(core, Connection):
+            return as_async(self._bound_inner()), core
+        if not core.in_transaction():
+            raise ConnectionStateError(
+                "pgsolo's statements on an ORM session need its transaction open (the"
+                " session has no connection outside one): `with session.begin():`"
+            )
+        conn = acore_of(await cast(AsyncSession, self._owner).connection())
+        if not isinstance(conn, Connection):
+            raise ConnectionStateError("the session gave no connection")
+        if self._inner is None or self._inner_of is not core.get_transaction():
+            self._inner = self._adapt_driver(driver_connection_of(conn))
+            self._inner_of = core.get_transaction()
+        return as_async(self._inner), conn
+
+    async def _end(self, statements: Sequence[str], wait: float, edge: Edge) -> object:
+        """Send the last statements of pgsolo's own transaction, then end it through
+        SQLAlchemy, exactly once, whatever happens (also when the connection died: the
+        transaction object must not stay open on SQLAlchemy's books)."""
+        trans, self._trans = self._trans, None
+        try:
+            value = await self._last_statements(statements, wait, edge)
+        except BaseException:
+            await self._quietly_end(trans, "rollback")
+            raise
+        try:
+            await self._quietly_end(trans, edge, quiet=False)
+        except BaseException:
+            await self._quietly_end(trans, "rollback")
+            raise
+        return value
+
+    async def _last_statements(self, statements: Sequence[str], wait: float, edge: Edge) -> object:
+        if not statements and not self._sqlalchemy_autocommit():
+            return None
+        inner, _ = await self._bound()
+        if self._sqlalchemy_autocommit():
+            return await inner.fetch_value(statements, wait, edge)
+        return await inner.fetch_value(statements, wait)
+
+    async def _quietly_end(self, trans: Any, edge: Edge, *, quiet: bool = True) -> None:
+        """Commit or roll back ``trans`` if it is still open; if the work ended it and
+        SQLAlchemy began another meanwhile (autobegin), end that one, as a bare
+        connection's COMMIT would."""
+        target: Any = None
+        if trans is not None and trans.is_active:
+            target = trans
+        elif self._owner.in_transaction():
+            target = self._owner
+        if target is None:
+            return
+        if not quiet:
+            await (target.commit() if edge == "commit" else target.rollback())
+            return
+        with contextlib.suppress(Exception):
+            await target.rollback()
+
+    async def fetch_value_elsewhere(self, statements: Sequence[str]) -> object:
+        return await as_async(self._bound_inner()).fetch_value_elsewhere(statements)
+
+    async def beat(self, statement: str, answer_within: float) -> Sequence[str | None] | None:
+        inner = self._current()
+        if inner is None or self._core.in_transaction():
+            return None
+        return await as_async(inner).beat(statement, answer_within)

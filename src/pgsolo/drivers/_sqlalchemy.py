@@ -1,0 +1,407 @@
+"""SQLAlchemy: a ``Connection``, ``AsyncConnection``, ``orm.Session`` or ``AsyncSession``
+on the psycopg, psycopg2 or asyncpg dialect.
+
+pgsolo's statements go to the driver connection under SQLAlchemy's (a ``psycopg``,
+``psycopg2`` or ``asyncpg`` connection) through pgsolo's own adapter of that library; what
+SQLAlchemy keeps books on is done through SQLAlchemy:
+
+- the transaction state is SQLAlchemy's (``in_transaction()``), so a transaction lock
+  joins the transaction the caller believes they are in, and ``with xact_lock(conn)``
+  outside one opens pgsolo's own with ``conn.begin()`` / ``session.begin()`` and ends it
+  with that transaction object's ``commit()`` / ``rollback()``;
+- outside SQLAlchemy's transaction the dialects run the driver connection with
+  ``autocommit=False`` (the driver would open a transaction SQLAlchemy knows nothing of):
+  pgsolo's statements then run with the driver's autocommit switched on for their round
+  trip (no round trip of its own), so nothing is left open behind SQLAlchemy's back;
+- with asyncpg, SQLAlchemy starts its asyncpg ``Transaction`` lazily, at its first
+  statement: inside SQLAlchemy's transaction it is started before pgsolo's statements, so
+  that they run in it and asyncpg's books stay true;
+- a connection SQLAlchemy runs in ``AUTOCOMMIT`` has no transaction at the server whatever
+  SQLAlchemy's books say: pgsolo treats its driver connection as a bare one.
+
+The adapters are one source, :class:`AsyncSqlAlchemyDriver`
+(``_async/sqlalchemy_driver.py``), and its generated twin :class:`SqlAlchemyDriver`.
+:func:`listen_for_returns` is the pool hook's SQLAlchemy side
+(:func:`pgsolo.sqlalchemy.install`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any, cast
+
+from sqlalchemy import event
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+from sqlalchemy.orm import Session
+from sqlalchemy.pool import ConnectionPoolEntry
+from sqlalchemy.util import await_
+
+from ..errors import ConnectionStateError, UnsupportedConnectionError
+from . import AsyncDriver, ServerInfo, SyncDriver, TxStatus, as_sync, is_async
+
+__all__ = [
+    "AsyncConnection",
+    "AsyncSession",
+    "Connection",
+    "Session",
+    "SqlAlchemyBase",
+    "aautocommitting",
+    "acore_of",
+    "adapt",
+    "as_async",
+    "as_sync",
+    "astart_driver_transaction",
+    "autocommitting",
+    "core_of",
+    "driver_connection_of",
+    "listen_for_returns",
+    "start_driver_transaction",
+]
+
+_SESSION_LOCK_REFUSAL = (
+    "a session lock needs a connection that lives as long as the lock, and an ORM Session"
+    " hands its connection back to the pool whenever its transaction ends (the unlock"
+    " would reach another server session); take it on an Engine connection instead:"
+    " `with engine.connect() as conn: with session_lock(conn, key): ...`"
+)
+
+
+def adapt(connection: object) -> object | None:
+    """The adapter of a SQLAlchemy object (see :func:`pgsolo.drivers.adapt`)."""
+    # The adapters import this module's base class: imported here, not at the top.
+    from ._async.sqlalchemy_driver import AsyncSqlAlchemyDriver  # noqa: PLC0415
+    from ._sync.sqlalchemy_driver import SqlAlchemyDriver  # noqa: PLC0415
+
+    if isinstance(connection, Engine | AsyncEngine):
+        raise UnsupportedConnectionError(
+            "pgsolo takes a connection, not an Engine: pass one of its connections"
+            " (`with engine.connect() as conn:`, `async with engine.connect() as conn:`)"
+        )
+    if isinstance(connection, Connection | Session):
+        return SqlAlchemyDriver(connection)
+    if isinstance(connection, AsyncConnection | AsyncSession):
+        return AsyncSqlAlchemyDriver(connection)
+    return None
+
+
+class SqlAlchemyBase:
+    """What both adapters do the same: everything but the round trips.
+
+    ``_owner`` is what the caller passed; ``_core`` its sync core (the ``Connection`` or
+    ``Session`` an async one drives). A ``Connection``'s driver connection is the same
+    for the lock's life and is bound at once; a ``Session`` finds its connection anew in
+    each of its transactions, so it is bound at the first statement of each."""
+
+    _owner: Any
+    _core: Connection | Session
+    _inner: SyncDriver | AsyncDriver | None
+    _inner_of: object  # the Session transaction _inner was bound in
+
+    def _setup(self, owner: Any, core: Connection | Session | None) -> None:
+        if core is None:
+            raise ConnectionStateError(
+                "this AsyncConnection was not started: use `async with engine.connect() as"
+                " conn:` (or `conn = await engine.connect()`)"
+            )
+        self._owner = owner
+        self._core = core
+        self._inner = None
+        self._inner_of = None
+        self._trans: Any = None  # the transaction pgsolo opened through SQLAlchemy
+        if isinstance(core, Connection):
+            self._inner = self._adapt_driver(driver_connection_of(core))
+
+    def _adapt_driver(self, raw: object) -> SyncDriver | AsyncDriver:
+        from . import adapt as adapt_any  # noqa: PLC0415
+
+        dialect = self._dialect()
+        if dialect.name != "postgresql":
+            raise UnsupportedConnectionError(
+                f"pgsolo needs PostgreSQL; this SQLAlchemy connection uses the {dialect.name!r}"
+                f" dialect ({dialect.name}+{dialect.driver})"
+            )
+        inner = adapt_any(raw)
+        if is_async(inner) is not self.is_async:  # type: ignore[attr-defined]
+            raise UnsupportedConnectionError(
+                "a sync SQLAlchemy Connection or Session on an async driver (inside"
+                " run_sync()) cannot carry pgsolo's statements: pass the AsyncConnection or"
+                " AsyncSession itself"
+            )
+        return inner
+
+    def _bound_inner(self) -> SyncDriver | AsyncDriver:
+        """The adapter bound last (a Session's binds at its first statement)."""
+        inner = self._current() or self._inner
+        if inner is None:
+            raise ConnectionStateError("this ORM session has not used a connection yet")
+        return inner
+
+    def _dialect(self) -> Any:
+        core = self._core
+        bind = core.get_bind() if isinstance(core, Session) else core
+        return bind.dialect
+
+    @property
+    def refuses_session_locks(self) -> str | None:
+        """Why a session lock cannot be taken on this object, if it cannot."""
+        return _SESSION_LOCK_REFUSAL if isinstance(self._core, Session) else None
+
+    # - what the driver connection looks like now -
+
+    def _current(self) -> SyncDriver | AsyncDriver | None:
+        """The adapter of the driver connection now serving the caller's object, if one
+        does (a Session outside a transaction has none)."""
+        core = self._core
+        if isinstance(core, Connection):
+            return self._inner
+        if core.in_transaction() and self._inner_of is core.get_transaction():
+            return self._inner
+        return None
+
+    def _sqlalchemy_autocommit(self) -> bool:
+        """SQLAlchemy runs this connection in AUTOCOMMIT: its transactions do nothing at
+        the server, and its driver connection is pgsolo's to treat as a bare one."""
+        core = self._core
+        if isinstance(core, Session) or core.closed or core.invalidated:
+            return False
+        dbapi = core.connection.dbapi_connection
+        return (
+            dbapi is not None
+            and bool(getattr(dbapi, "autocommit", False))
+            and not is_switched(core.connection.driver_connection)
+        )
+
+    @property
+    def connection(self) -> object:
+        # What pgsolo tracks held locks by: a Connection's driver connection (the pool
+        # hook finds them there), a Session itself (it has no connection of its own).
+        inner = self._inner
+        if isinstance(self._core, Connection) and inner is not None:
+            return inner.connection
+        return self._owner
+
+    @property
+    def begins_implicitly(self) -> bool:
+        inner = self._current()
+        if inner is not None and self._sqlalchemy_autocommit():
+            return inner.begins_implicitly
+        # SQLAlchemy's view: outside its transaction nothing is about to open one (the
+        # driver's own would be unknown to it, and pgsolo's statements run in autocommit).
+        return False
+
+    def transaction_status(self) -> TxStatus:
+        core = self._core
+        if isinstance(core, Connection) and (core.closed or core.invalidated):
+            return TxStatus.UNKNOWN
+        inner = self._current()
+        raw = inner.transaction_status() if inner is not None else TxStatus.IDLE
+        if inner is not None and self._sqlalchemy_autocommit():
+            return raw
+        if raw in (TxStatus.INERROR, TxStatus.UNKNOWN, TxStatus.ACTIVE, TxStatus.INTRANS):
+            return raw
+        return TxStatus.INTRANS if core.in_transaction() else TxStatus.IDLE
+
+    def backend_pid(self) -> int:
+        inner = self._current() or self._inner
+        return inner.backend_pid() if inner is not None else 0
+
+    def server_info(self) -> ServerInfo:
+        inner = self._current() or self._inner
+        if inner is not None:
+            return inner.server_info()
+        url = self._dialect_url()
+        return ServerInfo(
+            database=url.database or "",
+            host=url.host or "",
+            port=url.port,
+            user=url.username or "",
+            application_name="",
+        )
+
+    def _dialect_url(self) -> Any:
+        core = self._core
+        bind = core.get_bind() if isinstance(core, Session) else core
+        return bind.engine.url
+
+    def sqlstate(self, exc: BaseException) -> str | None:
+        inner = self._current() or self._inner
+        return inner.sqlstate(_unwrapped(exc)) if inner is not None else None
+
+    def error_detail(self, exc: BaseException) -> str | None:
+        inner = self._current() or self._inner
+        return inner.error_detail(_unwrapped(exc)) if inner is not None else None
+
+    def is_closed(self) -> bool:
+        core = self._core
+        if isinstance(core, Connection) and (core.closed or core.invalidated):
+            return True
+        inner = self._current()
+        return inner.is_closed() if inner is not None else False
+
+    def scrub(self, text: str) -> str:
+        inner = self._current() or self._inner
+        text = inner.scrub(text) if inner is not None else text
+        password = self._dialect_url().password
+        return text.replace(str(password), "***") if password else text
+
+    def client_address(self) -> tuple[str, int] | None:
+        inner = self._current()
+        return inner.client_address() if inner is not None else None
+
+
+def _unwrapped(exc: BaseException) -> BaseException:
+    """The driver's own error inside SQLAlchemy's wrapper (``DBAPIError.orig``); for
+    asyncpg, under SQLAlchemy's DBAPI adaptation of it."""
+    orig = getattr(exc, "orig", None)
+    if isinstance(orig, BaseException):
+        exc = orig
+    cause = exc.__cause__
+    if type(exc).__module__.startswith("sqlalchemy") and isinstance(cause, BaseException):
+        return cause
+    return exc
+
+
+def driver_connection_of(core: Connection) -> object:
+    """The driver connection under ``core``, without a round trip."""
+    if core.closed:
+        raise ConnectionStateError("this SQLAlchemy connection is closed")
+    if core.invalidated:
+        raise ConnectionStateError(
+            "this SQLAlchemy connection was invalidated (its connection failed): roll it"
+            " back, or use a new one"
+        )
+    return core.connection.driver_connection
+
+
+# Driver connections whose autocommit pgsolo switched on for its statements, by id, with
+# the connection itself (so that the id is not reused meanwhile). Switched back as soon as
+# the connection is idle again: a round trip that failed inside pgsolo's BEGIN...COMMIT
+# leaves a failed transaction, which pgsolo's recovery rolls back through this switch.
+_SWITCHED: dict[int, object] = {}
+
+
+def _switchable(core: Connection, inner: SyncDriver | AsyncDriver, setter: str) -> Any:
+    """The driver connection to switch to autocommit for pgsolo's statements outside
+    SQLAlchemy's transaction, or None: asyncpg has no switch (it runs statements in
+    autocommit anyway), the connection may be in autocommit already, or a transaction may
+    be open at the server (pgsolo's own failed one: it stays switched)."""
+    raw = core.connection.driver_connection
+    if (
+        id(raw) in _SWITCHED
+        or not hasattr(raw, setter)
+        or getattr(raw, "autocommit", True)
+        or inner.transaction_status() is not TxStatus.IDLE
+    ):
+        return None
+    _SWITCHED[id(raw)] = raw
+    return raw
+
+
+def _switched_back(core: Connection, inner: SyncDriver | AsyncDriver) -> Any:
+    """The driver connection to switch back now (it is idle again, or gone), or None."""
+    if core.closed or core.invalidated:
+        return None
+    raw = core.connection.driver_connection
+    if id(raw) not in _SWITCHED or (
+        inner.transaction_status() is not TxStatus.IDLE and not inner.is_closed()
+    ):
+        return None
+    del _SWITCHED[id(raw)]
+    return raw
+
+
+def is_switched(raw: object) -> bool:
+    return id(raw) in _SWITCHED
+
+
+@contextlib.contextmanager
+def autocommitting(core: Connection, inner: SyncDriver | AsyncDriver) -> Iterator[None]:
+    """Run pgsolo's statements outside SQLAlchemy's transaction with the driver's
+    autocommit on (psycopg, psycopg2: a flag, no round trip), so that the driver opens no
+    transaction SQLAlchemy would not know of."""
+    if (raw := _switchable(core, inner, "autocommit")) is not None:
+        raw.autocommit = True
+    try:
+        yield
+    finally:
+        if (raw := _switched_back(core, inner)) is not None:
+            with contextlib.suppress(Exception):  # a closed connection
+                raw.autocommit = False
+
+
+@contextlib.asynccontextmanager
+async def aautocommitting(core: Connection, inner: SyncDriver | AsyncDriver) -> AsyncIterator[None]:
+    """:func:`autocommitting` for an async driver connection (psycopg's
+    ``set_autocommit()``; asyncpg has nothing to switch)."""
+    if (raw := _switchable(core, inner, "set_autocommit")) is not None:
+        await raw.set_autocommit(True)
+    try:
+        yield
+    finally:
+        if (raw := _switched_back(core, inner)) is not None:
+            with contextlib.suppress(Exception):
+                await raw.set_autocommit(False)
+
+
+def as_async(driver: SyncDriver | AsyncDriver) -> AsyncDriver:
+    """``driver`` once it is known to be async (the twin of :func:`as_sync`)."""
+    return cast(AsyncDriver, driver)
+
+
+def core_of(owner: Connection | Session) -> Connection | Session:
+    """The sync core of a sync object: itself (see :func:`acore_of`)."""
+    return owner
+
+
+def acore_of(owner: AsyncConnection | AsyncSession) -> Connection | Session | None:
+    """The sync core an async object drives (None for an AsyncConnection not started)."""
+    if isinstance(owner, AsyncConnection):
+        return owner.sync_connection
+    return owner.sync_session
+
+
+def start_driver_transaction(core: Connection) -> None:
+    """Nothing: a sync driver opens SQLAlchemy's transaction by itself (see
+    :func:`astart_driver_transaction`)."""
+
+
+async def astart_driver_transaction(core: Connection) -> None:
+    """Inside SQLAlchemy's transaction on asyncpg, start the asyncpg ``Transaction`` that
+    SQLAlchemy would start at its next statement, before pgsolo's statements: else they
+    would run in autocommit (a transaction lock would end with its statement), and a BEGIN
+    of pgsolo's would make asyncpg refuse SQLAlchemy's own transaction later. psycopg opens
+    it by itself (``autocommit=False``)."""
+    dbapi = core.connection.dbapi_connection
+    if (
+        dbapi is not None
+        and getattr(dbapi, "_transaction", False) is None
+        and not getattr(dbapi, "autocommit", True)
+        and hasattr(dbapi, "_start_transaction")
+    ):
+        await dbapi._start_transaction()
+
+
+def listen_for_returns(engine: object, on_return: Callable[[object], object]) -> None:
+    """Call ``on_return(driver_connection)`` before SQLAlchemy resets a connection that
+    goes back to ``engine``'s pool (sync or async; an awaitable it returns is awaited in
+    SQLAlchemy's greenlet)."""
+    if isinstance(engine, AsyncEngine):
+        engine = engine.sync_engine
+    if not isinstance(engine, Engine):
+        kind = type(engine)
+        raise UnsupportedConnectionError(
+            f"install() takes a SQLAlchemy Engine or AsyncEngine; got {kind.__module__}."
+            f"{kind.__qualname__}"
+        )
+
+    def reset(dbapi_connection: Any, record: ConnectionPoolEntry, state: Any) -> None:
+        if record.driver_connection is None:
+            return
+        outcome = on_return(record.driver_connection)
+        if inspect.isawaitable(outcome):
+            await_(outcome)
+
+    event.listen(engine.pool, "reset", reset)

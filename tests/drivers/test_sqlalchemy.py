@@ -1,0 +1,430 @@
+"""SQLAlchemy's Connection, AsyncConnection, Session and AsyncSession in every lock API, on
+a real server: the transaction SQLAlchemy believes in is the one a lock follows, and
+nothing is left open behind SQLAlchemy's back.
+
+The psycopg 3 dialect runs everywhere; the psycopg2 and asyncpg dialects run once pgsolo
+has an adapter for that library (``pgsolo.drivers._psycopg2`` / ``._asyncpg``)."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import URL, Connection, Engine
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
+from sqlalchemy.orm import Session
+
+import pgsolo
+import pgsolo.sqlalchemy
+from _support import WORK, Boom
+from pgsolo.errors import (
+    ConnectionStateError,
+    LockTimeoutError,
+    UnsupportedConnectionError,
+)
+from pgsolo.keys import Key
+
+SYNC_DIALECTS = ["psycopg", "psycopg2"]
+ASYNC_DIALECTS = ["psycopg", "asyncpg"]
+_ADAPTER = {"psycopg": "_psycopg", "psycopg2": "_psycopg2", "asyncpg": "_asyncpg"}
+
+
+def _need_adapter(dialect: str) -> None:
+    """Skip only while pgsolo has no adapter for the dialect's library (being written)."""
+    module = f"pgsolo.drivers.{_ADAPTER[dialect]}"
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"{module} does not exist yet: no pgsolo adapter for {dialect}")
+
+
+def url_of(dsn: str, dialect: str) -> URL:
+    params = conninfo_to_dict(dsn)
+    host = str(params.get("host") or "")
+    query = {"host": host} if host.startswith("/") else {}
+    return URL.create(
+        f"postgresql+{dialect}",
+        username=params.get("user"),  # type: ignore[arg-type]
+        password=params.get("password"),  # type: ignore[arg-type]
+        host=None if query else host or None,
+        port=int(params["port"]) if params.get("port") and not query else None,
+        database=params.get("dbname"),  # type: ignore[arg-type]
+        query=query,
+    )
+
+
+@pytest.fixture(params=SYNC_DIALECTS)
+def engine(request: pytest.FixtureRequest, db: str) -> Iterator[Engine]:
+    _need_adapter(request.param)
+    made = create_engine(url_of(db, request.param), pool_size=2)
+    yield made
+    made.dispose()
+
+
+@pytest.fixture
+def pg_engine(db: str) -> Iterator[Engine]:
+    made = create_engine(url_of(db, "psycopg"), pool_size=1, max_overflow=0)
+    yield made
+    made.dispose()
+
+
+@pytest.fixture(params=ASYNC_DIALECTS)
+async def aengine(request: pytest.FixtureRequest, db: str) -> AsyncIterator[AsyncEngine]:
+    _need_adapter(request.param)
+    made = create_async_engine(url_of(db, request.param), pool_size=2)
+    yield made
+    await made.dispose()
+
+
+def raw_status(conn: Connection) -> str:
+    """The server's transaction status of the driver connection under ``conn``."""
+    raw: Any = conn.connection.driver_connection
+    if hasattr(raw, "is_in_transaction"):  # asyncpg
+        return "intrans" if raw.is_in_transaction() else "idle"
+    status = raw.info.transaction_status
+    return {0: "idle", 2: "intrans", 3: "inerror"}.get(int(status), str(status))
+
+
+def assert_left_alone(conn: Connection) -> None:
+    """SQLAlchemy has no transaction open and neither has the server, and the driver runs
+    as SQLAlchemy set it up (autocommit off)."""
+    assert not conn.in_transaction()
+    assert raw_status(conn) == "idle"
+    assert conn.connection.dbapi_connection.autocommit is False  # type: ignore[union-attr]
+
+
+def rows(observer: Any, note: str) -> int:
+    """How many rows the work wrote with ``note``, as another session sees them."""
+    found = observer.conn.execute(f"SELECT count(*) FROM {WORK} WHERE note = %s", (note,))
+    return int(found.fetchone()[0])
+
+
+INSERT = text(f"INSERT INTO {WORK} (job, note) VALUES ('sqlalchemy', :note)")
+
+
+def insert(conn: Connection | Session, note: str) -> None:
+    conn.execute(INSERT, {"note": note})
+
+
+def fail_in_lock(conn: Connection, key: Key, note: str) -> None:
+    with pgsolo.xact_lock(conn, key, wait=5):
+        insert(conn, note)
+        raise Boom
+
+
+def pid_of(conn: Connection) -> int:
+    return int(conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one())
+
+
+def hold(connect: Any, key: Key) -> psycopg.Connection[Any]:
+    holder = connect()
+    holder.execute(f"SELECT pg_advisory_lock({key.sql_args})")
+    return holder
+
+
+# -- transaction locks ----------------------------------------------------------------
+
+
+def test_xact_lock_joins_sqlalchemy_transaction_and_its_rollback_undoes_the_block(
+    engine: Engine, observer: Any, key: Key
+) -> None:
+    """The reported bug: inside conn.begin(), the lock joins SQLAlchemy's transaction;
+    pgsolo neither commits nor rolls it back, so the caller's rollback undoes the rows
+    written in the block, and the lock goes with the transaction."""
+    note = uuid.uuid4().hex
+    with engine.connect() as conn:
+        trans = conn.begin()
+        with pgsolo.xact_lock(conn, key, wait=5):
+            insert(conn, note)
+        assert conn.in_transaction()
+        assert observer.holders(key) == {pid_of(conn)}
+        trans.rollback()
+        assert rows(observer, note) == 0
+        assert observer.holders(key) == set()
+        assert_left_alone(conn)
+
+
+def test_xact_lock_joins_an_autobegun_transaction(engine: Engine, observer: Any, key: Key) -> None:
+    """A Connection that autobegan (any statement) is in SQLAlchemy's transaction: a
+    plain acquire joins it and conn.rollback() undoes the block."""
+    note = uuid.uuid4().hex
+    with engine.connect() as conn:
+        insert(conn, note)
+        assert pgsolo.xact_lock(conn, key).acquire()
+        conn.rollback()
+        assert rows(observer, note) == 0
+        assert observer.holders(key) == set()
+
+
+def test_xact_lock_outside_a_transaction_opens_and_ends_its_own(
+    engine: Engine, observer: Any, key: Key
+) -> None:
+    """Outside SQLAlchemy's transaction the block runs in pgsolo's own, opened with
+    conn.begin(): it commits with the block, rolls back with a failing one, and leaves
+    SQLAlchemy and the server with no transaction open."""
+    kept, undone = uuid.uuid4().hex, uuid.uuid4().hex
+    with engine.connect() as conn:
+        with pgsolo.xact_lock(conn, key):
+            assert conn.in_transaction()
+            insert(conn, kept)
+        assert_left_alone(conn)
+        with pytest.raises(Boom):
+            fail_in_lock(conn, key, undone)
+        assert_left_alone(conn)
+    assert rows(observer, kept) == 1
+    assert rows(observer, undone) == 0
+    assert observer.holders(key) == set()
+
+
+def test_plain_xact_acquire_outside_a_transaction_is_refused(engine: Engine, key: Key) -> None:
+    with engine.connect() as conn:
+        with pytest.raises(ConnectionStateError):
+            pgsolo.xact_lock(conn, key).acquire()
+        assert_left_alone(conn)
+
+
+def test_xact_try_busy_and_timeout(engine: Engine, connect: Any, key: Key) -> None:
+    """Another session's lock: a try says busy, a wait times out; the caller's
+    transaction stays usable (the wait ran in a savepoint)."""
+    holder = hold(connect, key)
+    with engine.connect() as conn, conn.begin():
+        assert pgsolo.xact_lock(conn, key).acquire() is False
+        with pytest.raises(LockTimeoutError):
+            pgsolo.xact_lock(conn, key, wait=0.2).acquire()
+        assert conn.exec_driver_sql("SELECT 1").scalar_one() == 1
+    holder.execute(f"SELECT pg_advisory_unlock({key.sql_args})")
+    with engine.connect() as conn:
+        with pgsolo.xact_lock(conn, key, wait=5) as lock:
+            assert lock.acquired
+        assert_left_alone(conn)
+
+
+# -- session locks ------------------------------------------------------------------------
+
+
+def test_session_lock_try_wait_busy_timeout_leave_no_transaction(
+    engine: Engine, connect: Any, observer: Any, key: Key
+) -> None:
+    """Session locks outside SQLAlchemy's transaction leave none open, neither in
+    SQLAlchemy's books nor at the server, after every operation."""
+    with engine.connect() as conn:
+        pid = pid_of(conn)
+        conn.commit()
+        lock = pgsolo.session_lock(conn, key)
+        assert lock.acquire()
+        assert_left_alone(conn)
+        assert observer.holders(key) == {pid}
+        assert lock.is_held()
+        assert_left_alone(conn)
+        lock.release()
+        assert_left_alone(conn)
+        with pgsolo.session_lock(conn, key, wait=5):
+            assert_left_alone(conn)
+            assert observer.holders(key) == {pid}
+        assert_left_alone(conn)
+        holder = hold(connect, key)
+        assert pgsolo.session_lock(conn, key).acquire() is False
+        assert_left_alone(conn)
+        with pytest.raises(LockTimeoutError):
+            pgsolo.session_lock(conn, key, wait=0.2).acquire()
+        assert_left_alone(conn)
+        holder.close()
+        assert observer.holders(key) == set()
+
+
+def test_session_lock_inside_a_transaction_outlives_its_rollback(
+    engine: Engine, observer: Any, key: Key
+) -> None:
+    with engine.connect() as conn:
+        trans = conn.begin()
+        lock = pgsolo.session_lock(conn, key, wait=5)
+        assert lock.acquire()
+        trans.rollback()
+        assert observer.holders(key) == {pid_of(conn)}
+        lock.release()
+        conn.commit()
+        assert observer.holders(key) == set()
+        assert_left_alone(conn)
+
+
+def test_fencing_tokens_through_sqlalchemy(engine: Engine, key: Key) -> None:
+    with engine.connect() as conn:
+        with pgsolo.xact_lock(conn, key, wait=5, fencing=True) as first:
+            assert first.token is not None
+        with pgsolo.session_lock(conn, key, wait=5, fencing=True) as second:
+            assert second.token is not None
+            assert second.token > first.token
+        assert_left_alone(conn)
+
+
+def test_excludes_a_psycopg_holder_and_the_other_way_round(
+    engine: Engine, connect: Any, key: Key
+) -> None:
+    plain = connect()
+    with pgsolo.session_lock(plain, key), engine.connect() as conn:
+        assert pgsolo.session_lock(conn, key).acquire() is False
+    with engine.connect() as conn, pgsolo.session_lock(conn, key):
+        assert pgsolo.session_lock(plain, key).acquire() is False
+
+
+# -- the ORM session -------------------------------------------------------------------
+
+
+def test_session_xact_lock_own_and_joined(engine: Engine, observer: Any, key: Key) -> None:
+    """A fresh Session: the block runs in pgsolo's own transaction (session.begin()),
+    committed with it; inside session.begin() the lock joins and the rollback undoes it."""
+    kept, undone = uuid.uuid4().hex, uuid.uuid4().hex
+    with Session(engine) as session:
+        with pgsolo.xact_lock(session, key):
+            insert(session, kept)
+        assert not session.in_transaction()
+        with session.begin():
+            with pgsolo.xact_lock(session, key, wait=5):
+                insert(session, undone)
+            session.rollback()
+        assert not session.in_transaction()
+    assert rows(observer, kept) == 1
+    assert rows(observer, undone) == 0
+    assert observer.holders(key) == set()
+
+
+def test_session_lock_on_a_bare_orm_session_is_refused(engine: Engine, key: Key) -> None:
+    """Trap 2: a Session hands its connection back to the pool when its transaction ends,
+    so a session lock on it would be stranded there; refused before any SQL."""
+    with Session(engine) as session:
+        with pytest.raises(UnsupportedConnectionError, match=r"engine\.connect\(\)"):
+            pgsolo.session_lock(session, key).acquire()
+        assert not session.in_transaction()
+
+
+# -- jobs -----------------------------------------------------------------------------
+
+
+def test_run_job_on_a_sqlalchemy_connection(engine: Engine, observer: Any, key: Key) -> None:
+    note = uuid.uuid4().hex
+    with engine.connect() as conn:
+        result = pgsolo.run_job(conn, key, lambda c: insert(c, note))  # type: ignore[arg-type]
+        assert result.outcome == "completed"
+        assert_left_alone(conn)
+    assert rows(observer, note) == 1
+
+
+# -- the pool: trap 1 -----------------------------------------------------------------
+
+
+def test_session_lock_survives_return_to_the_pool_without_install(
+    pg_engine: Engine, observer: Any, key: Key
+) -> None:
+    """The documented trap: SQLAlchemy's reset is a rollback, which keeps session locks."""
+    with pg_engine.connect() as conn:
+        pid = pid_of(conn)
+        conn.commit()
+        assert pgsolo.session_lock(conn, key).acquire()
+    assert observer.holders(key) == {pid}
+    pg_engine.dispose()
+    assert observer.holders(key) == set()
+
+
+def test_install_releases_what_is_left_on_return(
+    pg_engine: Engine, observer: Any, key: Key, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With install(), a session lock left on a Connection that goes back to the pool is
+    released with a warning naming its key, and pgsolo's books forget it: the next user
+    of the pooled connection holds nothing and can take the key."""
+    pgsolo.sqlalchemy.install(pg_engine)
+    with caplog.at_level(logging.WARNING, logger="pgsolo"):
+        with pg_engine.connect() as conn:
+            raw = conn.connection.driver_connection
+            assert pgsolo.session_lock(conn, key).acquire()
+            assert_left_alone(conn)
+        assert observer.holders(key) == set()
+    assert any(key.text in record.getMessage() for record in caplog.records)
+    assert pgsolo.held_session_locks(raw) == []
+    with pg_engine.connect() as conn:  # the same pooled connection, usable and clean
+        assert conn.connection.driver_connection is raw
+        assert_left_alone(conn)
+        with pgsolo.session_lock(conn, key):
+            assert observer.holders(key) == {pid_of(conn)}
+
+
+# -- what is not taken ---------------------------------------------------------------
+
+
+def test_an_engine_is_refused_naming_its_connection(pg_engine: Engine, key: Key) -> None:
+    with pytest.raises(UnsupportedConnectionError, match=r"engine\.connect\(\)"):
+        pgsolo.session_lock(pg_engine, key)
+
+
+def test_a_sqlite_connection_is_refused_naming_the_dialect(key: Key) -> None:
+    sqlite = create_engine("sqlite://")
+    with sqlite.connect() as conn, pytest.raises(UnsupportedConnectionError, match="sqlite"):
+        pgsolo.session_lock(conn, key)
+
+
+# -- async -------------------------------------------------------------------------------
+
+
+async def test_async_connection_join_own_and_session_lock(
+    aengine: AsyncEngine, observer: Any, key: Key
+) -> None:
+    note, kept = uuid.uuid4().hex, uuid.uuid4().hex
+    async with aengine.connect() as conn:
+        lock = pgsolo.xact_lock(conn, key, wait=5)
+        assert isinstance(lock, pgsolo.AsyncLock)
+        trans = await conn.begin()
+        async with lock:  # asyncpg: the lock runs in SQLAlchemy's asyncpg transaction
+            assert len(observer.holders(key)) == 1
+            await conn.execute(INSERT, {"note": note})
+        assert len(observer.holders(key)) == 1
+        await trans.rollback()
+        assert rows(observer, note) == 0
+        assert observer.holders(key) == set()
+        async with pgsolo.xact_lock(conn, key):
+            assert conn.in_transaction()
+            await conn.execute(INSERT, {"note": kept})
+        assert not conn.in_transaction()
+        async with pgsolo.session_lock(conn, key, wait=5):
+            assert not conn.in_transaction()
+            assert len(observer.holders(key)) == 1
+        assert await conn.run_sync(raw_status) == "idle"
+        assert observer.holders(key) == set()
+    assert rows(observer, kept) == 1
+
+
+async def test_async_session_own_transaction(aengine: AsyncEngine, observer: Any, key: Key) -> None:
+    kept = uuid.uuid4().hex
+    async with AsyncSession(aengine) as session:
+        async with pgsolo.xact_lock(session, key):
+            await session.execute(INSERT, {"note": kept})
+        assert not session.in_transaction()
+        with pytest.raises(UnsupportedConnectionError):
+            await pgsolo.session_lock(session, key).acquire()
+    assert rows(observer, kept) == 1
+
+
+async def test_run_job_async_on_an_async_connection(
+    aengine: AsyncEngine, observer: Any, key: Key
+) -> None:
+    note = uuid.uuid4().hex
+
+    async def work(conn: Any) -> None:
+        await conn.execute(INSERT, {"note": note})
+
+    async with aengine.connect() as conn:
+        result = await pgsolo.run_job_async(conn, key, work)
+        assert result.outcome == "completed"
+        assert not conn.in_transaction()
+    assert rows(observer, note) == 1
+
+
+async def test_install_on_an_async_engine(aengine: AsyncEngine, observer: Any, key: Key) -> None:
+    pgsolo.sqlalchemy.install(aengine)
+    async with aengine.connect() as conn:
+        assert await pgsolo.session_lock(conn, key).acquire()
+        assert len(observer.holders(key)) == 1
+    assert observer.holders(key) == set()
