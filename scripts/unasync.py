@@ -121,6 +121,7 @@ _RENAMES = {
     "aconnect": "connect",
     "ASYNC_KINDS": "SYNC_KINDS",
     "AKind": "Kind",
+    "AHandle": "Handle",
     "aeventually": "eventually",
     "asleep": "sleep",
     # pgsolo._acompat and pgsolo.drivers._psycopg_acompat

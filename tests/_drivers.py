@@ -47,6 +47,9 @@ class Kind:
     implicit: bool = False
     """The library opens a transaction by itself (DBAPI ``autocommit`` off, no framework
     on top): the caller is always in one, so a transaction lock joins it."""
+    session_locks: bool = True
+    """False for an ORM Session, which gives its connection back at each commit: pgsolo
+    refuses session locks on it (tests/drivers/test_sqlalchemy.py)."""
 
     def __str__(self) -> str:
         return self.name
@@ -57,6 +60,7 @@ class AKind:
     name: str
     open: Callable[[str], contextlib.AbstractAsyncContextManager[AHandle]]
     implicit: bool = False
+    session_locks: bool = True
 
     def __str__(self) -> str:
         return self.name
@@ -404,7 +408,7 @@ SYNC_KINDS = [
     Kind("psycopg2-autocommit", _psycopg2(autocommit=True)),
     Kind("sqlalchemy-psycopg", _alchemy("psycopg")),
     Kind("sqlalchemy-psycopg2", _alchemy("psycopg2")),
-    Kind("sqlalchemy-session", _alchemy("psycopg", session=True)),
+    Kind("sqlalchemy-session", _alchemy("psycopg", session=True), session_locks=False),
     Kind("django", _django),
 ]
 
@@ -414,5 +418,5 @@ ASYNC_KINDS = [
     AKind("asyncpg-pool", _asyncpg_pool),
     AKind("sqlalchemy-async-psycopg", _aalchemy("psycopg")),
     AKind("sqlalchemy-async-asyncpg", _aalchemy("asyncpg")),
-    AKind("sqlalchemy-asyncsession", _aalchemy("asyncpg", session=True)),
+    AKind("sqlalchemy-asyncsession", _aalchemy("asyncpg", session=True), session_locks=False),
 ]

@@ -13,17 +13,44 @@ from __future__ import annotations
 
 import threading
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
 
 import pgsolo
 from _cluster import Replicas
-from _drivers import ASYNC_KINDS, AKind
+from _drivers import ASYNC_KINDS, AHandle, AKind
 from _support import WORK, Boom, Connect, work_rows
 from pgsolo import Key
 
 OWNING_KINDS = [kind for kind in ASYNC_KINDS if not kind.implicit]
+
+
+@asynccontextmanager
+async def holding(kind: AKind, conn: AHandle, key: Key) -> AsyncIterator[None]:
+    """``key`` held through ``conn``: by a session lock, or, on a kind that takes none (an
+    ORM session), by a transaction lock in the caller's transaction."""
+    if kind.session_locks:
+        async with pgsolo.session_lock(conn.conn, key) as lock:
+            assert lock.acquired
+            yield
+        return
+    await conn.begin()
+    try:
+        assert await pgsolo.xact_lock(conn.conn, key).acquire()
+        yield
+    finally:
+        await conn.rollback()
+
+
+def locks_of(kind: AKind, conn: AHandle, key: Key, wait: float | None = None) -> list[Any]:
+    """A lock of each lifetime this kind takes, as context managers."""
+    locks = [pgsolo.xact_lock(conn.conn, key, wait=wait)]
+    if kind.session_locks:
+        locks.append(pgsolo.session_lock(conn.conn, key, wait=wait))
+    return locks
 
 
 def note_statement(tag: str) -> str:
@@ -35,10 +62,11 @@ def note_statement(tag: str) -> str:
 async def test_a_key_is_taken_and_let_go(kind: AKind, db: str, observer: Any, key: Key) -> None:
     async with kind.open(db) as conn:
         pid = await conn.pid()
-        async with pgsolo.session_lock(conn.conn, key) as lock:
-            assert lock.acquired
-            assert observer.holders(key) == {pid}
-        assert observer.holders(key) == set()
+        if kind.session_locks:
+            async with pgsolo.session_lock(conn.conn, key) as lock:
+                assert lock.acquired
+                assert observer.holders(key) == {pid}
+            assert observer.holders(key) == set()
         async with pgsolo.xact_lock(conn.conn, key, wait=5) as lock:
             assert lock.acquired
             assert observer.holders(key) == {pid}
@@ -54,14 +82,12 @@ async def test_a_key_held_through_one_kind_is_busy_through_every_other(
     kind: AKind, db: str, observer: Any, key: Key, sync_connect: Connect
 ) -> None:
     async with kind.open(db) as holder:
-        async with pgsolo.session_lock(holder.conn, key) as held:
-            assert held.acquired
+        async with holding(kind, holder, key):
             for other in ASYNC_KINDS:
                 async with other.open(db) as conn:
-                    async with pgsolo.session_lock(conn.conn, key) as lock:
-                        assert not lock.acquired, f"{other} took a key {kind} holds"
-                    async with pgsolo.xact_lock(conn.conn, key) as lock:
-                        assert not lock.acquired, f"{other} took a key {kind} holds"
+                    for lock in locks_of(other, conn, key):
+                        async with lock:
+                            assert not lock.acquired, f"{other} took a key {kind} holds"
                     if other.implicit:
                         await conn.rollback()
             with pgsolo.session_lock(sync_connect(), key) as lock:
@@ -70,8 +96,12 @@ async def test_a_key_held_through_one_kind_is_busy_through_every_other(
     # And the other way round: a key held through psycopg 3 is busy through this kind.
     with pgsolo.session_lock(sync_connect(), key) as held:
         assert held.acquired
-        async with kind.open(db) as conn, pgsolo.session_lock(conn.conn, key) as lock:
-            assert not lock.acquired
+        async with kind.open(db) as conn:
+            for lock in locks_of(kind, conn, key):
+                async with lock:
+                    assert not lock.acquired
+            if kind.implicit:
+                await conn.rollback()
 
 
 @pytest.mark.parametrize("kind", ASYNC_KINDS, ids=str)
@@ -81,10 +111,9 @@ async def test_a_wait_runs_out_with_nothing_left_behind(
     with pgsolo.session_lock(sync_connect(), key) as held:
         assert held.acquired
         async with kind.open(db) as conn:
-            with pytest.raises(pgsolo.LockTimeoutError):
-                await pgsolo.session_lock(conn.conn, key, wait=0.2).acquire()
-            with pytest.raises(pgsolo.LockTimeoutError):
-                await pgsolo.xact_lock(conn.conn, key, wait=0.2).__aenter__()
+            for lock in locks_of(kind, conn, key, wait=0.2):
+                with pytest.raises(pgsolo.LockTimeoutError):
+                    await lock.__aenter__()
             assert observer.waiters(key) == set()
             if kind.implicit:
                 await conn.rollback()
@@ -103,9 +132,11 @@ async def test_a_wait_gets_the_key_when_its_holder_lets_go(
     async with kind.open(db) as conn:
         letting_go.start()
         try:
-            async with pgsolo.session_lock(conn.conn, key, wait=10) as lock:
+            async with locks_of(kind, conn, key, wait=10)[-1] as lock:
                 assert lock.acquired
                 assert observer.holders(key) == {await conn.pid()}
+            if kind.implicit:
+                await conn.rollback()
         finally:
             letting_go.join()
         assert observer.holders(key) == set()
@@ -165,8 +196,11 @@ async def test_the_transaction_pgsolo_opens_ends_with_the_block(
 @pytest.mark.parametrize("kind", ASYNC_KINDS, ids=str)
 async def test_fencing_tokens_only_go_up(kind: AKind, db: str, key: Key) -> None:
     async with kind.open(db) as conn:
-        async with pgsolo.session_lock(conn.conn, key, fencing=True) as lock:
+        first_lock = pgsolo.session_lock if kind.session_locks else pgsolo.xact_lock
+        async with first_lock(conn.conn, key, fencing=True) as lock:
             first = lock.token
+        if kind.implicit:
+            await conn.rollback()
         async with pgsolo.xact_lock(conn.conn, key, fencing=True) as lock:
             second = lock.token
         if kind.implicit:
@@ -208,11 +242,7 @@ async def test_a_standby_is_refused_and_nothing_is_taken(
     """A hot standby grants advisory locks nobody else sees: every kind refuses it, by the
     same SQL-side check, before anything is held."""
     async with kind.open(replicas.standby_dsn) as conn:
-        for lock in (
-            pgsolo.session_lock(conn.conn, key),
-            pgsolo.xact_lock(conn.conn, key),
-            pgsolo.xact_lock(conn.conn, key, wait=1),
-        ):
+        for lock in [*locks_of(kind, conn, key), *locks_of(kind, conn, key, wait=1)]:
             with pytest.raises(pgsolo.UnsafeConnectionError) as refused:
                 await lock.__aenter__()
             assert refused.value.reason == "server-in-recovery"

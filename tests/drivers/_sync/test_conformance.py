@@ -14,17 +14,44 @@ from __future__ import annotations
 
 import threading
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
 
 import pgsolo
 from _cluster import Replicas
-from _drivers import SYNC_KINDS, Kind
+from _drivers import SYNC_KINDS, Handle, Kind
 from _support import WORK, Boom, Connect, work_rows
 from pgsolo import Key
 
 OWNING_KINDS = [kind for kind in SYNC_KINDS if not kind.implicit]
+
+
+@contextmanager
+def holding(kind: Kind, conn: Handle, key: Key) -> Iterator[None]:
+    """``key`` held through ``conn``: by a session lock, or, on a kind that takes none (an
+    ORM session), by a transaction lock in the caller's transaction."""
+    if kind.session_locks:
+        with pgsolo.session_lock(conn.conn, key) as lock:
+            assert lock.acquired
+            yield
+        return
+    conn.begin()
+    try:
+        assert pgsolo.xact_lock(conn.conn, key).acquire()
+        yield
+    finally:
+        conn.rollback()
+
+
+def locks_of(kind: Kind, conn: Handle, key: Key, wait: float | None = None) -> list[Any]:
+    """A lock of each lifetime this kind takes, as context managers."""
+    locks = [pgsolo.xact_lock(conn.conn, key, wait=wait)]
+    if kind.session_locks:
+        locks.append(pgsolo.session_lock(conn.conn, key, wait=wait))
+    return locks
 
 
 def note_statement(tag: str) -> str:
@@ -36,10 +63,11 @@ def note_statement(tag: str) -> str:
 def test_a_key_is_taken_and_let_go(kind: Kind, db: str, observer: Any, key: Key) -> None:
     with kind.open(db) as conn:
         pid = conn.pid()
-        with pgsolo.session_lock(conn.conn, key) as lock:
-            assert lock.acquired
-            assert observer.holders(key) == {pid}
-        assert observer.holders(key) == set()
+        if kind.session_locks:
+            with pgsolo.session_lock(conn.conn, key) as lock:
+                assert lock.acquired
+                assert observer.holders(key) == {pid}
+            assert observer.holders(key) == set()
         with pgsolo.xact_lock(conn.conn, key, wait=5) as lock:
             assert lock.acquired
             assert observer.holders(key) == {pid}
@@ -55,14 +83,12 @@ def test_a_key_held_through_one_kind_is_busy_through_every_other(
     kind: Kind, db: str, observer: Any, key: Key, sync_connect: Connect
 ) -> None:
     with kind.open(db) as holder:
-        with pgsolo.session_lock(holder.conn, key) as held:
-            assert held.acquired
+        with holding(kind, holder, key):
             for other in SYNC_KINDS:
                 with other.open(db) as conn:
-                    with pgsolo.session_lock(conn.conn, key) as lock:
-                        assert not lock.acquired, f"{other} took a key {kind} holds"
-                    with pgsolo.xact_lock(conn.conn, key) as lock:
-                        assert not lock.acquired, f"{other} took a key {kind} holds"
+                    for lock in locks_of(other, conn, key):
+                        with lock:
+                            assert not lock.acquired, f"{other} took a key {kind} holds"
                     if other.implicit:
                         conn.rollback()
             with pgsolo.session_lock(sync_connect(), key) as lock:
@@ -71,8 +97,12 @@ def test_a_key_held_through_one_kind_is_busy_through_every_other(
     # And the other way round: a key held through psycopg 3 is busy through this kind.
     with pgsolo.session_lock(sync_connect(), key) as held:
         assert held.acquired
-        with kind.open(db) as conn, pgsolo.session_lock(conn.conn, key) as lock:
-            assert not lock.acquired
+        with kind.open(db) as conn:
+            for lock in locks_of(kind, conn, key):
+                with lock:
+                    assert not lock.acquired
+            if kind.implicit:
+                conn.rollback()
 
 
 @pytest.mark.parametrize("kind", SYNC_KINDS, ids=str)
@@ -82,10 +112,9 @@ def test_a_wait_runs_out_with_nothing_left_behind(
     with pgsolo.session_lock(sync_connect(), key) as held:
         assert held.acquired
         with kind.open(db) as conn:
-            with pytest.raises(pgsolo.LockTimeoutError):
-                pgsolo.session_lock(conn.conn, key, wait=0.2).acquire()
-            with pytest.raises(pgsolo.LockTimeoutError):
-                pgsolo.xact_lock(conn.conn, key, wait=0.2).__enter__()
+            for lock in locks_of(kind, conn, key, wait=0.2):
+                with pytest.raises(pgsolo.LockTimeoutError):
+                    lock.__enter__()
             assert observer.waiters(key) == set()
             if kind.implicit:
                 conn.rollback()
@@ -104,9 +133,11 @@ def test_a_wait_gets_the_key_when_its_holder_lets_go(
     with kind.open(db) as conn:
         letting_go.start()
         try:
-            with pgsolo.session_lock(conn.conn, key, wait=10) as lock:
+            with locks_of(kind, conn, key, wait=10)[-1] as lock:
                 assert lock.acquired
                 assert observer.holders(key) == {conn.pid()}
+            if kind.implicit:
+                conn.rollback()
         finally:
             letting_go.join()
         assert observer.holders(key) == set()
@@ -166,8 +197,11 @@ def test_the_transaction_pgsolo_opens_ends_with_the_block(
 @pytest.mark.parametrize("kind", SYNC_KINDS, ids=str)
 def test_fencing_tokens_only_go_up(kind: Kind, db: str, key: Key) -> None:
     with kind.open(db) as conn:
-        with pgsolo.session_lock(conn.conn, key, fencing=True) as lock:
+        first_lock = pgsolo.session_lock if kind.session_locks else pgsolo.xact_lock
+        with first_lock(conn.conn, key, fencing=True) as lock:
             first = lock.token
+        if kind.implicit:
+            conn.rollback()
         with pgsolo.xact_lock(conn.conn, key, fencing=True) as lock:
             second = lock.token
         if kind.implicit:
@@ -209,11 +243,7 @@ def test_a_standby_is_refused_and_nothing_is_taken(
     """A hot standby grants advisory locks nobody else sees: every kind refuses it, by the
     same SQL-side check, before anything is held."""
     with kind.open(replicas.standby_dsn) as conn:
-        for lock in (
-            pgsolo.session_lock(conn.conn, key),
-            pgsolo.xact_lock(conn.conn, key),
-            pgsolo.xact_lock(conn.conn, key, wait=1),
-        ):
+        for lock in [*locks_of(kind, conn, key), *locks_of(kind, conn, key, wait=1)]:
             with pytest.raises(pgsolo.UnsafeConnectionError) as refused:
                 lock.__enter__()
             assert refused.value.reason == "server-in-recovery"
