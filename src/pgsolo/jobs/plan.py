@@ -29,6 +29,7 @@ from ..errors import (
 from ..locking.core import LockCore, require_no_transaction, wait_ms_of
 from ..locking.placement import outside_transaction
 from ..locking.plans import WORK, Plan
+from ..locking.watch import refuse_keeper
 from ..reasons import LostReason
 from ..schema import LATEST_VERSION, version_plan
 from .definition import Failure, Job, JobResult
@@ -317,6 +318,8 @@ def conclude(job: Job, result: JobResult[T], raise_errors: bool) -> JobResult[T]
 
 
 def core_for(job: Job, driver: DriverBase) -> LockCore:
+    if job.keep is not None:
+        refuse_keeper(driver)
     return LockCore(
         driver,
         job.key,

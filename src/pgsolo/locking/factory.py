@@ -12,7 +12,7 @@ from ..keys import KeyLike, Registry, as_key
 from ._async.lock import AsyncLock
 from ._sync.lock import Lock
 from .core import LockCore, wait_ms_of
-from .watch import Keep, as_keep
+from .watch import Keep, as_keep, refuse_keeper
 
 if TYPE_CHECKING:
     from ..drivers.kinds import AsyncConnectionLike, SyncConnectionLike
@@ -46,6 +46,8 @@ def _make(
         )
     keeping = as_keep(keep)
     driver = adapt(conn)
+    if keeping is not None:
+        refuse_keeper(driver)
     if keeping is not None and keeping.cancel and not is_async(driver):
         raise UsageError("Keep(cancel=True) cancels an asyncio task: it needs an async connection")
     core = LockCore(

@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING
 from .. import sql
 from .._types import DAY, check_seconds
 from ..drivers import BeatFailed, DriverBase
-from ..errors import InvalidArgumentError, LockLostError
+from ..errors import InvalidArgumentError, LockLostError, UsageError
 from ..reasons import LostReason
 
 if TYPE_CHECKING:
     from .core import LockCore
 
-__all__ = ["Keep", "Watch", "as_keep"]
+__all__ = ["Keep", "Watch", "as_keep", "refuse_keeper"]
 
 logger = logging.getLogger("pgsolo")
 
@@ -61,6 +61,13 @@ def as_keep(keep: bool | Keep | None) -> Keep | None:
     if isinstance(keep, Keep):
         return keep
     raise InvalidArgumentError(f"keep must be True, False or a pgsolo.Keep, got {keep!r}")
+
+
+def refuse_keeper(driver: object) -> None:
+    """Refuse ``keep=`` before any SQL on a driver whose connection a heartbeat cannot share
+    with the caller's statements; the driver says why (``keeper_refusal``)."""
+    if reason := getattr(driver, "keeper_refusal", None):
+        raise UsageError(str(reason))
 
 
 class Watch:

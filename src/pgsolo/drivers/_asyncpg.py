@@ -1,0 +1,362 @@
+"""The asyncpg adapter: pgsolo's driver protocol (:class:`~pgsolo.drivers.AsyncDriver`) on
+an ``asyncpg.Connection``, or on one acquired from an ``asyncpg.Pool`` (its
+``PoolConnectionProxy`` is unwrapped: pgsolo keeps its books by the connection itself).
+
+**One round trip per call, through COPY.** asyncpg sends a script of several statements
+(``Connection.execute``) as one simple-query message, but drops the rows that come back;
+``fetchval`` returns a row, but of one statement, over the extended protocol: a Parse and
+Describe round trip for a statement its cache has not seen (each key's lock statement is
+new text), then Bind and Execute, and a named prepared statement that a
+transaction-pooling PgBouncer cannot follow. A hand-written recipe (``async with
+conn.transaction(): await conn.fetchval("SELECT pg_try_advisory_xact_lock($1)", k)``)
+costs BEGIN, the lock and COMMIT: 3 round trips once the statement is cached, 4 before; a
+wait adds a ``SET LOCAL lock_timeout``. Here the statement whose row pgsolo reads (the
+last ``SELECT``; pgsolo's statements that return rows are one-row SELECTs) goes inside
+``COPY (...) TO STDOUT`` in the same simple-query message as the statements before and
+after it (the value of an ``INSERT ... RETURNING`` the same way): asyncpg's COPY-out
+exchange sends the message as it is, skips the other statements' answers, and hands over
+the COPY's data: one round trip, as with psycopg, and no prepared statement. The value
+comes back as text with its type name (``pg_typeof``) and is read back as the bool, int,
+bytes or str psycopg would have given. The statement runs in a CTE, which PostgreSQL
+evaluates once when it calls a volatile function (the lock functions are), although its
+value is named twice.
+
+**Transactions.** Outside ``conn.transaction()`` asyncpg runs in autocommit
+(``begins_implicitly`` is False); inside it, a transaction lock joins that transaction and
+ends with it. asyncpg does not tell a failed transaction from an open one without a round
+trip (its protocol keeps the server's status to itself), so a failure inside the block of a
+transaction pgsolo opened is found at its COMMIT: the server answers ROLLBACK (or the
+commit's check fails as "transaction aborted"), and :class:`~pgsolo.TransactionFailedError`
+is raised with nothing committed. pgsolo's own transaction (``async with xact_lock(conn)``
+with none open) is a plain BEGIN in the lock's message, so asyncpg takes it for a manually
+started one: ``conn.transaction()`` inside that block is refused by asyncpg; open the
+transaction with ``conn.transaction()`` first and take the lock inside it instead.
+
+**Pools.** ``Pool.release()`` runs ``pg_advisory_unlock_all()`` and ``RESET ALL``: a session
+lock lives only while its connection is checked out. A driver belongs to one checkout
+(asyncpg counts releases, ``_pool_release_ctr``): once the connection went back to the pool
+it reports itself closed, so releasing a lock taken before is a
+:class:`~pgsolo.LockLostError`, and pgsolo keeps its books per checkout (:class:`Checkout`),
+so the next one can take those keys again. Waits are bounded with ``SET LOCAL`` in their own
+statements, which ``RESET ALL`` cannot undo.
+
+**Cancellation.** asyncpg cancels the running statement on the server when the task is
+cancelled, and waits for that before the connection's next statement; pgsolo's recovery
+then asks the server whether the lock was granted meanwhile and releases it if so.
+
+**No keeper.** asyncpg refuses a second operation on a connection while one runs
+(``InterfaceError: another operation is in progress``) instead of queueing it: a
+heartbeat in flight would make the caller's own query fail at random, so ``keep=`` is
+refused with a :class:`~pgsolo.UsageError`.
+
+asyncpg offers no public API for some of this: the connection's address and parameters
+(``_addr``, ``_params``), the COPY-out exchange (``_copy_out``) and the release counter
+are private attributes, which the tests cover.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import weakref
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import asyncpg
+from asyncpg.pool import PoolConnectionProxy
+from psycopg.conninfo import make_conninfo
+
+from .. import sql
+from ..errors import TransactionFailedError, UnsupportedConnectionError, UsageError
+from . import Edge, ServerInfo, TxStatus, edged
+from .conninfo import scrub_secrets
+
+__all__ = ["KEEPER_REFUSAL", "AsyncpgDriver", "Checkout", "adapt"]
+
+# A second, short-lived connection to the place the caller's connection goes (the proxy
+# check): the caller's connection answered a moment ago, so these are generous.
+PROBE_CONNECT_TIMEOUT = 10.0
+PROBE_ANSWER_TIMEOUT = 30.0
+
+_IN_FAILED_TRANSACTION = "25P02"
+_SETTLE_SECONDS = 5.0
+
+KEEPER_REFUSAL = (
+    "keep= needs a connection a heartbeat can share with the caller's own statements;"
+    " asyncpg refuses a second operation on a connection while one runs (InterfaceError:"
+    " another operation is in progress), so a heartbeat would make the caller's queries"
+    " fail at random. Check with lock.is_held() between steps instead."
+)
+
+
+def adapt(connection: object) -> AsyncpgDriver | None:
+    """The adapter of an asyncpg connection (see :func:`pgsolo.drivers.adapt`)."""
+    # First: asyncpg's isinstance(proxy, Connection) is True.
+    if isinstance(connection, PoolConnectionProxy):
+        conn = connection._con  # what the proxy stands for
+        if conn is None:
+            raise UnsupportedConnectionError(
+                "this asyncpg connection was released back to its pool; pass one that is"
+                " checked out (inside async with pool.acquire() as conn)"
+            )
+        return AsyncpgDriver(conn)
+    if isinstance(connection, asyncpg.Connection):
+        return AsyncpgDriver(connection)
+    if isinstance(connection, asyncpg.Pool):
+        raise UnsupportedConnectionError(
+            "an asyncpg Pool is not a connection: a lock belongs to one session, so acquire"
+            " one (async with pool.acquire() as conn) and pass that"
+        )
+    return None
+
+
+class AsyncpgDriver:
+    """pgsolo's driver protocol on an asyncpg connection; see the module docstring."""
+
+    is_async: ClassVar[bool] = True
+    keeper_refusal: ClassVar[str] = KEEPER_REFUSAL  # see pgsolo.locking.watch.refuse_keeper
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+        self._checkout = _checkout_of(conn)
+        self._last_pid = 0
+        self._last_info = ServerInfo(
+            database="?", host="?", port=None, user="?", application_name=""
+        )
+
+    @property
+    def connection(self) -> object:
+        return self._checkout
+
+    @property
+    def begins_implicitly(self) -> bool:
+        return False
+
+    def transaction_status(self) -> TxStatus:
+        if self.is_closed():
+            return TxStatus.UNKNOWN
+        # An aborted transaction looks open here; it is found at its COMMIT (module doc).
+        return TxStatus.INTRANS if self._conn.is_in_transaction() else TxStatus.IDLE
+
+    def backend_pid(self) -> int:
+        if not self.is_closed():
+            self._last_pid = int(self._conn.get_server_pid())
+        return self._last_pid
+
+    def server_info(self) -> ServerInfo:
+        if self.is_closed():
+            return self._last_info
+        host, port = _host_port(self._conn._addr)
+        params = self._conn._params
+        settings = self._conn.get_settings()
+        self._last_info = ServerInfo(
+            database=str(params.database or ""),
+            host=host,
+            port=port,
+            user=str(params.user or ""),
+            application_name=str(getattr(settings, "application_name", "") or ""),
+        )
+        return self._last_info
+
+    def sqlstate(self, exc: BaseException) -> str | None:
+        if isinstance(exc, asyncpg.PostgresError):
+            state = getattr(exc, "sqlstate", None)
+            return str(state) if state else None
+        return None
+
+    def is_closed(self) -> bool:
+        return bool(self._conn.is_closed()) or self._released()
+
+    def error_detail(self, exc: BaseException) -> str | None:
+        if isinstance(exc, asyncpg.PostgresError):
+            detail = getattr(exc, "detail", None)
+            return str(detail) if detail else None
+        return None
+
+    def scrub(self, text: str) -> str:
+        """``text`` with this connection's own password blanked out."""
+        password = self._password()
+        return scrub_secrets(text, make_conninfo("", password=password)) if password else text
+
+    def client_address(self) -> tuple[str, int] | None:
+        transport = self._conn._transport
+        address = transport.get_extra_info("sockname") if transport is not None else None
+        if isinstance(address, tuple) and len(address) >= 2:  # (host, port, ...)
+            return str(address[0]), int(address[1])
+        return None  # a unix socket
+
+    # - round trips -
+
+    async def fetch_value(
+        self, statements: Sequence[str], wait: float = 0.0, edge: Edge | None = None
+    ) -> object:
+        sent = edged(statements, edge, begins_implicitly=False)
+        if not sent:
+            return None
+        try:
+            tag, value = await _exchange(self._conn, sent)
+        except asyncpg.PostgresError as exc:
+            if edge == "commit" and self.sqlstate(exc) == _IN_FAILED_TRANSACTION:
+                await self._conn.execute(sql.ROLLBACK)
+                raise _failed_transaction() from exc
+            raise
+        if edge == "commit" and tag == sql.ROLLBACK:  # COMMIT of an aborted transaction
+            raise _failed_transaction()
+        return value
+
+    async def fetch_value_elsewhere(self, statements: Sequence[str]) -> object:
+        host, port = _host_port(self._conn._addr)
+        params = self._conn._params
+        other = await asyncpg.connect(
+            host=host,
+            port=port,
+            user=params.user,
+            database=params.database,
+            password=params.password,
+            ssl=_ssl_of(params),
+            server_settings={"application_name": "pgsolo:probe"},
+            timeout=PROBE_CONNECT_TIMEOUT,
+        )
+        try:
+            async with asyncio.timeout(PROBE_ANSWER_TIMEOUT):
+                return await AsyncpgDriver(other).fetch_value(statements)
+        finally:
+            other.terminate()
+
+    async def beat(self, statement: str, answer_within: float) -> Sequence[str | None] | None:
+        raise UsageError(KEEPER_REFUSAL)  # refused before any lock is taken; never sent
+
+    # - helpers -
+
+    def _released(self) -> bool:
+        """The pooled connection went back to its pool since this driver was made."""
+        return bool(self._conn._pool_release_ctr != self._checkout.number)
+
+    def _password(self) -> str | None:
+        password = self._conn._params.password
+        # asyncpg also takes a function that returns it: nothing to blank then.
+        return password if isinstance(password, str) and password else None
+
+
+def _ssl_of(params: Any) -> object:
+    """The ``ssl=`` that connects the way ``params`` did: a mode that may fall back to
+    plain text by its name (its context alone would insist on TLS), else the context."""
+    mode = getattr(params.sslmode, "name", None)
+    return mode if mode in ("disable", "allow", "prefer") else params.ssl
+
+
+def _failed_transaction() -> TransactionFailedError:
+    return TransactionFailedError(
+        "the transaction pgsolo opened for a transaction lock failed inside the block (an"
+        " error was caught there and not re-raised); it was rolled back and nothing committed"
+    )
+
+
+def _host_port(address: object) -> tuple[str, int | None]:
+    """asyncpg's address of a connection: (host, port), or a unix socket's path."""
+    if isinstance(address, tuple):
+        return str(address[0]), int(address[1])
+    path = str(address)
+    directory, _, name = path.rpartition("/")
+    port = name.rpartition(".")[2]
+    return (directory or path), (int(port) if port.isdigit() else None)
+
+
+class Checkout:
+    """One checkout of a connection from its pool (a connection of no pool has one): what
+    pgsolo keeps its books by (:attr:`AsyncpgDriver.connection`). ``Pool.release()`` runs
+    ``pg_advisory_unlock_all()``, so what an earlier checkout held is gone: the next one
+    starts with clean books, and a lock of the earlier one can no longer touch them."""
+
+    __slots__ = ("__weakref__", "number")
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+
+
+_CHECKOUTS: weakref.WeakKeyDictionary[Any, Checkout] = weakref.WeakKeyDictionary()
+
+
+def _checkout_of(conn: Any) -> Checkout:
+    number = int(conn._pool_release_ctr)  # asyncpg counts releases
+    checkout = _CHECKOUTS.get(conn)
+    if checkout is None or checkout.number != number:
+        checkout = _CHECKOUTS[conn] = Checkout(number)
+    return checkout
+
+
+async def _exchange(conn: Any, statements: Sequence[str]) -> tuple[str, object]:
+    """Send ``statements`` as one simple-query message; return the status of the last one
+    and the first value of the last one that returns a row (module docstring)."""
+    try:
+        return await _exchange_once(conn, statements)
+    except asyncio.CancelledError:
+        await _settle(conn)
+        raise
+
+
+async def _settle(conn: Any) -> None:
+    """After a cancelled round trip: asyncpg has asked the server to cancel the statement;
+    wait for its answer, so that the connection's status (a transaction to roll back, a
+    lock granted meanwhile) is true when pgsolo's recovery looks at it. Past the bound,
+    asyncpg closes the connection, which ends whatever was still running."""
+    with contextlib.suppress(Exception, asyncio.CancelledError):
+        await asyncio.shield(conn._protocol._wait_for_cancellation(_SETTLE_SECONDS))
+
+
+def _returns_row(statement: str) -> bool:
+    return statement.startswith("SELECT") or (
+        statement.startswith(("INSERT", "UPDATE", "DELETE")) and " RETURNING " in statement
+    )
+
+
+async def _exchange_once(conn: Any, statements: Sequence[str]) -> tuple[str, object]:
+    last = max((i for i, s in enumerate(statements) if _returns_row(s)), default=None)
+    if last is None:
+        return str(await conn.execute("; ".join(statements))), None
+    copy = (
+        f"COPY (WITH pgsolo_value AS ({statements[last]})"
+        " SELECT pg_typeof(v)::text, v FROM pgsolo_value AS pgsolo_row(v)) TO STDOUT"
+    )
+    script = "; ".join([*statements[:last], copy, *statements[last + 1 :]])
+    chunks: list[bytes] = []
+
+    async def sink(data: bytes) -> None:
+        chunks.append(bytes(data))
+
+    conn._check_open()  # what copy_from_query() checks first
+    tag = await conn._copy_out(script, sink, None)
+    return str(tag or ""), _read_copy_row(b"".join(chunks))
+
+
+def _read_copy_row(data: bytes) -> object:
+    """The value of the first row COPY sent as text (``type<TAB>value``), as psycopg reads
+    that type; None for no row or NULL."""
+    line = data.partition(b"\n")[0]
+    if not line:
+        return None
+    kind, _, raw = line.decode("utf-8").partition("\t")
+    if raw == "\\N":
+        return None
+    text = _unescape(raw)
+    if kind == "boolean":
+        return text == "t"
+    if kind in ("smallint", "integer", "bigint", "oid"):
+        return int(text)
+    if kind == "bytea":
+        return bytes.fromhex(text[2:])  # hex output: \x...
+    return text
+
+
+_ESCAPES = {"b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v", "\\": "\\"}
+
+
+def _unescape(raw: str) -> str:
+    """A COPY text field without its backslash escapes (COPY TO writes only these)."""
+    if "\\" not in raw:
+        return raw
+    out: list[str] = []
+    chars = iter(raw)
+    for char in chars:
+        out.append(_ESCAPES.get(next(chars, ""), "") if char == "\\" else char)
+    return "".join(out)

@@ -1,0 +1,366 @@
+"""pgsolo on asyncpg connections, against a real server: plain connections and ones
+acquired from an ``asyncpg.Pool``, the transaction rule (a lock joins
+``conn.transaction()``), the pool's reset on release, cancellation, and the statements
+the adapter sends through COPY (one round trip per call)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+import pgsolo
+from _support import WORK, aeventually, unique_name
+from pgsolo import (
+    Key,
+    LockLostError,
+    LockTimeoutError,
+    TransactionFailedError,
+    UnsafeConnectionError,
+    UnsupportedConnectionError,
+    UsageError,
+)
+from pgsolo.drivers import TxStatus, adapt
+
+asyncpg = pytest.importorskip("asyncpg")
+
+
+@pytest.fixture
+async def apg(db: str) -> AsyncIterator[Callable[..., Any]]:
+    """Open asyncpg connections to the test database; all closed afterwards."""
+    opened: list[Any] = []
+
+    async def _open(**kwargs: Any) -> Any:
+        conn = await asyncpg.connect(db, **kwargs)
+        opened.append(conn)
+        return conn
+
+    yield _open
+    for conn in opened:
+        await conn.close()
+
+
+@pytest.fixture
+async def pool(db: str) -> AsyncIterator[Any]:
+    async with asyncpg.create_pool(db, min_size=1, max_size=1) as created:
+        yield created
+
+
+async def rows_of(conn: Any, job: str) -> list[str]:
+    rows = await conn.fetch(f"SELECT note FROM {WORK} WHERE job = $1 ORDER BY note", job)
+    return [r[0] for r in rows]
+
+
+# - the adapter and the values it reads -
+
+
+async def test_values_come_back_as_psycopg_reads_them(apg: Any) -> None:
+    """The COPY round trip reads each type pgsolo's statements return as psycopg would."""
+    driver = adapt(await apg())
+    assert driver.is_async
+    fetch = driver.fetch_value  # type: ignore[union-attr]
+    assert await fetch(["SELECT true"]) is True
+    assert await fetch(["SELECT false"]) is False
+    assert await fetch(["SELECT 9223372036854775807::bigint"]) == 2**63 - 1
+    assert await fetch(["SELECT NULL::int"]) is None
+    assert await fetch(["SELECT convert_to(E'gr\\u00fc\\u00dfe\\t\\\\\\n', 'UTF8')"]) == (
+        "grüße\t\\\n".encode()
+    )
+    assert await fetch(["SELECT E'a\\tb\\\\c'"]) == "a\tb\\c"
+    # The last SELECT's value; statements after it go in the same message.
+    assert await fetch(["SELECT 1", "BEGIN", "SELECT 2", "SET LOCAL lock_timeout = '5s'"]) == 2
+    assert await fetch(["COMMIT"]) is None
+
+
+async def test_unsupported_objects_are_refused_by_name(apg: Any, pool: Any) -> None:
+    record = await (await apg()).fetchrow("SELECT 1 AS a")
+    with pytest.raises(UnsupportedConnectionError, match=r"supported|takes"):
+        pgsolo.xact_lock(record, "k")
+    with pytest.raises(UnsupportedConnectionError, match="Pool is not a connection"):
+        pgsolo.session_lock(pool, "k")
+    async with pool.acquire() as conn:
+        proxy = conn
+    with pytest.raises(UnsupportedConnectionError, match="released back to its pool"):
+        pgsolo.session_lock(proxy, "k")
+
+
+async def test_server_info_and_addresses(apg: Any) -> None:
+    conn = await apg()
+    driver = adapt(conn)
+    info = driver.server_info()
+    assert info.database
+    assert info.user
+    assert driver.backend_pid() == conn.get_server_pid()
+    assert driver.transaction_status() is TxStatus.IDLE
+    async with conn.transaction():
+        assert driver.transaction_status() is TxStatus.INTRANS
+    await conn.close()
+    assert driver.is_closed()
+    assert driver.transaction_status() is TxStatus.UNKNOWN
+
+
+# - try, wait, busy, timeout -
+
+
+@pytest.mark.parametrize("lifetime", ["xact", "session"])
+async def test_try_wait_busy_and_timeout(apg: Any, observer: Any, key: Key, lifetime: str) -> None:
+    a, b = await apg(), await apg()
+    take = pgsolo.xact_lock if lifetime == "xact" else pgsolo.session_lock
+    async with take(a, key) as lock:
+        assert lock.acquired
+        assert observer.holders(key) == {a.get_server_pid()}
+        async with take(b, key) as busy:
+            assert not busy.acquired
+        with pytest.raises(LockTimeoutError):
+            async with take(b, key, wait=0.2):
+                pass
+        assert not b.is_in_transaction()
+    assert observer.holders(key) == set()
+    async with take(b, key, wait=5) as lock:
+        assert lock.acquired
+        assert observer.holders(key) == {b.get_server_pid()}
+    assert observer.holders(key) == set()
+
+
+async def test_shared_locks_share(apg: Any, observer: Any, key: Key) -> None:
+    a, b, c = await apg(), await apg(), await apg()
+    async with (
+        pgsolo.session_lock(a, key, shared=True) as one,
+        pgsolo.session_lock(b, key, shared=True) as two,
+    ):
+        assert one.acquired
+        assert two.acquired
+        assert not await pgsolo.session_lock(c, key).acquire()
+    assert observer.holders(key) == set()
+
+
+@pytest.mark.parametrize("lifetime", ["xact", "session"])
+async def test_fencing_tokens_increase(apg: Any, key: Key, lifetime: str) -> None:
+    conn = await apg()
+    take = pgsolo.xact_lock if lifetime == "xact" else pgsolo.session_lock
+    tokens = []
+    for wait in (None, 5):
+        async with take(conn, key, wait=wait, fencing=True) as lock:
+            assert lock.acquired
+            tokens.append(lock.token)
+    assert all(isinstance(t, int) for t in tokens)
+    assert tokens[0] < tokens[1]
+
+
+async def test_excludes_psycopg_holders_both_ways(
+    apg: Any, aconnect: Any, observer: Any, key: Key
+) -> None:
+    """asyncpg and psycopg sessions contend for the same key on the server."""
+    a, p = await apg(), await aconnect()
+    async with pgsolo.session_lock(p, key):
+        assert not await pgsolo.session_lock(a, key).acquire()
+    async with pgsolo.xact_lock(a, key), pgsolo.xact_lock(p, key) as busy:
+        assert not busy.acquired
+    assert observer.holders(key) == set()
+
+
+# - the transaction rule -
+
+
+async def test_lock_joins_conn_transaction_and_its_rollback_undoes_the_rows(
+    apg: Any, observer: Any, key: Key
+) -> None:
+    """Inside conn.transaction() the lock is the caller's: held until that transaction
+    ends, and rolling it back undoes the block's rows (pgsolo commits nothing)."""
+    conn = await apg()
+    job = unique_name("apg-join")
+
+    async def block() -> None:
+        async with conn.transaction():
+            async with pgsolo.xact_lock(conn, key, wait=5) as lock:
+                assert lock.acquired
+                await conn.execute(f"INSERT INTO {WORK} (job, note) VALUES ($1, 'x')", job)
+            assert observer.holders(key) == {conn.get_server_pid()}  # still the caller's
+            raise RuntimeError("roll back")
+
+    with pytest.raises(RuntimeError):
+        await block()
+    assert observer.holders(key) == set()
+    assert await rows_of(conn, job) == []
+
+
+async def test_plain_acquire_without_transaction_is_refused(apg: Any, key: Key) -> None:
+    conn = await apg()
+    with pytest.raises(pgsolo.ConnectionStateError):
+        await pgsolo.xact_lock(conn, key).acquire()
+    async with conn.transaction():
+        assert await pgsolo.xact_lock(conn, key).acquire()
+
+
+async def test_conn_transaction_works_around_pgsolo_blocks(
+    apg: Any, observer: Any, key: Key
+) -> None:
+    """asyncpg's own transaction books stay true: conn.transaction() after pgsolo's own
+    transaction, and pgsolo's savepoints inside nested conn.transaction() blocks."""
+    conn = await apg()
+    job = unique_name("apg-books")
+    async with pgsolo.xact_lock(conn, key):
+        await conn.execute(f"INSERT INTO {WORK} (job, note) VALUES ($1, 'own')", job)
+    assert not conn.is_in_transaction()
+    async with conn.transaction(), conn.transaction():  # the second one is a savepoint
+        async with pgsolo.session_lock(conn, key, wait=5) as lock:
+            assert lock.acquired
+        async with pgsolo.xact_lock(conn, key, wait=5):
+            await conn.execute(f"INSERT INTO {WORK} (job, note) VALUES ($1, 'nested')", job)
+    assert observer.holders(key) == set()
+    assert await rows_of(conn, job) == ["nested", "own"]
+
+
+async def test_swallowed_failure_in_own_transaction_commits_nothing(
+    apg: Any, observer: Any, key: Key
+) -> None:
+    """asyncpg cannot tell an aborted transaction without a round trip: the COMMIT's
+    answer tells, and the block's rows are not committed."""
+    conn = await apg()
+    job = unique_name("apg-failed")
+
+    async def block() -> None:
+        async with pgsolo.xact_lock(conn, key):
+            await conn.execute(f"INSERT INTO {WORK} (job, note) VALUES ($1, 'x')", job)
+            with pytest.raises(asyncpg.DivisionByZeroError):
+                await conn.execute("SELECT 1/0")
+
+    with pytest.raises(TransactionFailedError):
+        await block()
+    assert not conn.is_in_transaction()
+    assert await rows_of(conn, job) == []
+    assert observer.holders(key) == set()
+
+
+# - pools -
+
+
+async def test_pooled_connection_reset_loses_the_session_lock(
+    pool: Any, observer: Any, key: Key
+) -> None:
+    """Pool.release() runs pg_advisory_unlock_all(): releasing the lock afterwards says it
+    was lost, and the next checkout of the same connection can take the key again."""
+    async with pool.acquire() as conn:
+        lock, stale = pgsolo.session_lock(conn, key), pgsolo.session_lock(conn, key)
+        assert await lock.acquire()
+        pid = conn.get_server_pid()
+    assert observer.holders(key) == set()
+    with pytest.raises(LockLostError):
+        await lock.release()
+    async with pool.acquire() as again:
+        assert again.get_server_pid() == pid  # the same connection (max_size=1)
+        async with pgsolo.session_lock(again, key) as second:
+            assert second.acquired
+        # A lock of the earlier checkout cannot touch this one's books.
+        third = pgsolo.session_lock(again, key)
+        assert await third.acquire()
+        with pytest.raises(UnsupportedConnectionError, match="released back to its pool"):
+            pgsolo.session_lock(conn, key)
+        with pytest.raises(pgsolo.LockNotHeldError):
+            await stale.release()
+        assert not await pgsolo.session_lock(again, key).acquire()  # still held here
+        await third.release()
+
+
+async def test_wait_is_bounded_on_a_pooled_connection(pool: Any, apg: Any, key: Key) -> None:
+    """RESET ALL wipes a session-level lock_timeout: pgsolo's bound is SET LOCAL."""
+    holder = await apg()
+    assert await pgsolo.session_lock(holder, key).acquire()
+    async with pool.acquire() as conn:
+        with pytest.raises(LockTimeoutError):
+            await pgsolo.session_lock(conn, key, wait=0.2).acquire()
+        with pytest.raises(LockTimeoutError):
+            async with pgsolo.xact_lock(conn, key, wait=0.2):
+                pass
+        assert await conn.fetchval("SHOW lock_timeout") == "0"
+
+
+# - cancellation -
+
+
+@pytest.mark.parametrize("lifetime", ["xact", "session"])
+async def test_cancelled_wait_leaves_nothing(
+    apg: Any, observer: Any, key: Key, lifetime: str
+) -> None:
+    holder, waiter = await apg(), await apg()
+    assert await pgsolo.session_lock(holder, key).acquire()
+    take = pgsolo.xact_lock if lifetime == "xact" else pgsolo.session_lock
+
+    async def wait_for_it() -> None:
+        async with take(waiter, key, wait=60):
+            pass
+
+    task = asyncio.create_task(wait_for_it())
+    await aeventually(lambda: observer.waiters(key) == {waiter.get_server_pid()}, "waiting")
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await aeventually(lambda: observer.waiters(key) == set(), "no wait left")
+    await holder.execute("SELECT pg_advisory_unlock_all()")
+    await asyncio.sleep(0.1)
+    assert observer.holders(key) == set()
+    assert not waiter.is_in_transaction()
+    assert await waiter.fetchval("SELECT 1") == 1
+
+
+# - jobs, once, keeper, proxies -
+
+
+async def test_run_job_async_completes_and_skips_busy(apg: Any, key: Key) -> None:
+    conn, other = await apg(), await apg()
+    job = unique_name("apg-job")
+
+    async def work(c: Any) -> str:
+        await c.execute(f"INSERT INTO {WORK} (job, note) VALUES ($1, 'ran')", job)
+        return "done"
+
+    result = await pgsolo.run_job_async(conn, job, work)
+    assert result.outcome == "completed"
+    assert result.value == "done"
+    assert await rows_of(other, job) == ["ran"]
+    async with pgsolo.xact_lock(other, job):
+        skipped = await pgsolo.run_job_async(conn, job, work)
+    assert skipped.outcome == "skipped"
+
+
+async def test_run_once_async_runs_once(apg: Any) -> None:
+    conn = await apg()
+    op = unique_name("apg-once")
+    calls = []
+
+    async def operation(ctx: Any) -> dict[str, int]:
+        calls.append(ctx.idempotency_key)
+        return {"n": 1}
+
+    first = await pgsolo.run_once_async(conn, op, operation)
+    second = await pgsolo.run_once_async(conn, op, operation)
+    assert (first.outcome, second.outcome) == ("ran", "already-succeeded")
+    assert second.result == {"n": 1}
+    assert len(calls) == 1
+
+
+async def test_keeper_is_refused_before_any_sql(apg: Any, observer: Any, key: Key) -> None:
+    conn = await apg()
+    with pytest.raises(UsageError, match="another operation is in progress"):
+        pgsolo.session_lock(conn, key, keep=True)
+    with pytest.raises(UsageError, match="another operation is in progress"):
+        await pgsolo.run_job_async(
+            conn, key, lambda c: asyncio.sleep(0), lifetime="session", keep=True
+        )
+    assert observer.holders(key) == set()
+
+
+async def test_session_lock_through_transaction_pooling_is_refused(bouncer: Any, key: Key) -> None:
+    """The proxy check is SQL: PgBouncer in transaction mode is found and refused."""
+    conn = await asyncpg.connect(
+        f"postgresql://postgres@127.0.0.1:{bouncer.port}/postgres", statement_cache_size=0
+    )
+    try:
+        with pytest.raises(UnsafeConnectionError):
+            await pgsolo.session_lock(conn, key).acquire()
+        async with pgsolo.xact_lock(conn, key) as lock:  # a transaction lock is fine
+            assert lock.acquired
+    finally:
+        await conn.close()
