@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, overload
 
 from .._types import Lifetime
-from ..drivers import adapt, as_sync, is_async
+from ..drivers import adapt, as_sync, is_async, refuse_keeper
 from ..errors import UsageError
 from ..keys import KeyLike, Registry, as_key
 from ._async.lock import AsyncLock
@@ -46,6 +46,8 @@ def _make(
         )
     keeping = as_keep(keep)
     driver = adapt(conn)
+    if keeping is not None:
+        refuse_keeper(driver)
     if keeping is not None and keeping.cancel and not is_async(driver):
         raise UsageError("Keep(cancel=True) cancels an asyncio task: it needs an async connection")
     core = LockCore(
