@@ -17,6 +17,8 @@ from typing import Any
 import django
 import pytest
 from django.conf import settings
+from django.core.signals import request_finished
+from django.db import DatabaseError, close_old_connections, connection, connections, transaction
 from psycopg.conninfo import conninfo_to_dict
 
 import pgsolo
@@ -53,16 +55,13 @@ def dj(db: str) -> Iterator[Any]:
             USE_TZ=True,
         )
         django.setup()
-    from django.db import connections
-
     yield connections
     connections.close_all()
 
 
 @pytest.fixture
-def connection(dj: Any) -> Iterator[Any]:
-    from django.db import connection
-
+def conn(dj: Any) -> Iterator[Any]:
+    """``django.db.connection``, checked to be out of any atomic block afterwards."""
     yield connection
     assert not connection.in_atomic_block
     connection.close()
@@ -73,7 +72,7 @@ def rows_of(observer: Any, job: str) -> list[str]:
     return [note for (note,) in rows]
 
 
-def insert(connection: Any, job: str, note: str) -> None:
+def insert(conn: Any, job: str, note: str) -> None:
     with connection.cursor() as cur:
         cur.execute(f"INSERT INTO {WORK} (job, note) VALUES (%s, %s)", [job, note])
 
@@ -84,10 +83,8 @@ def assert_django_clean(connection: Any) -> None:
     assert adapt(connection).transaction_status() is TxStatus.IDLE
 
 
-def test_adapts_the_proxy_and_the_wrapper_and_refuses_other_vendors(
-    dj: Any, connection: Any
-) -> None:
-    assert adapt(connection).connection is dj["default"]
+def test_adapts_the_proxy_and_the_wrapper_and_refuses_other_vendors(dj: Any, conn: Any) -> None:
+    assert adapt(conn).connection is dj["default"]
     assert adapt(dj["default"]).connection is dj["default"]
     with pytest.raises(pgsolo.UnsupportedConnectionError, match="sqlite"):
         xact_lock(dj["lite"], "k")
@@ -96,127 +93,130 @@ def test_adapts_the_proxy_and_the_wrapper_and_refuses_other_vendors(
 
 
 def test_xact_lock_inside_atomic_joins_it_and_its_outer_rollback(
-    connection: Any, observer: Any, key: Key
+    conn: Any, observer: Any, key: Key
 ) -> None:
     """Regression: inside atomic() the lock joins Django's transaction; pgsolo commits
     nothing, the lock lasts until the outermost atomic ends, and an outer rollback (an
     exception, or set_rollback) undoes the block's rows."""
-    from django.db import transaction
-
     job = new_job("django-join")
-    with pytest.raises(Boom), transaction.atomic():
-        with xact_lock(connection, key, wait=5) as lock:
-            assert lock.acquired
-            insert(connection, job, "raised")
-        with transaction.atomic():  # a savepoint of Django's still holds it
-            assert observer.holders(key) == {connection.connection.info.backend_pid}
-        raise Boom
+
+    def locked_writes_then_fail() -> None:
+        with transaction.atomic():
+            with xact_lock(conn, key, wait=5) as lock:
+                assert lock.acquired
+                insert(conn, job, "raised")
+            with transaction.atomic():  # a savepoint of Django's; the lock is still held
+                assert observer.holders(key) == {conn.connection.info.backend_pid}
+            raise Boom
+
+    with pytest.raises(Boom):
+        locked_writes_then_fail()
     assert rows_of(observer, job) == []
     assert observer.holders(key) == set()
     with transaction.atomic():
-        with xact_lock(connection, key) as lock:
+        with xact_lock(conn, key) as lock:
             assert lock.acquired
-            insert(connection, job, "set_rollback")
+            insert(conn, job, "set_rollback")
         transaction.set_rollback(True)
-    with transaction.atomic():
-        with xact_lock(connection, key) as lock:
-            insert(connection, job, "committed by Django")
+    with transaction.atomic(), xact_lock(conn, key) as lock:
+        insert(conn, job, "committed by Django")
     assert rows_of(observer, job) == ["committed by Django"]
     assert observer.holders(key) == set()
-    assert_django_clean(connection)
+    assert_django_clean(conn)
 
 
 @pytest.mark.parametrize("writes", ["cursor", "nested-atomic"])
 def test_own_transaction_outside_atomic_commits_or_rolls_back(
-    connection: Any, observer: Any, key: Key, writes: str
+    conn: Any, observer: Any, key: Key, writes: str
 ) -> None:
-    from django.db import transaction
-
     job = new_job("django-own")
 
     def write(note: str) -> None:
         if writes == "cursor":
-            insert(connection, job, note)
+            insert(conn, job, note)
         else:
             with transaction.atomic():
-                insert(connection, job, note)
+                insert(conn, job, note)
 
-    with xact_lock(connection, key, wait=5) as lock:
-        assert lock.acquired and connection.in_atomic_block
+    with xact_lock(conn, key, wait=5) as lock:
+        assert lock.acquired
+        assert conn.in_atomic_block
         write("committed")
-    assert_django_clean(connection)
-    with pytest.raises(Boom), xact_lock(connection, key):
-        write("rolled back")
-        raise Boom
-    assert_django_clean(connection)
+    assert_django_clean(conn)
+
+    def fail() -> None:
+        with xact_lock(conn, key):
+            write("rolled back")
+            raise Boom
+
+    with pytest.raises(Boom):
+        fail()
+    assert_django_clean(conn)
     assert rows_of(observer, job) == ["committed"]
     assert observer.holders(key) == set()
 
 
 def test_own_transaction_is_left_once_when_the_connection_dies(
-    connection: Any, observer: Any, key: Key
+    conn: Any, observer: Any, key: Key
 ) -> None:
-    with pytest.raises(Exception, match="terminat|closed|connection"):  # noqa: PT012
-        with xact_lock(connection, key):
-            terminate(observer, connection.connection.info.backend_pid)
-            insert(connection, "x", "never")
-    assert not connection.in_atomic_block
-    with xact_lock(connection, key) as lock:  # Django reconnects; its books are true
+    def die_inside() -> None:
+        with xact_lock(conn, key):
+            terminate(observer, conn.connection.info.backend_pid)
+            insert(conn, "x", "never")
+
+    with pytest.raises(DatabaseError):
+        die_inside()
+    assert not conn.in_atomic_block
+    with xact_lock(conn, key) as lock:  # Django reconnects; its books are true
         assert lock.acquired
-    assert_django_clean(connection)
+    assert_django_clean(conn)
 
 
 @pytest.mark.parametrize("lifetime", ["session", "xact"])
 def test_try_wait_busy_timeout_and_a_psycopg3_holder_both_ways(
-    connection: Any, connect: Connect, observer: Any, key: Key, lifetime: str
+    conn: Any, connect: Connect, observer: Any, key: Key, lifetime: str
 ) -> None:
     factory = session_lock if lifetime == "session" else xact_lock
     for wait in (None, 5.0):
-        with factory(connection, key, wait=wait) as lock:
+        with factory(conn, key, wait=wait) as lock:
             assert lock.acquired
             with factory(connect(), key) as other:
                 assert not other.acquired
     holder = session_lock(connect(), key)
     assert holder.acquire()
-    with factory(connection, key) as lock:
+    with factory(conn, key) as lock:
         assert not lock.acquired
-    with pytest.raises(pgsolo.LockTimeoutError), factory(connection, key, wait=0.2):
+    with pytest.raises(pgsolo.LockTimeoutError), factory(conn, key, wait=0.2):
         pass
     holder.release()
     assert observer.waiters(key) == set()
-    assert_django_clean(connection)
+    assert_django_clean(conn)
 
 
-def test_session_lock_inside_atomic_outlives_it(connection: Any, observer: Any, key: Key) -> None:
-    from django.db import transaction
-
-    lock = session_lock(connection, key, wait=5)
+def test_session_lock_inside_atomic_outlives_it(conn: Any, observer: Any, key: Key) -> None:
+    lock = session_lock(conn, key, wait=5)
     with transaction.atomic():
         assert lock.acquire()
         transaction.set_rollback(True)
-    assert observer.holders(key) == {connection.connection.info.backend_pid}
+    assert observer.holders(key) == {conn.connection.info.backend_pid}
     lock.release()
     assert observer.holders(key) == set()
 
 
 @pytest.mark.parametrize("lifetime", ["session", "xact"])
-def test_fencing_tokens_increase(connection: Any, key: Key, lifetime: str) -> None:
+def test_fencing_tokens_increase(conn: Any, key: Key, lifetime: str) -> None:
     factory = session_lock if lifetime == "session" else xact_lock
     tokens = []
     for _ in range(3):
-        with factory(connection, key, wait=5, fencing=True) as lock:
+        with factory(conn, key, wait=5, fencing=True) as lock:
             assert lock.token is not None
             tokens.append(lock.token)
     assert tokens == sorted(set(tokens))
 
 
-def test_run_job_owns_its_transaction_outside_atomic_only(
-    connection: Any, observer: Any
-) -> None:
-    from django.db import transaction
-
+def test_run_job_owns_its_transaction_outside_atomic_only(conn: Any, observer: Any) -> None:
     job = new_job("django-job")
-    result = pgsolo.run_job(connection, job, lambda conn: insert(conn, job, "done"))
+    result = pgsolo.run_job(conn, job, lambda conn: insert(conn, job, "done"))
     assert result.outcome == "completed"
 
     def fail(conn: Any) -> None:
@@ -224,36 +224,32 @@ def test_run_job_owns_its_transaction_outside_atomic_only(
         raise Boom
 
     with pytest.raises(Boom):
-        pgsolo.run_job(connection, job, fail)
+        pgsolo.run_job(conn, job, fail)
     assert rows_of(observer, job) == ["done"]
-    assert_django_clean(connection)
+    assert_django_clean(conn)
     with transaction.atomic(), pytest.raises(pgsolo.ConnectionStateError):
-        pgsolo.run_job(connection, job, fail)
+        pgsolo.run_job(conn, job, fail)
 
 
 def test_request_end_releases_session_locks_of_a_persistent_connection(
-    connection: Any, observer: Any, key: Key, caplog: pytest.LogCaptureFixture
+    conn: Any, observer: Any, key: Key, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from django.core.signals import request_finished
-
-    lock = session_lock(connection, key)
+    lock = session_lock(conn, key)
     assert lock.acquire()
-    pid = connection.connection.info.backend_pid
+    pid = conn.connection.info.backend_pid
     with caplog.at_level(logging.WARNING, logger="pgsolo"):
         request_finished.send(sender=None)
-    assert connection.connection is not None  # persistent: still open
+    assert conn.connection is not None  # persistent: still open
     assert observer.holders(key) == set()
     assert any("end of the request" in r.getMessage() for r in caplog.records)
     with pytest.raises(pgsolo.LockNotHeldError):
         lock.release()
-    assert connection.connection.info.backend_pid == pid
+    assert conn.connection.info.backend_pid == pid
 
 
 def test_request_end_of_a_closing_connection_reports_the_lock_lost(
     dj: Any, observer: Any, key: Key
 ) -> None:
-    from django.db import close_old_connections
-
     closing = dj["closing"]
     lock = session_lock(closing, key)
     assert lock.acquire()
@@ -264,6 +260,6 @@ def test_request_end_of_a_closing_connection_reports_the_lock_lost(
         lock.release()
 
 
-def test_keep_on_django_watches_the_lock(connection: Any, key: Key) -> None:
-    with session_lock(connection, key, keep=pgsolo.Keep(interval=0.05)) as lock:
+def test_keep_on_django_watches_the_lock(conn: Any, key: Key) -> None:
+    with session_lock(conn, key, keep=pgsolo.Keep(interval=0.05)) as lock:
         lock.check()

@@ -142,9 +142,8 @@ def test_own_transaction_commits_with_the_block_or_rolls_back(
     conn = connect2()
     with xact_lock(conn, key, wait=5):
         insert(conn, job, "committed")
-    with pytest.raises(Boom), xact_lock(conn, key):
-        insert(conn, job, "rolled-back")
-        raise Boom
+    with pytest.raises(Boom):
+        with_lock(conn, key, raise_boom, job)
     assert rows_of(observer, job) == ["committed"]
     assert observer.holders(key) == set()
     assert adapt(conn).transaction_status() is TxStatus.IDLE
@@ -153,7 +152,9 @@ def test_own_transaction_commits_with_the_block_or_rolls_back(
 @pytest.mark.usefixtures("db")
 @pytest.mark.parametrize("lifetime", ["session", "xact"])
 @pytest.mark.parametrize("wait", [None, 5.0], ids=["try", "wait"])
-def test_fencing_tokens_increase(connect2: Any, key: Key, lifetime: str, wait: float | None) -> None:
+def test_fencing_tokens_increase(
+    connect2: Any, key: Key, lifetime: str, wait: float | None
+) -> None:
     factory = session_lock if lifetime == "session" else xact_lock
     tokens = []
     for autocommit in (True, False, True):
@@ -191,6 +192,11 @@ def test_run_job_owns_its_transaction(connect2: Any, observer: Any) -> None:
     assert rows_of(observer, job) == ["done"]
 
 
+def with_lock(conn: Any, key: Key, fn: Any, *args: Any) -> None:
+    with xact_lock(conn, key):
+        fn(conn, *args)
+
+
 def raise_boom(conn: Any, job: str) -> None:
     insert(conn, job, "x")
     raise Boom
@@ -209,22 +215,22 @@ def test_errors_and_status_read_from_psycopg2(connect2: Any, dsn: str) -> None:
     driver = adapt(conn)
     assert driver.begins_implicitly
     assert psycopg2.Error in driver_errors()
-    try:
-        with conn.cursor() as cur:
-            cur.execute("SELECT 1/0")
-    except psycopg2.Error as exc:
-        assert driver.sqlstate(exc) == "22012"
-        assert not is_unavailable(exc)
+    with pytest.raises(psycopg2.Error) as failed, conn.cursor() as cur:
+        cur.execute("SELECT 1/0")
+    assert driver.sqlstate(failed.value) == "22012"
+    assert not is_unavailable(failed.value)
     assert driver.transaction_status() is TxStatus.INERROR
     conn.rollback()
     assert driver.server_info().user
     assert driver.fetch_value_elsewhere(["SELECT pg_backend_pid()"]) != driver.backend_pid()
     pid = driver.backend_pid()
     conn.close()
-    assert driver.is_closed() and driver.backend_pid() == pid
+    assert driver.is_closed()
+    assert driver.backend_pid() == pid
     assert driver.transaction_status() is TxStatus.UNKNOWN
     with psycopg.connect(dsn) as probe:  # the caller's psycopg 3 errors are still known
-        assert psycopg.Error in driver_errors() and probe.closed is False
+        assert psycopg.Error in driver_errors()
+        assert probe.closed is False
 
 
 @pytest.mark.parametrize("wait_callback", [False, True], ids=["default", "wait_select"])

@@ -39,7 +39,7 @@ def adapt(connection: object) -> DjangoDriver | None:
     """The adapter of a Django connection of the postgresql backend; None for other
     Django objects."""
     if isinstance(connection, ConnectionProxy):
-        connection = connection._connections[connection._alias]  # noqa: SLF001
+        connection = connection._connections[connection._alias]
     if not isinstance(connection, BaseDatabaseWrapper):
         return None
     if connection.vendor != "postgresql":
