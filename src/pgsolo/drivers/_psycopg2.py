@@ -36,6 +36,7 @@ from typing import Any, ClassVar
 import psycopg2
 import psycopg2.extensions
 from psycopg.conninfo import make_conninfo
+from psycopg2.extensions import connection as Connection  # noqa: N812 - a class
 
 from . import BeatFailed, Edge, ServerInfo, TxStatus, edged
 from ._psycopg import PROBE_ANSWER_TIMEOUT, PROBE_CONNECT_TIMEOUT
@@ -43,8 +44,6 @@ from .conninfo import scrub_secrets
 from .deadlines import DEADLINES, shut_down_socket, socket_address
 
 __all__ = ["KEEPER_REFUSED", "Psycopg2Driver", "adapt", "split_trailing"]
-
-Connection = psycopg2.extensions.connection
 
 _STATUS = {
     psycopg2.extensions.TRANSACTION_STATUS_IDLE: TxStatus.IDLE,
@@ -136,7 +135,7 @@ class Psycopg2Driver:
         return exc.diag.message_detail if isinstance(exc, psycopg2.Error) else None
 
     def is_closed(self) -> bool:
-        return self._conn.closed != 0
+        return bool(self._conn.closed)
 
     def scrub(self, text: str) -> str:
         password = self._password()
