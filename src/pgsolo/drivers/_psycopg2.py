@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 import psycopg2
 import psycopg2.extensions
 from psycopg.conninfo import make_conninfo
-from psycopg2.extensions import connection as Connection  # noqa: N812 - a class
+from psycopg2.extensions import connection as Connection
 
 from . import BeatFailed, Edge, ServerInfo, TxStatus, edged
 from ._psycopg import PROBE_ANSWER_TIMEOUT, PROBE_CONNECT_TIMEOUT
