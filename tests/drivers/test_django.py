@@ -22,7 +22,7 @@ from django.db import DatabaseError, close_old_connections, connection, connecti
 from psycopg.conninfo import conninfo_to_dict
 
 import pgsolo
-from _support import WORK, Boom, Connect, new_job, terminate
+from _support import WORK, Boom, Connect, new_job, terminate, work_rows
 from pgsolo import Key, session_lock, xact_lock
 from pgsolo.drivers import TxStatus, adapt
 
@@ -67,11 +67,6 @@ def conn(dj: Any) -> Iterator[Any]:
     connection.close()
 
 
-def rows_of(observer: Any, job: str) -> list[str]:
-    rows = observer.conn.execute(f"SELECT note FROM {WORK} WHERE job = %s", (job,)).fetchall()
-    return [note for (note,) in rows]
-
-
 def insert(conn: Any, job: str, note: str) -> None:
     with connection.cursor() as cur:
         cur.execute(f"INSERT INTO {WORK} (job, note) VALUES (%s, %s)", [job, note])
@@ -111,7 +106,7 @@ def test_xact_lock_inside_atomic_joins_it_and_its_outer_rollback(
 
     with pytest.raises(Boom):
         locked_writes_then_fail()
-    assert rows_of(observer, job) == []
+    assert work_rows(observer, job) == []
     assert observer.holders(key) == set()
     with transaction.atomic():
         with xact_lock(conn, key) as lock:
@@ -120,7 +115,7 @@ def test_xact_lock_inside_atomic_joins_it_and_its_outer_rollback(
         transaction.set_rollback(True)
     with transaction.atomic(), xact_lock(conn, key) as lock:
         insert(conn, job, "committed by Django")
-    assert rows_of(observer, job) == ["committed by Django"]
+    assert work_rows(observer, job) == ["committed by Django"]
     assert observer.holders(key) == set()
     assert_django_clean(conn)
 
@@ -152,7 +147,7 @@ def test_own_transaction_outside_atomic_commits_or_rolls_back(
     with pytest.raises(Boom):
         fail()
     assert_django_clean(conn)
-    assert rows_of(observer, job) == ["committed"]
+    assert work_rows(observer, job) == ["committed"]
     assert observer.holders(key) == set()
 
 
@@ -225,7 +220,7 @@ def test_run_job_owns_its_transaction_outside_atomic_only(conn: Any, observer: A
 
     with pytest.raises(Boom):
         pgsolo.run_job(conn, job, fail)
-    assert rows_of(observer, job) == ["done"]
+    assert work_rows(observer, job) == ["done"]
     assert_django_clean(conn)
     with transaction.atomic(), pytest.raises(pgsolo.ConnectionStateError):
         pgsolo.run_job(conn, job, fail)

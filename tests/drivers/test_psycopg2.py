@@ -22,7 +22,7 @@ import psycopg2.extras
 import pytest
 
 import pgsolo
-from _support import WORK, Boom, Connect, eventually, new_job
+from _support import WORK, Boom, Connect, eventually, new_job, work_rows
 from pgsolo import Key, session_lock, xact_lock
 from pgsolo.drivers import TxStatus, adapt, driver_errors, is_unavailable
 from pgsolo.drivers._psycopg2 import split_trailing
@@ -42,11 +42,6 @@ def connect2(dsn: str) -> Iterator[Any]:
     yield _open
     for conn in opened:
         conn.close()
-
-
-def rows_of(observer: Any, job: str) -> list[str]:
-    rows = observer.conn.execute(f"SELECT note FROM {WORK} WHERE job = %s", (job,)).fetchall()
-    return [note for (note,) in rows]
 
 
 def insert(conn: Any, job: str, note: str) -> None:
@@ -131,7 +126,7 @@ def test_xact_lock_joins_the_callers_transaction_and_its_rollback(
     assert observer.holders(key) == {conn.info.backend_pid}  # until the caller ends it
     conn.rollback()
     assert observer.holders(key) == set()
-    assert rows_of(observer, job) == []
+    assert work_rows(observer, job) == []
 
 
 @pytest.mark.usefixtures("db")
@@ -144,7 +139,7 @@ def test_own_transaction_commits_with_the_block_or_rolls_back(
         insert(conn, job, "committed")
     with pytest.raises(Boom):
         with_lock(conn, key, raise_boom, job)
-    assert rows_of(observer, job) == ["committed"]
+    assert work_rows(observer, job) == ["committed"]
     assert observer.holders(key) == set()
     assert adapt(conn).transaction_status() is TxStatus.IDLE
 
@@ -189,7 +184,7 @@ def test_run_job_owns_its_transaction(connect2: Any, observer: Any) -> None:
     assert result.outcome == "completed"
     with pytest.raises(Boom):
         pgsolo.run_job(connect2(autocommit=False), job, raise_boom, job)
-    assert rows_of(observer, job) == ["done"]
+    assert work_rows(observer, job) == ["done"]
 
 
 def with_lock(conn: Any, key: Key, fn: Any, *args: Any) -> None:
