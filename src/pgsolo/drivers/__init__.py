@@ -28,15 +28,17 @@ by a sync or an async shell, so the two never drift.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import import_module
 from typing import ClassVar, Literal, Protocol, TypeGuard, cast
 
 from .. import sql
-from ..errors import UnsupportedConnectionError
+from ..errors import UnsupportedConnectionError, UsageError
 
 __all__ = [
+    "REQUEST_END_HOOKS",
     "AsyncDriver",
     "BeatFailed",
     "DriverBase",
@@ -53,6 +55,7 @@ __all__ = [
     "edged",
     "is_async",
     "is_unavailable",
+    "refuse_keeper",
     "shut_down",
 ]
 
@@ -220,10 +223,14 @@ def shut_down(connection: object) -> None:
 
 def driver_errors() -> tuple[type[Exception], ...]:
     """The exception classes of the drivers pgsolo uses: what a statement on a connection
-    raises when the server refuses it or the connection fails."""
+    raises when the server refuses it or the connection fails. Another driver's count only
+    once it is imported (a connection of it can exist only then): pgsolo never imports it."""
     import psycopg  # noqa: PLC0415
 
-    return (psycopg.Error,)
+    errors: list[type[Exception]] = [psycopg.Error]
+    if (psycopg2 := sys.modules.get("psycopg2")) is not None:
+        errors.append(psycopg2.Error)
+    return tuple(errors)
 
 
 def is_unavailable(exc: BaseException) -> bool:
@@ -231,7 +238,25 @@ def is_unavailable(exc: BaseException) -> bool:
     connection failed, rather than that a statement was refused."""
     import psycopg  # noqa: PLC0415
 
+    if (psycopg2 := sys.modules.get("psycopg2")) is not None and isinstance(
+        exc, psycopg2.OperationalError
+    ):
+        return True
     return isinstance(exc, psycopg.OperationalError)
+
+
+def refuse_keeper(driver: DriverBase) -> None:
+    """Refuse ``keep=`` on a driver that cannot send a heartbeat safely (its
+    ``keeper_refused`` says why), before any lock is taken."""
+    reason: str | None = getattr(driver, "keeper_refused", None)
+    if reason:
+        raise UsageError(f"keep= cannot watch a lock on this connection: {reason}")
+
+
+# Called with a framework's connection at the end of a unit of work (a Django request):
+# pgsolo.locking registers what releases the session locks still held on it. Here, so
+# that a framework's adapter (drivers/) needs nothing from the layer above it.
+REQUEST_END_HOOKS: list[Callable[[SyncDriver], None]] = []
 
 
 def is_async(driver: SyncDriver | AsyncDriver) -> TypeGuard[AsyncDriver]:

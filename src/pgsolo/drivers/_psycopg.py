@@ -34,7 +34,7 @@ from psycopg.conninfo import make_conninfo
 from ..errors import DatabaseUnavailableError
 from . import BeatFailed, ServerInfo, TxStatus
 from .conninfo import scrub_secrets
-from .deadlines import DEADLINES, shut_down_socket
+from .deadlines import DEADLINES, shut_down_socket, socket_address
 
 __all__ = [
     "Deadline",
@@ -210,14 +210,11 @@ class PsycopgBase:
         return exc.diag.message_detail if isinstance(exc, psycopg.Error) else None
 
     def client_address(self) -> tuple[str, int] | None:
-        with (
-            contextlib.suppress(psycopg.Error, OSError),
-            socket.socket(fileno=os.dup(self._conn.fileno())) as sock,
-        ):
-            if sock.family in (socket.AF_INET, socket.AF_INET6):
-                address = sock.getsockname()
-                return str(address[0]), int(address[1])
-        return None
+        try:
+            fileno = self._conn.fileno()
+        except psycopg.Error:
+            return None
+        return socket_address(fileno)
 
     def _elsewhere_conninfo(self) -> str:
         """Where this connection goes, with its password (libpq never shows it in

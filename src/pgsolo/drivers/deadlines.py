@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 
-__all__ = ["DEADLINES", "Deadlines", "shut_down_socket"]
+__all__ = ["DEADLINES", "Deadlines", "shut_down_socket", "socket_address"]
 
 logger = logging.getLogger("pgsolo")
 
@@ -103,3 +103,13 @@ def shut_down_socket(fileno: int) -> None:
         return
     with sock, contextlib.suppress(OSError):
         sock.shutdown(socket.SHUT_RDWR)
+
+
+def socket_address(fileno: int) -> tuple[str, int] | None:
+    """(address, port) of this end of TCP socket ``fileno`` (through a duplicate of the
+    descriptor, which its owner keeps); None for a unix socket or a closed one."""
+    with contextlib.suppress(OSError), socket.socket(fileno=os.dup(fileno)) as sock:
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            address = sock.getsockname()
+            return str(address[0]), int(address[1])
+    return None

@@ -20,6 +20,7 @@ from ._async.pools import async_pool_reset
 from ._sync.lock import Lock
 from ._sync.pools import pool_reset
 from .factory import session_lock, xact_lock
+from .frameworks import release_at_request_end as _release_at_request_end  # noqa: F401 - registers it
 from .holdings import held_session_locks
 from .watch import Keep
 

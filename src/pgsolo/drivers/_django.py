@@ -1,0 +1,192 @@
+"""The Django adapter: ``django.db.connection`` or ``connections[alias]`` of the
+postgresql backend (psycopg 3 or psycopg2 under it).
+
+The statements go to Django's DBAPI connection through the adapter of its library (this
+module only decides what Django must know). The transaction is Django's:
+
+- inside ``transaction.atomic()`` the connection is in a transaction (even before the
+  DBAPI connection has begun one), so a transaction lock joins Django's and lasts until
+  the outermost ``atomic`` ends; pgsolo never commits or rolls it back;
+- outside, ``with xact_lock(connection, ...)`` opens pgsolo's own transaction as a durable
+  ``atomic`` of Django's and leaves it exactly once: committed at the end of the block,
+  rolled back (``set_rollback``) on a failure, even when the connection died meanwhile;
+- at the end of a request (``request_finished``) the session locks pgsolo still holds on
+  a connection are released with a warning (:data:`pgsolo.drivers.REQUEST_END_HOOKS`), so
+  that a persistent connection (``CONN_MAX_AGE``) never carries one into the next request;
+  a later ``release()`` of such a lock reports it lost.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from django.core.signals import request_finished
+from django.db import connections, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.utils.connection import ConnectionProxy
+
+from ..errors import UnsupportedConnectionError
+from . import REQUEST_END_HOOKS, Edge, ServerInfo, SyncDriver, TxStatus, adapt_sync
+
+__all__ = ["DjangoDriver", "adapt"]
+
+logger = logging.getLogger("pgsolo")
+
+
+def adapt(connection: object) -> DjangoDriver | None:
+    """The adapter of a Django connection of the postgresql backend; None for other
+    Django objects."""
+    if isinstance(connection, ConnectionProxy):
+        connection = connection._connections[connection._alias]
+    if not isinstance(connection, BaseDatabaseWrapper):
+        return None
+    if connection.vendor != "postgresql":
+        raise UnsupportedConnectionError(
+            f"pgsolo takes a Django connection of the postgresql backend; connection"
+            f" {connection.alias!r} is {connection.vendor}"
+        )
+    return DjangoDriver(connection)
+
+
+class DjangoDriver:
+    """pgsolo's driver protocol (:class:`~pgsolo.drivers.SyncDriver`) on a Django
+    ``DatabaseWrapper``. The wrapper (one per thread and alias) is what pgsolo tracks
+    held locks by; the DBAPI connection under it changes when Django reconnects."""
+
+    is_async: ClassVar[bool] = False
+
+    def __init__(self, wrapper: BaseDatabaseWrapper) -> None:
+        self._wrapper = wrapper
+        self._dbapi: object = None
+        self._inner: SyncDriver | None = None
+        # The durable atomic block of pgsolo's own transaction, while it is open.
+        self._atomic: transaction.Atomic | None = None
+
+    @property
+    def connection(self) -> object:
+        return self._wrapper
+
+    @property
+    def keeper_refused(self) -> str | None:
+        return getattr(self._driver(), "keeper_refused", None)
+
+    def _driver(self, *, connect: bool = True) -> SyncDriver:
+        """The adapter of the DBAPI connection under Django's, connecting first when
+        ``connect``; otherwise the last one (which reports a closed connection)."""
+        if connect:
+            self._wrapper.ensure_connection()
+        dbapi = self._wrapper.connection
+        if dbapi is not None and dbapi is not self._dbapi:
+            self._dbapi, self._inner = dbapi, adapt_sync(dbapi)
+        if self._inner is None:  # never connected, and not asked to
+            return self._driver(connect=True)
+        return self._inner
+
+    def _connected(self) -> bool:
+        return self._wrapper.connection is not None
+
+    @property
+    def begins_implicitly(self) -> bool:
+        # Outside atomic Django runs in autocommit, unless AUTOCOMMIT is off in settings:
+        # then the DBAPI connection begins by itself, and the caller commits.
+        return not self._wrapper.in_atomic_block and self._driver().begins_implicitly
+
+    def transaction_status(self) -> TxStatus:
+        wrapper = self._wrapper
+        if not self._connected():
+            if wrapper.in_atomic_block:
+                # Closed inside atomic: the transaction is gone, and Django will not
+                # open a new connection before the atomic ends.
+                return TxStatus.UNKNOWN if wrapper.closed_in_transaction else TxStatus.INTRANS
+            return TxStatus.IDLE  # Django connects on the first statement
+        status = self._driver(connect=False).transaction_status()
+        if status in (TxStatus.INERROR, TxStatus.UNKNOWN, TxStatus.ACTIVE):
+            return status
+        if wrapper.in_atomic_block:
+            # Django refuses every statement once the block must roll back.
+            return TxStatus.INERROR if wrapper.needs_rollback else TxStatus.INTRANS
+        return status
+
+    def backend_pid(self) -> int:
+        return self._driver(connect=self._connected()).backend_pid()
+
+    def server_info(self) -> ServerInfo:
+        return self._driver(connect=self._connected()).server_info()
+
+    def sqlstate(self, exc: BaseException) -> str | None:
+        return self._driver(connect=False).sqlstate(exc)
+
+    def error_detail(self, exc: BaseException) -> str | None:
+        return self._driver(connect=False).error_detail(exc)
+
+    def is_closed(self) -> bool:
+        return not self._connected() or self._driver(connect=False).is_closed()
+
+    def scrub(self, text: str) -> str:
+        return self._driver(connect=False).scrub(text)
+
+    def client_address(self) -> tuple[str, int] | None:
+        return self._driver().client_address()
+
+    def fetch_value_elsewhere(self, statements: Sequence[str]) -> object:
+        return self._driver().fetch_value_elsewhere(statements)
+
+    def beat(self, statement: str, answer_within: float) -> Sequence[str | None] | None:
+        if self._wrapper.in_atomic_block or not self._connected():
+            return None  # Django's transaction is open (or a statement opens one)
+        return self._driver(connect=False).beat(statement, answer_within)
+
+    def fetch_value(
+        self, statements: Sequence[str], wait: float = 0.0, edge: Edge | None = None
+    ) -> object:
+        if edge is None:
+            return self._driver().fetch_value(statements, wait)
+        if edge == "begin":
+            atomic = transaction.atomic(using=self._wrapper.alias, durable=True)
+            atomic.__enter__()
+            self._atomic = atomic
+            # A failure here is followed by pgsolo's rollback edge, which leaves it.
+            return self._driver().fetch_value(statements, wait)
+        return self._end(statements, wait, commit=edge == "commit")
+
+    def _end(self, statements: Sequence[str], wait: float, *, commit: bool) -> object:
+        """Send ``statements`` and leave pgsolo's atomic block: commit it, or roll it back
+        (also when the statements fail). Left once: a later rollback edge finds it gone."""
+        atomic, self._atomic = self._atomic, None
+        try:
+            value = self._driver().fetch_value(statements, wait) if statements else None
+        except BaseException:
+            if atomic is not None:
+                self._leave(atomic, commit=False)
+            raise
+        if atomic is not None:
+            self._leave(atomic, commit=commit)
+        return value
+
+    def _leave(self, atomic: transaction.Atomic, *, commit: bool) -> None:
+        if not commit:
+            transaction.set_rollback(True, using=self._wrapper.alias)
+        # Django rolls back when the block must (and on a dead connection closes it).
+        atomic.__exit__(None, None, None)
+
+
+def _request_finished(sender: object, **kwargs: Any) -> None:
+    """Release the session locks pgsolo still holds on this thread's connections."""
+    for wrapper in connections.all(initialized_only=True):
+        if wrapper.vendor != "postgresql":
+            continue
+        driver = DjangoDriver(wrapper)
+        for hook in REQUEST_END_HOOKS:
+            try:
+                hook(driver)
+            except Exception as exc:  # a request's end must not fail for it
+                logger.warning(
+                    "pgsolo: releasing session locks at the end of a request failed: %r", exc
+                )
+
+
+# After Django's own handler (connected when django.db was imported): a connection it
+# closed has lost its locks already, and pgsolo only takes them off its books.
+request_finished.connect(_request_finished, dispatch_uid="pgsolo.request_finished")

@@ -1,0 +1,260 @@
+"""Django connections: every lock API takes ``django.db.connection`` and
+``connections[alias]``, and the transaction is Django's.
+
+Guards the reported bug (``with xact_lock(connection, ...)`` inside ``atomic()`` used to
+commit the block's rows although the outer atomic rolled back), pgsolo's own transaction
+outside atomic (committed with the block, rolled back when it raises, Django's books
+clean either way, even when the connection died), and the end of a request releasing the
+session locks a persistent connection still holds.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import django
+import pytest
+from django.conf import settings
+from django.core.signals import request_finished
+from django.db import DatabaseError, close_old_connections, connection, connections, transaction
+from psycopg.conninfo import conninfo_to_dict
+
+import pgsolo
+from _support import WORK, Boom, Connect, eventually, new_job, terminate, work_rows
+from pgsolo import Key, session_lock, xact_lock
+from pgsolo.drivers import TxStatus, adapt
+
+
+def settings_for(dsn: str) -> dict[str, Any]:
+    params = conninfo_to_dict(dsn)  # the embedded server's DSN has a socket directory
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": params.get("dbname", "postgres"),
+        "USER": params.get("user", ""),
+        "PASSWORD": params.get("password", ""),
+        "HOST": params.get("host", ""),
+        "PORT": params.get("port", ""),
+        "CONN_MAX_AGE": None,  # persistent: what the request-end release is for
+    }
+
+
+@pytest.fixture(scope="module")
+def dj(db: str) -> Iterator[Any]:
+    """Django configured once per test process against the test database: ``default``
+    (persistent), ``closing`` (closed at each request end) and ``lite`` (sqlite)."""
+    if not settings.configured:
+        closing = {**settings_for(db), "CONN_MAX_AGE": 0}
+        settings.configure(
+            DATABASES={
+                "default": settings_for(db),
+                "closing": closing,
+                "lite": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"},
+            },
+            USE_TZ=True,
+        )
+        django.setup()
+    yield connections
+    connections.close_all()
+
+
+@pytest.fixture
+def conn(dj: Any) -> Iterator[Any]:
+    """``django.db.connection``, checked to be out of any atomic block afterwards."""
+    yield connection
+    assert not connection.in_atomic_block
+    connection.close()
+
+
+def insert(conn: Any, job: str, note: str) -> None:
+    with connection.cursor() as cur:
+        cur.execute(f"INSERT INTO {WORK} (job, note) VALUES (%s, %s)", [job, note])
+
+
+def assert_django_clean(connection: Any) -> None:
+    assert not connection.in_atomic_block
+    assert connection.get_autocommit()
+    assert adapt(connection).transaction_status() is TxStatus.IDLE
+
+
+def test_adapts_the_proxy_and_the_wrapper_and_refuses_other_vendors(dj: Any, conn: Any) -> None:
+    assert adapt(conn).connection is dj["default"]
+    assert adapt(dj["default"]).connection is dj["default"]
+    with pytest.raises(pgsolo.UnsupportedConnectionError, match="sqlite"):
+        xact_lock(dj["lite"], "k")
+    with pytest.raises(pgsolo.UnsupportedConnectionError):
+        xact_lock(dj["default"].cursor(), "k")
+
+
+def test_xact_lock_inside_atomic_joins_it_and_its_outer_rollback(
+    conn: Any, observer: Any, key: Key
+) -> None:
+    """Regression: inside atomic() the lock joins Django's transaction; pgsolo commits
+    nothing, the lock lasts until the outermost atomic ends, and an outer rollback (an
+    exception, or set_rollback) undoes the block's rows."""
+    job = new_job("django-join")
+
+    def locked_writes_then_fail() -> None:
+        with transaction.atomic():
+            with xact_lock(conn, key, wait=5) as lock:
+                assert lock.acquired
+                insert(conn, job, "raised")
+            with transaction.atomic():  # a savepoint of Django's; the lock is still held
+                assert observer.holders(key) == {conn.connection.info.backend_pid}
+            raise Boom
+
+    with pytest.raises(Boom):
+        locked_writes_then_fail()
+    assert work_rows(observer, job) == []
+    assert observer.holders(key) == set()
+    with transaction.atomic():
+        with xact_lock(conn, key) as lock:
+            assert lock.acquired
+            insert(conn, job, "set_rollback")
+        transaction.set_rollback(True)
+    with transaction.atomic(), xact_lock(conn, key) as lock:
+        insert(conn, job, "committed by Django")
+    assert work_rows(observer, job) == ["committed by Django"]
+    assert observer.holders(key) == set()
+    assert_django_clean(conn)
+
+
+@pytest.mark.parametrize("writes", ["cursor", "nested-atomic"])
+def test_own_transaction_outside_atomic_commits_or_rolls_back(
+    conn: Any, observer: Any, key: Key, writes: str
+) -> None:
+    job = new_job("django-own")
+
+    def write(note: str) -> None:
+        if writes == "cursor":
+            insert(conn, job, note)
+        else:
+            with transaction.atomic():
+                insert(conn, job, note)
+
+    with xact_lock(conn, key, wait=5) as lock:
+        assert lock.acquired
+        assert conn.in_atomic_block
+        write("committed")
+    assert_django_clean(conn)
+
+    def fail() -> None:
+        with xact_lock(conn, key):
+            write("rolled back")
+            raise Boom
+
+    with pytest.raises(Boom):
+        fail()
+    assert_django_clean(conn)
+    assert work_rows(observer, job) == ["committed"]
+    assert observer.holders(key) == set()
+
+
+def test_own_transaction_is_left_once_when_the_connection_dies(
+    conn: Any, observer: Any, key: Key
+) -> None:
+    def die_inside() -> None:
+        with xact_lock(conn, key):
+            terminate(observer, conn.connection.info.backend_pid)
+            insert(conn, "x", "never")
+
+    with pytest.raises(DatabaseError):
+        die_inside()
+    assert not conn.in_atomic_block
+    with xact_lock(conn, key) as lock:  # Django reconnects; its books are true
+        assert lock.acquired
+    assert_django_clean(conn)
+
+
+@pytest.mark.parametrize("lifetime", ["session", "xact"])
+def test_try_wait_busy_timeout_and_a_psycopg3_holder_both_ways(
+    conn: Any, connect: Connect, observer: Any, key: Key, lifetime: str
+) -> None:
+    factory = session_lock if lifetime == "session" else xact_lock
+    for wait in (None, 5.0):
+        with factory(conn, key, wait=wait) as lock:
+            assert lock.acquired
+            with factory(connect(), key) as other:
+                assert not other.acquired
+    holder = session_lock(connect(), key)
+    assert holder.acquire()
+    with factory(conn, key) as lock:
+        assert not lock.acquired
+    with pytest.raises(pgsolo.LockTimeoutError), factory(conn, key, wait=0.2):
+        pass
+    holder.release()
+    assert observer.waiters(key) == set()
+    assert_django_clean(conn)
+
+
+def test_session_lock_inside_atomic_outlives_it(conn: Any, observer: Any, key: Key) -> None:
+    lock = session_lock(conn, key, wait=5)
+    with transaction.atomic():
+        assert lock.acquire()
+        transaction.set_rollback(True)
+    assert observer.holders(key) == {conn.connection.info.backend_pid}
+    lock.release()
+    assert observer.holders(key) == set()
+
+
+@pytest.mark.parametrize("lifetime", ["session", "xact"])
+def test_fencing_tokens_increase(conn: Any, key: Key, lifetime: str) -> None:
+    factory = session_lock if lifetime == "session" else xact_lock
+    tokens = []
+    for _ in range(3):
+        with factory(conn, key, wait=5, fencing=True) as lock:
+            assert lock.token is not None
+            tokens.append(lock.token)
+    assert tokens == sorted(set(tokens))
+
+
+def test_run_job_owns_its_transaction_outside_atomic_only(conn: Any, observer: Any) -> None:
+    job = new_job("django-job")
+    result = pgsolo.run_job(conn, job, lambda conn: insert(conn, job, "done"))
+    assert result.outcome == "completed"
+
+    def fail(conn: Any) -> None:
+        insert(conn, job, "undone")
+        raise Boom
+
+    with pytest.raises(Boom):
+        pgsolo.run_job(conn, job, fail)
+    assert work_rows(observer, job) == ["done"]
+    assert_django_clean(conn)
+    with transaction.atomic(), pytest.raises(pgsolo.ConnectionStateError):
+        pgsolo.run_job(conn, job, fail)
+
+
+def test_request_end_releases_session_locks_of_a_persistent_connection(
+    conn: Any, observer: Any, key: Key, caplog: pytest.LogCaptureFixture
+) -> None:
+    lock = session_lock(conn, key)
+    assert lock.acquire()
+    pid = conn.connection.info.backend_pid
+    with caplog.at_level(logging.WARNING, logger="pgsolo"):
+        request_finished.send(sender=None)
+    assert conn.connection is not None  # persistent: still open
+    assert observer.holders(key) == set()
+    assert any("end of the request" in r.getMessage() for r in caplog.records)
+    with pytest.raises(pgsolo.LockNotHeldError):
+        lock.release()
+    assert conn.connection.info.backend_pid == pid
+
+
+def test_request_end_of_a_closing_connection_reports_the_lock_lost(
+    dj: Any, observer: Any, key: Key
+) -> None:
+    closing = dj["closing"]
+    lock = session_lock(closing, key)
+    assert lock.acquire()
+    close_old_connections()  # what Django runs at a request's end: CONN_MAX_AGE=0 closes
+    assert closing.connection is None
+    eventually(lambda: observer.holders(key) == set(), "the closed session's lock is gone")
+    with pytest.raises(pgsolo.LockLostError):
+        lock.release()
+
+
+def test_keep_on_django_watches_the_lock(conn: Any, key: Key) -> None:
+    with session_lock(conn, key, keep=pgsolo.Keep(interval=0.05)) as lock:
+        lock.check()
