@@ -176,11 +176,21 @@ class _Asyncpg:
         return int(self.conn.get_server_pid())
 
 
+def asyncpg_options(dsn: str) -> dict[str, Any]:
+    """asyncpg's keywords for a libpq connection string (asyncpg parses URLs only)."""
+    params = conninfo_to_dict(dsn)
+    names = {"host": "host", "port": "port", "user": "user", "password": "password"}
+    options: dict[str, Any] = {names[k]: v for k, v in params.items() if k in names}
+    if "dbname" in params:
+        options["database"] = params["dbname"]
+    return options
+
+
 @contextlib.asynccontextmanager
 async def _asyncpg(dsn: str) -> AsyncIterator[AHandle]:
     import asyncpg  # noqa: PLC0415
 
-    conn = await asyncpg.connect(dsn)
+    conn = await asyncpg.connect(**asyncpg_options(dsn))
     try:
         yield _Asyncpg(conn)
     finally:
@@ -191,7 +201,10 @@ async def _asyncpg(dsn: str) -> AsyncIterator[AHandle]:
 async def _asyncpg_pool(dsn: str) -> AsyncIterator[AHandle]:
     import asyncpg  # noqa: PLC0415
 
-    async with asyncpg.create_pool(dsn, min_size=1, max_size=2) as pool, pool.acquire() as conn:
+    async with (
+        asyncpg.create_pool(min_size=1, max_size=2, **asyncpg_options(dsn)) as pool,
+        pool.acquire() as conn,
+    ):
         yield _Asyncpg(conn)
 
 
@@ -232,7 +245,7 @@ def _async_engine(dsn: str, dialect: str) -> Any:
     import asyncpg  # noqa: PLC0415
 
     async def asyncpg_connection() -> Any:
-        return await asyncpg.connect(dsn)
+        return await asyncpg.connect(**asyncpg_options(dsn))
 
     return create_async_engine("postgresql+asyncpg://", async_creator=asyncpg_connection)
 
@@ -258,8 +271,17 @@ class _Alchemy:
         return bool(self.conn.in_transaction())
 
     def pid(self) -> int:
-        connection = self.conn.connection() if callable(self.conn.connection) else self.conn
-        return _raw_pid(connection.connection.driver_connection)
+        from sqlalchemy.orm import Session  # noqa: PLC0415
+
+        if not isinstance(self.conn, Session):
+            return _raw_pid(self.conn.connection.driver_connection)
+        # A Session has a connection only in a transaction: borrow one, and give it back
+        # (the pool hands the same one out next, in a single-threaded test).
+        was_in_transaction = self.conn.in_transaction()
+        pid = _raw_pid(self.conn.connection().connection.driver_connection)
+        if not was_in_transaction:
+            self.conn.rollback()
+        return pid
 
 
 def _alchemy(
@@ -304,9 +326,16 @@ class _AAlchemy:
         return bool(self.conn.in_transaction())
 
     async def pid(self) -> int:
-        connection = await self.conn.connection() if callable(self.conn.connection) else self.conn
-        raw = await connection.get_raw_connection()
-        return _raw_pid(raw.driver_connection)
+        from sqlalchemy.ext.asyncio import AsyncSession  # noqa: PLC0415
+
+        if not isinstance(self.conn, AsyncSession):
+            return _raw_pid((await self.conn.get_raw_connection()).driver_connection)
+        was_in_transaction = self.conn.in_transaction()
+        connection = await self.conn.connection()
+        pid = _raw_pid((await connection.get_raw_connection()).driver_connection)
+        if not was_in_transaction:
+            await self.conn.rollback()
+        return pid
 
 
 def _aalchemy(
@@ -333,25 +362,40 @@ def _aalchemy(
 # -- Django ------------------------------------------------------------------------------
 
 
+def _database_settings(dsn: str) -> dict[str, str]:
+    """Django's names for where ``dsn`` goes (the embedded server's DSN has a socket
+    directory for its host)."""
+    params = conninfo_to_dict(dsn)
+    return {
+        "NAME": str(params.get("dbname", "postgres")),
+        "USER": str(params.get("user", "")),
+        "PASSWORD": str(params.get("password", "")),
+        "HOST": str(params.get("host", "")),
+        "PORT": str(params.get("port", "")),
+    }
+
+
 def django_settings(dsn: str) -> None:
     """Configure Django once per process, for the test database at ``dsn`` (its settings
-    can be configured only once; every test module that uses Django calls this)."""
+    can be configured only once; every test module that uses Django calls this):
+    ``default`` (persistent connections, what pgsolo's release at the end of a request is
+    for), ``closing`` (closed at the end of each request) and ``lite`` (sqlite, which
+    pgsolo refuses)."""
     import django  # noqa: PLC0415
     from django.conf import settings  # noqa: PLC0415
 
     if settings.configured:
         return
-    params = conninfo_to_dict(dsn)
+    database = {
+        "ENGINE": "django.db.backends.postgresql",
+        **_database_settings(dsn),
+        "CONN_MAX_AGE": None,
+    }
     settings.configure(
         DATABASES={
-            "default": {
-                "ENGINE": "django.db.backends.postgresql",
-                "NAME": params.get("dbname", ""),
-                "USER": params.get("user", ""),
-                "PASSWORD": params.get("password", ""),
-                "HOST": params.get("host", ""),
-                "PORT": params.get("port", ""),
-            }
+            "default": database,
+            "closing": {**database, "CONN_MAX_AGE": 0},
+            "lite": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"},
         },
         USE_TZ=True,
     )
@@ -391,14 +435,30 @@ class _Django:
         return _raw_pid(self.conn.connection)  # type: ignore[attr-defined]
 
 
+_DJANGO_OPEN = [0]  # handles open now: Django gives every one the same connection
+
+
 @contextlib.contextmanager
 def _django(dsn: str) -> Iterator[Handle]:
+    """Django's ``connection``, pointed at ``dsn`` for as long as a handle is open (the
+    settings say the test database; a test may give a standby's DSN)."""
+    from django.db import connection  # noqa: PLC0415
+
     django_settings(dsn)
+    if not _DJANGO_OPEN[0]:
+        connection.close()
+        given = _database_settings(dsn)
+        before = {name: connection.settings_dict[name] for name in given}
+        connection.settings_dict.update(given)
     handle = _Django()
+    _DJANGO_OPEN[0] += 1
     try:
         yield handle
     finally:
-        handle.conn.close()  # type: ignore[attr-defined]
+        _DJANGO_OPEN[0] -= 1
+        if not _DJANGO_OPEN[0]:  # as at the end of a request: not under an outer handle
+            connection.close()
+            connection.settings_dict.update(before)
 
 
 SYNC_KINDS = [

@@ -14,47 +14,22 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-import django
 import pytest
-from django.conf import settings
 from django.core.signals import request_finished
 from django.db import DatabaseError, close_old_connections, connection, connections, transaction
-from psycopg.conninfo import conninfo_to_dict
 
 import pgsolo
+from _drivers import django_settings
 from _support import WORK, Boom, Connect, eventually, new_job, terminate, work_rows
 from pgsolo import Key, session_lock, xact_lock
 from pgsolo.drivers import TxStatus, adapt
 
 
-def settings_for(dsn: str) -> dict[str, Any]:
-    params = conninfo_to_dict(dsn)  # the embedded server's DSN has a socket directory
-    return {
-        "ENGINE": "django.db.backends.postgresql",
-        "NAME": params.get("dbname", "postgres"),
-        "USER": params.get("user", ""),
-        "PASSWORD": params.get("password", ""),
-        "HOST": params.get("host", ""),
-        "PORT": params.get("port", ""),
-        "CONN_MAX_AGE": None,  # persistent: what the request-end release is for
-    }
-
-
 @pytest.fixture(scope="module")
 def dj(db: str) -> Iterator[Any]:
-    """Django configured once per test process against the test database: ``default``
-    (persistent), ``closing`` (closed at each request end) and ``lite`` (sqlite)."""
-    if not settings.configured:
-        closing = {**settings_for(db), "CONN_MAX_AGE": 0}
-        settings.configure(
-            DATABASES={
-                "default": settings_for(db),
-                "closing": closing,
-                "lite": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"},
-            },
-            USE_TZ=True,
-        )
-        django.setup()
+    """Django configured once per test process against the test database (see
+    ``_drivers.django_settings`` for its aliases)."""
+    django_settings(db)
     yield connections
     connections.close_all()
 

@@ -35,7 +35,7 @@ from importlib import import_module
 from typing import ClassVar, Literal, Protocol, TypeGuard, cast
 
 from .. import sql
-from ..errors import UnsupportedConnectionError, UsageError
+from ..errors import UnsupportedConnectionError
 
 __all__ = [
     "REQUEST_END_HOOKS",
@@ -55,7 +55,6 @@ __all__ = [
     "edged",
     "is_async",
     "is_unavailable",
-    "refuse_keeper",
     "shut_down",
 ]
 
@@ -116,6 +115,16 @@ class DriverBase(Protocol):
     def backend_pid(self) -> int: ...
 
     def server_info(self) -> ServerInfo: ...
+
+    @property
+    def keeper_refused(self) -> str | None:
+        """Why a keeper cannot watch a lock on this connection (its heartbeat could not
+        share the connection with the caller's statements), or None."""
+
+    @property
+    def session_locks_refused(self) -> str | None:
+        """Why this connection takes no session lock (it may change under the lock, as an
+        ORM Session's does), or None."""
 
     def sqlstate(self, exc: BaseException) -> str | None: ...
 
@@ -243,14 +252,6 @@ def is_unavailable(exc: BaseException) -> bool:
     ):
         return True
     return isinstance(exc, psycopg.OperationalError)
-
-
-def refuse_keeper(driver: DriverBase) -> None:
-    """Refuse ``keep=`` on a driver that cannot send a heartbeat safely (its
-    ``keeper_refused`` says why), before any lock is taken."""
-    reason: str | None = getattr(driver, "keeper_refused", None)
-    if reason:
-        raise UsageError(f"keep= cannot watch a lock on this connection: {reason}")
 
 
 # Called with a framework's connection at the end of a unit of work (a Django request):

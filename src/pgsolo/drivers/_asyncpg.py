@@ -71,7 +71,7 @@ from ..errors import TransactionFailedError, UnsupportedConnectionError, UsageEr
 from . import Edge, ServerInfo, TxStatus, edged
 from .conninfo import scrub_secrets
 
-__all__ = ["KEEPER_REFUSAL", "AsyncpgDriver", "Checkout", "adapt"]
+__all__ = ["KEEPER_REFUSED", "AsyncpgDriver", "Checkout", "adapt"]
 
 # A second, short-lived connection to the place the caller's connection goes (the proxy
 # check): the caller's connection answered a moment ago, so these are generous.
@@ -81,9 +81,8 @@ PROBE_ANSWER_TIMEOUT = 30.0
 _IN_FAILED_TRANSACTION = "25P02"
 _SETTLE_SECONDS = 5.0
 
-KEEPER_REFUSAL = (
-    "keep= needs a connection a heartbeat can share with the caller's own statements;"
-    " asyncpg refuses a second operation on a connection while one runs (InterfaceError:"
+KEEPER_REFUSED = (
+    "asyncpg refuses a second operation on a connection while one runs (InterfaceError:"
     " another operation is in progress), so a heartbeat would make the caller's queries"
     " fail at random. Check with lock.is_held() between steps instead."
 )
@@ -114,7 +113,8 @@ class AsyncpgDriver:
     """pgsolo's driver protocol on an asyncpg connection; see the module docstring."""
 
     is_async: ClassVar[bool] = True
-    keeper_refusal: ClassVar[str] = KEEPER_REFUSAL  # see pgsolo.locking.watch.refuse_keeper
+    keeper_refused: ClassVar[str | None] = KEEPER_REFUSED
+    session_locks_refused: ClassVar[str | None] = None
 
     def __init__(self, conn: Any) -> None:
         self._conn = conn
@@ -224,7 +224,7 @@ class AsyncpgDriver:
             other.terminate()
 
     async def beat(self, statement: str, answer_within: float) -> Sequence[str | None] | None:
-        raise UsageError(KEEPER_REFUSAL)  # refused before any lock is taken; never sent
+        raise UsageError(KEEPER_REFUSED)  # refused before any lock is taken; never sent
 
     # - helpers -
 

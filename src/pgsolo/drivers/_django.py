@@ -68,9 +68,11 @@ class DjangoDriver:
     def connection(self) -> object:
         return self._wrapper
 
+    session_locks_refused: ClassVar[str | None] = None
+
     @property
     def keeper_refused(self) -> str | None:
-        return getattr(self._driver(), "keeper_refused", None)
+        return self._driver().keeper_refused
 
     def _driver(self, *, connect: bool = True) -> SyncDriver:
         """The adapter of the DBAPI connection under Django's, connecting first when

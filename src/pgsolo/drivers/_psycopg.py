@@ -25,7 +25,7 @@ import time
 import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import psycopg
 from psycopg import pq
@@ -152,6 +152,8 @@ class PsycopgBase:
     """What both adapters do the same: everything but the round trips."""
 
     _conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]
+    keeper_refused: ClassVar[str | None] = None
+    session_locks_refused: ClassVar[str | None] = None
 
     @property
     def connection(self) -> object:

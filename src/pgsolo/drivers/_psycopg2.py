@@ -38,6 +38,7 @@ import psycopg2.extensions
 from psycopg.conninfo import make_conninfo
 from psycopg2.extensions import connection as Connection
 
+from .. import sql
 from . import BeatFailed, Edge, ServerInfo, TxStatus, edged
 from ._psycopg import PROBE_ANSWER_TIMEOUT, PROBE_CONNECT_TIMEOUT
 from .conninfo import scrub_secrets
@@ -87,6 +88,7 @@ class Psycopg2Driver:
 
     is_async: ClassVar[bool] = False
     keeper_refused: ClassVar[str | None] = KEEPER_REFUSED
+    session_locks_refused: ClassVar[str | None] = None
 
     # A closed connection has no backend pid or parameters any more; logs and errors
     # about it (a lost lock) use what it said while it was open.
@@ -152,12 +154,23 @@ class Psycopg2Driver:
         self, statements: Sequence[str], wait: float = 0.0, edge: Edge | None = None
     ) -> object:
         sent = edged(statements, edge, begins_implicitly=self.begins_implicitly)
+        # psycopg2 keeps its own book of the transaction it began, and sends BEGIN only
+        # when that book says none is open: a COMMIT sent as a statement would leave the
+        # book open, and the next statements would run outside any transaction. The
+        # transaction psycopg2 began is ended through psycopg2.
+        ending = None
+        if self.begins_implicitly and sent and sent[-1] in (sql.COMMIT, sql.ROLLBACK):
+            ending = sent.pop()
         head, tail = split_trailing(sent)
         if not head:
             head, tail = tail, []
-        value = self._execute(head)
+        value = self._execute(head) if head else None
         if tail:
             self._execute(tail)
+        if ending == sql.COMMIT:
+            self._conn.commit()
+        elif ending == sql.ROLLBACK:
+            self._conn.rollback()
         return value
 
     def _execute(self, statements: Sequence[str]) -> object:

@@ -145,9 +145,13 @@ class SqlAlchemyBase:
         return bind.dialect
 
     @property
-    def refuses_session_locks(self) -> str | None:
-        """Why a session lock cannot be taken on this object, if it cannot."""
+    def session_locks_refused(self) -> str | None:
         return _SESSION_LOCK_REFUSAL if isinstance(self._core, Session) else None
+
+    @property
+    def keeper_refused(self) -> str | None:
+        current = self._current()
+        return None if current is None else current.keeper_refused
 
     # - what the driver connection looks like now -
 

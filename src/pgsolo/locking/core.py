@@ -247,7 +247,7 @@ class LockCore:
         """
         driver = self.driver
         # A connection that may change under the lock (an ORM Session's) says why.
-        if refusal := getattr(driver, "refuses_session_locks", None):
+        if refusal := driver.session_locks_refused:
             raise UnsupportedConnectionError(refusal)
         status = driver.transaction_status()
         if status is not TxStatus.ACTIVE:

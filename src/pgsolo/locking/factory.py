@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, overload
 
 from .._types import Lifetime
-from ..drivers import adapt, as_sync, is_async, refuse_keeper
+from ..drivers import adapt, as_sync, is_async
 from ..errors import UsageError
 from ..keys import KeyLike, Registry, as_key
 from ._async.lock import AsyncLock

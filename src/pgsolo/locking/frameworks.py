@@ -22,7 +22,7 @@ def request_end_plan(driver: SyncDriver) -> Plan[None]:
     pgsolo holds none, and nothing on a closed connection, whose locks went with it. A
     later ``release()`` of one of them reports it lost."""
     conn = driver.connection
-    keys = holdings.held_session_locks(conn)
+    keys = holdings.session_keys(conn)
     if not keys:
         return
     for key in keys:

@@ -14,11 +14,15 @@ import asyncio
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from .._types import Lifetime
+from ..drivers import adapt
 from ..keys import Key
 from .routing import Route
+
+if TYPE_CHECKING:
+    from ..drivers.kinds import AsyncConnectionLike, SyncConnectionLike
 
 __all__ = [
     "Claim",
@@ -30,6 +34,7 @@ __all__ = [
     "hold_count",
     "is_claimed",
     "route_of",
+    "session_keys",
     "set_route",
     "set_transaction_owner",
     "transaction_owner",
@@ -163,8 +168,15 @@ def forget_all(conn: object) -> list[Key]:
     return list(holdings.keys) if holdings else []
 
 
-def held_session_locks(conn: object) -> list[Key]:
-    """The session locks pgsolo took on ``conn`` and has not released."""
+def held_session_locks(conn: SyncConnectionLike | AsyncConnectionLike) -> list[Key]:
+    """The session locks pgsolo took on ``conn`` (any connection pgsolo takes) and has
+    not released."""
+    return session_keys(adapt(conn).connection)
+
+
+def session_keys(conn: object) -> list[Key]:
+    """The session locks on the books of ``conn``, as a driver tracks it
+    (``driver.connection``)."""
     with _HOLDINGS_LOCK:
         holdings = _HOLDINGS.get(conn)
         if holdings is None:

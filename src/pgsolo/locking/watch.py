@@ -63,11 +63,11 @@ def as_keep(keep: bool | Keep | None) -> Keep | None:
     raise InvalidArgumentError(f"keep must be True, False or a pgsolo.Keep, got {keep!r}")
 
 
-def refuse_keeper(driver: object) -> None:
+def refuse_keeper(driver: DriverBase) -> None:
     """Refuse ``keep=`` before any SQL on a driver whose connection a heartbeat cannot share
-    with the caller's statements; the driver says why (``keeper_refusal``)."""
-    if reason := getattr(driver, "keeper_refusal", None):
-        raise UsageError(str(reason))
+    with the caller's statements; the driver says why."""
+    if reason := driver.keeper_refused:
+        raise UsageError(f"keep= cannot watch a lock on this connection: {reason}")
 
 
 class Watch:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Never, TypeVar
 
 from ..._acompat import AIS_ASYNC
 from ..._types import Lifetime
-from ...drivers import adapt_async, refuse_keeper
+from ...drivers import adapt_async
 from ...drivers._async.connect import aopen_connection
 from ...keys import KeyLike, Registry
 from ...locking._async.drive import adrive
@@ -95,8 +95,6 @@ async def _run_async(
 ) -> JobResult[T]:
     driver = adapt_async(conn)
     info = driver.server_info()
-    if job.keep is not None:
-        refuse_keeper(driver)
     core = core_for(job, driver)
 
     async def work() -> T:

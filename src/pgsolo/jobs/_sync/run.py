@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Never, TypeVar
 
 from ..._acompat import IS_ASYNC
 from ..._types import Lifetime
-from ...drivers import adapt_sync, refuse_keeper
+from ...drivers import adapt_sync
 from ...drivers._sync.connect import open_connection
 from ...keys import KeyLike, Registry
 from ...locking._sync.drive import drive
@@ -94,8 +94,6 @@ def _run_sync(
 ) -> JobResult[T]:
     driver = adapt_sync(conn)
     info = driver.server_info()
-    if job.keep is not None:
-        refuse_keeper(driver)
     core = core_for(job, driver)
 
     def work() -> T:
