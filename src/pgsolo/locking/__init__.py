@@ -6,7 +6,9 @@ Modules, one idea each: :mod:`.factory` (``xact_lock``, ``session_lock``), :mod:
 lock's state and plans) with :mod:`.placement`, :mod:`.transaction`, :mod:`.failures` and
 :mod:`.recovery`, :mod:`.holdings` (what each connection holds), :mod:`.routing` (proxies
 and standbys), :mod:`.keeper` (the keepers) and :mod:`.watch` (``Keep``, what a beat
-means), :mod:`.pools` (what a pool reset does) and :mod:`.plans` (driving a plan).
+means), :mod:`.pools` (what a pool reset does), :mod:`.handbacks` (a framework taking a
+connection back: SQLAlchemy's pool, the end of a Django request) and :mod:`.plans` (what a
+plan yields).
 
 The shells that exist in both flavours (the lock objects, the keeper, the pool hooks)
 are written once, async, in ``_async/``; ``scripts/unasync.py`` generates their sync twins
@@ -20,7 +22,7 @@ from ._async.pools import async_pool_reset
 from ._sync.lock import Lock
 from ._sync.pools import pool_reset
 from .factory import session_lock, xact_lock
-from .frameworks import release_at_request_end as _release_at_request_end  # noqa: F401 - registers it
+from .handbacks import release_at_request_end as _release_at_request_end  # noqa: F401 - registers it
 from .holdings import held_session_locks
 from .watch import Keep
 
