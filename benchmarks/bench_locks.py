@@ -254,6 +254,8 @@ class PgsoloXact:
         with pgsolo.xact_lock(self.conn, KEY) as lock:
             if not lock.acquired:
                 raise NotAcquiredError("the lock was busy")
+        if not self.autocommit:  # the lock joined psycopg's transaction: the caller ends it
+            self.conn.commit()
 
     def close(self) -> None:
         self.conn.close()
