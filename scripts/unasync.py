@@ -104,6 +104,7 @@ _RENAMES = {
     "AsyncLock": "Lock",
     "async_pool_reset": "pool_reset",
     "run_job_async": "run_job",
+    "advisory_locks_async": "advisory_locks",
     "run_once_async": "run_once",
     # pgsolo's own pairs
     "AsyncDriver": "SyncDriver",

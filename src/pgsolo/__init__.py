@@ -53,6 +53,7 @@ if TYPE_CHECKING:  # the same names as _ON_FIRST_USE, for type checkers
         AdvisoryLock,
         Check,
         advisory_locks,
+        advisory_locks_async,
         doctor,
         terminate_backend,
         wait_chains,
@@ -101,6 +102,7 @@ __all__ = [
     "UsageError",
     "__version__",
     "advisory_locks",
+    "advisory_locks_async",
     "as_key",
     "async_pool_reset",
     "decode_pg_lock",
@@ -141,7 +143,15 @@ _ON_FIRST_USE = {
         ".locking",
     ),
     **dict.fromkeys(
-        ("AdvisoryLock", "Check", "advisory_locks", "doctor", "terminate_backend", "wait_chains"),
+        (
+            "AdvisoryLock",
+            "Check",
+            "advisory_locks",
+            "advisory_locks_async",
+            "doctor",
+            "terminate_backend",
+            "wait_chains",
+        ),
         ".monitor",
     ),
     **dict.fromkeys(

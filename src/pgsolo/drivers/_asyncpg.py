@@ -305,7 +305,9 @@ async def _settle(conn: Any) -> None:
 
 
 def _returns_row(statement: str) -> bool:
-    return statement.startswith("SELECT") or (
+    # pgsolo's statements that return rows: SELECTs, the monitor's read-only WITH ...
+    # SELECT, and run_once's INSERT ... RETURNING.
+    return statement.startswith(("SELECT", "WITH")) or (
         statement.startswith(("INSERT", "UPDATE", "DELETE")) and " RETURNING " in statement
     )
 

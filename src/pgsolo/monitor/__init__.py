@@ -13,7 +13,7 @@ and is ``None`` otherwise.
 from __future__ import annotations
 
 from .checks import Check, doctor
-from .locks import AdvisoryLock, advisory_locks, wait_chains
+from .locks import AdvisoryLock, advisory_locks, advisory_locks_async, wait_chains
 from .snapshot import format_seconds
 from .terminate import terminate_backend
 
@@ -21,6 +21,7 @@ __all__ = [
     "AdvisoryLock",
     "Check",
     "advisory_locks",
+    "advisory_locks_async",
     "doctor",
     "format_seconds",
     "terminate_backend",

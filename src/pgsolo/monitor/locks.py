@@ -8,15 +8,17 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from .. import sql
-from ..drivers import adapt_sync
+from ..drivers import adapt_async, adapt_sync
 from ..errors import InvalidArgumentError
 from ..keys import Key, KeyLike, Registry, as_key, decode_pg_lock, derive_int32, derive_int64
+from ..locking._async.drive import adrive
+from ..locking._sync.drive import drive
 
 if TYPE_CHECKING:
-    from ..drivers.kinds import SyncConnectionLike
-from .snapshot import check_positive, fetch_json, parse_time
+    from ..drivers.kinds import AsyncConnectionLike, SyncConnectionLike
+from .snapshot import check_positive, parse_time, snapshot_plan
 
-__all__ = ["AdvisoryLock", "advisory_locks", "wait_chains"]
+__all__ = ["AdvisoryLock", "advisory_locks", "advisory_locks_async", "wait_chains"]
 
 
 SinceSource = Literal["waitstart", "query_start", "state_change", "xact_start"]
@@ -124,15 +126,44 @@ def advisory_locks(
     ``registry`` and ``names`` name the keys; ``key`` and ``pid`` keep only that key's
     or that backend's rows. Bad arguments raise before any SQL is sent.
     """
-    namer = _Namer(registry, names)
-    wanted = as_key(key, registry=registry) if key is not None else None
-    if pid is not None:
-        check_positive(pid, "pid")
+    query = _Query.of(registry, names, key, pid)
     driver = adapt_sync(conn)
-    snapshot = fetch_json(
-        driver, [sql.CLEAR_ACTIVITY_SNAPSHOT, sql.advisory_locks(key=wanted, pid=pid)]
-    )
-    return _locks_from(snapshot, namer)
+    return query.locks(drive(snapshot_plan(driver, query.statements), driver))
+
+
+async def advisory_locks_async(
+    conn: AsyncConnectionLike,
+    *,
+    registry: Registry | None = None,
+    names: Iterable[str] = (),
+    key: KeyLike | None = None,
+    pid: int | None = None,
+) -> list[AdvisoryLock]:
+    """:func:`advisory_locks` on an async connection."""
+    query = _Query.of(registry, names, key, pid)
+    driver = adapt_async(conn)
+    return query.locks(await adrive(snapshot_plan(driver, query.statements), driver))
+
+
+@dataclass(frozen=True)
+class _Query:
+    """The arguments of :func:`advisory_locks`, checked before any SQL is sent."""
+
+    namer: _Namer
+    statements: list[str]
+
+    @classmethod
+    def of(
+        cls, registry: Registry | None, names: Iterable[str], key: KeyLike | None, pid: int | None
+    ) -> _Query:
+        namer = _Namer(registry, names)
+        wanted = as_key(key, registry=registry) if key is not None else None
+        if pid is not None:
+            check_positive(pid, "pid")
+        return cls(namer, [sql.CLEAR_ACTIVITY_SNAPSHOT, sql.advisory_locks(key=wanted, pid=pid)])
+
+    def locks(self, snapshot: Mapping[str, Any]) -> list[AdvisoryLock]:
+        return _locks_from(snapshot, self.namer)
 
 
 def _locks_from(snapshot: Mapping[str, Any], namer: _Namer) -> list[AdvisoryLock]:

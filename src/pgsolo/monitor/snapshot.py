@@ -8,14 +8,16 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from .. import sql
-from ..drivers import SyncDriver
+from ..drivers import DriverBase, SyncDriver
 from ..errors import InvalidArgumentError
+from ..locking._sync.drive import drive
 from ..locking.placement import outside_transaction
+from ..locking.plans import Plan
 
 if TYPE_CHECKING:
     pass
 
-__all__ = ["check_positive", "fetch_json", "format_seconds", "parse_time"]
+__all__ = ["check_positive", "fetch_json", "format_seconds", "parse_time", "snapshot_plan"]
 
 
 def check_positive(value: object, what: str, high: int = 2**31 - 1) -> None:
@@ -25,7 +27,12 @@ def check_positive(value: object, what: str, high: int = 2**31 - 1) -> None:
 
 
 def fetch_json(driver: SyncDriver, statements: list[str]) -> Mapping[str, Any]:
-    value = sql.read_json(driver.fetch_value(outside_transaction(driver, statements)))
+    return drive(snapshot_plan(driver, statements), driver)
+
+
+def snapshot_plan(driver: DriverBase, statements: list[str]) -> Plan[Mapping[str, Any]]:
+    """One round trip outside any transaction, answered by one JSON object."""
+    value = sql.read_json((yield outside_transaction(driver, statements)))
     if not isinstance(value, Mapping):
         raise TypeError(f"the monitor's query returned {type(value).__name__}, not a JSON object")
     return value

@@ -250,3 +250,13 @@ async def test_a_standby_is_refused_and_nothing_is_taken(
             await conn.rollback()
         assert not await conn.in_transaction()
         await conn.execute("SELECT 1")  # still usable
+
+
+@pytest.mark.parametrize("kind", ASYNC_KINDS, ids=str)
+async def test_what_a_kind_holds_is_listed_through_it(kind: AKind, db: str, key: Key) -> None:
+    async with kind.open(db) as conn, holding(kind, conn, key):
+        pid = await conn.pid()
+        locks = await pgsolo.advisory_locks_async(conn.conn, key=key)
+        assert [(lock.key, lock.pid, lock.granted) for lock in locks] == [(key, pid, True)]
+        if kind.session_locks:
+            assert pgsolo.held_session_locks(conn.conn) == [key]

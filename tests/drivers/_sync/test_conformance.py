@@ -251,3 +251,13 @@ def test_a_standby_is_refused_and_nothing_is_taken(
             conn.rollback()
         assert not conn.in_transaction()
         conn.execute("SELECT 1")  # still usable
+
+
+@pytest.mark.parametrize("kind", SYNC_KINDS, ids=str)
+def test_what_a_kind_holds_is_listed_through_it(kind: Kind, db: str, key: Key) -> None:
+    with kind.open(db) as conn, holding(kind, conn, key):
+        pid = conn.pid()
+        locks = pgsolo.advisory_locks(conn.conn, key=key)
+        assert [(lock.key, lock.pid, lock.granted) for lock in locks] == [(key, pid, True)]
+        if kind.session_locks:
+            assert pgsolo.held_session_locks(conn.conn) == [key]
