@@ -7,7 +7,8 @@ new driver joins every test by adding its kind there.
 What each kind must do: take and let go of a key, see a key held through any other kind
 as busy, bound a wait and leave nothing behind when it runs out, follow the caller's
 transaction (join it, never end it) and end the one pgsolo opens with the block, issue
-fencing tokens, run a job on the caller's connection, and refuse a hot standby.
+fencing tokens, run a job on the caller's connection, list what it holds, and refuse a
+hot standby and a session lock behind a transaction pooler.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 import pytest
 
 import pgsolo
+from _bouncer import Bouncer
 from _cluster import Replicas
 from _drivers import SYNC_KINDS, Handle, Kind
 from _support import WORK, Boom, Connect, work_rows
@@ -261,3 +263,23 @@ def test_what_a_kind_holds_is_listed_through_it(kind: Kind, db: str, key: Key) -
         assert [(lock.key, lock.pid, lock.granted) for lock in locks] == [(key, pid, True)]
         if kind.session_locks:
             assert pgsolo.held_session_locks(conn.conn) == [key]
+
+
+@pytest.mark.parametrize("kind", SYNC_KINDS, ids=str)
+def test_behind_a_transaction_pooler_only_transaction_locks_are_taken(
+    kind: Kind, bouncer: Bouncer, observer: Any, key: Key
+) -> None:
+    """A transaction-pooling PgBouncer hands each transaction to any server session: a
+    session lock would stay on one the client no longer talks to. Every kind finds that
+    out from what the server says, and refuses it before anything is held."""
+    with kind.open(bouncer.dsn) as conn:
+        if kind.session_locks:
+            with pytest.raises(pgsolo.UnsafeConnectionError) as refused:
+                pgsolo.session_lock(conn.conn, key).__enter__()
+            assert refused.value.reason == "transaction-pooling"
+            assert observer.holders(key) == set()
+        with pgsolo.xact_lock(conn.conn, key) as lock:
+            assert lock.acquired
+        if kind.implicit:
+            conn.rollback()
+    assert observer.holders(key) == set()
