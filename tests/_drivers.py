@@ -50,6 +50,9 @@ class Kind:
     session_locks: bool = True
     """False for an ORM Session, which gives its connection back at each commit: pgsolo
     refuses session locks on it (tests/drivers/test_sqlalchemy.py)."""
+    keeper: bool = True
+    """False where a heartbeat cannot share the connection with the caller's statements
+    (psycopg2, asyncpg): ``keep=`` is refused."""
 
     def __str__(self) -> str:
         return self.name
@@ -61,6 +64,7 @@ class AKind:
     open: Callable[[str], contextlib.AbstractAsyncContextManager[AHandle]]
     implicit: bool = False
     session_locks: bool = True
+    keeper: bool = True
 
     def __str__(self) -> str:
         return self.name
@@ -464,19 +468,19 @@ def _django(dsn: str) -> Iterator[Handle]:
 SYNC_KINDS = [
     Kind("psycopg", _psycopg(autocommit=True)),
     Kind("psycopg-implicit", _psycopg(autocommit=False), implicit=True),
-    Kind("psycopg2", _psycopg2(autocommit=False), implicit=True),
-    Kind("psycopg2-autocommit", _psycopg2(autocommit=True)),
+    Kind("psycopg2", _psycopg2(autocommit=False), implicit=True, keeper=False),
+    Kind("psycopg2-autocommit", _psycopg2(autocommit=True), keeper=False),
     Kind("sqlalchemy-psycopg", _alchemy("psycopg")),
-    Kind("sqlalchemy-psycopg2", _alchemy("psycopg2")),
+    Kind("sqlalchemy-psycopg2", _alchemy("psycopg2"), keeper=False),
     Kind("sqlalchemy-session", _alchemy("psycopg", session=True), session_locks=False),
     Kind("django", _django),
 ]
 
 ASYNC_KINDS = [
     AKind("psycopg-async", _apsycopg),
-    AKind("asyncpg", _asyncpg),
-    AKind("asyncpg-pool", _asyncpg_pool),
+    AKind("asyncpg", _asyncpg, keeper=False),
+    AKind("asyncpg-pool", _asyncpg_pool, keeper=False),
     AKind("sqlalchemy-async-psycopg", _aalchemy("psycopg")),
-    AKind("sqlalchemy-async-asyncpg", _aalchemy("asyncpg")),
+    AKind("sqlalchemy-async-asyncpg", _aalchemy("asyncpg"), keeper=False),
     AKind("sqlalchemy-asyncsession", _aalchemy("asyncpg", session=True), session_locks=False),
 ]

@@ -24,7 +24,7 @@ import pgsolo
 from _bouncer import Bouncer
 from _cluster import Replicas
 from _drivers import ASYNC_KINDS, AHandle, AKind
-from _support import WORK, Boom, Connect, work_rows
+from _support import WORK, Boom, Connect, aeventually, terminate, wait_until_lost, work_rows
 from pgsolo import Key
 
 OWNING_KINDS = [kind for kind in ASYNC_KINDS if not kind.implicit]
@@ -282,3 +282,24 @@ async def test_behind_a_transaction_pooler_only_transaction_locks_are_taken(
         if kind.implicit:
             await conn.rollback()
     assert observer.holders(key) == set()
+
+
+@pytest.mark.parametrize("kind", [k for k in ASYNC_KINDS if k.session_locks], ids=str)
+async def test_the_keeper_watches_a_lock_or_is_refused_before_any_sql(
+    kind: AKind, db: str, observer: Any, key: Key
+) -> None:
+    """Where a heartbeat can share the connection, the keeper sees the backend end; where
+    it cannot (psycopg2, asyncpg), ``keep=`` is a UsageError and nothing is taken."""
+    keep = pgsolo.Keep(interval=0.1, timeout=5)
+    async with kind.open(db) as conn:
+        if not kind.keeper:
+            with pytest.raises(pgsolo.UsageError, match="keep="):
+                pgsolo.session_lock(conn.conn, key, keep=keep)
+            assert observer.holders(key) == set()
+            return
+        lock = pgsolo.session_lock(conn.conn, key, keep=keep)
+        assert await lock.acquire()
+        terminate(observer, await conn.pid())
+        await wait_until_lost(lock, poll=aeventually)
+        assert lock.loss is not None
+        assert lock.loss.reason == "connection-lost"

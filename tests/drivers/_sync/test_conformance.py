@@ -25,7 +25,7 @@ import pgsolo
 from _bouncer import Bouncer
 from _cluster import Replicas
 from _drivers import SYNC_KINDS, Handle, Kind
-from _support import WORK, Boom, Connect, work_rows
+from _support import WORK, Boom, Connect, eventually, terminate, wait_until_lost, work_rows
 from pgsolo import Key
 
 OWNING_KINDS = [kind for kind in SYNC_KINDS if not kind.implicit]
@@ -283,3 +283,24 @@ def test_behind_a_transaction_pooler_only_transaction_locks_are_taken(
         if kind.implicit:
             conn.rollback()
     assert observer.holders(key) == set()
+
+
+@pytest.mark.parametrize("kind", [k for k in SYNC_KINDS if k.session_locks], ids=str)
+def test_the_keeper_watches_a_lock_or_is_refused_before_any_sql(
+    kind: Kind, db: str, observer: Any, key: Key
+) -> None:
+    """Where a heartbeat can share the connection, the keeper sees the backend end; where
+    it cannot (psycopg2, asyncpg), ``keep=`` is a UsageError and nothing is taken."""
+    keep = pgsolo.Keep(interval=0.1, timeout=5)
+    with kind.open(db) as conn:
+        if not kind.keeper:
+            with pytest.raises(pgsolo.UsageError, match="keep="):
+                pgsolo.session_lock(conn.conn, key, keep=keep)
+            assert observer.holders(key) == set()
+            return
+        lock = pgsolo.session_lock(conn.conn, key, keep=keep)
+        assert lock.acquire()
+        terminate(observer, conn.pid())
+        wait_until_lost(lock, poll=eventually)
+        assert lock.loss is not None
+        assert lock.loss.reason == "connection-lost"
