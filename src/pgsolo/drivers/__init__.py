@@ -183,10 +183,10 @@ def edged(statements: Sequence[str], edge: Edge | None, *, begins_implicitly: bo
 # install; each module's ``adapt`` returns None for a type of its library it does not
 # take (a cursor, an Engine).
 _ADAPTERS = {
-    "psycopg": "._psycopg",
+    "psycopg": "._psycopg_adapt",
     "psycopg2": "._psycopg2",
     "asyncpg": "._asyncpg",
-    "sqlalchemy": "._sqlalchemy",
+    "sqlalchemy": "._sqlalchemy_adapt",
     "django": "._django",
 }
 

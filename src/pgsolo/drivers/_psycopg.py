@@ -39,7 +39,6 @@ from .deadlines import DEADLINES, shut_down_socket, socket_address
 __all__ = [
     "Deadline",
     "PsycopgBase",
-    "adapt",
     "bound_answers",
     "exchange_beat",
     "has_row",
@@ -60,19 +59,6 @@ _STATUS = {
     pq.TransactionStatus.INERROR: TxStatus.INERROR,
     pq.TransactionStatus.UNKNOWN: TxStatus.UNKNOWN,
 }
-
-
-def adapt(connection: object) -> object | None:
-    """The adapter of a psycopg 3 connection (see :func:`pgsolo.drivers.adapt`)."""
-    # The adapters import this module's base class: imported here, not at the top.
-    from ._async.psycopg_driver import AsyncPsycopgDriver  # noqa: PLC0415
-    from ._sync.psycopg_driver import PsycopgDriver  # noqa: PLC0415
-
-    if isinstance(connection, psycopg.Connection):
-        return PsycopgDriver(connection)
-    if isinstance(connection, psycopg.AsyncConnection):
-        return AsyncPsycopgDriver(connection)
-    return None
 
 
 # Connections pgsolo opened itself, and how many seconds the server has to answer each

@@ -50,7 +50,6 @@ __all__ = [
     "SqlAlchemyBase",
     "aautocommitting",
     "acore_of",
-    "adapt",
     "as_async",
     "as_sync",
     "astart_driver_transaction",
@@ -67,24 +66,6 @@ _SESSION_LOCK_REFUSAL = (
     " would reach another server session); take it on an Engine connection instead:"
     " `with engine.connect() as conn: with session_lock(conn, key): ...`"
 )
-
-
-def adapt(connection: object) -> object | None:
-    """The adapter of a SQLAlchemy object (see :func:`pgsolo.drivers.adapt`)."""
-    # The adapters import this module's base class: imported here, not at the top.
-    from ._async.sqlalchemy_driver import AsyncSqlAlchemyDriver  # noqa: PLC0415
-    from ._sync.sqlalchemy_driver import SqlAlchemyDriver  # noqa: PLC0415
-
-    if isinstance(connection, Engine | AsyncEngine):
-        raise UnsupportedConnectionError(
-            "pgsolo takes a connection, not an Engine: pass one of its connections"
-            " (`with engine.connect() as conn:`, `async with engine.connect() as conn:`)"
-        )
-    if isinstance(connection, Connection | Session):
-        return SqlAlchemyDriver(connection)
-    if isinstance(connection, AsyncConnection | AsyncSession):
-        return AsyncSqlAlchemyDriver(connection)
-    return None
 
 
 class SqlAlchemyBase:
