@@ -201,12 +201,11 @@ SUPPORTED_CONNECTIONS = (
 def adapt(connection: object) -> SyncDriver | AsyncDriver:
     """The adapter for ``connection``, chosen by its type. Anything else raises
     :class:`~pgsolo.UnsupportedConnectionError` naming what is supported."""
-    kind = type(connection)
-    module = _ADAPTERS.get(kind.__module__.partition(".")[0])
+    module = _ADAPTERS.get(type(connection).__module__.partition(".")[0])
     driver = import_module(module, __name__).adapt(connection) if module else None
     if driver is None:
         raise UnsupportedConnectionError(
-            f"pgsolo takes {SUPPORTED_CONNECTIONS}; got {kind.__module__}.{kind.__qualname__}"
+            f"pgsolo takes {SUPPORTED_CONNECTIONS}; got {_name_of(connection)}"
         )
     return cast("SyncDriver | AsyncDriver", driver)
 
@@ -272,7 +271,11 @@ def as_sync(driver: SyncDriver | AsyncDriver) -> SyncDriver:
 def adapt_sync(connection: object) -> SyncDriver:
     driver = adapt(connection)
     if is_async(driver):
-        raise UnsupportedConnectionError("this call needs a sync connection; use the async variant")
+        raise UnsupportedConnectionError(
+            f"this call takes a sync connection, and {_name_of(connection)} is async: use the"
+            " call's async variant where it has one (xact_lock and session_lock take both;"
+            " run_job_async, run_once_async, advisory_locks_async)"
+        )
     return as_sync(driver)
 
 
@@ -280,6 +283,12 @@ def adapt_async(connection: object) -> AsyncDriver:
     driver = adapt(connection)
     if not is_async(driver):
         raise UnsupportedConnectionError(
-            "this call needs an async connection; use the sync variant"
+            f"this call takes an async connection, and {_name_of(connection)} is sync: use"
+            " the sync variant (run_job, run_once, advisory_locks)"
         )
     return driver
+
+
+def _name_of(connection: object) -> str:
+    kind = type(connection)
+    return f"{kind.__module__}.{kind.__qualname__}"
