@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 import pgsolo
+from _drivers import asyncpg_options
 from _support import WORK, aeventually, unique_name
 from pgsolo import (
     Key,
@@ -354,9 +355,7 @@ async def test_keeper_is_refused_before_any_sql(apg: Any, observer: Any, key: Ke
 
 async def test_session_lock_through_transaction_pooling_is_refused(bouncer: Any, key: Key) -> None:
     """The proxy check is SQL: PgBouncer in transaction mode is found and refused."""
-    conn = await asyncpg.connect(
-        f"postgresql://postgres@127.0.0.1:{bouncer.port}/postgres", statement_cache_size=0
-    )
+    conn = await asyncpg.connect(**asyncpg_options(bouncer.dsn), statement_cache_size=0)
     try:
         with pytest.raises(UnsafeConnectionError):
             await pgsolo.session_lock(conn, key).acquire()

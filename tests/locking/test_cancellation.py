@@ -34,13 +34,23 @@ async def wait_until_waiting(observer: Any, key: Key, pid: int, task: asyncio.Ta
         await asyncio.sleep(0.005)
 
 
-async def end_callers_transaction(conn: Any, lifetime: str, autocommit: bool) -> None:
+async def end_callers_transaction(
+    conn: Any, lifetime: str, autocommit: bool, *, may_abort: bool = False
+) -> None:
     """With autocommit off, a transaction lock joins psycopg's implicit transaction: that
     transaction is the caller's, still open and usable after the block or the cancelled
     wait, and only the caller ends it (pgsolo never commits or rolls back the caller's
-    work). End it here, as the caller would."""
+    work). End it here, as the caller would.
+
+    ``may_abort``: the cancellation may have reached the server before pgsolo's savepoint
+    existed (while psycopg's own BEGIN was in flight), and aborted the caller's transaction
+    as it would abort one of the caller's own statements; nothing is held either way."""
     if lifetime == "xact" and not autocommit:
-        assert conn.info.transaction_status is pq.TransactionStatus.INTRANS
+        status = conn.info.transaction_status
+        if may_abort and status is pq.TransactionStatus.INERROR:
+            await conn.rollback()
+            return
+        assert status is pq.TransactionStatus.INTRANS
         cur = await conn.execute("SELECT 1")  # usable, not aborted
         assert await cur.fetchone() == (1,)
         await conn.rollback()
@@ -253,7 +263,7 @@ async def test_wait_cancelled_at_each_step_is_prompt_and_clean(
             and conn.info.transaction_status is pq.TransactionStatus.IDLE
         ):
             continue  # cancelled before psycopg opened the caller's implicit transaction
-        await end_callers_transaction(conn, lifetime, autocommit)
+        await end_callers_transaction(conn, lifetime, autocommit, may_abort=True)
         await assert_clean(conn, observer)
     await holder.release()
     await assert_clean(conn, observer)

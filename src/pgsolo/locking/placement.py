@@ -83,30 +83,23 @@ def xact_acquisition(core: LockCore, *, in_callers_transaction: bool) -> list[st
     acquire = _acquire(core)
     if core.wait_ms is None:
         return [acquire]
-    if in_callers_transaction:
-        # A savepoint keeps the caller's transaction usable if the wait times out
-        # (or the server turns out to be a standby).
-        statements = [
-            sql.SAVE_LOCK_TIMEOUT,
-            sql.SAVEPOINT,
-            sql.REFUSE_STANDBY,
-            sql.set_local_lock_timeout(core.wait_ms),
-            acquire,
-            sql.SAVEPOINT_RELEASE,
-            sql.RESTORE_LOCK_TIMEOUT,
-        ]
-    else:
-        # The bound is for the wait only: the protected statements that follow run
-        # with the connection's own lock_timeout, put back in the same round trip.
-        statements = [
-            sql.SAVE_LOCK_TIMEOUT,
-            sql.REFUSE_STANDBY,
-            sql.set_local_lock_timeout(core.wait_ms),
-            acquire,
-            sql.RESTORE_LOCK_TIMEOUT,
-        ]
+    # The bound is for the wait only: the protected statements that follow run with the
+    # connection's own lock_timeout, put back in the same round trip.
+    statements = [
+        sql.SAVE_LOCK_TIMEOUT,
+        sql.REFUSE_STANDBY,
+        sql.set_local_lock_timeout(core.wait_ms),
+        acquire,
+        sql.RESTORE_LOCK_TIMEOUT,
+    ]
     if core.fencing:  # the restore's row came last
         statements.append(sql.LAST_FENCING_TOKEN)
+    if in_callers_transaction:
+        # A savepoint keeps the caller's transaction usable if the wait times out (or the
+        # server turns out to be a standby), and every statement is inside it: one that
+        # an interruption cancels fails in the savepoint, never in the caller's
+        # transaction (what the statements set outlives the savepoint's release).
+        return [sql.SAVEPOINT, *statements, sql.SAVEPOINT_RELEASE]
     return statements
 
 
