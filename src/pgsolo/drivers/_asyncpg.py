@@ -119,6 +119,7 @@ class AsyncpgDriver:
     def __init__(self, conn: Any) -> None:
         self._conn = conn
         self._checkout = _checkout_of(conn)
+        self._aborted_at: int | None = None  # see transaction_status
         self._last_pid = 0
         self._last_info = ServerInfo(
             database="?", host="?", port=None, user="?", application_name=""
@@ -135,8 +136,14 @@ class AsyncpgDriver:
     def transaction_status(self) -> TxStatus:
         if self.is_closed():
             return TxStatus.UNKNOWN
-        # An aborted transaction looks open here; it is found at its COMMIT (module doc).
-        return TxStatus.INTRANS if self._conn.is_in_transaction() else TxStatus.IDLE
+        if not self._conn.is_in_transaction():
+            return TxStatus.IDLE
+        # asyncpg does not say whether the open transaction is aborted: pgsolo knows when
+        # its own round trip aborted it, until the next statement on the connection (any
+        # other is the caller's, and may have rolled back to a savepoint of its own). An
+        # abort pgsolo did not see is found at its COMMIT (module doc).
+        aborted = self._aborted_at is not None and self._aborted_at == self._queries()
+        return TxStatus.INERROR if aborted else TxStatus.INTRANS
 
     def backend_pid(self) -> int:
         if not self.is_closed():
@@ -195,11 +202,17 @@ class AsyncpgDriver:
             return None
         try:
             tag, value = await _exchange(self._conn, sent)
+        except asyncio.CancelledError:
+            await self._find_out_if_aborted()
+            raise
         except asyncpg.PostgresError as exc:
+            # An error inside a transaction block aborts it.
+            self._aborted_at = self._queries() if self._conn.is_in_transaction() else None
             if edge == "commit" and self.sqlstate(exc) == _IN_FAILED_TRANSACTION:
                 await self._conn.execute(sql.ROLLBACK)
                 raise _failed_transaction() from exc
             raise
+        self._aborted_at = None
         if edge == "commit" and tag == sql.ROLLBACK:  # COMMIT of an aborted transaction
             raise _failed_transaction()
         return value
@@ -227,6 +240,27 @@ class AsyncpgDriver:
         raise UsageError(KEEPER_REFUSED)  # refused before any lock is taken; never sent
 
     # - helpers -
+
+    def _queries(self) -> int:
+        """How many statements asyncpg has sent on the connection (pgsolo's COPY-out
+        messages aside): what tells whether anything ran since pgsolo's last round trip."""
+        return int(self._conn._protocol.queries_count)
+
+    async def _find_out_if_aborted(self) -> None:
+        """After a cancelled round trip in a transaction: whether the cancellation aborted
+        it (it did if it landed on a statement), asked with a statement that changes
+        nothing either way (an aborted transaction refuses it with 25P02)."""
+        self._aborted_at = None
+        if self.is_closed() or not self._conn.is_in_transaction():
+            return
+        # Anything else (a dead connection, a second cancellation of a caller on its way
+        # out already) leaves nothing to find out.
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            try:
+                await self._conn.execute(sql.CHANGES_NOTHING)
+            except asyncpg.PostgresError as exc:
+                if self.sqlstate(exc) == _IN_FAILED_TRANSACTION:
+                    self._aborted_at = self._queries()
 
     def _released(self) -> bool:
         """The pooled connection went back to its pool since this driver was made."""

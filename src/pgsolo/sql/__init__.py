@@ -27,6 +27,7 @@ from .ledger import (
 )
 from .locks import (
     BEGIN,
+    CHANGES_NOTHING,
     COMMIT,
     FENCING_SEQUENCE,
     IN_RECOVERY,
@@ -99,6 +100,7 @@ from .text import (
 __all__ = [
     "ADVISORY_LOCK_FUNCTIONS_PATTERN",
     "BEGIN",
+    "CHANGES_NOTHING",
     "CLEAR_ACTIVITY_SNAPSHOT",
     "COMMIT",
     "DOCTOR",

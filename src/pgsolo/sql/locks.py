@@ -10,6 +10,7 @@ from .text import sql_literal, utf8
 
 __all__ = [
     "BEGIN",
+    "CHANGES_NOTHING",
     "COMMIT",
     "FENCING_SEQUENCE",
     "IN_RECOVERY",
@@ -44,6 +45,8 @@ BEGIN = "BEGIN"
 COMMIT = "COMMIT"
 ROLLBACK = "ROLLBACK"
 UNLOCK_ALL = "SELECT pg_advisory_unlock_all()"
+# Changes nothing; an aborted transaction refuses it (25P02), which is what it asks.
+CHANGES_NOTHING = "SELECT 1"
 
 # Inside the caller's transaction, pgsolo's statements run in a savepoint: rolling back
 # to it after an error or an interruption keeps the caller's transaction usable (and
