@@ -30,6 +30,8 @@ from typing import Any, TypeVar
 
 import psycopg
 import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 from psycopg import sql as pgsql
 
@@ -731,3 +733,49 @@ VECTORS = {
     "tenant-export": (-4731608009049143110, -1101663339),
     "Grüße": (-559005354142841542, -130153577),
 }
+
+
+# -- property-based tests (tests/fuzz/) -----------------------------------------------------
+
+# HYPOTHESIS_PROFILE=long (registered in conftest.py) runs each property this many times
+# more examples than the modest count it names, for a long run by hand.
+FUZZ_SCALE = 50 if os.environ.get("HYPOTHESIS_PROFILE") == "long" else 1
+
+
+def fuzz(examples: int) -> settings:
+    """The settings of one property: ``examples`` examples (times FUZZ_SCALE)."""
+    return settings(max_examples=examples * FUZZ_SCALE)
+
+
+# Text a user may type or a program may build: every Unicode category, lone surrogates
+# (which no UTF-8 can carry), NUL, quotes, backslashes, %, whitespace only, and long runs of
+# multi-byte characters around pgsolo's byte limits.
+ANY_CHARACTER = st.one_of(
+    st.characters(exclude_categories=()),
+    st.characters(categories=["Cs"]),
+    st.sampled_from(["\0", "'", '"', "\\", "%", " ", "\t", "\n"]),
+)
+FRAGMENTS = st.sampled_from(["%s", "%(x)s", "$$", "\\x00", "';--", "E'\\'", "\\u0000", "::int"])
+HOSTILE_TEXT = st.one_of(
+    st.lists(st.one_of(ANY_CHARACTER, FRAGMENTS), max_size=30).map("".join),
+    st.text(st.sampled_from([" ", "\t", "\n", "\u3000", "\u00a0"]), max_size=5),
+    st.builds(
+        lambda c, n: c * n,
+        st.sampled_from(["a", "é", "€", "東", "😀", "\\", "'"]),
+        st.integers(250, 1100),
+    ),
+)
+
+
+@contextlib.contextmanager
+def nothing_sent(conn: psycopg.Connection[Any], observer: Any) -> Iterator[None]:
+    """Fail unless the block sends no statement on ``conn``: its last query (as
+    pg_stat_activity shows it) is still a marker run just before, its transaction status
+    is unchanged, and it holds no advisory lock afterwards."""
+    marker = f"SELECT 'pgsolo-fuzz-{uuid.uuid4().hex}'"
+    conn.execute(marker)
+    status = conn.info.transaction_status
+    yield
+    assert conn.info.transaction_status == status
+    assert activity(observer, conn.info.backend_pid)[1] == marker
+    assert observer.advisory(pid=conn.info.backend_pid) == set()

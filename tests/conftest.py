@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import psycopg
 import pytest
+from hypothesis import HealthCheck, settings
 from psycopg import sql as pgsql
 from psycopg.conninfo import make_conninfo
 
@@ -24,6 +25,18 @@ from _cluster import Replicas, replica_pair, replicas  # noqa: F401 - fixtures
 from _support import WORK, AConnect, Connect, aclosing_all, closing_all
 from pgsolo.embedded import embedded_server
 from pgsolo.keys import Key, decode_pg_lock
+
+# Property-based tests (tests/fuzz/): no deadline (a real server answers each example, and a
+# shared machine's pauses are no bug), and a connection fixture reused across the examples
+# of one test on purpose (each example leaves it as it found it, which is checked).
+# HYPOTHESIS_PROFILE=long multiplies every property's example count (_support.fuzz).
+settings.register_profile(
+    "pgsolo",
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+settings.register_profile("long", parent=settings.get_profile("pgsolo"))
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "pgsolo"))
 
 
 @pytest.fixture(scope="session")
