@@ -54,17 +54,27 @@ _SECRET_PAIR = re.compile(
 )
 
 
+def _libpq_params(dsn: str) -> ConnDict | None:
+    """libpq's reading of ``dsn``, or None for a string it cannot read: a syntax error,
+    or text that is not valid Unicode (a lone surrogate, which is what an undecodable
+    byte of a command line or of the environment becomes in Python) and so cannot even
+    be handed to libpq."""
+    try:
+        return conninfo_to_dict(dsn) if dsn else {}
+    except (psycopg.Error, UnicodeEncodeError):
+        return None
+
+
 def parse_dsn(dsn: str) -> ConnDict:
     """The parameters of ``dsn`` (a URI or key=value string, possibly multi-host), or
     :class:`~pgsolo.InvalidDsnError` for one libpq would refuse. The message never
     quotes the string: the part that could not be read may be a password."""
-    try:
-        params = conninfo_to_dict(dsn) if dsn else {}
-    except psycopg.Error:
+    params = _libpq_params(dsn)
+    if params is None:
         raise InvalidDsnError(
             "the connection string cannot be parsed (libpq's message is not shown: it may"
             " contain a password)"
-        ) from None
+        )
     for port in str(params.get("port") or "").split(","):
         if port and not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
             # Not quoted: in "port= password=..." libpq reads the password as the port.
@@ -85,10 +95,7 @@ def redact_dsn(dsn: str) -> str:
     """
     if not dsn or dsn.strip().lower() == EMBEDDED:
         return dsn
-    try:
-        params: ConnDict | None = conninfo_to_dict(dsn)
-    except psycopg.Error:
-        params = None  # not valid; redact by pattern, best effort
+    params = _libpq_params(dsn)  # None: not valid; redact by pattern, best effort
     if dsn.startswith(_URI_PREFIXES):
         redacted = _redact_uri(dsn)
     else:
@@ -103,10 +110,9 @@ def redact_dsn(dsn: str) -> str:
 
 def _redact_uri(uri: str) -> str:
     scheme, _, rest = uri.partition("://")
-    # Like libpq: user info is whatever precedes the first '@' that comes before any '/'.
     userinfo = ""
-    if (match := re.match(r"[^@/]*@", rest)) is not None:
-        userinfo, rest = match.group()[:-1], rest[match.end() :]
+    if (split := _split_userinfo(rest)) is not None:
+        userinfo, rest = split
         user, colon, password = userinfo.partition(":")
         if colon and password:
             userinfo = f"{user}:{REDACTED}"
@@ -123,20 +129,30 @@ def _redact_uri(uri: str) -> str:
     return f"{scheme}://{userinfo}{location}{question}{query}"
 
 
+def _split_userinfo(rest: str) -> tuple[str, str] | None:
+    """(user info, the rest) of a URI after its ``scheme://``, or None without one.
+
+    libpq's user info runs up to the first '@' before any '/' ('?' included). A password
+    written without percent-encoding may hold '@' or '/' too, and libpq then reads its
+    pieces as a host, a port or a database name: so the user info is taken up to the
+    last '@' before the query, when that is further, as the user meant it.
+    """
+    libpq = re.match(r"[^@/]*@", rest)
+    at = max(libpq.end() - 1 if libpq else -1, rest.partition("?")[0].rfind("@"))
+    return None if at < 0 else (rest[:at], rest[at + 1 :])
+
+
 def scrub_secrets(message: str, dsn: str) -> str:
     """``message`` (say, a driver error) with any secret of ``dsn`` blanked out."""
     secrets: set[str] = set()
-    try:
-        params = conninfo_to_dict(dsn) if dsn and dsn.strip().lower() != EMBEDDED else {}
-        secrets.update(str(params[k]) for k in SECRET_KEYS if params.get(k))
-    except psycopg.Error:
-        pass
+    params = _libpq_params(dsn) if dsn.strip().lower() != EMBEDDED else {}
+    secrets.update(str(params[k]) for k in SECRET_KEYS if params and params.get(k))
     for match in _SECRET_PAIR.finditer(dsn):
         secrets.add(match.group("value").strip("'"))
     if dsn.startswith(_URI_PREFIXES):
-        head = re.match(r"[^:]*://([^@/]*)@", dsn)
-        if head and ":" in head.group(1):
-            password = head.group(1).partition(":")[2]
+        split = _split_userinfo(dsn.partition("://")[2])
+        if split and ":" in split[0]:
+            password = split[0].partition(":")[2]
             secrets.update({password, unquote(password)})
     if dsn and dsn in message:
         message = message.replace(dsn, redact_dsn(dsn))
@@ -168,10 +184,7 @@ def application_name_for(dsn: str, default: str, explicit: str | None = None) ->
     already in the DSN or in ``PGAPPNAME``, else pgsolo's default."""
     if explicit:
         return explicit
-    try:
-        given = conninfo_to_dict(dsn).get("application_name") if dsn else None
-    except psycopg.Error:
-        given = None
+    given = (_libpq_params(dsn) or {}).get("application_name")
     return str(given or os.environ.get("PGAPPNAME") or default)[:MAX_APPLICATION_NAME]
 
 
