@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 import psycopg
 import pytest
-from hypothesis import settings
+from hypothesis import example, settings
 from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 from psycopg import sql as pgsql
@@ -745,6 +745,17 @@ FUZZ_SCALE = 50 if os.environ.get("HYPOTHESIS_PROFILE") == "long" else 1
 def fuzz(examples: int) -> settings:
     """The settings of one property: ``examples`` examples (times FUZZ_SCALE)."""
     return settings(max_examples=examples * FUZZ_SCALE)
+
+
+def examples(found: list[Any]) -> Callable[[T], T]:
+    """``@example`` for each of ``found``: what a property once found runs every time."""
+
+    def add(test: T) -> T:
+        for value in reversed(found):
+            test = example(value)(test)  # type: ignore[assignment]
+        return test
+
+    return add
 
 
 # Text a user may type or a program may build: every Unicode category, lone surrogates
