@@ -10,7 +10,7 @@ from typing import Generic, TypeVar
 
 from .._types import Lifetime, Outcome, check_period
 from ..drivers.conninfo import DEFAULT_APP_PREFIX, application_name_for
-from ..errors import UsageError
+from ..errors import InvalidArgumentError, UsageError
 from ..keys import Key, KeyLike, Registry, as_key
 from ..locking.core import wait_ms_of
 from ..locking.keeper import Keep, as_keep
@@ -157,3 +157,9 @@ def refuse_cancel_without_tasks(job: Job, *, tasks: bool) -> None:
     before anything connects."""
     if not tasks and job.keep is not None and job.keep.cancel:
         raise UsageError("Keep(cancel=True) cancels an asyncio task: use run_job_async")
+
+
+def untranslatable_name(name: str | None) -> InvalidArgumentError:
+    """A job name the database cannot store or look up: its encoding (LATIN1, say) lacks
+    a character of it. pgsolo sends text as UTF-8 and the server refuses to convert it."""
+    return InvalidArgumentError(f"this database's encoding cannot hold the job name {name!r}")

@@ -32,7 +32,7 @@ from ..locking.plans import WORK, Plan
 from ..locking.watch import refuse_keeper
 from ..reasons import LostReason
 from ..schema import LATEST_VERSION, version_plan
-from .definition import Failure, Job, JobResult
+from .definition import Failure, Job, JobResult, untranslatable_name
 
 __all__ = [
     "attempt_plan",
@@ -258,11 +258,13 @@ class _Attempt:
         """The period check or the work raised ``exc``: let the lock go (never masking
         ``exc``), and say what that makes the attempt."""
         yield from self.core.exit(failed=True)
-        undefined_table = sql.meaning(self.driver.sqlstate(exc)) is sql.Meaning.NOT_MIGRATED
-        if undefined_table and self.job.period is not None and not in_work:
+        meaning = sql.meaning(self.driver.sqlstate(exc))
+        if meaning is sql.Meaning.NOT_MIGRATED and self.job.period is not None and not in_work:
             raise NotMigratedError(
                 "once-per-period runs need pgsolo's tables: run `pgsolo migrate` first"
             ) from exc
+        if meaning is sql.Meaning.UNTRANSLATABLE and not in_work:  # the period's job name
+            raise untranslatable_name(self.job.name) from exc
         if isinstance(exc, LockLostError):  # the keeper saw the lock go while the work ran
             return self._ended("lost", reason=exc.reason, error=exc)
         if not isinstance(exc, Exception):

@@ -16,7 +16,7 @@ from ..drivers import DriverBase, adapt_sync
 from ..errors import NotMigratedError
 from ..locking.placement import outside_transaction
 from ..locking.plans import Plan
-from .definition import Job, JobResult
+from .definition import Job, JobResult, untranslatable_name
 
 if TYPE_CHECKING:
     from ..drivers.kinds import SyncConnectionLike
@@ -93,6 +93,8 @@ def record_plan(
             raise NotMigratedError(
                 "record=True needs pgsolo's tables: run `pgsolo migrate` first"
             ) from exc
+        if sql.meaning(driver.sqlstate(exc)) is sql.Meaning.UNTRANSLATABLE:
+            raise untranslatable_name(job.name) from exc
         raise
     if result.outcome == "skipped" and result.reason == "busy":
         # Only a skip pays for this look back: repeated skips mean the work is slower
@@ -120,6 +122,8 @@ def history(
     except Exception as exc:
         if sql.meaning(driver.sqlstate(exc)) is sql.Meaning.NOT_MIGRATED:
             raise NotMigratedError("no ledger: run `pgsolo migrate` first") from exc
+        if sql.meaning(driver.sqlstate(exc)) is sql.Meaning.UNTRANSLATABLE:
+            raise untranslatable_name(job) from exc
         raise
     return history_rows(rows)
 

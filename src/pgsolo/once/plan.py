@@ -17,6 +17,7 @@ from .._types import OnceOutcome
 from ..drivers import DriverBase, TxStatus
 from ..errors import (
     InvalidOperationError,
+    InvalidOperationKeyError,
     LockLostError,
     LockTimeoutError,
     NotMigratedError,
@@ -115,6 +116,10 @@ def _read(op: Operation, core: LockCore) -> Plan[dict[str, Any] | None]:
         if sql.meaning(driver.sqlstate(exc)) is sql.Meaning.NOT_MIGRATED:
             raise NotMigratedError(
                 "operation keys need pgsolo's tables: run `pgsolo migrate` first"
+            ) from exc
+        if sql.meaning(driver.sqlstate(exc)) is sql.Meaning.UNTRANSLATABLE:
+            raise InvalidOperationKeyError(
+                f"this database's encoding cannot hold the operation key {op.op_key!r}"
             ) from exc
         raise
     row = sql.read_json(text)

@@ -24,6 +24,7 @@ SQLSTATE_LOCK_NOT_AVAILABLE = "55P03"  # lock_timeout ran out
 SQLSTATE_DEADLOCK = "40P01"
 SQLSTATE_UNDEFINED_TABLE = "42P01"
 SQLSTATE_INVALID_SCHEMA_NAME = "3F000"
+SQLSTATE_UNTRANSLATABLE = "22P05"  # text the database's encoding cannot hold
 SQLSTATE_IN_RECOVERY = "PGSRC"  # raised by sql.locks.REFUSE_STANDBY
 SQLSTATE_LOCK_GONE = "PGSLG"  # raised by sql.locks.assert_same_transaction
 SQLSTATE_ATTEMPT_SUPERSEDED = "PGSLS"  # raised by sql.once.once_succeed
@@ -36,6 +37,7 @@ class Meaning(enum.Enum):
     IN_RECOVERY = "the server is in recovery (a standby)"
     LOCK_GONE = "a transaction-level lock was no longer held at commit"
     SUPERSEDED = "another caller took an operation over"
+    UNTRANSLATABLE = "the database's encoding cannot hold a character of the text"
 
 
 _MEANINGS: dict[str, Meaning] = {
@@ -46,6 +48,7 @@ _MEANINGS: dict[str, Meaning] = {
     SQLSTATE_IN_RECOVERY: Meaning.IN_RECOVERY,
     SQLSTATE_LOCK_GONE: Meaning.LOCK_GONE,
     SQLSTATE_ATTEMPT_SUPERSEDED: Meaning.SUPERSEDED,
+    SQLSTATE_UNTRANSLATABLE: Meaning.UNTRANSLATABLE,
 }
 
 
