@@ -1,0 +1,42 @@
+"""The command line's arguments, fuzzed in process (``pgsolo.cli.main``): any value of
+``pgsolo key NAME``, ``run --key/--wait``, ``locks --key``, ``doctor --older-than`` ends
+with an exit code (0, 1, 75; 2 with a one-line message for a usage error), never an
+exception out of ``main`` (a traceback)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from _support import HOSTILE_TEXT, fuzz
+from pgsolo.cli import main
+
+# What a shell can pass: no NUL, and surrogates only for undecodable bytes.
+ARGUMENT = HOSTILE_TEXT.filter(
+    lambda text: "\0" not in text and all(not 0xD800 <= ord(c) < 0xDC80 for c in text)
+)
+NUMBERS = st.one_of(ARGUMENT, st.floats().map(str), st.integers().map(str))
+COMMANDS = st.one_of(
+    st.builds(lambda k: ["key", k], ARGUMENT),
+    st.builds(lambda k, w: ["run", "--key", k, "--wait", w, "--", "true"], ARGUMENT, NUMBERS),
+    st.builds(lambda k: ["locks", "--key", k], ARGUMENT),
+    st.builds(lambda s: ["doctor", "--older-than", s], NUMBERS),
+)
+
+
+@fuzz(80)
+@given(COMMANDS)
+def test_any_argument_ends_with_an_exit_code_never_a_traceback(
+    db: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, argv: Any
+) -> None:
+    monkeypatch.setenv("PGSOLO_DSN", db)
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    code = main(argv)
+    _, err = capsys.readouterr()
+    assert code in (0, 1, 2, 75), err
+    assert "Traceback" not in err
+    if code == 2:
+        assert err.strip(), "a usage error says why"
