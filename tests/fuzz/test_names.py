@@ -86,10 +86,19 @@ def test_any_job_name_is_recorded_and_read_back_equal_or_refused_before_any_sql(
             with nothing_sent(conn, observer), pytest.raises(pgsolo.UsageError):
                 pgsolo.run_job(conn, key, lambda c: "never", name=name, record=True)
         else:
+            ran: list[object] = []
+
+            def work(c: object) -> str:
+                ran.append(c)
+                return "ran"
+
             try:
-                result = pgsolo.run_job(conn, key, lambda c: "ran", name=name, record=True)
+                result = pgsolo.run_job(conn, key, work, name=name, record=True)
             except pgsolo.InvalidArgumentError:  # the database's encoding lacks a character
                 assert place[0] not in ("UTF8", "SQL_ASCII")
+                # Refused before the work: a job whose work ran must never end in an error
+                # that invites the caller to run it again.
+                assert ran == []
             else:
                 assert (result.outcome, result.value) == ("completed", "ran")
                 [row] = pgsolo.history(conn, job=name, limit=1)

@@ -71,10 +71,16 @@ def attempt_plan(job: Job, core: LockCore) -> Plan[JobResult[Any]]:
 def ledger_ready(job: Job, driver: DriverBase) -> Plan[None]:
     """Before the lock: pgsolo's tables are there, at the version this pgsolo needs.
 
-    Checked before the work runs: finding out afterwards would fail a run whose work is
-    done, and the caller's retry would do it twice.
+    Checked before the work runs, with whether the database's encoding can hold the job's
+    name: finding out afterwards would fail a run whose work is done, and the caller's
+    retry would do it twice.
     """
-    version = yield from version_plan(driver)
+    try:
+        version = yield from version_plan(driver, first=[sql.name_fits(job.name)])
+    except Exception as exc:
+        if sql.meaning(driver.sqlstate(exc)) is sql.Meaning.UNTRANSLATABLE:
+            raise untranslatable_name(job.name) from exc
+        raise
     if version >= LATEST_VERSION:
         return
     options = (("record=True", job.record), ("period=", job.period is not None))

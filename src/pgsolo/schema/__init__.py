@@ -9,6 +9,7 @@ transaction that holds an advisory lock of its own, and recorded in
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from importlib import resources
 from typing import TYPE_CHECKING
 
@@ -83,7 +84,7 @@ def migrate(conn: SyncConnectionLike) -> list[int]:
     return drive(_migrate_plan(driver), driver)
 
 
-def version_plan(driver: DriverBase) -> Plan[int]:
+def version_plan(driver: DriverBase, *, first: Sequence[str] = ()) -> Plan[int]:
     """The version of pgsolo's tables in this database (0: never migrated), as a plan:
     :func:`schema_version` drives it, and so does every job attempt that needs the
     tables (``record``, ``period``; ``pgsolo run --record``/``--once-per``).
@@ -91,20 +92,24 @@ def version_plan(driver: DriverBase) -> Plan[int]:
     One round trip where pgsolo's tables are there (the case that matters, since every
     such job pays it): the version is read directly, and a missing table, which fails
     the statement when it is parsed, means version 0. Inside the caller's transaction the
-    read runs in a savepoint, so that the failure costs the transaction nothing."""
+    read runs in a savepoint, so that the failure costs the transaction nothing.
+    ``first``: statements sent before the read in the same message (a job's check that
+    the database can hold its name); their failure is raised once the connection is put
+    back as it was."""
     status = driver.transaction_status()
-    read = [sql.SCHEMA_VERSION]
+    read = [*first, sql.SCHEMA_VERSION]
     if status is TxStatus.INTRANS:
         read = [sql.SAVEPOINT, *read, sql.SAVEPOINT_RELEASE]
     try:
         version = yield outside_transaction(driver, read)
     except Exception as exc:
+        if not driver.is_closed():
+            if status is TxStatus.INTRANS:
+                yield [sql.SAVEPOINT_UNDO, sql.SAVEPOINT_RELEASE]
+            elif driver.transaction_status() in (TxStatus.INTRANS, TxStatus.INERROR):
+                yield [sql.ROLLBACK]  # the transaction the driver opened for the read
         if sql.meaning(driver.sqlstate(exc)) is not sql.Meaning.NOT_MIGRATED:
             raise
-        if status is TxStatus.INTRANS:
-            yield [sql.SAVEPOINT_UNDO, sql.SAVEPOINT_RELEASE]
-        elif driver.transaction_status() in (TxStatus.INTRANS, TxStatus.INERROR):
-            yield [sql.ROLLBACK]  # the transaction the driver opened for the read
         return 0
     return int(str(version))
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from .ledger import (
     history,
+    name_fits,
     period_done,
     period_record,
     period_start,
@@ -139,6 +140,7 @@ __all__ = [
     "lock_function",
     "mark_transaction",
     "meaning",
+    "name_fits",
     "name_to_sql",
     "once_fail",
     "once_read",

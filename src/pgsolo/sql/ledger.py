@@ -8,11 +8,19 @@ from .text import sql_text, text_or_null, utf8
 
 __all__ = [
     "history",
+    "name_fits",
     "period_done",
     "period_record",
     "period_start",
     "record_attempt",
 ]
+
+
+def name_fits(job: str) -> str:
+    """Fails (SQLSTATE 22P05) when the database's encoding cannot hold a character of the
+    job's name, which the ledger and the period records store: asked before the work runs,
+    in the round trip that reads the schema's version."""
+    return f"SELECT length({sql_text(job)})"
 
 
 def period_start(period: str) -> str:
