@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import time
 import uuid
 from typing import Any
 
@@ -30,6 +31,7 @@ from _relay import FreezingProxy
 from _support import (
     DEADLINE,
     INTERVAL,
+    WATCHED_INTERVAL,
     AConnect,
     OnLost,
     activity,
@@ -253,6 +255,37 @@ async def test_cancel_true_cancels_the_holder_and_the_block_raises_the_loss(
     assert on_lost.errors == [error]
     assert keeper_tasks(key) == []
     assert observer.holders(key) == set()
+
+
+async def test_cancel_true_cancels_the_holder_as_soon_as_the_socket_says_so(
+    aconnect: AConnect, observer: Any, key: Key
+) -> None:
+    """With a long interval, only the watch of the socket between beats can explain a
+    cancellation within its first half: the holder stops while the next one may start."""
+    conn = await aconnect()
+    on_lost = OnLost()
+    started = asyncio.Event()
+    keep = Keep(interval=WATCHED_INTERVAL, on_lost=on_lost, cancel=True)
+    lock = pgsolo.session_lock(conn, key, keep=keep)
+
+    async def work() -> None:
+        async with lock:
+            started.set()
+            await asyncio.sleep(30)
+
+    task = asyncio.create_task(work())
+    await asyncio.wait_for(started.wait(), DEADLINE)
+    acquired = time.monotonic()
+    assert lock.backend_pid is not None
+    terminate(observer, lock.backend_pid)
+    done, _ = await asyncio.wait({task}, timeout=DEADLINE)
+    assert task in done, "the holder's task was not cancelled"
+    assert time.monotonic() - acquired < WATCHED_INTERVAL / 2, "cancelled only at a beat"
+    error = task.exception()
+    assert isinstance(error, LockLostError)
+    assert error.reason == "connection-lost"
+    assert on_lost.errors == [error]
+    assert keeper_tasks(key) == []
 
 
 async def test_cancel_true_after_unlock_all_keeps_the_connection_usable(
