@@ -221,15 +221,20 @@ async def test_keeper_stops_on_release_and_reports_nothing_later(
 # -- cancel=True: the holder's task is cancelled ---------------------------------------------
 
 
+@pytest.mark.parametrize(
+    "interval", [INTERVAL, WATCHED_INTERVAL], ids=["short-interval", "long-interval"]
+)
 async def test_cancel_true_cancels_the_holder_and_the_block_raises_the_loss(
-    aconnect: AConnect, observer: Any, key: Key
+    aconnect: AConnect, observer: Any, key: Key, interval: float
 ) -> None:
+    """With the long interval, only the watch of the socket between beats can explain a
+    cancellation within its first half: the holder stops while the next one may start."""
     conn = await aconnect()
     on_lost = OnLost()
     started = asyncio.Event()
     reached_the_end = False
     lock = pgsolo.session_lock(
-        conn, key, keep=Keep(interval=INTERVAL, on_lost=on_lost, cancel=True)
+        conn, key, keep=Keep(interval=interval, on_lost=on_lost, cancel=True)
     )
 
     async def work() -> None:
@@ -241,10 +246,13 @@ async def test_cancel_true_cancels_the_holder_and_the_block_raises_the_loss(
 
     task = asyncio.create_task(work())
     await asyncio.wait_for(started.wait(), DEADLINE)
+    acquired = time.monotonic()
     assert lock.backend_pid is not None
     terminate(observer, lock.backend_pid)
     done, _ = await asyncio.wait({task}, timeout=DEADLINE)
     assert task in done, "the holder's task was not cancelled"
+    if interval == WATCHED_INTERVAL:
+        assert time.monotonic() - acquired < interval / 2, "cancelled only at a beat"
     assert not task.cancelled()  # it ended with the loss, not with CancelledError
     error = task.exception()
     assert isinstance(error, LockLostError)
@@ -255,37 +263,6 @@ async def test_cancel_true_cancels_the_holder_and_the_block_raises_the_loss(
     assert on_lost.errors == [error]
     assert keeper_tasks(key) == []
     assert observer.holders(key) == set()
-
-
-async def test_cancel_true_cancels_the_holder_as_soon_as_the_socket_says_so(
-    aconnect: AConnect, observer: Any, key: Key
-) -> None:
-    """With a long interval, only the watch of the socket between beats can explain a
-    cancellation within its first half: the holder stops while the next one may start."""
-    conn = await aconnect()
-    on_lost = OnLost()
-    started = asyncio.Event()
-    keep = Keep(interval=WATCHED_INTERVAL, on_lost=on_lost, cancel=True)
-    lock = pgsolo.session_lock(conn, key, keep=keep)
-
-    async def work() -> None:
-        async with lock:
-            started.set()
-            await asyncio.sleep(30)
-
-    task = asyncio.create_task(work())
-    await asyncio.wait_for(started.wait(), DEADLINE)
-    acquired = time.monotonic()
-    assert lock.backend_pid is not None
-    terminate(observer, lock.backend_pid)
-    done, _ = await asyncio.wait({task}, timeout=DEADLINE)
-    assert task in done, "the holder's task was not cancelled"
-    assert time.monotonic() - acquired < WATCHED_INTERVAL / 2, "cancelled only at a beat"
-    error = task.exception()
-    assert isinstance(error, LockLostError)
-    assert error.reason == "connection-lost"
-    assert on_lost.errors == [error]
-    assert keeper_tasks(key) == []
 
 
 async def test_cancel_true_after_unlock_all_keeps_the_connection_usable(
