@@ -422,6 +422,9 @@ def notes(observer: Any, table: str) -> list[str]:
 # -- the keeper, as pg_stat_activity shows it -----------------------------------------------
 
 INTERVAL = 0.05  # beats are cheap on a local server; several fit in any test's window
+# A beat interval so long that a loss reported within its first half can only have been
+# seen on the socket, between beats (a bound on behaviour, not a speed claim).
+WATCHED_INTERVAL = 5.0
 
 
 class OnLost:

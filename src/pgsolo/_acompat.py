@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import os
+import select
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from typing import Any, Final, TypeAlias, TypeVar
@@ -117,15 +119,60 @@ def auncancel_current(ended_with: BaseException | None) -> bool:
     return isinstance(ended_with, asyncio.CancelledError) and remaining == 0
 
 
-# -- an event with a timed wait ---------------------------------------------------------
+# -- an event with a timed wait, and a wait for a socket that the event cuts short --------
 
-Event = threading.Event
+
+class Event:
+    """:class:`threading.Event`'s ``set``, ``is_set`` and ``wait(seconds)``, plus
+    :meth:`wait_readable`: a thread blocked in poll(2) for a socket wakes once the event is
+    set (through a pipe of that wait's own), so that whoever sets it need not wait for the
+    socket's timeout."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._guard = threading.Lock()  # a pipe is never written after it is closed
+        self._wakers: set[int] = set()  # the write ends of the waits in progress
+
+    def set(self) -> None:
+        with self._guard:
+            if self._event.is_set():
+                return
+            self._event.set()
+            for waker in self._wakers:
+                os.write(waker, b"\0")
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, seconds: float) -> bool:
+        return self._event.wait(seconds)
+
+    def wait_readable(self, fd: int, seconds: float) -> bool:
+        """Whether ``fd`` became readable (or hung up) within ``seconds``, before the
+        event was set. poll(2), not select(2): descriptors above 1023 are fine."""
+        wake_read, wake_write = os.pipe()
+        try:
+            with self._guard:
+                if self._event.is_set():
+                    return False
+                self._wakers.add(wake_write)
+            try:
+                poller = select.poll()
+                poller.register(fd, select.POLLIN)
+                poller.register(wake_read, select.POLLIN)
+                ready = poller.poll(max(0.0, seconds) * 1000)
+            finally:
+                with self._guard:
+                    self._wakers.discard(wake_write)
+        finally:
+            os.close(wake_read)
+            os.close(wake_write)
+        return not self._event.is_set() and any(ready_fd == fd for ready_fd, _ in ready)
 
 
 class AEvent:
-    """:class:`threading.Event`'s interface for tasks: ``wait(seconds)`` says whether the
-    event is set, once it is or once ``seconds`` have passed (pass it positionally: the
-    thread's event calls it ``timeout``)."""
+    """The same for tasks (pass ``seconds`` positionally: the thread's event calls it
+    ``timeout``)."""
 
     def __init__(self) -> None:
         self._event = asyncio.Event()
@@ -141,6 +188,30 @@ class AEvent:
             async with asyncio.timeout(seconds):
                 await self._event.wait()
         return self._event.is_set()
+
+    async def wait_readable(self, fd: int, seconds: float) -> bool:
+        """The same, on the event loop (its reader of ``fd``), no thread needed: a
+        cancellation ends the wait at once."""
+        if self._event.is_set():
+            return False
+        loop = asyncio.get_running_loop()
+        readable: asyncio.Future[object] = loop.create_future()
+
+        def ready() -> None:
+            if not readable.done():
+                readable.set_result(None)
+
+        loop.add_reader(fd, ready)
+        setting: asyncio.Future[object] = asyncio.ensure_future(self._event.wait())
+        try:
+            await asyncio.wait(
+                {readable, setting}, timeout=seconds, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            loop.remove_reader(fd)
+            setting.cancel()
+            readable.cancel()
+        return not self._event.is_set() and readable.done() and not readable.cancelled()
 
 
 # -- what a call gives back --------------------------------------------------------------

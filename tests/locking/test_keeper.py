@@ -34,6 +34,7 @@ from _relay import FreezingProxy
 from _support import (
     DEADLINE,
     INTERVAL,
+    WATCHED_INTERVAL,
     Connect,
     OnLost,
     activity,
@@ -290,6 +291,22 @@ def test_keeper_stops_on_release_and_reports_nothing_later(
 
 
 # -- on_lost that raises ---------------------------------------------------------------------
+
+
+def test_release_wakes_the_keeper_thread_from_its_watch_of_the_socket(
+    connect: Connect, key: Key
+) -> None:
+    """Between beats the keeper's thread waits in poll(2) on the socket; release() sets
+    its stop event, which wakes that wait, so release does not sit out the interval."""
+    conn = connect()
+    lock = pgsolo.session_lock(conn, key, keep=Keep(interval=WATCHED_INTERVAL))
+    assert lock.acquire()
+    assert keeper_threads(key)
+    releasing = time.monotonic()
+    lock.release()
+    assert keeper_threads(key) == []
+    assert time.monotonic() - releasing < WATCHED_INTERVAL / 2, "release waited for the watch"
+    assert_still_usable(conn)
 
 
 def test_on_lost_that_raises_is_logged_and_stays_in_the_keeper(

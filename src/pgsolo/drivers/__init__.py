@@ -19,7 +19,10 @@ a framework's connection: SQLAlchemy, Django) and offers:
 - on a connection pgsolo opened itself (:func:`bound_answers`), a hard deadline for each
   of pgsolo's round trips, past which the connection is shut down;
 - ``beat(statement, timeout)``: one heartbeat for the keeper, sent only when nobody is
-  using the connection and no transaction is open on it, with a hard deadline.
+  using the connection and no transaction is open on it, with a hard deadline;
+- ``wait_for_news(seconds, stopping)``: what the keeper does between beats: wait for the
+  connection's socket to turn readable and, when nobody is using the connection, read what
+  came (a server that terminates the backend says so and closes the socket at once).
 
 The lock logic in :mod:`pgsolo.locking` is written once against this protocol and driven
 by a sync or an async shell, so the two never drift.
@@ -35,6 +38,7 @@ from importlib import import_module
 from typing import ClassVar, Literal, Protocol, TypeGuard, cast
 
 from .. import sql
+from .._acompat import AEvent, Event
 from ..errors import UnsupportedConnectionError
 
 __all__ = [
@@ -43,6 +47,7 @@ __all__ = [
     "BeatFailed",
     "DriverBase",
     "Edge",
+    "News",
     "ServerInfo",
     "SyncDriver",
     "TxStatus",
@@ -61,6 +66,14 @@ __all__ = [
 
 Edge = Literal["begin", "commit", "rollback"]
 """An edge of the transaction pgsolo owns (see :class:`~pgsolo.locking.plans.Own`)."""
+
+
+News = Literal["quiet", "read", "busy"]
+"""What :meth:`SyncDriver.wait_for_news` saw: nothing until the time was up or the keeper
+stopped (``quiet``); input on the idle connection, read and handed on (``read``:
+notifications, notices, parameter changes); input while the caller is using the
+connection, left to the caller (``busy``). A connection found gone raises
+:class:`BeatFailed`."""
 
 
 class TxStatus(enum.Enum):
@@ -156,6 +169,12 @@ class SyncDriver(DriverBase, Protocol):
         """The first row of ``statement`` as text, or None if the connection was in use
         (a statement running, or a transaction open). Raises :class:`BeatFailed`."""
 
+    def wait_for_news(self, seconds: float, stopping: Event) -> News:
+        """Wait up to ``seconds`` (less once ``stopping`` is set) for the server to send
+        something on the connection; read it if nobody is using the connection (its
+        notifications stay for the caller). Raises :class:`BeatFailed` if the connection
+        turns out gone."""
+
 
 class AsyncDriver(DriverBase, Protocol):
     async def fetch_value(
@@ -165,6 +184,8 @@ class AsyncDriver(DriverBase, Protocol):
     async def fetch_value_elsewhere(self, statements: Sequence[str]) -> object: ...
 
     async def beat(self, statement: str, answer_within: float) -> Sequence[str | None] | None: ...
+
+    async def wait_for_news(self, seconds: float, stopping: AEvent) -> News: ...
 
 
 def edged(statements: Sequence[str], edge: Edge | None, *, begins_implicitly: bool) -> list[str]:

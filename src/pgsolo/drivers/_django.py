@@ -27,8 +27,9 @@ from django.db import connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils.connection import ConnectionProxy
 
+from .._acompat import Event
 from ..errors import UnsupportedConnectionError
-from . import REQUEST_END_HOOKS, Edge, ServerInfo, SyncDriver, TxStatus, adapt_sync
+from . import REQUEST_END_HOOKS, Edge, News, ServerInfo, SyncDriver, TxStatus, adapt_sync
 
 __all__ = ["DjangoDriver", "adapt"]
 
@@ -139,6 +140,14 @@ class DjangoDriver:
         if self._wrapper.in_atomic_block or not self._connected():
             return None  # Django's transaction is open (or a statement opens one)
         return self._driver(connect=False).beat(statement, answer_within)
+
+    def wait_for_news(self, seconds: float, stopping: Event) -> News:
+        # No check of Django's transaction, unlike a beat (which would run in it): reading
+        # runs no statement, and the driver under it decides by the connection itself.
+        if not self._connected():
+            stopping.wait(seconds)  # no DBAPI connection to watch until the beat
+            return "quiet"
+        return self._driver(connect=False).wait_for_news(seconds, stopping)
 
     def fetch_value(
         self, statements: Sequence[str], wait: float = 0.0, edge: Edge | None = None

@@ -32,7 +32,7 @@ from psycopg import pq
 from psycopg.conninfo import make_conninfo
 
 from ..errors import DatabaseUnavailableError
-from . import BeatFailed, ServerInfo, TxStatus
+from . import BeatFailed, News, ServerInfo, TxStatus
 from .conninfo import scrub_secrets
 from .deadlines import DEADLINES, shut_down_socket, socket_address
 
@@ -43,8 +43,10 @@ __all__ = [
     "exchange_beat",
     "has_row",
     "message",
+    "read_news",
     "shut_down",
     "start_deadline",
+    "watched_socket",
 ]
 
 # A second, short-lived connection to the place the caller's connection goes (the proxy
@@ -277,17 +279,14 @@ def exchange_beat(pgconn: pq.abc.PGconn, statement: str, timeout: float) -> list
     would wait for the connection's lock the keeper already holds, and which on an
     ``autocommit=False`` connection would open a transaction first).
 
-    The socket is watched through a duplicate of its descriptor: if the caller closes the
-    connection meanwhile, a new socket that reuses the number is never touched. Whatever
+    The socket is watched through a duplicate of its descriptor (:func:`watched_socket`).
+    Whatever
     goes wrong once the statement is sent, the connection is shut down rather than handed
     back with a statement still in flight."""
     deadline = time.monotonic() + timeout
     row: list[str | None] | None = None
     error: str | None = None
-    try:
-        sock = socket.socket(fileno=os.dup(pgconn.socket))
-    except (psycopg.Error, OSError) as exc:
-        raise BeatFailed(f"the connection failed: {exc}") from exc
+    sock = watched_socket(pgconn)
     try:
         pgconn.send_query(_literal(statement))
         try:
@@ -310,11 +309,7 @@ def exchange_beat(pgconn: pq.abc.PGconn, statement: str, timeout: float) -> list
             elif result.status == pq.ExecStatus.FATAL_ERROR:
                 message = (result.error_message or b"").decode(errors="replace")
                 error = " ".join(message.split())  # libpq's messages span lines
-        # Notifications that arrived with the answer go where psycopg keeps them for the
-        # caller's notifies() (it would otherwise wait for the socket, which has nothing).
-        while notification := pgconn.notifies():
-            if pgconn.notify_handler:
-                pgconn.notify_handler(notification)
+        _hand_on_notifications(pgconn)
     except (psycopg.Error, OSError, ValueError) as exc:
         raise BeatFailed(f"the connection failed: {' '.join(str(exc).split())}") from exc
     finally:
@@ -324,6 +319,41 @@ def exchange_beat(pgconn: pq.abc.PGconn, statement: str, timeout: float) -> list
             raise BeatFailed(f"the connection failed: {error}")
         raise BeatFailed(f"the heartbeat statement failed: {error}", unresponsive=False)
     return row
+
+
+def watched_socket(pgconn: pq.abc.PGconn) -> socket.socket:
+    """A duplicate of the connection's socket, to wait on: if the caller closes the
+    connection meanwhile, a new socket that reuses the number is never touched."""
+    try:
+        return socket.socket(fileno=os.dup(pgconn.socket))
+    except (psycopg.Error, OSError) as exc:
+        raise BeatFailed(f"the connection failed: {exc}") from exc
+
+
+def read_news(pgconn: pq.abc.PGconn) -> News:
+    """Read what the server sent on an idle connection (the caller of this holds
+    psycopg's lock, and no statement is in flight), as psycopg would at its next use of
+    the connection: notices and parameter changes go to their handlers, notifications to
+    the caller's ``notifies()``. A backend that was terminated, or a server that shut
+    down, sent an error and closed the socket: libpq reads the end of the stream and the
+    connection is bad, which raises :class:`BeatFailed` now rather than at the next beat."""
+    try:
+        pgconn.consume_input()
+        pgconn.is_busy()  # parses what came: libpq hands an idle error to the notices
+        _hand_on_notifications(pgconn)
+    except (psycopg.Error, OSError, ValueError) as exc:
+        raise BeatFailed(f"the connection failed: {' '.join(str(exc).split())}") from exc
+    if pgconn.status != pq.ConnStatus.OK:
+        raise BeatFailed("the connection failed: the server closed it")
+    return "read"
+
+
+def _hand_on_notifications(pgconn: pq.abc.PGconn) -> None:
+    """Notifications that libpq read for pgsolo go where psycopg keeps them for the
+    caller's notifies() (it would otherwise wait for the socket, which has nothing)."""
+    while notification := pgconn.notifies():
+        if pgconn.notify_handler:
+            pgconn.notify_handler(notification)
 
 
 def _wait_for_socket(sock: socket.socket, deadline: float, *, write: bool) -> None:

@@ -15,6 +15,18 @@ interleaves with the caller's statements. Each beat has a hard deadline (``timeo
 server that does not answer in time gets its connection shut down (a half-open TCP
 connection would otherwise hang every statement on it) and the lock counts as lost.
 
+Between beats. When the server terminates a backend or shuts down, it sends an error and
+closes the socket at once. So between beats the keeper waits on the connection's socket
+(a duplicate of its descriptor; poll(2) in the keeper's thread, the event loop's reader
+for a task), with the beat as its timeout. When it turns readable, the input is read
+(libpq's ``consume_input``) under the same conditions as a beat, psycopg's lock taken
+without waiting and no transaction open: otherwise the bytes are the answer to the
+caller's statement, and only the caller reads them. Read on an idle connection, a
+notification stays for the caller's ``notifies()`` and a notice or a parameter change
+goes to its handler: no loss. The end of the stream is: the lock is lost at once
+(``connection-lost``), without waiting for the next beat. A network that fails silently
+sends nothing, so for it the beats, and their ``timeout``, still bound the wait.
+
 On loss the keeper records a :class:`~pgsolo.LockLostError` on the lock (``lock.lost``,
 ``lock.check()``), logs it, calls ``on_lost`` (in the keeper's thread or task) and, for
 an async lock with ``cancel=True``, cancels the task that took the lock; that task's

@@ -13,6 +13,8 @@ writes the twin under ``_sync/``. The tests of one flavour only (threads and tas
 
 from __future__ import annotations
 
+import select
+import time
 from typing import Any
 
 import psycopg
@@ -22,6 +24,7 @@ from psycopg import pq
 import pgsolo
 from _support import (
     INTERVAL,
+    WATCHED_INTERVAL,
     AConnect,
     OnLost,
     activity,
@@ -51,6 +54,13 @@ async def received(conn: psycopg.AsyncConnection[Any]) -> list[str]:
     return [n.payload async for n in conn.notifies(timeout=2.0, stop_after=1)]
 
 
+def unread_input(conn: psycopg.AsyncConnection[Any]) -> bool:
+    """Whether the server sent something on ``conn`` that nobody has read yet."""
+    poller = select.poll()
+    poller.register(conn.fileno(), select.POLLIN)
+    return bool(poller.poll(0))
+
+
 # -- loss: the backend is terminated -----------------------------------------------------
 
 
@@ -77,6 +87,31 @@ async def test_terminated_backend_is_lost_and_release_raises_it(
     async with pgsolo.session_lock(other, key) as taken:
         assert taken.acquired
         assert observer.holders(key) == {other.info.backend_pid}
+
+
+async def test_terminated_backend_is_seen_on_the_socket_before_the_first_beat(
+    aconnect: AConnect, observer: Any, key: Key
+) -> None:
+    """The server says FATAL and closes the socket when it terminates a backend: the
+    keeper, waiting on the socket between beats, reports the loss then, not at its next
+    beat (the first one is due a whole long interval after the lock was taken)."""
+    conn = await aconnect()
+    on_lost = OnLost()
+    lock = pgsolo.session_lock(conn, key, keep=Keep(interval=WATCHED_INTERVAL, on_lost=on_lost))
+    assert await lock.acquire() is True
+    acquired = time.monotonic()
+    pid = lock.backend_pid
+    assert pid is not None
+    terminate(observer, pid)
+    await wait_until_lost(lock, poll=aeventually)
+    assert time.monotonic() - acquired < WATCHED_INTERVAL / 2, "lost only at a beat"
+    loss = lock.loss
+    assert loss is not None
+    assert loss.reason == "connection-lost"
+    assert on_lost.errors == [loss]
+    with pytest.raises(LockLostError) as released:
+        await lock.release()
+    assert released.value is loss
 
 
 # -- loss: released behind pgsolo's back on the same session ------------------------------
@@ -224,3 +259,51 @@ async def test_notifications_are_not_swallowed_by_beats(
         await beats_after_now(observer, pid, 2)  # the notification reached the socket by then
         watched = await received(conn)
     assert watched == ["watched"]
+
+
+# -- the socket watched between beats: what is no loss -----------------------------------
+
+
+async def test_a_notification_on_the_watched_connection_is_no_loss_and_stays_for_notifies(
+    aconnect: AConnect, observer: Any, key: Key
+) -> None:
+    conn, sender = await aconnect(), await aconnect()
+    await conn.execute("LISTEN pgsolo_keeper_watch")
+    pid = conn.info.backend_pid
+    on_lost = OnLost()
+    lock = pgsolo.session_lock(conn, key, keep=Keep(interval=WATCHED_INTERVAL, on_lost=on_lost))
+    async with lock:
+        await sender.execute("NOTIFY pgsolo_keeper_watch, 'watched'")
+        await asleep(0.3)  # it reaches the socket by then, and wakes the keeper
+        # Nobody else reads an idle connection: the keeper read the notification...
+        assert not unread_input(conn)
+        assert not lock.lost
+        # ...and left it for the caller's notifies().
+        assert await received(conn) == ["watched"]
+        assert observer.holders(key) == {pid}
+    assert on_lost.errors == []
+
+
+async def test_the_callers_statements_on_the_watched_connection_are_left_to_it(
+    aconnect: AConnect, observer: Any, key: Key
+) -> None:
+    """The socket turns readable while the caller's statement is in flight (its answer, a
+    notice halfway, a long answer in pieces): those bytes are the caller's, and the
+    keeper, waiting on the same socket, leaves them alone."""
+    conn = await aconnect()
+    pid = conn.info.backend_pid
+    notices: list[str] = []
+    conn.add_notice_handler(lambda diagnostic: notices.append(diagnostic.message_primary or ""))
+    on_lost = OnLost()
+    lock = pgsolo.session_lock(conn, key, keep=Keep(interval=WATCHED_INTERVAL, on_lost=on_lost))
+    async with lock:
+        cur = await conn.execute("SELECT 'slept' FROM pg_sleep(1)")
+        assert await cur.fetchone() == ("slept",)
+        await conn.execute("DO $$ BEGIN RAISE NOTICE 'halfway'; PERFORM pg_sleep(0.5); END $$")
+        cur = await conn.execute("SELECT repeat('x', 1000) FROM generate_series(1, 5000)")
+        assert len(await cur.fetchall()) == 5000
+        assert notices == ["halfway"]
+        assert not lock.lost
+        assert observer.holders(key) == {pid}
+    assert on_lost.errors == []
+    await assert_still_usable(conn)

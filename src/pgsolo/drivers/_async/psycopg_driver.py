@@ -8,9 +8,17 @@ from typing import Any, ClassVar
 import psycopg
 from psycopg.rows import tuple_row
 
-from ..._acompat import AIS_ASYNC, arun_blocking, atry_lock
-from .. import Edge, edged
-from .._psycopg import PsycopgBase, bound_answers, exchange_beat, has_row, message
+from ..._acompat import AIS_ASYNC, AEvent, arun_blocking, atry_lock
+from .. import Edge, News, edged
+from .._psycopg import (
+    PsycopgBase,
+    bound_answers,
+    exchange_beat,
+    has_row,
+    message,
+    read_news,
+    watched_socket,
+)
 from .._psycopg_acompat import around_trip
 
 __all__ = ["AsyncPsycopgDriver"]
@@ -61,3 +69,19 @@ class AsyncPsycopgDriver(PsycopgBase):
             with self._beating():
                 pgconn = self._conn.pgconn
                 return await arun_blocking(exchange_beat, pgconn, statement, answer_within)
+
+    async def wait_for_news(self, seconds: float, stopping: AEvent) -> News:
+        # The duplicate is waited on without psycopg's lock, so the caller's statements go
+        # on meanwhile. Once it is readable, the input is read only under the same
+        # conditions as a beat: if the caller's statement is in flight, the bytes are its
+        # answer, which only the caller may read.
+        sock = watched_socket(self._conn.pgconn)
+        try:
+            if not await stopping.wait_readable(sock.fileno(), seconds):
+                return "quiet"
+        finally:
+            sock.close()
+        async with atry_lock(self._conn.lock) as taken:
+            if not taken or not self._beat_ready():
+                return "busy"
+            return read_news(self._conn.pgconn)

@@ -7,9 +7,9 @@ import contextlib
 from collections.abc import Sequence
 from typing import Any, ClassVar, cast
 
-from ..._acompat import AIS_ASYNC
+from ..._acompat import AIS_ASYNC, AEvent
 from ...errors import ConnectionStateError
-from .. import AsyncDriver, Edge
+from .. import AsyncDriver, Edge, News
 from .._sqlalchemy import (
     AsyncConnection,
     AsyncSession,
@@ -122,3 +122,12 @@ class AsyncSqlAlchemyDriver(SqlAlchemyBase):
         if inner is None or self._core.in_transaction():
             return None
         return await as_async(inner).beat(statement, answer_within)
+
+    async def wait_for_news(self, seconds: float, stopping: AEvent) -> News:
+        # No check of SQLAlchemy's transaction, unlike a beat (which would run in it): reading
+        # runs no statement, and the driver under it decides by the connection itself.
+        inner = self._current()
+        if inner is None:
+            await stopping.wait(seconds)  # no driver connection to watch until the beat
+            return "quiet"
+        return await as_async(inner).wait_for_news(seconds, stopping)

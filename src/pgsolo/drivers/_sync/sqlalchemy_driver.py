@@ -8,9 +8,9 @@ import contextlib
 from collections.abc import Sequence
 from typing import Any, ClassVar, cast
 
-from ..._acompat import IS_ASYNC
+from ..._acompat import IS_ASYNC, Event
 from ...errors import ConnectionStateError
-from .. import Edge, SyncDriver
+from .. import Edge, News, SyncDriver
 from .._sqlalchemy import (
     Connection,
     Session,
@@ -122,3 +122,12 @@ class SqlAlchemyDriver(SqlAlchemyBase):
         if inner is None or self._core.in_transaction():
             return None
         return as_sync(inner).beat(statement, answer_within)
+
+    def wait_for_news(self, seconds: float, stopping: Event) -> News:
+        # No check of SQLAlchemy's transaction, unlike a beat (which would run in it): reading
+        # runs no statement, and the driver under it decides by the connection itself.
+        inner = self._current()
+        if inner is None:
+            stopping.wait(seconds)  # no driver connection to watch until the beat
+            return "quiet"
+        return as_sync(inner).wait_for_news(seconds, stopping)
