@@ -10,7 +10,7 @@ autocommit connection for a session lock, parameters bound the library's way.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pgsolo
 
@@ -44,7 +44,7 @@ class PgsoloOn:
         self.conn, self._close = self.connect(target)
 
     def op(self) -> None:
-        with self.lock(self.conn, KEY) as lock:
+        with cast(pgsolo.Lock, self.lock(self.conn, KEY)) as lock:  # a sync connection
             _check(lock.acquired)
 
     def close(self) -> None:
@@ -64,7 +64,7 @@ class APgsoloOn:
         self.conn, self._close = await self.connect(target)
 
     async def op(self) -> None:
-        async with self.lock(self.conn, KEY) as lock:
+        async with cast(pgsolo.AsyncLock, self.lock(self.conn, KEY)) as lock:  # an async one
             _check(lock.acquired)
 
     async def close(self) -> None:
