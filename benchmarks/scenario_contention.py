@@ -4,16 +4,9 @@ overlaps, which THE DATABASE checks.
 
 Inside the locked section each worker reads ``clock_timestamp()``, then inserts the
 interval from there to ``clock_timestamp()`` into a table whose exclusion constraint
-refuses two intervals of the same key that overlap::
-
-    EXCLUDE USING gist ((int4range(slot, slot, '[]')) WITH =, during WITH &&)
-
-The key is a one-point ``int4range`` so that the constraint needs only the range
-operator class built into PostgreSQL (``btree_gist``, the usual way to put a plain
-``=`` into a GiST exclusion, is not in every server: the embedded one lacks it). An
-insert that overlaps fails with SQLSTATE 23P01 (or, when two overlapping inserts wait
-on each other, one fails with 40P01 while checking the constraint) and is counted. A
-control run without any lock shows that the check does catch overlaps.
+refuses two intervals of the same key that overlap (``benchmarks/intervals.py``); an
+insert that overlaps fails and is counted. A control run without any lock shows that
+the check does catch overlaps.
 
 pgsolo (``run_job(..., wait=...)``, a transaction-level job, and the bare
 ``with xact_lock(conn, key, wait=...)``) is compared with the article's recipe written
@@ -33,9 +26,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-import psycopg.errors
 
 import pgsolo
+from benchmarks.intervals import OVERLAP_ERRORS, interval_table
 from benchmarks.registry import Context, Ratio, Row, scenario
 
 WORKERS = 16
@@ -46,15 +39,8 @@ WAIT_S = 60.0
 JOIN_TIMEOUT_S = 300.0
 TABLE = "pgsolo_bench_intervals"
 
-SETUP = f"""
-CREATE TABLE IF NOT EXISTS {TABLE} (
-    slot int NOT NULL,
-    during tstzrange NOT NULL,
-    EXCLUDE USING gist ((int4range(slot, slot, '[]')) WITH =, during WITH &&)
-)"""
+SETUP = interval_table(TABLE)
 START = "SELECT clock_timestamp()"
-# What the database raises for an interval that overlaps another of the same key.
-OVERLAP_ERRORS = (psycopg.errors.ExclusionViolation, psycopg.errors.DeadlockDetected)
 RECORD = f"INSERT INTO {TABLE} (slot, during) VALUES (%s, tstzrange(%s, clock_timestamp(), '[)'))"
 
 

@@ -1,0 +1,170 @@
+"""The fault injector: a thread of the driver that, with its own seeded random numbers,
+breaks things on this machine only (loopback connections, processes we started) a
+bounded number of times, and counts what it did.
+
+Kinds: ``kill_worker`` (SIGKILL of a worker process; the driver starts it again),
+``terminate_backend`` (``pg_terminate_backend`` of a random advisory-lock holder),
+``server_restart`` (``pg_ctl restart -m fast``), ``relay_blackhole`` (the relay passes
+nothing on for 1-4 s), ``relay_reset`` (the relay resets its connections) and
+``server_sigstop`` (SIGSTOP of the postmaster for under 2 s, then SIGCONT). The first
+faults are every available kind once, in a seeded order, so that a short run sees each.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from contextlib import suppress
+from pathlib import Path
+
+import psycopg
+
+from chaos.relay import Relay
+
+KINDS = (
+    "kill_worker",
+    "terminate_backend",
+    "server_restart",
+    "relay_blackhole",
+    "relay_reset",
+    "server_sigstop",
+)
+WEIGHTS = {
+    "kill_worker": 3,
+    "terminate_backend": 5,
+    "server_restart": 1,
+    "relay_blackhole": 3,
+    "relay_reset": 2,
+    "server_sigstop": 2,
+}
+HOLDERS = """SELECT DISTINCT pid FROM pg_locks
+    WHERE locktype = 'advisory' AND granted AND pid <> pg_backend_pid() ORDER BY pid"""
+
+
+class Server:
+    """The throwaway embedded server: its data directory, binaries and OS user."""
+
+    def __init__(self, data_dir: Path) -> None:
+        from pgserver._commands import POSTGRES_BIN_PATH  # noqa: PLC0415 - the embedded extra
+
+        self.data_dir = data_dir
+        self.pg_ctl = POSTGRES_BIN_PATH / "pg_ctl"
+        owner = data_dir.stat().st_uid  # pgserver runs it as another user when we are root
+        self.user = owner if owner != os.geteuid() else None
+
+    def postmaster_pid(self) -> int:
+        return int((self.data_dir / "postmaster.pid").read_text().split()[0])
+
+    def restart(self) -> None:
+        subprocess.run(  # noqa: S603 - pgserver's own pg_ctl on our own data directory
+            [str(self.pg_ctl), "restart", "-D", str(self.data_dir), "-m", "fast", "-w", "-t", "60"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,  # pg_ctl's server inherits these: never a pipe
+            stderr=subprocess.DEVNULL,
+            check=True,
+            timeout=120,
+            user=self.user,
+        )
+
+    def pause(self, seconds: float) -> None:
+        pid = self.postmaster_pid()
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            time.sleep(seconds)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+
+
+class Injector(threading.Thread):
+    def __init__(
+        self,
+        *,
+        seed: int,
+        dsn: str,
+        relay: Relay,
+        server: Server | None,
+        kill_worker: Callable[[random.Random], bool],
+        max_faults: int,
+        max_restarts: int,
+    ) -> None:
+        super().__init__(name="chaos-faults", daemon=True)
+        self.rng = random.Random(seed * 7919 + 1)
+        self.dsn = dsn
+        self.relay = relay
+        self.server = server
+        self.kill_worker = kill_worker
+        self.max_faults = max_faults
+        self.max_restarts = max_restarts
+        self.available = [k for k in KINDS if server is not None or not k.startswith("server_")]
+        self.counts = dict.fromkeys(KINDS, 0)
+        self.errors: list[str] = []
+        self.stopping = threading.Event()
+
+    @property
+    def every_kind_done(self) -> bool:
+        return all(self.counts[k] for k in self.available)
+
+    def run(self) -> None:
+        first = list(self.available)
+        self.rng.shuffle(first)
+        while not self.stopping.is_set() and sum(self.counts.values()) < self.max_faults:
+            # the first round quickly, so that even a short run sees every kind
+            self.stopping.wait(self.rng.uniform(0.2, 0.5) if first else self.rng.uniform(0.3, 1.5))
+            if self.stopping.is_set():
+                return
+            if first:
+                kind = first.pop()
+            else:
+                kinds = [k for k in self.available if k != "server_restart" or self._restarts_left]
+                kind = self.rng.choices(kinds, [WEIGHTS[k] for k in kinds])[0]
+            try:
+                if self._inject(kind):
+                    self.counts[kind] += 1
+                elif kind not in first and not self.counts[kind]:
+                    first.append(kind)  # nothing to do now (no holder): try again later
+            except (OSError, subprocess.SubprocessError, psycopg.Error) as exc:
+                self.errors.append(f"{kind}: {type(exc).__name__}: {exc}")
+
+    @property
+    def _restarts_left(self) -> bool:
+        return self.counts["server_restart"] < self.max_restarts
+
+    def _inject(self, kind: str) -> bool:
+        if kind == "kill_worker":
+            return self.kill_worker(self.rng)
+        if kind == "terminate_backend":
+            return self._terminate()
+        if kind == "relay_blackhole":
+            self.relay.blackhole(self.rng.uniform(1.0, 4.0))
+            return True
+        if kind == "relay_reset":
+            self.relay.reset()
+            return True
+        assert self.server is not None
+        if kind == "server_restart":
+            self.server.restart()
+        else:
+            self.server.pause(self.rng.uniform(0.3, 1.9))
+        return True
+
+    def _terminate(self) -> bool:
+        with psycopg.connect(self.dsn, autocommit=True, connect_timeout=5) as conn:
+            pids = [row[0] for row in conn.execute(HOLDERS)]
+            if not pids:
+                return False
+            row = conn.execute(
+                "SELECT pg_terminate_backend(%s)", (self.rng.choice(pids),)
+            ).fetchone()
+            return bool(row and row[0])
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(timeout=130)
+        if self.server is not None:  # whatever happened, the server must run on
+            with suppress(OSError, ValueError):
+                os.kill(self.server.postmaster_pid(), signal.SIGCONT)

@@ -1,0 +1,316 @@
+"""``python -m chaos``: pgsolo's reliability as a number, judged by the database.
+
+Worker processes (``chaos/worker.py``) contend on a few keys with every pgsolo API while
+the injector (``chaos/faults.py``) kills workers, terminates lock holders, restarts and
+stops the server, and blackholes or resets the relay some workers connect through
+(others go through PgBouncer in session mode, the rest straight to the server). The
+database judges (``chaos/judge.py``). The last line with ``--json`` is the verdict; the
+exit status is 1 when an overlap, a leaked lock, a hung worker or a stray process was
+seen.
+
+The default server is a throwaway embedded one (``pgsolo.embedded``), restarted with its
+own ``pg_ctl`` and stopped with SIGSTOP; with ``--dsn`` those two faults are left out
+(a server we did not start is not ours to restart).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import random
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+import pgsolo
+from chaos import judge, worker
+from chaos.faults import Injector, Server
+from chaos.relay import Relay
+
+HANG_S = 60.0  # an attempt that shows no progress this long is a hang
+DRAIN_S = 15.0  # for the server to end the sessions of killed workers, and their locks
+STOP_GRACE_S = 90.0  # after the time budget, for workers to finish their last attempt
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m chaos", description=__doc__.split("\n")[0])
+    p.add_argument("--attempts", type=int, default=5000, help="attempt budget (all workers)")
+    p.add_argument("--seconds", type=float, default=600.0, help="time budget")
+    p.add_argument("--dsn", help="the server to use (default: a throwaway embedded one)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--workers", type=int, default=6)
+    p.add_argument("--keys", type=int, default=3)
+    p.add_argument("--json", action="store_true", help="end with the verdict as one JSON line")
+    return p.parse_args(argv)
+
+
+@contextmanager
+def server(dsn: str | None) -> Iterator[tuple[str, Server | None]]:
+    if dsn:
+        yield dsn, None
+        return
+    from pgsolo.embedded import embedded_server  # noqa: PLC0415 - needs the embedded extra
+
+    with (
+        tempfile.TemporaryDirectory(prefix="pgsolo-chaos-") as data_dir,
+        embedded_server(data_dir, cleanup="delete") as uri,
+    ):
+        yield uri, Server(Path(data_dir))
+
+
+@contextmanager
+def bouncer(dsn: str) -> Iterator[str | None]:
+    """PgBouncer in session mode in front of ``dsn``, started the way the tests start it
+    (``tests/_bouncer.py``); None when it is not installed."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    try:
+        from _bouncer import running_bouncer  # type: ignore[import-not-found]  # noqa: PLC0415
+    finally:
+        sys.path.pop(0)
+    try:
+        with running_bouncer(dsn, "session") as running:
+            yield running.dsn
+    except BaseException as exc:  # pytest.skip's: no pgbouncer binary
+        if type(exc).__name__ != "Skipped":
+            raise
+        yield None
+
+
+class Fleet:
+    """The worker processes: started, restarted after a kill, watched for hangs."""
+
+    def __init__(self, plan: worker.Plan, workers: int) -> None:
+        self.spawn = multiprocessing.get_context("spawn")
+        self.plan = plan
+        self.workers = workers
+        size = workers * len(worker.KINDS) * len(worker.OUTCOMES)
+        self.progress = self.spawn.Array("q", workers, lock=False)
+        self.counters = self.spawn.Array("q", size, lock=False)
+        self.heartbeat = self.spawn.Array("d", workers, lock=False)
+        self.procs: list[Any] = [None] * workers
+        self.incarnations = [0] * workers
+        self.hangs = 0
+        self.restarts = 0
+
+    def start(self, n: int) -> None:
+        self.heartbeat[n] = time.time()
+        shared = (self.progress, self.counters, self.heartbeat)
+        proc = self.spawn.Process(
+            target=worker.main, args=(n, self.incarnations[n], self.plan, shared)
+        )
+        proc.start()
+        self.procs[n] = proc
+        self.incarnations[n] += 1
+
+    def kill_one(self, rng: random.Random) -> bool:
+        alive = [p for p in self.procs if p is not None and p.is_alive()]
+        if not alive:
+            return False
+        victim = rng.choice(alive)
+        with suppress(ProcessLookupError):
+            os.kill(victim.pid, signal.SIGKILL)
+        return True
+
+    def done(self, n: int) -> bool:
+        return self.progress[n] >= self.plan.quota or time.time() >= self.plan.deadline
+
+    def watch(self) -> bool:
+        """Restart the killed, kill the hung; True once every worker is finished."""
+        finished = True
+        for n, proc in enumerate(self.procs):
+            if proc.is_alive():
+                finished = False
+                if time.time() - self.heartbeat[n] > HANG_S:
+                    self.hangs += 1
+                    proc.kill()
+                    proc.join(10)
+                continue
+            proc.join()
+            if proc.exitcode != 0 and not self.done(n):
+                self.restarts += 1
+                self.start(n)
+                finished = False
+        return finished
+
+    def reap(self, deadline: float) -> None:
+        for proc in self.procs:
+            if proc.exitcode is not None:
+                continue
+            proc.join(max(0.0, deadline - time.time()))
+            if proc.is_alive():
+                self.hangs += 1
+                proc.kill()
+                proc.join(10)
+
+    def outcomes(self) -> dict[str, dict[str, int]]:
+        table: dict[str, dict[str, int]] = {}
+        for n in range(self.workers):
+            for kind in worker.KINDS:
+                for outcome in worker.OUTCOMES:
+                    count = self.counters[worker.counter_index(n, kind, outcome)]
+                    if count:
+                        row = table.setdefault(kind, {})
+                        row[outcome] = row.get(outcome, 0) + count
+        return table
+
+
+def _leaked_locks(dsn: str) -> int:
+    deadline = time.monotonic() + DRAIN_S
+    with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+        while True:
+            row = conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")
+            count = int(row.fetchone()[0])  # type: ignore[index]
+            if count == 0 or time.monotonic() > deadline:
+                return count
+            time.sleep(0.2)
+
+
+def _stray_processes(tag: str) -> int:
+    """Processes still alive that a worker started (they carry the run's tag)."""
+    needle = f"CHAOS_TAG={tag}".encode()
+    count = 0
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        with suppress(OSError):
+            if needle in environ.read_bytes().split(b"\0"):
+                count += 1
+    return count
+
+
+def _verdict(dsn: str) -> dict[str, Any]:
+    with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+        overlaps = conn.execute(
+            f"SELECT count(DISTINCT (kind, worker, during, what)) FROM {judge.OVERLAPS}"
+        ).fetchone()
+        lost = conn.execute(
+            f"""SELECT extract(epoch FROM upper(during) - lower(during)) * 1000,
+                EXISTS (SELECT FROM {judge.RUNS} c WHERE c.slot = l.slot
+                    AND c.outcome = 'completed' AND c.during && l.during)
+                FROM {judge.RUNS} l WHERE outcome = 'lost'"""
+        ).fetchall()
+        windows = [float(r[0]) for r in lost]
+        recorded = conn.execute(
+            f"SELECT outcome, count(*) FROM {judge.RUNS} GROUP BY outcome"
+        ).fetchall()
+        effects = conn.execute(f"SELECT count(*) FROM {judge.EFFECTS}").fetchone()
+    return {
+        "overlaps": int(overlaps[0]) if overlaps else -1,
+        "lost_windows_ms": {
+            "count": len(windows),
+            "median": round(statistics.median(windows), 1) if windows else None,
+            "max": round(max(windows), 1) if windows else None,
+        },
+        "lost_overlapping_completed": sum(1 for r in lost if r[1]),
+        "intervals_recorded": {str(r[0]): int(r[1]) for r in recorded},
+        "once_effects": int(effects[0]) if effects else 0,
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    started = time.monotonic()
+    tag = f"{args.seed}-{os.getpid()}-{int(time.time())}"
+    with ExitStack() as stack:
+        direct, srv = stack.enter_context(server(args.dsn))
+        with psycopg.connect(direct, autocommit=True, connect_timeout=10) as admin:
+            for statement in judge.SETUP:
+                admin.execute(statement)
+            pgsolo.migrate(admin)
+        relay = Relay(direct)
+        stack.callback(relay.close)
+        dsns = {"direct": direct, "relay": relay.dsn}
+        bounced = stack.enter_context(bouncer(direct))
+        if bounced:
+            dsns["bouncer"] = bounced
+        quota = -(-args.attempts // args.workers)
+        plan = worker.Plan(
+            dsns=dsns,
+            direct=direct,
+            keys=args.keys,
+            quota=quota,
+            deadline=time.time() + args.seconds,
+            seed=args.seed,
+            tag=tag,
+            operations=max(10, args.attempts // 40),
+            bouncer_workers=2,
+        )
+        fleet = Fleet(plan, args.workers)
+        for n in range(args.workers):
+            fleet.start(n)
+        injector = Injector(
+            seed=args.seed,
+            dsn=direct,
+            relay=relay,
+            server=srv,
+            kill_worker=fleet.kill_one,
+            max_faults=len(worker.KINDS) + args.attempts // 80,
+            max_restarts=1 + args.attempts // 2500,
+        )
+        injector.start()
+        try:
+            while not fleet.watch() and time.time() < plan.deadline + STOP_GRACE_S:
+                time.sleep(0.2)
+        except BaseException:
+            fleet.reap(time.time())  # interrupted: no worker outlives the driver
+            raise
+        finally:
+            injector.stop()
+            fleet.reap(time.time() + STOP_GRACE_S)
+        leaked = _leaked_locks(direct)
+        verdict = _verdict(direct)
+    outcomes = fleet.outcomes()
+    lost = sum(row.get("lost", 0) for row in outcomes.values())
+    return {
+        "attempts": sum(fleet.progress),
+        "attempts_budget": args.attempts,
+        "faults": injector.counts,
+        "fault_errors": injector.errors,
+        **verdict,
+        "leaked_locks": leaked,
+        "hangs": fleet.hangs,
+        "stray_processes": _stray_processes(tag),
+        "lost_reported": lost,
+        "outcomes": outcomes,
+        "completed": sum(row.get("completed", 0) for row in outcomes.values()),
+        "skipped": sum(row.get("skipped", 0) for row in outcomes.values()),
+        "failed": sum(row.get("failed", 0) for row in outcomes.values()),
+        "unrecorded": sum(row.get("unrecorded", 0) for row in outcomes.values()),
+        "worker_restarts": fleet.restarts,
+        "routes": sorted(dsns),
+        "server": "given by --dsn" if args.dsn else "embedded (pgserver)",
+        "workers": args.workers,
+        "keys": args.keys,
+        "seed": args.seed,
+        "duration_s": round(time.monotonic() - started, 1),
+    }
+
+
+def _interrupted(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")  # unwinds: servers stopped, workers reaped
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    signal.signal(signal.SIGTERM, _interrupted)
+    result = run(args)
+    bad = (
+        result["overlaps"] > 0
+        or result["leaked_locks"] > 0
+        or result["hangs"] > 0
+        or result["stray_processes"] > 0
+    )
+    for name in ("attempts", "faults", "overlaps", "leaked_locks", "hangs", "lost_reported"):
+        print(f"{name}: {result[name]}")
+    print(f"outcomes: {result['outcomes']}")
+    print(f"verdict: {'FAILED' if bad else 'ok'} in {result['duration_s']}s")
+    if args.json:
+        print(json.dumps(result, sort_keys=True))
+    return 1 if bad else 0
