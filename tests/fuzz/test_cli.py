@@ -1,7 +1,8 @@
 """The command line's arguments, fuzzed in process (``pgsolo.cli.main``): any value of
-``pgsolo key NAME``, ``run --key/--wait``, ``locks --key``, ``doctor --older-than`` ends
-with an exit code (0, 1, 75; 2 with a one-line message for a usage error), never an
-exception out of ``main`` (a traceback)."""
+``pgsolo key NAME``, ``run --key/--wait``, ``locks --key``, ``doctor --older-than``,
+``history --job/--limit``, ``terminate PID`` (without ``--yes``: no terminal, so it never
+ends a backend) and ``--connect-timeout`` of ``migrate`` ends with an exit code (0, 1, 75;
+2 with a message for a usage error), never an exception out of ``main`` (a traceback)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,9 @@ COMMANDS = st.one_of(
     st.builds(lambda k, w: ["run", "--key", k, "--wait", w, "--", "true"], ARGUMENT, NUMBERS),
     st.builds(lambda k: ["locks", "--key", k], ARGUMENT),
     st.builds(lambda s: ["doctor", "--older-than", s], NUMBERS),
+    st.builds(lambda j, n: ["history", "--job", j, "--limit", n], ARGUMENT, NUMBERS),
+    st.builds(lambda pid: ["terminate", pid], NUMBERS),
+    st.builds(lambda s: ["migrate", "--connect-timeout", s], NUMBERS),
 )
 
 
