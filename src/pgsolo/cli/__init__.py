@@ -13,6 +13,7 @@ to a person goes through :func:`~pgsolo.dsn.redact_dsn`: no password is ever pri
 from __future__ import annotations
 
 import argparse
+import io
 import logging
 import sys
 from collections.abc import Callable
@@ -92,8 +93,18 @@ def _configure_logging(verbosity: int) -> int | None:
     return level
 
 
+def _escape_what_cannot_be_shown() -> None:
+    """An argument that was not valid in the locale's encoding (the bytes of a file name,
+    say) arrives as lone surrogates; echoed back in a message or a table, it is escaped,
+    never a UnicodeEncodeError and a traceback (Python's stderr does this already)."""
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(errors="backslashreplace")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run ``pgsolo`` with ``argv`` (default: the process arguments); return the exit code."""
+    _escape_what_cannot_be_shown()
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
