@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import queue
 import socket
@@ -617,6 +618,20 @@ def cli_env() -> dict[str, str]:
     """The environment for a ``pgsolo`` command under test: ours, without CLI_ENV_DROP."""
     env = {k: v for k, v in os.environ.items() if k not in CLI_ENV_DROP}
     return {**env, "PYTHONIOENCODING": "utf-8"}
+
+
+def main_in_process(argv: list[str]) -> int:
+    """``pgsolo.cli.main(argv)`` in this process, leaving pgsolo's log level as it found
+    it: a ``-v`` turns pgsolo's INFO lines on for the process, as it should for a command,
+    and the tests after this one must not inherit that."""
+    from pgsolo.cli import main  # noqa: PLC0415
+
+    logger = logging.getLogger("pgsolo")
+    level = logger.level
+    try:
+        return main(argv)
+    finally:
+        logger.setLevel(level)
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -6,15 +6,13 @@ ends a backend) and ``--connect-timeout`` of ``migrate`` ends with an exit code 
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from _support import HOSTILE_TEXT, fuzz
-from pgsolo.cli import main
+from _support import HOSTILE_TEXT, fuzz, main_in_process
 
 # What a shell can pass: no NUL, and surrogates only for undecodable bytes.
 ARGUMENT = HOSTILE_TEXT.filter(
@@ -41,14 +39,7 @@ def test_any_argument_ends_with_an_exit_code_never_a_traceback(
 ) -> None:
     monkeypatch.setenv("PGSOLO_DSN", db)
     monkeypatch.delenv("DATABASE_URL", raising=False)
-    # A generated "-v" turns pgsolo's INFO lines on for the process, as it should for a
-    # command; in process, the tests that follow must not inherit it.
-    logger = logging.getLogger("pgsolo")
-    level = logger.level
-    try:
-        code = main(argv)
-    finally:
-        logger.setLevel(level)
+    code = main_in_process(argv)
     _, err = capsys.readouterr()
     assert code in (0, 1, 2, 75), err
     assert "Traceback" not in err

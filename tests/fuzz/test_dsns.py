@@ -21,7 +21,15 @@ from hypothesis import strategies as st
 from psycopg.conninfo import make_conninfo
 
 import pgsolo
-from _support import HOSTILE_TEXT, cli_env, examples, fuzz, pgsolo_cli, unique_name
+from _support import (
+    HOSTILE_TEXT,
+    cli_env,
+    examples,
+    fuzz,
+    main_in_process,
+    pgsolo_cli,
+    unique_name,
+)
 
 # The password's three markers: text that appears nowhere else, so any part of the
 # password that leaks shows one of them.
@@ -165,14 +173,15 @@ def test_pgsolo_run_in_process_on_any_connection_string_hides_the_password(
     monkeypatch: pytest.MonkeyPatch,
     example: tuple[str, str],
 ) -> None:
-    from pgsolo.cli import main  # noqa: PLC0415 - the command, run in this process
 
     for name in ("PGSOLO_DSN", "DATABASE_URL"):
         monkeypatch.delenv(name, raising=False)
     dsn, password = on(db, example)
     caplog.clear()
     with caplog.at_level(logging.DEBUG):
-        code = main(["run", "--key", unique_name("fuzz"), "--dsn", dsn, "-v", "--", "true"])
+        code = main_in_process(
+            ["run", "--key", unique_name("fuzz"), "--dsn", dsn, "-v", "--", "true"]
+        )
     out, err = capsys.readouterr()
     assert code in (0, 2, 69), err
     assert "Traceback" not in err
