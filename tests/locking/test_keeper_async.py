@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import gc
 import logging
-import time
 import uuid
 from typing import Any
 
@@ -227,8 +226,9 @@ async def test_keeper_stops_on_release_and_reports_nothing_later(
 async def test_cancel_true_cancels_the_holder_and_the_block_raises_the_loss(
     aconnect: AConnect, observer: Any, key: Key, interval: float
 ) -> None:
-    """With the long interval, only the watch of the socket between beats can explain a
-    cancellation within its first half: the holder stops while the next one may start."""
+    """With the long interval (an hour), only the watch of the socket between beats can
+    explain a cancellation within the test's deadline: the holder stops while the next one
+    may start."""
     conn = await aconnect()
     on_lost = OnLost()
     started = asyncio.Event()
@@ -246,13 +246,10 @@ async def test_cancel_true_cancels_the_holder_and_the_block_raises_the_loss(
 
     task = asyncio.create_task(work())
     await asyncio.wait_for(started.wait(), DEADLINE)
-    acquired = time.monotonic()
     assert lock.backend_pid is not None
     terminate(observer, lock.backend_pid)
     done, _ = await asyncio.wait({task}, timeout=DEADLINE)
     assert task in done, "the holder's task was not cancelled"
-    if interval == WATCHED_INTERVAL:
-        assert time.monotonic() - acquired < interval / 2, "cancelled only at a beat"
     assert not task.cancelled()  # it ended with the loss, not with CancelledError
     error = task.exception()
     assert isinstance(error, LockLostError)

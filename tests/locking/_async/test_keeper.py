@@ -14,7 +14,6 @@ writes the twin under ``_sync/``. The tests of one flavour only (threads and tas
 from __future__ import annotations
 
 import select
-import time
 from typing import Any
 
 import psycopg
@@ -94,17 +93,15 @@ async def test_terminated_backend_is_seen_on_the_socket_before_the_first_beat(
 ) -> None:
     """The server says FATAL and closes the socket when it terminates a backend: the
     keeper, waiting on the socket between beats, reports the loss then, not at its next
-    beat (the first one is due a whole long interval after the lock was taken)."""
+    beat (the first one is due an hour after the lock was taken)."""
     conn = await aconnect()
     on_lost = OnLost()
     lock = pgsolo.session_lock(conn, key, keep=Keep(interval=WATCHED_INTERVAL, on_lost=on_lost))
     assert await lock.acquire() is True
-    acquired = time.monotonic()
     pid = lock.backend_pid
     assert pid is not None
     terminate(observer, pid)
-    await wait_until_lost(lock, poll=aeventually)
-    assert time.monotonic() - acquired < WATCHED_INTERVAL / 2, "lost only at a beat"
+    await wait_until_lost(lock, poll=aeventually)  # within DEADLINE: no beat comes by then
     loss = lock.loss
     assert loss is not None
     assert loss.reason == "connection-lost"
