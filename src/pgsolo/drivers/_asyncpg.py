@@ -338,16 +338,8 @@ async def _settle(conn: Any) -> None:
         await asyncio.shield(conn._protocol._wait_for_cancellation(_SETTLE_SECONDS))
 
 
-def _returns_row(statement: str) -> bool:
-    # pgsolo's statements that return rows: SELECTs, the monitor's read-only WITH ...
-    # SELECT, and run_once's INSERT ... RETURNING.
-    return statement.startswith(("SELECT", "WITH")) or (
-        statement.startswith(("INSERT", "UPDATE", "DELETE")) and " RETURNING " in statement
-    )
-
-
 async def _exchange_once(conn: Any, statements: Sequence[str]) -> tuple[str, object]:
-    last = max((i for i, s in enumerate(statements) if _returns_row(s)), default=None)
+    last = max((i for i, s in enumerate(statements) if sql.returns_rows(s)), default=None)
     if last is None:
         return str(await conn.execute("; ".join(statements))), None
     copy = (

@@ -61,12 +61,10 @@ KEEPER_REFUSED = (
     " use a psycopg 3 connection for keep="
 )
 
+
 # The statements of pgsolo's that never return a row, by their first word. pgsolo's
 # statements that return rows all start with SELECT; anything else is treated as one
 # that may, so that a value is never lost.
-_NO_ROWS = ("BEGIN", "COMMIT", "ROLLBACK", "SAVEPOINT", "RELEASE", "SET")
-
-
 def adapt(connection: object) -> Psycopg2Driver | None:
     """The adapter of a psycopg2 connection (any subclass); None for other psycopg2
     objects (a cursor)."""
@@ -77,7 +75,7 @@ def split_trailing(statements: Sequence[str]) -> tuple[list[str], list[str]]:
     """``statements`` cut after the last one that may return a row: what psycopg2 must
     send in one ``execute()`` to read its value, and the rest (which return none)."""
     cut = len(statements)
-    while cut > 0 and statements[cut - 1].lstrip().upper().startswith(_NO_ROWS):
+    while cut > 0 and not sql.returns_rows(statements[cut - 1]):
         cut -= 1
     return list(statements[:cut]), list(statements[cut:])
 

@@ -92,6 +92,7 @@ from .states import (
 from .text import (
     read_json,
     read_text,
+    returns_rows,
     sql_literal,
     sql_text,
     text_or_null,
@@ -154,6 +155,7 @@ __all__ = [
     "read_text",
     "record_attempt",
     "record_migration",
+    "returns_rows",
     "session_guarded",
     "set_local_lock_timeout",
     "sql_literal",

@@ -16,11 +16,22 @@ from typing import Any
 __all__ = [
     "read_json",
     "read_text",
+    "returns_rows",
     "sql_literal",
     "sql_text",
     "text_or_null",
     "utf8",
 ]
+
+
+def returns_rows(statement: str) -> bool:
+    """Whether one of pgsolo's statements returns rows: its SELECTs, the monitor's
+    read-only ``WITH ... SELECT``, and ``INSERT``/``UPDATE``/``DELETE ... RETURNING``.
+    Drivers that read only one result of a message (psycopg2's last, asyncpg's COPY) use it
+    to find the statement whose value pgsolo asked for."""
+    if statement.startswith(("SELECT", "WITH")):
+        return True
+    return statement.startswith(("INSERT", "UPDATE", "DELETE")) and " RETURNING " in statement
 
 
 def sql_literal(text: str) -> str:
