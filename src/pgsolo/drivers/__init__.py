@@ -31,6 +31,7 @@ by a sync or an async shell, so the two never drift.
 from __future__ import annotations
 
 import enum
+import functools
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -219,11 +220,22 @@ SUPPORTED_CONNECTIONS = (
 )
 
 
+@functools.cache
+def _adapter_for(package: str) -> Callable[[object], object] | None:
+    """The ``adapt`` of pgsolo's module for ``package``'s connections, imported once (every
+    lock looks it up)."""
+    module = _ADAPTERS.get(package)
+    adapter: Callable[[object], object] | None = (
+        import_module(module, __name__).adapt if module else None
+    )
+    return adapter
+
+
 def adapt(connection: object) -> SyncDriver | AsyncDriver:
     """The adapter for ``connection``, chosen by its type. Anything else raises
     :class:`~pgsolo.UnsupportedConnectionError` naming what is supported."""
-    module = _ADAPTERS.get(type(connection).__module__.partition(".")[0])
-    driver = import_module(module, __name__).adapt(connection) if module else None
+    adapter = _adapter_for(type(connection).__module__.partition(".")[0])
+    driver = adapter(connection) if adapter is not None else None
     if driver is None:
         raise UnsupportedConnectionError(
             f"pgsolo takes {SUPPORTED_CONNECTIONS}; got {_name_of(connection)}"
