@@ -15,6 +15,12 @@ random point of a 0.1 s beat period (beats in flight included): until ``on_lost`
 until ``on_lost`` has run and the holder's task has ended cancelled (async,
 ``Keep(cancel=True)``); goal: p99 under 10 ms. ``pgsolo run``'s exit, in milliseconds,
 from the terminations above.
+
+A server restart is the other loss the socket shows at once: a fast shutdown (SIGINT to
+the postmaster, what ``pg_ctl restart -m fast`` sends first) terminates every backend.
+Those rows run on a throwaway embedded server of their own (restarting the suite's
+server would disturb every scenario after this one), from the signal to ``on_lost`` and
+to the task cancelled, with the same goal.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -35,6 +42,7 @@ import psycopg
 import pgsolo
 from benchmarks.commands import pgsolo_command
 from benchmarks.registry import Context, Goal, Ratio, Row, quantile, scenario
+from chaos.faults import Server, private_server
 
 APPLICATION_NAME = "pgsolo-bench-lock-loss"
 KEY = "pgsolo-bench:lock-loss"
@@ -102,10 +110,23 @@ def _one_loss(
     return exited - terminated
 
 
-def _keeper_loss(
-    conninfo: str, observer: psycopg.Connection[Any], interval: float, rng: random.Random
-) -> float:
-    """Seconds from pg_terminate_backend to the sync keeper's on_lost."""
+# A fault ends the session of the backend whose pid it is given, and returns the
+# perf_counter() at which it was sent.
+Fault = Callable[[int], float]
+
+
+def terminate_with(observer: psycopg.Connection[Any]) -> Fault:
+    def terminate(pid: int) -> float:
+        sent = time.perf_counter()
+        observer.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        return sent
+
+    return terminate
+
+
+def _keeper_loss(conninfo: str, fault: Fault, interval: float, rng: random.Random) -> float:
+    """Seconds from the fault (pg_terminate_backend, a restart) to the sync keeper's
+    on_lost."""
     noticed = threading.Event()
     with psycopg.connect(conninfo, autocommit=True) as conn:
         keep = pgsolo.Keep(interval=interval, on_lost=lambda _error: noticed.set())
@@ -113,8 +134,7 @@ def _keeper_loss(
         if not lock.acquire():
             raise RuntimeError(f"{KEY} is busy")
         time.sleep(rng.uniform(0, interval))
-        terminated = time.perf_counter()
-        observer.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
+        terminated = fault(conn.info.backend_pid)
         if not noticed.wait(EXIT_TIMEOUT_S):
             raise RuntimeError("the keeper never noticed the loss")
         seconds = time.perf_counter() - terminated
@@ -128,10 +148,10 @@ def _keeper_loss(
 
 
 async def _async_keeper_loss(
-    conninfo: str, observer: psycopg.Connection[Any], interval: float, rng: random.Random
+    conninfo: str, fault: Fault, interval: float, rng: random.Random
 ) -> tuple[float, float]:
-    """Seconds from pg_terminate_backend to the async keeper's on_lost, and to the end of
-    the holder's task, cancelled by the keeper (``Keep(cancel=True)``)."""
+    """Seconds from the fault to the async keeper's on_lost, and to the end of the
+    holder's task, cancelled by the keeper (``Keep(cancel=True)``)."""
     noticed: list[float] = []
     held = asyncio.Event()
     async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
@@ -151,8 +171,7 @@ async def _async_keeper_loss(
         task = asyncio.create_task(holder())
         await asyncio.wait_for(held.wait(), HELD_TIMEOUT_S)
         await asyncio.sleep(rng.uniform(0, interval))
-        terminated = time.perf_counter()
-        observer.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
+        terminated = fault(conn.info.backend_pid)
         await asyncio.wait({task}, timeout=EXIT_TIMEOUT_S)
         ended = time.perf_counter()
         if not task.done() or not isinstance(task.exception(), pgsolo.LockLostError):
@@ -162,7 +181,9 @@ async def _async_keeper_loss(
     return noticed[0] - terminated, ended - terminated
 
 
-def _ms_row(title: str, rounds: list[list[float]], goal: Goal | None) -> Row:
+def _ms_row(
+    title: str, rounds: list[list[float]], goal: Goal | None, faults: str = "terminations"
+) -> Row:
     """p99 in milliseconds (the "ratio" column) over all terminations; lowest and
     highest: the p99 of the round with the lowest and with the highest one."""
     pooled = [s * 1000 for r in rounds for s in r]
@@ -173,7 +194,7 @@ def _ms_row(title: str, rounds: list[list[float]], goal: Goal | None) -> Row:
         ratio=Ratio(quantile(pooled, 0.99), min(per_round), max(per_round)),
         goal=goal,
         detail=f"p50 {statistics.median(pooled):.1f} ms, p99 {quantile(pooled, 0.99):.1f} ms,"
-        f" slowest {max(pooled):.1f} ms ({len(pooled)} terminations)",
+        f" slowest {max(pooled):.1f} ms ({len(pooled)} {faults})",
         data={"seconds": rounds},
     )
 
@@ -205,26 +226,28 @@ def lock_loss(ctx: Context) -> list[Row]:
     keeper_ms: list[list[float]] = []
     cancelled_ms: list[list[float]] = []
     with psycopg.connect(conninfo, autocommit=True) as observer:
+        terminate = terminate_with(observer)
         for _ in range(ctx.rounds):
             keeper.append(
-                [_keeper_loss(conninfo, observer, interval, rng) for _ in range(per_round)]
+                [_keeper_loss(conninfo, terminate, interval, rng) for _ in range(per_round)]
             )
             async_keeper.append(
                 [
-                    asyncio.run(_async_keeper_loss(conninfo, observer, interval, rng))[0]
+                    asyncio.run(_async_keeper_loss(conninfo, terminate, interval, rng))[0]
                     for _ in range(per_round)
                 ]
             )
             rounds.append([_one_loss(conninfo, observer, interval, rng) for _ in range(per_round)])
             keeper_ms.append(
-                [_keeper_loss(conninfo, observer, MS_INTERVAL, rng) for _ in range(per_round_ms)]
+                [_keeper_loss(conninfo, terminate, MS_INTERVAL, rng) for _ in range(per_round_ms)]
             )
             cancelled_ms.append(
                 [
-                    asyncio.run(_async_keeper_loss(conninfo, observer, MS_INTERVAL, rng))[1]
+                    asyncio.run(_async_keeper_loss(conninfo, terminate, MS_INTERVAL, rng))[1]
                     for _ in range(per_round_ms)
                 ]
             )
+    restarted_ms, restart_cancelled_ms = _restarts(ctx, rng)
     pooled = [s for r in rounds for s in r]
     return [
         _loss_row(
@@ -252,4 +275,43 @@ def lock_loss(ctx: Context) -> list[Row]:
             MS_GOAL,
         ),
         _ms_row("pgsolo run: terminated backend to exit 70, p99 in ms", rounds, None),
+        _ms_row(
+            "keeper: server restart (fast) to on_lost, p99 in ms",
+            restarted_ms,
+            MS_GOAL,
+            "restarts",
+        ),
+        _ms_row(
+            "async keeper: restart to on_lost and the task cancelled, p99 in ms",
+            restart_cancelled_ms,
+            MS_GOAL,
+            "restarts",
+        ),
     ]
+
+
+def _restarts(ctx: Context, rng: random.Random) -> tuple[list[list[float]], list[list[float]]]:
+    """Per round: seconds from a fast shutdown of a private server to the sync keeper's
+    on_lost, and to the async holder's task ended cancelled; the server is started again
+    after each, outside the time measured."""
+    per_round = ctx.size(20, 4)  # each costs a server start (about 0.4 s)
+    sync_rounds: list[list[float]] = []
+    async_rounds: list[list[float]] = []
+    with private_server() as (conninfo, server):
+
+        def restart(_pid: int, server: Server = server) -> float:
+            return server.shut_down_fast()
+
+        for _ in range(ctx.rounds):
+            sync_round: list[float] = []
+            async_round: list[float] = []
+            for _ in range(per_round):
+                sync_round.append(_keeper_loss(conninfo, restart, MS_INTERVAL, rng))
+                server.start_again()
+                async_round.append(
+                    asyncio.run(_async_keeper_loss(conninfo, restart, MS_INTERVAL, rng))[1]
+                )
+                server.start_again()
+            sync_rounds.append(sync_round)
+            async_rounds.append(async_round)
+    return sync_rounds, async_rounds

@@ -22,6 +22,7 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
+
 from benchmarks.intervals import OVERLAP_ERRORS, interval_table
 
 RUNS = "chaos_runs"

@@ -23,7 +23,6 @@ import random
 import signal
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, suppress
@@ -34,7 +33,7 @@ import psycopg
 
 import pgsolo
 from chaos import judge, worker
-from chaos.faults import Injector, Server
+from chaos.faults import Injector, Server, private_server
 from chaos.relay import Relay
 
 HANG_S = 60.0  # an attempt that shows no progress this long is a hang
@@ -59,13 +58,8 @@ def server(dsn: str | None) -> Iterator[tuple[str, Server | None]]:
     if dsn:
         yield dsn, None
         return
-    from pgsolo.embedded import embedded_server  # noqa: PLC0415 - needs the embedded extra
-
-    with (
-        tempfile.TemporaryDirectory(prefix="pgsolo-chaos-") as data_dir,
-        embedded_server(data_dir, cleanup="delete") as uri,
-    ):
-        yield uri, Server(Path(data_dir))
+    with private_server() as (uri, fault_server):
+        yield uri, fault_server
 
 
 @contextmanager
