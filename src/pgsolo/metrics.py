@@ -125,10 +125,12 @@ class _State:
         self.lock_names = True
         self.unavailable = False
         self.instruments: dict[int, tuple[CollectorRegistry, _Instruments]] = {}
+        self.cached: _Instruments | None = None  # those of the registry in use
 
     def current(self) -> _Instruments | None:
-        if self.unavailable:
-            return None
+        cached = self.cached  # every lock comes here: no mutex once they exist
+        if cached is not None or self.unavailable:
+            return cached
         with self.mutex:
             try:
                 from prometheus_client import REGISTRY  # noqa: PLC0415
@@ -140,6 +142,7 @@ class _State:
             if known is None:
                 known = (target, _Instruments.create(target))
                 self.instruments[id(target)] = known
+            self.cached = known[1]
             return known[1]
 
 
@@ -160,6 +163,7 @@ def use_registry(registry: CollectorRegistry | None, *, lock_names: bool = True)
     with _state.mutex:
         _state.registry = registry
         _state.lock_names = lock_names
+        _state.cached = None
 
 
 def registry() -> CollectorRegistry:

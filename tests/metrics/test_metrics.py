@@ -4,6 +4,8 @@ its own locks counted."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -164,3 +166,32 @@ def test_bad_input_is_a_usage_error(registry: CollectorRegistry, tmp_path: Path)
     with pytest.raises(pgsolo.UsageError, match="CollectorRegistry"):
         pgsolo.metrics.use_registry("REGISTRY")  # type: ignore[arg-type]
     assert pgsolo.metrics.registry() is registry  # unchanged by the refusal
+
+
+def test_without_prometheus_client_locks_work_and_publishing_is_a_usage_error(
+    dsn: str, tmp_path: Path
+) -> None:
+    """A core install without the extra: ``sys.modules[name] = None`` makes every import of
+    prometheus_client fail, as it does where the package is not installed."""
+    program = f"""
+import sys
+sys.modules["prometheus_client"] = None
+import psycopg, pgsolo, pgsolo.metrics
+with psycopg.connect({dsn!r}, autocommit=True) as conn:
+    with pgsolo.session_lock(conn, "no-metrics") as lock:
+        assert lock.acquired
+try:
+    pgsolo.metrics.write_textfile({str(tmp_path / "x.prom")!r})
+except pgsolo.UsageError as exc:
+    print("usage:", exc)
+from pgsolo.cli import main
+sys.exit(main(["run", "--key", "k", "--dsn", {dsn!r}, "--metrics-textfile",
+               {str(tmp_path / "y.prom")!r}, "--", "true"]))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 2, done.stderr
+    assert "usage: metrics need prometheus_client" in done.stdout
+    assert "pgsolo[prometheus]" in done.stderr
+    assert list(tmp_path.iterdir()) == []
