@@ -8,9 +8,9 @@ from typing import (
     Any,
 )
 
+from .. import metrics
 from .._logging import log_event, logger
 from ..drivers import DriverBase, ServerInfo
-from . import metrics
 from .definition import Job, JobResult
 
 if TYPE_CHECKING:
@@ -25,7 +25,9 @@ def report(
     """Log the outcome (one line per attempt, with everything an incident needs) and
     count it in the metrics. ``info`` is the server as seen before the run: a lost
     connection no longer knows its database, server or application_name."""
-    metrics.observe(result)
+    metrics.observe_job(
+        result.job, result.outcome, result.reason, result.lock_wait, result.duration
+    )
     level = logging.ERROR if result.outcome in ("failed", "lost") else logging.INFO
     if not logger.isEnabledFor(level):
         return

@@ -25,6 +25,7 @@ from ...keys import Key
 from ..common import CliError, Subparsers, add_command, database
 from ..exit_codes import EXIT_UNAVAILABLE, EXIT_USAGE
 from .arguments import add_run_arguments, command_of, with_separator
+from .publish import Publisher
 
 if TYPE_CHECKING:
     from ...reasons import RunReason
@@ -67,6 +68,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     command, separated = command_of(args)
     key: Key | None = None
     job: Job | None = None
+    publisher = Publisher(args)
     # From here on every ending prints its error and, with --json, one JSON object (the
     # last line on stderr); SIGTERM and SIGINT are handled before anything connects.
     with RunSignals().installed() as signals:
@@ -94,6 +96,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 record=args.record,
                 application_name=args.application_name,
             )
+            publisher.start()
             with database(args.dsn, connect_timeout=args.connect_timeout) as db:
                 outcome = supervise(
                     job,
@@ -121,6 +124,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 key_name=key.name if key is not None else None,
                 error=str(exc),
             )
+        publisher.finish(outcome.job)  # before the error line and the JSON, which end stderr
         if outcome.error is not None:
             print(f"pgsolo run: error: {outcome.error}", file=sys.stderr, flush=True)
         if args.json:

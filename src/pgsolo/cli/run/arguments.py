@@ -8,6 +8,7 @@ import shlex
 from ...drivers.conninfo import redact_dsn
 from ...locking.core import MAX_WAIT_SECONDS
 from ..common import add_dsn_argument, seconds_between
+from .publish import add_metrics_options
 
 __all__ = ["add_run_arguments", "command_of", "with_separator"]
 
@@ -17,6 +18,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     _add_lock_options(parser)
     _add_watch_options(parser)
     add_dsn_argument(parser)
+    add_metrics_options(parser)
     parser.add_argument(
         "--json",
         action="store_true",
