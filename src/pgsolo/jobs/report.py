@@ -9,7 +9,8 @@ from typing import (
 )
 
 from .. import metrics
-from .._logging import log_event, logger
+from .._logging import jobs_logger as logger
+from .._logging import log_event
 from ..drivers import DriverBase, ServerInfo
 from .definition import Job, JobResult
 
@@ -28,7 +29,9 @@ def report(
     metrics.observe_job(
         result.job, result.outcome, result.reason, result.lock_wait, result.duration
     )
-    level = logging.ERROR if result.outcome in ("failed", "lost") else logging.INFO
+    # Not ERROR: a failed or lost run's exception is re-raised to the caller (or returned,
+    # with raise_errors=False), whose own error report would say it a second time.
+    level = logging.WARNING if result.outcome in ("failed", "lost") else logging.INFO
     if not logger.isEnabledFor(level):
         return
     if info is None:
@@ -46,4 +49,4 @@ def report(
         "duration_ms": round(result.duration * 1000, 3),
         "error": repr(result.error) if result.error is not None else None,
     }
-    log_event(level, "job", "outcome", result.outcome, fields)
+    log_event(logger, level, "job", "outcome", result.outcome, fields)

@@ -21,7 +21,8 @@ import math
 import time
 
 from .. import metrics, sql
-from .._logging import log_event, logger
+from .._logging import locks_logger as logger
+from .._logging import log_event
 from .._types import Lifetime, check_seconds
 from ..drivers import DriverBase, TxStatus
 from ..errors import (
@@ -145,7 +146,7 @@ class LockCore:
         if started is not None:
             fields["duration_ms"] = round((time.perf_counter() - started) * 1000, 3)
         fields.update(extra)
-        log_event(level, "advisory lock", "event", event, fields)
+        log_event(logger, level, "advisory lock", "event", event, fields)
 
     def _count(self, event: str, started: float | None, reason: object) -> None:
         if event == "lost" and not self.loss_counted:
@@ -160,7 +161,7 @@ class LockCore:
             metrics.observe_lock(self.key.name, self.lifetime, outcome, wait)
 
     def log_lost(self, error: LockLostError) -> None:
-        self.log(logging.ERROR, "lost", reason=error.reason, error=str(error))
+        self.log(logging.WARNING, "lost", reason=error.reason, error=str(error))
 
     def forget(self) -> None:
         """The session lock is no longer held here: off the books."""
@@ -258,7 +259,7 @@ class LockCore:
         self.acquired = self.wait_ms is not None or value is True or _is_token(value)
         self.token = int(str(value)) if _is_token(value) else None
         self.backend_pid = self.driver.backend_pid() if self.acquired else None
-        self.log(logging.INFO, "acquired" if self.acquired else "busy", started)
+        self.log(logging.DEBUG, "acquired" if self.acquired else "busy", started)
         return self.acquired
 
     def _claim_session(self) -> tuple[TxStatus, int, holdings.Claim]:
@@ -311,11 +312,11 @@ class LockCore:
                         "this connection's statements moved to another server session"
                     )
                 if self.wait_ms is None and value is not True and not _is_token(value):
-                    self.log(logging.INFO, "busy", started)
+                    self.log(logging.DEBUG, "busy", started)
                     return False
                 confirmed = True
                 self.token = int(str(value)) if _is_token(value) else None
-                self.log(logging.INFO, "acquired", started)
+                self.log(logging.DEBUG, "acquired", started)
             holdings.confirm(conn, self.key)
             self.acquired, self.backend_pid = True, pid
             self.lost = None

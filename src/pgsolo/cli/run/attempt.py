@@ -71,7 +71,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..._logging import logger
+from ..._logging import cli_logger as logger
 from ...drivers import ServerInfo, SyncDriver, adapt_sync, driver_errors
 from ...drivers.connect import open_connection
 from ...drivers.conninfo import connection_settings, scrub_secrets

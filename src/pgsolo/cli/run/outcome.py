@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..._logging import logger
+from ..._logging import cli_logger as logger
 from ...errors import DatabaseUnavailableError, LockLostError, LockNotHeldError, NotMigratedError
 from ...jobs.definition import Job, JobResult
 from ...jobs.plan import unresponsive

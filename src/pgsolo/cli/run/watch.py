@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..._logging import logger
+from ..._logging import cli_logger as logger
 from ...drivers import SyncDriver
 from ...jobs.definition import Failure, Job
 from ...locking.core import LockCore
