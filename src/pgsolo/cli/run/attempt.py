@@ -117,6 +117,8 @@ def supervise(
     connect_timeout: float | None = None,
     grace: float = 10.0,
     signals: RunSignals | None = None,
+    on_lost: str = "terminate",
+    skip_codes: outcome.SkipCodes | None = None,
 ) -> RunReport:
     """Run ``command`` as one attempt at ``job`` (see the module docstring).
 
@@ -125,7 +127,8 @@ def supervise(
     ``connect_timeout``: seconds to connect (None: the DSN's, ``PGCONNECT_TIMEOUT``, or
     pgsolo's default). ``signals``: SIGTERM/SIGINT handling the caller installed earlier
     (so that a signal while the embedded server starts is not lost); by default supervise
-    installs its own.
+    installs its own. ``on_lost``: ``"terminate"`` or ``"warn"`` (``--on-lost``).
+    ``skip_codes``: the exit codes of a skip (default: 75 for both).
     Every ending is a :class:`RunReport`, "run pgsolo migrate first" (exit 2) included;
     only an empty ``command`` raises :class:`~pgsolo.cli.CliError`.
     """
@@ -144,6 +147,8 @@ def supervise(
             connect_timeout,
             grace,
             signals,
+            on_lost,
+            skip_codes or outcome.SkipCodes(),
         )
         return attempt.run()
 
@@ -159,6 +164,8 @@ class _Attempt:
     connect_timeout: float | None
     grace: float
     signals: RunSignals
+    on_lost: str
+    skip_codes: outcome.SkipCodes
     report: RunReport = field(init=False)
     info: ServerInfo | None = None
     started: float = 0.0  # when the plan began (the lock wait of an attempt it did not end)
@@ -204,7 +211,15 @@ class _Attempt:
         core = core_for(self.job, driver)
         keep = Keep(interval=self.check_interval, timeout=self.check_timeout)
         command = Command(
-            self.job, self.command, core, driver, keep, self.grace, self.signals, self._scrub
+            self.job,
+            self.command,
+            core,
+            driver,
+            keep,
+            self.grace,
+            self.signals,
+            self._scrub,
+            on_lost=self.on_lost,
         )
         self.started = time.perf_counter()
         try:
@@ -229,7 +244,7 @@ class _Attempt:
             # The database failed the period check before COMMAND could start (the plan
             # let the lock go): unavailable, as before the lock.
             return self._unavailable(result.error)
-        verdict = outcome.verdict(result, command, self._scrub)
+        verdict = outcome.verdict(result, command, self._scrub, self.skip_codes)
         self.report.error = verdict.error
         self.report.command_exit_code = verdict.command_exit_code
         return self._finish(verdict.result, driver, verdict.exit_code)
