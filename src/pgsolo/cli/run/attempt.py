@@ -8,16 +8,19 @@ COMMAND as the work (:mod:`.watch`), and records through the same ledger code
 2. the plan: with ``--record`` or ``--once-per``, check pgsolo's schema version (too old:
    "run pgsolo migrate first", exit 2, before any lock is taken or anything runs); take
    the session lock, trying once or waiting up to ``--wait`` seconds (busy or timed out:
-   ``skipped``/``busy``, exit 75; on a standby, or behind a transaction-pooling proxy
-   where a session lock cannot work, nothing is taken: ``failed`` with that reason, exit
-   78); with ``--once-per``, skip a period already done, by the database's clock and
-   with the lock held (``skipped``/``already-done-this-period``, exit 75);
+   ``skipped``/``busy``, exit 75 or ``--conflict-exit-code``; on a standby, or behind a
+   transaction-pooling proxy where a session lock cannot work, nothing is taken:
+   ``failed`` with that reason, exit 78); with ``--once-per``, skip a period already
+   done, by the database's clock and with the lock held
+   (``skipped``/``already-done-this-period``, exit 75 or ``--already-done-exit-code``);
 3. its work: start COMMAND (no shell; stdio inherited) and wait for it, while the keeper
    asks every ``--check-interval`` seconds, on the pinned connection, whether the lock
    is still held there; if the connection died, did not answer within
    ``--check-timeout`` seconds, or the lock is gone, COMMAND gets SIGTERM, then SIGKILL
    after ``--grace`` seconds: ``lost``, exit 70 (78 when a transaction-pooling proxy
-   moved the connection to another backend);
+   moved the connection to another backend); with ``--on-lost=warn`` COMMAND is left to
+   finish (one WARNING), and the attempt is still ``lost``: exit 70, or COMMAND's own
+   code when it failed;
 4. the plan again: after COMMAND exited 0, record the period (could not: ``failed``/
    ``period-not-recorded``, exit 1), then release the lock (found gone: ``lost``, 70);
    COMMAND that exited otherwise is ``failed`` with its exit code passed through (128+N
