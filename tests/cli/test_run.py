@@ -1143,17 +1143,11 @@ def test_on_lost_warn_lets_the_command_finish_and_never_reports_success(
     command_code: int,
     exit_code: int,
 ) -> None:
-    running = background(
-        *run_args(key.text, migrated, job=job),
-        "--on-lost",
-        "warn",
-        "--record",
-        "--json",
-        "--check-interval",
-        "0.2",
-        "--",
-        *script(WAIT_FOR_GO, tmp_path, command_code),
-    )
+    """--on-lost=warn: one WARNING, COMMAND runs on to its own end, and the run still
+    says lost: exit 70, or COMMAND's own code when it failed."""
+    options = ("--on-lost=warn", "--record", "--json", "--check-interval=0.2")
+    command = script(WAIT_FOR_GO, tmp_path, command_code)
+    running = background(*run_args(key.text, migrated, job=job), *options, "--", *command)
     wait_until((tmp_path / "ready").exists, "the command to start")
     child = int((tmp_path / "pid").read_text())
     observer.conn.execute("SELECT pg_terminate_backend(%s)", (backend_of(observer.conn, job),))
