@@ -49,6 +49,8 @@ LOST_DETAIL = {
     "connection-unresponsive": "the database did not answer the lock check within {timeout:g}s"
     " (--check-timeout), so pgsolo dropped the connection",
     "lock-released": "pg_locks no longer shows it on pgsolo's connection",
+    "keeper-failed": "the keeper watching it failed (its log line says how), so nothing"
+    " vouches for the lock",
     "connection-moved": "the connection now reaches another server backend: a"
     " transaction-pooling proxy is in between, where session locks cannot work",
     "server-in-recovery": "the server is now in recovery (a standby), where an advisory"
