@@ -424,7 +424,8 @@ class LockCore:
         try:
             yield from self.release()
         except Exception as exc:
-            logger.warning("pgsolo: releasing %s after a failure: %r", self.key, exc)
+            if self.lost is None:  # a loss the keeper declared was logged then: once
+                logger.warning("pgsolo: releasing %s after a failure: %r", self.key, exc)
 
     def is_held(self) -> Plan[bool]:
         """Ask the server (``pg_locks``) whether this backend holds the key right now."""

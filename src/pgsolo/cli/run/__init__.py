@@ -44,8 +44,10 @@ def add_run_command(subparsers: Subparsers) -> None:
         " (daily-settlement), an int64 (123) or a pair (42:1001). Busy means skip, unless"
         " --wait is given. Exit codes: COMMAND's own (128+N if killed by signal N; 127 not"
         " found, 126 not executable); 75 skipped (busy, wait timed out, or already done"
-        " this period); 70 lock lost, or no answer within --check-timeout, while COMMAND"
-        " ran (COMMAND gets SIGTERM, then SIGKILL after --grace); 69 database unavailable;"
+        " this period; --conflict-exit-code and --already-done-exit-code change it); 70"
+        " lock lost, or no answer within --check-timeout, while COMMAND ran (COMMAND gets"
+        " SIGTERM, then SIGKILL after --grace; with --on-lost=warn it finishes, and a"
+        " COMMAND that failed exits with its own code); 69 database unavailable;"
         " 2 usage error, including --record or --once-per on a database where"
         " `pgsolo migrate` has not run; 1 COMMAND succeeded"
         " but its period could not be recorded. SIGTERM and SIGINT are forwarded to"
@@ -62,6 +64,7 @@ def add_run_command(subparsers: Subparsers) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     from ...jobs.definition import Job  # noqa: PLC0415
     from .attempt import supervise  # noqa: PLC0415
+    from .outcome import SkipCodes  # noqa: PLC0415
     from .report import RunReport  # noqa: PLC0415
     from .signals import RunSignals  # noqa: PLC0415
 
@@ -108,6 +111,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                     connect_timeout=db.connect_timeout,
                     grace=args.grace,
                     signals=signals,
+                    on_lost=args.on_lost,
+                    skip_codes=SkipCodes(args.conflict_exit_code, args.already_done_exit_code),
                 )
         except (CliError, UsageError) as exc:  # before any attempt: outcome null
             code = exc.code if isinstance(exc, CliError) else EXIT_USAGE
