@@ -1157,8 +1157,12 @@ def test_on_lost_warn_lets_the_command_finish_and_never_reports_success(
     (tmp_path / "go").touch()
     done = running.finish(timeout=30)
     assert done.returncode == exit_code, done.stderr
+    # One warning says the lock was lost (with the driver's words), one what pgsolo does
+    # about it; the job's outcome line does not say the loss a third time.
     warnings = [line for line in done.stderr.splitlines() if "WARNING" in line]
-    assert len(warnings) == 1, done.stderr
+    assert len(warnings) == 2, done.stderr
+    assert "advisory lock lost" in warnings[0], done.stderr
+    assert "--on-lost=warn" in warnings[1], done.stderr
     report = only_json(done.stderr)
     assert (report["outcome"], report["reason"]) == ("lost", "connection-lost")
     assert (report["exit_code"], report["command_exit_code"]) == (exit_code, command_code)

@@ -30,8 +30,9 @@ def report(
         result.job, result.outcome, result.reason, result.lock_wait, result.duration
     )
     # Not ERROR: a failed or lost run's exception is re-raised to the caller (or returned,
-    # with raise_errors=False), whose own error report would say it a second time.
-    level = logging.WARNING if result.outcome in ("failed", "lost") else logging.INFO
+    # with raise_errors=False), whose own error report would say it a second time. A loss
+    # is INFO here: the lock has said it at WARNING already, with the driver's words.
+    level = logging.WARNING if result.outcome == "failed" else logging.INFO
     if not logger.isEnabledFor(level):
         return
     if info is None:
