@@ -38,7 +38,18 @@ from .keys import Key, KeyLike, Registry, as_key, decode_pg_lock
 from .reasons import LostReason, Reason
 
 if TYPE_CHECKING:  # the same names as _ON_FIRST_USE, for type checkers
-    from .jobs import Job, JobResult, history, run_job, run_job_async, singleton
+    from .jobs import (
+        Job,
+        JobCompleted,
+        JobFailed,
+        JobLost,
+        JobResult,
+        JobSkipped,
+        history,
+        run_job,
+        run_job_async,
+        singleton,
+    )
     from .locking import (
         AsyncLock,
         Keep,
@@ -75,7 +86,11 @@ __all__ = [
     "InvalidOperationError",
     "InvalidOperationKeyError",
     "Job",
+    "JobCompleted",
+    "JobFailed",
+    "JobLost",
     "JobResult",
+    "JobSkipped",
     "Keep",
     "Key",
     "KeyCollisionError",
@@ -127,7 +142,19 @@ __all__ = [
 # the imports above and __all__ agree).
 _ON_FIRST_USE = {
     **dict.fromkeys(
-        ("Job", "JobResult", "history", "run_job", "run_job_async", "singleton"), ".jobs"
+        (
+            "Job",
+            "JobCompleted",
+            "JobFailed",
+            "JobLost",
+            "JobResult",
+            "JobSkipped",
+            "history",
+            "run_job",
+            "run_job_async",
+            "singleton",
+        ),
+        ".jobs",
     ),
     **dict.fromkeys(
         (

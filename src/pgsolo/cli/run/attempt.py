@@ -82,7 +82,7 @@ from ...errors import (
     UnsafeConnectionError,
 )
 from ...jobs._sync.record import record_result
-from ...jobs.definition import Job, JobResult
+from ...jobs.definition import Job, JobResult, job_result
 from ...jobs.plan import attempt_plan, core_for
 from ...jobs.report import report
 from ...locking._sync.drive import drive
@@ -254,7 +254,7 @@ class _Attempt:
 
     def _failed(self, reason: Reason, error: BaseException) -> JobResult[None]:
         """An attempt the plan did not end: it raised before COMMAND started."""
-        return JobResult(
+        return job_result(
             "failed",
             self.job.name,
             self.job.key,
