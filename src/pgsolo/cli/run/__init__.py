@@ -123,6 +123,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             )
         if outcome.error is not None:
             print(f"pgsolo run: error: {outcome.error}", file=sys.stderr, flush=True)
+        if outcome.notice is not None:
+            print(f"pgsolo run: {outcome.notice}", file=sys.stderr, flush=True)
         if args.json:
             print(json.dumps(outcome.as_dict()), file=sys.stderr, flush=True)
     return outcome.exit_code
