@@ -40,6 +40,7 @@ from _support import (
 from pgsolo import ConnectionStateError, LockLostError
 from pgsolo._types import Lifetime
 from pgsolo.jobs import run_job, run_job_async
+from pgsolo.jobs.definition import replace_result
 
 # -- sync jobs -----------------------------------------------------------------------------
 
@@ -223,3 +224,5 @@ def test_each_outcome_has_its_class_and_every_one_is_a_job_result(
     for result in (done, skipped, failed):
         assert isinstance(result, pgsolo.JobResult)
     assert pgsolo.JobResult[int] is not None  # still subscriptable at run time
+    # A changed outcome changes the class with it (pgsolo run's "released badly" ending).
+    assert type(replace_result(failed, outcome="completed", error=None)) is pgsolo.JobCompleted

@@ -3,6 +3,7 @@ as (:class:`JobResult`), and how a work says it failed without raising (:class:`
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ __all__ = [
     "job_result",
     "refuse_cancel_without_tasks",
     "refuse_unknown_options",
+    "replace_result",
 ]
 
 T = TypeVar("T")
@@ -146,6 +148,13 @@ def job_result(outcome: Outcome, job: str, key: Key, **fields: Any) -> JobResult
     """The result of an attempt, of the class of its ``outcome``."""
     result: JobResult[Any] = _BY_OUTCOME[outcome](outcome, job, key, **fields)  # type: ignore[assignment]
     return result
+
+
+def replace_result(result: JobResult[Any], **changes: Any) -> JobResult[Any]:
+    """``dataclasses.replace`` for a result, whose class follows its outcome: replacing
+    the outcome alone would leave a ``JobFailed`` that says ``completed``."""
+    values = {f.name: getattr(result, f.name) for f in dataclasses.fields(result)} | changes
+    return job_result(**values)
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..._logging import logger
 from ...errors import DatabaseUnavailableError, LockLostError, LockNotHeldError, NotMigratedError
-from ...jobs.definition import Job, JobResult
+from ...jobs.definition import Job, JobResult, replace_result
 from ...jobs.plan import unresponsive
 from ...monitor import AdvisoryLock, format_seconds
 from ...schema import LATEST_VERSION
@@ -67,7 +67,7 @@ def _failed(result: JobResult[Any], command: Command, scrub: Scrub) -> Verdict:
         # COMMAND succeeded, but the lock could not be let go cleanly: the session ends
         # when pgsolo closes the connection right after this, and the lock with it.
         logger.warning("pgsolo: releasing %s failed: %s", command.job.key, error)
-        completed = dataclasses.replace(result, outcome="completed", error=None)
+        completed = replace_result(result, outcome="completed", error=None)
         return Verdict(completed, EXIT_OK, command_exit_code=status)
     return Verdict(result, status, command_exit_code=status)  # COMMAND's own answer
 
