@@ -105,6 +105,8 @@ _RENAMES = {
     "async_pool_reset": "pool_reset",
     "run_job_async": "run_job",
     "advisory_locks_async": "advisory_locks",
+    "is_locked_async": "is_locked",
+    "lock_holders_async": "lock_holders",
     "run_once_async": "run_once",
     # pgsolo's own pairs
     "AsyncDriver": "SyncDriver",

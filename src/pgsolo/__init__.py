@@ -38,7 +38,18 @@ from .keys import Key, KeyLike, Registry, as_key, decode_pg_lock
 from .reasons import LostReason, Reason
 
 if TYPE_CHECKING:  # the same names as _ON_FIRST_USE, for type checkers
-    from .jobs import Job, JobResult, history, run_job, run_job_async, singleton
+    from .jobs import (
+        Job,
+        JobCompleted,
+        JobFailed,
+        JobLost,
+        JobResult,
+        JobSkipped,
+        history,
+        run_job,
+        run_job_async,
+        singleton,
+    )
     from .locking import (
         AsyncLock,
         Keep,
@@ -55,6 +66,10 @@ if TYPE_CHECKING:  # the same names as _ON_FIRST_USE, for type checkers
         advisory_locks,
         advisory_locks_async,
         doctor,
+        is_locked,
+        is_locked_async,
+        lock_holders,
+        lock_holders_async,
         terminate_backend,
         wait_chains,
     )
@@ -75,7 +90,11 @@ __all__ = [
     "InvalidOperationError",
     "InvalidOperationKeyError",
     "Job",
+    "JobCompleted",
+    "JobFailed",
+    "JobLost",
     "JobResult",
+    "JobSkipped",
     "Keep",
     "Key",
     "KeyCollisionError",
@@ -110,6 +129,10 @@ __all__ = [
     "held_session_locks",
     "history",
     "idempotency_key_for",
+    "is_locked",
+    "is_locked_async",
+    "lock_holders",
+    "lock_holders_async",
     "migrate",
     "pool_reset",
     "run_job",
@@ -127,7 +150,19 @@ __all__ = [
 # the imports above and __all__ agree).
 _ON_FIRST_USE = {
     **dict.fromkeys(
-        ("Job", "JobResult", "history", "run_job", "run_job_async", "singleton"), ".jobs"
+        (
+            "Job",
+            "JobCompleted",
+            "JobFailed",
+            "JobLost",
+            "JobResult",
+            "JobSkipped",
+            "history",
+            "run_job",
+            "run_job_async",
+            "singleton",
+        ),
+        ".jobs",
     ),
     **dict.fromkeys(
         (
@@ -149,6 +184,10 @@ _ON_FIRST_USE = {
             "advisory_locks",
             "advisory_locks_async",
             "doctor",
+            "is_locked",
+            "is_locked_async",
+            "lock_holders",
+            "lock_holders_async",
             "terminate_backend",
             "wait_chains",
         ),

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +41,11 @@ from _support import (
     run_cli,
     script,
 )
+from pgsolo.cli.run import outcome
 from pgsolo.drivers.conninfo import redact_dsn
+from pgsolo.jobs import Job
 from pgsolo.keys import Key
+from pgsolo.monitor import AdvisoryLock
 
 PY = sys.executable
 TIMEOUT = 60  # bound on every subprocess wait; never reached when things work
@@ -1201,3 +1205,43 @@ def test_the_keepers_verdict_wakes_the_loop_not_a_timer(
     assert code == 70
     assert (tmp_path / "signal").read_text() == "SIGTERM"
     assert not pid_exists(int((tmp_path / "pid").read_text()))
+
+
+def test_a_busy_skip_says_who_holds_the_key_without_json_or_verbosity(
+    db: str, connect: Connect, key: Key, tmp_path: Path
+) -> None:
+    """A cron log shows why nothing ran and whom to look for: the holder's pid and
+    application_name, at the default level (no -v, no --json); the exit code is the skip's."""
+    psql = connect(application_name="nightly-psql")
+    psql.execute(raw_lock_sql(key.text))
+    done = pgsolo_cli(*run_args(key.text, db), "--", *script(MARK, tmp_path, 0))
+    assert done.returncode == 75, done.stderr
+    assert not (tmp_path / "ran").exists()
+    line = f"pgsolo run: skipped: {key} is busy, held by pid {psql.info.backend_pid}"
+    assert line in done.stderr, done.stderr
+    assert "application_name 'nightly-psql'" in done.stderr
+    psql.execute("SELECT pg_advisory_unlock_all()")
+
+
+def test_the_skip_line_names_each_holder_and_never_fails() -> None:
+    """The line's wording: each holder (a shared lock has several) with what the server
+    says of it; no holder left by the time pgsolo looked; holders that could not be read."""
+    job = Job.define("nightly")
+    now = datetime.now(UTC)
+
+    def held(pid: int | None, app: str | None, addr: str | None) -> AdvisoryLock:
+        return AdvisoryLock(
+            key=job.key, name="nightly", lifetime=None, shared=True, granted=True, pid=pid,
+            database="app", application_name=app, client_addr=addr, client_port=None,
+            state="idle", since=now - timedelta(seconds=8), since_source="state_change",
+            query=None, blocked_by=(), observed_at=now,
+        )  # fmt: skip
+
+    line = outcome.busy(job, [held(41, "pgsolo:nightly", "10.0.0.5"), held(42, None, None)])
+    assert line == (
+        f"skipped: {job.key} is busy, held by pid 41 (application_name 'pgsolo:nightly',"
+        " host 10.0.0.5, for 8.0s); pid 42 (for 8.0s)"
+    )
+    assert outcome.busy(job, [held(None, None, None)]).endswith("held by a prepared transaction")
+    assert outcome.busy(job, []).endswith("let go before pgsolo could see who it was)")
+    assert outcome.busy(job, None) == f"skipped: {job.key} is busy"

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from typing import Any
 
+import psycopg_pool
 import pytest
 
 import pgsolo
@@ -25,6 +26,17 @@ def test_anything_else_is_refused_with_what_is_supported(thing: object, key: Key
     for supported in ("psycopg 3", "psycopg2", "asyncpg", "SQLAlchemy", "Django"):
         assert supported in message
     assert type(thing).__qualname__ in message
+
+
+def test_a_dsn_or_a_pool_is_refused_with_what_to_pass_instead(dsn: str, key: Key) -> None:
+    with pytest.raises(pgsolo.UnsupportedConnectionError, match="a DSN is not a connection") as e:
+        pgsolo.is_locked(dsn, key)  # type: ignore[arg-type]
+    assert dsn not in str(e.value)  # never echoed: a DSN can hold a password
+    with (
+        psycopg_pool.ConnectionPool(dsn, min_size=1, open=True) as pool,
+        pytest.raises(pgsolo.UnsupportedConnectionError, match=r"pool\.connection\(\)"),
+    ):
+        pgsolo.session_lock(pool, key)  # type: ignore[call-overload]
 
 
 def test_a_cursor_of_a_supported_library_is_refused(connect: Connect, key: Key) -> None:

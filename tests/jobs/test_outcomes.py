@@ -40,6 +40,7 @@ from _support import (
 from pgsolo import ConnectionStateError, LockLostError
 from pgsolo._types import Lifetime
 from pgsolo.jobs import run_job, run_job_async
+from pgsolo.jobs.definition import replace_result
 
 # -- sync jobs -----------------------------------------------------------------------------
 
@@ -198,3 +199,30 @@ async def test_cancelled_run_releases_the_lock_and_rolls_back(
     assert work_rows(observer, job) == ([] if lifetime == "xact" else ["interrupted"])
     assert period_rows(observer, job) == []  # an interrupted run does not use up the day
     assert job_log_records(caplog, job) == []  # not an outcome of the work
+
+
+def test_each_outcome_has_its_class_and_every_one_is_a_job_result(
+    db: str, connect: Connect
+) -> None:
+    """The classes type checkers narrow by (``if result.completed:`` makes ``value`` a
+    ``T``) are what run time hands back, and ``isinstance(r, JobResult)`` still holds."""
+    job = new_job()
+    done = pgsolo.run_job(db, job, lambda conn: 7)
+    assert type(done) is pgsolo.JobCompleted
+    assert (done.completed, done.value, done.outcome) == (True, 7, "completed")
+    holder = hold(connect, job)
+    skipped = pgsolo.run_job(db, job, lambda conn: 7)
+    unhold(holder, job)
+    assert type(skipped) is pgsolo.JobSkipped
+    assert (skipped.skipped, skipped.reason, skipped.value) == (True, "busy", None)
+
+    def boom(conn: object) -> int:
+        raise Boom
+
+    failed = pgsolo.run_job(db, job, boom, raise_errors=False)
+    assert type(failed) is pgsolo.JobFailed
+    for result in (done, skipped, failed):
+        assert isinstance(result, pgsolo.JobResult)
+    assert pgsolo.JobResult[int] is not None  # still subscriptable at run time
+    # A changed outcome changes the class with it (pgsolo run's "released badly" ending).
+    assert type(replace_result(failed, outcome="completed", error=None)) is pgsolo.JobCompleted

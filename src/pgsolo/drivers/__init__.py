@@ -239,8 +239,25 @@ def adapt(connection: object) -> SyncDriver | AsyncDriver:
     if driver is None:
         raise UnsupportedConnectionError(
             f"pgsolo takes {SUPPORTED_CONNECTIONS}; got {_name_of(connection)}"
+            f"{_hint_for(connection)}"
         )
     return cast("SyncDriver | AsyncDriver", driver)
+
+
+def _hint_for(connection: object) -> str:
+    """What to pass instead, for the two mistakes a new user makes most: a DSN where a
+    connection goes, and a psycopg pool (a lock belongs to one session)."""
+    if isinstance(connection, str | bytes):
+        return (
+            " (a DSN is not a connection: open one, psycopg.connect(dsn, autocommit=True),"
+            " or give the DSN to run_job, @singleton or `pgsolo run`, which connect themselves)"
+        )
+    if type(connection).__module__.partition(".")[0] == "psycopg_pool":
+        return (
+            " (a pool is not a connection: a lock belongs to one session, so pass one of its"
+            " connections, `with pool.connection() as conn:`)"
+        )
+    return ""
 
 
 def bound_answers(connection: object, seconds: float) -> None:

@@ -14,7 +14,18 @@ from __future__ import annotations
 from ._async.run import run_job_async
 from ._sync.run import run_job
 from .decorator import singleton
-from .definition import Job, JobResult
+from .definition import Job, JobCompleted, JobFailed, JobLost, JobResult, JobSkipped
 from .record import history
 
-__all__ = ["Job", "JobResult", "history", "run_job", "run_job_async", "singleton"]
+__all__ = [
+    "Job",
+    "JobCompleted",
+    "JobFailed",
+    "JobLost",
+    "JobResult",
+    "JobSkipped",
+    "history",
+    "run_job",
+    "run_job_async",
+    "singleton",
+]

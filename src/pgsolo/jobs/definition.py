@@ -3,10 +3,11 @@ as (:class:`JobResult`), and how a work says it failed without raising (:class:`
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeAlias, TypeVar
 
 from .._types import Lifetime, Outcome, check_period
 from ..drivers.conninfo import DEFAULT_APP_PREFIX, application_name_for
@@ -16,14 +17,26 @@ from ..locking.core import wait_ms_of
 from ..locking.keeper import Keep, as_keep
 from ..reasons import FailReason, Reason
 
-__all__ = ["Failure", "Job", "JobResult", "refuse_cancel_without_tasks", "refuse_unknown_options"]
+__all__ = [
+    "Failure",
+    "Job",
+    "JobCompleted",
+    "JobFailed",
+    "JobLost",
+    "JobResult",
+    "JobSkipped",
+    "job_result",
+    "refuse_cancel_without_tasks",
+    "refuse_unknown_options",
+    "replace_result",
+]
 
 T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
-class JobResult(Generic[T]):
-    """What one attempt at a job ended as."""
+class _JobResult(Generic[T]):
+    """What one attempt at a job ended as (``pgsolo.JobResult`` at run time)."""
 
     outcome: Outcome
     job: str
@@ -49,6 +62,99 @@ class JobResult(Generic[T]):
     @property
     def skipped(self) -> bool:
         return self.outcome == "skipped"
+
+
+# One subclass per outcome, so that a type checker narrows a result by its outcome:
+# after ``if result.completed:`` (or ``result.outcome == "completed"``, or a ``match``),
+# ``result.value`` is ``T``, not ``T | None``. At run time they add nothing but their
+# name; the narrower types are declarations for type checkers only.
+
+
+class JobCompleted(_JobResult[T]):
+    """A ``completed`` attempt: :attr:`value` is what the callable returned."""
+
+    __slots__ = ()
+    if TYPE_CHECKING:
+        outcome: Literal["completed"]
+        value: T
+
+        @property
+        def completed(self) -> Literal[True]: ...
+        @property
+        def skipped(self) -> Literal[False]: ...
+
+
+class JobSkipped(_JobResult[T]):
+    """A ``skipped`` attempt (``busy``, ``already-done-this-period``): nothing ran."""
+
+    __slots__ = ()
+    if TYPE_CHECKING:
+        outcome: Literal["skipped"]
+        reason: Reason
+        value: None
+
+        @property
+        def completed(self) -> Literal[False]: ...
+        @property
+        def skipped(self) -> Literal[True]: ...
+
+
+class JobFailed(_JobResult[T]):
+    """A ``failed`` attempt: the callable raised (:attr:`error`) or returned a
+    :class:`Failure`."""
+
+    __slots__ = ()
+    if TYPE_CHECKING:
+        outcome: Literal["failed"]
+        value: None
+
+        @property
+        def completed(self) -> Literal[False]: ...
+        @property
+        def skipped(self) -> Literal[False]: ...
+
+
+class JobLost(_JobResult[T]):
+    """A ``lost`` attempt: the lock vanished while the work ran (:attr:`reason` says how)."""
+
+    __slots__ = ()
+    if TYPE_CHECKING:
+        outcome: Literal["lost"]
+        reason: Reason
+        value: None
+
+        @property
+        def completed(self) -> Literal[False]: ...
+        @property
+        def skipped(self) -> Literal[False]: ...
+
+
+if TYPE_CHECKING:
+    JobResult: TypeAlias = JobCompleted[T] | JobSkipped[T] | JobFailed[T] | JobLost[T]
+else:
+    # At run time the common base: ``isinstance(r, JobResult)`` and ``JobResult[int]`` work.
+    JobResult = _JobResult
+    JobResult.__name__ = JobResult.__qualname__ = "JobResult"
+
+_BY_OUTCOME: dict[str, type[_JobResult[Any]]] = {
+    "completed": JobCompleted,
+    "skipped": JobSkipped,
+    "failed": JobFailed,
+    "lost": JobLost,
+}
+
+
+def job_result(outcome: Outcome, job: str, key: Key, **fields: Any) -> JobResult[Any]:
+    """The result of an attempt, of the class of its ``outcome``."""
+    result: JobResult[Any] = _BY_OUTCOME[outcome](outcome, job, key, **fields)  # type: ignore[assignment]
+    return result
+
+
+def replace_result(result: JobResult[Any], **changes: Any) -> JobResult[Any]:
+    """``dataclasses.replace`` for a result, whose class follows its outcome: replacing
+    the outcome alone would leave a ``JobFailed`` that says ``completed``."""
+    values = {f.name: getattr(result, f.name) for f in dataclasses.fields(result)} | changes
+    return job_result(**values)
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,7 +32,7 @@ from ..locking.plans import WORK, Plan
 from ..locking.watch import refuse_keeper
 from ..reasons import LostReason
 from ..schema import LATEST_VERSION, version_plan
-from .definition import Failure, Job, JobResult, untranslatable_name
+from .definition import Failure, Job, JobResult, job_result, untranslatable_name
 
 __all__ = [
     "attempt_plan",
@@ -106,7 +106,7 @@ class _Attempt:
         self.failure: Failure | None = None  # the work ran to its end and failed
 
     def result(self, outcome: Outcome, **kwargs: Any) -> JobResult[Any]:
-        return JobResult(
+        return job_result(
             outcome,
             self.job.name,
             self.job.key,

@@ -2,6 +2,7 @@
 
 :func:`advisory_locks` is ``pg_locks`` joined with ``pg_stat_activity`` in one round trip,
 keys decoded per DESIGN §2 and named from a registry or from names the caller gives.
+:func:`is_locked` and :func:`lock_holders` are the same read for one key.
 :func:`doctor` checks the article's production checklist against a live database.
 Both only read; ``pgsolo terminate`` (in :mod:`pgsolo.cli`) is the one that acts.
 
@@ -12,6 +13,8 @@ and is ``None`` otherwise.
 
 from __future__ import annotations
 
+from ._async.holders import is_locked_async, lock_holders_async
+from ._sync.holders import is_locked, lock_holders
 from .checks import Check, doctor
 from .locks import AdvisoryLock, advisory_locks, advisory_locks_async, wait_chains
 from .snapshot import format_seconds
@@ -24,6 +27,10 @@ __all__ = [
     "advisory_locks_async",
     "doctor",
     "format_seconds",
+    "is_locked",
+    "is_locked_async",
+    "lock_holders",
+    "lock_holders_async",
     "terminate_backend",
     "wait_chains",
 ]

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from ..drivers.kinds import AsyncConnectionLike, SyncConnectionLike
 from .snapshot import check_positive, parse_time, snapshot_plan
 
-__all__ = ["AdvisoryLock", "advisory_locks", "advisory_locks_async", "wait_chains"]
+__all__ = ["AdvisoryLock", "advisory_locks", "advisory_locks_async", "holders_query", "wait_chains"]
 
 
 SinceSource = Literal["waitstart", "query_start", "state_change", "xact_start"]
@@ -164,6 +164,18 @@ class _Query:
 
     def locks(self, snapshot: Mapping[str, Any]) -> list[AdvisoryLock]:
         return _locks_from(snapshot, self.namer)
+
+    def holders(self, snapshot: Mapping[str, Any]) -> list[AdvisoryLock]:
+        """The rows of sessions (or prepared transactions) that hold the key; not waiters."""
+        return [lock for lock in self.locks(snapshot) if lock.granted]
+
+
+def holders_query(key: KeyLike, namespace: int | None, registry: Registry | None) -> _Query:
+    """:func:`advisory_locks`'s query for one key, given as every lock call takes it (a
+    name, an int, a pair, a :class:`Key`), checked before any SQL is sent; the rows come
+    back named by the name given."""
+    wanted = as_key(key, namespace=namespace, registry=registry)
+    return _Query.of(registry, () if wanted.name is None else (wanted.name,), wanted, None)
 
 
 def _locks_from(snapshot: Mapping[str, Any], namer: _Namer) -> list[AdvisoryLock]:

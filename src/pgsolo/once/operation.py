@@ -15,9 +15,6 @@ from ..errors import (
 )
 from ..keys import Key, from_name
 
-if TYPE_CHECKING:
-    pass
-
 __all__ = [
     "MAX_OP_KEY_BYTES",
     "MAX_RESULT_BYTES",
@@ -45,7 +42,15 @@ IDEMPOTENCY_PREFIX = "pgsolo-"
 _IDEMPOTENCY_DOMAIN = b"pgsolo idempotency key v1\0"
 
 
-C = TypeVar("C")
+if TYPE_CHECKING:
+    # PEP 696: a bare ``OperationContext`` is ``OperationContext[Any]`` (mypy --strict
+    # accepts it). typing.TypeVar takes ``default=`` only from Python 3.13; type checkers
+    # always know typing_extensions, so no runtime dependency is needed for an annotation.
+    from typing_extensions import TypeVar as DefaultTypeVar
+
+    C = DefaultTypeVar("C", default=Any)
+else:
+    C = TypeVar("C")
 
 
 @dataclass(frozen=True, slots=True)

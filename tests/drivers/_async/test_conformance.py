@@ -55,6 +55,12 @@ def locks_of(kind: AKind, conn: AHandle, key: Key, wait: float | None = None) ->
     return locks
 
 
+def take_and_let_go(conn: Any, key: str) -> None:
+    """Wait for ``key`` through ``conn`` (a waiter, until its holder lets go), then let go."""
+    with pgsolo.session_lock(conn, key, wait=30) as lock:
+        assert lock.acquired
+
+
 def note_statement(tag: str) -> str:
     """A row of the test's own (``tag`` is a fresh uuid: nothing to quote)."""
     return f"INSERT INTO {WORK} (job, note) VALUES ('{tag}', 'written')"
@@ -262,6 +268,40 @@ async def test_what_a_kind_holds_is_listed_through_it(kind: AKind, db: str, key:
         assert [(lock.key, lock.pid, lock.granted) for lock in locks] == [(key, pid, True)]
         if kind.session_locks:
             assert pgsolo.held_session_locks(conn.conn) == [key]
+
+
+@pytest.mark.parametrize("kind", ASYNC_KINDS, ids=str)
+async def test_who_holds_a_key_is_seen_through_every_kind(
+    kind: AKind, db: str, observer: Any, sync_connect: Connect
+) -> None:
+    """is_locked and lock_holders through this kind see another session's lock (taken by
+    name: the same key parser), say who it is, never count a waiter, and see it go."""
+    name = f"holders-{uuid.uuid4().hex}"
+    holder = sync_connect(application_name="the-holder")
+    holder_pid = holder.info.backend_pid
+    async with kind.open(db) as conn:
+        if not kind.session_locks:  # an ORM session has a connection only in a transaction
+            await conn.begin()
+        assert not await pgsolo.is_locked_async(conn.conn, name)
+        assert await pgsolo.lock_holders_async(conn.conn, name) == []
+        waiter = sync_connect()
+        with pgsolo.session_lock(holder, name) as held:
+            assert held.acquired
+            waiting = threading.Thread(target=take_and_let_go, args=(waiter, name))
+            waiting.start()
+            await aeventually(lambda: observer.waiters(pgsolo.as_key(name)), "a waiter")
+            assert await pgsolo.is_locked_async(conn.conn, name)
+            holders = await pgsolo.lock_holders_async(conn.conn, name)
+            assert [(h.pid, h.application_name, h.name, h.granted) for h in holders] == [
+                (holder_pid, "the-holder", name, True)
+            ]
+            assert holders[0].key == pgsolo.as_key(name)
+            assert holders[0].since is not None
+        waiting.join()
+        assert not await pgsolo.is_locked_async(conn.conn, name)
+        if kind.implicit or not kind.session_locks:
+            await conn.rollback()
+        assert not await conn.in_transaction()
 
 
 @pytest.mark.parametrize("kind", ASYNC_KINDS, ids=str)

@@ -56,6 +56,12 @@ def locks_of(kind: Kind, conn: Handle, key: Key, wait: float | None = None) -> l
     return locks
 
 
+def take_and_let_go(conn: Any, key: str) -> None:
+    """Wait for ``key`` through ``conn`` (a waiter, until its holder lets go), then let go."""
+    with pgsolo.session_lock(conn, key, wait=30) as lock:
+        assert lock.acquired
+
+
 def note_statement(tag: str) -> str:
     """A row of the test's own (``tag`` is a fresh uuid: nothing to quote)."""
     return f"INSERT INTO {WORK} (job, note) VALUES ('{tag}', 'written')"
@@ -263,6 +269,40 @@ def test_what_a_kind_holds_is_listed_through_it(kind: Kind, db: str, key: Key) -
         assert [(lock.key, lock.pid, lock.granted) for lock in locks] == [(key, pid, True)]
         if kind.session_locks:
             assert pgsolo.held_session_locks(conn.conn) == [key]
+
+
+@pytest.mark.parametrize("kind", SYNC_KINDS, ids=str)
+def test_who_holds_a_key_is_seen_through_every_kind(
+    kind: Kind, db: str, observer: Any, sync_connect: Connect
+) -> None:
+    """is_locked and lock_holders through this kind see another session's lock (taken by
+    name: the same key parser), say who it is, never count a waiter, and see it go."""
+    name = f"holders-{uuid.uuid4().hex}"
+    holder = sync_connect(application_name="the-holder")
+    holder_pid = holder.info.backend_pid
+    with kind.open(db) as conn:
+        if not kind.session_locks:  # an ORM session has a connection only in a transaction
+            conn.begin()
+        assert not pgsolo.is_locked(conn.conn, name)
+        assert pgsolo.lock_holders(conn.conn, name) == []
+        waiter = sync_connect()
+        with pgsolo.session_lock(holder, name) as held:
+            assert held.acquired
+            waiting = threading.Thread(target=take_and_let_go, args=(waiter, name))
+            waiting.start()
+            eventually(lambda: observer.waiters(pgsolo.as_key(name)), "a waiter")
+            assert pgsolo.is_locked(conn.conn, name)
+            holders = pgsolo.lock_holders(conn.conn, name)
+            assert [(h.pid, h.application_name, h.name, h.granted) for h in holders] == [
+                (holder_pid, "the-holder", name, True)
+            ]
+            assert holders[0].key == pgsolo.as_key(name)
+            assert holders[0].since is not None
+        waiting.join()
+        assert not pgsolo.is_locked(conn.conn, name)
+        if kind.implicit or not kind.session_locks:
+            conn.rollback()
+        assert not conn.in_transaction()
 
 
 @pytest.mark.parametrize("kind", SYNC_KINDS, ids=str)

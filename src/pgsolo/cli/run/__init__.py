@@ -132,6 +132,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         publisher.finish(outcome.job)  # before the error line and the JSON, which end stderr
         if outcome.error is not None:
             print(f"pgsolo run: error: {outcome.error}", file=sys.stderr, flush=True)
+        if outcome.notice is not None:
+            print(f"pgsolo run: {outcome.notice}", file=sys.stderr, flush=True)
         if args.json:
             print(json.dumps(outcome.as_dict()), file=sys.stderr, flush=True)
     return outcome.exit_code

@@ -72,7 +72,7 @@ import time
 from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..._logging import cli_logger as logger
 from ...drivers import ServerInfo, SyncDriver, adapt_sync, driver_errors
@@ -85,12 +85,13 @@ from ...errors import (
     UnsafeConnectionError,
 )
 from ...jobs._sync.record import record_result
-from ...jobs.definition import Job, JobResult
+from ...jobs.definition import Job, JobResult, job_result
 from ...jobs.plan import attempt_plan, core_for
 from ...jobs.report import report
 from ...locking._sync.drive import drive
 from ...locking.core import LockCore
 from ...locking.keeper import Keep
+from ...monitor import lock_holders
 from ...reasons import Reason
 from ..common import CliError
 from ..exit_codes import EXIT_UNAVAILABLE, EXIT_UNSAFE, EXIT_USAGE
@@ -98,6 +99,9 @@ from . import outcome
 from .report import RunReport
 from .signals import Interrupted, RunSignals
 from .watch import Command
+
+if TYPE_CHECKING:
+    from ...drivers.kinds import SyncConnectionLike
 
 __all__ = ["DEFAULT_CHECK_TIMEOUT", "supervise"]
 
@@ -203,9 +207,9 @@ class _Attempt:
                 return self.report
             except _DATABASE_ERRORS as exc:
                 return self._unavailable(exc)
-            return self._connected(adapt_sync(conn))
+            return self._connected(conn, adapt_sync(conn))
 
-    def _connected(self, driver: SyncDriver) -> RunReport:
+    def _connected(self, conn: SyncConnectionLike, driver: SyncDriver) -> RunReport:
         """Drive the job plan with COMMAND as its work, and say how it ended."""
         self.info = info = driver.server_info()
         self.report.backend_pid = driver.backend_pid()
@@ -249,8 +253,21 @@ class _Attempt:
             return self._unavailable(result.error)
         verdict = outcome.verdict(result, command, self._scrub, self.skip_codes)
         self.report.error = verdict.error
+        if result.outcome == "skipped" and result.reason == "busy":
+            self.report.notice = self._who_holds(conn)
         self.report.command_exit_code = verdict.command_exit_code
         return self._finish(verdict.result, driver, verdict.exit_code)
+
+    def _who_holds(self, conn: SyncConnectionLike) -> str:
+        """The skip's line, with who holds the key. Best effort: the skip is decided, and
+        a failure to read who holds it (a role that cannot see the session, a database
+        gone meanwhile) only shortens the line, never changes the outcome or exit code."""
+        try:
+            holders = lock_holders(conn, self.job.key)
+        except Exception as exc:
+            logger.debug("pgsolo: could not read who holds %s: %s", self.job.key, self._scrub(exc))
+            holders = None
+        return outcome.busy(self.job, holders)
 
     def _settings(self) -> dict[str, str]:
         return connection_settings(self.check_timeout, connect_timeout=self.connect_timeout)
@@ -272,7 +289,7 @@ class _Attempt:
 
     def _failed(self, reason: Reason, error: BaseException) -> JobResult[None]:
         """An attempt the plan did not end: it raised before COMMAND started."""
-        return JobResult(
+        return job_result(
             "failed",
             self.job.name,
             self.job.key,

@@ -15,15 +15,16 @@ from typing import Any
 
 from ..._logging import cli_logger as logger
 from ...errors import DatabaseUnavailableError, LockLostError, LockNotHeldError, NotMigratedError
-from ...jobs.definition import Job, JobResult
+from ...jobs.definition import Job, JobResult, replace_result
 from ...jobs.plan import unresponsive
+from ...monitor import AdvisoryLock, format_seconds
 from ...schema import LATEST_VERSION
 from ..exit_codes import EXIT_FAILED, EXIT_LOST, EXIT_OK, EXIT_SKIPPED, EXIT_UNSAFE
 from .child import EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND
 from .signals import signal_name
 from .watch import Command, Ran
 
-__all__ = ["SkipCodes", "Verdict", "not_migrated", "not_started", "unavailable", "verdict"]
+__all__ = ["SkipCodes", "Verdict", "busy", "not_migrated", "not_started", "unavailable", "verdict"]
 
 Scrub = Callable[[BaseException], str]
 
@@ -81,7 +82,7 @@ def _failed(result: JobResult[Any], command: Command, scrub: Scrub) -> Verdict:
         # COMMAND succeeded, but the lock could not be let go cleanly: the session ends
         # when pgsolo closes the connection right after this, and the lock with it.
         logger.warning("pgsolo: releasing %s failed: %s", command.job.key, error)
-        completed = dataclasses.replace(result, outcome="completed", error=None)
+        completed = replace_result(result, outcome="completed", error=None)
         return Verdict(completed, EXIT_OK, command_exit_code=status)
     return Verdict(result, status, command_exit_code=status)  # COMMAND's own answer
 
@@ -126,6 +127,29 @@ def _lost_while_running(job: Job, ran: Ran) -> str:
     else:
         how = f"exited with status {ran.status} after SIGTERM"
     return f"{lost}; the command {how}"
+
+
+def busy(job: Job, holders: list[AdvisoryLock] | None) -> str:
+    """A skip because the key is busy, and who holds it: what a person looking at a cron
+    log needs to go and find it (``holders`` None: they could not be read)."""
+    line = f"skipped: {job.key} is busy"
+    if holders is None:
+        return line
+    if not holders:
+        return f"{line} (its holder let go before pgsolo could see who it was)"
+    return f"{line}, held by {'; '.join(_holder(lock) for lock in holders)}"
+
+
+def _holder(lock: AdvisoryLock) -> str:
+    if lock.pid is None:
+        return "a prepared transaction"
+    facts = [
+        f"application_name {lock.application_name!r}" if lock.application_name else None,
+        f"host {lock.client_addr}" if lock.client_addr else None,
+        f"for {format_seconds(lock.age_seconds)}" if lock.since is not None else None,
+    ]
+    shown = ", ".join(fact for fact in facts if fact)
+    return f"pid {lock.pid}" + (f" ({shown})" if shown else "")
 
 
 def not_started(signum: int) -> str:

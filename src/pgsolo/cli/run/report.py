@@ -31,6 +31,8 @@ class RunReport:
     error: str | None = None
     """A one-line explanation for a person (never a password)."""
     recorded: bool = False
+    notice: str | None = None
+    """A line for a person about an ending that is no error (a skip: who holds the key)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
