@@ -76,3 +76,24 @@ def test_example_runs_and_runs_again(source: str, dsn: str, tmp_path: Path) -> N
     finally:
         with psycopg.connect(dsn, autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+
+
+def test_the_readme_links_are_absolute() -> None:
+    # PyPI shows the README away from the repository, where a relative link leads nowhere.
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    targets = re.findall(r"\]\(([^)]*)\)", readme)
+    assert targets
+    assert [target for target in targets if not target.startswith("https://")] == []
+
+
+def test_the_site_and_the_package_agree_on_the_project_addresses() -> None:
+    # pyproject's [project.urls] is where the addresses live; mkdocs.yml repeats two.
+    import tomllib  # noqa: PLC0415
+
+    urls = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["urls"]
+    site = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    assert re.search(rf"^site_url: {re.escape(urls['Documentation'])}$", site, re.MULTILINE)
+    assert re.search(rf"^repo_url: {re.escape(urls['Source'])}$", site, re.MULTILINE)
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert urls["Documentation"] in readme
+    assert f"{urls['Source']}/blob/main/docs/" in readme
