@@ -171,7 +171,7 @@ def job_log_records(caplog: pytest.LogCaptureFixture, job: str) -> list[Any]:
     return [
         r
         for r in caplog.records
-        if r.name == "pgsolo"
+        if r.name == "pgsolo.jobs"
         and r.getMessage().startswith("job ")
         and getattr(r, "pgsolo", {}).get("job") == job
     ]

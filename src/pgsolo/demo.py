@@ -12,7 +12,6 @@ the table: every row processed, none processed twice.
 
 from __future__ import annotations
 
-import logging
 import multiprocessing
 import queue
 import time
@@ -22,7 +21,7 @@ from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Barrier
 from typing import TYPE_CHECKING, Any, Literal
 
-from ._logging import LOG_FORMAT
+from ._logging import configure
 from .drivers.connect import open_connection
 from .drivers.conninfo import scrub_secrets
 from .errors import UsageError
@@ -140,6 +139,7 @@ def run_demo(
     work_seconds: float = 1.5,
     rows: int = 20,
     log_level: int | None = None,
+    log_format: str = "text",
 ) -> DemoResult:
     """Set up the table, race ``workers`` processes for the settlement, check the table."""
     if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= MAX_WORKERS:
@@ -153,7 +153,12 @@ def run_demo(
         session_lock(conn, DEMO_LOCK, wait=DEMO_LOCK_WAIT),
     ):
         _setup(conn, rows)
-        reports = _race(dsn, workers=workers, work_seconds=work_seconds, log_level=log_level)
+        reports = _race(
+            dsn,
+            workers=workers,
+            work_seconds=work_seconds,
+            log=(log_level, log_format),
+        )
         total, processed, twice = _check(conn)
     return DemoResult(reports, total, processed, twice)
 
@@ -190,7 +195,7 @@ def _check(conn: psycopg.Connection[Any]) -> tuple[int, int, int]:
 
 
 def _race(
-    dsn: str, *, workers: int, work_seconds: float, log_level: int | None
+    dsn: str, *, workers: int, work_seconds: float, log: tuple[int | None, str]
 ) -> list[WorkerReport]:
     """Start the worker processes, release them together, collect what each did."""
     ctx = multiprocessing.get_context("spawn")
@@ -199,7 +204,7 @@ def _race(
     procs = {
         i: ctx.Process(
             target=_worker_main,
-            args=(i, dsn, work_seconds, barrier, results, log_level),
+            args=(i, dsn, work_seconds, barrier, results, log),
             name=f"pgsolo-demo:worker-{i}",
             daemon=True,
         )
@@ -254,12 +259,10 @@ def _worker_main(
     work_seconds: float,
     barrier: Barrier,
     results: Queue[WorkerReport],
-    log_level: int | None,
+    log: tuple[int | None, str],
 ) -> None:
     """The body of one worker process (spawned: it inherits nothing but its arguments)."""
-    if log_level is not None:
-        logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT)  # the parent's lines
-        logging.getLogger("pgsolo").setLevel(log_level)
+    configure(*log)  # the parent's level and line format
     try:
         report = _settle(index, dsn, work_seconds, barrier)
     except BaseException as exc:  # reported to the parent, which decides the exit code

@@ -33,6 +33,7 @@ from _support import (
     cli_env,
     eventually,
     ledger,
+    main_in_process,
     pgsolo_cli,
     raw_lock_sql,
     run_args,
@@ -907,6 +908,12 @@ UNREACHABLE = "postgresql://alice:hunter2@127.0.0.1:1/db"
         (["--key", "k", "--check-interval", "0", "--", "true"], "--check-interval"),
         (["--key", "k", "--check-timeout", "0", "--", "true"], "--check-timeout"),
         (["--", "true"], "--key"),
+        (["--key", "k", "--conflict-exit-code", "70", "--", "true"], "--conflict-exit-code"),
+        (["--key", "k", "--conflict-exit-code", "256", "--", "true"], "--conflict-exit-code"),
+        (["--key", "k", "--conflict-exit-code", "-1", "--", "true"], "--conflict-exit-code"),
+        (["--key", "k", "--already-done-exit-code", "1", "--", "true"], "--already-done"),
+        (["--key", "k", "--already-done-exit-code", "x", "--", "true"], "--already-done"),
+        (["--key", "k", "--on-lost", "ignore", "--", "true"], "--on-lost"),
     ],
 )
 def test_usage_errors_exit_2_before_connecting(args: list[str], message: str) -> None:
@@ -1064,3 +1071,129 @@ def test_run_options_after_the_separator_belong_to_the_command(db: str) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == ["--wait", "5", "--", "--key"]
+
+
+# Choices of the user: the exit code of a skip, and what a lost lock does to COMMAND.
+
+
+def test_a_skip_exits_with_the_chosen_code_and_still_says_it_skipped(
+    migrated: str, connect: Connect, key: Key, job: str, tmp_path: Path
+) -> None:
+    """flock's -E: a Kubernetes Job with backoffLimit: 0 wants 0 for a skip; the JSON
+    still says skipped (never completed), and each kind of skip has its own code."""
+    psql = connect()
+    psql.execute(raw_lock_sql(key.text))
+    args = (*run_args(key.text, migrated, job=job), "--json")
+    command = ("--", *script(MARK, tmp_path, 0))
+    busy = pgsolo_cli(*args, "--conflict-exit-code", "0", "--already-done-exit-code", "3", *command)
+    assert busy.returncode == 0, busy.stderr
+    report = only_json(busy.stderr)
+    assert (report["outcome"], report["reason"], report["exit_code"]) == ("skipped", "busy", 0)
+    assert not (tmp_path / "ran").exists()
+    psql.execute("SELECT pg_advisory_unlock_all()")
+    once = (*args, "--once-per", "year")
+    assert pgsolo_cli(*once, *command).returncode == 0
+    done = pgsolo_cli(*once, "--conflict-exit-code", "0", "--already-done-exit-code", "3", *command)
+    assert done.returncode == 3, done.stderr
+    report = only_json(done.stderr)
+    assert (report["outcome"], report["reason"]) == ("skipped", "already-done-this-period")
+    assert report["exit_code"] == 3
+    default = pgsolo_cli(*once, "--conflict-exit-code", "0", *command)
+    assert default.returncode == 75, default.stderr  # the other skip keeps DESIGN's 75
+
+
+def test_a_lost_lock_is_said_once_plainly(
+    migrated: str,
+    observer: Any,
+    key: Key,
+    job: str,
+    tmp_path: Path,
+    background: Callable[..., Running],
+) -> None:
+    """The loss used to be printed four times, each line wrapping the one before in
+    parentheses. The driver's words are logged once (the keeper's line); pgsolo's own
+    lines say it in plain words."""
+    running = background(
+        *run_args(key.text, migrated, job=job), "--grace", "1", "--", *script(TRAP, tmp_path, 15)
+    )
+    wait_until((tmp_path / "ready").exists, "the command to start")
+    observer.conn.execute("SELECT pg_terminate_backend(%s)", (backend_of(observer.conn, job),))
+    done = running.finish(timeout=30)
+    assert done.returncode == 70, done.stderr
+    lines = done.stderr.splitlines()
+    driver_said = [line for line in lines if "server closed the connection" in line]
+    assert len(driver_said) == 1, done.stderr
+    assert not [line for line in lines if "(session lock" in line], done.stderr
+    assert not [line for line in lines if "releasing" in line], done.stderr
+    assert lines[-1] == (
+        f"pgsolo run: error: lock {key.text} was lost while the command ran: the database"
+        " ended pgsolo's session (its backend was terminated, or the server restarted or"
+        " failed over), and the lock with it; the command exited with status 15 after SIGTERM"
+    )
+
+
+@pytest.mark.parametrize(("command_code", "exit_code"), [(0, 70), (3, 3)])
+def test_on_lost_warn_lets_the_command_finish_and_never_reports_success(
+    migrated: str,
+    observer: Any,
+    key: Key,
+    job: str,
+    tmp_path: Path,
+    background: Callable[..., Running],
+    command_code: int,
+    exit_code: int,
+) -> None:
+    """--on-lost=warn: one WARNING, COMMAND runs on to its own end, and the run still
+    says lost: exit 70, or COMMAND's own code when it failed."""
+    options = ("--on-lost=warn", "--record", "--json", "--check-interval=0.2")
+    command = script(WAIT_FOR_GO, tmp_path, command_code)
+    running = background(*run_args(key.text, migrated, job=job), *options, "--", *command)
+    wait_until((tmp_path / "ready").exists, "the command to start")
+    child = int((tmp_path / "pid").read_text())
+    observer.conn.execute("SELECT pg_terminate_backend(%s)", (backend_of(observer.conn, job),))
+    wait_until(lambda: "--on-lost=warn" in running.err_path.read_text(), "the warning")
+    assert pid_exists(child)  # not stopped
+    assert running.proc.poll() is None
+    (tmp_path / "go").touch()
+    done = running.finish(timeout=30)
+    assert done.returncode == exit_code, done.stderr
+    warnings = [line for line in done.stderr.splitlines() if "WARNING" in line]
+    assert len(warnings) == 1, done.stderr
+    report = only_json(done.stderr)
+    assert (report["outcome"], report["reason"]) == ("lost", "connection-lost")
+    assert (report["exit_code"], report["command_exit_code"]) == (exit_code, command_code)
+    assert "--on-lost=warn let the command finish" in report["error"]
+    [row] = ledger(observer.conn, job)
+    assert (row["outcome"], row["exit_code"]) == ("lost", exit_code)
+
+
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="a pidfd wakes the loop on exit")
+def test_the_keepers_verdict_wakes_the_loop_not_a_timer(
+    migrated: str,
+    observer: Any,
+    key: Key,
+    job: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With the loop's own look pushed out to an hour, only the keeper's on_lost (and
+    COMMAND's exit) can wake it: the command is still stopped and pgsolo exits 70."""
+    import threading  # noqa: PLC0415
+
+    from pgsolo.cli.run import watch  # noqa: PLC0415
+
+    monkeypatch.setattr(watch, "POLL_SECONDS", 3600.0)
+
+    def terminate_once_ready() -> None:
+        wait_until((tmp_path / "ready").exists, "the command to start")
+        observer.conn.execute("SELECT pg_terminate_backend(%s)", (backend_of(observer.conn, job),))
+
+    killer = threading.Thread(target=terminate_once_ready)
+    killer.start()
+    code = main_in_process(
+        [*run_args(key.text, migrated, job=job), "--grace", "5", "--", *script(TRAP, tmp_path, 15)]
+    )
+    killer.join()
+    assert code == 70
+    assert (tmp_path / "signal").read_text() == "SIGTERM"
+    assert not pid_exists(int((tmp_path / "pid").read_text()))

@@ -329,7 +329,8 @@ def test_session_lock_survives_return_to_the_pool_without_install(
         assert pgsolo.session_lock(conn, key).acquire()
     assert observer.holders(key) == {pid}
     pg_engine.dispose()
-    assert observer.holders(key) == set()
+    # closing the pooled connection ends its backend a little later, and the lock with it
+    eventually(lambda: observer.holders(key) == set(), "the closed connection's lock to go")
 
 
 def test_install_releases_what_is_left_on_return(

@@ -157,7 +157,7 @@ def test_pgsolo_run_on_any_connection_string_exits_plainly_without_showing_the_p
     one-line message, never a traceback, never the password."""
     dsn, password = on(db, example)
     key = unique_name("fuzz-dsn-cli")
-    done = pgsolo_cli("run", "--key", key, "--dsn", dsn, "-v", "--", "true", env=cli_env())
+    done = pgsolo_cli("run", "--key", key, "--dsn", dsn, "-vv", "--", "true", env=cli_env())
     assert done.returncode in (0, 2, 69), done.stderr
     assert "Traceback" not in done.stderr
     assert_hidden(password, done.stdout, done.stderr)

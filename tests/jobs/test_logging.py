@@ -57,7 +57,7 @@ def test_one_log_record_per_attempt_with_the_incident_fields(
 
     records = job_log_records(caplog, job)
     assert [r.pgsolo["outcome"] for r in records] == [r.outcome for r in results]  # type: ignore[attr-defined]
-    assert [r.levelno for r in records] == [logging.INFO] * 2 + [logging.ERROR] * 2
+    assert [r.levelno for r in records] == [logging.INFO] * 2 + [logging.WARNING] * 2
     for record, result in zip(records, results, strict=True):
         fields = record.pgsolo  # type: ignore[attr-defined]
         message = record.getMessage()
@@ -95,7 +95,7 @@ def test_a_lost_run_is_logged_with_its_server_at_production_log_levels(
 
     assert result.outcome == "lost"
     (record,) = job_log_records(caplog, job)
-    assert record.levelno == logging.ERROR
+    assert record.levelno == logging.WARNING
     fields = record.pgsolo  # type: ignore[attr-defined]
     assert fields["database"] == observer.conn.info.dbname
     assert fields["server"] == f"{observer.conn.info.host}:{observer.conn.info.port}"

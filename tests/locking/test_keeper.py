@@ -344,7 +344,7 @@ def test_on_lost_that_raises_is_logged_and_stays_in_the_keeper(
     lost_events = [
         r
         for r in caplog.records
-        if r.getMessage().startswith("advisory lock lost") and r.levelno == logging.ERROR
+        if r.getMessage().startswith("advisory lock lost") and r.levelno == logging.WARNING
     ]
     assert len(lost_events) == 1
     assert lost_events[0].pgsolo["reason"] == "connection-lost"  # type: ignore[attr-defined]

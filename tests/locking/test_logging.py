@@ -23,13 +23,13 @@ from pgsolo import (
 
 
 def pgsolo_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
-    return [r for r in caplog.records if r.name == "pgsolo"]
+    return [r for r in caplog.records if r.name == "pgsolo.locks"]
 
 
 def test_acquisition_is_logged_with_context(
     connect: Connect, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="pgsolo")
+    caplog.set_level(logging.DEBUG, logger="pgsolo")
     conn, other = connect(), connect()
     name = f"nightly-report-{uuid.uuid4().hex[:8]}"
     with pgsolo.session_lock(conn, name) as lock:
@@ -58,7 +58,7 @@ def test_acquisition_is_logged_with_context(
         "server=",
     ):
         assert text in message
-    assert acquired.levelno == logging.INFO
+    assert acquired.levelno == logging.DEBUG  # one per acquisition: debug
     busy = by_event["busy"]
     assert busy.pgsolo["backend_pid"] == pid_of(other)  # type: ignore[attr-defined]
     assert busy.pgsolo["name"] == name  # type: ignore[attr-defined]

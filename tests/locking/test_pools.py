@@ -48,7 +48,9 @@ def test_pool_reset_hook_releases_leaked_session_lock(
             retaken = pgsolo.session_lock(again, key)
             assert retaken.acquire() is True
             retaken.release()
-    warnings = [r for r in caplog.records if r.name == "pgsolo" and key.text in r.getMessage()]
+    warnings = [
+        r for r in caplog.records if r.name == "pgsolo.locks" and key.text in r.getMessage()
+    ]
     assert warnings, "the reset hook should warn about the leaked lock"
 
 

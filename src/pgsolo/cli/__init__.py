@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .. import __version__
-from .._logging import LOG_FORMAT
+from .._logging import configure
 from ..errors import (
     DatabaseUnavailableError,
     PgsoloError,
@@ -79,17 +79,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _configure_logging(verbosity: int) -> int | None:
-    """Warnings and errors on stderr; pgsolo's own INFO lines with -v, DEBUG with -vv.
+def _configure_logging(verbosity: int, log_format: str) -> int | None:
+    """Warnings and errors on stderr; pgsolo's own INFO lines (job outcomes) with -v,
+    DEBUG (every lock event) with -vv; each line as ``log_format`` says.
 
     pgserver logs every step of starting a server at INFO: that is for its developers.
     """
-    logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT)
+    level = None if verbosity <= 0 else logging.INFO if verbosity == 1 else logging.DEBUG
+    configure(level, log_format)
     logging.getLogger("pgserver").setLevel(logging.WARNING)
-    if verbosity <= 0:
-        return None
-    level = logging.INFO if verbosity == 1 else logging.DEBUG
-    logging.getLogger("pgsolo").setLevel(level)
     return level
 
 
@@ -110,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, --version, usage errors (2)
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
-    args.log_level = _configure_logging(getattr(args, "verbose", 0))
+    args.log_format = getattr(args, "log_format", "text")
+    args.log_level = _configure_logging(getattr(args, "verbose", 0), args.log_format)
     args.given_argv = list(sys.argv[1:] if argv is None else argv)
     handler: Handler = args.handler
     try:

@@ -12,6 +12,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
 
+from .._logging import LOG_FORMATS
 from .._types import check_seconds
 from ..drivers import driver_errors, is_unavailable
 from ..drivers.connect import open_connection
@@ -60,7 +61,13 @@ COMMON.add_argument(
     "--verbose",
     action="count",
     default=argparse.SUPPRESS,
-    help="log each lock attempt (-vv: debug)",
+    help="log job outcomes (-vv: every lock event, debug)",
+)
+COMMON.add_argument(
+    "--log-format",
+    choices=LOG_FORMATS,
+    default=argparse.SUPPRESS,
+    help="log lines as text (default) or one JSON object per line",
 )
 
 

@@ -80,6 +80,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 work_seconds=args.work_seconds,
                 rows=args.rows,
                 log_level=args.log_level,
+                log_format=args.log_format,
             )
         except LockTimeoutError as exc:
             raise CliError(

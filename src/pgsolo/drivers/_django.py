@@ -18,7 +18,6 @@ module only decides what Django must know). The transaction is Django's:
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -28,12 +27,11 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils.connection import ConnectionProxy
 
 from .._acompat import Event
+from .._logging import drivers_logger as logger
 from ..errors import UnsupportedConnectionError
 from . import REQUEST_END_HOOKS, Edge, News, ServerInfo, SyncDriver, TxStatus, adapt_sync
 
 __all__ = ["DjangoDriver", "adapt"]
-
-logger = logging.getLogger("pgsolo")
 
 
 def adapt(connection: object) -> DjangoDriver | None:

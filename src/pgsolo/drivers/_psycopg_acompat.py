@@ -8,17 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import psycopg
 
+from .._logging import drivers_logger as logger
 from ._psycopg import start_deadline
 
 __all__ = ["around_trip", "round_trip"]
 
-logger = logging.getLogger("pgsolo")
 
 T = TypeVar("T")
 

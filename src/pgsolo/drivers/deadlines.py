@@ -14,16 +14,15 @@ from __future__ import annotations
 import contextlib
 import heapq
 import itertools
-import logging
 import os
 import socket
 import threading
 import time
 from collections.abc import Callable
 
-__all__ = ["DEADLINES", "Deadlines", "shut_down_socket", "socket_address"]
+from .._logging import drivers_logger as logger
 
-logger = logging.getLogger("pgsolo")
+__all__ = ["DEADLINES", "Deadlines", "shut_down_socket", "socket_address"]
 
 
 class Deadlines:

@@ -15,7 +15,7 @@ import time
 from typing import Any, TypeVar
 
 from .. import sql
-from .._logging import logger
+from .._logging import jobs_logger as logger
 from .._types import Outcome
 from ..drivers import DriverBase, TxStatus
 from ..errors import (
@@ -223,7 +223,8 @@ class _Attempt:
             return self._ended("lost" if gone else "failed", reason=gone, error=exc)
         # The work is done but its period is not marked: the next run in this period
         # will do it again. Say so with a failure rather than a silent success.
-        logger.error(
+        # WARNING: the failure that follows goes back to the caller as an error.
+        logger.warning(
             "pgsolo: job %s completed but its period could not be recorded: %s",
             self.job.name,
             self._scrub(exc),

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import sql
-from .._logging import logger
+from .._logging import jobs_logger as logger
 from ..drivers import DriverBase, adapt_sync
 from ..errors import NotMigratedError
 from ..locking.placement import outside_transaction

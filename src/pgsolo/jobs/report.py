@@ -8,9 +8,10 @@ from typing import (
     Any,
 )
 
-from .._logging import log_event, logger
+from .. import metrics
+from .._logging import jobs_logger as logger
+from .._logging import log_event
 from ..drivers import DriverBase, ServerInfo
-from . import metrics
 from .definition import Job, JobResult
 
 if TYPE_CHECKING:
@@ -25,8 +26,12 @@ def report(
     """Log the outcome (one line per attempt, with everything an incident needs) and
     count it in the metrics. ``info`` is the server as seen before the run: a lost
     connection no longer knows its database, server or application_name."""
-    metrics.observe(result)
-    level = logging.ERROR if result.outcome in ("failed", "lost") else logging.INFO
+    metrics.observe_job(
+        result.job, result.outcome, result.reason, result.lock_wait, result.duration
+    )
+    # Not ERROR: a failed or lost run's exception is re-raised to the caller (or returned,
+    # with raise_errors=False), whose own error report would say it a second time.
+    level = logging.WARNING if result.outcome in ("failed", "lost") else logging.INFO
     if not logger.isEnabledFor(level):
         return
     if info is None:
@@ -44,4 +49,4 @@ def report(
         "duration_ms": round(result.duration * 1000, 3),
         "error": repr(result.error) if result.error is not None else None,
     }
-    log_event(level, "job", "outcome", result.outcome, fields)
+    log_event(logger, level, "job", "outcome", result.outcome, fields)

@@ -20,8 +20,9 @@ import logging
 import math
 import time
 
-from .. import sql
-from .._logging import log_event, logger
+from .. import metrics, sql
+from .._logging import locks_logger as logger
+from .._logging import log_event
 from .._types import Lifetime, check_seconds
 from ..drivers import DriverBase, TxStatus
 from ..errors import (
@@ -43,6 +44,10 @@ from .watch import Keep
 __all__ = ["MAX_WAIT_SECONDS", "LockCore", "require_no_transaction", "wait_ms_of"]
 
 MAX_WAIT_SECONDS = 2_147_483  # lock_timeout is an int of milliseconds on the server
+
+
+# Events of the log that end an acquisition, as the metrics' outcomes name them.
+_OUTCOMES = {"reentered": "acquired", "refused": "error"}
 
 
 def _is_token(value: object) -> bool:
@@ -105,6 +110,10 @@ class LockCore:
         # lock (the work may have committed it and begun another).
         self.verify_commit = verify_commit
         self.transaction_marker: str | None = None
+        # The metrics count each acquisition's outcome, and each loss, once: a loss is
+        # logged by the keeper that sees it and again by the release that confirms it.
+        self.outcome_counted = True
+        self.loss_counted = True
 
     @property
     def server_pid(self) -> int | None:
@@ -117,7 +126,9 @@ class LockCore:
         return (self.wait_ms or 0) / 1000
 
     def log(self, level: int, event: str, started: float | None = None, **extra: object) -> None:
-        """Log an event of this lock (``started``: when what it ends began)."""
+        """Log an event of this lock (``started``: when what it ends began), and count
+        it in the metrics."""
+        self._count(event, started, extra.get("reason"))
         if not logger.isEnabledFor(level):
             return
         info = self.driver.server_info()
@@ -135,10 +146,22 @@ class LockCore:
         if started is not None:
             fields["duration_ms"] = round((time.perf_counter() - started) * 1000, 3)
         fields.update(extra)
-        log_event(level, "advisory lock", "event", event, fields)
+        log_event(logger, level, "advisory lock", "event", event, fields)
+
+    def _count(self, event: str, started: float | None, reason: object) -> None:
+        if event == "lost" and not self.loss_counted:
+            self.loss_counted = True
+            metrics.observe_lock_lost(self.key.name, self.lifetime, str(reason or ""))
+            return
+        outcome = _OUTCOMES.get(event, event)
+        if outcome in metrics.LOCK_OUTCOMES and not self.outcome_counted:
+            self.outcome_counted = True
+            self.loss_counted = outcome != "acquired"  # only a held lock can be lost
+            wait = 0.0 if started is None else time.perf_counter() - started
+            metrics.observe_lock(self.key.name, self.lifetime, outcome, wait)
 
     def log_lost(self, error: LockLostError) -> None:
-        self.log(logging.ERROR, "lost", reason=error.reason, error=str(error))
+        self.log(logging.WARNING, "lost", reason=error.reason, error=str(error))
 
     def forget(self) -> None:
         """The session lock is no longer held here: off the books."""
@@ -170,6 +193,7 @@ class LockCore:
         if self.acquired:
             raise UsageError(f"lock {self.key} is already acquired by this Lock object")
         self.token = None
+        self.outcome_counted = False
         if self.lifetime == "xact":
             return (yield from self._acquire_xact(context=context))
         return (yield from self._acquire_session())
@@ -235,7 +259,7 @@ class LockCore:
         self.acquired = self.wait_ms is not None or value is True or _is_token(value)
         self.token = int(str(value)) if _is_token(value) else None
         self.backend_pid = self.driver.backend_pid() if self.acquired else None
-        self.log(logging.INFO, "acquired" if self.acquired else "busy", started)
+        self.log(logging.DEBUG, "acquired" if self.acquired else "busy", started)
         return self.acquired
 
     def _claim_session(self) -> tuple[TxStatus, int, holdings.Claim]:
@@ -288,11 +312,11 @@ class LockCore:
                         "this connection's statements moved to another server session"
                     )
                 if self.wait_ms is None and value is not True and not _is_token(value):
-                    self.log(logging.INFO, "busy", started)
+                    self.log(logging.DEBUG, "busy", started)
                     return False
                 confirmed = True
                 self.token = int(str(value)) if _is_token(value) else None
-                self.log(logging.INFO, "acquired", started)
+                self.log(logging.DEBUG, "acquired", started)
             holdings.confirm(conn, self.key)
             self.acquired, self.backend_pid = True, pid
             self.lost = None
@@ -400,7 +424,8 @@ class LockCore:
         try:
             yield from self.release()
         except Exception as exc:
-            logger.warning("pgsolo: releasing %s after a failure: %r", self.key, exc)
+            if self.lost is None:  # a loss the keeper declared was logged then: once
+                logger.warning("pgsolo: releasing %s after a failure: %r", self.key, exc)
 
     def is_held(self) -> Plan[bool]:
         """Ask the server (``pg_locks``) whether this backend holds the key right now."""

@@ -34,7 +34,7 @@ __all__ = ["acquisition_error", "busy_here", "standby_refused", "timed_out"]
 def busy_here(core: LockCore, pid: int) -> bool:
     """Refuse ``core``'s key, which this connection (backend ``pid``) already holds
     through pgsolo: False (busy) for a try."""
-    core.log(logging.INFO, "busy", reason="held-by-this-connection")
+    core.log(logging.DEBUG, "busy", reason="held-by-this-connection")
     if core.wait_ms is None:
         return False
     hint = "" if core.lifetime == "xact" else ", or reentrant=True if that is on purpose"
@@ -50,7 +50,7 @@ def acquisition_error(core: LockCore, exc: BaseException, started: float) -> Bas
     """Log a failed acquisition of ``core``'s lock (begun at ``started``); return the
     pgsolo error to raise instead of ``exc``, or None when it means none of them."""
     if core.wait_ms is not None and timed_out(core, exc):
-        core.log(logging.INFO, "timeout", started)
+        core.log(logging.DEBUG, "timeout", started)
         return _timeout_error(core)
     meaning = sql.meaning(core.driver.sqlstate(exc))
     if meaning is sql.Meaning.IN_RECOVERY:

@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 from .. import sql
-from .._logging import logger
+from .._logging import locks_logger as logger
 from ..drivers import REQUEST_END_HOOKS, SyncDriver, TxStatus, adapt, as_sync, is_async
 from . import holdings
 from ._async.drive import adrive

@@ -6,7 +6,7 @@ goes back with a session lock still held. The hooks themselves are
 from __future__ import annotations
 
 from .. import sql
-from .._logging import logger
+from .._logging import locks_logger as logger
 from ..drivers import DriverBase, TxStatus
 from . import holdings
 from .placement import outside_transaction

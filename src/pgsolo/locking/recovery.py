@@ -13,7 +13,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from .. import sql
-from .._logging import logger
+from .._logging import locks_logger as logger
 from ..drivers import TxStatus
 from ..errors import LockLostError
 from . import failures
@@ -93,7 +93,7 @@ def after_session_failure(
     # With fencing the token was not read: the caller cannot have that lock.
     timed_out = core.wait_ms is not None and failures.timed_out(core, exc)
     if granted and timed_out and not core.fencing:
-        core.log(logging.INFO, "acquired", started, note="granted as it timed out")
+        core.log(logging.DEBUG, "acquired", started, note="granted as it timed out")
         return True
     if granted:
         yield from quietly(core, in_savepoint(core.driver, status, [unlock_statement(core)]))
@@ -138,7 +138,7 @@ def release_stranded(core: LockCore, started: float) -> Plan[None]:
         released = None
         logger.debug("pgsolo: releasing %s from a second connection failed: %r", core.key, exc)
     core.forget()
-    core.log(logging.ERROR, "lost", started, reason="connection-moved")
+    core.log(logging.WARNING, "lost", started, reason="connection-moved")
     remains = (
         "it was released from a second connection that landed on that backend"
         if released is True

@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .. import sql
+from .._logging import keeper_logger as logger
 from .._types import DAY, check_seconds
 from ..drivers import BeatFailed, DriverBase
 from ..errors import InvalidArgumentError, LockLostError, UsageError
@@ -19,7 +19,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Keep", "Watch", "as_keep", "refuse_keeper"]
 
-logger = logging.getLogger("pgsolo")
 
 MIN_INTERVAL = 0.01
 MAX_INTERVAL = DAY  # for interval and timeout alike: a longer one watches nothing

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .. import sql
-from .._logging import log_event, logger
+from .._logging import log_event
+from .._logging import once_logger as logger
 from .._types import OnceOutcome
 from ..drivers import DriverBase, TxStatus
 from ..errors import (
@@ -164,9 +165,9 @@ def _run_attempt(
             yield from quietly(
                 core, _committed(driver, [sql.once_fail(op.op_key, attempt.number, error)])
             )
-            # Not logger.exception: the traceback would repeat the unscrubbed message, and
-            # the exception goes back to the caller, whose logging shows it anyway.
-            logger.error(
+            # WARNING, not ERROR, and no traceback: the exception goes back to the caller,
+            # whose own report shows it (a traceback would repeat the unscrubbed message).
+            logger.warning(
                 "operation failed: op_key=%s attempt=%s error=%s",
                 op.op_key,
                 attempt.number,
@@ -249,5 +250,5 @@ def core_for(op: Operation, driver: DriverBase) -> LockCore:
 def report_outcome(result: OnceResult) -> OnceResult:
     """Log what a call of ``run_once`` came to; ``result`` itself."""
     fields = {"op_key": result.op_key, "attempts": result.attempts}
-    log_event(logging.INFO, "operation", "outcome", result.outcome, fields)
+    log_event(logger, logging.INFO, "operation", "outcome", result.outcome, fields)
     return result

@@ -25,6 +25,7 @@ from ...keys import Key
 from ..common import CliError, Subparsers, add_command, database
 from ..exit_codes import EXIT_UNAVAILABLE, EXIT_USAGE
 from .arguments import add_run_arguments, command_of, with_separator
+from .publish import Publisher
 
 if TYPE_CHECKING:
     from ...reasons import RunReason
@@ -43,8 +44,10 @@ def add_run_command(subparsers: Subparsers) -> None:
         " (daily-settlement), an int64 (123) or a pair (42:1001). Busy means skip, unless"
         " --wait is given. Exit codes: COMMAND's own (128+N if killed by signal N; 127 not"
         " found, 126 not executable); 75 skipped (busy, wait timed out, or already done"
-        " this period); 70 lock lost, or no answer within --check-timeout, while COMMAND"
-        " ran (COMMAND gets SIGTERM, then SIGKILL after --grace); 69 database unavailable;"
+        " this period; --conflict-exit-code and --already-done-exit-code change it); 70"
+        " lock lost, or no answer within --check-timeout, while COMMAND ran (COMMAND gets"
+        " SIGTERM, then SIGKILL after --grace; with --on-lost=warn it finishes, and a"
+        " COMMAND that failed exits with its own code); 69 database unavailable;"
         " 2 usage error, including --record or --once-per on a database where"
         " `pgsolo migrate` has not run; 1 COMMAND succeeded"
         " but its period could not be recorded. SIGTERM and SIGINT are forwarded to"
@@ -61,12 +64,14 @@ def add_run_command(subparsers: Subparsers) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     from ...jobs.definition import Job  # noqa: PLC0415
     from .attempt import supervise  # noqa: PLC0415
+    from .outcome import SkipCodes  # noqa: PLC0415
     from .report import RunReport  # noqa: PLC0415
     from .signals import RunSignals  # noqa: PLC0415
 
     command, separated = command_of(args)
     key: Key | None = None
     job: Job | None = None
+    publisher = Publisher(args)
     # From here on every ending prints its error and, with --json, one JSON object (the
     # last line on stderr); SIGTERM and SIGINT are handled before anything connects.
     with RunSignals().installed() as signals:
@@ -94,6 +99,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 record=args.record,
                 application_name=args.application_name,
             )
+            publisher.start()
             with database(args.dsn, connect_timeout=args.connect_timeout) as db:
                 outcome = supervise(
                     job,
@@ -105,6 +111,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                     connect_timeout=db.connect_timeout,
                     grace=args.grace,
                     signals=signals,
+                    on_lost=args.on_lost,
+                    skip_codes=SkipCodes(args.conflict_exit_code, args.already_done_exit_code),
                 )
         except (CliError, UsageError) as exc:  # before any attempt: outcome null
             code = exc.code if isinstance(exc, CliError) else EXIT_USAGE
@@ -121,6 +129,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 key_name=key.name if key is not None else None,
                 error=str(exc),
             )
+        publisher.finish(outcome.job)  # before the error line and the JSON, which end stderr
         if outcome.error is not None:
             print(f"pgsolo run: error: {outcome.error}", file=sys.stderr, flush=True)
         if args.json:

@@ -8,15 +8,34 @@ import shlex
 from ...drivers.conninfo import redact_dsn
 from ...locking.core import MAX_WAIT_SECONDS
 from ..common import add_dsn_argument, seconds_between
+from ..exit_codes import (
+    EXIT_FAILED,
+    EXIT_LOST,
+    EXIT_SKIPPED,
+    EXIT_UNAVAILABLE,
+    EXIT_UNSAFE,
+    EXIT_USAGE,
+)
+from .publish import add_metrics_options
 
-__all__ = ["add_run_arguments", "command_of", "with_separator"]
+__all__ = ["ON_LOST", "add_run_arguments", "command_of", "skip_exit_code", "with_separator"]
+
+ON_LOST = ("terminate", "warn")  # what a lost lock does to COMMAND; the first is the default
+
+# Exit codes that already mean something else (DESIGN §5): a skip that exits with one of
+# them could not be told apart from that ending. 126 and up are the shell's (not found,
+# not executable, killed by a signal).
+_TAKEN_EXIT_CODES = (EXIT_FAILED, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_LOST, EXIT_UNSAFE)
+_MAX_SKIP_EXIT_CODE = 125
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """Every option of ``pgsolo run``, then ``-- COMMAND [ARG...]``."""
     _add_lock_options(parser)
     _add_watch_options(parser)
+    _add_exit_options(parser)
     add_dsn_argument(parser)
+    add_metrics_options(parser)
     parser.add_argument(
         "--json",
         action="store_true",
@@ -91,6 +110,52 @@ def _add_watch_options(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="after a lost lock, seconds between SIGTERM and SIGKILL (default: 10)",
     )
+    parser.add_argument(
+        "--on-lost",
+        choices=ON_LOST,
+        default=ON_LOST[0],
+        help="a lock lost while COMMAND runs: terminate stops COMMAND (SIGTERM, then SIGKILL"
+        " after --grace); warn prints one warning and lets it finish, then exits 70 unless"
+        " COMMAND failed (default: terminate)",
+    )
+
+
+def _add_exit_options(parser: argparse.ArgumentParser) -> None:
+    """The exit codes of a skip (flock's -E), for schedulers that take any non-zero as a
+    failure (a Kubernetes Job with backoffLimit: 0)."""
+    parser.add_argument(
+        "--conflict-exit-code",
+        type=skip_exit_code,
+        default=EXIT_SKIPPED,
+        metavar="N",
+        help=f"exit N when skipped because KEY is busy or --wait timed out (default:"
+        f" {EXIT_SKIPPED}; 0 for Kubernetes)",
+    )
+    parser.add_argument(
+        "--already-done-exit-code",
+        type=skip_exit_code,
+        default=EXIT_SKIPPED,
+        metavar="N",
+        help=f"exit N when skipped because --once-per's period is already done (default:"
+        f" {EXIT_SKIPPED})",
+    )
+
+
+def skip_exit_code(text: str) -> int:
+    """An argparse type for the exit code of a skip: 0, or 3 to 125 but for the codes that
+    already mean another ending (1, 2, 69, 70, 78), so that the exit code alone still
+    tells every ending apart (COMMAND's own codes aside)."""
+    try:
+        code = int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an exit code: {text!r}") from None
+    if not 0 <= code <= _MAX_SKIP_EXIT_CODE or code in _TAKEN_EXIT_CODES:
+        taken = ", ".join(str(c) for c in _TAKEN_EXIT_CODES)
+        raise argparse.ArgumentTypeError(
+            f"{code} cannot be a skip's exit code: use 0 to {_MAX_SKIP_EXIT_CODE}, except"
+            f" {taken} (pgsolo's other endings)"
+        )
+    return code
 
 
 def command_of(args: argparse.Namespace) -> tuple[list[str], bool]:

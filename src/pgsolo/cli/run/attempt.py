@@ -8,16 +8,19 @@ COMMAND as the work (:mod:`.watch`), and records through the same ledger code
 2. the plan: with ``--record`` or ``--once-per``, check pgsolo's schema version (too old:
    "run pgsolo migrate first", exit 2, before any lock is taken or anything runs); take
    the session lock, trying once or waiting up to ``--wait`` seconds (busy or timed out:
-   ``skipped``/``busy``, exit 75; on a standby, or behind a transaction-pooling proxy
-   where a session lock cannot work, nothing is taken: ``failed`` with that reason, exit
-   78); with ``--once-per``, skip a period already done, by the database's clock and
-   with the lock held (``skipped``/``already-done-this-period``, exit 75);
+   ``skipped``/``busy``, exit 75 or ``--conflict-exit-code``; on a standby, or behind a
+   transaction-pooling proxy where a session lock cannot work, nothing is taken:
+   ``failed`` with that reason, exit 78); with ``--once-per``, skip a period already
+   done, by the database's clock and with the lock held
+   (``skipped``/``already-done-this-period``, exit 75 or ``--already-done-exit-code``);
 3. its work: start COMMAND (no shell; stdio inherited) and wait for it, while the keeper
    asks every ``--check-interval`` seconds, on the pinned connection, whether the lock
    is still held there; if the connection died, did not answer within
    ``--check-timeout`` seconds, or the lock is gone, COMMAND gets SIGTERM, then SIGKILL
    after ``--grace`` seconds: ``lost``, exit 70 (78 when a transaction-pooling proxy
-   moved the connection to another backend);
+   moved the connection to another backend); with ``--on-lost=warn`` COMMAND is left to
+   finish (one WARNING), and the attempt is still ``lost``: exit 70, or COMMAND's own
+   code when it failed;
 4. the plan again: after COMMAND exited 0, record the period (could not: ``failed``/
    ``period-not-recorded``, exit 1), then release the lock (found gone: ``lost``, 70);
    COMMAND that exited otherwise is ``failed`` with its exit code passed through (128+N
@@ -71,7 +74,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..._logging import logger
+from ..._logging import cli_logger as logger
 from ...drivers import ServerInfo, SyncDriver, adapt_sync, driver_errors
 from ...drivers.connect import open_connection
 from ...drivers.conninfo import connection_settings, scrub_secrets
@@ -117,6 +120,8 @@ def supervise(
     connect_timeout: float | None = None,
     grace: float = 10.0,
     signals: RunSignals | None = None,
+    on_lost: str = "terminate",
+    skip_codes: outcome.SkipCodes | None = None,
 ) -> RunReport:
     """Run ``command`` as one attempt at ``job`` (see the module docstring).
 
@@ -125,7 +130,8 @@ def supervise(
     ``connect_timeout``: seconds to connect (None: the DSN's, ``PGCONNECT_TIMEOUT``, or
     pgsolo's default). ``signals``: SIGTERM/SIGINT handling the caller installed earlier
     (so that a signal while the embedded server starts is not lost); by default supervise
-    installs its own.
+    installs its own. ``on_lost``: ``"terminate"`` or ``"warn"`` (``--on-lost``).
+    ``skip_codes``: the exit codes of a skip (default: 75 for both).
     Every ending is a :class:`RunReport`, "run pgsolo migrate first" (exit 2) included;
     only an empty ``command`` raises :class:`~pgsolo.cli.CliError`.
     """
@@ -144,6 +150,8 @@ def supervise(
             connect_timeout,
             grace,
             signals,
+            on_lost,
+            skip_codes or outcome.SkipCodes(),
         )
         return attempt.run()
 
@@ -159,6 +167,8 @@ class _Attempt:
     connect_timeout: float | None
     grace: float
     signals: RunSignals
+    on_lost: str
+    skip_codes: outcome.SkipCodes
     report: RunReport = field(init=False)
     info: ServerInfo | None = None
     started: float = 0.0  # when the plan began (the lock wait of an attempt it did not end)
@@ -204,7 +214,15 @@ class _Attempt:
         core = core_for(self.job, driver)
         keep = Keep(interval=self.check_interval, timeout=self.check_timeout)
         command = Command(
-            self.job, self.command, core, driver, keep, self.grace, self.signals, self._scrub
+            self.job,
+            self.command,
+            core,
+            driver,
+            keep,
+            self.grace,
+            self.signals,
+            self._scrub,
+            on_lost=self.on_lost,
         )
         self.started = time.perf_counter()
         try:
@@ -229,7 +247,7 @@ class _Attempt:
             # The database failed the period check before COMMAND could start (the plan
             # let the lock go): unavailable, as before the lock.
             return self._unavailable(result.error)
-        verdict = outcome.verdict(result, command, self._scrub)
+        verdict = outcome.verdict(result, command, self._scrub, self.skip_codes)
         self.report.error = verdict.error
         self.report.command_exit_code = verdict.command_exit_code
         return self._finish(verdict.result, driver, verdict.exit_code)

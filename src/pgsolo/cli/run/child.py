@@ -13,7 +13,7 @@ from collections.abc import Callable
 from contextlib import suppress
 from typing import TYPE_CHECKING
 
-from ..._logging import logger
+from ..._logging import cli_logger as logger
 
 if TYPE_CHECKING:
     pass

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..._logging import logger
+from ..._logging import cli_logger as logger
 from ...errors import DatabaseUnavailableError, LockLostError, LockNotHeldError, NotMigratedError
 from ...jobs.definition import Job, JobResult
 from ...jobs.plan import unresponsive
@@ -23,12 +23,25 @@ from .child import EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND
 from .signals import signal_name
 from .watch import Command, Ran
 
-__all__ = ["Verdict", "not_migrated", "not_started", "unavailable", "verdict"]
+__all__ = ["SkipCodes", "Verdict", "not_migrated", "not_started", "unavailable", "verdict"]
 
 Scrub = Callable[[BaseException], str]
 
 # Lost while COMMAND ran, in a way that says the connection is unsafe for session locks.
 _UNSAFE_LOSSES = ("connection-moved", "server-in-recovery")
+
+
+@dataclass(frozen=True, slots=True)
+class SkipCodes:
+    """The exit codes of a skip (``--conflict-exit-code``, ``--already-done-exit-code``):
+    DESIGN §5's 75 unless the user chose another. The outcome and reason stay ``skipped``
+    whatever the code: a skip that exits 0 is still reported as a skip."""
+
+    conflict: int = EXIT_SKIPPED  # busy, or --wait timed out
+    already_done: int = EXIT_SKIPPED  # --once-per's period already done
+
+    def of(self, result: JobResult[Any]) -> int:
+        return self.already_done if result.reason == "already-done-this-period" else self.conflict
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,11 +54,13 @@ class Verdict:
     command_exit_code: int | None = None
 
 
-def verdict(result: JobResult[Any], command: Command, scrub: Scrub) -> Verdict:
+def verdict(
+    result: JobResult[Any], command: Command, scrub: Scrub, skip_codes: SkipCodes | None = None
+) -> Verdict:
     """The exit code and error of the job plan's ``result`` with COMMAND as the work."""
     status = command.status
     if result.outcome == "skipped":
-        return Verdict(result, EXIT_SKIPPED)
+        return Verdict(result, (skip_codes or SkipCodes()).of(result))
     if result.outcome == "completed":
         return Verdict(result, EXIT_OK, command_exit_code=status)
     if result.outcome == "lost":
@@ -77,6 +92,10 @@ def _lost(result: JobResult[Any], command: Command, scrub: Scrub) -> Verdict:
     if ran is not None and ran.lost is not None:  # the keeper saw it while COMMAND ran
         text = _lost_while_running(job, ran)
         error = LockLostError(text, key=job.key, reason=ran.lost.reason)
+        if ran.lost.warned and ran.status != 0:
+            # --on-lost=warn: COMMAND ran to its end and failed; its own code says more
+            # than the loss (which the outcome, ``lost``, still says).
+            code = ran.status
         return Verdict(dataclasses.replace(result, error=error), code, text, command.status)
     detail = scrub(result.error) if result.error is not None else ""
     if not isinstance(result.error, LockLostError | LockNotHeldError):
@@ -92,17 +111,21 @@ def _lost(result: JobResult[Any], command: Command, scrub: Scrub) -> Verdict:
 
 
 def _lost_while_running(job: Job, ran: Ran) -> str:
+    # Said once, plainly: the keeper's own log line carries the driver's words.
     assert ran.lost is not None  # noqa: S101 - the caller checked
+    lost = f"lock {job.key} was lost while the command ran: {ran.lost.detail}"
+    if ran.lost.warned:
+        return f"{lost}; --on-lost=warn let the command finish (exit status {ran.status})"
     if not ran.lost.stopped:
         return (
-            f"lock {job.key} was lost ({ran.lost.detail}); the command had already"
+            f"lock {job.key} was lost: {ran.lost.detail}; the command had already"
             f" finished by then (exit status {ran.status})"
         )
     if ran.returncode < 0:
         how = f"was stopped by {signal_name(-ran.returncode)} (exit status {ran.status})"
     else:
         how = f"exited with status {ran.status} after SIGTERM"
-    return f"lock {job.key} was lost while the command ran ({ran.lost.detail}); the command {how}"
+    return f"{lost}; the command {how}"
 
 
 def not_started(signum: int) -> str:

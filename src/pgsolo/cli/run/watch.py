@@ -10,14 +10,19 @@ before COMMAND could start keeps it from starting (:class:`Interrupted`).
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import select
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 
-from ..._logging import logger
+from ..._logging import cli_logger as logger
 from ...drivers import SyncDriver
+from ...errors import LockLostError
 from ...jobs.definition import Failure, Job
 from ...locking.core import LockCore
 from ...locking.keeper import Keep, Keeper
@@ -28,7 +33,10 @@ from .signals import Interrupted, RunSignals, signal_name
 __all__ = ["LOST_DETAIL", "Command", "CommandFailed", "Lost", "Ran"]
 
 
-POLL_SECONDS = 0.05  # how often pgsolo looks at COMMAND and at what the keeper found
+# The longest the loop waits before it looks again (forwarded signals to log, the grace
+# period's end). COMMAND's exit (a pidfd on Linux) and the keeper's verdict (a self-pipe
+# written by on_lost) wake it at once, so neither waits for this.
+POLL_SECONDS = 0.05
 
 
 class CommandFailed(Exception):
@@ -36,9 +44,13 @@ class CommandFailed(Exception):
 
 
 LOST_DETAIL = {
+    "connection-lost": "the database ended pgsolo's session (its backend was terminated, or"
+    " the server restarted or failed over), and the lock with it",
     "connection-unresponsive": "the database did not answer the lock check within {timeout:g}s"
     " (--check-timeout), so pgsolo dropped the connection",
     "lock-released": "pg_locks no longer shows it on pgsolo's connection",
+    "keeper-failed": "the keeper watching it failed (its log line says how), so nothing"
+    " vouches for the lock",
     "connection-moved": "the connection now reaches another server backend: a"
     " transaction-pooling proxy is in between, where session locks cannot work",
     "server-in-recovery": "the server is now in recovery (a standby), where an advisory"
@@ -53,6 +65,7 @@ class Lost:
     reason: LostReason
     detail: str
     stopped: bool  # COMMAND was still running when pgsolo sent SIGTERM
+    warned: bool = False  # --on-lost=warn: COMMAND was left to finish
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +93,7 @@ class Command:
     grace: float
     signals: RunSignals
     scrub: Callable[[BaseException], str]
+    on_lost: str = "terminate"  # or "warn" (--on-lost)
     started: bool = False  # the plan got as far as COMMAND
     ran: Ran | None = None
     status: int | None = None  # its exit status (127/126 when it could not be started)
@@ -99,14 +113,16 @@ class Command:
                     "command-not-found" if self.status == EXIT_NOT_FOUND else "cannot-execute"
                 )
                 return Failure(reason, exc)
-            keeper = Keeper(self.core, self.driver, self.keep)
-            keeper.start()
-            try:
-                self.ran = ran = self._watch(child, proc)
-            finally:
-                keeper.stop()
+            with _Wakeup() as wakeup:
+                keep = dataclasses.replace(self.keep, on_lost=wakeup)
+                keeper = Keeper(self.core, self.driver, keep)
+                keeper.start()
+                try:
+                    self.ran = ran = self._watch(child, proc, wakeup)
+                finally:
+                    keeper.stop()  # joined: on_lost cannot write to a closed pipe
         self.status = ran.status
-        if ran.lost is not None or ran.returncode == 0:
+        if ran.returncode == 0 or (ran.lost is not None and not ran.lost.warned):
             return None
         if ran.returncode < 0:
             name = signal_name(-ran.returncode)
@@ -114,46 +130,100 @@ class Command:
             return Failure("killed-by-signal", killed)
         return Failure()
 
-    def _watch(self, child: Child, proc: subprocess.Popen[bytes]) -> Ran:
-        """Wait for COMMAND; stop it if the keeper finds the lock gone."""
+    def _watch(self, child: Child, proc: subprocess.Popen[bytes], wakeup: _Wakeup) -> Ran:
+        """Wait for COMMAND; stop it (or warn) if the keeper finds the lock gone."""
         lost: Lost | None = None
         kill_at: float | None = None
-        while True:
-            timeout = POLL_SECONDS
-            if kill_at is not None:
-                timeout = max(0.0, min(timeout, kill_at - time.monotonic()))
-            try:
-                returncode = proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                pass
-            else:
+        with _exit_of(proc) as exited:
+            while True:
+                timeout = POLL_SECONDS
+                if kill_at is not None:
+                    timeout = max(0.0, min(timeout, kill_at - time.monotonic()))
+                # Once the loss is handled the pipe stays readable: no longer watched.
+                watched = [fd for fd in (exited, None if lost else wakeup.fd) if fd is not None]
+                select.select(watched, [], [], timeout)
+                returncode = proc.poll()
                 child.log_forwarded()
-                if lost is not None:
-                    child.drain_group(kill_at)
-                return Ran(returncode, lost)
-            child.log_forwarded()
-            if lost is None and (loss := self.core.lost) is not None:
-                lost = self._stop(child, loss.reason, self.scrub(loss))
-                kill_at = time.monotonic() + self.grace
-            elif kill_at is not None and time.monotonic() >= kill_at:
-                logger.error(
-                    "pgsolo: the command (%s) outlived the %gs grace period: SIGKILL",
-                    child.target,
-                    self.grace,
-                )
-                child.signal(signal.SIGKILL)
-                kill_at = None
+                if returncode is not None:
+                    if lost is not None and not lost.warned:
+                        child.drain_group(kill_at)
+                    return Ran(returncode, lost)
+                if lost is None and (loss := self.core.lost) is not None:
+                    if self.on_lost == "warn":
+                        lost = self._warn(child, loss)
+                    else:
+                        lost = self._stop(child, loss)
+                        kill_at = time.monotonic() + self.grace
+                elif kill_at is not None and time.monotonic() >= kill_at:
+                    logger.error(
+                        "pgsolo: the command (%s) outlived the %gs grace period: SIGKILL",
+                        child.target,
+                        self.grace,
+                    )
+                    child.signal(signal.SIGKILL)
+                    kill_at = None
 
-    def _stop(self, child: Child, reason: LostReason, error: str) -> Lost:
-        """The lock is gone: SIGTERM to COMMAND (SIGKILL after the grace period)."""
-        detail = LOST_DETAIL.get(reason, "").format(timeout=self.keep.timeout) or error
-        logger.error(
-            "pgsolo: lock %s of job %s lost while the command ran (%s):"
-            " sending SIGTERM to %s, SIGKILL in %gs if it is still running",
+    def _detail(self, loss: LockLostError) -> str:
+        """The loss in plain words (the keeper's log line has the driver's message)."""
+        return LOST_DETAIL.get(loss.reason, "").format(timeout=self.keep.timeout) or self.scrub(
+            loss
+        )
+
+    def _warn(self, child: Child, loss: LockLostError) -> Lost:
+        """--on-lost=warn: say it once, and let COMMAND finish."""
+        logger.warning(
+            "pgsolo: lock %s of job %s was lost while the command ran; --on-lost=warn: %s"
+            " keeps running, no longer protected (pgsolo exits 70 when it ends, unless it"
+            " fails)",
             self.job.key,
             self.job.name,
-            detail,
+            child.target,
+        )
+        return Lost(loss.reason, self._detail(loss), stopped=False, warned=True)
+
+    def _stop(self, child: Child, loss: LockLostError) -> Lost:
+        """The lock is gone: SIGTERM to COMMAND (SIGKILL after the grace period)."""
+        logger.error(
+            "pgsolo: lock %s of job %s was lost while the command ran: sending SIGTERM to"
+            " %s, SIGKILL in %gs if it is still running",
+            self.job.key,
+            self.job.name,
             child.target,
             self.grace,
         )
-        return Lost(reason, detail, stopped=child.stop())
+        return Lost(loss.reason, self._detail(loss), stopped=child.stop())
+
+
+class _Wakeup:
+    """A self-pipe: the keeper's ``on_lost`` writes to it (from the keeper's thread), and
+    the loop waiting for COMMAND wakes at once instead of at its next look."""
+
+    def __init__(self) -> None:
+        self.fd, self._write = os.pipe()
+        os.set_blocking(self._write, False)
+
+    def __call__(self, error: LockLostError) -> None:
+        with suppress(BlockingIOError):  # already written: once is enough
+            os.write(self._write, b"!")
+
+    def __enter__(self) -> _Wakeup:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        os.close(self.fd)
+        os.close(self._write)
+
+
+@contextmanager
+def _exit_of(proc: subprocess.Popen[bytes]) -> Iterator[int | None]:
+    """A descriptor that turns readable when COMMAND exits (a pidfd, Linux 5.3+), or None
+    where there is none: then the loop looks every POLL_SECONDS."""
+    try:
+        fd: int | None = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):  # not Linux, an old kernel, or already reaped
+        fd = None
+    try:
+        yield fd
+    finally:
+        if fd is not None:
+            os.close(fd)

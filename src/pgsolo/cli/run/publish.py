@@ -1,0 +1,88 @@
+"""``pgsolo run --metrics-textfile PATH / --pushgateway URL``: the run's metrics, published
+when it ends (a cron job's process is gone before any scrape could reach it)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING
+
+from ... import metrics
+from ...errors import UsageError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from prometheus_client import CollectorRegistry
+
+__all__ = ["Publisher", "add_metrics_options"]
+
+
+def add_metrics_options(parser: argparse.ArgumentParser) -> None:
+    """Where the run's metrics go (``pgsolo[prometheus]``)."""
+    group = parser.add_argument_group("metrics (needs pgsolo[prometheus])")
+    group.add_argument(
+        "--metrics-textfile",
+        metavar="PATH",
+        help="when the run ends, write its metrics to PATH (*.prom, for node_exporter's"
+        " textfile collector), atomically; a job's last success already in the file is kept"
+        " until a run completes it again",
+    )
+    group.add_argument(
+        "--pushgateway",
+        metavar="URL",
+        help="when the run ends, push its metrics to the Prometheus Pushgateway at URL,"
+        " grouped by job=<the job's name> (POST: a run that did not complete keeps the last"
+        " success an earlier push set)",
+    )
+
+
+class Publisher:
+    """The run's metrics in a registry of their own (only pgsolo's: a textfile holding the
+    process's own metrics would clash with node_exporter's), published at the end."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.textfile: str | None = args.metrics_textfile
+        self.gateway: str | None = args.pushgateway
+        self.previous: CollectorRegistry | None = None
+
+    def start(self) -> None:
+        """Check the options and count in a fresh registry (UsageError: exit 2)."""
+        if self.textfile is None and self.gateway is None:
+            return
+        if self.textfile is not None:
+            metrics.check_textfile(self.textfile)
+        if self.gateway is not None and not self.gateway.strip():
+            raise UsageError("--pushgateway needs a URL (http://host:9091)")
+        previous = metrics.registry()  # UsageError without prometheus_client
+        from prometheus_client import CollectorRegistry  # noqa: PLC0415
+
+        metrics.use_registry(CollectorRegistry(auto_describe=True))
+        self.previous = previous
+
+    def finish(self, job: str) -> None:
+        """Publish what the run counted; a failure is a warning on stderr (the run's exit
+        code stays the command's), then count where the process counted before."""
+        if self.previous is None:
+            return
+        try:
+            for publish in self._targets(job):
+                try:
+                    publish()
+                except Exception as exc:  # any failure is reported the same
+                    print(
+                        f"pgsolo run: warning: metrics not published: {exc}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+        finally:
+            metrics.use_registry(self.previous)
+            self.previous = None
+
+    def _targets(self, job: str) -> list[Callable[[], None]]:
+        targets: list[Callable[[], None]] = []
+        if (path := self.textfile) is not None:
+            targets.append(lambda: metrics.write_textfile(path))
+        if (gateway := self.gateway) is not None:
+            targets.append(lambda: metrics.push(gateway, job))
+        return targets

@@ -1,0 +1,299 @@
+"""Prometheus metrics of locks and jobs, with the ``pgsolo[prometheus]`` extra.
+
+Counted from the application, as the article advises: nothing here polls ``pg_locks``.
+Without ``prometheus_client`` installed every call is a no-op (and publishing one is a
+:class:`~pgsolo.UsageError` saying which extra to install).
+
+Labels stay bounded, since every label value is a new series kept for the life of the
+process: a job is labelled by its name (chosen in code), a reason by a code of
+:mod:`pgsolo.reasons`, a lock by the name it was given as. A key given as a number has no
+name, and an int64 is unbounded (a tenant id...), so those locks share the label
+``lock=""``; pgsolo's own names (``pgsolo:once:<operation key>``, one per operation) count
+under their prefix (``pgsolo:once``). Code that builds names from data
+(``f"tenant-{id}"``) turns them off with ``use_registry(..., lock_names=False)``.
+
+This module sits below locking (DESIGN §3): locks count themselves here, and jobs too.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .errors import UsageError
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from prometheus_client import CollectorRegistry
+
+__all__ = [
+    "LOCK_OUTCOMES",
+    "check_textfile",
+    "lock_label",
+    "observe_job",
+    "observe_lock",
+    "observe_lock_lost",
+    "push",
+    "registry",
+    "use_registry",
+    "write_textfile",
+]
+
+LOCK_OUTCOMES = ("acquired", "busy", "timeout", "error")
+LAST_SUCCESS = "pgsolo_job_last_success_timestamp_seconds"
+_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600)
+_INSTALL = "install the extra: pip install 'pgsolo[prometheus]'"
+
+
+@dataclass(frozen=True)
+class _Instruments:
+    """pgsolo's metrics, registered once in one registry."""
+
+    job_attempts: Any
+    job_lock_wait: Any
+    job_duration: Any
+    job_last_success: Any
+    lock_acquisitions: Any
+    lock_wait: Any
+    lock_losses: Any
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry) -> _Instruments:
+        from prometheus_client import Counter, Gauge, Histogram  # noqa: PLC0415
+
+        return cls(
+            job_attempts=Counter(
+                "pgsolo_job_attempts",
+                "Attempts at a pgsolo job, by outcome (a skip is not a success).",
+                ["job", "outcome", "reason"],
+                registry=registry,
+            ),
+            job_lock_wait=Histogram(
+                "pgsolo_job_lock_wait_seconds",
+                "Time spent getting, or failing to get, a job's lock.",
+                ["job"],
+                buckets=_BUCKETS,
+                registry=registry,
+            ),
+            job_duration=Histogram(
+                "pgsolo_job_duration_seconds",
+                "Time a job's work ran.",
+                ["job", "outcome"],
+                buckets=_BUCKETS,
+                registry=registry,
+            ),
+            job_last_success=Gauge(
+                LAST_SUCCESS,
+                "Unix time at which the job last completed (alert when it gets old).",
+                ["job"],
+                registry=registry,
+            ),
+            lock_acquisitions=Counter(
+                "pgsolo_lock_acquisitions",
+                "Attempts to take an advisory lock, by outcome (acquired, busy, timeout,"
+                " error). A lock given as a number is counted under lock=''.",
+                ["lock", "lifetime", "outcome"],
+                registry=registry,
+            ),
+            lock_wait=Histogram(
+                "pgsolo_lock_wait_seconds",
+                "Time an attempt to take an advisory lock took, by outcome.",
+                ["lock", "outcome"],
+                buckets=_BUCKETS,
+                registry=registry,
+            ),
+            lock_losses=Counter(
+                "pgsolo_lock_losses",
+                "Advisory locks lost while held, by reason (a code of pgsolo.reasons).",
+                ["lock", "lifetime", "reason"],
+                registry=registry,
+            ),
+        )
+
+
+class _State:
+    """The registry in use, and the instruments of every registry used so far (a
+    registry refuses a second metric of the same name, so each is created once)."""
+
+    def __init__(self) -> None:
+        self.mutex = threading.Lock()
+        self.registry: CollectorRegistry | None = None  # None: prometheus_client's global one
+        self.lock_names = True
+        self.unavailable = False
+        self.instruments: dict[int, tuple[CollectorRegistry, _Instruments]] = {}
+        self.cached: _Instruments | None = None  # those of the registry in use
+
+    def current(self) -> _Instruments | None:
+        cached = self.cached  # every lock comes here: no mutex once they exist
+        if cached is not None or self.unavailable:
+            return cached
+        with self.mutex:
+            try:
+                from prometheus_client import REGISTRY  # noqa: PLC0415
+            except ImportError:
+                self.unavailable = True
+                return None
+            target = self.registry if self.registry is not None else REGISTRY
+            known = self.instruments.get(id(target))
+            if known is None:
+                known = (target, _Instruments.create(target))
+                self.instruments[id(target)] = known
+            self.cached = known[1]
+            return known[1]
+
+
+_state = _State()
+
+
+def use_registry(registry: CollectorRegistry | None, *, lock_names: bool = True) -> None:
+    """Count pgsolo's metrics in ``registry`` from now on (None: prometheus_client's
+    global ``REGISTRY``, the default). ``lock_names=False`` counts every bare lock under
+    ``lock=""``: for code whose lock names come from data, an unbounded set."""
+    if registry is not None and not callable(getattr(registry, "register", None)):
+        raise UsageError(
+            f"use_registry() takes a prometheus_client CollectorRegistry or None, not"
+            f" {type(registry).__name__}"
+        )
+    if not isinstance(lock_names, bool):
+        raise UsageError("use_registry(lock_names=...) takes True or False")
+    with _state.mutex:
+        _state.registry = registry
+        _state.lock_names = lock_names
+        _state.cached = None
+
+
+def registry() -> CollectorRegistry:
+    """The registry pgsolo counts in (UsageError without prometheus_client)."""
+    try:
+        from prometheus_client import REGISTRY  # noqa: PLC0415
+    except ImportError:
+        raise UsageError(f"metrics need prometheus_client: {_INSTALL}") from None
+    return _state.registry if _state.registry is not None else REGISTRY
+
+
+def lock_label(name: str | None) -> str:
+    """The ``lock`` label of a key with this name (None: given as a number)."""
+    if name is None or not _state.lock_names:
+        return ""
+    if name.startswith("pgsolo:"):  # pgsolo's own names: one per operation key
+        return ":".join(name.split(":", 2)[:2])
+    return name
+
+
+def observe_lock(name: str | None, lifetime: str, outcome: str, wait: float) -> None:
+    """Count an attempt to take a lock (``outcome`` of LOCK_OUTCOMES), ``wait`` seconds."""
+    instruments = _state.current()
+    if instruments is None:
+        return
+    label = lock_label(name)
+    instruments.lock_acquisitions.labels(label, lifetime, outcome).inc()
+    instruments.lock_wait.labels(label, outcome).observe(wait)
+
+
+def observe_lock_lost(name: str | None, lifetime: str, reason: str | None) -> None:
+    """Count a held lock that was lost (``reason``: a code of pgsolo.reasons)."""
+    instruments = _state.current()
+    if instruments is not None:
+        instruments.lock_losses.labels(lock_label(name), lifetime, reason or "").inc()
+
+
+def observe_job(
+    job: str, outcome: str, reason: str | None, lock_wait: float, duration: float
+) -> None:
+    """Count one attempt at a job; a completed one is the job's last success."""
+    instruments = _state.current()
+    if instruments is None:
+        return
+    # A reason is a code from the fixed vocabulary of pgsolo.reasons (never a message),
+    # so as a label it makes a bounded number of series.
+    instruments.job_attempts.labels(job, outcome, reason or "").inc()
+    instruments.job_lock_wait.labels(job).observe(lock_wait)
+    if outcome != "skipped":
+        instruments.job_duration.labels(job, outcome).observe(duration)
+    if outcome == "completed":
+        instruments.job_last_success.labels(job).set(time.time())
+
+
+class _Present:
+    """The families of a registry that have samples: a metric family with no series yet
+    (no success of any job so far) is left out of what is published, so that a
+    Pushgateway keeps the value an earlier push gave it."""
+
+    def __init__(self, source: CollectorRegistry) -> None:
+        self.source = source
+
+    def collect(self) -> Iterable[Any]:
+        return [family for family in self.source.collect() if family.samples]
+
+
+def _published() -> CollectorRegistry:
+    from prometheus_client import CollectorRegistry  # noqa: PLC0415
+
+    view = CollectorRegistry(auto_describe=False)
+    view.register(_Present(registry()))
+    return view
+
+
+def write_textfile(path: str | os.PathLike[str]) -> None:
+    """Write pgsolo's registry to ``path`` for node_exporter's textfile collector,
+    atomically (a temporary file in the same directory, then a rename).
+
+    Each write replaces the file, and a process that has not completed a job would drop
+    that job's last success from it: the values already in the file are kept for every
+    job this process has no success of, so "no success for 25 hours" stays true to the
+    database's history across cron runs."""
+    path = check_textfile(path)
+    instruments = _state.current()
+    if instruments is None:
+        raise UsageError(f"metrics need prometheus_client: {_INSTALL}")
+    from prometheus_client import write_to_textfile  # noqa: PLC0415
+
+    target = registry()
+    for job, seconds in _last_successes(path).items():
+        if target.get_sample_value(LAST_SUCCESS, {"job": job}) is None:  # none here yet
+            instruments.job_last_success.labels(job).set(seconds)
+    write_to_textfile(path, _published())
+
+
+def check_textfile(path: str | os.PathLike[str]) -> str:
+    """``path`` as a str if it can be node_exporter's textfile, or UsageError."""
+    path = os.fspath(path)
+    if not path.endswith(".prom"):
+        raise UsageError(
+            f"the metrics textfile {path!r} must end in .prom: node_exporter's textfile"
+            " collector reads only those"
+        )
+    return path
+
+
+def _last_successes(path: str) -> dict[str, float]:
+    """The last-success gauge's values in an existing textfile (none if unreadable)."""
+    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
+
+    try:
+        with open(path, encoding="utf-8") as file:
+            text = file.read()
+        families = list(text_string_to_metric_families(text))
+    except (OSError, ValueError):
+        return {}  # no file yet, or not one this function wrote: start afresh
+    return {
+        sample.labels["job"]: sample.value
+        for family in families
+        for sample in family.samples
+        if sample.name == LAST_SUCCESS and "job" in sample.labels
+    }
+
+
+def push(gateway: str, job: str, *, timeout: float = 10) -> None:
+    """Push pgsolo's registry to a Pushgateway at ``gateway`` (a URL), grouped under
+    ``job``. A push replaces only the metrics it carries (POST), so a run that did not
+    complete leaves the job's last success as an earlier push set it."""
+    if _state.current() is None:
+        raise UsageError(f"metrics need prometheus_client: {_INSTALL}")
+    from prometheus_client import pushadd_to_gateway  # noqa: PLC0415
+
+    pushadd_to_gateway(gateway, job=job, registry=_published(), timeout=timeout)

@@ -1,0 +1,197 @@
+"""Prometheus metrics of bare locks and jobs, counted in a registry of the test's own
+(``pgsolo.metrics.use_registry``): the global one is left alone, and a test sees only what
+its own locks counted."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from prometheus_client import REGISTRY, CollectorRegistry
+
+import pgsolo
+import pgsolo.metrics
+from _support import Connect, hold, new_job, terminate, unhold, unique_name
+from pgsolo.jobs import run_job
+from pgsolo.keys import Key
+
+
+@pytest.fixture
+def registry() -> Iterator[CollectorRegistry]:
+    """A fresh registry pgsolo counts in for the test; the global one again afterwards."""
+    fresh = CollectorRegistry()
+    pgsolo.metrics.use_registry(fresh)
+    try:
+        yield fresh
+    finally:
+        pgsolo.metrics.use_registry(None)
+
+
+def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    return registry.get_sample_value(name, labels) or 0.0
+
+
+def test_bare_locks_count_acquired_busy_and_timeout_by_name(
+    registry: CollectorRegistry, connect: Connect
+) -> None:
+    name = unique_name("metrics-bare")
+    holder = hold(connect, name)
+    conn = connect()
+    with pgsolo.session_lock(conn, name) as lock:  # busy: another session holds it
+        assert not lock.acquired
+    with pytest.raises(pgsolo.LockTimeoutError), pgsolo.session_lock(conn, name, wait=0.2):
+        pass
+    unhold(holder, name)
+    tx = connect(autocommit=False)
+    for _ in range(2):
+        with pgsolo.xact_lock(tx, name) as lock:
+            assert lock.acquired
+
+    count = "pgsolo_lock_acquisitions_total"
+    assert value(registry, count, lock=name, lifetime="session", outcome="busy") == 1
+    assert value(registry, count, lock=name, lifetime="session", outcome="timeout") == 1
+    assert value(registry, count, lock=name, lifetime="xact", outcome="acquired") == 2
+    waits = "pgsolo_lock_wait_seconds"
+    assert value(registry, f"{waits}_count", lock=name, outcome="timeout") == 1
+    assert value(registry, f"{waits}_sum", lock=name, outcome="timeout") >= 0.2
+    # Counted in the test's registry only.
+    assert (
+        REGISTRY.get_sample_value(count, {"lock": name, "lifetime": "xact", "outcome": "acquired"})
+        is None
+    )
+
+
+def test_a_lost_lock_counts_once_though_the_keeper_and_the_release_both_see_it(
+    registry: CollectorRegistry, connect: Connect, observer: Any
+) -> None:
+    name = unique_name("metrics-lost")
+    conn = connect()
+    seen = threading.Event()
+    keep = pgsolo.Keep(interval=0.05, on_lost=lambda error: seen.set())
+    lock = pgsolo.session_lock(conn, name, keep=keep)
+    lock.acquire()
+    terminate(observer, conn.info.backend_pid)
+    assert seen.wait(30)
+    with pytest.raises(pgsolo.LockLostError):  # and the release sees it again
+        lock.release()
+
+    labels = {"lock": name, "lifetime": "session"}
+    assert value(registry, "pgsolo_lock_losses_total", reason="connection-lost", **labels) == 1
+    assert value(registry, "pgsolo_lock_acquisitions_total", outcome="acquired", **labels) == 1
+
+
+def test_a_number_has_no_name_and_pgsolo_names_count_by_prefix(
+    registry: CollectorRegistry, connect: Connect, key: Key
+) -> None:
+    """A key given as a number is unbounded (a tenant id): one series for all of them.
+    pgsolo's own names (one per operation key) count under their prefix."""
+    conn = connect()
+    for resource in range(3):
+        with pgsolo.session_lock(conn, (key.value[0], resource)):  # type: ignore[index]
+            pass
+    assert (
+        value(
+            registry,
+            "pgsolo_lock_acquisitions_total",
+            lock="",
+            lifetime="session",
+            outcome="acquired",
+        )
+        == 3
+    )
+    assert pgsolo.metrics.lock_label("pgsolo:once:charge:order:8812") == "pgsolo:once"
+    assert pgsolo.metrics.lock_label("daily-settlement") == "daily-settlement"
+    pgsolo.metrics.use_registry(registry, lock_names=False)  # names built from data
+    assert pgsolo.metrics.lock_label("tenant-8812") == ""
+
+
+def test_a_job_completed_sets_its_last_success_and_a_skip_leaves_it(
+    registry: CollectorRegistry, db: str, connect: Connect
+) -> None:
+    job = new_job("metrics-job")
+    gauge = "pgsolo_job_last_success_timestamp_seconds"
+    before = time.time()
+    assert run_job(db, job, lambda conn: None).outcome == "completed"
+    first = value(registry, gauge, job=job)
+    assert before <= first <= time.time()
+
+    holder = hold(connect, job)
+    assert run_job(db, job, lambda conn: None).outcome == "skipped"
+    unhold(holder, job)
+
+    def fail(conn: psycopg.Connection) -> None:
+        raise RuntimeError("boom")
+
+    assert run_job(db, job, fail, raise_errors=False).outcome == "failed"
+    assert value(registry, gauge, job=job) == first  # neither a skip nor a failure is one
+    assert (
+        value(registry, "pgsolo_job_attempts_total", job=job, outcome="skipped", reason="busy") == 1
+    )
+    # The job's lock counts as a lock too, under the job's name.
+    assert (
+        value(registry, "pgsolo_lock_acquisitions_total", lock=job, lifetime="xact", outcome="busy")
+        == 1
+    )
+
+
+def test_the_textfile_is_replaced_whole_and_keeps_a_last_success_this_process_lacks(
+    registry: CollectorRegistry, db: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "jobs.prom"
+    path.write_text(
+        "# TYPE pgsolo_job_last_success_timestamp_seconds gauge\n"
+        'pgsolo_job_last_success_timestamp_seconds{job="nightly"} 1700000000.0\n'
+    )
+    job = new_job("metrics-file")
+    run_job(db, job, lambda conn: None)
+    pgsolo.metrics.write_textfile(path)
+
+    text = path.read_text()
+    assert 'pgsolo_job_last_success_timestamp_seconds{job="nightly"} 1.7e+09' in text
+    assert f'pgsolo_job_attempts_total{{job="{job}",outcome="completed",reason=""}} 1.0' in text
+    assert "python_gc" not in text  # only what the registry in use holds
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["jobs.prom"]  # no temporary left
+
+
+def test_bad_input_is_a_usage_error(registry: CollectorRegistry, tmp_path: Path) -> None:
+    with pytest.raises(pgsolo.UsageError, match=r"\.prom"):
+        pgsolo.metrics.write_textfile(tmp_path / "jobs.txt")
+    with pytest.raises(pgsolo.UsageError, match="CollectorRegistry"):
+        pgsolo.metrics.use_registry("REGISTRY")  # type: ignore[arg-type]
+    assert pgsolo.metrics.registry() is registry  # unchanged by the refusal
+
+
+def test_without_prometheus_client_locks_work_and_publishing_is_a_usage_error(
+    dsn: str, tmp_path: Path
+) -> None:
+    """A core install without the extra: ``sys.modules[name] = None`` makes every import of
+    prometheus_client fail, as it does where the package is not installed."""
+    program = f"""
+import sys
+sys.modules["prometheus_client"] = None
+import psycopg, pgsolo, pgsolo.metrics
+with psycopg.connect({dsn!r}, autocommit=True) as conn:
+    with pgsolo.session_lock(conn, "no-metrics") as lock:
+        assert lock.acquired
+try:
+    pgsolo.metrics.write_textfile({str(tmp_path / "x.prom")!r})
+except pgsolo.UsageError as exc:
+    print("usage:", exc)
+from pgsolo.cli import main
+sys.exit(main(["run", "--key", "k", "--dsn", {dsn!r}, "--metrics-textfile",
+               {str(tmp_path / "y.prom")!r}, "--", "true"]))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 2, done.stderr
+    assert "usage: metrics need prometheus_client" in done.stdout
+    assert "pgsolo[prometheus]" in done.stderr
+    assert list(tmp_path.iterdir()) == []
