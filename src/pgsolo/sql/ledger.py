@@ -32,7 +32,9 @@ def period_start(period: str) -> str:
     if period in PERIOD_UNITS:
         return f"date_trunc('{period}', now(), 'UTC')"
     seconds = parse_period_seconds(period)
-    return f"date_bin('{seconds} seconds'::interval, now(), '1970-01-01 00:00:00+00')"
+    # make_interval, not '{seconds} seconds'::interval: before PostgreSQL 15 an interval's
+    # text may not say more than 2^31-1 seconds, and a period may be 100 years.
+    return f"date_bin(make_interval(secs => {seconds}), now(), '1970-01-01 00:00:00+00')"
 
 
 def period_done(job: str, period: str) -> str:
