@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from .. import sql
 from ..drivers import adapt_async, adapt_sync
-from ..errors import InvalidArgumentError
+from ..drivers.conninfo import DEFAULT_APP_PREFIX
+from ..errors import InvalidArgumentError, PgsoloError
 from ..keys import Key, KeyLike, Registry, as_key, decode_pg_lock, derive_int32, derive_int64
 from ..locking._async.drive import adrive
 from ..locking._sync.drive import drive
@@ -21,7 +22,7 @@ from .snapshot import check_positive, parse_time, snapshot_plan
 __all__ = ["AdvisoryLock", "advisory_locks", "advisory_locks_async", "wait_chains"]
 
 
-SinceSource = Literal["waitstart", "query_start", "state_change", "xact_start"]
+SinceSource = Literal["waitstart", "query_start", "state_change", "xact_start", "backend_start"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +39,17 @@ class AdvisoryLock:
     server gives: ``state_change`` for a holder idle outside a transaction (held at
     least since then), ``xact_start`` for one inside a transaction (a transaction-level
     lock was taken at or after it; a session lock may be older). ``since_source`` names
-    which. Fields of ``pg_stat_activity`` are ``None`` when the server hides another
+    which. PostgreSQL records no grant time for a held lock, and a session that pgsolo's
+    keeper watches runs a beat every few seconds, which moves ``state_change``: for such
+    a session (``keeper`` true: its last statement is the beat of one of its keys)
+    ``since`` is ``backend_start``, held *at most* since then (``pgsolo run`` opens its
+    connection for the run, just before it takes the lock), and ``query`` is ``None``:
+    the beat is not the holder's work.
+
+    ``name`` comes from the registry, the given names, or else from the holder itself:
+    a session whose ``application_name`` is pgsolo's (``pgsolo:<name>``) is named when
+    ``<name>`` derives to the key (a hash, so never a wrong guess). Fields of
+    ``pg_stat_activity`` are ``None`` when the server hides another
     role's session (without ``pg_read_all_stats``) or the backend just ended.
     """
 
@@ -58,6 +69,7 @@ class AdvisoryLock:
     query: str | None
     blocked_by: tuple[int, ...]
     observed_at: datetime
+    keeper: bool = False
 
     @property
     def age_seconds(self) -> float | None:
@@ -86,6 +98,7 @@ class AdvisoryLock:
             "since_source": self.since_source,
             "age_seconds": self.age_seconds,
             "query": self.query,
+            "keeper": self.keeper,
             "blocked_by": list(self.blocked_by),
         }
 
@@ -104,12 +117,29 @@ class _Namer:
             self._int64.setdefault(derive_int64(name), name)  # InvalidKeyError first
             self._int32.setdefault(derive_int32(name), name)
 
-    def name_of(self, key: Key) -> str | None:
+    def name_of(self, key: Key, application_name: object = None) -> str | None:
         if self._registry is not None and (registered := self._registry.name_of(key)):
             return registered
         if isinstance(key.value, tuple):
-            return self._int32.get(key.value[1])
-        return self._int64.get(key.value)
+            given = self._int32.get(key.value[1])
+        else:
+            given = self._int64.get(key.value)
+        return given or _own_name(key, application_name)
+
+
+def _own_name(key: Key, application_name: object) -> str | None:
+    """The name a pgsolo holder's ``application_name`` says, if it derives to ``key``."""
+    if not isinstance(application_name, str):
+        return None
+    name = application_name.removeprefix(DEFAULT_APP_PREFIX)
+    if name == application_name or not name or name != name.strip():
+        return None
+    try:
+        if isinstance(key.value, tuple):
+            return name if derive_int32(name) == key.value[1] else None
+        return name if derive_int64(name) == key.value else None
+    except PgsoloError:  # not a name pgsolo could have derived a key from
+        return None
 
 
 def advisory_locks(
@@ -177,18 +207,23 @@ def _locks_from(snapshot: Mapping[str, Any], namer: _Namer) -> list[AdvisoryLock
     # What a holder's session says is the same for each of its locks (one session may
     # hold thousands): worked out once per pid.
     holding: dict[int | None, tuple[Any, ...]] = {}
+    rows = [
+        (pid, decode_pg_lock(int(classid), int(objid), int(objsubid)), *rest)
+        for pid, classid, objid, objsubid, *rest in snapshot["locks"]
+    ]
+    kept = _kept_sessions(rows, sessions)
     locks = []
-    for pid, classid, objid, objsubid, shared, granted, waitstart, blockers in snapshot["locks"]:
-        key = decode_pg_lock(int(classid), int(objid), int(objsubid))
-        if (name := namer.name_of(key)) is not None:
-            key = Key(key.value, name)
+    for pid, raw_key, shared, granted, waitstart, blockers in rows:
         activity = sessions.get(str(pid), {}) if pid is not None else {}
+        key = raw_key
+        if (name := namer.name_of(raw_key, activity.get("application_name"))) is not None:
+            key = Key(raw_key.value, name)
         if granted:
             if (facts := holding.get(pid)) is None:
                 facts = holding[pid] = (
                     _lifetime(pid, True, activity, seen_after),
-                    *_since(True, None, activity),
-                    _one_line(activity.get("query")),
+                    *_since(True, None, activity, kept=pid in kept),
+                    None if pid in kept else _one_line(activity.get("query")),
                 )
         else:
             facts = (
@@ -215,6 +250,7 @@ def _locks_from(snapshot: Mapping[str, Any], namer: _Namer) -> list[AdvisoryLock
                 query=query,
                 blocked_by=tuple(sorted(blockers or ())),
                 observed_at=now,
+                keeper=bool(granted) and pid in kept,
             )
         )
     locks.sort(key=_display_order)
@@ -241,11 +277,25 @@ def _lifetime(
     return None
 
 
+def _kept_sessions(rows: list[tuple[Any, ...]], sessions: Mapping[str, Any]) -> set[int]:
+    """The pids whose last statement is pgsolo's keeper beat for one of the keys they
+    hold: the exact text :func:`pgsolo.sql.keeper_beat` sends, as the server cut it."""
+    beats: dict[int, set[str]] = {}
+    for pid, key, shared, granted, *_ in rows:
+        if granted and pid is not None:
+            beat = sql.keeper_beat(key, shared=bool(shared))[: sql.MONITOR_QUERY_CHARS]
+            beats.setdefault(pid, set()).add(beat)
+    return {pid for pid, texts in beats.items() if sessions.get(str(pid), {}).get("query") in texts}
+
+
 def _since(
-    granted: bool, waitstart: datetime | None, activity: Mapping[str, Any]
+    granted: bool, waitstart: datetime | None, activity: Mapping[str, Any], *, kept: bool = False
 ) -> tuple[datetime | None, SinceSource | None]:
     candidates: tuple[tuple[datetime | None, SinceSource], ...]
-    if not granted:
+    if kept and activity.get("xact_start") is None:
+        # Each beat moves state_change: the session's start bounds the lock from above.
+        candidates = ((parse_time(activity.get("backend_start")), "backend_start"),)
+    elif not granted:
         candidates = (
             (waitstart, "waitstart"),
             (parse_time(activity.get("query_start")), "query_start"),
