@@ -80,9 +80,10 @@ WIDE_COLUMNS = (
 
 
 # What fits a terminal: the wait chains are printed below the table, the rest is --wide's.
-COLUMNS = ("KEY", "NAME", "STATUS", "PID", "APPLICATION", "FOR", "QUERY")
-NARROW_WIDTHS = {"KEY": 22, "NAME": 24, "APPLICATION": 20}  # longer cells are cut with ~
-MIN_QUERY = 12  # below this many characters the query column is left out
+# LOCK is the key's name when known, else the key (--wide and --json have both).
+COLUMNS = ("LOCK", "STATUS", "PID", "APPLICATION", "FOR", "QUERY")
+NARROW_WIDTHS = {"LOCK": 22, "APPLICATION": 14}  # longer cells are cut, ending with ~
+MIN_QUERY = 10  # below this many characters the query column is left out
 QUERY_WIDTH = 60  # characters of the current query with --wide (--json has more)
 KEEPER_QUERY = "(pgsolo keeper)"  # the holder's last statement is the keeper's beat
 
@@ -102,12 +103,13 @@ def cmd_locks(args: argparse.Namespace) -> int:
         connection(db, "pgsolo:locks") as conn,
     ):
         locks = advisory_locks(conn, registry=registry, names=names, key=key)
+        name = conn.info.dbname
     chains = wait_chains(locks)
     if args.json:
         emit_json(
             "locks",
             {
-                "database": conn.info.dbname,
+                "database": name,
                 "server": db.label,
                 "locks": [lock.as_dict() for lock in locks],
                 "wait_chains": [list(chain) for chain in chains],
@@ -115,7 +117,8 @@ def cmd_locks(args: argparse.Namespace) -> int:
         )
         return EXIT_OK
     held = sum(1 for lock in locks if lock.granted)
-    print(f"{held} held, {len(locks) - held} waiting: advisory locks in {db.label}")
+    print(f"{held} held, {len(locks) - held} waiting: advisory locks in")
+    print(f"  {db.label}")
     if locks:
         print_table(lock_table(locks, wide=args.wide))
     if chains:
@@ -155,8 +158,7 @@ def lock_table(
 def _narrow_line(lock: AdvisoryLock) -> tuple[str, ...]:
     status = "held" if lock.granted else "waiting"
     return (
-        _cut(lock.key.text, NARROW_WIDTHS["KEY"]),
-        _cut(lock.name or "", NARROW_WIDTHS["NAME"]),
+        _cut(lock.name or lock.key.text, NARROW_WIDTHS["LOCK"]),
         status + (" (sh)" if lock.shared else ""),
         str(lock.pid) if lock.pid is not None else "(prepared)",
         _cut(lock.application_name or "", NARROW_WIDTHS["APPLICATION"]),
