@@ -158,3 +158,27 @@ def test_a_kept_lock_reads_at_80_columns_with_its_name_and_true_age(
     assert lock["age_seconds"] >= 2.5
     assert "pg_backend_pid()" not in wide.stdout  # the beat is never shown as the query
     assert max(len(line) for line in wide.stdout.splitlines()) > 80  # --wide has it all
+
+
+def test_keys_of_recorded_jobs_are_named_from_the_ledger(migrated: str, tmp_path: Path) -> None:
+    """A key held by a session that does not say its name (a custom application_name) is
+    named after the ledger's job that last ran with it, by ``pgsolo locks`` only."""
+    from pgsolo.monitor import advisory_locks  # noqa: PLC0415
+
+    job = f"report-{uuid.uuid4().hex[:8]}"
+    pair = f"42:{uuid.uuid4().int % 2**31}"
+    recorded = pgsolo(
+        "run", "--key", pair, "--name", job, "--record", "--dsn", migrated, "--",
+        sys.executable, "-c", "pass",
+    )  # fmt: skip
+    assert recorded.returncode == 0, recorded.stderr
+    namespace, resource = pair.split(":")
+    with psycopg.connect(migrated, autocommit=True, application_name="report-cron") as holder:
+        holder.execute(f"SELECT pg_advisory_lock({namespace}, {resource})")
+        (lock,) = json_document(pgsolo("locks", "--key", pair, "--json", "--dsn", migrated).stdout)[
+            "locks"
+        ]
+        assert (lock["key"], lock["name"]) == (pair, job)
+        with psycopg.connect(migrated, autocommit=True) as conn:
+            (plain,) = advisory_locks(conn, key=Key.parse(pair))
+        assert plain.name is None  # the library reads the ledger only when asked

@@ -34,11 +34,13 @@ def add_locks_command(subparsers: Subparsers) -> None:
         "locks",
         help="who holds which advisory lock, since when, and who waits behind whom",
         description="List every advisory lock of the database, held and waiting: the key"
-        " (int64 or N:R), its name (from --registry, or a --name whose key spec v1 key"
-        " matches), exclusive or shared, lifetime where the server proves it, the backend"
-        " (pid, application_name, client, state), how long it has been held or waited"
-        " for, its current query, and the wait chains (pg_blocking_pids). One query;"
-        " exit code 0.",
+        " (int64 or N:R), its name (from --registry, a --name whose key spec v1 key"
+        " matches, a pgsolo holder's application_name, or the ledger's job that last ran"
+        " with it), exclusive or shared, lifetime where the server proves it, the backend"
+        " (pid, application_name, client, state), how long it has been held (a bound:"
+        " PostgreSQL records no grant time) or waited for, its current query (never"
+        " pgsolo's keeper beat), and the wait chains (pg_blocking_pids). The table fits"
+        " the terminal; --wide shows every column. Exit code 0.",
     )
     parser.add_argument(
         "--registry", metavar="FILE", help="a TOML registry of names ([locks], [namespaces])"
@@ -102,7 +104,7 @@ def cmd_locks(args: argparse.Namespace) -> int:
         database(args.dsn, connect_timeout=args.connect_timeout) as db,
         connection(db, "pgsolo:locks") as conn,
     ):
-        locks = advisory_locks(conn, registry=registry, names=names, key=key)
+        locks = advisory_locks(conn, registry=registry, names=names, key=key, from_ledger=True)
         name = conn.info.dbname
     chains = wait_chains(locks)
     if args.json:

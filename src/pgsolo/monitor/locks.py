@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from .. import sql
-from ..drivers import adapt_async, adapt_sync
+from ..drivers import DriverBase, adapt_async, adapt_sync
 from ..drivers.conninfo import DEFAULT_APP_PREFIX
 from ..errors import InvalidArgumentError, PgsoloError
 from ..keys import Key, KeyLike, Registry, as_key, decode_pg_lock, derive_int32, derive_int64
 from ..locking._async.drive import adrive
 from ..locking._sync.drive import drive
+from ..locking.plans import Plan
 
 if TYPE_CHECKING:
     from ..drivers.kinds import AsyncConnectionLike, SyncConnectionLike
@@ -48,7 +49,9 @@ class AdvisoryLock:
 
     ``name`` comes from the registry, the given names, or else from the holder itself:
     a session whose ``application_name`` is pgsolo's (``pgsolo:<name>``) is named when
-    ``<name>`` derives to the key (a hash, so never a wrong guess). Fields of
+    ``<name>`` derives to the key (a hash, so never a wrong guess); with
+    ``from_ledger=True``, a key that is still unnamed gets the name of the job of
+    pgsolo's ledger that last ran with it. Fields of
     ``pg_stat_activity`` are ``None`` when the server hides another
     role's session (without ``pg_read_all_stats``) or the backend just ended.
     """
@@ -149,16 +152,19 @@ def advisory_locks(
     names: Iterable[str] = (),
     key: KeyLike | None = None,
     pid: int | None = None,
+    from_ledger: bool = False,
 ) -> list[AdvisoryLock]:
     """Every advisory lock of the connection's database, held and waiting, in one round
     trip: grouped by key, holders first, waiters in the order they started waiting.
 
     ``registry`` and ``names`` name the keys; ``key`` and ``pid`` keep only that key's
-    or that backend's rows. Bad arguments raise before any SQL is sent.
+    or that backend's rows; ``from_ledger`` names what is left from pgsolo's ledger, in
+    a second round trip when the ledger exists and a held key is still unnamed. Bad
+    arguments raise before any SQL is sent.
     """
-    query = _Query.of(registry, names, key, pid)
+    query = _Query.of(registry, names, key, pid, from_ledger)
     driver = adapt_sync(conn)
-    return query.locks(drive(snapshot_plan(driver, query.statements), driver))
+    return drive(query.plan(driver), driver)
 
 
 async def advisory_locks_async(
@@ -168,11 +174,12 @@ async def advisory_locks_async(
     names: Iterable[str] = (),
     key: KeyLike | None = None,
     pid: int | None = None,
+    from_ledger: bool = False,
 ) -> list[AdvisoryLock]:
     """:func:`advisory_locks` on an async connection."""
-    query = _Query.of(registry, names, key, pid)
+    query = _Query.of(registry, names, key, pid, from_ledger)
     driver = adapt_async(conn)
-    return query.locks(await adrive(snapshot_plan(driver, query.statements), driver))
+    return await adrive(query.plan(driver), driver)
 
 
 @dataclass(frozen=True)
@@ -181,19 +188,40 @@ class _Query:
 
     namer: _Namer
     statements: list[str]
+    from_ledger: bool
 
     @classmethod
     def of(
-        cls, registry: Registry | None, names: Iterable[str], key: KeyLike | None, pid: int | None
+        cls,
+        registry: Registry | None,
+        names: Iterable[str],
+        key: KeyLike | None,
+        pid: int | None,
+        from_ledger: bool = False,
     ) -> _Query:
         namer = _Namer(registry, names)
         wanted = as_key(key, registry=registry) if key is not None else None
         if pid is not None:
             check_positive(pid, "pid")
-        return cls(namer, [sql.CLEAR_ACTIVITY_SNAPSHOT, sql.advisory_locks(key=wanted, pid=pid)])
+        statements = [sql.CLEAR_ACTIVITY_SNAPSHOT, sql.advisory_locks(key=wanted, pid=pid)]
+        return cls(namer, statements, from_ledger)
 
-    def locks(self, snapshot: Mapping[str, Any]) -> list[AdvisoryLock]:
-        return _locks_from(snapshot, self.namer)
+    def plan(self, driver: DriverBase) -> Plan[list[AdvisoryLock]]:
+        snapshot = yield from snapshot_plan(driver, self.statements)
+        locks = _locks_from(snapshot, self.namer)
+        unnamed = any(lock.name is None for lock in locks)
+        if not (self.from_ledger and unnamed and snapshot.get("ledger")):
+            return locks
+        jobs = yield from snapshot_plan(driver, [sql.LEDGER_KEYS])
+        return [_named_by(lock, jobs) for lock in locks]
+
+
+def _named_by(lock: AdvisoryLock, jobs: Mapping[str, Any]) -> AdvisoryLock:
+    """``lock`` named after the ledger's job that last ran with its key, if it has no name."""
+    job = jobs.get(lock.key.text)
+    if lock.name is not None or not isinstance(job, str):
+        return lock
+    return replace(lock, key=Key(lock.key.value, job), name=job)
 
 
 def _locks_from(snapshot: Mapping[str, Any], namer: _Namer) -> list[AdvisoryLock]:
