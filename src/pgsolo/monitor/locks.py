@@ -305,14 +305,20 @@ def _lifetime(
     return None
 
 
+# What every keeper beat starts with, whatever its key.
+_BEAT_START = sql.keeper_beat(Key(0), shared=False).partition(" AND classid")[0]
+
+
 def _kept_sessions(rows: list[tuple[Any, ...]], sessions: Mapping[str, Any]) -> set[int]:
     """The pids whose last statement is pgsolo's keeper beat for one of the keys they
-    hold: the exact text :func:`pgsolo.sql.keeper_beat` sends, as the server cut it."""
+    hold: the exact text :func:`pgsolo.sql.keeper_beat` sends (shorter than
+    ``MONITOR_QUERY_CHARS``, so never cut), not merely a statement that looks like one."""
     beats: dict[int, set[str]] = {}
     for pid, key, shared, granted, *_ in rows:
-        if granted and pid is not None:
-            beat = sql.keeper_beat(key, shared=bool(shared))[: sql.MONITOR_QUERY_CHARS]
-            beats.setdefault(pid, set()).add(beat)
+        query = sessions.get(str(pid), {}).get("query")
+        # Most holders are not kept: no beat is built for them (10,000 locks stay cheap).
+        if granted and isinstance(query, str) and query.startswith(_BEAT_START):
+            beats.setdefault(pid, set()).add(sql.keeper_beat(key, shared=bool(shared)))
     return {pid for pid, texts in beats.items() if sessions.get(str(pid), {}).get("query") in texts}
 
 

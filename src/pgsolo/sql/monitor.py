@@ -23,7 +23,9 @@ __all__ = [
 CLEAR_ACTIVITY_SNAPSHOT = "SELECT pg_stat_clear_snapshot()"
 
 
-MONITOR_QUERY_CHARS = 200  # the current query is cut to this many characters on the server
+# The current query is cut to this many characters on the server: enough for a keeper's
+# beat (about 320, sql.keeper_beat) to be recognised whole, key included, by the monitor.
+MONITOR_QUERY_CHARS = 400
 
 
 _ADVISORY_IN_THIS_DATABASE = (
