@@ -120,29 +120,38 @@ class _Namer:
             self._int64.setdefault(derive_int64(name), name)  # InvalidKeyError first
             self._int32.setdefault(derive_int32(name), name)
 
-    def name_of(self, key: Key, application_name: object = None) -> str | None:
+    def name_of(self, key: Key, claimed: _Claim | None = None) -> str | None:
         if self._registry is not None and (registered := self._registry.name_of(key)):
             return registered
         if isinstance(key.value, tuple):
             given = self._int32.get(key.value[1])
+            own = claimed is not None and claimed.int32 == key.value[1]
         else:
             given = self._int64.get(key.value)
-        return given or _own_name(key, application_name)
+            own = claimed is not None and claimed.int64 == key.value
+        return given or (claimed.name if own and claimed is not None else None)
 
 
-def _own_name(key: Key, application_name: object) -> str | None:
-    """The name a pgsolo holder's ``application_name`` says, if it derives to ``key``."""
-    if not isinstance(application_name, str):
-        return None
-    name = application_name.removeprefix(DEFAULT_APP_PREFIX)
-    if name == application_name or not name or name != name.strip():
-        return None
-    try:
-        if isinstance(key.value, tuple):
-            return name if derive_int32(name) == key.value[1] else None
-        return name if derive_int64(name) == key.value else None
-    except PgsoloError:  # not a name pgsolo could have derived a key from
-        return None
+@dataclass(frozen=True, slots=True)
+class _Claim:
+    """The name a pgsolo session's ``application_name`` (``pgsolo:<name>``) says, with the
+    keys it derives to: a lock of the session is named by it only if its key matches."""
+
+    name: str
+    int64: int
+    int32: int
+
+    @classmethod
+    def of(cls, application_name: object) -> _Claim | None:
+        if not isinstance(application_name, str):
+            return None
+        name = application_name.removeprefix(DEFAULT_APP_PREFIX)
+        if name == application_name or not name or name != name.strip():
+            return None
+        try:
+            return cls(name, derive_int64(name), derive_int32(name))
+        except PgsoloError:  # not a name pgsolo could have derived a key from
+            return None
 
 
 def advisory_locks(
@@ -235,17 +244,16 @@ def _locks_from(snapshot: Mapping[str, Any], namer: _Namer) -> list[AdvisoryLock
     # What a holder's session says is the same for each of its locks (one session may
     # hold thousands): worked out once per pid.
     holding: dict[int | None, tuple[Any, ...]] = {}
-    rows = [
-        (pid, decode_pg_lock(int(classid), int(objid), int(objsubid)), *rest)
-        for pid, classid, objid, objsubid, *rest in snapshot["locks"]
-    ]
-    kept = _kept_sessions(rows, sessions)
+    claims: dict[int | None, _Claim | None] = {}
+    kept = _kept_sessions(snapshot["locks"], sessions)
     locks = []
-    for pid, raw_key, shared, granted, waitstart, blockers in rows:
+    for pid, classid, objid, objsubid, shared, granted, waitstart, blockers in snapshot["locks"]:
+        key = decode_pg_lock(int(classid), int(objid), int(objsubid))
         activity = sessions.get(str(pid), {}) if pid is not None else {}
-        key = raw_key
-        if (name := namer.name_of(raw_key, activity.get("application_name"))) is not None:
-            key = Key(raw_key.value, name)
+        if pid not in claims:
+            claims[pid] = _Claim.of(activity.get("application_name"))
+        if (name := namer.name_of(key, claims[pid])) is not None:
+            key = Key(key.value, name)
         if granted:
             if (facts := holding.get(pid)) is None:
                 facts = holding[pid] = (
@@ -309,17 +317,25 @@ def _lifetime(
 _BEAT_START = sql.keeper_beat(Key(0), shared=False).partition(" AND classid")[0]
 
 
-def _kept_sessions(rows: list[tuple[Any, ...]], sessions: Mapping[str, Any]) -> set[int]:
+def _kept_sessions(rows: list[list[Any]], sessions: Mapping[str, Any]) -> set[int]:
     """The pids whose last statement is pgsolo's keeper beat for one of the keys they
     hold: the exact text :func:`pgsolo.sql.keeper_beat` sends (shorter than
     ``MONITOR_QUERY_CHARS``, so never cut), not merely a statement that looks like one."""
-    beats: dict[int, set[str]] = {}
-    for pid, key, shared, granted, *_ in rows:
-        query = sessions.get(str(pid), {}).get("query")
-        # Most holders are not kept: no beat is built for them (10,000 locks stay cheap).
-        if granted and isinstance(query, str) and query.startswith(_BEAT_START):
-            beats.setdefault(pid, set()).add(sql.keeper_beat(key, shared=bool(shared)))
-    return {pid for pid, texts in beats.items() if sessions.get(str(pid), {}).get("query") in texts}
+    # Most sessions are not kept: their locks are not looked at (10,000 stay cheap).
+    looks_kept = {
+        int(pid): query
+        for pid, activity in sessions.items()
+        if isinstance(query := activity.get("query"), str) and query.startswith(_BEAT_START)
+    }
+    kept: set[int] = set()
+    if not looks_kept:
+        return kept
+    for pid, classid, objid, objsubid, shared, granted, *_ in rows:
+        if granted and pid in looks_kept and pid not in kept:
+            key = decode_pg_lock(int(classid), int(objid), int(objsubid))
+            if sql.keeper_beat(key, shared=bool(shared)) == looks_kept[pid]:
+                kept.add(pid)
+    return kept
 
 
 def _since(
