@@ -84,7 +84,7 @@ def cmd_terminate(args: argparse.Namespace) -> int:
                 f"pid {args.pid} ({app}, client {first.client_addr or 'local'}, state"
                 f" {first.state or 'unknown'}) in {db.label}:"
             )
-            print_table(lock_table(locks, wide=True))
+            print_table(lock_table(locks, wide=False))
         else:
             print(f"pid {args.pid} holds no advisory lock in {db.label} (--force)")
         report = {
