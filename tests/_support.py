@@ -600,18 +600,13 @@ class CliRun:
     seconds: float
 
     def stdout_json(self) -> dict[str, Any]:
-        """What ``--json`` printed on stdout (``doctor``, ``locks``...)."""
-        data = json.loads(self.stdout)
-        assert isinstance(data, dict), self.stdout
-        return data
+        """What ``--json`` printed on stdout (``doctor``, ``locks``...), schema-checked."""
+        return json_document(self.stdout)
 
     def stderr_json(self) -> dict[str, Any]:
         """The JSON object ``pgsolo run --json`` prints as the last line of stderr."""
-        lines = [line for line in self.stderr.splitlines() if line.strip()]
-        assert lines, "no output on stderr"
-        data = json.loads(lines[-1])
-        assert isinstance(data, dict), lines[-1]
-        return data
+        assert self.stderr.strip(), "no output on stderr"
+        return json_document(self.stderr)
 
 
 def cli_env() -> dict[str, str]:
@@ -808,3 +803,18 @@ def nothing_sent(conn: psycopg.Connection[Any], observer: Any) -> Iterator[None]
     assert conn.info.transaction_status == status
     assert activity(observer, conn.info.backend_pid)[1] == marker
     assert observer.advisory(pid=conn.info.backend_pid) == set()
+
+
+def json_document(text: str) -> dict[str, Any]:
+    """The one ``--json`` document in ``text`` (its last line), checked against the JSON
+    Schema its ``schema`` field names (``pgsolo/cli/schemas/<command>.json``)."""
+    import jsonschema  # noqa: PLC0415 - only the tests of --json need it
+
+    doc = json.loads(text.strip().splitlines()[-1])
+    command = doc["schema"].removeprefix("pgsolo.").split("/")[0]
+    schemas = Path(pgsolo.__file__).parent / "cli" / "schemas"
+    schema = json.loads((schemas / f"{command}.json").read_text(encoding="utf-8"))
+    jsonschema.Draft202012Validator(
+        schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER
+    ).validate(doc)
+    return dict(doc)

@@ -6,7 +6,7 @@ Each worker is its own process with its own connection (``application_name``
 daily settlement of the article ("Protect a job inside one transaction") under
 ``pgsolo.xact_lock(conn, "pgsolo-demo:daily-settlement")`` in try mode: the winner locks the pending
 rows, marks them processed and keeps its transaction open for ``work_seconds`` so the
-others really contend; the others skip with ``already-running``. The parent then checks
+others really contend; the others skip as ``busy``. The parent then checks
 the table: every row processed, none processed twice.
 """
 
@@ -16,7 +16,7 @@ import multiprocessing
 import queue
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Barrier
 from typing import TYPE_CHECKING, Any, Literal
@@ -70,8 +70,17 @@ class WorkerReport:
     left_at: float | None = None
 
     def as_dict(self) -> dict[str, object]:
-        hidden = ("entered_at", "left_at")
-        return {k: v for k, v in asdict(self).items() if v is not None and k not in hidden}
+        """The ``pgsolo demo --json`` vocabulary: ``outcome`` and ``reason`` as in a
+        :class:`~pgsolo.JobResult`, ``duration_seconds``."""
+        return {
+            "worker": self.worker,
+            "outcome": self.status,
+            "reason": self.reason,
+            "error": self.error,
+            "rows": self.rows,
+            "duration_seconds": self.seconds,
+            "backend_pid": self.backend_pid,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +136,7 @@ class DemoResult:
     def as_dict(self) -> dict[str, object]:
         return {
             "workers": [w.as_dict() for w in self.workers],
+            "rows_total": self.rows_total,
             "rows_processed": self.rows_processed,
             "rows_processed_twice": self.rows_processed_twice,
         }
@@ -283,7 +293,7 @@ def _settle(index: int, dsn: str, work_seconds: float, barrier: Barrier) -> Work
                 return WorkerReport(
                     index,
                     "skipped",
-                    reason="already-running",
+                    reason="busy",  # pgsolo.reasons: another worker holds the key
                     seconds=_since(started),
                     backend_pid=pid,
                 )

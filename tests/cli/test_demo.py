@@ -16,7 +16,7 @@ from typing import Any
 
 import psycopg
 
-from _support import Connect
+from _support import Connect, json_document
 from _support import run_cli as pgsolo
 from pgsolo.demo import JOB_KEY, TABLE, DemoResult, WorkerReport, format_report
 from pgsolo.keys import from_name
@@ -53,15 +53,16 @@ def table_state(conn: psycopg.Connection) -> tuple[int, int, int, set[int | None
 def test_demo_json_one_worker_settles_the_others_skip(dsn: str, connect: Connect) -> None:
     done = run_demo(dsn, "--workers", "3", "--json", "--work-seconds", "1")
     assert done.returncode == 0, done.stdout + done.stderr
-    result = json.loads(done.stdout)
-    assert set(result) == {"workers", "rows_processed", "rows_processed_twice"}
+    result = json_document(done.stdout)
+    assert result["schema"] == "pgsolo.demo/1"
+    assert (result["exit_code"], result["rows_total"]) == (0, result["rows_processed"])
     workers = result["workers"]
     assert [w["worker"] for w in workers] == [1, 2, 3]
-    completed = [w for w in workers if w["status"] == "completed"]
-    skipped = [w for w in workers if w["status"] == "skipped"]
+    completed = [w for w in workers if w["outcome"] == "completed"]
+    skipped = [w for w in workers if w["outcome"] == "skipped"]
     assert len(completed) == 1, workers
     assert len(skipped) == 2, workers
-    assert all(w["reason"] == "already-running" for w in skipped)
+    assert all(w["reason"] == "busy" for w in skipped)
     assert completed[0]["rows"] == 20
     assert result["rows_processed"] == 20
     assert result["rows_processed_twice"] == 0
@@ -113,7 +114,7 @@ def test_demo_human_output_and_the_lock_is_held_while_working(
     assert any(line.startswith("worker 1: ") for line in worker_lines)
     assert any(line.startswith("worker 2: ") for line in worker_lines)
     assert sum("completed (5 rows, " in line for line in worker_lines) == 1
-    assert sum(line.endswith("skipped: already-running") for line in worker_lines) == 1
+    assert sum(line.endswith("skipped: busy") for line in worker_lines) == 1
     assert "5 of 5 settlements processed, 0 processed twice" in out
     assert lines[-1].startswith("OK")
     assert "INFO" not in err  # no library chatter without -v
@@ -130,7 +131,7 @@ def test_demo_fails_when_nobody_can_settle(dsn: str, connect: Connect) -> None:
     finally:
         blocker.execute("SELECT pg_advisory_unlock_all()")
     assert done.returncode == 1, done.stdout + done.stderr
-    assert done.stdout.count("skipped: already-running") == 2
+    assert done.stdout.count("skipped: busy") == 2
     assert "FAILED" in done.stdout
     assert "0 workers processed rows" in done.stdout
     total, processed, _, _ = table_state(connect())
@@ -147,8 +148,8 @@ def test_demo_never_contends_with_a_real_job_of_the_same_name(dsn: str, connect:
     finally:
         real_job.execute("SELECT pg_advisory_unlock_all()")
     assert done.returncode == 0, done.stdout + done.stderr
-    report = json.loads(done.stdout)
-    assert [w["status"] for w in report["workers"]].count("completed") == 1
+    report = json_document(done.stdout)
+    assert [w["outcome"] for w in report["workers"]].count("completed") == 1
 
 
 def test_concurrent_demos_take_turns(dsn: str) -> None:
@@ -177,7 +178,7 @@ def test_concurrent_demos_take_turns(dsn: str) -> None:
     for returncode, out, err in outputs:
         assert returncode == 0, out + err
         result = json.loads(out)
-        assert [w["status"] for w in result["workers"]].count("completed") == 1
+        assert [w["outcome"] for w in result["workers"]].count("completed") == 1
         assert (result["rows_processed"], result["rows_processed_twice"]) == (20, 0)
 
 
@@ -198,7 +199,7 @@ def test_verdict_accepts_a_late_worker_that_found_nothing_to_do() -> None:
         [
             report(1, 20, 100.0, 101.5),
             report(2, 0, 101.6, 101.7),
-            WorkerReport(3, "skipped", reason="already-running"),
+            WorkerReport(3, "skipped", reason="busy"),
         ],
         rows_total=20,
         rows_processed=20,
@@ -262,4 +263,5 @@ def test_demo_default_ignores_the_environment(tmp_path: object) -> None:
     assert done.returncode == 69, done.stderr
     assert "embedded server" in done.stderr
     assert "127.0.0.1" not in done.stderr + done.stdout
-    assert done.stdout == ""
+    error = json_document(done.stdout)  # --json: the failure is a document too
+    assert (error["exit_code"], error["error"]["code"]) == (69, "database-unavailable")

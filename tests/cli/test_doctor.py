@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
-
 import psycopg
 from psycopg import sql as pgsql
 
+from _support import json_document
 from _support import run_cli as pgsolo
 
 
@@ -23,7 +22,7 @@ def test_doctor_exit_code_follows_failed_checks(fresh_db: str) -> None:
         )
     done = pgsolo("doctor", "--dsn", fresh_db, "--json")
     assert done.returncode == 1, done.stderr
-    report = json.loads(done.stdout)
+    report = json_document(done.stdout)
     assert report["exit_code"] == 1
     failed = [c for c in report["checks"] if c["status"] == "fail"]
     assert [c["name"] for c in failed] == ["idle-timeouts"]

@@ -5,11 +5,19 @@ first" before the ledger exists.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from _support import MARK, Connect, ledger, pgsolo_cli, raw_lock_sql, run_args, script
+from _support import (
+    MARK,
+    Connect,
+    json_document,
+    ledger,
+    pgsolo_cli,
+    raw_lock_sql,
+    run_args,
+    script,
+)
 from pgsolo.keys import Key
 
 
@@ -36,14 +44,14 @@ def test_record_writes_one_row_per_attempt_and_history_shows_them(
 
     history = pgsolo_cli("history", "--dsn", migrated, "--job", job, "--json")
     assert history.returncode == 0, history.stderr
-    shown = json.loads(history.stdout)
+    shown = json_document(history.stdout)["attempts"]
     assert [(r["outcome"], r["exit_code"]) for r in shown] == [
         ("skipped", 75),
         ("failed", 2),
         ("completed", 0),
     ]  # newest first
     assert {r["job"] for r in shown} == {job}
-    assert {"started_at", "finished_at", "duration_ms", "host", "pid"} <= set(shown[0])
+    assert {"started_at", "finished_at", "duration_seconds", "host", "pid"} <= set(shown[0])
 
     table = pgsolo_cli("history", "--dsn", migrated, "--job", job, "--limit", "2")
     assert table.returncode == 0, table.stderr

@@ -5,12 +5,11 @@ says so).
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
 
-from _support import VECTORS, Connect
+from _support import VECTORS, Connect, json_document
 from _support import run_cli as pgsolo
 from pgsolo.keys import Key
 
@@ -18,7 +17,7 @@ from pgsolo.keys import Key
 def key_json(*args: str) -> dict[str, object]:
     done = pgsolo("key", *args, "--json")
     assert done.returncode == 0, done.stderr
-    data = json.loads(done.stdout)
+    data = json_document(done.stdout)
     assert isinstance(data, dict)
     return data
 
@@ -47,6 +46,7 @@ def test_key_json_matches_every_vector(name: str) -> None:
     int64, int32 = VECTORS[name]
     info = key_json(name)
     assert {k: v for k, v in info.items() if k != "sql"} == {
+        "schema": "pgsolo.key/1",
         "name": name,
         "key": str(int64),
         "namespace": None,

@@ -5,13 +5,15 @@ wait chain, an empty database, bad arguments, and a key given by name.
 from __future__ import annotations
 
 import contextlib
-import json
+import sys
 import threading
+import time
+import uuid
 from pathlib import Path
 
 import psycopg
 
-from _support import DEADLINE, Connect, eventually, run_cli
+from _support import DEADLINE, Connect, eventually, json_document, pgsolo_in_background, run_cli
 from _support import run_cli as pgsolo
 from pgsolo.keys import Key, derive_int64
 
@@ -48,10 +50,11 @@ def test_locks_table_and_json_with_names_and_the_wait_chain(
             "--name",
             "daily-settlement",
         )
-        done = pgsolo(*args)
+        done = pgsolo(*args, "--wide")
         assert done.returncode == 0, done.stderr
         lines = done.stdout.splitlines()
-        assert lines[0].startswith("3 held, 2 waiting: advisory locks in ")
+        assert lines[0] == "3 held, 2 waiting: advisory locks in"
+        del lines[1]  # where
         header = lines[1].split()
         assert header[:5] == ["KEY", "NAME", "MODE", "LIFETIME", "STATUS"]
         rows = [line.split() for line in lines[2:7]]
@@ -67,7 +70,7 @@ def test_locks_table_and_json_with_names_and_the_wait_chain(
         assert "worker-b" in lines[6]
         assert lines[-1].split() == [str(pc), "->", str(pb), "->", str(pa)]
 
-        data = json.loads(pgsolo(*args, "--json").stdout)
+        data = json_document(pgsolo(*args, "--json").stdout)
         assert data["wait_chains"] == [[pc, pb, pa]]
         waiting = [lock for lock in data["locks"] if not lock["granted"]]
         assert [(w["key"], w["pid"], w["blocked_by"], w["mode"]) for w in waiting] == [
@@ -76,7 +79,7 @@ def test_locks_table_and_json_with_names_and_the_wait_chain(
         ]
         assert all(w["since_source"] == "waitstart" for w in waiting)
 
-        only = json.loads(pgsolo(*args, "--key", "nightly-report", "--json").stdout)["locks"]
+        only = json_document(pgsolo(*args, "--key", "nightly-report", "--json").stdout)["locks"]
         assert [(lock["key"], lock["pid"]) for lock in only] == [("42:-1001", pa), ("42:-1001", pb)]
     finally:
         for conn in (a, b, c):
@@ -117,6 +120,65 @@ def test_locks_key_given_by_name_is_shown_with_that_name(connect: Connect, dsn: 
     holder.execute(f"SELECT pg_advisory_lock({derive_int64(name)})")
     done = run_cli("locks", "--key", name, "--json", "--dsn", dsn)
     assert done.returncode == 0, done.stderr
-    rows = json.loads(done.stdout)["locks"]
+    rows = json_document(done.stdout)["locks"]
     assert [row["key"] for row in rows] == [str(derive_int64(name))]
     assert rows[0]["name"] == name, rows[0]
+
+
+def test_a_kept_lock_reads_at_80_columns_with_its_name_and_true_age(
+    dsn: str, observer: object, tmp_path: Path
+) -> None:
+    """A real ``pgsolo run`` whose keeper beats every 0.2 s: ``pgsolo locks`` (no
+    --name) names its key, dates it from before the beats, and shows no beat as its
+    query, in rows that fit 80 columns (issue 15, item 5)."""
+    name = f"nightly-{uuid.uuid4().hex[:8]}-" + "x" * 12  # longer than the LOCK column
+    key = Key(derive_int64(name), name)
+    started = time.monotonic()
+    with pgsolo_in_background(
+        "run", "--key", name, "--check-interval", "0.2", "--dsn", dsn, "--",
+        sys.executable, "-c", "import time; time.sleep(60)",
+    ):  # fmt: skip
+        eventually(lambda: observer.holders(key), "pgsolo run to hold its key")  # type: ignore[attr-defined]
+        time.sleep(3.0)  # a dozen beats: the holder's state_change is never older than 0.2 s
+        held_for = time.monotonic() - started
+        done = run_cli("locks", "--dsn", dsn, env={"COLUMNS": "80"})
+        as_json = run_cli("locks", "--key", str(key.value), "--json", "--dsn", dsn)
+        wide = run_cli("locks", "--wide", "--dsn", dsn)
+    assert done.returncode == 0, done.stderr
+    assert all(len(line) <= 80 for line in done.stdout.splitlines()), done.stdout
+    # Named without --name (its application_name says it), cut to the LOCK column.
+    (row,) = [line for line in done.stdout.splitlines() if line.startswith(name[:21] + "~")]
+    assert "(pgsolo keeper)" in row
+    age = row.split()[-3]  # FOR: an upper bound, the session's age
+    assert age.startswith("<="), row
+    assert 2.5 <= float(age.removeprefix("<=").removesuffix("s")) <= held_for + 1
+    (lock,) = json_document(as_json.stdout)["locks"]
+    assert (lock["name"], lock["keeper"], lock["query"]) == (name, True, None)
+    assert lock["since_source"] == "backend_start"
+    assert lock["age_seconds"] >= 2.5
+    assert "pg_backend_pid()" not in wide.stdout  # the beat is never shown as the query
+    assert max(len(line) for line in wide.stdout.splitlines()) > 80  # --wide has it all
+
+
+def test_keys_of_recorded_jobs_are_named_from_the_ledger(migrated: str, tmp_path: Path) -> None:
+    """A key held by a session that does not say its name (a custom application_name) is
+    named after the ledger's job that last ran with it, by ``pgsolo locks`` only."""
+    from pgsolo.monitor import advisory_locks  # noqa: PLC0415
+
+    job = f"report-{uuid.uuid4().hex[:8]}"
+    pair = f"42:{uuid.uuid4().int % 2**31}"
+    recorded = pgsolo(
+        "run", "--key", pair, "--name", job, "--record", "--dsn", migrated, "--",
+        sys.executable, "-c", "pass",
+    )  # fmt: skip
+    assert recorded.returncode == 0, recorded.stderr
+    namespace, resource = pair.split(":")
+    with psycopg.connect(migrated, autocommit=True, application_name="report-cron") as holder:
+        holder.execute(f"SELECT pg_advisory_lock({namespace}, {resource})")
+        (lock,) = json_document(pgsolo("locks", "--key", pair, "--json", "--dsn", migrated).stdout)[
+            "locks"
+        ]
+        assert (lock["key"], lock["name"]) == (pair, job)
+        with psycopg.connect(migrated, autocommit=True) as conn:
+            (plain,) = advisory_locks(conn, key=Key.parse(pair))
+        assert plain.name is None  # the library reads the ledger only when asked

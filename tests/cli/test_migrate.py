@@ -4,12 +4,11 @@ apply the migrations exactly once.
 
 from __future__ import annotations
 
-import json
 from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
 
-from _support import Connect, pgsolo_cli
+from _support import Connect, json_document, pgsolo_cli
 from pgsolo.schema import MIGRATIONS
 
 ALL_VERSIONS = [version for version, _ in MIGRATIONS]  # what a first migrate applies
@@ -21,7 +20,7 @@ def test_migrate_twice_is_up_to_date_the_second_time(migrated: str) -> None:
     assert again.stdout.startswith(f"up to date: pgsolo schema version {ALL_VERSIONS[-1]}")
     as_json = pgsolo_cli("migrate", "--dsn", migrated, "--json")
     assert as_json.returncode == 0
-    assert json.loads(as_json.stdout)["applied"] == []
+    assert json_document(as_json.stdout)["applied"] == []
 
 
 def test_concurrent_migrate_from_four_processes(fresh_db: str, connect: Connect) -> None:
@@ -30,7 +29,7 @@ def test_concurrent_migrate_from_four_processes(fresh_db: str, connect: Connect)
             pool.map(lambda _: pgsolo_cli("migrate", "--dsn", fresh_db, "--json"), range(4))
         )
     assert [r.returncode for r in results] == [0, 0, 0, 0], [r.stderr for r in results]
-    applied = sorted(json.loads(r.stdout)["applied"] for r in results)
+    applied = sorted(json_document(r.stdout)["applied"] for r in results)
     assert applied == [[], [], [], ALL_VERSIONS]  # exactly one of them did the work
     conn = psycopg.connect(fresh_db, autocommit=True)
     with conn:

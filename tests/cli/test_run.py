@@ -33,6 +33,7 @@ from _support import (
     app_name_of,
     cli_env,
     eventually,
+    json_document,
     ledger,
     main_in_process,
     pgsolo_cli,
@@ -192,11 +193,8 @@ def wait_until(predicate: Callable[[], object], what: str, timeout: float = 30) 
 
 def last_json(stderr: str) -> dict[str, Any]:
     """The ``--json`` object: the last line of stderr (the command shares stderr)."""
-    lines = [line for line in stderr.splitlines() if line.strip()]
-    assert lines, "no output on stderr"
-    data = json.loads(lines[-1])
-    assert isinstance(data, dict)
-    return data
+    assert stderr.strip(), "no output on stderr"
+    return json_document(stderr)  # checked against its JSON Schema
 
 
 def only_json(stderr: str) -> dict[str, Any]:
@@ -701,7 +699,7 @@ def test_a_connection_that_stops_answering_is_a_lost_lock(
         report = only_json(done.stderr)
         assert (report["outcome"], report["reason"]) == ("lost", "connection-unresponsive")
         assert report["command_exit_code"] == 15
-        assert "within 2s (--check-timeout)" in report["error"]
+        assert "within 2s (--check-timeout)" in report["error"]["message"]
         # pgsolo dropped its side; the proxy passes that on and the server frees the lock.
         wait_until(lambda: observer.holders(key) == set(), "the server to free the lock")
         [row] = ledger(observer.conn, job)  # written over a fresh connection
@@ -752,7 +750,7 @@ def test_what_the_command_started_is_stopped_with_it(
     if trigger == "lost":
         assert done.returncode == 70, done.stderr
         assert (report["outcome"], report["reason"]) == ("lost", "connection-lost")
-        assert "the command was stopped by SIGTERM (exit status 143)" in report["error"]
+        assert "the command was stopped by SIGTERM (exit status 143)" in report["error"]["message"]
     else:
         assert done.returncode == 128 + signal.SIGTERM, done.stderr
         assert (report["outcome"], report["reason"]) == ("failed", "killed-by-signal")
@@ -888,7 +886,7 @@ def test_a_signal_before_the_command_starts_means_it_never_starts(
     assert not (tmp_path / "ran").exists()
     report = only_json(done.stderr)
     assert (report["outcome"], report["reason"]) == ("failed", "interrupted")
-    assert "it was not run" in report["error"]
+    assert "it was not run" in report["error"]["message"]
     assert observer.holders(key) == set()
     [row] = ledger(observer.conn, job)
     assert (row["outcome"], row["reason"], row["exit_code"]) == ("failed", "interrupted", 143)
@@ -948,8 +946,8 @@ def test_json_even_when_no_attempt_was_made(
     assert done.returncode == code, done.stderr
     report = only_json(done.stderr)
     assert (report["outcome"], report["reason"], report["exit_code"]) == (None, reason, code)
-    assert message in report["error"]
-    assert f"pgsolo run: error: {report['error']}" in done.stderr
+    assert message in report["error"]["message"]
+    assert f"pgsolo run: error: {report['error']['message']}" in done.stderr
 
 
 def test_json_when_ledger_tables_are_missing(fresh_db: str, key: Key, tmp_path: Path) -> None:
@@ -968,7 +966,7 @@ def test_json_when_ledger_tables_are_missing(fresh_db: str, key: Key, tmp_path: 
             "not-migrated",
             2,
         )
-        assert "run pgsolo migrate first" in report["error"]
+        assert "run pgsolo migrate first" in report["error"]["message"]
     assert not (tmp_path / "ran").exists()
 
 

@@ -89,8 +89,11 @@ def test_a_schema_older_than_this_pgsolo_is_refused_before_the_lock(
         assert done.returncode == 2, done.stderr
         report = done.stderr_json()
         assert (report["outcome"], report["reason"]) == (None, "not-migrated")
-        assert f"has schema version {older} (this pgsolo needs {LATEST_VERSION})" in report["error"]
-        assert "run pgsolo migrate first" in report["error"]
+        assert (
+            f"has schema version {older} (this pgsolo needs {LATEST_VERSION})"
+            in report["error"]["message"]
+        )
+        assert "run pgsolo migrate first" in report["error"]["message"]
     assert not marker.exists()
     calls: list[int] = []
     for options in ({"record": True}, {"period": "day"}):
@@ -124,8 +127,8 @@ def test_a_period_that_cannot_be_recorded_after_the_work_fails_with_1(
         1,
     )
     assert report["command_exit_code"] == 0
-    assert "the period could not be recorded" in report["error"]
-    assert "periods refused by the test" in report["error"]
+    assert "the period could not be recorded" in report["error"]["message"]
+    assert "periods refused by the test" in report["error"]["message"]
     assert marker.exists()
     assert ledger(admin, "refused") == [("failed", "period-not-recorded", 1)]
     assert advisory_locks(admin) == 0
@@ -168,7 +171,7 @@ def test_a_lock_gone_when_the_command_ended_is_lost_whatever_it_exited_with(
     report = done.stderr_json()
     assert (report["outcome"], report["reason"]) == ("lost", "connection-lost")
     assert report["command_exit_code"] == exit_code
-    assert f"lock {key} was lost while the command ran" in report["error"]
+    assert f"lock {key} was lost while the command ran" in report["error"]["message"]
     assert ledger(admin, "ended") == [("lost", "connection-lost", 70)]  # a fresh connection
     assert advisory_locks(admin) == 0
 
@@ -202,7 +205,7 @@ def test_a_database_lost_before_the_command_started_exits_69(
     assert running.returncode == 69, stderr
     report = CliRun(running.returncode, "", stderr, 0.0).stderr_json()
     assert (report["outcome"], report["reason"]) == (None, "database-unavailable")
-    assert "database unavailable" in report["error"]
+    assert "database unavailable" in report["error"]["message"]
     assert not marker.exists()
     assert ledger(admin, "cut") == []
     assert advisory_locks(admin) == 0

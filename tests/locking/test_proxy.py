@@ -13,7 +13,6 @@ A session stamp wiped by RESET ALL behind a relay never strands a lock (last sec
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import threading
@@ -28,7 +27,7 @@ import pytest
 import pgsolo
 from _bouncer import Bouncer, bouncer_client
 from _relay import FreezingProxy
-from _support import eventually, server_pid
+from _support import eventually, json_document, server_pid
 from pgsolo import Key, UnsafeConnectionError
 from pgsolo.cli.exit_codes import EXIT_UNSAFE
 
@@ -145,9 +144,9 @@ def test_pgsolo_run_through_a_transaction_pooler_exits_78_and_runs_nothing(
     )
     assert done.returncode == EXIT_UNSAFE, done.stderr
     assert not marker.exists()
-    report = json.loads(done.stderr.strip().splitlines()[-1])
+    report = json_document(done.stderr)  # checked against its JSON Schema
     assert (report["outcome"], report["reason"]) == ("failed", "transaction-pooling")
-    assert "pool_mode=session" in report["error"]
+    assert "pool_mode=session" in report["error"]["message"]
     assert observer.holders(key) == set()
 
 

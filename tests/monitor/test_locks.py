@@ -19,7 +19,7 @@ from _support import (
     eventually,
     in_background,
 )
-from pgsolo import AdvisoryLock, Key, Registry, advisory_locks, doctor, wait_chains
+from pgsolo import AdvisoryLock, Key, Registry, advisory_locks, doctor, sql, wait_chains
 from pgsolo.errors import InvalidArgumentError, InvalidKeyError
 from pgsolo.keys import derive_int32, derive_int64
 
@@ -234,3 +234,12 @@ def test_measure_ten_thousand_locks(connect: Connect) -> None:
     assert len(mine) == 10_000
     assert {lock.lifetime for lock in mine} == {"session"}
     print(f"\n10,000 locks: advisory_locks() {sorted(times)}")
+
+
+def test_every_keeper_beat_fits_the_monitors_cut_of_the_query() -> None:
+    """The monitor recognises a keeper's beat by its whole text, key included: the
+    longest beat (a pair of the widest int32s, shared) is never cut by the server."""
+    widest = Key((-(2**31), -(2**31)))
+    for key in (widest, Key(-(2**63))):
+        for shared in (False, True):
+            assert len(sql.keeper_beat(key, shared=shared)) < sql.MONITOR_QUERY_CHARS

@@ -23,6 +23,7 @@ from .. import __version__
 from .._logging import configure
 from ..errors import (
     DatabaseUnavailableError,
+    NotMigratedError,
     PgsoloError,
     UnsafeConnectionError,
     UsageError,
@@ -48,6 +49,7 @@ from .history import add_history_command
 from .key import add_key_command
 from .locks import add_locks_command
 from .migrate import add_migrate_command
+from .output import error_document, print_json
 from .run import add_run_command
 from .terminate import add_terminate_command
 
@@ -116,10 +118,30 @@ def main(argv: list[str] | None = None) -> int:
         return handler(args)
     except (CliError, PgsoloError) as exc:  # said plainly, never as a traceback
         print(f"pgsolo {args.command}: error: {exc}", file=sys.stderr)
-        return _exit_code(exc)
+        code = _exit_code(exc)
+        _json_error(args, code, str(exc), _error_reason(exc))
+        return code
     except KeyboardInterrupt:
         print(f"pgsolo {args.command}: interrupted", file=sys.stderr)
+        _json_error(args, 128 + 2, "interrupted", "interrupted")
         return 128 + 2
+
+
+def _json_error(args: argparse.Namespace, code: int, message: str, reason: str | None) -> None:
+    """With ``--json``, a failure is a JSON document too (on stdout, where the command's
+    document would have been), with the same exit code."""
+    if getattr(args, "json", False):
+        print_json(error_document(args.command, code, message, reason))
+
+
+def _error_reason(exc: CliError | PgsoloError) -> str | None:
+    if isinstance(exc, CliError):
+        return exc.reason
+    if isinstance(exc, NotMigratedError):
+        return "not-migrated"
+    if isinstance(exc, UnsafeConnectionError):
+        return exc.reason
+    return None
 
 
 def _exit_code(exc: CliError | PgsoloError) -> int:

@@ -4,7 +4,6 @@ to connect becomes exit 69), output, and argument types."""
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -47,11 +46,13 @@ Handler: TypeAlias = Callable[[argparse.Namespace], int]
 
 
 class CliError(Exception):
-    """Ends the command with ``message`` on stderr and exit code ``code``."""
+    """Ends the command with ``message`` on stderr and exit code ``code``; ``reason`` is
+    the ``error.code`` of its ``--json`` document (default: one per exit code)."""
 
-    def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
+    def __init__(self, message: str, code: int = EXIT_FAILED, reason: str | None = None) -> None:
         super().__init__(message)
         self.code = code
+        self.reason = reason
 
 
 # Options every command takes, before or after its name: pgsolo -v demo, pgsolo demo -v.
@@ -149,7 +150,9 @@ def database(
                 raise CliError(
                     f"database unavailable ({label}): {message}", EXIT_UNAVAILABLE
                 ) from exc
-            raise CliError(f"database error ({label}): {message}", EXIT_FAILED) from exc
+            raise CliError(
+                f"database error ({label}): {message}", EXIT_FAILED, "database-error"
+            ) from exc
 
 
 def display(choice: DsnChoice) -> str:
@@ -180,10 +183,6 @@ def note_first_embedded_start() -> None:
             file=sys.stderr,
             flush=True,
         )
-
-
-def emit_json(obj: object) -> None:
-    print(json.dumps(obj), flush=True)
 
 
 @contextmanager

@@ -14,9 +14,10 @@ from .exit_codes import (
     EXIT_OK,
     EXIT_SKIPPED,
 )
+from .output import emit_json
 
 if TYPE_CHECKING:
-    pass
+    from ..demo import DemoResult
 from .common import (
     CliError,
     Subparsers,
@@ -24,7 +25,6 @@ from .common import (
     add_dsn_argument,
     add_json_argument,
     database,
-    emit_json,
     int_between,
     seconds_between,
 )
@@ -86,8 +86,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
             raise CliError(
                 f"another pgsolo demo kept {db.label} busy for {exc.timeout:g}s", EXIT_SKIPPED
             ) from exc
+        label = db.label
     if args.json:
-        emit_json(result.as_dict())
+        emit_json("demo", {"server": label, "exit_code": exit_code(result), **result.as_dict()})
     else:
         format_report(result)
+    return exit_code(result)
+
+
+def exit_code(result: DemoResult) -> int:
     return EXIT_OK if result.ok else EXIT_FAILED

@@ -10,6 +10,7 @@ from .exit_codes import (
     EXIT_FAILED,
     EXIT_OK,
 )
+from .output import emit_json
 
 if TYPE_CHECKING:
     pass
@@ -20,7 +21,6 @@ from .common import (
     add_json_argument,
     connection,
     database,
-    emit_json,
     seconds_between,
 )
 
@@ -62,10 +62,17 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         connection(db, "pgsolo:doctor") as conn,
     ):
         checks = doctor(conn, older_than=args.older_than)
+        name = conn.info.dbname
     code = EXIT_FAILED if any(check.status == "fail" for check in checks) else EXIT_OK
     if args.json:
         emit_json(
-            {"database": db.label, "exit_code": code, "checks": [c.as_dict() for c in checks]}
+            "doctor",
+            {
+                "database": name,
+                "server": db.label,
+                "exit_code": code,
+                "checks": [c.as_dict() for c in checks],
+            },
         )
         return code
     print(f"pgsolo doctor: {db.label}")

@@ -12,6 +12,7 @@ from .exit_codes import (
     EXIT_OK,
     EXIT_USAGE,
 )
+from .output import emit_json
 
 if TYPE_CHECKING:
     pass
@@ -23,7 +24,6 @@ from .common import (
     add_json_argument,
     connection,
     database,
-    emit_json,
     int_between,
     print_table,
 )
@@ -62,17 +62,38 @@ def cmd_history(args: argparse.Namespace) -> int:
             rows = history(conn, job=args.job, limit=args.limit)
         except NotMigratedError as exc:
             raise CliError(
-                f"no ledger in {db.label}: run pgsolo migrate first", EXIT_USAGE
+                f"no ledger in {db.label}: run pgsolo migrate first", EXIT_USAGE, "not-migrated"
             ) from exc
+        name = conn.info.dbname
+    warnings = skip_warning(rows)
     if args.json:
-        emit_json(rows)
-    elif not rows:
+        emit_json(
+            "history",
+            {
+                "database": name,
+                "server": db.label,
+                "attempts": [attempt_as_json(row) for row in rows],
+                "warnings": warnings,
+            },
+        )
+        return EXIT_OK
+    if not rows:
         print("no attempts recorded" + (f" for job {args.job}" if args.job else ""))
     else:
         print_table([HISTORY_COLUMNS, *(_history_line(row) for row in rows)])
-    for warning in skip_warning(rows):
+    for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
     return EXIT_OK
+
+
+def attempt_as_json(row: dict[str, Any]) -> dict[str, Any]:
+    """A ledger row in the ``--json`` vocabulary: ``key``, and seconds (the table keeps
+    milliseconds)."""
+    out = {("key" if name == "lock_key" else name): value for name, value in row.items()}
+    for ms in ("duration_ms", "lock_wait_ms"):
+        value = out.pop(ms, None)
+        out[ms.removesuffix("_ms") + "_seconds"] = None if value is None else float(value) / 1000
+    return out
 
 
 def _history_line(row: dict[str, Any]) -> tuple[str, ...]:

@@ -17,8 +17,8 @@ from .common import (
     Subparsers,
     add_command,
     add_json_argument,
-    emit_json,
 )
+from .output import emit_json
 
 
 def add_key_command(subparsers: Subparsers) -> None:
@@ -65,7 +65,7 @@ def cmd_key(args: argparse.Namespace) -> int:
     key = Key.parse(args.key, namespace=args.namespace)  # InvalidKeyError: exit 2
     info = describe_key(key)
     if args.json:
-        emit_json(info)
+        emit_json("key", info)
         return EXIT_OK
     kind = (
         f"pair: namespace {info['namespace']}, resource {info['resource']}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 from typing import TYPE_CHECKING
 
 from ..keys import Key
@@ -10,6 +11,7 @@ from .exit_codes import (
     EXIT_OK,
     EXIT_USAGE,
 )
+from .output import emit_json
 
 if TYPE_CHECKING:
     from ..keys import Registry
@@ -22,7 +24,6 @@ from .common import (
     add_json_argument,
     connection,
     database,
-    emit_json,
     print_table,
 )
 
@@ -33,11 +34,13 @@ def add_locks_command(subparsers: Subparsers) -> None:
         "locks",
         help="who holds which advisory lock, since when, and who waits behind whom",
         description="List every advisory lock of the database, held and waiting: the key"
-        " (int64 or N:R), its name (from --registry, or a --name whose key spec v1 key"
-        " matches), exclusive or shared, lifetime where the server proves it, the backend"
-        " (pid, application_name, client, state), how long it has been held or waited"
-        " for, its current query, and the wait chains (pg_blocking_pids). One query;"
-        " exit code 0.",
+        " (int64 or N:R), its name (from --registry, a --name whose key spec v1 key"
+        " matches, a pgsolo holder's application_name, or the ledger's job that last ran"
+        " with it), exclusive or shared, lifetime where the server proves it, the backend"
+        " (pid, application_name, client, state), how long it has been held (a bound:"
+        " PostgreSQL records no grant time) or waited for, its current query (never"
+        " pgsolo's keeper beat), and the wait chains (pg_blocking_pids). The table fits"
+        " the terminal; --wide shows every column. Exit code 0.",
     )
     parser.add_argument(
         "--registry", metavar="FILE", help="a TOML registry of names ([locks], [namespaces])"
@@ -51,12 +54,18 @@ def add_locks_command(subparsers: Subparsers) -> None:
         " repeatable",
     )
     parser.add_argument("--key", metavar="KEY", help="only this key: a name, an int64 or N:R")
+    parser.add_argument(
+        "--wide",
+        action="store_true",
+        help="every column (mode, lifetime, client, state, blockers) and longer queries;"
+        " by default the table fits the terminal's width",
+    )
     add_dsn_argument(parser)
     add_json_argument(parser)
     parser.set_defaults(handler=cmd_locks)
 
 
-LOCKS_COLUMNS = (
+WIDE_COLUMNS = (
     "KEY",
     "NAME",
     "MODE",
@@ -72,7 +81,13 @@ LOCKS_COLUMNS = (
 )
 
 
-QUERY_WIDTH = 60  # characters of the current query in the table (--json has more)
+# What fits a terminal: the wait chains are printed below the table, the rest is --wide's.
+# LOCK is the key's name when known, else the key (--wide and --json have both).
+COLUMNS = ("LOCK", "STATUS", "PID", "APPLICATION", "FOR", "QUERY")
+NARROW_WIDTHS = {"LOCK": 22, "APPLICATION": 14}  # longer cells are cut, ending with ~
+MIN_QUERY = 10  # below this many characters the query column is left out
+QUERY_WIDTH = 60  # characters of the current query with --wide (--json has more)
+KEEPER_QUERY = "(pgsolo keeper)"  # the holder's last statement is the keeper's beat
 
 
 def cmd_locks(args: argparse.Namespace) -> int:
@@ -89,21 +104,25 @@ def cmd_locks(args: argparse.Namespace) -> int:
         database(args.dsn, connect_timeout=args.connect_timeout) as db,
         connection(db, "pgsolo:locks") as conn,
     ):
-        locks = advisory_locks(conn, registry=registry, names=names, key=key)
+        locks = advisory_locks(conn, registry=registry, names=names, key=key, from_ledger=True)
+        name = conn.info.dbname
     chains = wait_chains(locks)
     if args.json:
         emit_json(
+            "locks",
             {
-                "database": db.label,
+                "database": name,
+                "server": db.label,
                 "locks": [lock.as_dict() for lock in locks],
                 "wait_chains": [list(chain) for chain in chains],
-            }
+            },
         )
         return EXIT_OK
     held = sum(1 for lock in locks if lock.granted)
-    print(f"{held} held, {len(locks) - held} waiting: advisory locks in {db.label}")
+    print(f"{held} held, {len(locks) - held} waiting: advisory locks in")
+    print(f"  {db.label}")
     if locks:
-        print_table([LOCKS_COLUMNS, *(lock_line(lock) for lock in locks)])
+        print_table(lock_table(locks, wide=args.wide))
     if chains:
         print("wait chains (each pid waits for the next; the last one holds the lock):")
         for chain in chains:
@@ -120,12 +139,61 @@ def load_registry(path: str) -> Registry:
         raise CliError(f"cannot read the registry {path}: {exc.strerror}", EXIT_USAGE) from exc
 
 
+def lock_table(
+    locks: list[AdvisoryLock], *, wide: bool, width: int | None = None
+) -> list[tuple[str, ...]]:
+    """The table's lines, headers first: every column with ``wide``, else the ones that
+    fit ``width`` characters (default: the terminal's, 80 when not a terminal)."""
+    if wide:
+        return [WIDE_COLUMNS, *(lock_line(lock) for lock in locks)]
+    rows = [_narrow_line(lock) for lock in locks]
+    headers = COLUMNS[:-1]
+    widths = [max(len(line[i]) for line in (headers, *rows)) for i in range(len(headers))]
+    width = width or shutil.get_terminal_size((80, 24)).columns
+    room = width - sum(widths) - 2 * len(widths)
+    if room < MIN_QUERY:
+        return [headers, *rows]
+    queries = [_query_cell(lock, room) for lock in locks]
+    return [COLUMNS, *((*row, query) for row, query in zip(rows, queries, strict=True))]
+
+
+def _narrow_line(lock: AdvisoryLock) -> tuple[str, ...]:
+    status = "held" if lock.granted else "waiting"
+    return (
+        _cut(lock.name or lock.key.text, NARROW_WIDTHS["LOCK"]),
+        status + (" (sh)" if lock.shared else ""),
+        str(lock.pid) if lock.pid is not None else "(prepared)",
+        _cut(lock.application_name or "", NARROW_WIDTHS["APPLICATION"]),
+        _age(lock),
+    )
+
+
+def _age(lock: AdvisoryLock) -> str:
+    """How long, marked when it is only a bound: ``>=`` held at least that long (idle
+    since then), ``<=`` at most (the session is that old)."""
+    from ..monitor.snapshot import format_seconds  # noqa: PLC0415
+
+    if lock.age_seconds is None:
+        return ""
+    mark = {"state_change": ">=", "backend_start": "<="}.get(lock.since_source or "", "")
+    return mark + format_seconds(lock.age_seconds)
+
+
+def _query_cell(lock: AdvisoryLock, width: int) -> str:
+    return _cut(KEEPER_QUERY if lock.keeper else lock.query or "", width)
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "~"
+
+
 def lock_line(lock: AdvisoryLock) -> tuple[str, ...]:
+    """A line of the ``--wide`` table."""
     from ..monitor.snapshot import format_seconds  # noqa: PLC0415
 
     age = lock.age_seconds
     since = f"{format_seconds(age)} ({lock.since_source})" if age is not None else ""
-    query = lock.query or ""
+    query = KEEPER_QUERY if lock.keeper else lock.query or ""
     return (
         lock.key.text,
         lock.name or "",
@@ -138,5 +206,5 @@ def lock_line(lock: AdvisoryLock) -> tuple[str, ...]:
         lock.state or "",
         since,
         ",".join(str(pid) for pid in lock.blocked_by),
-        query if len(query) <= QUERY_WIDTH else query[: QUERY_WIDTH - 3] + "...",
+        _cut(query, QUERY_WIDTH),
     )

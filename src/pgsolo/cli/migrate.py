@@ -23,8 +23,8 @@ from .common import (
     add_json_argument,
     connection,
     database,
-    emit_json,
 )
+from .output import emit_json
 
 
 def add_migrate_command(subparsers: Subparsers) -> None:
@@ -55,8 +55,12 @@ def cmd_migrate(args: argparse.Namespace) -> int:
                 f"another pgsolo migrate kept {db.label} busy for {exc.timeout:g}s", EXIT_SKIPPED
             ) from exc
         version = schema_version(conn)
+        name = conn.info.dbname
     if args.json:
-        emit_json({"applied": applied, "schema_version": version, "database": db.label})
+        emit_json(
+            "migrate",
+            {"database": name, "server": db.label, "applied": applied, "schema_version": version},
+        )
     elif applied:
         versions = ", ".join(str(v) for v in applied)
         print(f"applied migration {versions}: pgsolo schema version {version} on {db.label}")

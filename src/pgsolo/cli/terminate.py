@@ -19,12 +19,14 @@ from .common import (
     Subparsers,
     add_command,
     add_dsn_argument,
+    add_json_argument,
     connection,
     database,
     int_between,
     print_table,
 )
-from .locks import LOCKS_COLUMNS, lock_line
+from .locks import lock_table
+from .output import emit_json
 
 
 def add_terminate_command(subparsers: Subparsers) -> None:
@@ -46,6 +48,7 @@ def add_terminate_command(subparsers: Subparsers) -> None:
         "--force", action="store_true", help="terminate PID even if it holds no advisory lock"
     )
     add_dsn_argument(parser)
+    add_json_argument(parser)
     parser.set_defaults(handler=cmd_terminate)
 
 
@@ -71,21 +74,36 @@ def cmd_terminate(args: argparse.Namespace) -> int:
                 " release (--force terminates it anyway)",
                 EXIT_USAGE,
             )
-        if locks:
+        name = conn.info.dbname
+        if args.json:
+            pass  # the locks are in the document; a question, if any, goes to stderr
+        elif locks:
             first = locks[0]
             app = repr(first.application_name) if first.application_name else "no application_name"
             print(
                 f"pid {args.pid} ({app}, client {first.client_addr or 'local'}, state"
                 f" {first.state or 'unknown'}) in {db.label}:"
             )
-            print_table([LOCKS_COLUMNS, *(lock_line(lock) for lock in locks)])
+            print_table(lock_table(locks, wide=False))
         else:
             print(f"pid {args.pid} holds no advisory lock in {db.label} (--force)")
+        report = {
+            "database": name,
+            "server": db.label,
+            "pid": args.pid,
+            "locks": [lock.as_dict() for lock in locks],
+        }
         if not args.yes and not _confirmed(args.pid):
-            print(f"not terminated: pid {args.pid}")
+            if args.json:
+                emit_json("terminate", {**report, "terminated": False, "locks_left": None})
+            else:
+                print(f"not terminated: pid {args.pid}")
             return EXIT_FAILED
         ended = terminate_backend(conn, args.pid, wait_ms=TERMINATE_WAIT_MS)
         left = advisory_locks(conn, pid=args.pid) if ended else locks
+    if args.json:
+        emit_json("terminate", {**report, "terminated": ended, "locks_left": len(left)})
+        return EXIT_OK if ended and not left else EXIT_FAILED
     if not ended:
         print(
             f"pgsolo terminate: pid {args.pid} did not end within"

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from .. import sql
-from ..drivers import adapt_async, adapt_sync
-from ..errors import InvalidArgumentError
+from ..drivers import DriverBase, adapt_async, adapt_sync
+from ..drivers.conninfo import DEFAULT_APP_PREFIX
+from ..errors import InvalidArgumentError, PgsoloError
 from ..keys import Key, KeyLike, Registry, as_key, decode_pg_lock, derive_int32, derive_int64
 from ..locking._async.drive import adrive
 from ..locking._sync.drive import drive
+from ..locking.plans import Plan
 
 if TYPE_CHECKING:
     from ..drivers.kinds import AsyncConnectionLike, SyncConnectionLike
@@ -21,7 +23,7 @@ from .snapshot import check_positive, parse_time, snapshot_plan
 __all__ = ["AdvisoryLock", "advisory_locks", "advisory_locks_async", "holders_query", "wait_chains"]
 
 
-SinceSource = Literal["waitstart", "query_start", "state_change", "xact_start"]
+SinceSource = Literal["waitstart", "query_start", "state_change", "xact_start", "backend_start"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +40,19 @@ class AdvisoryLock:
     server gives: ``state_change`` for a holder idle outside a transaction (held at
     least since then), ``xact_start`` for one inside a transaction (a transaction-level
     lock was taken at or after it; a session lock may be older). ``since_source`` names
-    which. Fields of ``pg_stat_activity`` are ``None`` when the server hides another
+    which. PostgreSQL records no grant time for a held lock, and a session that pgsolo's
+    keeper watches runs a beat every few seconds, which moves ``state_change``: for such
+    a session (``keeper`` true: its last statement is the beat of one of its keys)
+    ``since`` is ``backend_start``, held *at most* since then (``pgsolo run`` opens its
+    connection for the run, just before it takes the lock), and ``query`` is ``None``:
+    the beat is not the holder's work.
+
+    ``name`` comes from the registry, the given names, or else from the holder itself:
+    a session whose ``application_name`` is pgsolo's (``pgsolo:<name>``) is named when
+    ``<name>`` derives to the key (a hash, so never a wrong guess); with
+    ``from_ledger=True``, a key that is still unnamed gets the name of the job of
+    pgsolo's ledger that last ran with it. Fields of
+    ``pg_stat_activity`` are ``None`` when the server hides another
     role's session (without ``pg_read_all_stats``) or the backend just ended.
     """
 
@@ -58,6 +72,7 @@ class AdvisoryLock:
     query: str | None
     blocked_by: tuple[int, ...]
     observed_at: datetime
+    keeper: bool = False
 
     @property
     def age_seconds(self) -> float | None:
@@ -86,6 +101,7 @@ class AdvisoryLock:
             "since_source": self.since_source,
             "age_seconds": self.age_seconds,
             "query": self.query,
+            "keeper": self.keeper,
             "blocked_by": list(self.blocked_by),
         }
 
@@ -104,12 +120,38 @@ class _Namer:
             self._int64.setdefault(derive_int64(name), name)  # InvalidKeyError first
             self._int32.setdefault(derive_int32(name), name)
 
-    def name_of(self, key: Key) -> str | None:
+    def name_of(self, key: Key, claimed: _Claim | None = None) -> str | None:
         if self._registry is not None and (registered := self._registry.name_of(key)):
             return registered
         if isinstance(key.value, tuple):
-            return self._int32.get(key.value[1])
-        return self._int64.get(key.value)
+            given = self._int32.get(key.value[1])
+            own = claimed is not None and claimed.int32 == key.value[1]
+        else:
+            given = self._int64.get(key.value)
+            own = claimed is not None and claimed.int64 == key.value
+        return given or (claimed.name if own and claimed is not None else None)
+
+
+@dataclass(frozen=True, slots=True)
+class _Claim:
+    """The name a pgsolo session's ``application_name`` (``pgsolo:<name>``) says, with the
+    keys it derives to: a lock of the session is named by it only if its key matches."""
+
+    name: str
+    int64: int
+    int32: int
+
+    @classmethod
+    def of(cls, application_name: object) -> _Claim | None:
+        if not isinstance(application_name, str):
+            return None
+        name = application_name.removeprefix(DEFAULT_APP_PREFIX)
+        if name == application_name or not name or name != name.strip():
+            return None
+        try:
+            return cls(name, derive_int64(name), derive_int32(name))
+        except PgsoloError:  # not a name pgsolo could have derived a key from
+            return None
 
 
 def advisory_locks(
@@ -119,16 +161,19 @@ def advisory_locks(
     names: Iterable[str] = (),
     key: KeyLike | None = None,
     pid: int | None = None,
+    from_ledger: bool = False,
 ) -> list[AdvisoryLock]:
     """Every advisory lock of the connection's database, held and waiting, in one round
     trip: grouped by key, holders first, waiters in the order they started waiting.
 
     ``registry`` and ``names`` name the keys; ``key`` and ``pid`` keep only that key's
-    or that backend's rows. Bad arguments raise before any SQL is sent.
+    or that backend's rows; ``from_ledger`` names what is left from pgsolo's ledger, in
+    a second round trip when the ledger exists and a held key is still unnamed. Bad
+    arguments raise before any SQL is sent.
     """
-    query = _Query.of(registry, names, key, pid)
+    query = _Query.of(registry, names, key, pid, from_ledger)
     driver = adapt_sync(conn)
-    return query.locks(drive(snapshot_plan(driver, query.statements), driver))
+    return drive(query.plan(driver), driver)
 
 
 async def advisory_locks_async(
@@ -138,11 +183,12 @@ async def advisory_locks_async(
     names: Iterable[str] = (),
     key: KeyLike | None = None,
     pid: int | None = None,
+    from_ledger: bool = False,
 ) -> list[AdvisoryLock]:
     """:func:`advisory_locks` on an async connection."""
-    query = _Query.of(registry, names, key, pid)
+    query = _Query.of(registry, names, key, pid, from_ledger)
     driver = adapt_async(conn)
-    return query.locks(await adrive(snapshot_plan(driver, query.statements), driver))
+    return await adrive(query.plan(driver), driver)
 
 
 @dataclass(frozen=True)
@@ -151,23 +197,45 @@ class _Query:
 
     namer: _Namer
     statements: list[str]
+    from_ledger: bool
 
     @classmethod
     def of(
-        cls, registry: Registry | None, names: Iterable[str], key: KeyLike | None, pid: int | None
+        cls,
+        registry: Registry | None,
+        names: Iterable[str],
+        key: KeyLike | None,
+        pid: int | None,
+        from_ledger: bool = False,
     ) -> _Query:
         namer = _Namer(registry, names)
         wanted = as_key(key, registry=registry) if key is not None else None
         if pid is not None:
             check_positive(pid, "pid")
-        return cls(namer, [sql.CLEAR_ACTIVITY_SNAPSHOT, sql.advisory_locks(key=wanted, pid=pid)])
+        statements = [sql.CLEAR_ACTIVITY_SNAPSHOT, sql.advisory_locks(key=wanted, pid=pid)]
+        return cls(namer, statements, from_ledger)
 
-    def locks(self, snapshot: Mapping[str, Any]) -> list[AdvisoryLock]:
-        return _locks_from(snapshot, self.namer)
+    def plan(self, driver: DriverBase) -> Plan[list[AdvisoryLock]]:
+        snapshot = yield from snapshot_plan(driver, self.statements)
+        locks = _locks_from(snapshot, self.namer)
+        unnamed = any(lock.name is None for lock in locks)
+        if not (self.from_ledger and unnamed and snapshot.get("ledger")):
+            return locks
+        jobs = yield from snapshot_plan(driver, [sql.LEDGER_KEYS])
+        return [_named_by(lock, jobs) for lock in locks]
 
-    def holders(self, snapshot: Mapping[str, Any]) -> list[AdvisoryLock]:
-        """The rows of sessions (or prepared transactions) that hold the key; not waiters."""
-        return [lock for lock in self.locks(snapshot) if lock.granted]
+    def holders_plan(self, driver: DriverBase) -> Plan[list[AdvisoryLock]]:
+        """The sessions (or prepared transactions) that hold the key; not waiters."""
+        locks = yield from self.plan(driver)
+        return [lock for lock in locks if lock.granted]
+
+
+def _named_by(lock: AdvisoryLock, jobs: Mapping[str, Any]) -> AdvisoryLock:
+    """``lock`` named after the ledger's job that last ran with its key, if it has no name."""
+    job = jobs.get(lock.key.text)
+    if lock.name is not None or not isinstance(job, str):
+        return lock
+    return replace(lock, key=Key(lock.key.value, job), name=job)
 
 
 def holders_query(key: KeyLike, namespace: int | None, registry: Registry | None) -> _Query:
@@ -189,18 +257,22 @@ def _locks_from(snapshot: Mapping[str, Any], namer: _Namer) -> list[AdvisoryLock
     # What a holder's session says is the same for each of its locks (one session may
     # hold thousands): worked out once per pid.
     holding: dict[int | None, tuple[Any, ...]] = {}
+    claims: dict[int | None, _Claim | None] = {}
+    kept = _kept_sessions(snapshot["locks"], sessions)
     locks = []
     for pid, classid, objid, objsubid, shared, granted, waitstart, blockers in snapshot["locks"]:
         key = decode_pg_lock(int(classid), int(objid), int(objsubid))
-        if (name := namer.name_of(key)) is not None:
-            key = Key(key.value, name)
         activity = sessions.get(str(pid), {}) if pid is not None else {}
+        if pid not in claims:
+            claims[pid] = _Claim.of(activity.get("application_name"))
+        if (name := namer.name_of(key, claims[pid])) is not None:
+            key = Key(key.value, name)
         if granted:
             if (facts := holding.get(pid)) is None:
                 facts = holding[pid] = (
                     _lifetime(pid, True, activity, seen_after),
-                    *_since(True, None, activity),
-                    _one_line(activity.get("query")),
+                    *_since(True, None, activity, kept=pid in kept),
+                    None if pid in kept else _one_line(activity.get("query")),
                 )
         else:
             facts = (
@@ -227,6 +299,7 @@ def _locks_from(snapshot: Mapping[str, Any], namer: _Namer) -> list[AdvisoryLock
                 query=query,
                 blocked_by=tuple(sorted(blockers or ())),
                 observed_at=now,
+                keeper=bool(granted) and pid in kept,
             )
         )
     locks.sort(key=_display_order)
@@ -253,11 +326,39 @@ def _lifetime(
     return None
 
 
+# What every keeper beat starts with, whatever its key.
+_BEAT_START = sql.keeper_beat(Key(0), shared=False).partition(" AND classid")[0]
+
+
+def _kept_sessions(rows: list[list[Any]], sessions: Mapping[str, Any]) -> set[int]:
+    """The pids whose last statement is pgsolo's keeper beat for one of the keys they
+    hold: the exact text :func:`pgsolo.sql.keeper_beat` sends (shorter than
+    ``MONITOR_QUERY_CHARS``, so never cut), not merely a statement that looks like one."""
+    # Most sessions are not kept: their locks are not looked at (10,000 stay cheap).
+    looks_kept = {
+        int(pid): query
+        for pid, activity in sessions.items()
+        if isinstance(query := activity.get("query"), str) and query.startswith(_BEAT_START)
+    }
+    kept: set[int] = set()
+    if not looks_kept:
+        return kept
+    for pid, classid, objid, objsubid, shared, granted, *_ in rows:
+        if granted and pid in looks_kept and pid not in kept:
+            key = decode_pg_lock(int(classid), int(objid), int(objsubid))
+            if sql.keeper_beat(key, shared=bool(shared)) == looks_kept[pid]:
+                kept.add(pid)
+    return kept
+
+
 def _since(
-    granted: bool, waitstart: datetime | None, activity: Mapping[str, Any]
+    granted: bool, waitstart: datetime | None, activity: Mapping[str, Any], *, kept: bool = False
 ) -> tuple[datetime | None, SinceSource | None]:
     candidates: tuple[tuple[datetime | None, SinceSource], ...]
-    if not granted:
+    if kept and activity.get("xact_start") is None:
+        # Each beat moves state_change: the session's start bounds the lock from above.
+        candidates = ((parse_time(activity.get("backend_start")), "backend_start"),)
+    elif not granted:
         candidates = (
             (waitstart, "waitstart"),
             (parse_time(activity.get("query_start")), "query_start"),

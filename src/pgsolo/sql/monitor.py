@@ -10,6 +10,7 @@ __all__ = [
     "ADVISORY_LOCK_FUNCTIONS_PATTERN",
     "CLEAR_ACTIVITY_SNAPSHOT",
     "DOCTOR",
+    "LEDGER_KEYS",
     "MONITOR_QUERY_CHARS",
     "advisory_locks",
     "terminate_backend",
@@ -22,7 +23,9 @@ __all__ = [
 CLEAR_ACTIVITY_SNAPSHOT = "SELECT pg_stat_clear_snapshot()"
 
 
-MONITOR_QUERY_CHARS = 200  # the current query is cut to this many characters on the server
+# The current query is cut to this many characters on the server: enough for a keeper's
+# beat (about 320, sql.keeper_beat) to be recognised whole, key included, by the monitor.
+MONITOR_QUERY_CHARS = 400
 
 
 _ADVISORY_IN_THIS_DATABASE = (
@@ -57,6 +60,9 @@ def advisory_locks(*, key: Key | None = None, pid: int | None = None) -> str:
         "json_build_object("
         "'seen_after', statement_timestamp(), 'now', clock_timestamp(),"
         " 'database', current_database(),"
+        # Whether pgsolo's ledger exists and may be read: it names the keys of its jobs.
+        " 'ledger', coalesce(has_table_privilege(to_regclass('pgsolo.job_runs'), 'SELECT'),"
+        " false),"
         " 'locks', coalesce((SELECT json_agg(json_build_array(pid, classid, objid, objsubid,"
         " shared, granted, waitstart,"
         " CASE WHEN granted THEN NULL ELSE pg_blocking_pids(pid) END)) FROM l), '[]'::json),"
@@ -70,6 +76,24 @@ def advisory_locks(*, key: Key | None = None, pid: int | None = None) -> str:
         " LATERAL pg_stat_get_activity(p.pid) a), '{}'::json))"
     )
     return f"{locks} SELECT {utf8(snapshot)}"
+
+
+LEDGER_JOBS = 1000  # the most distinct jobs LEDGER_KEYS reads
+
+
+# The key each job of the ledger last ran with, as {"<key text>": "<job>"}. One index probe
+# per distinct job (a loose scan of job_runs_job_started_at), never a scan of the ledger.
+LEDGER_KEYS = "SELECT " + utf8(
+    "coalesce((SELECT json_object_agg(lock_key, job) FROM (SELECT DISTINCT ON (k.lock_key)"
+    " k.lock_key, j.job FROM (WITH RECURSIVE jobs(job) AS ("
+    "(SELECT job FROM pgsolo.job_runs ORDER BY job LIMIT 1) UNION ALL"
+    " SELECT (SELECT r.job FROM pgsolo.job_runs r WHERE r.job > jobs.job ORDER BY r.job"
+    f" LIMIT 1) FROM jobs WHERE jobs.job IS NOT NULL) SELECT job FROM jobs"
+    f" WHERE job IS NOT NULL LIMIT {LEDGER_JOBS}) j,"
+    " LATERAL (SELECT lock_key, started_at FROM pgsolo.job_runs r WHERE r.job = j.job"
+    " ORDER BY started_at DESC LIMIT 1) k ORDER BY k.lock_key, k.started_at DESC) x),"
+    " '{}'::json)"
+)
 
 
 # The functions that take an advisory lock (not the unlocks): who may call them can

@@ -7,6 +7,7 @@ from typing import Any
 
 from ..._types import Outcome
 from ...reasons import Reason, RunReason
+from ..output import document, error_code
 
 __all__ = ["RunReport"]
 
@@ -35,20 +36,30 @@ class RunReport:
     """A line for a person about an ending that is no error (a skip: who holds the key)."""
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "outcome": self.outcome,
-            "reason": self.reason,
-            "job": self.job,
-            "key": self.key,
-            "key_name": self.key_name,
-            "exit_code": self.exit_code,
-            "command_exit_code": self.command_exit_code,
-            "lock_wait_seconds": round(self.lock_wait, 6),
-            "duration_seconds": round(self.duration, 6),
-            "backend_pid": self.backend_pid,
-            "database": self.database,
-            "server": self.server,
-            "application_name": self.application_name,
-            "recorded": self.recorded,
-            "error": self.error,
-        }
+        """The ``pgsolo.run/1`` document (README "JSON output"); ``error`` is an object
+        like every command's, its ``code`` the reason."""
+        error = (
+            {"code": error_code(self.exit_code, self.reason), "message": self.error}
+            if self.error is not None
+            else None
+        )
+        return document(
+            "run",
+            {
+                "outcome": self.outcome,
+                "reason": self.reason,
+                "job": self.job,
+                "key": self.key,
+                "key_name": self.key_name,
+                "exit_code": self.exit_code,
+                "command_exit_code": self.command_exit_code,
+                "lock_wait_seconds": round(self.lock_wait, 6),
+                "duration_seconds": round(self.duration, 6),
+                "backend_pid": self.backend_pid,
+                "database": self.database,
+                "server": self.server,
+                "application_name": self.application_name,
+                "recorded": self.recorded,
+                "error": error,
+            },
+        )

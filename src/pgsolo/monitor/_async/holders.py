@@ -13,7 +13,6 @@ from ...drivers import adapt_async
 from ...keys import KeyLike, Registry
 from ...locking._async.drive import adrive
 from ..locks import AdvisoryLock, holders_query
-from ..snapshot import snapshot_plan
 
 if TYPE_CHECKING:
     from ...drivers.kinds import AsyncConnectionLike
@@ -40,7 +39,7 @@ async def lock_holders_async(
     """
     query = holders_query(key, namespace, registry)
     driver = adapt_async(conn)
-    return query.holders(await adrive(snapshot_plan(driver, query.statements), driver))
+    return await adrive(query.holders_plan(driver), driver)
 
 
 async def is_locked_async(

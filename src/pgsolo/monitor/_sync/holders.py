@@ -14,7 +14,6 @@ from ...drivers import adapt_sync
 from ...keys import KeyLike, Registry
 from ...locking._sync.drive import drive
 from ..locks import AdvisoryLock, holders_query
-from ..snapshot import snapshot_plan
 
 if TYPE_CHECKING:
     from ...drivers.kinds import SyncConnectionLike
@@ -41,7 +40,7 @@ def lock_holders(
     """
     query = holders_query(key, namespace, registry)
     driver = adapt_sync(conn)
-    return query.holders(drive(snapshot_plan(driver, query.statements), driver))
+    return drive(query.holders_plan(driver), driver)
 
 
 def is_locked(
