@@ -1168,7 +1168,7 @@ def test_on_lost_warn_lets_the_command_finish_and_never_reports_success(
     report = only_json(done.stderr)
     assert (report["outcome"], report["reason"]) == ("lost", "connection-lost")
     assert (report["exit_code"], report["command_exit_code"]) == (exit_code, command_code)
-    assert "--on-lost=warn let the command finish" in report["error"]
+    assert "--on-lost=warn let the command finish" in report["error"]["message"]
     [row] = ledger(observer.conn, job)
     assert (row["outcome"], row["exit_code"]) == ("lost", exit_code)
 
