@@ -230,3 +230,13 @@ def seconds_between(low: float, high: float) -> Callable[[str], float]:
             raise argparse.ArgumentTypeError(str(exc)) from None
 
     return parse
+
+
+def add_key_is_name_argument(parser: argparse.ArgumentParser) -> None:
+    """``--key-is-name``: the escape from :meth:`~pgsolo.Key.parse`'s refusals."""
+    parser.add_argument(
+        "--key-is-name",
+        action="store_true",
+        help="take KEY as a name exactly as given, never as an int64 or a pair: for a name"
+        " such as '42:abc' or one with blanks around it, which are refused without it",
+    )

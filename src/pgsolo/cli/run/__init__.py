@@ -84,7 +84,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                     EXIT_USAGE,
                 )
             # Everything is validated before anything connects (UsageError: exit 2).
-            key = Key.parse(args.key, namespace=args.namespace)
+            key = Key.parse(args.key, namespace=args.namespace, name=args.key_is_name)
             job = Job.define(
                 key,
                 name=args.name,

@@ -7,7 +7,7 @@ import shlex
 
 from ...drivers.conninfo import redact_dsn
 from ...locking.core import MAX_WAIT_SECONDS
-from ..common import add_dsn_argument, seconds_between
+from ..common import add_dsn_argument, add_key_is_name_argument, seconds_between
 
 __all__ = ["add_run_arguments", "command_of", "with_separator"]
 
@@ -32,6 +32,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
 def _add_lock_options(parser: argparse.ArgumentParser) -> None:
     """What to lock, how long to wait for it, and the job around it."""
     parser.add_argument("--key", required=True, metavar="KEY", help="a name, an int64 or N:R")
+    add_key_is_name_argument(parser)
     parser.add_argument(
         "--namespace",
         type=int,
