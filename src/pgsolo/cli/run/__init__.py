@@ -91,6 +91,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 lifetime="session",
                 wait=args.wait,
                 period=args.once_per,
+                timezone=args.timezone,
                 record=args.record,
                 application_name=args.application_name,
             )

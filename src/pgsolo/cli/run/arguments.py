@@ -49,8 +49,16 @@ def _add_lock_options(parser: argparse.ArgumentParser) -> None:
         "--once-per",
         metavar="PERIOD",
         help="run at most once per PERIOD by the database's clock: minute, hour, day, week,"
-        " month, year (UTC) or 'N seconds' (N from 1 to 3153600000, 100 years); needs"
-        " `pgsolo migrate`",
+        " month, year (or hourly, daily, ...: calendar periods, in UTC unless --timezone),"
+        " or a number of seconds from 1 to 3153600000 (100 years) counted from the Unix"
+        " epoch: 900, '900 seconds', 15m, 24h, 1d, 2w; needs `pgsolo migrate`",
+    )
+    parser.add_argument(
+        "--timezone",
+        metavar="ZONE",
+        help="where a --once-per day, week, month or year starts at midnight: an IANA name"
+        " (Europe/Paris); a day is then 23 or 25 hours long when the clocks change;"
+        " default: UTC",
     )
     parser.add_argument(
         "--record",
