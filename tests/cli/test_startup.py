@@ -48,11 +48,9 @@ def test_version_help_and_key_load_no_driver(args: list[str]) -> None:
 
 
 def test_the_help_line_of_each_command_is_its_modules_own() -> None:
-    listed = build_parser(None)._subparsers._group_actions[0]  # type: ignore[union-attr]
-    loaded = build_parser()._subparsers._group_actions[0]  # type: ignore[union-attr]
-    lines = {a.dest: a.help for a in listed._choices_actions}  # type: ignore[attr-defined]
-    real = {a.dest: a.help for a in loaded._choices_actions}  # type: ignore[attr-defined]
-    assert lines == real == {name: line for name, (_, line) in COMMANDS.items()}
+    """`pgsolo --help` lists the commands from :data:`COMMANDS` without importing them: it
+    reads exactly as it would with every command's module loaded."""
+    assert build_parser(None).format_help() == build_parser().format_help()
 
 
 def _without_libpq() -> list[str]:
