@@ -13,7 +13,8 @@ its lock). So every duration of the public API (``wait=``, ``Keep(interval, time
 from __future__ import annotations
 
 import math
-from typing import Literal, TypeAlias
+import re
+from typing import Literal, NamedTuple, TypeAlias
 
 from .errors import InvalidArgumentError
 
@@ -24,9 +25,11 @@ __all__ = [
     "Lifetime",
     "OnceOutcome",
     "Outcome",
+    "Period",
     "check_period",
     "check_seconds",
-    "parse_period_seconds",
+    "check_timezone",
+    "read_period",
 ]
 
 Lifetime: TypeAlias = Literal["xact", "session"]
@@ -85,28 +88,136 @@ PERIOD_UNITS = ("minute", "hour", "day", "week", "month", "year")
 MAX_PERIOD_SECONDS = 100 * 365 * 86_400  # 100 years of 365 days: 3153600000
 
 
-def parse_period_seconds(period: object) -> int:
-    """``"900 seconds"`` -> 900; anything else raises
-    :class:`~pgsolo.InvalidArgumentError` (a ``ValueError``). N is from 1 to
-    :data:`MAX_PERIOD_SECONDS`, so that the server can always hold the interval."""
+# The calendar units' other spellings, as cron users and schedulers write them.
+_CALENDAR = {
+    **{unit: unit for unit in PERIOD_UNITS},
+    "minutely": "minute",
+    "hourly": "hour",
+    "daily": "day",
+    "weekly": "week",
+    "monthly": "month",
+    "yearly": "year",
+    "annually": "year",
+}
+
+
+# Units of a fixed number of seconds. Months and years are not: they exist only as
+# calendar periods. "m" is minutes, as in 90m (a month has no short form).
+_SECONDS_PER = {
+    **dict.fromkeys(("s", "second", "seconds"), 1),
+    **dict.fromkeys(("m", "min", "minute", "minutes"), 60),
+    **dict.fromkeys(("h", "hour", "hours"), 3_600),
+    **dict.fromkeys(("d", "day", "days"), 86_400),
+    **dict.fromkeys(("w", "week", "weeks"), 604_800),
+}
+
+
+_FIXED = re.compile(r"(?P<n>[0-9]+)(?:(?P<short>s|m|min|h|d|w)|(?: (?P<long>[a-z]+)))?", re.ASCII)
+
+
+_ZONED = re.compile(r"(?P<unit>[a-z]+) in (?P<zone>.+)", re.ASCII | re.DOTALL)
+
+
+# An IANA time zone name (Europe/Paris, America/Argentina/Buenos_Aires, Etc/GMT+5): this
+# check comes before the name is looked up, and is why it can be quoted in SQL as it is.
+_ZONE_NAME = re.compile(r"[A-Za-z0-9_+\-]+(?:/[A-Za-z0-9_+\-]+)*", re.ASCII)
+
+
+_UTC = ("UTC", "Etc/UTC")
+
+
+_SPELLINGS = (
+    "a period is a calendar period, minute, hour, day, week, month or year (also minutely,"
+    " hourly, daily, weekly, monthly, yearly, annually: in UTC, or in a time zone for day,"
+    " week, month and year), or a number of seconds N from 1 to"
+    f" {MAX_PERIOD_SECONDS} (100 years) written 900, 900s, '900 seconds', 15m, 24h, 1d,"
+    " 2w or '3 days', counted from the Unix epoch"
+)
+
+
+class Period(NamedTuple):
+    """A period read by :func:`read_period`: a calendar ``unit`` (in ``zone``, None for
+    UTC), or a fixed number of ``seconds``."""
+
+    unit: str | None
+    seconds: int | None
+    zone: str | None
+
+    @property
+    def text(self) -> str:
+        """The one spelling pgsolo stores and shows: ``day``, ``day in Europe/Paris``,
+        ``86400 seconds``. Every spelling of a period is recorded under it."""
+        if self.seconds is not None:
+            return f"{self.seconds} seconds"
+        return f"{self.unit} in {self.zone}" if self.zone else str(self.unit)
+
+
+def read_period(period: object) -> Period:
+    """Any spelling of a period (:data:`_SPELLINGS`; ``"day in Europe/Paris"`` too), or
+    :class:`~pgsolo.InvalidArgumentError` (a ``ValueError``)."""
     text = period if isinstance(period, str) else ""
-    number, _, unit = text.partition(" ")
-    if unit != "seconds" or not number.isascii() or not number.isdigit():
-        raise InvalidArgumentError(
-            f"a period is one of {', '.join(PERIOD_UNITS)} or 'N seconds' (N from 1 to"
-            f" {MAX_PERIOD_SECONDS}, 100 years), got {period!r}"
-        )
-    digits = number.lstrip("0") or "0"
+    if unit := _CALENDAR.get(text):
+        return Period(unit, None, None)
+    if zoned := _ZONED.fullmatch(text):
+        return _in_zone(read_period(zoned["unit"]), zoned["zone"])
+    fixed = _FIXED.fullmatch(text)
+    per = _SECONDS_PER.get(fixed["short"] or fixed["long"] or "s") if fixed else None
+    if fixed is None or per is None:
+        raise InvalidArgumentError(f"{_SPELLINGS}; got {period!r}")
+    digits = fixed["n"].lstrip("0") or "0"
     # More digits than any allowed N: too large, without parsing a huge number.
-    value = int(digits) if len(digits) <= len(str(MAX_PERIOD_SECONDS)) else MAX_PERIOD_SECONDS + 1
-    check_seconds("a period of 'N seconds'", value, 1, MAX_PERIOD_SECONDS)
-    return value
+    too_many = len(digits) > len(str(MAX_PERIOD_SECONDS))
+    value = MAX_PERIOD_SECONDS + 1 if too_many else int(digits) * per
+    if not 1 <= value <= MAX_PERIOD_SECONDS:
+        raise InvalidArgumentError(
+            f"a period of a number of seconds must be from 1 to {MAX_PERIOD_SECONDS}"
+            f" (100 years), got {period!r}"
+        )
+    return Period(None, value, None)
 
 
-def check_period(period: object) -> str:
-    """``period`` if it is a unit (``minute`` ... ``year``, in UTC) or ``"N seconds"`` the
-    server can hold; :class:`~pgsolo.InvalidArgumentError` otherwise."""
-    if period in PERIOD_UNITS:
-        return str(period)
-    parse_period_seconds(period)
-    return str(period)
+def check_timezone(zone: object) -> str | None:
+    """``zone`` if it is an IANA time zone name (Python's ``zoneinfo`` knows it), None
+    for UTC; :class:`~pgsolo.InvalidArgumentError` otherwise."""
+    if not isinstance(zone, str) or not _ZONE_NAME.fullmatch(zone):
+        raise InvalidArgumentError(
+            f"a time zone is an IANA name such as Europe/Paris or America/New_York, got {zone!r}"
+        )
+    import zoneinfo  # noqa: PLC0415 - only for a period in a time zone
+
+    try:
+        zoneinfo.ZoneInfo(zone)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):
+        raise InvalidArgumentError(
+            f"unknown time zone {zone!r}: an IANA name such as Europe/Paris or"
+            " America/New_York (the names zoneinfo and PostgreSQL know)"
+        ) from None
+    return None if zone in _UTC else zone
+
+
+def _in_zone(period: Period, zone: object) -> Period:
+    """``period`` in time zone ``zone``: a day, week, month or year starts at midnight
+    there, so a day may last 23 or 25 hours; other periods are UTC's only."""
+    name = check_timezone(zone)
+    if name is None or period.zone == name:
+        return period
+    if period.zone is not None:
+        raise InvalidArgumentError(
+            f"the period {period.text!r} is already in a time zone; got time zone {zone!r} too"
+        )
+    if period.unit not in ("day", "week", "month", "year"):
+        what = f"{period.unit}s" if period.unit else "numbers of seconds"
+        raise InvalidArgumentError(
+            f"a time zone applies to a day, week, month or year; {what} are counted in UTC"
+            f" (from the Unix epoch), so time zone {zone!r} would change nothing, or"
+            " repeat an hour where clocks go back: for a day that starts at midnight in"
+            f" {zone}, use the period 'day' (or daily)"
+        )
+    return Period(period.unit, None, name)
+
+
+def check_period(period: object, timezone: object = None) -> str:
+    """The one spelling (:attr:`Period.text`) of ``period``, in ``timezone`` (an IANA
+    name; None: UTC) if given; :class:`~pgsolo.InvalidArgumentError` otherwise."""
+    read = read_period(period)
+    return (read if timezone is None else _in_zone(read, timezone)).text

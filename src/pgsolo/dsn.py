@@ -9,21 +9,62 @@ parsed and shown without its password is :mod:`pgsolo.drivers.conninfo`'s busine
 from __future__ import annotations
 
 import os
+import re
 import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+
+from .errors import InvalidDsnError
 
 __all__ = [
     "DSN_ENV_VARS",
     "EMBEDDED",
     "DsnChoice",
     "choose_dsn",
+    "libpq_dsn",
     "resolved_dsn",
+    "uri_scheme",
 ]
 
 EMBEDDED = "embedded"
 DSN_ENV_VARS = ("PGSOLO_DSN", "DATABASE_URL")
+
+
+# A URI's scheme (RFC 3986), read up to its "://": letters, digits, '+', '-', '.' only, so it
+# can never be part of a password (a key=value string has a '=' before any "://").
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*(?=://)")
+
+
+# SQLAlchemy's URLs are dialect+driver://: the driver names the Python library that
+# connects (psycopg, psycopg2, asyncpg, pg8000, ...), which means nothing to libpq.
+_DRIVER = re.compile(r"[a-z][a-z0-9_]*")
+
+
+def uri_scheme(dsn: str) -> str | None:
+    """The scheme of ``dsn`` if it is a URI (``postgresql+psycopg2``), else None."""
+    match = _SCHEME.match(dsn)
+    return match.group() if match else None
+
+
+def libpq_dsn(dsn: str) -> str:
+    """``dsn`` as libpq takes it. A URI written the way SQLAlchemy and frameworks spell
+    ``DATABASE_URL`` (``postgresql+psycopg2://``, ``postgres+asyncpg://``,
+    ``POSTGRESQL://``) gets libpq's scheme, ``postgresql://``; anything else is returned
+    as given. A URI of another scheme (``mysql://``, ``sqlite:///``) is an
+    :class:`~pgsolo.InvalidDsnError` that names the scheme, and never the rest."""
+    scheme = uri_scheme(dsn)
+    if scheme is None or scheme in ("postgresql", "postgres"):
+        return dsn
+    dialect, plus, driver = scheme.lower().partition("+")
+    if dialect in ("postgresql", "postgres") and (not plus or _DRIVER.fullmatch(driver)):
+        return "postgresql" + dsn[len(scheme) :]
+    raise InvalidDsnError(
+        f"the connection string is a {scheme}:// URI, not PostgreSQL's: pgsolo takes"
+        " postgresql://... or postgres://... (also with a driver, as SQLAlchemy writes it:"
+        " postgresql+psycopg://, +psycopg2, +asyncpg, +pg8000), libpq's key=value form"
+        " (host=... dbname=...), or 'embedded'"
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -85,14 +85,21 @@ class Key:
         return f"{self.name} ({self.text})" if self.name else self.text
 
     @classmethod
-    def parse(cls, text: str, *, namespace: int | None = None) -> Key:
+    def parse(cls, text: str, *, namespace: int | None = None, name: bool = False) -> Key:
         """Read a key from its command-line form (DESIGN §5).
 
-        ``123`` is an int64, ``42:1001`` a pair, anything else a name, derived as an int64
-        key or, with ``namespace``, as a pair in that namespace.
+        ``123`` is an int64, ``42:1001`` a pair, any other text a name, derived as an
+        int64 key or, with ``namespace``, as a pair in that namespace. Text that reads as
+        neither only by mistake is refused (:class:`~pgsolo.InvalidKeyError`), since as a
+        name it would lock a key nobody meant: blanks around it (`` daily ``), or a
+        number and a colon that do not make a pair (``42:abc``, ``42:1001:3``). With
+        ``name=True`` the text is a name, exactly as given (``--key-is-name``); in
+        Python, a ``str`` given as a key is always a name (:func:`as_key`).
         """
         if not isinstance(text, str):
             raise InvalidKeyError(f"a key's text form must be a str, got {type(text).__name__}")
+        if name:
+            return from_name(text, namespace=namespace)
         parts = text.split(":")
         numeric = len(parts) == 2 and all(_is_int_literal(p) for p in parts)
         if numeric or _is_int_literal(text):
@@ -101,7 +108,33 @@ class Key:
                     f"namespace= applies to names only; {text!r} is a numeric key"
                 )
             return cls((int(parts[0]), int(parts[1]))) if numeric else cls(int(text))
+        _refuse_a_mistaken_name(text, parts)
         return from_name(text, namespace=namespace)
+
+
+def _refuse_a_mistaken_name(text: str, parts: list[str]) -> None:
+    """:class:`~pgsolo.InvalidKeyError` for the text of a key that is a name only by
+    mistake, saying what would be accepted."""
+    as_name = (
+        f"to lock the text {text!r} as a name, exactly as given, add --key-is-name"
+        " (in Python, pass the str itself: a str key is always a name)"
+    )
+    if text != text.strip():
+        raise InvalidKeyError(
+            f"the key {text!r} has blanks around it; a key is an int64 (123), a pair"
+            f" N:R (42:1001) or a name, and {text.strip()!r} would be another key than"
+            f" {text!r}: write {text.strip()!r}, or {as_name}"
+        )
+    if len(parts) > 1 and _is_int_literal(parts[0].strip()):
+        pair = (
+            f"{parts[0].strip()}:{parts[1].strip()}"
+            if len(parts) == 2 and _is_int_literal(parts[1].strip())
+            else f"{parts[0].strip()}:1001"
+        )
+        raise InvalidKeyError(
+            f"the key {text!r} starts like a pair but is not one: a pair is two integers"
+            f" N:R, each from {INT32_MIN} to {INT32_MAX}, such as {pair}; {as_name}"
+        )
 
 
 KeyLike: TypeAlias = Key | int | tuple[int, int] | str

@@ -5,11 +5,12 @@ says so).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from _support import VECTORS, Connect, json_document
+from _support import VECTORS, Connect, json_document, touching
 from _support import run_cli as pgsolo
 from pgsolo.keys import Key
 
@@ -137,3 +138,26 @@ def test_bad_key_is_a_usage_error(args: list[str], message: str) -> None:
     assert done.stdout == ""
     assert message in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("text", ["42:abc", "42:1001:3", " spaced "])
+def test_a_key_that_is_a_name_only_by_mistake_is_a_usage_error(
+    text: str, dsn: str, tmp_path: Path
+) -> None:
+    """`pgsolo key`, `pgsolo locks --key` and `pgsolo run --key` refuse it (exit 2, nothing
+    started) and say what they would accept; --key-is-name takes the text as a name."""
+    marker = tmp_path / "ran"
+    for args in (
+        ["key", text],
+        ["locks", "--key", text, "--dsn", dsn],
+        ["run", "--key", text, "--dsn", dsn, "--", *touching(marker)],
+    ):
+        done = pgsolo(*args)
+        assert done.returncode == 2, done.stderr
+        assert "--key-is-name" in done.stderr
+        assert ("42:1001" if ":" in text else "'spaced'") in done.stderr
+    assert not marker.exists()
+    assert key_json(text, "--key-is-name")["name"] == text
+    done = pgsolo("run", "--key", text, "--key-is-name", "--dsn", dsn, "--", *touching(marker))
+    assert done.returncode == 0, done.stderr
+    assert marker.exists()

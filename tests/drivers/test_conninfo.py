@@ -1,13 +1,19 @@
-"""Connection strings: ``redact_dsn`` hides the password and keeps the rest, and
-``scrub_secrets`` cleans the driver's messages.
+"""Connection strings: ``redact_dsn`` hides the password and keeps the rest,
+``scrub_secrets`` cleans the driver's messages, and a URI may name its driver the way
+SQLAlchemy writes ``DATABASE_URL`` (``postgresql+psycopg2://``).
 """
 
 from __future__ import annotations
 
+import urllib.parse
+
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from pgsolo.drivers.conninfo import redact_dsn, scrub_secrets
+import pgsolo
+from _support import pgsolo_cli, unique_name
+from pgsolo.drivers.conninfo import parse_dsn, redact_dsn, scrub_secrets
+from pgsolo.dsn import libpq_dsn
 
 
 @pytest.mark.parametrize(
@@ -69,3 +75,71 @@ def test_scrub_secrets_cleans_driver_messages() -> None:
         "could not connect with postgresql://alice:***@h/app: password *** rejected"
     )
     assert "s3cret" not in scrub_secrets("bad s3cret", "host=h password=s3cret")
+
+
+def as_sqlalchemy_url(dsn: str, scheme: str) -> str:
+    """``dsn`` (any form) spelled as a SQLAlchemy URL of ``scheme``."""
+    return f"{scheme}:///?{urllib.parse.urlencode(conninfo_to_dict(dsn))}"
+
+
+@pytest.mark.parametrize(
+    ("dsn", "expected"),
+    [
+        ("postgresql+psycopg2://u:pw@db/app", "postgresql://u:pw@db/app"),
+        ("postgresql+psycopg://u@db/app?sslmode=require", "postgresql://u@db/app?sslmode=require"),
+        ("postgres+asyncpg://u@db/app", "postgresql://u@db/app"),
+        ("postgresql+pg8000://db", "postgresql://db"),
+        ("POSTGRESQL://db/app", "postgresql://db/app"),
+        ("Postgres+Psycopg2://db", "postgresql://db"),
+        ("postgresql://db/app", "postgresql://db/app"),  # libpq's own: as given
+        ("postgres://db/app", "postgres://db/app"),
+        ("host=db password=a+b://c", "host=db password=a+b://c"),  # key=value: as given
+        ("", ""),
+    ],
+)
+def test_a_uri_may_name_its_driver_as_sqlalchemy_does(dsn: str, expected: str) -> None:
+    assert libpq_dsn(dsn) == expected
+    assert parse_dsn(dsn) == (conninfo_to_dict(expected) if expected else {})
+
+
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        "mysql://u:Hunter2pw@db/app",
+        "mysql+pymysql://u:Hunter2pw@db/app",
+        "sqlite:///app.db",
+        "postgresql+two+drivers://u:Hunter2pw@db",
+        "pg://u:Hunter2pw@db/app",
+    ],
+)
+def test_a_uri_of_another_database_is_refused_with_the_schemes_to_use(dsn: str) -> None:
+    with pytest.raises(pgsolo.InvalidDsnError) as raised:
+        parse_dsn(dsn)
+    message = str(raised.value)
+    assert f"is a {dsn.partition('://')[0]}:// URI" in message
+    assert "postgresql+psycopg://" in message
+    assert "Hunter2pw" not in message
+    assert "Hunter2pw" not in redact_dsn(dsn)
+    assert redact_dsn(dsn).partition("://")[0] == dsn.partition("://")[0]
+
+
+def test_a_driver_parameter_libpq_lacks_gets_a_hint() -> None:
+    with pytest.raises(pgsolo.InvalidDsnError, match="sslmode=") as raised:
+        parse_dsn("postgresql+asyncpg://u:Hunter2pw@db/app?ssl=require")
+    assert "Hunter2pw" not in str(raised.value)
+
+
+def test_a_sqlalchemy_url_connects_a_job_and_the_command_line(dsn: str) -> None:
+    url = as_sqlalchemy_url(dsn, "postgresql+psycopg2")
+    result = pgsolo.run_job(url, unique_name("sqlalchemy-url"), lambda conn: "done")
+    assert (result.outcome, result.value) == ("completed", "done")
+    done = pgsolo_cli("locks", env={"DATABASE_URL": as_sqlalchemy_url(dsn, "postgres+asyncpg")})
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_command_line_refuses_another_database_as_a_usage_error() -> None:
+    done = pgsolo_cli("locks", env={"DATABASE_URL": "mysql://u:Hunter2pw@db/app"})
+    assert done.returncode == 2
+    assert "invalid connection string in DATABASE_URL" in done.stderr
+    assert "mysql:// URI" in done.stderr
+    assert "Hunter2pw" not in done.stderr + done.stdout

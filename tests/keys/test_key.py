@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+import pgsolo
 from _support import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN
 from pgsolo.errors import InvalidKeyError
 from pgsolo.keys import (
@@ -49,12 +50,45 @@ def test_parse_numeric_forms(text: str, value: int | tuple[int, int]) -> None:
 
 @pytest.mark.parametrize(
     "text",
-    ["x:y", "daily-settlement", "1:2:3", "42:", ":1001", "12a", "1.5", " 5", "١٢٣", "1_000"],
+    ["x:y", "daily-settlement", ":1001", "tenant:42", "12a", "1.5", "١٢٣", "1_000", "a b"],
 )
 def test_parse_anything_else_is_a_name(text: str) -> None:
     key = Key.parse(text)
     assert key.value == derive_int64(text)
     assert key.name == text
+
+
+@pytest.mark.parametrize(
+    ("text", "accepted"),
+    [
+        ("42:abc", "42:1001"),
+        ("42:1001:3", "42:1001"),
+        ("1:2:3", "1:2"),
+        ("42:", "42:1001"),
+        ("-7: 9", "-7:9"),
+        ("42 :1001", "42:1001"),
+        (" spaced ", "'spaced'"),
+        (" 5", "'5'"),
+        ("daily-settlement\n", "'daily-settlement'"),
+        ("\t42:1001", "'42:1001'"),
+    ],
+    ids=repr,
+)
+def test_parse_refuses_what_is_a_name_only_by_mistake(text: str, accepted: str) -> None:
+    """A malformed pair, or blanks around the text, would lock a key nobody meant: the
+    error says what would be accepted, and how to lock the text as a name after all."""
+    with pytest.raises(InvalidKeyError) as raised:
+        Key.parse(text)
+    assert accepted in str(raised.value)
+    assert "--key-is-name" in str(raised.value)
+    key = Key.parse(text, name=True)  # the text as a name, exactly as given (DESIGN §2)
+    assert (key.value, key.name) == (derive_int64(text), text)
+    assert pgsolo.as_key(text) == key  # in Python a str is always a name
+
+
+def test_parse_as_a_name_never_reads_numbers() -> None:
+    assert Key.parse("42:1001", name=True).value == derive_int64("42:1001")
+    assert Key.parse("123", name=True, namespace=7).value == (7, derive_int32("123"))
 
 
 def test_parse_name_is_the_spec_vector() -> None:

@@ -2,7 +2,8 @@
 
 Every subcommand is two small functions: ``add_<name>_command(subparsers)`` declares its
 arguments and sets ``handler=``; the handler takes the parsed arguments and returns the
-exit code. To add a command, write both and list the first in :data:`COMMANDS`.
+exit code. To add a command, write both in a module of this package and list that module
+in :data:`COMMANDS`, which imports it only when its command runs.
 
 Shared pieces for handlers: :func:`database` (connection resolution, ``embedded``, and
 "database unavailable" errors), :func:`add_dsn_argument`, :func:`add_json_argument`,
@@ -16,7 +17,7 @@ import argparse
 import io
 import logging
 import sys
-from collections.abc import Callable
+from importlib import import_module
 from typing import TYPE_CHECKING
 
 from .. import __version__
@@ -36,39 +37,40 @@ from .exit_codes import (
 )
 
 if TYPE_CHECKING:
-    pass
-from .common import (
-    COMMON,
-    CliError,
-    Handler,
-    Subparsers,
-)
-from .demo import add_demo_command
-from .doctor import add_doctor_command
-from .history import add_history_command
-from .key import add_key_command
-from .locks import add_locks_command
-from .migrate import add_migrate_command
-from .output import error_document, print_json
-from .run import add_run_command
-from .terminate import add_terminate_command
+    from .common import CliError, Handler
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
 
-COMMANDS: list[Callable[[Subparsers], None]] = [
-    add_demo_command,
-    add_doctor_command,
-    add_history_command,
-    add_key_command,
-    add_locks_command,
-    add_migrate_command,
-    add_run_command,
-    add_terminate_command,
-]
+# Each command: the module (in this package) that declares it, and the one line `pgsolo
+# --help` lists. A module is imported only when its command runs (or shows its --help):
+# `pgsolo --version` loads no driver at all, and works without libpq.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": (".demo", "race worker processes for the daily settlement: exactly one runs it"),
+    "doctor": (".doctor", "check the production checklist against a live database"),
+    "history": (
+        ".history",
+        "show the latest recorded attempts (pgsolo run --record), newest first",
+    ),
+    "key": (".key", "show the lock key of a name and the SQL to take it from psql"),
+    "locks": (".locks", "who holds which advisory lock, since when, and who waits behind whom"),
+    "migrate": (
+        ".migrate",
+        "create or upgrade pgsolo's tables (the ledger, once-per-period records)",
+    ),
+    "run": (".run", "run a command while holding a lock: at most one at a time, anywhere"),
+    "terminate": (
+        ".terminate",
+        "end the backend that holds advisory locks (after showing what it holds)",
+    ),
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = "") -> argparse.ArgumentParser:
+    """The ``pgsolo`` parser, with every command's options (``command=""``), only
+    ``command``'s, or none (None): the others are listed by name and help line only."""
+    from .common import COMMON  # noqa: PLC0415 - after --version, which needs nothing
+
     parser = argparse.ArgumentParser(
         prog="pgsolo",
         description="Run a piece of work at most once at a time, with PostgreSQL advisory locks.",
@@ -76,9 +78,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"pgsolo {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for register in COMMANDS:
-        register(subparsers)
+    for name, (module, line) in COMMANDS.items():
+        if command in ("", name):
+            register = getattr(import_module(module, __name__), f"add_{name}_command")
+            register(subparsers)
+        else:
+            subparsers.add_parser(name, help=line)
     return parser
+
+
+def _command_word(argv: list[str]) -> str | None:
+    """The command ``argv`` names: its first word that is not an option (the options
+    before a command take no value), if it is one of :data:`COMMANDS`."""
+    word = next((arg for arg in argv if not arg.startswith("-")), None)
+    return word if word in COMMANDS else None
 
 
 def _configure_logging(verbosity: int, log_format: str) -> int | None:
@@ -105,15 +118,33 @@ def _escape_what_cannot_be_shown() -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run ``pgsolo`` with ``argv`` (default: the process arguments); return the exit code."""
     _escape_what_cannot_be_shown()
-    parser = build_parser()
+    given = list(sys.argv[1:] if argv is None else argv)
+    if given[:1] == ["--version"]:  # nothing else to load, not even the options' module
+        print(f"pgsolo {__version__}")
+        return 0
+    command = _command_word(given)
     try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # --help, --version, usage errors (2)
-        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
-    args.log_format = getattr(args, "log_format", "text")
-    args.log_level = _configure_logging(getattr(args, "verbose", 0), args.log_format)
-    args.given_argv = list(sys.argv[1:] if argv is None else argv)
-    handler: Handler = args.handler
+        parser = build_parser(command)
+        try:
+            args = parser.parse_args(given)
+        except SystemExit as exc:  # --help, --version, usage errors (2)
+            return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+        command = args.command
+        args.log_format = getattr(args, "log_format", "text")
+        args.log_level = _configure_logging(getattr(args, "verbose", 0), args.log_format)
+        args.given_argv = given
+        handler: Handler = args.handler
+        return _handle(handler, args)
+    except ImportError as exc:
+        if (hint := _missing_libpq(exc)) is None:
+            raise
+        print(f"pgsolo {command or ''}".rstrip() + f": error: {hint}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+
+
+def _handle(handler: Handler, args: argparse.Namespace) -> int:
+    from .common import CliError  # noqa: PLC0415 - loaded with the command already
+
     try:
         return handler(args)
     except (CliError, PgsoloError) as exc:  # said plainly, never as a traceback
@@ -131,10 +162,14 @@ def _json_error(args: argparse.Namespace, code: int, message: str, reason: str |
     """With ``--json``, a failure is a JSON document too (on stdout, where the command's
     document would have been), with the same exit code."""
     if getattr(args, "json", False):
+        from .output import error_document, print_json  # noqa: PLC0415
+
         print_json(error_document(args.command, code, message, reason))
 
 
 def _error_reason(exc: CliError | PgsoloError) -> str | None:
+    from .common import CliError  # noqa: PLC0415
+
     if isinstance(exc, CliError):
         return exc.reason
     if isinstance(exc, NotMigratedError):
@@ -144,7 +179,22 @@ def _error_reason(exc: CliError | PgsoloError) -> str | None:
     return None
 
 
+def _missing_libpq(exc: ImportError) -> str | None:
+    """What to install, when ``exc`` says the driver cannot load: psycopg without any
+    libpq (a core install on a host without the system's libpq) or psycopg missing."""
+    first_line = str(exc).partition("\n")[0]
+    if exc.name != "psycopg" and "no pq wrapper available" not in first_line:
+        return None
+    return (
+        f"the PostgreSQL driver cannot load ({first_line.rstrip('.')}): install"
+        " pgsolo[binary] (pip install 'pgsolo[binary]', psycopg with its own libpq), or"
+        " the system's libpq (libpq5 on Debian and Ubuntu, libpq on Fedora and Alpine)"
+    )
+
+
 def _exit_code(exc: CliError | PgsoloError) -> int:
+    from .common import CliError  # noqa: PLC0415
+
     if isinstance(exc, CliError):
         return exc.code
     if isinstance(exc, UsageError):

@@ -13,16 +13,6 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 from .._logging import LOG_FORMATS
 from .._types import check_seconds
-from ..drivers import driver_errors, is_unavailable
-from ..drivers.connect import open_connection
-from ..drivers.conninfo import (
-    DEFAULT_CONNECT_TIMEOUT,
-    application_name_for,
-    connection_settings,
-    parse_dsn,
-    redact_dsn,
-    scrub_secrets,
-)
 from ..dsn import DsnChoice, choose_dsn, resolved_dsn
 from ..errors import (
     DatabaseUnavailableError,
@@ -37,6 +27,10 @@ from .exit_codes import (
 
 if TYPE_CHECKING:
     import psycopg
+
+# The driver (psycopg, and libpq under it) is imported by the functions that connect, not
+# with this module: `pgsolo --help`, `pgsolo key` and `pgsolo --version` never load it, and
+# a host without libpq gets a hint rather than an ImportError (cli.main).
 
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
@@ -85,6 +79,8 @@ def add_command(
 
 def add_dsn_argument(parser: argparse.ArgumentParser, *, help: str | None = None) -> None:
     """``--dsn`` and ``--connect-timeout``: every command that connects takes both."""
+    from ..drivers.conninfo import DEFAULT_CONNECT_TIMEOUT  # noqa: PLC0415
+
     parser.add_argument(
         "--dsn",
         metavar="DSN",
@@ -125,6 +121,9 @@ def database(
     defaults, or ``default`` instead of the last three), start the embedded server for
     ``embedded``, and turn connection failures inside the block into exit code 69.
     """
+    from ..drivers import driver_errors, is_unavailable  # noqa: PLC0415
+    from ..drivers.conninfo import redact_dsn, scrub_secrets  # noqa: PLC0415
+
     choice = choose_dsn(flag, default=default)
     if choice.dsn and not choice.embedded:
         validate_dsn(choice.dsn, choice.source)
@@ -157,6 +156,8 @@ def database(
 
 def display(choice: DsnChoice) -> str:
     """Where ``choice`` connects, safe to print."""
+    from ..drivers.conninfo import redact_dsn  # noqa: PLC0415
+
     if choice.embedded:
         return "the embedded server"
     if not choice.dsn:
@@ -165,6 +166,8 @@ def display(choice: DsnChoice) -> str:
 
 
 def validate_dsn(dsn: str, source: str) -> None:
+    from ..drivers.conninfo import parse_dsn  # noqa: PLC0415
+
     try:
         parse_dsn(dsn)
     except InvalidDsnError as exc:
@@ -189,6 +192,9 @@ def note_first_embedded_start() -> None:
 def connection(db: Database, default_name: str) -> Iterator[psycopg.Connection[Any]]:
     """A connection of pgsolo's own to ``db``, named ``default_name`` in
     ``pg_stat_activity`` unless the DSN or ``PGAPPNAME`` names it."""
+    from ..drivers.connect import open_connection  # noqa: PLC0415
+    from ..drivers.conninfo import application_name_for, connection_settings  # noqa: PLC0415
+
     name = application_name_for(db.dsn, default_name)
     settings = connection_settings(connect_timeout=db.connect_timeout)
     with open_connection(db.dsn, application_name=name, defaults=settings) as conn:
@@ -230,3 +236,13 @@ def seconds_between(low: float, high: float) -> Callable[[str], float]:
             raise argparse.ArgumentTypeError(str(exc)) from None
 
     return parse
+
+
+def add_key_is_name_argument(parser: argparse.ArgumentParser) -> None:
+    """``--key-is-name``: the escape from :meth:`~pgsolo.Key.parse`'s refusals."""
+    parser.add_argument(
+        "--key-is-name",
+        action="store_true",
+        help="take KEY as a name exactly as given, never as an int64 or a pair: for a name"
+        " such as '42:abc' or one with blanks around it, which are refused without it",
+    )

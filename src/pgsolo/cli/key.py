@@ -17,6 +17,7 @@ from .common import (
     Subparsers,
     add_command,
     add_json_argument,
+    add_key_is_name_argument,
 )
 from .output import emit_json
 
@@ -31,6 +32,7 @@ def add_key_command(subparsers: Subparsers) -> None:
         " pair (42:1001).",
     )
     parser.add_argument("key", metavar="KEY", help="a name, an int64 or a pair N:R")
+    add_key_is_name_argument(parser)
     parser.add_argument(
         "--namespace",
         type=int,
@@ -62,7 +64,7 @@ def describe_key(key: Key) -> dict[str, Any]:
 
 
 def cmd_key(args: argparse.Namespace) -> int:
-    key = Key.parse(args.key, namespace=args.namespace)  # InvalidKeyError: exit 2
+    key = Key.parse(args.key, namespace=args.namespace, name=args.key_is_name)  # exit 2
     info = describe_key(key)
     if args.json:
         emit_json("key", info)

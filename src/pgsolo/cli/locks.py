@@ -22,6 +22,7 @@ from .common import (
     add_command,
     add_dsn_argument,
     add_json_argument,
+    add_key_is_name_argument,
     connection,
     database,
     print_table,
@@ -60,6 +61,7 @@ def add_locks_command(subparsers: Subparsers) -> None:
         help="every column (mode, lifetime, client, state, blockers) and longer queries;"
         " by default the table fits the terminal's width",
     )
+    add_key_is_name_argument(parser)
     add_dsn_argument(parser)
     add_json_argument(parser)
     parser.set_defaults(handler=cmd_locks)
@@ -94,7 +96,7 @@ def cmd_locks(args: argparse.Namespace) -> int:
     from ..monitor.locks import advisory_locks, wait_chains  # noqa: PLC0415
 
     registry = load_registry(args.registry) if args.registry else None
-    key = Key.parse(args.key) if args.key is not None else None
+    key = Key.parse(args.key, name=args.key_is_name) if args.key is not None else None
     names = list(args.name)
     if key is not None and key.name is not None:
         names.append(key.name)  # the rows --key NAME selects are labelled with it

@@ -19,7 +19,7 @@ import psycopg
 from psycopg.abc import ConnDict
 from psycopg.conninfo import conninfo_to_dict, make_conninfo, timeout_from_conninfo
 
-from ..dsn import EMBEDDED
+from ..dsn import EMBEDDED, libpq_dsn, uri_scheme
 from ..errors import DatabaseUnavailableError, InvalidDsnError, PgsoloError
 
 __all__ = [
@@ -43,9 +43,6 @@ REDACTED = "***"
 SECRET_KEYS = frozenset({"password", "sslpassword"})
 
 
-_URI_PREFIXES = ("postgresql://", "postgres://")
-
-
 # A key=value pair whose key is a secret: the value is a quoted string with backslash
 # escapes, or a run of non-blanks (libpq's conninfo grammar).
 _SECRET_PAIR = re.compile(
@@ -60,20 +57,28 @@ def _libpq_params(dsn: str) -> ConnDict | None:
     byte of a command line or of the environment becomes in Python) and so cannot even
     be handed to libpq."""
     try:
-        return conninfo_to_dict(dsn) if dsn else {}
-    except (psycopg.Error, UnicodeEncodeError):
+        return conninfo_to_dict(libpq_dsn(dsn)) if dsn else {}
+    except (psycopg.Error, UnicodeEncodeError, InvalidDsnError):
         return None
 
 
 def parse_dsn(dsn: str) -> ConnDict:
     """The parameters of ``dsn`` (a URI or key=value string, possibly multi-host), or
     :class:`~pgsolo.InvalidDsnError` for one libpq would refuse. The message never
-    quotes the string: the part that could not be read may be a password."""
+    quotes the string: the part that could not be read may be a password. A URI's
+    scheme may name a driver, as SQLAlchemy's do (:func:`~pgsolo.dsn.libpq_dsn`)."""
+    libpq_dsn(dsn)  # a URI of another database: its own error, with the schemes to use
     params = _libpq_params(dsn)
     if params is None:
+        scheme = uri_scheme(dsn) or ""
+        hint = (
+            " (a driver's own URI parameters are not libpq's: asyncpg's ssl=... is sslmode=...)"
+            if "+" in scheme
+            else ""
+        )
         raise InvalidDsnError(
             "the connection string cannot be parsed (libpq's message is not shown: it may"
-            " contain a password)"
+            f" contain a password){hint}"
         )
     for port in str(params.get("port") or "").split(","):
         if port and not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
@@ -96,7 +101,7 @@ def redact_dsn(dsn: str) -> str:
     if not dsn or dsn.strip().lower() == EMBEDDED:
         return dsn
     params = _libpq_params(dsn)  # None: not valid; redact by pattern, best effort
-    if dsn.startswith(_URI_PREFIXES):
+    if uri_scheme(dsn) is not None:
         redacted = _redact_uri(dsn)
     else:
         redacted = _SECRET_PAIR.sub(lambda m: m.group("head") + REDACTED, dsn)
@@ -149,7 +154,7 @@ def scrub_secrets(message: str, dsn: str) -> str:
     secrets.update(str(params[k]) for k in SECRET_KEYS if params and params.get(k))
     for match in _SECRET_PAIR.finditer(dsn):
         secrets.add(match.group("value").strip("'"))
-    if dsn.startswith(_URI_PREFIXES):
+    if uri_scheme(dsn) is not None:
         split = _split_userinfo(dsn.partition("://")[2])
         if split and ":" in split[0]:
             password = split[0].partition(":")[2]
@@ -220,7 +225,7 @@ def conninfo_for(dsn: str, application_name: str, defaults: Mapping[str, str] | 
         defaults = connection_settings()
     extra = {k: v for k, v in defaults.items() if given.get(k) in (None, "")}
     extra["application_name"] = application_name[:MAX_APPLICATION_NAME]
-    return make_conninfo(dsn, **extra)
+    return make_conninfo(libpq_dsn(dsn), **extra)
 
 
 def connect_error(exc: psycopg.Error, dsn: str, conninfo: str) -> PgsoloError:

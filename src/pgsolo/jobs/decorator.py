@@ -60,6 +60,7 @@ def singleton(
     namespace: int | None = None,
     registry: Registry | None = None,
     keep: bool | Keep = False,
+    timezone: str | None = None,
     **not_options: Never,
 ) -> _SingletonDecorator:
     """Decorate ``fn(conn, ...)`` so that each call runs it as a singleton job.
@@ -83,6 +84,7 @@ def singleton(
         namespace=namespace,
         registry=registry,
         keep=keep,
+        timezone=timezone,
     )
     options: dict[str, Any] = {
         "name": name,
@@ -95,6 +97,7 @@ def singleton(
         "namespace": namespace,
         "registry": registry,
         "keep": keep,
+        "timezone": timezone,
     }
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -199,13 +199,18 @@ class Job:
         namespace: int | None = None,
         registry: Registry | None = None,
         keep: bool | Keep = False,
+        timezone: str | None = None,
     ) -> Job:
         resolved = as_key(key, namespace=namespace, registry=registry)
         if lifetime not in ("xact", "session"):
             raise UsageError(f"lifetime must be 'xact' or 'session', got {lifetime!r}")
         wait_ms_of(wait)
-        if period is not None:
-            check_period(period)  # InvalidArgumentError for a period it cannot be
+        if period is not None:  # its one spelling, the one recorded; InvalidArgumentError
+            period = check_period(period, timezone)
+        elif timezone is not None:
+            raise UsageError(
+                f"timezone= is the time zone of a period; got {timezone!r} and no period="
+            )
         job_name = name if name is not None else (resolved.name or resolved.text)
         if not isinstance(job_name, str) or not job_name or "\0" in job_name:
             raise UsageError(f"a job name must be non-empty text without NUL, got {job_name!r}")

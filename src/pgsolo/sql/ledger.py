@@ -3,7 +3,7 @@ attempts (both created by ``pgsolo migrate``)."""
 
 from __future__ import annotations
 
-from .._types import PERIOD_UNITS, parse_period_seconds
+from .._types import read_period
 from .text import sql_text, text_or_null, utf8
 
 __all__ = [
@@ -23,18 +23,22 @@ def name_fits(job: str) -> str:
     return f"SELECT length({sql_text(job)})"
 
 
-def period_start(period: str) -> str:
-    """The start of the current period by the database's clock (never the host's).
+def period_start(period: str, *, at: str = "now()") -> str:
+    """The start of the period that holds ``at`` (default: now, by the database's clock,
+    never the host's).
 
-    ``period`` is a unit (``minute`` ... ``year``, truncated in UTC) or ``N seconds``
+    ``period`` is a unit (``minute`` ... ``year``) truncated in UTC or, for a day, week,
+    month or year, in its time zone (``day in Europe/Paris``: from local midnight to
+    local midnight, 23 or 25 hours when the clocks change), or ``N seconds``
     (``date_bin`` buckets from the Unix epoch).
     """
-    if period in PERIOD_UNITS:
-        return f"date_trunc('{period}', now(), 'UTC')"
-    seconds = parse_period_seconds(period)
-    # make_interval, not '{seconds} seconds'::interval: before PostgreSQL 15 an interval's
-    # text may not say more than 2^31-1 seconds, and a period may be 100 years.
-    return f"date_bin(make_interval(secs => {seconds}), now(), '1970-01-01 00:00:00+00')"
+    read = read_period(period)
+    if read.seconds is not None:
+        # make_interval, not '{seconds} seconds'::interval: before PostgreSQL 15 an
+        # interval's text may not say more than 2^31-1 seconds, and a period may be 100 years.
+        return f"date_bin(make_interval(secs => {read.seconds}), {at}, '1970-01-01 00:00:00+00')"
+    zone = sql_text(read.zone) if read.zone else "'UTC'"
+    return f"date_trunc('{read.unit}', {at}, {zone})"
 
 
 def period_done(job: str, period: str) -> str:

@@ -89,13 +89,14 @@ def cmd_run(args: argparse.Namespace) -> int:
                     EXIT_USAGE,
                 )
             # Everything is validated before anything connects (UsageError: exit 2).
-            key = Key.parse(args.key, namespace=args.namespace)
+            key = Key.parse(args.key, namespace=args.namespace, name=args.key_is_name)
             job = Job.define(
                 key,
                 name=args.name,
                 lifetime="session",
                 wait=args.wait,
                 period=args.once_per,
+                timezone=args.timezone,
                 record=args.record,
                 application_name=args.application_name,
             )

@@ -7,7 +7,7 @@ import shlex
 
 from ...drivers.conninfo import redact_dsn
 from ...locking.core import MAX_WAIT_SECONDS
-from ..common import add_dsn_argument, seconds_between
+from ..common import add_dsn_argument, add_key_is_name_argument, seconds_between
 from ..exit_codes import (
     EXIT_FAILED,
     EXIT_LOST,
@@ -51,6 +51,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
 def _add_lock_options(parser: argparse.ArgumentParser) -> None:
     """What to lock, how long to wait for it, and the job around it."""
     parser.add_argument("--key", required=True, metavar="KEY", help="a name, an int64 or N:R")
+    add_key_is_name_argument(parser)
     parser.add_argument(
         "--namespace",
         type=int,
@@ -67,8 +68,16 @@ def _add_lock_options(parser: argparse.ArgumentParser) -> None:
         "--once-per",
         metavar="PERIOD",
         help="run at most once per PERIOD by the database's clock: minute, hour, day, week,"
-        " month, year (UTC) or 'N seconds' (N from 1 to 3153600000, 100 years); needs"
-        " `pgsolo migrate`",
+        " month, year (or hourly, daily, ...: calendar periods, in UTC unless --timezone),"
+        " or a number of seconds from 1 to 3153600000 (100 years) counted from the Unix"
+        " epoch: 900, '900 seconds', 15m, 24h, 1d, 2w; needs `pgsolo migrate`",
+    )
+    parser.add_argument(
+        "--timezone",
+        metavar="ZONE",
+        help="where a --once-per day, week, month or year starts at midnight: an IANA name"
+        " (Europe/Paris); a day is then 23 or 25 hours long when the clocks change;"
+        " default: UTC",
     )
     parser.add_argument(
         "--record",

@@ -43,6 +43,7 @@ def run_job(
     namespace: int | None = None,
     registry: Registry | None = None,
     keep: bool | Keep = False,
+    timezone: str | None = None,
     **not_options: Never,
 ) -> JobResult[T]:
     """Run ``fn(conn, *args)`` at most once at a time across every process.
@@ -56,9 +57,11 @@ def run_job(
     ``lifetime="xact"`` (default) runs ``fn`` inside the locked transaction and commits
     with it; ``"session"`` holds a session lock on the pinned connection, for work that
     spans commits or external calls. Busy means skip, unless ``wait=`` seconds are
-    given. ``period="day"`` (or ``hour``, ``"900 seconds"``...) records each completed
-    run durably, so a second run in the same period, by the database's clock, is
-    skipped. ``record=True`` writes every attempt to the ledger (``pgsolo migrate``).
+    given. ``period="day"`` (or ``daily``, ``hour``, ``"900 seconds"``, ``15m``, ``24h``...)
+    records each completed run durably, so a second run in the same period, by the
+    database's clock, is skipped; a day, week, month or year is UTC's unless
+    ``timezone="Europe/Paris"`` (an IANA name) says where it starts at midnight.
+    ``record=True`` writes every attempt to the ledger (``pgsolo migrate``).
     ``keep=True`` (or a :class:`~pgsolo.Keep`), for a session job, watches the lock
     while ``fn`` runs: a loss makes the outcome ``lost`` (its reason from the keeper).
     A failure re-raises the callable's exception after it is logged and recorded,
@@ -76,6 +79,7 @@ def run_job(
         namespace=namespace,
         registry=registry,
         keep=keep,
+        timezone=timezone,
     )
     refuse_cancel_without_tasks(job, tasks=IS_ASYNC)
     if isinstance(target, str):
