@@ -27,7 +27,7 @@ def test_every_command_prints_one_schema_valid_document(
     assert isinstance(report["database"], str)  # a name, never a connection string
 
     history = json_document(pgsolo_cli("history", "--dsn", migrated, "--job", job, "--json").stdout)
-    assert history["database"] == report["database"]
+    assert (history["database"], history["server"]) == (report["database"], report["server"])
     (attempt,) = history["attempts"]
     assert (attempt["key"], attempt["outcome"]) == (key.text, "completed")
     assert 0 <= attempt["duration_seconds"] < 60  # seconds, not milliseconds
@@ -42,7 +42,9 @@ def test_every_command_prints_one_schema_valid_document(
         doc = json_document(done.stdout)
         assert doc["schema"] == f"pgsolo.{args[0]}/1"
         if "--dsn" in args:
-            assert doc["database"] == report["database"]
+            # one meaning per name: the database's name, and the server as host:port
+            # (the same as pgsolo run's), never a label or a connection string
+            assert (doc["database"], doc["server"]) == (report["database"], report["server"])
 
 
 def test_terminate_json_reports_what_it_released(dsn: str, key: Key) -> None:

@@ -201,6 +201,16 @@ def connection(db: Database, default_name: str) -> Iterator[psycopg.Connection[A
         yield conn
 
 
+def where(conn: psycopg.Connection[Any]) -> tuple[str, str]:
+    """The database's name and the server's address (``host:port``; a unix socket's
+    directory as the host), as every ``--json`` document and pgsolo's log lines give
+    them: never a connection string, so never a password."""
+    from ..drivers import adapt_sync  # noqa: PLC0415
+
+    info = adapt_sync(conn).server_info()
+    return info.database, info.address
+
+
 def print_table(table: list[tuple[str, ...]]) -> None:
     widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
     for line in table:

@@ -24,9 +24,11 @@ from .common import (
     add_command,
     add_dsn_argument,
     add_json_argument,
+    connection,
     database,
     int_between,
     seconds_between,
+    where,
 )
 
 
@@ -86,11 +88,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
             raise CliError(
                 f"another pgsolo demo kept {db.label} busy for {exc.timeout:g}s", EXIT_SKIPPED
             ) from exc
-        label = db.label
-    if args.json:
-        emit_json("demo", {"server": label, "exit_code": exit_code(result), **result.as_dict()})
-    else:
-        format_report(result)
+        if args.json:
+            with connection(db, "pgsolo:demo") as conn:
+                _, server = where(conn)
+            document = {"server": server, "exit_code": exit_code(result), **result.as_dict()}
+            emit_json("demo", document)
+            return exit_code(result)
+    format_report(result)
     return exit_code(result)
 
 

@@ -22,6 +22,7 @@ from .common import (
     connection,
     database,
     seconds_between,
+    where,
 )
 
 
@@ -62,14 +63,14 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         connection(db, "pgsolo:doctor") as conn,
     ):
         checks = doctor(conn, older_than=args.older_than)
-        name = conn.info.dbname
+        name, server = where(conn)
     code = EXIT_FAILED if any(check.status == "fail" for check in checks) else EXIT_OK
     if args.json:
         emit_json(
             "doctor",
             {
                 "database": name,
-                "server": db.label,
+                "server": server,
                 "exit_code": code,
                 "checks": [c.as_dict() for c in checks],
             },

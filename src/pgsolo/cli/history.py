@@ -26,6 +26,7 @@ from .common import (
     database,
     int_between,
     print_table,
+    where,
 )
 
 
@@ -64,14 +65,14 @@ def cmd_history(args: argparse.Namespace) -> int:
             raise CliError(
                 f"no ledger in {db.label}: run pgsolo migrate first", EXIT_USAGE, "not-migrated"
             ) from exc
-        name = conn.info.dbname
+        name, server = where(conn)
     warnings = skip_warning(rows)
     if args.json:
         emit_json(
             "history",
             {
                 "database": name,
-                "server": db.label,
+                "server": server,
                 "attempts": [attempt_as_json(row) for row in rows],
                 "warnings": warnings,
             },

@@ -26,6 +26,7 @@ from .common import (
     connection,
     database,
     print_table,
+    where,
 )
 
 
@@ -107,14 +108,14 @@ def cmd_locks(args: argparse.Namespace) -> int:
         connection(db, "pgsolo:locks") as conn,
     ):
         locks = advisory_locks(conn, registry=registry, names=names, key=key, from_ledger=True)
-        name = conn.info.dbname
+        name, server = where(conn)
     chains = wait_chains(locks)
     if args.json:
         emit_json(
             "locks",
             {
                 "database": name,
-                "server": db.label,
+                "server": server,
                 "locks": [lock.as_dict() for lock in locks],
                 "wait_chains": [list(chain) for chain in chains],
             },

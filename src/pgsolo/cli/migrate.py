@@ -23,6 +23,7 @@ from .common import (
     add_json_argument,
     connection,
     database,
+    where,
 )
 from .output import emit_json
 
@@ -55,11 +56,11 @@ def cmd_migrate(args: argparse.Namespace) -> int:
                 f"another pgsolo migrate kept {db.label} busy for {exc.timeout:g}s", EXIT_SKIPPED
             ) from exc
         version = schema_version(conn)
-        name = conn.info.dbname
+        name, server = where(conn)
     if args.json:
         emit_json(
             "migrate",
-            {"database": name, "server": db.label, "applied": applied, "schema_version": version},
+            {"database": name, "server": server, "applied": applied, "schema_version": version},
         )
     elif applied:
         versions = ", ".join(str(v) for v in applied)

@@ -24,6 +24,7 @@ from .common import (
     database,
     int_between,
     print_table,
+    where,
 )
 from .locks import lock_table
 from .output import emit_json
@@ -74,7 +75,7 @@ def cmd_terminate(args: argparse.Namespace) -> int:
                 " release (--force terminates it anyway)",
                 EXIT_USAGE,
             )
-        name = conn.info.dbname
+        name, server = where(conn)
         if args.json:
             pass  # the locks are in the document; a question, if any, goes to stderr
         elif locks:
@@ -89,7 +90,7 @@ def cmd_terminate(args: argparse.Namespace) -> int:
             print(f"pid {args.pid} holds no advisory lock in {db.label} (--force)")
         report = {
             "database": name,
-            "server": db.label,
+            "server": server,
             "pid": args.pid,
             "locks": [lock.as_dict() for lock in locks],
         }
