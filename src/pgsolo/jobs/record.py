@@ -93,6 +93,12 @@ def record_plan(
             raise NotMigratedError(
                 "record=True needs pgsolo's tables: run `pgsolo migrate` first"
             ) from exc
+        if sql.meaning(driver.sqlstate(exc)) is sql.Meaning.NO_PRIVILEGE:
+            raise sql.privilege_error(
+                f"job {job.name!r} with record=True",
+                driver.server_info().user,
+                features=("record",),
+            ) from exc
         if sql.meaning(driver.sqlstate(exc)) is sql.Meaning.UNTRANSLATABLE:
             raise untranslatable_name(job.name) from exc
         raise
@@ -122,6 +128,10 @@ def history(
     except Exception as exc:
         if sql.meaning(driver.sqlstate(exc)) is sql.Meaning.NOT_MIGRATED:
             raise NotMigratedError("no ledger: run `pgsolo migrate` first") from exc
+        if sql.meaning(driver.sqlstate(exc)) is sql.Meaning.NO_PRIVILEGE:
+            raise sql.privilege_error(
+                "reading the ledger", driver.server_info().user, features=("history",)
+            ) from exc
         if sql.meaning(driver.sqlstate(exc)) is sql.Meaning.UNTRANSLATABLE:
             raise untranslatable_name(job) from exc
         raise

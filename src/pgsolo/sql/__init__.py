@@ -76,6 +76,9 @@ from .schema import (
     MIGRATIONS_TABLE,
     SCHEMA,
     SCHEMA_VERSION,
+    grants,
+    privilege_error,
+    quote_name,
     record_migration,
 )
 from .states import (
@@ -134,6 +137,7 @@ __all__ = [
     "acquire",
     "advisory_locks",
     "assert_same_transaction",
+    "grants",
     "held_here",
     "history",
     "is_session",
@@ -151,6 +155,8 @@ __all__ = [
     "period_done",
     "period_record",
     "period_start",
+    "privilege_error",
+    "quote_name",
     "read_json",
     "read_text",
     "record_attempt",
