@@ -77,7 +77,10 @@ def ledger_ready(job: Job, driver: DriverBase) -> Plan[None]:
     retry would do it twice.
     """
     try:
-        version = yield from version_plan(driver, first=[sql.name_fits(job.name)])
+        features = _table_features(job)
+        version = yield from version_plan(
+            driver, first=[sql.name_fits(job.name), sql.require_privileges(features)]
+        )
     except Exception as exc:
         if sql.meaning(driver.sqlstate(exc)) is sql.Meaning.UNTRANSLATABLE:
             raise untranslatable_name(job.name) from exc
@@ -96,14 +99,19 @@ def ledger_ready(job: Job, driver: DriverBase) -> Plan[None]:
 
 def _no_privilege(job: Job, driver: DriverBase) -> InsufficientPrivilegeError:
     """A job that needs pgsolo's tables, refused by them before its work ran."""
-    features = tuple(f for f, used in _table_uses(job) if used)
     return sql.privilege_error(
-        f"job {job.name!r} with {_table_options(job)}", driver.server_info().user, features=features
+        f"job {job.name!r} with {_table_options(job)}",
+        driver.server_info().user,
+        features=_table_features(job),
     )
 
 
 def _table_uses(job: Job) -> tuple[tuple[str, bool], ...]:
     return (("record", job.record), ("period", job.period is not None))
+
+
+def _table_features(job: Job) -> tuple[str, ...]:
+    return tuple(feature for feature, used in _table_uses(job) if used)
 
 
 def _table_options(job: Job) -> str:

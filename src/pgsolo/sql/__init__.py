@@ -80,6 +80,7 @@ from .schema import (
     privilege_error,
     quote_name,
     record_migration,
+    require_privileges,
 )
 from .states import (
     SQLSTATE_ATTEMPT_SUPERSEDED,
@@ -161,6 +162,7 @@ __all__ = [
     "read_text",
     "record_attempt",
     "record_migration",
+    "require_privileges",
     "returns_rows",
     "session_guarded",
     "set_local_lock_timeout",

@@ -4,6 +4,7 @@ in :mod:`pgsolo.schema`)."""
 from __future__ import annotations
 
 from ..errors import InsufficientPrivilegeError
+from .states import SQLSTATE_INSUFFICIENT_PRIVILEGE
 
 __all__ = [
     "MIGRATIONS_TABLE",
@@ -13,6 +14,7 @@ __all__ = [
     "privilege_error",
     "quote_name",
     "record_migration",
+    "require_privileges",
 ]
 
 
@@ -112,4 +114,27 @@ def privilege_error(
         f"{what} needs a privilege that role {role!r} lacks (permission denied, SQLSTATE"
         f" 42501): {'; '.join(needs)}{migrate}",
         needs=needs,
+    )
+
+
+_HAS_PRIVILEGE = {"TABLE": "has_table_privilege", "SEQUENCE": "has_sequence_privilege"}
+
+
+def require_privileges(features: tuple[str, ...]) -> str:
+    """A statement that fails with SQLSTATE 42501 unless the current role has every
+    privilege of ``features`` (with 42P01 or 3F000 when the tables are missing, which
+    means not migrated). A job sends it before its lock, so that a role that may check
+    the version but not write the ledger learns it before its work runs, not after."""
+    tests = [f"has_schema_privilege('{SCHEMA}', 'USAGE')"]
+    for feature in features:
+        for privileges, target in FEATURE_PRIVILEGES[feature]:
+            kind, name = target.split(" ")
+            tests += [
+                f"{_HAS_PRIVILEGE[kind]}('{name}', '{privilege}')"
+                for privilege in privileges.split(", ")
+            ]
+    return (
+        f"DO $pgsolo$BEGIN IF NOT ({' AND '.join(tests)}) THEN RAISE EXCEPTION USING"
+        f" ERRCODE = '{SQLSTATE_INSUFFICIENT_PRIVILEGE}',"
+        " MESSAGE = 'pgsolo: this role lacks a privilege on pgsolo''s tables'; END IF; END$pgsolo$"
     )
