@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -21,8 +22,9 @@ from psycopg.conninfo import make_conninfo
 
 import pgsolo
 from _support import pgsolo_cli
-from pgsolo import InsufficientPrivilegeError, InvalidArgumentError
+from pgsolo import InsufficientPrivilegeError, InvalidArgumentError, sql
 from pgsolo.schema import schema_version
+from pgsolo.sql.schema import FEATURE_PRIVILEGES
 
 MakeRole = Callable[..., tuple[str, Callable[[], psycopg.Connection]]]
 
@@ -310,3 +312,72 @@ def test_terminate_needs_the_same_role_or_pg_signal_backend(
         pgsolo.terminate_backend(connect(), admin.info.backend_pid)
     grant(admin, denied.value)
     assert pgsolo.terminate_backend(connect(), theirs.info.backend_pid) is True
+
+
+FEATURE_USES: dict[str, Callable[[str, Callable[[], psycopg.Connection]], object]] = {
+    "fencing": lambda dsn, connect: pgsolo.session_lock(connect(), "f", fencing=True).acquire(),
+    "record": lambda dsn, connect: pgsolo.run_job(dsn, "r", lambda c: 1, record=True).outcome,
+    "period": lambda dsn, connect: pgsolo.run_job(dsn, "p", lambda c: 1, period="day").outcome,
+    "once": lambda dsn, connect: pgsolo.run_once(connect(), "o", lambda ctx: 1).outcome,
+    "history": lambda dsn, connect: pgsolo.history(connect()) == [],
+}
+FEATURE_RESULTS = {
+    "fencing": True,
+    "record": "completed",
+    "period": "completed",
+    "once": "ran",
+    "history": True,
+}
+
+
+def needs(feature: str) -> set[tuple[str, str]]:
+    return {(p, target) for ps, target in FEATURE_PRIVILEGES[feature] for p in ps.split(", ")}
+
+
+@pytest.mark.parametrize("feature", sorted(FEATURE_USES))
+def test_each_feature_works_with_exactly_its_own_grants(
+    feature: str, fresh_db: str, admin: psycopg.Connection, make_role: MakeRole
+) -> None:
+    assert set(FEATURE_USES) == set(FEATURE_PRIVILEGES)
+    pgsolo.migrate(admin)
+    role, connect = make_role()
+    for statement in sql.grants(role, (feature,)):
+        admin.execute(statement.encode())
+    dsn = make_conninfo(fresh_db, user=role)
+    assert FEATURE_USES[feature](dsn, connect) == FEATURE_RESULTS[feature]
+    others = [f for f in FEATURE_USES if not needs(f) <= needs(feature)]
+    for other in others:  # and the others are refused, by pgsolo
+        with pytest.raises(InsufficientPrivilegeError):
+            FEATURE_USES[other](dsn, connect)
+
+
+def test_the_ledger_and_the_log_never_show_the_connection_password(
+    fresh_db: str, admin: psycopg.Connection, make_role: MakeRole, caplog: pytest.LogCaptureFixture
+) -> None:
+    role, _ = make_role()
+    password = "ledger-sekret-9"  # noqa: S105 - a throwaway role's, on purpose
+    admin.execute(
+        pgsql.SQL("ALTER ROLE {} PASSWORD {}").format(
+            pgsql.Identifier(role), pgsql.Literal(password)
+        )
+    )
+    pgsolo.migrate(admin, grant_to=[role])
+    secret_dsn = make_conninfo(fresh_db, user=role, password=password)
+
+    def fails(conn: Any) -> None:
+        raise RuntimeError(f"could not reach {secret_dsn}")
+
+    with pytest.raises(RuntimeError):  # the work's own exception, to its caller
+        pgsolo.run_job(secret_dsn, "leaky", fails, record=True)
+    (error,) = admin.execute("SELECT error FROM pgsolo.job_runs").fetchone() or ("",)
+    assert "could not reach" in error
+    assert password not in error
+    (line,) = [r.getMessage() for r in caplog.records if "job failed" in r.getMessage()]
+    assert "could not reach" in line
+    assert password not in line
+
+
+def test_the_docs_grant_statements_are_migrate_grant_to() -> None:
+    page = (Path(__file__).parents[2] / "docs" / "security.md").read_text(encoding="utf-8")
+    block = page.split("```sql\n", 1)[1].split("```", 1)[0]
+    assert block.splitlines() == [f"{statement};" for statement in sql.grants("app")]
