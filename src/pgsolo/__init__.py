@@ -15,6 +15,7 @@ from ._types import OnceOutcome, Outcome
 from .errors import (
     ConnectionStateError,
     DatabaseUnavailableError,
+    InsufficientPrivilegeError,
     InvalidArgumentError,
     InvalidDsnError,
     InvalidKeyError,
@@ -84,6 +85,7 @@ __all__ = [
     "Check",
     "ConnectionStateError",
     "DatabaseUnavailableError",
+    "InsufficientPrivilegeError",
     "InvalidArgumentError",
     "InvalidDsnError",
     "InvalidKeyError",

@@ -12,6 +12,7 @@ from .reasons import LostReason, UnsafeReason
 __all__ = [
     "ConnectionStateError",
     "DatabaseUnavailableError",
+    "InsufficientPrivilegeError",
     "InvalidArgumentError",
     "InvalidDsnError",
     "InvalidKeyError",
@@ -75,6 +76,19 @@ class NotMigratedError(UsageError):
     def __init__(self, message: str, *, version: int | None = None) -> None:
         super().__init__(message)
         self.version = version
+
+
+class InsufficientPrivilegeError(PgsoloError):
+    """The database role lacks a privilege pgsolo needs (SQLSTATE 42501, permission
+    denied); nothing was held or run, unless the message says otherwise.
+
+    ``needs``: what would grant it, as SQL statements (``GRANT ...``) or the name of a
+    predefined role, for an administrator to run; the message repeats them, and the
+    driver's error is the cause. docs/security.md lists every feature's privileges."""
+
+    def __init__(self, message: str, *, needs: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.needs = needs
 
 
 class UnsupportedConnectionError(UsageError, TypeError):

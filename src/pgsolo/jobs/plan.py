@@ -20,6 +20,7 @@ from .._types import Outcome
 from ..drivers import DriverBase, TxStatus
 from ..errors import (
     DatabaseUnavailableError,
+    InsufficientPrivilegeError,
     LockLostError,
     LockNotHeldError,
     LockTimeoutError,
@@ -76,20 +77,47 @@ def ledger_ready(job: Job, driver: DriverBase) -> Plan[None]:
     retry would do it twice.
     """
     try:
-        version = yield from version_plan(driver, first=[sql.name_fits(job.name)])
+        features = _table_features(job)
+        version = yield from version_plan(
+            driver, first=[sql.name_fits(job.name), sql.require_privileges(features)]
+        )
     except Exception as exc:
         if sql.meaning(driver.sqlstate(exc)) is sql.Meaning.UNTRANSLATABLE:
             raise untranslatable_name(job.name) from exc
+        if sql.meaning(driver.sqlstate(exc)) is sql.Meaning.NO_PRIVILEGE:
+            raise _no_privilege(job, driver) from exc
         raise
     if version >= LATEST_VERSION:
         return
-    options = (("record=True", job.record), ("period=", job.period is not None))
-    needs = " and ".join(option for option, used in options if used)
     raise NotMigratedError(
-        f"a job with {needs} needs pgsolo's tables, and this database has schema version"
-        f" {version} (this pgsolo needs {LATEST_VERSION}): run `pgsolo migrate` first",
+        f"a job with {_table_options(job)} needs pgsolo's tables, and this database has"
+        f" schema version {version} (this pgsolo needs {LATEST_VERSION}): run `pgsolo"
+        " migrate` first",
         version=version,
     )
+
+
+def _no_privilege(job: Job, driver: DriverBase) -> InsufficientPrivilegeError:
+    """A job that needs pgsolo's tables, refused by them before its work ran."""
+    return sql.privilege_error(
+        f"job {job.name!r} with {_table_options(job)}",
+        driver.server_info().user,
+        features=_table_features(job),
+    )
+
+
+def _table_uses(job: Job) -> tuple[tuple[str, bool], ...]:
+    return (("record", job.record), ("period", job.period is not None))
+
+
+def _table_features(job: Job) -> tuple[str, ...]:
+    return tuple(feature for feature, used in _table_uses(job) if used)
+
+
+def _table_options(job: Job) -> str:
+    """The options of ``job`` that use pgsolo's tables, as the caller wrote them."""
+    options = {"record": "record=True", "period": "period="}
+    return " and ".join(options[feature] for feature, used in _table_uses(job) if used)
 
 
 class _Attempt:
@@ -270,6 +298,8 @@ class _Attempt:
             raise NotMigratedError(
                 "once-per-period runs need pgsolo's tables: run `pgsolo migrate` first"
             ) from exc
+        if meaning is sql.Meaning.NO_PRIVILEGE and self.job.period is not None and not in_work:
+            raise _no_privilege(self.job, self.driver) from exc
         if meaning is sql.Meaning.UNTRANSLATABLE and not in_work:  # the period's job name
             raise untranslatable_name(self.job.name) from exc
         if isinstance(exc, LockLostError):  # the keeper saw the lock go while the work ran

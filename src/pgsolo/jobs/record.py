@@ -17,6 +17,7 @@ from ..errors import NotMigratedError
 from ..locking.placement import outside_transaction
 from ..locking.plans import Plan
 from .definition import Job, JobResult, untranslatable_name
+from .report import scrubbed
 
 if TYPE_CHECKING:
     from ..drivers.kinds import SyncConnectionLike
@@ -45,7 +46,13 @@ def ledger_statements(
     job: Job, result: JobResult[Any], driver: DriverBase, *, exit_code: int | None = None
 ) -> list[str]:
     """The statements that write ``result`` to the ledger (``pgsolo.job_runs``)."""
-    error = None if result.error is None else f"{type(result.error).__name__}: {result.error}"
+    # Scrubbed like every other text pgsolo stores or logs: a work's exception may quote
+    # the connection string it was given, and the ledger is readable by every app role.
+    error = (
+        None
+        if result.error is None
+        else scrubbed(f"{type(result.error).__name__}: {result.error}", result.error, driver)
+    )
     return outside_transaction(
         driver,
         [
@@ -93,6 +100,12 @@ def record_plan(
             raise NotMigratedError(
                 "record=True needs pgsolo's tables: run `pgsolo migrate` first"
             ) from exc
+        if sql.meaning(driver.sqlstate(exc)) is sql.Meaning.NO_PRIVILEGE:
+            raise sql.privilege_error(
+                f"job {job.name!r} with record=True",
+                driver.server_info().user,
+                features=("record",),
+            ) from exc
         if sql.meaning(driver.sqlstate(exc)) is sql.Meaning.UNTRANSLATABLE:
             raise untranslatable_name(job.name) from exc
         raise
@@ -122,6 +135,10 @@ def history(
     except Exception as exc:
         if sql.meaning(driver.sqlstate(exc)) is sql.Meaning.NOT_MIGRATED:
             raise NotMigratedError("no ledger: run `pgsolo migrate` first") from exc
+        if sql.meaning(driver.sqlstate(exc)) is sql.Meaning.NO_PRIVILEGE:
+            raise sql.privilege_error(
+                "reading the ledger", driver.server_info().user, features=("history",)
+            ) from exc
         if sql.meaning(driver.sqlstate(exc)) is sql.Meaning.UNTRANSLATABLE:
             raise untranslatable_name(job) from exc
         raise

@@ -17,7 +17,7 @@ from .definition import Job, JobResult
 if TYPE_CHECKING:
     pass
 
-__all__ = ["report"]
+__all__ = ["report", "scrubbed"]
 
 
 def report(
@@ -48,6 +48,18 @@ def report(
         "backend_pid": result.backend_pid,
         "lock_wait_ms": round(result.lock_wait * 1000, 3),
         "duration_ms": round(result.duration * 1000, 3),
-        "error": repr(result.error) if result.error is not None else None,
+        "error": (
+            scrubbed(repr(result.error), result.error, driver) if result.error is not None else None
+        ),
     }
     log_event(logger, level, "job", "outcome", result.outcome, fields)
+
+
+def scrubbed(text: str, error: BaseException, driver: DriverBase) -> str:
+    """``text`` (about ``error``) with the connection's own password blanked out: the
+    work's exception may quote the connection string it was given. A closed connection
+    no longer says its password; the message is then left out rather than risked."""
+    try:
+        return driver.scrub(text)
+    except Exception:
+        return f"{type(error).__name__} (its message is not shown: the connection is closed)"

@@ -5,7 +5,8 @@ A key this connection already holds through pgsolo is busy for a try, and a
 that ran out is a :class:`~pgsolo.LockTimeoutError`; a standby, a
 :class:`~pgsolo.UnsafeConnectionError`; a deadlock between advisory waits, a
 :class:`~pgsolo.LockDeadlockError` naming the keys of the cycle; fencing on a database
-without pgsolo's tables, a :class:`~pgsolo.NotMigratedError`. Anything else is the
+without pgsolo's tables, a :class:`~pgsolo.NotMigratedError`; a privilege the role lacks,
+a :class:`~pgsolo.InsufficientPrivilegeError`. Anything else is the
 driver's own error, raised as it is.
 """
 
@@ -65,6 +66,20 @@ def acquisition_error(core: LockCore, exc: BaseException, started: float) -> Bas
             " one fixed order everywhere (for example sorted), or one key for the group.",
             key=core.key,
             keys=keys,
+        )
+    if meaning is sql.Meaning.NO_PRIVILEGE:
+        # EXECUTE on the lock function (revoked from PUBLIC, as `pgsolo doctor` advises,
+        # and not granted back), or the fencing sequence: the server says which in its
+        # own words (and language), so both are named.
+        function = sql.lock_function(
+            core.lifetime, wait=core.wait_ms is not None, shared=core.shared
+        )
+        args = "integer, integer" if core.key.is_pair else "bigint"
+        return sql.privilege_error(
+            f"{core.lifetime} lock {core.key}",
+            core.driver.server_info().user,
+            functions=(f"{function}({args})",),
+            features=("fencing",) if core.fencing else (),
         )
     if core.fencing and meaning is sql.Meaning.NOT_MIGRATED:
         return NotMigratedError(

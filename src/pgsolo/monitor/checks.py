@@ -84,6 +84,7 @@ def _diagnose(snapshot: Mapping[str, Any], older_than: float, *, proxy: Check) -
         _lock_timeout_check(settings, role_settings, sessions, older_than),
         proxy,
         _public_execute_check(snapshot["public_execute"], str(snapshot["user"])),
+        _visibility_check(sessions, str(snapshot["user"])),
     ]
 
 
@@ -394,6 +395,32 @@ def _public_execute_check(functions: Sequence[str], user: str) -> Check:
         " pg_try_advisory_xact_lock, pg_advisory_xact_lock and their _shared and session"
         " forms as asked; unlocks stay open to PUBLIC; superusers are not affected;"
         f" connected as {user})",
+    )
+
+
+def _visibility_check(sessions: Sequence[_Session], user: str) -> Check:
+    # pg_locks shows every lock to every role, but pg_stat_activity hides the state,
+    # times and query of other roles' backends (NULL, and '<insufficient privilege>')
+    # from a role that is neither a member of theirs nor of pg_read_all_stats: the idle
+    # and transaction checks cannot judge those sessions, so "ok" would be a guess.
+    hidden = [s for s in sessions if s.state is None]
+    if not hidden:
+        return Check(
+            "visibility",
+            "ok",
+            f"the activity of all {len(sessions)} session(s) holding or waiting for advisory"
+            " locks is visible to this role",
+        )
+    return Check(
+        "visibility",
+        "warn",
+        f"{len(hidden)} session(s) holding or waiting for advisory locks belong to roles whose"
+        f" activity (state, transaction start, query) {user!r} may not read, so the idle and"
+        " transaction checks could not judge them: "
+        + "; ".join(s.describe() for s in hidden[:_LISTED])
+        + _more(hidden),
+        f"run doctor as a role that may read them: GRANT pg_read_all_stats TO"
+        f" {sql.quote_name(user)}",
     )
 
 

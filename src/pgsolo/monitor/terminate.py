@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from .. import sql
 from .._types import DAY
 from ..drivers import adapt_sync
-from ..errors import InvalidArgumentError
+from ..errors import InsufficientPrivilegeError, InvalidArgumentError
 from ..locking.placement import outside_transaction
 
 if TYPE_CHECKING:
@@ -26,9 +26,20 @@ def terminate_backend(conn: SyncConnectionLike, pid: int, *, wait_ms: int = 5000
     driver = adapt_sync(conn)
     if pid == driver.backend_pid():
         raise InvalidArgumentError(f"pid {pid} is this connection's own backend")
-    return (
-        driver.fetch_value(
+    try:
+        ended = driver.fetch_value(
             outside_transaction(driver, [sql.terminate_backend(pid, wait_ms=wait_ms)])
         )
-        is True
-    )
+    except Exception as exc:
+        if sql.meaning(driver.sqlstate(exc)) is not sql.Meaning.NO_PRIVILEGE:
+            raise
+        user = driver.server_info().user
+        needs = (f"GRANT pg_signal_backend TO {sql.quote_name(user)}",)
+        raise InsufficientPrivilegeError(
+            f"role {user!r} may not terminate backend {pid} (permission denied, SQLSTATE"
+            " 42501): pg_terminate_backend ends only the backends of the same role, or,"
+            f" for members of pg_signal_backend ({needs[0]}), those of any role that is not"
+            " a superuser; a superuser's backend, only a superuser. Nothing was terminated.",
+            needs=needs,
+        ) from exc
+    return ended is True

@@ -17,6 +17,7 @@ from .._logging import once_logger as logger
 from .._types import OnceOutcome
 from ..drivers import DriverBase, TxStatus
 from ..errors import (
+    InsufficientPrivilegeError,
     InvalidOperationError,
     InvalidOperationKeyError,
     LockLostError,
@@ -118,6 +119,8 @@ def _read(op: Operation, core: LockCore) -> Plan[dict[str, Any] | None]:
             raise NotMigratedError(
                 "operation keys need pgsolo's tables: run `pgsolo migrate` first"
             ) from exc
+        if sql.meaning(driver.sqlstate(exc)) is sql.Meaning.NO_PRIVILEGE:
+            raise _no_privilege(op, driver) from exc
         if sql.meaning(driver.sqlstate(exc)) is sql.Meaning.UNTRANSLATABLE:
             raise InvalidOperationKeyError(
                 f"this database's encoding cannot hold the operation key {op.op_key!r}"
@@ -125,6 +128,12 @@ def _read(op: Operation, core: LockCore) -> Plan[dict[str, Any] | None]:
         raise
     row = sql.read_json(text)
     return None if row is None else dict(row)
+
+
+def _no_privilege(op: Operation, driver: DriverBase) -> InsufficientPrivilegeError:
+    return sql.privilege_error(
+        f"operation {op.op_key!r}", driver.server_info().user, features=("once",)
+    )
 
 
 def _from_row(outcome: OnceOutcome, op: Operation, row: dict[str, Any]) -> OnceResult:
@@ -144,7 +153,15 @@ def _run_attempt(
     # 'started' commits before the operation runs; on an autocommit connection the
     # operation's own transaction opens in the same round trip.
     opening = [] if driver.begins_implicitly else [sql.BEGIN]
-    began = yield [*_committed(driver, [start]), *opening]
+    try:
+        began = yield [*_committed(driver, [start]), *opening]
+    except Exception as exc:
+        if sql.meaning(driver.sqlstate(exc)) is not sql.Meaning.NO_PRIVILEGE:
+            raise
+        # A role that may read operations but not write them: nothing ran.
+        if driver.transaction_status() in (TxStatus.INTRANS, TxStatus.INERROR):
+            yield from quietly(core, [sql.ROLLBACK])
+        raise _no_privilege(op, driver) from exc
     if began is None:  # another attempt succeeded between the first look and the lock
         if opening:  # the operation's transaction, opened in that round trip for nothing
             yield [sql.ROLLBACK]

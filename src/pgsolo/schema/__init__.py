@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from .. import sql
 from ..drivers import DriverBase, TxStatus, adapt_sync
+from ..errors import InsufficientPrivilegeError, InvalidArgumentError
 from ..keys import Key, from_name
 from ..locking._sync.drive import drive
 from ..locking.core import LockCore
@@ -35,6 +36,7 @@ __all__ = [
 
 MIGRATION_KEY: Key = from_name("pgsolo:migrate")
 MIGRATION_WAIT_SECONDS = 120
+MAX_ROLE_BYTES = 63  # NAMEDATALEN - 1
 
 
 def _load_migrations() -> tuple[tuple[int, str], ...]:
@@ -55,7 +57,7 @@ MIGRATIONS: tuple[tuple[int, str], ...] = _load_migrations()
 LATEST_VERSION = MIGRATIONS[-1][0]
 
 
-def _migrate_plan(driver: DriverBase) -> Plan[list[int]]:
+def _migrate_plan(driver: DriverBase, grant_to: Sequence[str] = ()) -> Plan[list[int]]:
     core = LockCore(
         driver,
         MIGRATION_KEY,
@@ -71,17 +73,74 @@ def _migrate_plan(driver: DriverBase) -> Plan[list[int]]:
         for version, body in MIGRATIONS:
             if version in applied:
                 yield [body, sql.record_migration(version)]
-    except BaseException:
+        if grant_to:
+            # In the migrations' transaction: an upgrade's new tables are granted as
+            # they appear, and a role that does not exist undoes the whole run.
+            yield [grant for role in grant_to for grant in sql.grants(role)]
+    except BaseException as exc:
         yield from core.exit(failed=True)
-        raise
+        refused = _refused(driver, exc, grant_to)
+        if refused is None:
+            raise
+        raise refused from exc
     yield from core.exit(failed=False)
     return applied
 
 
-def migrate(conn: SyncConnectionLike) -> list[int]:
-    """Create or upgrade pgsolo's tables; return the versions this call applied."""
+def _refused(driver: DriverBase, exc: BaseException, grant_to: Sequence[str]) -> Exception | None:
+    """pgsolo's error for a migration the server refused, or None."""
+    meaning = sql.meaning(driver.sqlstate(exc))
+    info = driver.server_info()
+    if meaning is sql.Meaning.UNDEFINED_OBJECT and grant_to:  # only a role can be missing
+        roles = ", ".join(grant_to)
+        return InvalidArgumentError(
+            f"--grant-to/grant_to: no such role in {info.address} ({roles}): create it"
+            " first (CREATE ROLE ... LOGIN); nothing was migrated or granted"
+        )
+    if meaning is not sql.Meaning.NO_PRIVILEGE:
+        return None
+    needs = (
+        f"GRANT CREATE ON DATABASE {sql.quote_name(info.database)} TO {sql.quote_name(info.user)}",
+    )
+    return InsufficientPrivilegeError(
+        f"pgsolo migrate needs to create schema {sql.SCHEMA} (CREATE on database"
+        f" {info.database!r}) and to create and grant tables in it (their owner), which role"
+        f" {info.user!r} cannot (permission denied, SQLSTATE 42501): run it as the owner of"
+        f" the database, or of schema {sql.SCHEMA} once it exists; or {needs[0]}."
+        " Nothing was migrated.",
+        needs=needs,
+    )
+
+
+def check_roles(grant_to: Sequence[str]) -> tuple[str, ...]:
+    """``grant_to`` as a tuple of role names, each checked before any SQL is sent."""
+    if isinstance(grant_to, str):
+        grant_to = (grant_to,)
+    for role in grant_to:
+        if not isinstance(role, str) or not role or "\0" in role:
+            raise InvalidArgumentError(f"grant_to: a role name is non-empty text, got {role!r}")
+        if len(role.encode("utf-8")) > MAX_ROLE_BYTES:
+            # PostgreSQL would cut it to the first 63 bytes and grant to another name.
+            raise InvalidArgumentError(
+                f"grant_to: role names are at most {MAX_ROLE_BYTES} UTF-8 bytes, got {role!r}"
+            )
+        if role.lower() == "public":
+            raise InvalidArgumentError(
+                "grant_to: PUBLIC is every role; grant to the application's role (or, on"
+                " purpose, run the GRANT statements of docs/security.md)"
+            )
+    return tuple(grant_to)
+
+
+def migrate(conn: SyncConnectionLike, *, grant_to: Sequence[str] = ()) -> list[int]:
+    """Create or upgrade pgsolo's tables; return the versions this call applied.
+
+    ``grant_to``: roles (an application's) to grant, in the same transaction, the least
+    privileges every pgsolo feature needs on these tables (docs/security.md); run it
+    again with them after each upgrade, so that new tables are granted too."""
+    roles = check_roles(grant_to)
     driver = adapt_sync(conn)
-    return drive(_migrate_plan(driver), driver)
+    return drive(_migrate_plan(driver, roles), driver)
 
 
 def version_plan(driver: DriverBase, *, first: Sequence[str] = ()) -> Plan[int]:

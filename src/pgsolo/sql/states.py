@@ -12,6 +12,7 @@ import enum
 __all__ = [
     "SQLSTATE_ATTEMPT_SUPERSEDED",
     "SQLSTATE_DEADLOCK",
+    "SQLSTATE_INSUFFICIENT_PRIVILEGE",
     "SQLSTATE_IN_RECOVERY",
     "SQLSTATE_LOCK_GONE",
     "SQLSTATE_LOCK_NOT_AVAILABLE",
@@ -24,6 +25,8 @@ SQLSTATE_LOCK_NOT_AVAILABLE = "55P03"  # lock_timeout ran out
 SQLSTATE_DEADLOCK = "40P01"
 SQLSTATE_UNDEFINED_TABLE = "42P01"
 SQLSTATE_INVALID_SCHEMA_NAME = "3F000"
+SQLSTATE_INSUFFICIENT_PRIVILEGE = "42501"  # permission denied: a GRANT is missing
+SQLSTATE_UNDEFINED_OBJECT = "42704"  # in pgsolo migrate --grant-to: no such role
 SQLSTATE_UNTRANSLATABLE = "22P05"  # text the database's encoding cannot hold
 SQLSTATE_IN_RECOVERY = "PGSRC"  # raised by sql.locks.REFUSE_STANDBY
 SQLSTATE_LOCK_GONE = "PGSLG"  # raised by sql.locks.assert_same_transaction
@@ -38,6 +41,8 @@ class Meaning(enum.Enum):
     LOCK_GONE = "a transaction-level lock was no longer held at commit"
     SUPERSEDED = "another caller took an operation over"
     UNTRANSLATABLE = "the database's encoding cannot hold a character of the text"
+    NO_PRIVILEGE = "the role lacks a privilege (a GRANT is missing)"
+    UNDEFINED_OBJECT = "an object named in the statement does not exist"
 
 
 _MEANINGS: dict[str, Meaning] = {
@@ -49,6 +54,8 @@ _MEANINGS: dict[str, Meaning] = {
     SQLSTATE_LOCK_GONE: Meaning.LOCK_GONE,
     SQLSTATE_ATTEMPT_SUPERSEDED: Meaning.SUPERSEDED,
     SQLSTATE_UNTRANSLATABLE: Meaning.UNTRANSLATABLE,
+    SQLSTATE_INSUFFICIENT_PRIVILEGE: Meaning.NO_PRIVILEGE,
+    SQLSTATE_UNDEFINED_OBJECT: Meaning.UNDEFINED_OBJECT,
 }
 
 
