@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from _support import cli_env
+from _support import cli_env, json_document
 from pgsolo.cli import COMMANDS, build_parser
 
 
@@ -113,3 +113,13 @@ def test_without_libpq_every_command_says_what_to_install() -> None:
         assert done.returncode == 69, done.stderr
         assert "pgsolo[binary]" in done.stderr
         assert "Traceback" not in done.stderr
+    # --json says it as a document too, as every failure after the arguments is said
+    for args in (["locks", "--json"], ["run", "--json", "--key", "k", "--", "true"]):
+        done = pgsolo(*args)
+        assert done.returncode == 69, done.stderr
+        error = json_document(done.stdout)
+        assert (error["command"], error["exit_code"]) == (args[0], 69)
+        assert error["error"]["code"] == "driver-unavailable"
+        assert "pgsolo[binary]" in error["error"]["message"]
+    # COMMAND's own --json is COMMAND's
+    assert not pgsolo("run", "--key", "k", "--", "true", "--json").stdout

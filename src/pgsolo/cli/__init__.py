@@ -139,6 +139,11 @@ def main(argv: list[str] | None = None) -> int:
         if (hint := _missing_libpq(exc)) is None:
             raise
         print(f"pgsolo {command or ''}".rstrip() + f": error: {hint}", file=sys.stderr)
+        options = given[: given.index("--")] if "--" in given else given
+        if command is not None and "--json" in options:
+            from .output import error_document, print_json  # noqa: PLC0415 - no driver
+
+            print_json(error_document(command, EXIT_UNAVAILABLE, hint, "driver-unavailable"))
         return EXIT_UNAVAILABLE
 
 
