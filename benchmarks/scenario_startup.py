@@ -1,4 +1,6 @@
-"""Item 7: what ``import pgsolo`` and ``pgsolo --help`` cost a fresh process, against
+"""Item 7: what ``import pgsolo``, ``pgsolo --version`` and ``pgsolo --help`` cost a fresh
+process (the command line loads a command's module, and the driver, only when that command
+runs), against
 what any user of psycopg pays anyway (``python -c 'import psycopg'``) and against a
 bare interpreter (``python -c pass``). Runs are interleaved, warm (bytecode cached)."""
 
@@ -15,6 +17,7 @@ COMMANDS = {
     "python -c pass": [sys.executable, "-c", "pass"],
     "import psycopg": [sys.executable, "-c", "import psycopg"],
     "import pgsolo": [sys.executable, "-c", "import pgsolo"],
+    "pgsolo --version": [*pgsolo_command(), "--version"],
     "pgsolo --help": [*pgsolo_command(), "--help"],
 }
 
@@ -36,7 +39,7 @@ def _heaviest_imports(count: int = 4) -> list[tuple[str, float]]:
     return sorted(found, key=lambda item: -item[1])[:count]
 
 
-@scenario("7", "startup: import pgsolo, pgsolo --help")
+@scenario("7", "startup: import pgsolo, pgsolo --version, pgsolo --help")
 def startup(ctx: Context) -> list[Row]:
     per_round = ctx.size(10, 2)
     for argv in COMMANDS.values():  # warm: bytecode written, files in the page cache
@@ -51,7 +54,7 @@ def startup(ctx: Context) -> list[Row]:
     bare = overall["python -c pass"]
     heaviest = ", ".join(f"{name} {ms:.0f} ms" for name, ms in _heaviest_imports())
     rows = []
-    for name in ("import pgsolo", "pgsolo --help"):
+    for name in ("import pgsolo", "pgsolo --version", "pgsolo --help"):
         rows.append(
             Row(
                 scenario="7",
