@@ -88,10 +88,24 @@ def build_parser(command: str | None = "") -> argparse.ArgumentParser:
 
 
 def _command_word(argv: list[str]) -> str | None:
-    """The command ``argv`` names: its first word that is not an option (the options
-    before a command take no value), if it is one of :data:`COMMANDS`."""
-    word = next((arg for arg in argv if not arg.startswith("-")), None)
-    return word if word in COMMANDS else None
+    """The command ``argv`` names: its first word that is neither an option nor the value
+    of one of the options before a command (``--log-format json run``), if it is one of
+    :data:`COMMANDS`."""
+    from .common import COMMON  # noqa: PLC0415 - after --version, which needs nothing
+
+    takes_value = {
+        option
+        for action in COMMON._actions  # argparse lists its options nowhere public
+        if action.nargs != 0
+        for option in action.option_strings
+    }
+    words = iter(argv)
+    for word in words:
+        if word in takes_value:
+            next(words, None)
+        elif word == "--" or not word.startswith("-"):
+            return word if word in COMMANDS else None
+    return None
 
 
 def _configure_logging(verbosity: int, log_format: str) -> int | None:
