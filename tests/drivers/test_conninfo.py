@@ -60,7 +60,7 @@ def test_redact_dsn_hides_the_password_and_keeps_the_rest(dsn: str, expected: st
         "",
         "embedded",
         "postgresql://alice@h/app",
-        "postgresql://postgres:@/postgres?host=/tmp/x",  # pgserver's URI: empty password
+        "postgresql://postgres:@/postgres?host=/tmp/x",  # the embedded server's URI: empty password
         "host=h dbname=app",
     ],
 )

