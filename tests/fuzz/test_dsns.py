@@ -109,6 +109,8 @@ FOUND = [
     # a lone surrogate (an undecodable byte of a command line): UnicodeEncodeError
     ("Xq7Wv4Zk2\ud800", "Xq7Wv4Zk2"),
     ("host=127.0.0.1 port=1 password=Xq7Wv4Zk2\udce9", "Xq7Wv4Zk2\udce9"),
+    # a NUL: libpq stops there and connects with its defaults; the rest was quoted
+    ("\x00Xq7Wv4Zk2", "Xq7Wv4Zk2"),
 ]
 
 

@@ -67,6 +67,13 @@ def parse_dsn(dsn: str) -> ConnDict:
     :class:`~pgsolo.InvalidDsnError` for one libpq would refuse. The message never
     quotes the string: the part that could not be read may be a password. A URI's
     scheme may name a driver, as SQLAlchemy's do (:func:`~pgsolo.dsn.libpq_dsn`)."""
+    if "\0" in dsn:
+        # libpq reads a C string: it would stop at the NUL and connect with its defaults,
+        # and the rest (possibly a password) would show wherever the string is quoted.
+        raise InvalidDsnError(
+            "the connection string contains a NUL character (its text is not shown: it may"
+            " contain a password)"
+        )
     libpq_dsn(dsn)  # a URI of another database: its own error, with the schemes to use
     params = _libpq_params(dsn)
     if params is None:
