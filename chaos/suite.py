@@ -8,6 +8,9 @@ database judges (``chaos/judge.py``). The last line with ``--json`` is the verdi
 exit status is 1 when an overlap, a leaked lock, a hung worker or a stray process was
 seen.
 
+``--control`` is the same run with no lock at all and no faults: it passes only when the
+judge does see overlaps, so a run that found none is known to have been able to.
+
 The default server is a throwaway embedded one (``pgsolo.embedded``), restarted with its
 own ``pg_ctl`` and stopped with SIGSTOP; with ``--dsn`` those two faults are left out
 (a server we did not start is not ours to restart).
@@ -49,6 +52,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--workers", type=int, default=6)
     p.add_argument("--keys", type=int, default=3)
+    p.add_argument(
+        "--control",
+        action="store_true",
+        help="the control run: the same work with no lock and no faults; it passes when the"
+        " judge sees overlaps (a judge that cannot see one proves nothing)",
+    )
     p.add_argument("--json", action="store_true", help="end with the verdict as one JSON line")
     return p.parse_args(argv)
 
@@ -235,6 +244,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             tag=tag,
             operations=max(10, args.attempts // 40),
             bouncer_workers=2,
+            control=args.control,
         )
         fleet = Fleet(plan, args.workers)
         for n in range(args.workers):
@@ -245,7 +255,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             relay=relay,
             server=srv,
             kill_worker=fleet.kill_one,
-            max_faults=len(worker.KINDS) + args.attempts // 80,
+            max_faults=0 if args.control else len(worker.KINDS) + args.attempts // 80,
             max_restarts=1 + args.attempts // 2500,
         )
         injector.start()
@@ -283,6 +293,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "workers": args.workers,
         "keys": args.keys,
         "seed": args.seed,
+        "control": args.control,
         "duration_s": round(time.monotonic() - started, 1),
     }
 
@@ -296,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupted)
     result = run(args)
     bad = (
-        result["overlaps"] > 0
+        (result["overlaps"] == 0 if args.control else result["overlaps"] > 0)
         or result["leaked_locks"] > 0
         or result["hangs"] > 0
         or result["stray_processes"] > 0
