@@ -1,7 +1,7 @@
 """What pgsolo needs from the database role, tested with roles that have exactly that.
 
 Every test runs in a database of its own (``fresh_db``) with roles made for it
-(``CREATE ROLE ... LOGIN``; the embedded server trusts its unix socket): locks alone need
+(``CREATE ROLE ... LOGIN PASSWORD``, for servers that ask for one): locks alone need
 nothing beyond PostgreSQL's defaults; jobs, operation keys and fencing need the grants of
 ``pgsolo migrate --grant-to``; a missing privilege is an
 :class:`~pgsolo.InsufficientPrivilegeError` whose ``needs`` are the statements that fix it
@@ -27,6 +27,14 @@ from pgsolo.schema import schema_version
 from pgsolo.sql.schema import FEATURE_PRIVILEGES
 
 MakeRole = Callable[..., tuple[str, Callable[[], psycopg.Connection]]]
+# Every role made here logs in with it: CI's servers ask for a password over TCP (the
+# embedded one trusts its unix socket and ignores it).
+ROLE_PASSWORD = "pgsolo-test-role-secret"  # noqa: S105 - throwaway roles' own
+
+
+def role_dsn(fresh_db: str, role: str) -> str:
+    """``fresh_db``, as ``role``."""
+    return make_conninfo(fresh_db, user=role, password=ROLE_PASSWORD)
 
 
 @pytest.fixture
@@ -45,11 +53,15 @@ def make_role(fresh_db: str, admin: psycopg.Connection) -> Iterator[MakeRole]:
 
     def make(name: str | None = None) -> tuple[str, Callable[[], psycopg.Connection]]:
         role = name or f"pgsolo_role_{uuid.uuid4().hex[:10]}"
-        admin.execute(pgsql.SQL("CREATE ROLE {} LOGIN").format(pgsql.Identifier(role)))
+        admin.execute(
+            pgsql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
+                pgsql.Identifier(role), pgsql.Literal(ROLE_PASSWORD)
+            )
+        )
         made.append(role)
 
         def connect() -> psycopg.Connection:
-            conn = psycopg.connect(make_conninfo(fresh_db, user=role), autocommit=True)
+            conn = psycopg.connect(role_dsn(fresh_db, role), autocommit=True)
             opened.append(conn)
             return conn
 
@@ -143,7 +155,7 @@ def test_a_job_with_the_ledger_is_refused_before_its_work_then_runs_once_granted
 ) -> None:
     pgsolo.migrate(admin)
     role, _ = make_role()
-    app_dsn = make_conninfo(fresh_db, user=role)
+    app_dsn = role_dsn(fresh_db, role)
     ran: list[str] = []
 
     def work(conn: Any) -> str:
@@ -183,7 +195,7 @@ def test_migrate_grant_to_gives_exactly_the_least_privileges(
         ("fencing_token_seq", "USAGE"),
     }
     assert admin.execute("SELECT has_schema_privilege(%s, 'pgsolo', 'USAGE')", (role,)).fetchone()
-    app_dsn = make_conninfo(fresh_db, user=role)
+    app_dsn = role_dsn(fresh_db, role)
     done = pgsolo.run_job(app_dsn, "nightly", lambda conn: 1, record=True, period="day")
     assert done.outcome == "completed"
     holder = connect()
@@ -254,7 +266,7 @@ def test_migrate_as_a_role_without_create_says_so(
 
 def test_cli_migrate_grant_to_and_a_job_as_the_app_role(fresh_db: str, make_role: MakeRole) -> None:
     role, _ = make_role()
-    app_dsn = make_conninfo(fresh_db, user=role)
+    app_dsn = role_dsn(fresh_db, role)
     assert pgsolo_cli("migrate", "--dsn", fresh_db).returncode == 0  # by its owner
     refused = pgsolo_cli("run", "--dsn", app_dsn, "--key", "k", "--record", "--", "true")
     assert refused.returncode == 1, refused.stderr
@@ -345,7 +357,7 @@ def test_each_feature_works_with_exactly_its_own_grants(
     role, connect = make_role()
     for statement in sql.grants(role, (feature,)):
         admin.execute(statement.encode())
-    dsn = make_conninfo(fresh_db, user=role)
+    dsn = role_dsn(fresh_db, role)
     assert FEATURE_USES[feature](dsn, connect) == FEATURE_RESULTS[feature]
     others = [f for f in FEATURE_USES if not needs(f) <= needs(feature)]
     for other in others:  # and the others are refused, by pgsolo
