@@ -3,9 +3,11 @@ Schema its ``schema`` field names, failures included (issue 15, item 3)."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from _support import MARK, json_document, pgsolo_cli, run_args, script
 from pgsolo import Key
@@ -30,7 +32,12 @@ def test_every_command_prints_one_schema_valid_document(
     assert (history["database"], history["server"]) == (report["database"], report["server"])
     (attempt,) = history["attempts"]
     assert (attempt["key"], attempt["outcome"]) == (key.text, "completed")
-    assert 0 <= attempt["duration_seconds"] < 60  # seconds, not milliseconds
+    # seconds, not milliseconds: the same unit as the row's own timestamps and the run's report
+    span = datetime.fromisoformat(attempt["finished_at"]) - datetime.fromisoformat(
+        attempt["started_at"]
+    )
+    assert 0 <= attempt["duration_seconds"] <= span.total_seconds() + 0.001
+    assert attempt["duration_seconds"] == pytest.approx(report["duration_seconds"], abs=0.01)
 
     for args in (
         ("migrate", "--dsn", migrated),
