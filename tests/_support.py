@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import queue
+import signal
 import socket
 import subprocess
 import sys
@@ -465,6 +466,43 @@ def wait_for_beat(
     else first to wait for a *new* beat). ``poll=aeventually`` in async code (await it)."""
     beat = sql.keeper_beat(key, shared=shared)
     return poll(lambda: activity(observer, pid)[1] == beat, f"a keeper beat on backend {pid}")
+
+
+async def ainterrupted(
+    call: Callable[[], Awaitable[object]], waiting: Callable[[], object]
+) -> BaseException:
+    """Run ``call`` and interrupt it once ``waiting()`` is true, as an async caller is
+    interrupted: its task cancelled. Returns what the call raised."""
+    task = asyncio.ensure_future(call())
+    await aeventually(waiting, "the call to wait")
+    task.cancel()
+    try:
+        await task
+    except BaseException as exc:  # what the interruption raised is the answer
+        return exc
+    raise AssertionError("the call ended before it was interrupted")
+
+
+def interrupted(call: Callable[[], object], waiting: Callable[[], object]) -> BaseException:
+    """Run ``call`` and interrupt it once ``waiting()`` is true, as Ctrl-C does: a real
+    SIGINT to the main thread (Python's handler raises KeyboardInterrupt there). Returns
+    what the call raised."""
+    main = threading.main_thread().ident
+    assert main == threading.get_ident(), "a signal interrupts the main thread only"
+
+    def interrupt() -> None:
+        eventually(waiting, "the call to wait")
+        signal.pthread_kill(main, signal.SIGINT)
+
+    interrupter = threading.Thread(target=interrupt)
+    interrupter.start()
+    try:
+        call()
+    except KeyboardInterrupt as exc:
+        return exc
+    finally:
+        interrupter.join()
+    raise AssertionError("the call ended before it was interrupted")
 
 
 def wait_until_lost(
