@@ -17,7 +17,16 @@ from typing import Any, Protocol
 
 from psycopg.conninfo import conninfo_to_dict
 
-__all__ = ["ASYNC_KINDS", "SYNC_KINDS", "AHandle", "AKind", "Handle", "Kind", "django_settings"]
+__all__ = [
+    "ASYNC_KINDS",
+    "SYNC_KINDS",
+    "AHandle",
+    "AKind",
+    "Handle",
+    "Kind",
+    "django_settings",
+    "sqlalchemy_url",
+]
 
 
 class Handle(Protocol):
@@ -252,6 +261,25 @@ def _async_engine(dsn: str, dialect: str) -> Any:
         return await asyncpg.connect(**asyncpg_options(dsn))
 
     return create_async_engine("postgresql+asyncpg://", async_creator=asyncpg_connection)
+
+
+def sqlalchemy_url(dsn: str, dialect: str) -> Any:
+    """The SQLAlchemy URL of the libpq connection string ``dsn`` for ``dialect``
+    (``psycopg``, ``psycopg2``, ``asyncpg``); a unix socket directory goes in the query."""
+    from sqlalchemy.engine import URL  # noqa: PLC0415
+
+    params = conninfo_to_dict(dsn)
+    host = str(params.get("host") or "")
+    query = {"host": host} if host.startswith("/") else {}
+    return URL.create(
+        f"postgresql+{dialect}",
+        username=params.get("user"),
+        password=params.get("password"),
+        host=None if query else host or None,
+        port=int(params["port"]) if params.get("port") and not query else None,
+        database=params.get("dbname"),
+        query=query,
+    )
 
 
 class _Alchemy:

@@ -15,14 +15,14 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg.conninfo import conninfo_to_dict
 from sqlalchemy import create_engine, text
-from sqlalchemy.engine import URL, Connection, Engine
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 import pgsolo
 import pgsolo.sqlalchemy
+from _drivers import sqlalchemy_url as url_of
 from _support import WORK, Boom, eventually
 from pgsolo.errors import (
     ConnectionStateError,
@@ -41,21 +41,6 @@ def _need_adapter(dialect: str) -> None:
     module = f"pgsolo.drivers.{_ADAPTER[dialect]}"
     if importlib.util.find_spec(module) is None:
         pytest.skip(f"{module} does not exist yet: no pgsolo adapter for {dialect}")
-
-
-def url_of(dsn: str, dialect: str) -> URL:
-    params = conninfo_to_dict(dsn)
-    host = str(params.get("host") or "")
-    query = {"host": host} if host.startswith("/") else {}
-    return URL.create(
-        f"postgresql+{dialect}",
-        username=params.get("user"),  # type: ignore[arg-type]
-        password=params.get("password"),  # type: ignore[arg-type]
-        host=None if query else host or None,
-        port=int(params["port"]) if params.get("port") and not query else None,
-        database=params.get("dbname"),  # type: ignore[arg-type]
-        query=query,
-    )
 
 
 @pytest.fixture(params=SYNC_DIALECTS)

@@ -1,0 +1,259 @@
+"""``run_once`` / ``run_once_async`` on a framework's connection: SQLAlchemy's
+``Connection`` and ``AsyncConnection`` (psycopg, psycopg2, asyncpg dialects) and Django's.
+
+The connection is the caller's, and so is its pool: at every ending (ran, the operation
+raised, interrupted, ended its own transaction, swallowed a database error, superseded,
+found already succeeded after a wait) the connection comes back as found (the driver's
+autocommit, SQLAlchemy's ``in_transaction()``, the server's transaction status, no
+advisory lock), and the pool's next user of the same connection gets a working one: a
+rollback rolls back, and a transaction lock is really held at the server.
+
+Guards issue 21: the operation's transaction used to be a raw ``BEGIN`` sent with the
+driver switched to autocommit and never switched back (the pool's next user then ran in
+autocommit: rolled-back rows stayed, and an xact lock was "acquired" while the server held
+nothing); on the asyncpg dialect the operation's first statement failed; on Django an
+``atomic()`` inside the operation failed and ``on_commit`` callbacks ran at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+
+import pgsolo
+import pgsolo.sqlalchemy
+from _drivers import sqlalchemy_url
+from _support import DEADLINE, WORK, Boom, Connect, new_op, row_of, work_rows
+from pgsolo import Key, LockLostError, OnceResult, TransactionFailedError
+from pgsolo.once.operation import lock_key_for
+
+INSERT = text(f"INSERT INTO {WORK} (job, note) VALUES (:job, :note)")
+
+ENDINGS = ["ran", "raised", "interrupted", "commits-itself", "swallowed", "superseded"]
+
+
+def raw_of(conn: Connection) -> Any:
+    return conn.connection.driver_connection
+
+
+def raw_status(conn: Connection) -> str:
+    """The server's transaction status of the driver connection under ``conn``."""
+    raw = raw_of(conn)
+    if hasattr(raw, "is_in_transaction"):  # asyncpg
+        return "intrans" if raw.is_in_transaction() else "idle"
+    return {0: "idle", 2: "intrans", 3: "inerror"}.get(int(raw.info.transaction_status), "?")
+
+
+def fingerprint(conn: Connection) -> tuple[object, ...]:
+    """What the caller sees of the connection: SQLAlchemy's books, the server's status,
+    the driver's autocommit."""
+    dbapi: Any = conn.connection.dbapi_connection
+    return (conn.in_transaction(), raw_status(conn), dbapi.autocommit)
+
+
+def pid_of(conn: Connection) -> int:
+    raw = raw_of(conn)
+    if hasattr(raw, "get_server_pid"):
+        return int(raw.get_server_pid())
+    return int(raw.info.backend_pid)
+
+
+def check_next_user(conn: Connection, observer: Any, key: Key) -> None:
+    """The pool's next user of this connection: a rollback undoes its row, and a
+    transaction lock is held at the server until its commit."""
+    note = uuid.uuid4().hex
+    conn.execute(INSERT, {"job": "next-user", "note": note})
+    conn.rollback()
+    assert work_rows_with(observer, note) == 0, "a rolled-back row was committed"
+    with conn.begin():
+        assert pgsolo.xact_lock(conn, key).acquire()
+        assert observer.holders(key) == {pid_of(conn)}, "the xact lock is not held"
+    assert observer.holders(key) == set()
+    assert raw_status(conn) == "idle"
+
+
+async def acheck_next_user(conn: AsyncConnection, observer: Any, key: Key) -> None:
+    """:func:`check_next_user` for an AsyncConnection."""
+    note = uuid.uuid4().hex
+    await conn.execute(INSERT, {"job": "next-user", "note": note})
+    await conn.rollback()
+    assert work_rows_with(observer, note) == 0, "a rolled-back row was committed"
+    async with conn.begin():
+        assert await pgsolo.xact_lock(conn, key).acquire()
+        assert observer.holders(key) == {await conn.run_sync(pid_of)}, "the xact lock is not held"
+    assert observer.holders(key) == set()
+    assert await conn.run_sync(raw_status) == "idle"
+
+
+def work_rows_with(observer: Any, note: str) -> int:
+    found = observer.conn.execute(f"SELECT count(*) FROM {WORK} WHERE note = %s", (note,))
+    return int(found.fetchone()[0])
+
+
+class Ending:
+    """An operation that ends one way, on a connection of any kind; ``take_over`` runs
+    the same operation key to success elsewhere (for ``superseded``)."""
+
+    def __init__(self, how: str, op: str, take_over: Callable[[], object]) -> None:
+        self.how = how
+        self.op = op
+        self.take_over = take_over
+
+    def expected(self) -> tuple[type[BaseException] | None, list[str], str]:
+        """What run_once raises, the work rows committed for the operation, and the state
+        its row is left in."""
+        return {
+            "ran": (None, ["ran"], "succeeded"),
+            "raised": (Boom, [], "failed"),
+            "interrupted": (KeyboardInterrupt, [], "started"),
+            "commits-itself": (None, ["commits-itself", "commits-itself"], "succeeded"),
+            "swallowed": (TransactionFailedError, [], "failed"),
+            "superseded": (LockLostError, ["taken over"], "succeeded"),
+        }[self.how]
+
+
+def operation_for(ending: Ending) -> Callable[[Any], object]:
+    def operation(ctx: Any) -> object:
+        conn: Connection = ctx.conn
+        conn.execute(INSERT, {"job": ending.op, "note": ending.how})
+        if ending.how == "raised":
+            raise Boom
+        if ending.how == "interrupted":
+            raise KeyboardInterrupt
+        if ending.how == "commits-itself":
+            conn.commit()
+            conn.execute(INSERT, {"job": ending.op, "note": ending.how})
+        if ending.how == "swallowed":
+            with contextlib.suppress(DBAPIError):
+                conn.execute(text("SELECT 1 / 0"))
+        if ending.how == "superseded":
+            conn.execute(text("SELECT pg_advisory_unlock_all()"))
+            ending.take_over()
+        return "done"
+
+    return operation
+
+
+def aoperation_for(ending: Ending) -> Callable[[Any], object]:
+    async def operation(ctx: Any) -> object:
+        conn: AsyncConnection = ctx.conn
+        await conn.execute(INSERT, {"job": ending.op, "note": ending.how})
+        if ending.how == "raised":
+            raise Boom
+        if ending.how == "interrupted":
+            raise KeyboardInterrupt
+        if ending.how == "commits-itself":
+            await conn.commit()
+            await conn.execute(INSERT, {"job": ending.op, "note": ending.how})
+        if ending.how == "swallowed":
+            with contextlib.suppress(DBAPIError):
+                await conn.execute(text("SELECT 1 / 0"))
+        if ending.how == "superseded":
+            await conn.execute(text("SELECT pg_advisory_unlock_all()"))
+            ending.take_over()
+        return "done"
+
+    return operation
+
+
+def taking_over(connect: Connect, op: str) -> Callable[[], object]:
+    """Another caller (a bare psycopg connection, in a thread) that runs ``op`` to
+    success: the attempt under test is then superseded."""
+
+    def insert(ctx: Any) -> str:
+        ctx.conn.execute(f"INSERT INTO {WORK} (job, note) VALUES (%s, 'taken over')", (op,))
+        return "taker"
+
+    def take_over() -> None:
+        results: list[OnceResult] = []
+        thread = threading.Thread(
+            target=lambda: results.append(pgsolo.run_once(connect(), op, insert))
+        )
+        thread.start()
+        thread.join(DEADLINE)
+        assert [r.outcome for r in results] == ["ran"]
+
+    return take_over
+
+
+@pytest.fixture(params=["psycopg", "psycopg2"])
+def engine(request: pytest.FixtureRequest, db: str) -> Iterator[Engine]:
+    """One pooled connection, so the next checkout is the connection run_once had."""
+    made = create_engine(sqlalchemy_url(db, request.param), pool_size=1, max_overflow=0)
+    pgsolo.sqlalchemy.install(made)
+    yield made
+    made.dispose()
+
+
+@pytest.fixture(params=["psycopg", "asyncpg"])
+async def aengine(request: pytest.FixtureRequest, db: str) -> AsyncIterator[AsyncEngine]:
+    made = create_async_engine(sqlalchemy_url(db, request.param), pool_size=1, max_overflow=0)
+    pgsolo.sqlalchemy.install(made)
+    yield made
+    await made.dispose()
+
+
+@pytest.mark.parametrize("how", ENDINGS)
+def test_run_once_on_a_sqlalchemy_connection_leaves_it_and_its_pool_as_found(
+    engine: Engine, connect: Connect, observer: Any, key: Key, how: str
+) -> None:
+    """Regression (issue 21): at every ending the Connection comes back as found, the
+    operation's work is committed or rolled back as the ending says, no advisory lock is
+    left, and the pool's next user gets a connection whose transactions are real."""
+    op = new_op(f"sqlalchemy-{how}")
+    ending = Ending(how, op, taking_over(connect, op))
+    raises, committed, state = ending.expected()
+    with engine.connect() as conn:
+        raw, pid, found = raw_of(conn), pid_of(conn), fingerprint(conn)
+        if raises is None:
+            assert pgsolo.run_once(conn, op, operation_for(ending)).outcome == "ran"
+        else:
+            with pytest.raises(raises):
+                pgsolo.run_once(conn, op, operation_for(ending))
+        assert fingerprint(conn) == found
+        assert observer.advisory(pid=pid) == set()
+    assert work_rows(observer, op) == committed
+    assert (row_of(observer, op) or {}).get("state") == state
+    assert observer.holders(lock_key_for(op)) == set()
+    with engine.connect() as conn:
+        assert raw_of(conn) is raw
+        assert fingerprint(conn) == found
+        check_next_user(conn, observer, key)
+
+
+@pytest.mark.parametrize("how", ENDINGS)
+async def test_run_once_async_on_an_async_connection_leaves_it_and_its_pool_as_found(
+    aengine: AsyncEngine, connect: Connect, observer: Any, key: Key, how: str
+) -> None:
+    """Regression (issue 21): as the sync test, for AsyncConnection; on asyncpg the
+    operation's first statement used to fail and the row stayed ``started``."""
+    op = new_op(f"asqlalchemy-{how}")
+    ending = Ending(how, op, taking_over(connect, op))
+    raises, committed, state = ending.expected()
+    async with aengine.connect() as conn:
+        raw = await conn.run_sync(raw_of)
+        pid, found = await conn.run_sync(pid_of), await conn.run_sync(fingerprint)
+        if raises is None:
+            result = await pgsolo.run_once_async(conn, op, aoperation_for(ending))
+            assert result.outcome == "ran"
+        else:
+            with pytest.raises(raises):
+                await pgsolo.run_once_async(conn, op, aoperation_for(ending))
+        assert await conn.run_sync(fingerprint) == found
+        assert observer.advisory(pid=pid) == set()
+    assert work_rows(observer, op) == committed
+    assert (row_of(observer, op) or {}).get("state") == state
+    assert observer.holders(lock_key_for(op)) == set()
+    async with aengine.connect() as conn:
+        assert await conn.run_sync(raw_of) is raw
+        assert await conn.run_sync(fingerprint) == found
+        await acheck_next_user(conn, observer, key)
