@@ -31,7 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 
 import pgsolo
 import pgsolo.sqlalchemy
-from _drivers import sqlalchemy_url
+from _drivers import django_settings, sqlalchemy_url
 from _support import DEADLINE, WORK, Boom, Connect, new_op, row_of, work_rows
 from pgsolo import Key, LockLostError, OnceResult, TransactionFailedError
 from pgsolo.once.operation import lock_key_for
@@ -257,3 +257,84 @@ async def test_run_once_async_on_an_async_connection_leaves_it_and_its_pool_as_f
         assert await conn.run_sync(raw_of) is raw
         assert await conn.run_sync(fingerprint) == found
         await acheck_next_user(conn, observer, key)
+
+
+# -- Django ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def django_conn(db: str) -> Iterator[Any]:
+    """``django.db.connection`` on the test database, out of any atomic block after."""
+    django_settings(db)
+    from django.db import connection  # noqa: PLC0415
+
+    yield connection
+    assert not connection.in_atomic_block
+    connection.close()
+
+
+def django_insert(op: str, note: str) -> None:
+    from django.db import connection  # noqa: PLC0415
+
+    with connection.cursor() as cur:
+        cur.execute(f"INSERT INTO {WORK} (job, note) VALUES (%s, %s)", [op, note])
+
+
+@pytest.mark.parametrize("ends", ["ran", "raised"])
+def test_run_once_on_django_is_an_atomic_block_of_djangos(
+    django_conn: Any, observer: Any, ends: str
+) -> None:
+    """Regression (issue 21): the operation's transaction is a durable ``atomic`` of
+    Django's, so an ``atomic()`` inside the operation is a savepoint (it used to fail with
+    "can't change 'autocommit' now"), and ``on_commit`` callbacks run after the
+    operation's commit, never after its rollback (they used to run at once)."""
+    from django.db import transaction  # noqa: PLC0415
+
+    op = new_op(f"django-{ends}")
+    sent: list[str] = []
+
+    def operation(ctx: Any) -> str:
+        assert ctx.conn.in_atomic_block
+        django_insert(op, "outer")
+        transaction.on_commit(lambda: sent.append("e-mail"))
+        with transaction.atomic():
+            django_insert(op, "inner")
+        with contextlib.suppress(Boom), transaction.atomic():  # a savepoint, undone alone
+            django_insert(op, "undone")
+            raise Boom
+        assert sent == []
+        if ends == "raised":
+            raise Boom
+        return "done"
+
+    if ends == "ran":
+        assert pgsolo.run_once(django_conn, op, operation).outcome == "ran"
+        assert sent == ["e-mail"]
+        assert sorted(work_rows(observer, op)) == ["inner", "outer"]
+    else:
+        with pytest.raises(Boom):
+            pgsolo.run_once(django_conn, op, operation)
+        assert sent == []
+        assert work_rows(observer, op) == []
+    assert not django_conn.in_atomic_block
+    assert not django_conn.needs_rollback
+    assert django_conn.get_autocommit()
+    assert django_conn.run_on_commit == []
+    assert observer.advisory(pid=django_conn.connection.info.backend_pid) == set()
+
+
+def test_run_once_inside_djangos_atomic_is_refused_naming_non_atomic_requests(
+    django_conn: Any, observer: Any
+) -> None:
+    """Regression (issue 21): under ``ATOMIC_REQUESTS`` a view runs inside ``atomic()``,
+    where run_once cannot commit its state: refused before any SQL, with the decorator
+    that fixes it (it used to say only "status intrans")."""
+    from django.db import transaction  # noqa: PLC0415
+
+    op = new_op("django-atomic-request")
+    with (
+        transaction.atomic(),
+        pytest.raises(pgsolo.ConnectionStateError, match="non_atomic_requests"),
+    ):
+        pgsolo.run_once(django_conn, op, lambda ctx: "never")
+    assert row_of(observer, op) is None

@@ -140,6 +140,11 @@ class DriverBase(Protocol):
         """Why this connection takes no session lock (it may change under the lock, as an
         ORM Session's does), or None."""
 
+    @property
+    def ending_advice(self) -> str:
+        """How the caller ends or leaves the transaction open on this connection, in its
+        library's words: for a call refused because it must own the transaction."""
+
     def sqlstate(self, exc: BaseException) -> str | None: ...
 
     def is_closed(self) -> bool: ...

@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
@@ -128,6 +128,11 @@ class SqlAlchemyBase:
     @property
     def session_locks_refused(self) -> str | None:
         return _SESSION_LOCK_REFUSAL if isinstance(self._core, Session) else None
+
+    ending_advice: ClassVar[str] = (
+        "commit or roll it back first (conn.commit() / conn.rollback()), or call it outside"
+        " `with conn.begin():`"
+    )
 
     @property
     def keeper_refused(self) -> str | None:
