@@ -27,7 +27,8 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, create_async_engine
+from sqlalchemy.orm import Session
 
 import pgsolo
 import pgsolo.sqlalchemy
@@ -337,4 +338,44 @@ def test_run_once_inside_djangos_atomic_is_refused_naming_non_atomic_requests(
         pytest.raises(pgsolo.ConnectionStateError, match="non_atomic_requests"),
     ):
         pgsolo.run_once(django_conn, op, lambda ctx: "never")
+    assert row_of(observer, op) is None
+
+
+# -- ORM sessions ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("in_transaction", [False, True], ids=["outside", "inside"])
+def test_run_once_on_an_orm_session_is_refused_up_front(
+    engine: Engine, observer: Any, in_transaction: bool
+) -> None:
+    """Regression (issue 21): an ORM Session gives its connection back at each commit, so
+    run_once (which holds a session lock across its commits) refuses it before any SQL,
+    with one error naming ``engine.connect()``, in or out of a transaction (it used to
+    say "open a transaction" outside one, and "none may be open" inside)."""
+    op = new_op("orm-session")
+    with Session(engine) as session:
+        if in_transaction:
+            session.execute(text("SELECT 1"))
+        with pytest.raises(pgsolo.UnsupportedConnectionError, match=r"engine\.connect\(\)"):
+            pgsolo.run_once(session, op, lambda ctx: "never")  # type: ignore[arg-type]
+        assert session.in_transaction() is in_transaction
+    assert row_of(observer, op) is None
+
+
+@pytest.mark.parametrize("in_transaction", [False, True], ids=["outside", "inside"])
+async def test_run_once_async_on_an_async_session_is_refused_up_front(
+    aengine: AsyncEngine, observer: Any, in_transaction: bool
+) -> None:
+    """Regression (issue 21): as for Session, on AsyncSession."""
+    op = new_op("async-orm-session")
+
+    async def never(ctx: Any) -> str:
+        return "never"
+
+    async with AsyncSession(aengine) as session:
+        if in_transaction:
+            await session.execute(text("SELECT 1"))
+        with pytest.raises(pgsolo.UnsupportedConnectionError, match=r"engine\.connect\(\)"):
+            await pgsolo.run_once_async(session, op, never)  # type: ignore[arg-type]
+        assert session.in_transaction() is in_transaction
     assert row_of(observer, op) is None

@@ -24,6 +24,7 @@ from ..errors import (
     LockTimeoutError,
     NotMigratedError,
     TransactionFailedError,
+    UnsupportedConnectionError,
 )
 from ..keys import Key
 from ..locking.core import LockCore, require_no_transaction, wait_ms_of
@@ -79,6 +80,8 @@ def once_plan(
     op: Operation, core: LockCore, attempt: Attempt, scrub: Callable[[str], str]
 ) -> Plan[OnceResult]:
     """The one definition of a call, for both shells."""
+    if refusal := core.driver.session_locks_refused:  # refused alike in or out of a transaction
+        raise UnsupportedConnectionError(refusal)
     require_no_transaction(
         core.driver,
         f"operation {op.op_key!r}",
