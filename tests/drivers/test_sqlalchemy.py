@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 import pgsolo
 import pgsolo.sqlalchemy
 from _drivers import sqlalchemy_url as url_of
-from _support import WORK, Boom, eventually
+from _support import WORK, Boom, aeventually, eventually
 from pgsolo.errors import (
     ConnectionStateError,
     LockTimeoutError,
@@ -416,3 +416,31 @@ async def test_install_on_an_async_engine(aengine: AsyncEngine, observer: Any, k
         assert await pgsolo.session_lock(conn, key).acquire()
         assert len(observer.holders(key)) == 1
     assert observer.holders(key) == set()
+
+
+async def test_install_forgets_quietly_what_a_closed_asyncpg_connection_held(
+    db: str, observer: Any, key: Key, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regression (issue 21): a session lock lost with its asyncpg connection (the backend
+    terminated) leaves nothing to release when the connection goes back to the pool: the
+    hook takes it off pgsolo's books quietly (it used to raise ``InterfaceError('connection
+    is closed')``, which SQLAlchemy logged at ERROR with a traceback)."""
+    made = create_async_engine(
+        url_of(db, "asyncpg"), pool_size=1, max_overflow=0, pool_pre_ping=True
+    )
+    pgsolo.sqlalchemy.install(made)
+    try:
+        with caplog.at_level(logging.DEBUG):
+            async with made.connect() as conn:
+                raw = (await conn.get_raw_connection()).driver_connection
+                assert await pgsolo.session_lock(conn, key).acquire()
+                pid = raw.get_server_pid()
+                observer.conn.execute("SELECT pg_terminate_backend(%s, 5000)", (pid,))
+                await aeventually(raw.is_closed, "asyncpg to see its connection closed")
+        assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
+        assert pgsolo.held_session_locks(raw) == []
+        # the pool (pre-ping) replaces the dead connection with one that takes the key
+        async with made.connect() as conn, pgsolo.session_lock(conn, key) as lock:
+            assert lock.acquired
+    finally:
+        await made.dispose()
