@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 
 import pgsolo
 import pgsolo.sqlalchemy
+from _drivers import check_next_user, sqlalchemy_fingerprint, sqlalchemy_pid, sqlalchemy_raw
 from _drivers import sqlalchemy_url as url_of
 from _support import WORK, Boom, aeventually, eventually
 from pgsolo.errors import (
@@ -164,6 +165,37 @@ def test_xact_lock_outside_a_transaction_opens_and_ends_its_own(
     assert rows(observer, kept) == 1
     assert rows(observer, undone) == 0
     assert observer.holders(key) == set()
+
+
+@pytest.mark.parametrize("ends", ["commit", "rollback", "commit-and-go-on", "rollback-and-go-on"])
+def test_xact_lock_block_that_ends_its_transaction_leaves_the_pool_as_found(
+    engine: Engine, observer: Any, key: Key, ends: str
+) -> None:
+    """Issue 21: a ``with xact_lock(conn)`` block that ends pgsolo's own transaction itself
+    (and may begin another, autobegun by SQLAlchemy) still leaves the connection as found
+    (SQLAlchemy's books, the server, the driver's autocommit), no lock held, and the
+    pool's next user of the connection real transactions and real locks."""
+    note = uuid.uuid4().hex
+    small = create_engine(engine.url, pool_size=1, max_overflow=0)
+    try:
+        with small.connect() as conn:
+            raw, pid = sqlalchemy_raw(conn), sqlalchemy_pid(conn)
+            found = sqlalchemy_fingerprint(conn)
+            with pgsolo.xact_lock(conn, key, wait=5):
+                insert(conn, note)
+                conn.commit() if ends.startswith("commit") else conn.rollback()
+                if ends.endswith("go-on"):
+                    insert(conn, note)  # a transaction SQLAlchemy begins: committed with the block
+            assert sqlalchemy_fingerprint(conn) == found
+            assert observer.advisory(pid=pid) == set()
+        committed = int(ends.startswith("commit")) + int(ends.endswith("go-on"))
+        assert rows(observer, note) == committed
+        with small.connect() as conn:
+            assert sqlalchemy_raw(conn) is raw
+            assert sqlalchemy_fingerprint(conn) == found
+            check_next_user(conn, observer, key)
+    finally:
+        small.dispose()
 
 
 def test_plain_xact_acquire_outside_a_transaction_is_refused(engine: Engine, key: Key) -> None:

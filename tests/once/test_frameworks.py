@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -32,72 +31,21 @@ from sqlalchemy.orm import Session
 
 import pgsolo
 import pgsolo.sqlalchemy
-from _drivers import django_settings, sqlalchemy_url
+from _drivers import (
+    acheck_next_user,
+    check_next_user,
+    django_settings,
+    sqlalchemy_fingerprint,
+    sqlalchemy_insert,
+    sqlalchemy_pid,
+    sqlalchemy_raw,
+    sqlalchemy_url,
+)
 from _support import DEADLINE, WORK, Boom, Connect, new_op, row_of, work_rows
 from pgsolo import Key, LockLostError, OnceResult, TransactionFailedError
 from pgsolo.once.operation import lock_key_for
 
-INSERT = text(f"INSERT INTO {WORK} (job, note) VALUES (:job, :note)")
-
 ENDINGS = ["ran", "raised", "interrupted", "commits-itself", "swallowed", "superseded"]
-
-
-def raw_of(conn: Connection) -> Any:
-    return conn.connection.driver_connection
-
-
-def raw_status(conn: Connection) -> str:
-    """The server's transaction status of the driver connection under ``conn``."""
-    raw = raw_of(conn)
-    if hasattr(raw, "is_in_transaction"):  # asyncpg
-        return "intrans" if raw.is_in_transaction() else "idle"
-    return {0: "idle", 2: "intrans", 3: "inerror"}.get(int(raw.info.transaction_status), "?")
-
-
-def fingerprint(conn: Connection) -> tuple[object, ...]:
-    """What the caller sees of the connection: SQLAlchemy's books, the server's status,
-    the driver's autocommit."""
-    dbapi: Any = conn.connection.dbapi_connection
-    return (conn.in_transaction(), raw_status(conn), dbapi.autocommit)
-
-
-def pid_of(conn: Connection) -> int:
-    raw = raw_of(conn)
-    if hasattr(raw, "get_server_pid"):
-        return int(raw.get_server_pid())
-    return int(raw.info.backend_pid)
-
-
-def check_next_user(conn: Connection, observer: Any, key: Key) -> None:
-    """The pool's next user of this connection: a rollback undoes its row, and a
-    transaction lock is held at the server until its commit."""
-    note = uuid.uuid4().hex
-    conn.execute(INSERT, {"job": "next-user", "note": note})
-    conn.rollback()
-    assert work_rows_with(observer, note) == 0, "a rolled-back row was committed"
-    with conn.begin():
-        assert pgsolo.xact_lock(conn, key).acquire()
-        assert observer.holders(key) == {pid_of(conn)}, "the xact lock is not held"
-    assert observer.holders(key) == set()
-    assert raw_status(conn) == "idle"
-
-
-async def acheck_next_user(conn: AsyncConnection, observer: Any, key: Key) -> None:
-    """:func:`check_next_user` for an AsyncConnection."""
-    note = uuid.uuid4().hex
-    await conn.execute(INSERT, {"job": "next-user", "note": note})
-    await conn.rollback()
-    assert work_rows_with(observer, note) == 0, "a rolled-back row was committed"
-    async with conn.begin():
-        assert await pgsolo.xact_lock(conn, key).acquire()
-        assert observer.holders(key) == {await conn.run_sync(pid_of)}, "the xact lock is not held"
-    assert observer.holders(key) == set()
-    assert await conn.run_sync(raw_status) == "idle"
-
-
-def work_rows_with(observer: Any, note: str) -> int:
-    found = observer.conn.execute(f"SELECT count(*) FROM {WORK} WHERE note = %s", (note,))
-    return int(found.fetchone()[0])
 
 
 class Ending:
@@ -125,14 +73,14 @@ class Ending:
 def operation_for(ending: Ending) -> Callable[[Any], object]:
     def operation(ctx: Any) -> object:
         conn: Connection = ctx.conn
-        conn.execute(INSERT, {"job": ending.op, "note": ending.how})
+        sqlalchemy_insert(conn, ending.op, ending.how)
         if ending.how == "raised":
             raise Boom
         if ending.how == "interrupted":
             raise KeyboardInterrupt
         if ending.how == "commits-itself":
             conn.commit()
-            conn.execute(INSERT, {"job": ending.op, "note": ending.how})
+            sqlalchemy_insert(conn, ending.op, ending.how)
         if ending.how == "swallowed":
             with contextlib.suppress(DBAPIError):
                 conn.execute(text("SELECT 1 / 0"))
@@ -147,14 +95,14 @@ def operation_for(ending: Ending) -> Callable[[Any], object]:
 def aoperation_for(ending: Ending) -> Callable[[Any], object]:
     async def operation(ctx: Any) -> object:
         conn: AsyncConnection = ctx.conn
-        await conn.execute(INSERT, {"job": ending.op, "note": ending.how})
+        await sqlalchemy_insert(conn, ending.op, ending.how)
         if ending.how == "raised":
             raise Boom
         if ending.how == "interrupted":
             raise KeyboardInterrupt
         if ending.how == "commits-itself":
             await conn.commit()
-            await conn.execute(INSERT, {"job": ending.op, "note": ending.how})
+            await sqlalchemy_insert(conn, ending.op, ending.how)
         if ending.how == "swallowed":
             with contextlib.suppress(DBAPIError):
                 await conn.execute(text("SELECT 1 / 0"))
@@ -214,20 +162,20 @@ def test_run_once_on_a_sqlalchemy_connection_leaves_it_and_its_pool_as_found(
     ending = Ending(how, op, taking_over(connect, op))
     raises, committed, state = ending.expected()
     with engine.connect() as conn:
-        raw, pid, found = raw_of(conn), pid_of(conn), fingerprint(conn)
+        raw, pid, found = sqlalchemy_raw(conn), sqlalchemy_pid(conn), sqlalchemy_fingerprint(conn)
         if raises is None:
             assert pgsolo.run_once(conn, op, operation_for(ending)).outcome == "ran"
         else:
             with pytest.raises(raises):
                 pgsolo.run_once(conn, op, operation_for(ending))
-        assert fingerprint(conn) == found
+        assert sqlalchemy_fingerprint(conn) == found
         assert observer.advisory(pid=pid) == set()
     assert work_rows(observer, op) == committed
     assert (row_of(observer, op) or {}).get("state") == state
     assert observer.holders(lock_key_for(op)) == set()
     with engine.connect() as conn:
-        assert raw_of(conn) is raw
-        assert fingerprint(conn) == found
+        assert sqlalchemy_raw(conn) is raw
+        assert sqlalchemy_fingerprint(conn) == found
         check_next_user(conn, observer, key)
 
 
@@ -241,22 +189,25 @@ async def test_run_once_async_on_an_async_connection_leaves_it_and_its_pool_as_f
     ending = Ending(how, op, taking_over(connect, op))
     raises, committed, state = ending.expected()
     async with aengine.connect() as conn:
-        raw = await conn.run_sync(raw_of)
-        pid, found = await conn.run_sync(pid_of), await conn.run_sync(fingerprint)
+        raw = await conn.run_sync(sqlalchemy_raw)
+        pid, found = (
+            await conn.run_sync(sqlalchemy_pid),
+            await conn.run_sync(sqlalchemy_fingerprint),
+        )
         if raises is None:
             result = await pgsolo.run_once_async(conn, op, aoperation_for(ending))
             assert result.outcome == "ran"
         else:
             with pytest.raises(raises):
                 await pgsolo.run_once_async(conn, op, aoperation_for(ending))
-        assert await conn.run_sync(fingerprint) == found
+        assert await conn.run_sync(sqlalchemy_fingerprint) == found
         assert observer.advisory(pid=pid) == set()
     assert work_rows(observer, op) == committed
     assert (row_of(observer, op) or {}).get("state") == state
     assert observer.holders(lock_key_for(op)) == set()
     async with aengine.connect() as conn:
-        assert await conn.run_sync(raw_of) is raw
-        assert await conn.run_sync(fingerprint) == found
+        assert await conn.run_sync(sqlalchemy_raw) is raw
+        assert await conn.run_sync(sqlalchemy_fingerprint) == found
         await acheck_next_user(conn, observer, key)
 
 
