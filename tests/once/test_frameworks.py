@@ -41,7 +41,7 @@ from _drivers import (
     sqlalchemy_raw,
     sqlalchemy_url,
 )
-from _support import DEADLINE, WORK, Boom, Connect, new_op, row_of, work_rows
+from _support import DEADLINE, WORK, Boom, Connect, eventually, new_op, row_of, work_rows
 from pgsolo import Key, LockLostError, OnceResult, TransactionFailedError
 from pgsolo.once.operation import lock_key_for
 
@@ -177,6 +177,46 @@ def test_run_once_on_a_sqlalchemy_connection_leaves_it_and_its_pool_as_found(
         assert sqlalchemy_raw(conn) is raw
         assert sqlalchemy_fingerprint(conn) == found
         check_next_user(conn, observer, key)
+
+
+def test_a_sqlalchemy_waiter_that_finds_the_operation_succeeded_leaves_it_as_found(
+    engine: Engine, connect: Connect, observer: Any, key: Key
+) -> None:
+    """The already-succeeded race on a SQLAlchemy Connection: it reads 'started', waits for
+    the lock, and gets it after the holder succeeded; it opens no transaction for the
+    operation, and the connection and its pool come back as found."""
+    op = new_op("sqlalchemy-waiter")
+    holder_conn = connect()
+    running, finish = threading.Event(), threading.Event()
+    results: list[OnceResult] = []
+
+    def slow(ctx: Any) -> str:
+        running.set()
+        assert finish.wait(DEADLINE)
+        return "charged"
+
+    holder = threading.Thread(target=lambda: results.append(pgsolo.run_once(holder_conn, op, slow)))
+    holder.start()
+    try:
+        assert running.wait(DEADLINE)
+        with engine.connect() as conn:
+            pid, found = sqlalchemy_pid(conn), sqlalchemy_fingerprint(conn)
+
+            def finish_once_it_waits() -> None:
+                eventually(lambda: pid in observer.waiters(lock_key_for(op)), "the waiter")
+                finish.set()
+
+            threading.Thread(target=finish_once_it_waits, daemon=True).start()
+            waited = pgsolo.run_once(conn, op, lambda ctx: "ran twice", wait=DEADLINE)
+            assert (waited.outcome, waited.result) == ("already-succeeded", "charged")
+            assert sqlalchemy_fingerprint(conn) == found
+            assert observer.advisory(pid=pid) == set()
+        with engine.connect() as conn:
+            check_next_user(conn, observer, key)
+    finally:
+        finish.set()
+        holder.join(DEADLINE)
+    assert [r.outcome for r in results] == ["ran"]
 
 
 @pytest.mark.parametrize("how", ENDINGS)
