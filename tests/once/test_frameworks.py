@@ -272,18 +272,28 @@ def django_insert(op: str, note: str) -> None:
         cur.execute(f"INSERT INTO {WORK} (job, note) VALUES (%s, %s)", [op, note])
 
 
-@pytest.mark.parametrize("ends", ["ran", "raised"])
+DJANGO_ENDINGS = {
+    "ran": None,
+    "raised": Boom,
+    "interrupted": KeyboardInterrupt,
+    "swallowed": TransactionFailedError,
+}
+
+
+@pytest.mark.parametrize("ends", list(DJANGO_ENDINGS))
 def test_run_once_on_django_is_an_atomic_block_of_djangos(
     django_conn: Any, observer: Any, ends: str
 ) -> None:
     """Regression (issue 21): the operation's transaction is a durable ``atomic`` of
     Django's, so an ``atomic()`` inside the operation is a savepoint (it used to fail with
     "can't change 'autocommit' now"), and ``on_commit`` callbacks run after the
-    operation's commit, never after its rollback (they used to run at once)."""
-    from django.db import transaction  # noqa: PLC0415
+    operation's commit, never after its rollback (they used to run at once); at every
+    ending Django's books are as found."""
+    from django.db import DatabaseError, transaction  # noqa: PLC0415
 
     op = new_op(f"django-{ends}")
     sent: list[str] = []
+    raises = DJANGO_ENDINGS[ends]
 
     def operation(ctx: Any) -> str:
         assert ctx.conn.in_atomic_block
@@ -295,16 +305,19 @@ def test_run_once_on_django_is_an_atomic_block_of_djangos(
             django_insert(op, "undone")
             raise Boom
         assert sent == []
-        if ends == "raised":
-            raise Boom
+        if ends == "swallowed":
+            with contextlib.suppress(DatabaseError), ctx.conn.cursor() as cur:
+                cur.execute("SELECT 1 / 0")
+        if raises is not None and ends != "swallowed":
+            raise raises
         return "done"
 
-    if ends == "ran":
+    if raises is None:
         assert pgsolo.run_once(django_conn, op, operation).outcome == "ran"
         assert sent == ["e-mail"]
         assert sorted(work_rows(observer, op)) == ["inner", "outer"]
     else:
-        with pytest.raises(Boom):
+        with pytest.raises(raises):
             pgsolo.run_once(django_conn, op, operation)
         assert sent == []
         assert work_rows(observer, op) == []
@@ -313,6 +326,10 @@ def test_run_once_on_django_is_an_atomic_block_of_djangos(
     assert django_conn.get_autocommit()
     assert django_conn.run_on_commit == []
     assert observer.advisory(pid=django_conn.connection.info.backend_pid) == set()
+    with django_conn.cursor() as cur:  # usable, in autocommit again
+        cur.execute("SELECT 42")
+        assert cur.fetchone() == (42,)
+    assert django_conn.connection.info.transaction_status == 0
 
 
 def test_run_once_inside_djangos_atomic_is_refused_naming_non_atomic_requests(
