@@ -11,13 +11,34 @@ extra fails that kind's tests with an ImportError naming it, never the whole sui
 from __future__ import annotations
 
 import contextlib
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from psycopg.conninfo import conninfo_to_dict
 
-__all__ = ["ASYNC_KINDS", "SYNC_KINDS", "AHandle", "AKind", "Handle", "Kind", "django_settings"]
+import pgsolo
+from _support import WORK
+from pgsolo import Key
+
+__all__ = [
+    "ASYNC_KINDS",
+    "SYNC_KINDS",
+    "AHandle",
+    "AKind",
+    "Handle",
+    "Kind",
+    "acheck_next_user",
+    "check_next_user",
+    "django_settings",
+    "sqlalchemy_fingerprint",
+    "sqlalchemy_insert",
+    "sqlalchemy_pid",
+    "sqlalchemy_raw",
+    "sqlalchemy_raw_status",
+    "sqlalchemy_url",
+]
 
 
 class Handle(Protocol):
@@ -393,6 +414,25 @@ def _async_engine(dsn: str, dialect: str) -> Any:
     )
 
 
+def sqlalchemy_url(dsn: str, dialect: str) -> Any:
+    """The SQLAlchemy URL of the libpq connection string ``dsn`` for ``dialect``
+    (``psycopg``, ``psycopg2``, ``asyncpg``); a unix socket directory goes in the query."""
+    from sqlalchemy.engine import URL  # noqa: PLC0415
+
+    params = conninfo_to_dict(dsn)
+    host = str(params.get("host") or "")
+    query = {"host": host} if host.startswith("/") else {}
+    return URL.create(
+        f"postgresql+{dialect}",
+        username=params.get("user"),
+        password=params.get("password"),
+        host=None if query else host or None,
+        port=int(params["port"]) if params.get("port") and not query else None,
+        database=params.get("dbname"),
+        query=query,
+    )
+
+
 class _Alchemy:
     """A SQLAlchemy Connection or Session: SQLAlchemy's own transactions."""
 
@@ -561,6 +601,77 @@ def _aalchemy(
             await engine.dispose()
 
     return opening
+
+
+# -- a SQLAlchemy connection as its caller and its pool's next user see it ----------------
+
+
+def sqlalchemy_raw(conn: Any) -> Any:
+    """The driver connection under a SQLAlchemy ``Connection``."""
+    return conn.connection.driver_connection
+
+
+def sqlalchemy_raw_status(conn: Any) -> str:
+    """The server's transaction status of the driver connection under ``conn``."""
+    raw = sqlalchemy_raw(conn)
+    if hasattr(raw, "is_in_transaction"):  # asyncpg
+        return "intrans" if raw.is_in_transaction() else "idle"
+    return {0: "idle", 2: "intrans", 3: "inerror"}.get(int(raw.info.transaction_status), "?")
+
+
+def sqlalchemy_fingerprint(conn: Any) -> tuple[object, ...]:
+    """What the caller sees of a SQLAlchemy ``Connection``: SQLAlchemy's books, the
+    server's transaction status, the driver's autocommit."""
+    return (
+        conn.in_transaction(),
+        sqlalchemy_raw_status(conn),
+        conn.connection.dbapi_connection.autocommit,
+    )
+
+
+def sqlalchemy_pid(conn: Any) -> int:
+    return _raw_pid(sqlalchemy_raw(conn))
+
+
+def sqlalchemy_insert(conn: Any, job: str, note: str) -> Any:
+    """A work row through SQLAlchemy (awaitable on an AsyncConnection)."""
+    from sqlalchemy import text  # noqa: PLC0415
+
+    statement = text(f"INSERT INTO {WORK} (job, note) VALUES (:job, :note)")
+    return conn.execute(statement, {"job": job, "note": note})
+
+
+def _rows_with(observer: Any, note: str) -> int:
+    found = observer.conn.execute(f"SELECT count(*) FROM {WORK} WHERE note = %s", (note,))
+    return int(found.fetchone()[0])
+
+
+def check_next_user(conn: Any, observer: Any, key: Key) -> None:
+    """The pool's next user of a SQLAlchemy ``Connection``: a rollback undoes its row,
+    and a transaction lock is held at the server until its commit."""
+    note = uuid.uuid4().hex
+    sqlalchemy_insert(conn, "next-user", note)
+    conn.rollback()
+    assert _rows_with(observer, note) == 0, "a rolled-back row was committed"
+    with conn.begin():
+        assert pgsolo.xact_lock(conn, key).acquire()
+        assert observer.holders(key) == {sqlalchemy_pid(conn)}, "the xact lock is not held"
+    assert observer.holders(key) == set()
+    assert sqlalchemy_raw_status(conn) == "idle"
+
+
+async def acheck_next_user(conn: Any, observer: Any, key: Key) -> None:
+    """:func:`check_next_user` for an ``AsyncConnection``."""
+    note = uuid.uuid4().hex
+    await sqlalchemy_insert(conn, "next-user", note)
+    await conn.rollback()
+    assert _rows_with(observer, note) == 0, "a rolled-back row was committed"
+    async with conn.begin():
+        assert await pgsolo.xact_lock(conn, key).acquire()
+        pid = await conn.run_sync(sqlalchemy_pid)
+        assert observer.holders(key) == {pid}, "the xact lock is not held"
+    assert observer.holders(key) == set()
+    assert await conn.run_sync(sqlalchemy_raw_status) == "idle"
 
 
 # -- Django ------------------------------------------------------------------------------

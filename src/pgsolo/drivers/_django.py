@@ -68,6 +68,10 @@ class DjangoDriver:
         return self._wrapper
 
     session_locks_refused: ClassVar[str | None] = None
+    ending_advice: ClassVar[str] = (
+        "call it outside transaction.atomic(); in a view under ATOMIC_REQUESTS, decorate the"
+        " view with @transaction.non_atomic_requests"
+    )
 
     @property
     def keeper_refused(self) -> str | None:

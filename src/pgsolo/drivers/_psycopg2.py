@@ -87,6 +87,7 @@ class Psycopg2Driver:
     is_async: ClassVar[bool] = False
     keeper_refused: ClassVar[str | None] = KEEPER_REFUSED
     session_locks_refused: ClassVar[str | None] = None
+    ending_advice: ClassVar[str] = "commit or roll it back first (conn.commit() / conn.rollback())"
 
     # A closed connection has no backend pid or parameters any more; logs and errors
     # about it (a lost lock) use what it said while it was open.

@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
@@ -61,10 +61,11 @@ __all__ = [
 ]
 
 _SESSION_LOCK_REFUSAL = (
-    "a session lock needs a connection that lives as long as the lock, and an ORM Session"
-    " hands its connection back to the pool whenever its transaction ends (the unlock"
-    " would reach another server session); take it on an Engine connection instead:"
-    " `with engine.connect() as conn: with session_lock(conn, key): ...`"
+    "a session lock (run_once holds one across the commits it makes) needs a connection"
+    " that lives as long as the lock, and an ORM Session hands its connection back to the"
+    " pool whenever its transaction ends (the unlock would reach another server session);"
+    " use an Engine connection instead: `with engine.connect() as conn:`, then"
+    " `session_lock(conn, key)` or `run_once(conn, op_key, operation)`"
 )
 
 
@@ -128,6 +129,11 @@ class SqlAlchemyBase:
     @property
     def session_locks_refused(self) -> str | None:
         return _SESSION_LOCK_REFUSAL if isinstance(self._core, Session) else None
+
+    ending_advice: ClassVar[str] = (
+        "commit or roll it back first (conn.commit() / conn.rollback()), or call it outside"
+        " `with conn.begin():`"
+    )
 
     @property
     def keeper_refused(self) -> str | None:

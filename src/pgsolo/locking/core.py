@@ -72,7 +72,7 @@ def require_no_transaction(driver: DriverBase, subject: str, reason: str) -> Non
     if status is not TxStatus.IDLE:
         raise ConnectionStateError(
             f"{subject} needs a connection with no transaction open (status"
-            f" {status.value}): {reason}"
+            f" {status.value}): {reason}; {driver.ending_advice}"
         )
 
 

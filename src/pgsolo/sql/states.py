@@ -13,6 +13,7 @@ __all__ = [
     "SQLSTATE_ATTEMPT_SUPERSEDED",
     "SQLSTATE_DEADLOCK",
     "SQLSTATE_INSUFFICIENT_PRIVILEGE",
+    "SQLSTATE_IN_FAILED_TRANSACTION",
     "SQLSTATE_IN_RECOVERY",
     "SQLSTATE_LOCK_GONE",
     "SQLSTATE_LOCK_NOT_AVAILABLE",
@@ -28,6 +29,7 @@ SQLSTATE_INVALID_SCHEMA_NAME = "3F000"
 SQLSTATE_INSUFFICIENT_PRIVILEGE = "42501"  # permission denied: a GRANT is missing
 SQLSTATE_UNDEFINED_OBJECT = "42704"  # in pgsolo migrate --grant-to: no such role
 SQLSTATE_UNTRANSLATABLE = "22P05"  # text the database's encoding cannot hold
+SQLSTATE_IN_FAILED_TRANSACTION = "25P02"  # a statement sent into an aborted transaction
 SQLSTATE_IN_RECOVERY = "PGSRC"  # raised by sql.locks.REFUSE_STANDBY
 SQLSTATE_LOCK_GONE = "PGSLG"  # raised by sql.locks.assert_same_transaction
 SQLSTATE_ATTEMPT_SUPERSEDED = "PGSLS"  # raised by sql.once.once_succeed
@@ -41,6 +43,7 @@ class Meaning(enum.Enum):
     LOCK_GONE = "a transaction-level lock was no longer held at commit"
     SUPERSEDED = "another caller took an operation over"
     UNTRANSLATABLE = "the database's encoding cannot hold a character of the text"
+    TRANSACTION_FAILED = "the transaction had failed already (an error in it was caught)"
     NO_PRIVILEGE = "the role lacks a privilege (a GRANT is missing)"
     UNDEFINED_OBJECT = "an object named in the statement does not exist"
 
@@ -55,6 +58,7 @@ _MEANINGS: dict[str, Meaning] = {
     SQLSTATE_ATTEMPT_SUPERSEDED: Meaning.SUPERSEDED,
     SQLSTATE_UNTRANSLATABLE: Meaning.UNTRANSLATABLE,
     SQLSTATE_INSUFFICIENT_PRIVILEGE: Meaning.NO_PRIVILEGE,
+    SQLSTATE_IN_FAILED_TRANSACTION: Meaning.TRANSACTION_FAILED,
     SQLSTATE_UNDEFINED_OBJECT: Meaning.UNDEFINED_OBJECT,
 }
 
