@@ -14,13 +14,12 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-import psycopg
 import pytest
 from psycopg import errors
 from psycopg.pq import TransactionStatus
 
 import pgsolo
-from _support import WORK, AConnect, Connect, other_key, pid_of, work_rows
+from _support import WORK, AConnect, Connect, has_savepoint, other_key, pid_of, work_rows
 from pgsolo import Key, LockTimeoutError
 from pgsolo.sql import hold_savepoint
 
@@ -33,19 +32,6 @@ INERROR, INTRANS, IDLE = (
 
 def note(tag: str) -> str:
     return f"INSERT INTO {WORK} (job, note) VALUES ('{tag}', 'written')"
-
-
-async def has_savepoint(conn: psycopg.AsyncConnection[Any], name: str) -> bool:
-    """Whether ``name`` is a savepoint of the open transaction, asked at no cost to the
-    transaction (a savepoint found is released, with the probe opened after it)."""
-    await conn.execute("SAVEPOINT probe")
-    try:
-        await conn.execute(f"RELEASE SAVEPOINT {name}")
-    except errors.InvalidSavepointSpecification:
-        await conn.execute("ROLLBACK TO SAVEPOINT probe")
-        await conn.execute("RELEASE SAVEPOINT probe")
-        return False
-    return True
 
 
 async def test_a_failure_caught_in_the_block_leaves_the_transaction_failed_as_found(

@@ -15,13 +15,12 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-import psycopg
 import pytest
 from psycopg import errors
 from psycopg.pq import TransactionStatus
 
 import pgsolo
-from _support import WORK, Connect, other_key, pid_of, work_rows
+from _support import WORK, Connect, has_savepoint, other_key, pid_of, work_rows
 from pgsolo import Key, LockTimeoutError
 from pgsolo.sql import hold_savepoint
 
@@ -34,19 +33,6 @@ INERROR, INTRANS, IDLE = (
 
 def note(tag: str) -> str:
     return f"INSERT INTO {WORK} (job, note) VALUES ('{tag}', 'written')"
-
-
-def has_savepoint(conn: psycopg.Connection[Any], name: str) -> bool:
-    """Whether ``name`` is a savepoint of the open transaction, asked at no cost to the
-    transaction (a savepoint found is released, with the probe opened after it)."""
-    conn.execute("SAVEPOINT probe")
-    try:
-        conn.execute(f"RELEASE SAVEPOINT {name}")
-    except errors.InvalidSavepointSpecification:
-        conn.execute("ROLLBACK TO SAVEPOINT probe")
-        conn.execute("RELEASE SAVEPOINT probe")
-        return False
-    return True
 
 
 def test_a_failure_caught_in_the_block_leaves_the_transaction_failed_as_found(
