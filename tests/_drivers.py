@@ -46,7 +46,11 @@ class Handle(Protocol):
 
     def execute(self, statement: str) -> None: ...
     def begin(self) -> None: ...
+    def commit(self) -> None: ...
     def rollback(self) -> None: ...
+    def savepoint(self) -> contextlib.AbstractContextManager[None]:
+        """A savepoint through the library's own API, rolled back by an exception."""
+
     def in_transaction(self) -> bool: ...
     def pid(self) -> int: ...
     def fingerprint(self) -> dict[str, object]:
@@ -65,7 +69,9 @@ class AHandle(Protocol):
 
     async def execute(self, statement: str) -> None: ...
     async def begin(self) -> None: ...
+    async def commit(self) -> None: ...
     async def rollback(self) -> None: ...
+    def savepoint(self) -> contextlib.AbstractAsyncContextManager[None]: ...
     async def in_transaction(self) -> bool: ...
     async def pid(self) -> int: ...
     async def fingerprint(self) -> dict[str, object]: ...
@@ -180,11 +186,32 @@ class _Dbapi:
         if self.conn.autocommit:
             self.execute("BEGIN")
 
+    def commit(self) -> None:
+        if self.conn.autocommit:
+            self.execute("COMMIT")
+        else:
+            self.conn.commit()
+
     def rollback(self) -> None:
         if self.conn.autocommit:
             self.execute("ROLLBACK")
         else:
             self.conn.rollback()
+
+    @contextlib.contextmanager
+    def savepoint(self) -> Iterator[None]:
+        if hasattr(self.conn, "transaction"):  # psycopg 3
+            with self.conn.transaction():
+                yield
+            return
+        self.execute("SAVEPOINT callers")  # psycopg2 has no API for one
+        try:
+            yield
+        except BaseException:
+            self.execute("ROLLBACK TO SAVEPOINT callers")
+            raise
+        finally:
+            self.execute("RELEASE SAVEPOINT callers")
 
     def in_transaction(self) -> bool:
         return int(self.conn.info.transaction_status) != 0  # 0: IDLE in both libraries
@@ -264,8 +291,16 @@ class _APsycopg:
     async def begin(self) -> None:
         await self.conn.execute("BEGIN")
 
+    async def commit(self) -> None:
+        await self.conn.execute("COMMIT")
+
     async def rollback(self) -> None:
         await self.conn.execute("ROLLBACK")
+
+    @contextlib.asynccontextmanager
+    async def savepoint(self) -> AsyncIterator[None]:
+        async with self.conn.transaction():
+            yield
 
     async def in_transaction(self) -> bool:
         return int(self.conn.info.transaction_status) != 0
@@ -302,8 +337,16 @@ class _Asyncpg:
         self._transaction = self.conn.transaction()
         await self._transaction.start()
 
+    async def commit(self) -> None:
+        await self._transaction.commit()
+
     async def rollback(self) -> None:
         await self._transaction.rollback()
+
+    @contextlib.asynccontextmanager
+    async def savepoint(self) -> AsyncIterator[None]:
+        async with self.conn.transaction():  # nested: a savepoint
+            yield
 
     async def in_transaction(self) -> bool:
         return bool(self.conn.is_in_transaction())
@@ -477,8 +520,16 @@ class _Alchemy:
     def begin(self) -> None:
         self.conn.begin()
 
+    def commit(self) -> None:
+        self.conn.commit()
+
     def rollback(self) -> None:
         self.conn.rollback()
+
+    @contextlib.contextmanager
+    def savepoint(self) -> Iterator[None]:
+        with self.conn.begin_nested():
+            yield
 
     def in_transaction(self) -> bool:
         return bool(self.conn.in_transaction())
@@ -563,8 +614,16 @@ class _AAlchemy:
     async def begin(self) -> None:
         await self.conn.begin()
 
+    async def commit(self) -> None:
+        await self.conn.commit()
+
     async def rollback(self) -> None:
         await self.conn.rollback()
+
+    @contextlib.asynccontextmanager
+    async def savepoint(self) -> AsyncIterator[None]:
+        async with self.conn.begin_nested():
+            yield
 
     async def in_transaction(self) -> bool:
         return bool(self.conn.in_transaction())
@@ -736,11 +795,21 @@ class _Django:
         self._atomic = transaction.atomic()
         self._atomic.__enter__()
 
+    def commit(self) -> None:
+        self._atomic.__exit__(None, None, None)
+
     def rollback(self) -> None:
         from django.db import transaction  # noqa: PLC0415
 
         transaction.set_rollback(True)
         self._atomic.__exit__(None, None, None)
+
+    @contextlib.contextmanager
+    def savepoint(self) -> Iterator[None]:
+        from django.db import transaction  # noqa: PLC0415
+
+        with transaction.atomic():  # nested in begin()'s: a savepoint
+            yield
 
     def in_transaction(self) -> bool:
         return bool(self.conn.in_atomic_block)  # type: ignore[attr-defined]

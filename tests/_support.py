@@ -406,6 +406,33 @@ async def _ashow_lock_timeout(conn: psycopg.AsyncConnection[Any]) -> str:
     return str(row[0])
 
 
+def has_savepoint(conn: AnyConnection, name: str) -> Any:
+    """Whether ``name`` is a savepoint of the open transaction (an awaitable of it on an
+    async connection), asked at no cost to the transaction: a savepoint found is released,
+    with the probe opened after it; otherwise the probe alone failed, and is rolled back."""
+    if isinstance(conn, psycopg.AsyncConnection):
+        return _ahas_savepoint(conn, name)
+    conn.execute("SAVEPOINT probe")
+    try:
+        conn.execute(f"RELEASE SAVEPOINT {name}")
+    except psycopg.errors.InvalidSavepointSpecification:
+        conn.execute("ROLLBACK TO SAVEPOINT probe")
+        conn.execute("RELEASE SAVEPOINT probe")
+        return False
+    return True
+
+
+async def _ahas_savepoint(conn: psycopg.AsyncConnection[Any], name: str) -> bool:
+    await conn.execute("SAVEPOINT probe")
+    try:
+        await conn.execute(f"RELEASE SAVEPOINT {name}")
+    except psycopg.errors.InvalidSavepointSpecification:
+        await conn.execute("ROLLBACK TO SAVEPOINT probe")
+        await conn.execute("RELEASE SAVEPOINT probe")
+        return False
+    return True
+
+
 def insert_note(conn: AnyConnection, table: str, note: str) -> Any:
     """A row in the test's ``table`` (awaitable on an async connection)."""
     return conn.execute(
