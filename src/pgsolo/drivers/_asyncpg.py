@@ -78,7 +78,6 @@ __all__ = ["KEEPER_REFUSED", "AsyncpgDriver", "Checkout", "adapt"]
 PROBE_CONNECT_TIMEOUT = 10.0
 PROBE_ANSWER_TIMEOUT = 30.0
 
-_IN_FAILED_TRANSACTION = "25P02"
 _SETTLE_SECONDS = 5.0
 
 KEEPER_REFUSED = (
@@ -209,7 +208,8 @@ class AsyncpgDriver:
         except asyncpg.PostgresError as exc:
             # An error inside a transaction block aborts it.
             self._aborted_at = self._queries() if self._conn.is_in_transaction() else None
-            if edge == "commit" and self.sqlstate(exc) == _IN_FAILED_TRANSACTION:
+            failed = sql.meaning(self.sqlstate(exc)) is sql.Meaning.TRANSACTION_FAILED
+            if edge == "commit" and failed:
                 await self._conn.execute(sql.ROLLBACK)
                 raise _failed_transaction() from exc
             raise
@@ -260,7 +260,7 @@ class AsyncpgDriver:
             try:
                 await self._conn.execute(sql.CHANGES_NOTHING)
             except asyncpg.PostgresError as exc:
-                if self.sqlstate(exc) == _IN_FAILED_TRANSACTION:
+                if sql.meaning(self.sqlstate(exc)) is sql.Meaning.TRANSACTION_FAILED:
                     self._aborted_at = self._queries()
 
     def _released(self) -> bool:

@@ -13,7 +13,6 @@ __all__ = [
     "SQLSTATE_ATTEMPT_SUPERSEDED",
     "SQLSTATE_DEADLOCK",
     "SQLSTATE_INSUFFICIENT_PRIVILEGE",
-    "SQLSTATE_IN_FAILED_TRANSACTION",
     "SQLSTATE_IN_RECOVERY",
     "SQLSTATE_LOCK_GONE",
     "SQLSTATE_LOCK_NOT_AVAILABLE",
@@ -30,12 +29,11 @@ SQLSTATE_INVALID_SCHEMA_NAME = "3F000"
 SQLSTATE_INSUFFICIENT_PRIVILEGE = "42501"  # permission denied: a GRANT is missing
 SQLSTATE_UNDEFINED_OBJECT = "42704"  # in pgsolo migrate --grant-to: no such role
 SQLSTATE_UNTRANSLATABLE = "22P05"  # text the database's encoding cannot hold
-SQLSTATE_IN_FAILED_TRANSACTION = "25P02"  # a statement sent into an aborted transaction
 SQLSTATE_IN_RECOVERY = "PGSRC"  # raised by sql.locks.REFUSE_STANDBY
 SQLSTATE_LOCK_GONE = "PGSLG"  # raised by sql.locks.assert_same_transaction
 SQLSTATE_ATTEMPT_SUPERSEDED = "PGSLS"  # raised by sql.once.once_succeed
 SQLSTATE_SAVEPOINT_GONE = "3B001"  # no savepoint of that name in this transaction
-SQLSTATE_TRANSACTION_FAILED = "25P02"  # the transaction has failed: only a rollback runs
+SQLSTATE_TRANSACTION_FAILED = "25P02"  # a statement sent into a failed transaction
 # Raised by sql.locks.unlock_keeping_failure: the unlock's answer (released, not held,
 # not this session), carried out of a transaction that is failed again on purpose.
 UNLOCK_ANSWERS: dict[str, bool | None] = {"PGSU1": True, "PGSU0": False, "PGSUN": None}
@@ -49,7 +47,6 @@ class Meaning(enum.Enum):
     LOCK_GONE = "a transaction-level lock was no longer held at commit"
     SUPERSEDED = "another caller took an operation over"
     UNTRANSLATABLE = "the database's encoding cannot hold a character of the text"
-    TRANSACTION_FAILED = "the transaction had failed already (an error in it was caught)"
     NO_PRIVILEGE = "the role lacks a privilege (a GRANT is missing)"
     UNDEFINED_OBJECT = "an object named in the statement does not exist"
     SAVEPOINT_GONE = "the savepoint named was released or rolled back past"
@@ -67,7 +64,6 @@ _MEANINGS: dict[str, Meaning] = {
     SQLSTATE_ATTEMPT_SUPERSEDED: Meaning.SUPERSEDED,
     SQLSTATE_UNTRANSLATABLE: Meaning.UNTRANSLATABLE,
     SQLSTATE_INSUFFICIENT_PRIVILEGE: Meaning.NO_PRIVILEGE,
-    SQLSTATE_IN_FAILED_TRANSACTION: Meaning.TRANSACTION_FAILED,
     SQLSTATE_UNDEFINED_OBJECT: Meaning.UNDEFINED_OBJECT,
     SQLSTATE_SAVEPOINT_GONE: Meaning.SAVEPOINT_GONE,
     SQLSTATE_TRANSACTION_FAILED: Meaning.TRANSACTION_FAILED,
