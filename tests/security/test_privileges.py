@@ -285,6 +285,25 @@ def test_cli_migrate_grant_to_and_a_job_as_the_app_role(fresh_db: str, make_role
     assert ran.returncode == 0, ran.stderr
 
 
+def test_cli_run_json_says_a_missing_privilege_where_its_document_goes(
+    fresh_db: str, make_role: MakeRole
+) -> None:
+    """`pgsolo run --json` refused a privilege: its document is a `pgsolo.run/1` (outcome
+    null) where every run document goes, the last line on stderr, never on stdout, which
+    is COMMAND's."""
+    role, _ = make_role()
+    assert pgsolo_cli("migrate", "--dsn", fresh_db).returncode == 0
+    app_dsn = role_dsn(fresh_db, role)
+    refused = pgsolo_cli("run", "--dsn", app_dsn, "--key", "k", "--record", "--json", "--", "true")
+    assert refused.returncode == 1, refused.stderr
+    assert refused.stdout == ""
+    doc = json_document(refused.stderr)
+    assert (doc["schema"], doc["outcome"], doc["exit_code"]) == ("pgsolo.run/1", None, 1)
+    assert doc["reason"] == doc["error"]["code"] == "insufficient-privilege"
+    assert f"--grant-to {role}" in doc["error"]["message"]
+    assert doc["database"] is not None  # it connected before it was refused
+
+
 # -- (d) the monitor, (e) terminate ---------------------------------------------------------
 
 

@@ -118,9 +118,14 @@ def _lost_while_running(job: Job, ran: Ran) -> str:
     if ran.lost.warned:
         return f"{lost}; --on-lost=warn let the command finish (exit status {ran.status})"
     if not ran.lost.stopped:
+        left = (
+            f", and the {ran.lost.others} processes it left running got SIGTERM"
+            if ran.lost.others
+            else ""
+        )
         return (
             f"lock {job.key} was lost: {ran.lost.detail}; the command had already"
-            f" finished by then (exit status {ran.status})"
+            f" finished by then (exit status {ran.status}){left}"
         )
     if ran.returncode < 0:
         how = f"was stopped by {signal_name(-ran.returncode)} (exit status {ran.status})"
