@@ -331,6 +331,28 @@ def test_the_monitor_sees_other_roles_locks_but_not_their_activity(
     assert {c.name: c for c in pgsolo.doctor(connect())}["visibility"].status == "ok"
 
 
+def test_locks_and_terminate_need_no_usage_on_schema_pgsolo(
+    fresh_db: str, make_role: MakeRole
+) -> None:
+    """Once `migrate` has run, the monitor names keys from the ledger: a role without
+    USAGE on schema pgsolo (docs/security.md asks none for `locks` and `terminate`) got
+    a raw "permission denied for schema pgsolo", exit 1. The names are best effort."""
+    assert pgsolo_cli("migrate", "--dsn", fresh_db).returncode == 0
+    role, connect = make_role()
+    holder = connect()
+    assert pgsolo.session_lock(holder, "watched-without-usage").acquire()
+    pid = holder.info.backend_pid
+    (row,) = pgsolo.advisory_locks(connect(), from_ledger=True)
+    assert (row.pid, row.granted) == (pid, True)
+    dsn = role_dsn(fresh_db, role)
+    shown = pgsolo_cli("locks", "--dsn", dsn, "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert [lock["pid"] for lock in json_document(shown.stdout)["locks"]] == [pid]
+    ended = pgsolo_cli("terminate", str(pid), "--yes", "--dsn", dsn)
+    assert ended.returncode == 0, ended.stderr
+    assert pgsolo.advisory_locks(connect(), from_ledger=True) == []
+
+
 def test_terminate_needs_the_same_role_or_pg_signal_backend(
     admin: psycopg.Connection, make_role: MakeRole
 ) -> None:
