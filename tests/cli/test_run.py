@@ -1534,3 +1534,19 @@ def test_a_json_destination_pgsolo_cannot_write_to_is_a_usage_error(
     assert done.returncode == 2, done.stderr
     assert message in done.stderr
     assert not (tmp_path / "ran").exists()
+
+
+def test_the_json_document_of_a_key_that_is_not_utf8_is_valid_json(db: str, tmp_path: Path) -> None:
+    """A key given as bytes that are not UTF-8 reaches Python as lone surrogates, which
+    json.dumps wrote as \\udce9 escapes: invalid for strict JSON parsers (and for any
+    UTF-8 encoder). Each undecodable byte is written \\xe9 instead."""
+    done = subprocess.run(
+        [PY.encode(), b"-m", b"pgsolo", b"run", b"--key", b"caf\xe9-export", b"--dsn",
+         db.encode(), b"--json-file", str(tmp_path / "report.json").encode(), b"--", b"true"],
+        stdin=subprocess.DEVNULL, capture_output=True, env=cli_env(), timeout=TIMEOUT,
+        check=False,
+    )  # fmt: skip
+    report = json_document((tmp_path / "report.json").read_text(encoding="utf-8"))
+    json.dumps(report, ensure_ascii=False).encode("utf-8")  # no lone surrogate in it
+    assert done.returncode == 2, done.stderr  # a name must be Unicode text (§2)
+    assert (report["key"], report["job"]) == ("caf\\xe9-export", "caf\\xe9-export")

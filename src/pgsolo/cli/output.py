@@ -56,7 +56,32 @@ def emit_json(command: str, fields: dict[str, Any], *, stream: IO[str] | None = 
 
 
 def print_json(doc: dict[str, Any], *, stream: IO[str] | None = None) -> None:
-    print(json.dumps(doc), file=stream or sys.stdout, flush=True)
+    print(json.dumps(_strict(doc)), file=stream or sys.stdout, flush=True)
+
+
+def _strict(value: Any) -> Any:
+    """``value`` with every string made valid Unicode, so the document is valid JSON for
+    strict parsers: an argument that was not valid in the locale's encoding (a key given
+    as raw bytes) arrives as lone surrogates, which ``json.dumps`` would write as
+    ``\\udcff`` escapes, invalid UTF-16. Each undecodable byte is written ``\\xff``
+    instead, as pgsolo's text output shows it."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            errors = "surrogateescape" if _only_escapes(value) else "surrogatepass"
+            return value.encode("utf-8", errors).decode("utf-8", "backslashreplace")
+        return value
+    if isinstance(value, dict):
+        return {_strict(k): _strict(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_strict(v) for v in value]
+    return value
+
+
+def _only_escapes(text: str) -> bool:
+    """Whether every surrogate in ``text`` stands for an undecodable byte (U+DC80-DCFF)."""
+    return all("\udc80" <= c <= "\udcff" for c in text if "\ud800" <= c <= "\udfff")
 
 
 # The error code for an exit code, when the failure does not name a more precise one.

@@ -100,8 +100,16 @@ def _lost(result: JobResult[Any], command: Command, scrub: Scrub) -> Verdict:
         return Verdict(dataclasses.replace(result, error=error), code, text, command.status)
     detail = scrub(result.error) if result.error is not None else ""
     if not isinstance(result.error, LockLostError | LockNotHeldError):
-        # Marking the period done failed with the connection, after COMMAND succeeded.
-        return Verdict(result, code, f"the period could not be recorded: {detail}", command.status)
+        # Marking the period done failed with the connection, after COMMAND succeeded: the
+        # server may have written it all the same (a frozen backend that resumed, a commit
+        # whose answer was lost), so say what is known, not more.
+        if unresponsive(result.error):
+            detail = f"no answer within {command.keep.timeout:g}s (--check-timeout)"
+        text = (
+            f"the period may not have been recorded: {detail} (the next run in this period"
+            " skips it if it was, and runs the command again if not)"
+        )
+        return Verdict(result, code, text, command.status)
     # The lock was gone by the time COMMAND ended: at most once is not guaranteed for
     # this run, whatever COMMAND said.
     logger.error(
