@@ -69,7 +69,8 @@ class Child:
         self.pending: list[int] = []  # received while the child was being started
         self.forwarded: list[int] = []  # logged by the main loop, not the handler
         self.subreaper: _Subreaper | None = None
-        self.signalled: set[int] = set()  # pids sent SIGTERM (0: the whole group)
+        self.signalled: set[int] = set()  # pids sent SIGTERM by signal_all
+        self.group_signalled = False  # signal_all sent the group its SIGTERM
 
     def start(self) -> subprocess.Popen[bytes]:
         self.subreaper = _Subreaper.become()
@@ -125,13 +126,13 @@ class Child:
         however often this is called: a process started since gets its own next time."""
         once = signum == signal.SIGTERM
         if self.subreaper is None:
-            if not (once and self.signalled):
+            if not (once and self.group_signalled):
                 if self.exited and self.own_group:
                     with suppress(ProcessLookupError, PermissionError):
                         os.killpg(self.proc.pid, signum)  # type: ignore[union-attr]
                 elif not self.exited:
                     self.signal(signum)
-                self.signalled.add(0)  # the group had its SIGTERM
+                self.group_signalled = self.group_signalled or once
             return
         for pid in self.subreaper.descendants():
             if once and pid in self.signalled:
