@@ -164,7 +164,9 @@ class Command:
                 child.log_forwarded()
                 if returncode is None and (returncode := proc.poll()) is not None:
                     lingered = child.lingering()
-                    if lingered and not stopping and (lost is None or lost.warned):
+                    # After a loss they are stopped already, or (--on-lost=warn) left to
+                    # finish as its warning said.
+                    if lingered and lost is None:
                         stopping = self._linger(child, returncode, lingered)
                         if stopping:
                             kill_at = time.monotonic() + self.grace
