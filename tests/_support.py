@@ -780,6 +780,17 @@ def run_args(key: str, dsn: str, *, job: str | None = None) -> list[str]:
     return ["run", "--key", key, *(["--name", job] if job else []), "--dsn", dsn]
 
 
+def a_schedule_tick_passes(conn: psycopg.Connection, job: str) -> None:
+    """Move ``job``'s recorded attempts a minute into the past, as if its schedule's next
+    tick came now: attempts that start within seconds of each other are hosts racing for
+    one tick (``pgsolo.jobs.record.RACE_WINDOW_SECONDS``), not the work falling behind."""
+    conn.execute(
+        "UPDATE pgsolo.job_runs SET started_at = started_at - interval '1 minute',"
+        " finished_at = finished_at - interval '1 minute' WHERE job = %s",
+        (job,),
+    )
+
+
 def ledger(conn: psycopg.Connection, job: str) -> list[dict[str, Any]]:
     """``job``'s rows in pgsolo.job_runs, oldest first."""
     cursor = conn.execute(

@@ -86,7 +86,11 @@ FailReason: TypeAlias = Literal[
 Reason: TypeAlias = LostReason | SkipReason | FailReason
 """What ``JobResult.reason`` holds (or None: completed, or failed by the work's own error)."""
 RunReason: TypeAlias = Literal[
-    "usage-error", "not-migrated", "database-unavailable", "database-error"
+    "usage-error",
+    "not-migrated",
+    "insufficient-privilege",
+    "database-unavailable",
+    "database-error",
 ]
 """``pgsolo run --json``'s reason when no attempt was made."""
 
