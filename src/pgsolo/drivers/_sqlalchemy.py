@@ -61,11 +61,11 @@ __all__ = [
 ]
 
 _SESSION_LOCK_REFUSAL = (
-    "a session lock (run_once holds one across the commits it makes) needs a connection"
-    " that lives as long as the lock, and an ORM Session hands its connection back to the"
-    " pool whenever its transaction ends (the unlock would reach another server session);"
-    " use an Engine connection instead: `with engine.connect() as conn:`, then"
-    " `session_lock(conn, key)` or `run_once(conn, op_key, operation)`"
+    "a session lock (session_lock, run_job with lifetime='session', and run_once, which"
+    " holds one across the commits it makes) needs a connection that lives as long as the"
+    " lock, and an ORM Session hands its connection back to the pool whenever its"
+    " transaction ends (the unlock would reach another server session); use an Engine"
+    " connection instead: `with engine.connect() as conn:`, then pass `conn`"
 )
 
 
