@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 import pgsolo
@@ -927,3 +928,33 @@ ASYNC_KINDS = [
         pooled=True,
     ),
 ]
+
+
+# -- SQLAlchemy engines with pgsolo's pool hook (fixtures, imported by conftest.py) ----------
+
+
+@pytest.fixture(params=["psycopg", "psycopg2"])
+def engine(request: pytest.FixtureRequest, db: str) -> Iterator[Any]:
+    """An engine of one pooled connection, so the next checkout is the connection the
+    last user had, with ``pgsolo.sqlalchemy.install``'s hook."""
+    from sqlalchemy import create_engine  # noqa: PLC0415
+
+    import pgsolo.sqlalchemy  # noqa: PLC0415
+
+    made = create_engine(sqlalchemy_url(db, request.param), pool_size=1, max_overflow=0)
+    pgsolo.sqlalchemy.install(made)
+    yield made
+    made.dispose()
+
+
+@pytest.fixture(params=["psycopg", "asyncpg"])
+async def aengine(request: pytest.FixtureRequest, db: str) -> AsyncIterator[Any]:
+    """:func:`engine` for async code."""
+    from sqlalchemy.ext.asyncio import create_async_engine  # noqa: PLC0415
+
+    import pgsolo.sqlalchemy  # noqa: PLC0415
+
+    made = create_async_engine(sqlalchemy_url(db, request.param), pool_size=1, max_overflow=0)
+    pgsolo.sqlalchemy.install(made)
+    yield made
+    await made.dispose()
