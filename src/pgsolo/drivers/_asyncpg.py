@@ -206,8 +206,10 @@ class AsyncpgDriver:
             await self._find_out_if_aborted()
             raise
         except asyncpg.PostgresError as exc:
-            # An error inside a transaction block aborts it.
-            self._aborted_at = self._queries() if self._conn.is_in_transaction() else None
+            # An error inside a transaction block aborts it. A connection asyncpg aborted
+            # meanwhile (pool.release() of it, a timeout) has no protocol left to ask.
+            in_transaction = not self.is_closed() and self._conn.is_in_transaction()
+            self._aborted_at = self._queries() if in_transaction else None
             if edge == "commit" and self.sqlstate(exc) == _IN_FAILED_TRANSACTION:
                 await self._conn.execute(sql.ROLLBACK)
                 raise _failed_transaction() from exc

@@ -223,7 +223,9 @@ class SqlAlchemyBase:
         core = self._core
         if isinstance(core, Connection) and (core.closed or core.invalidated):
             return True
-        inner = self._current()
+        # A Session whose transaction just ended on a dead connection is out of one and
+        # has none: the connection it was using says what happened to it.
+        inner = self._current() or self._inner
         return inner.is_closed() if inner is not None else False
 
     def scrub(self, text: str) -> str:

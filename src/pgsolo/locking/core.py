@@ -249,8 +249,11 @@ class LockCore:
         try:
             value = yield step
         except BaseException as exc:
+            # Read as the failure left the connection: ending pgsolo's own transaction
+            # through a framework may reconnect (Django does).
+            error = failures.acquisition_error(self, exc, started)
             yield from recovery.after_xact_failure(self, in_callers_transaction=joins)
-            if (error := failures.acquisition_error(self, exc, started)) is not None:
+            if error is not None:
                 raise error from exc
             raise
         if value is None:  # sql.acquire's answer on a server in recovery: nothing taken
@@ -333,12 +336,14 @@ class LockCore:
             return route
         try:
             route = yield from check_route(driver, status)
-        except BaseException:
+        except BaseException as exc:
             if status is TxStatus.IDLE and driver.transaction_status() in (
                 TxStatus.INTRANS,
                 TxStatus.INERROR,
             ):  # the driver's own BEGIN, before an interrupted check
                 yield from recovery.quietly(self, [sql.ROLLBACK])
+            if (error := failures.connection_failed(self, exc)) is not None:
+                raise error from exc
             raise
         holdings.set_route(driver.connection, pid, route)
         return route

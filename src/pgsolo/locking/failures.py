@@ -6,8 +6,10 @@ that ran out is a :class:`~pgsolo.LockTimeoutError`; a standby, a
 :class:`~pgsolo.UnsafeConnectionError`; a deadlock between advisory waits, a
 :class:`~pgsolo.LockDeadlockError` naming the keys of the cycle; fencing on a database
 without pgsolo's tables, a :class:`~pgsolo.NotMigratedError`; a privilege the role lacks,
-a :class:`~pgsolo.InsufficientPrivilegeError`. Anything else is the
-driver's own error, raised as it is.
+a :class:`~pgsolo.InsufficientPrivilegeError`; a connection that failed under the
+statement, a :class:`~pgsolo.DatabaseUnavailableError`. Each has the driver's error (on a
+framework's connection, the framework's) as its cause. Anything else is the driver's own
+error, raised as it is.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from .. import sql
 from ..errors import (
+    DatabaseUnavailableError,
     LockDeadlockError,
     LockTimeoutError,
     LockUnavailableError,
@@ -29,7 +32,7 @@ from .routing import in_recovery_error
 if TYPE_CHECKING:
     from .core import LockCore
 
-__all__ = ["acquisition_error", "busy_here", "standby_refused", "timed_out"]
+__all__ = ["acquisition_error", "busy_here", "connection_failed", "standby_refused", "timed_out"]
 
 
 def busy_here(core: LockCore, pid: int) -> bool:
@@ -86,7 +89,20 @@ def acquisition_error(core: LockCore, exc: BaseException, started: float) -> Bas
             "fencing tokens are kept in pgsolo's tables, which this database does not"
             " have: run `pgsolo migrate` first (nothing is held)"
         )
-    return None
+    return connection_failed(core, exc)
+
+
+def connection_failed(core: LockCore, exc: BaseException) -> DatabaseUnavailableError | None:
+    """The error for a connection that ``exc`` (an error, not an interruption) found
+    dead under one of pgsolo's statements for ``core``'s lock; None if it lives. A dead
+    session holds no advisory lock: nothing is held."""
+    if not isinstance(exc, Exception) or not core.driver.is_closed():
+        return None
+    said = " ".join(str(exc).split()) or type(exc).__name__
+    return DatabaseUnavailableError(
+        f"the connection failed while pgsolo was taking {core.lifetime} lock {core.key}"
+        f" ({said}); nothing is held"
+    )
 
 
 def standby_refused(core: LockCore, started: float | None = None) -> UnsafeConnectionError:

@@ -104,13 +104,25 @@ def _end_own_transaction(core: LockCore, *, failed: bool) -> Plan[None]:
         yield ROLLBACK
         return
     marker = core.transaction_marker
-    if marker is None:
-        yield Own([], "commit")
-        core.log(logging.DEBUG, "released")
-        return
+    check = (
+        []
+        if marker is None
+        else [sql.assert_same_transaction(core.key, marker, shared=core.shared)]
+    )
     try:
-        yield Own([sql.assert_same_transaction(core.key, marker, shared=core.shared)], "commit")
+        yield Own(check, "commit")
     except Exception as exc:
+        # Gone, or replaced already: a framework may reconnect as it closes its books on
+        # the failed commit (Django does), and a new backend holds nothing of the lock's.
+        if core.driver.is_closed() or core.driver.backend_pid() != core.backend_pid:
+            core.log(logging.WARNING, "lost", reason="connection-lost")
+            raise LockLostError(
+                f"transaction lock {core.key} was lost with its connection before its"
+                f" transaction committed ({' '.join(str(exc).split())}); the work's"
+                " statements in it did not commit",
+                key=core.key,
+                reason="connection-lost",
+            ) from exc
         if sql.meaning(core.driver.sqlstate(exc)) is not sql.Meaning.LOCK_GONE:
             raise
         yield from quietly(core, ROLLBACK)
