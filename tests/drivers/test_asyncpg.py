@@ -315,6 +315,29 @@ async def test_a_wait_on_a_connection_released_to_its_pool_is_database_unavailab
         assert lock.acquired
 
 
+@pytest.mark.parametrize("lifetime", ["xact", "session"])
+async def test_a_statement_timeout_shorter_than_the_wait_is_a_lock_timeout(
+    apg: Any, observer: Any, key: Key, lifetime: str
+) -> None:
+    """Regression: a wait cut short by the connection's own ``statement_timeout`` raised
+    asyncpg's raw ``QueryCanceledError``; now :class:`LockTimeoutError` naming it."""
+    holder = await apg()
+    assert await pgsolo.session_lock(holder, key).acquire()
+    waiter = await apg(server_settings={"statement_timeout": "300ms"})
+    take = pgsolo.xact_lock if lifetime == "xact" else pgsolo.session_lock
+
+    async def wait_for_it() -> None:
+        async with take(waiter, key, wait=30):
+            pass
+
+    with pytest.raises(LockTimeoutError, match="statement_timeout") as raised:
+        await wait_for_it()
+    assert isinstance(raised.value.__cause__, asyncpg.QueryCanceledError)
+    assert not waiter.is_in_transaction()
+    assert observer.advisory(pid=waiter.get_server_pid()) == set()
+    assert await waiter.fetchval("SHOW statement_timeout") == "300ms"
+
+
 # - cancellation -
 
 

@@ -2,11 +2,13 @@
 
 A key this connection already holds through pgsolo is busy for a try, and a
 :class:`~pgsolo.LockUnavailableError` for a wait (PostgreSQL would grant it again). A wait
-that ran out is a :class:`~pgsolo.LockTimeoutError`; a standby, a
-:class:`~pgsolo.UnsafeConnectionError`; a deadlock between advisory waits, a
-:class:`~pgsolo.LockDeadlockError` naming the keys of the cycle; fencing on a database
-without pgsolo's tables, a :class:`~pgsolo.NotMigratedError`; a privilege the role lacks,
-a :class:`~pgsolo.InsufficientPrivilegeError`; a connection that failed under the
+that ran out is a :class:`~pgsolo.LockTimeoutError`, and so is one the server cut short
+first (the connection's ``statement_timeout``, shorter than the wait: the error names it
+and how long the wait lasted); a standby, a :class:`~pgsolo.UnsafeConnectionError`; a
+deadlock between advisory waits, a :class:`~pgsolo.LockDeadlockError` naming the keys of
+the cycle; fencing on a database without pgsolo's tables, a
+:class:`~pgsolo.NotMigratedError`; a privilege the role lacks, a
+:class:`~pgsolo.InsufficientPrivilegeError`; a connection that failed under the
 statement, a :class:`~pgsolo.DatabaseUnavailableError`. Each has the driver's error (on a
 framework's connection, the framework's) as its cause. Anything else is the driver's own
 error, raised as it is.
@@ -15,6 +17,7 @@ error, raised as it is.
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING
 
 from .. import sql
@@ -55,7 +58,7 @@ def acquisition_error(core: LockCore, exc: BaseException, started: float) -> Bas
     pgsolo error to raise instead of ``exc``, or None when it means none of them."""
     if core.wait_ms is not None and timed_out(core, exc):
         core.log(logging.DEBUG, "timeout", started)
-        return _timeout_error(core)
+        return _timeout_error(core, exc, started)
     meaning = sql.meaning(core.driver.sqlstate(exc))
     if meaning is sql.Meaning.IN_RECOVERY:
         return standby_refused(core, started)
@@ -112,15 +115,30 @@ def standby_refused(core: LockCore, started: float | None = None) -> UnsafeConne
 
 
 def timed_out(core: LockCore, exc: BaseException) -> bool:
-    """Whether ``exc`` is the server's ``lock_timeout``."""
-    return sql.meaning(core.driver.sqlstate(exc)) is sql.Meaning.LOCK_TIMEOUT
+    """Whether ``exc`` is the server ending the wait: pgsolo's ``lock_timeout``, or the
+    connection's own ``statement_timeout`` when it is the shorter (or an operator's
+    ``pg_cancel_backend``, which the server reports the same way)."""
+    meaning = sql.meaning(core.driver.sqlstate(exc))
+    return meaning is sql.Meaning.LOCK_TIMEOUT or meaning is sql.Meaning.CANCELED
 
 
-def _timeout_error(core: LockCore) -> LockTimeoutError:
+def _timeout_error(core: LockCore, exc: BaseException, started: float) -> LockTimeoutError:
     info = core.driver.server_info()
+    where = f"{core.lifetime} lock {core.key} on database {info.database!r} at {info.address}"
+    if sql.meaning(core.driver.sqlstate(exc)) is sql.Meaning.LOCK_TIMEOUT:
+        return LockTimeoutError(
+            f"timed out after {core.wait_seconds:g}s waiting for {where}",
+            key=core.key,
+            timeout=core.wait_seconds,
+        )
+    # The server cancelled the wait before pgsolo's bound: a limit of the caller's.
+    waited = round(time.perf_counter() - started, 3)
+    said = " ".join(str(exc).split())
     return LockTimeoutError(
-        f"timed out after {core.wait_seconds:g}s waiting for {core.lifetime} lock"
-        f" {core.key} on database {info.database!r} at {info.address}",
+        f"the server cancelled the wait for {where} after {waited:g}s, before its wait"
+        f" of {core.wait_seconds:g}s ran out ({said}): the connection's statement_timeout"
+        " is shorter than the wait (raise it, or wait less), or someone cancelled the"
+        " statement (pg_cancel_backend)",
         key=core.key,
-        timeout=core.wait_seconds,
+        timeout=waited,
     )
