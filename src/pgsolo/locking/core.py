@@ -253,6 +253,8 @@ class LockCore:
             # through a framework may reconnect (Django does).
             error = failures.acquisition_error(self, exc, started)
             yield from recovery.after_xact_failure(self, in_callers_transaction=joins)
+            if error is None:
+                error = yield from failures.cut_short(self, exc, started)
             if error is not None:
                 raise error from exc
             raise
@@ -306,7 +308,10 @@ class LockCore:
             except BaseException as exc:
                 confirmed = yield from recovery.after_session_failure(self, status, exc, started)
                 if not confirmed:
-                    if (error := failures.acquisition_error(self, exc, started)) is not None:
+                    error = failures.acquisition_error(self, exc, started)
+                    if error is None:
+                        error = yield from failures.cut_short(self, exc, started)
+                    if error is not None:
                         raise error from exc
                     raise
             else:

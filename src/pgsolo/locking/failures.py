@@ -2,9 +2,9 @@
 
 A key this connection already holds through pgsolo is busy for a try, and a
 :class:`~pgsolo.LockUnavailableError` for a wait (PostgreSQL would grant it again). A wait
-that ran out is a :class:`~pgsolo.LockTimeoutError`, and so is one the server cut short
-first (the connection's ``statement_timeout``, shorter than the wait: the error names it
-and how long the wait lasted); a standby, a :class:`~pgsolo.UnsafeConnectionError`; a
+that ran out is a :class:`~pgsolo.LockTimeoutError`, and so is one the connection's own
+``statement_timeout``, shorter than the wait, cut short (:func:`cut_short`: the error
+names that limit); a standby, a :class:`~pgsolo.UnsafeConnectionError`; a
 deadlock between advisory waits, a :class:`~pgsolo.LockDeadlockError` naming the keys of
 the cycle; fencing on a database without pgsolo's tables, a
 :class:`~pgsolo.NotMigratedError`; a privilege the role lacks, a
@@ -21,21 +21,33 @@ import time
 from typing import TYPE_CHECKING
 
 from .. import sql
+from .._logging import locks_logger as logger
+from ..drivers import TxStatus
 from ..errors import (
     DatabaseUnavailableError,
     LockDeadlockError,
     LockTimeoutError,
     LockUnavailableError,
     NotMigratedError,
+    PgsoloError,
     UnsafeConnectionError,
 )
 from ..keys import advisory_keys_in
+from . import placement
 from .routing import in_recovery_error
 
 if TYPE_CHECKING:
     from .core import LockCore
+    from .plans import Plan
 
-__all__ = ["acquisition_error", "busy_here", "connection_failed", "standby_refused", "timed_out"]
+__all__ = [
+    "acquisition_error",
+    "busy_here",
+    "connection_failed",
+    "cut_short",
+    "standby_refused",
+    "timed_out",
+]
 
 
 def busy_here(core: LockCore, pid: int) -> bool:
@@ -55,14 +67,23 @@ def busy_here(core: LockCore, pid: int) -> bool:
 
 def acquisition_error(core: LockCore, exc: BaseException, started: float) -> BaseException | None:
     """Log a failed acquisition of ``core``'s lock (begun at ``started``); return the
-    pgsolo error to raise instead of ``exc``, or None when it means none of them."""
-    if core.wait_ms is not None and timed_out(core, exc):
-        core.log(logging.DEBUG, "timeout", started)
-        return _timeout_error(core, exc, started)
+    pgsolo error to raise instead of ``exc``, or None when it means none of them (or, for
+    a wait the server cancelled, when :func:`cut_short` must tell why, once the connection
+    is put right)."""
     meaning = sql.meaning(core.driver.sqlstate(exc))
+    if core.wait_ms is not None and meaning is sql.Meaning.LOCK_TIMEOUT:
+        core.log(logging.DEBUG, "timeout", started)
+        return _timeout_error(core)
+    if core.wait_ms is not None and meaning is sql.Meaning.CANCELED:
+        return None
     if meaning is sql.Meaning.IN_RECOVERY:
         return standby_refused(core, started)
     core.log(logging.WARNING, "error", started, error=repr(exc))
+    return _refusal(core, exc, meaning) or connection_failed(core, exc)
+
+
+def _refusal(core: LockCore, exc: BaseException, meaning: sql.Meaning | None) -> PgsoloError | None:
+    """The server refused the acquisition for a reason pgsolo has words for."""
     if meaning is sql.Meaning.DEADLOCK:
         keys = advisory_keys_in(core.driver.error_detail(exc) or "") or (core.key,)
         return LockDeadlockError(
@@ -92,7 +113,7 @@ def acquisition_error(core: LockCore, exc: BaseException, started: float) -> Bas
             "fencing tokens are kept in pgsolo's tables, which this database does not"
             " have: run `pgsolo migrate` first (nothing is held)"
         )
-    return connection_failed(core, exc)
+    return None
 
 
 def connection_failed(core: LockCore, exc: BaseException) -> DatabaseUnavailableError | None:
@@ -115,30 +136,53 @@ def standby_refused(core: LockCore, started: float | None = None) -> UnsafeConne
 
 
 def timed_out(core: LockCore, exc: BaseException) -> bool:
-    """Whether ``exc`` is the server ending the wait: pgsolo's ``lock_timeout``, or the
-    connection's own ``statement_timeout`` when it is the shorter (or an operator's
-    ``pg_cancel_backend``, which the server reports the same way)."""
-    meaning = sql.meaning(core.driver.sqlstate(exc))
-    return meaning is sql.Meaning.LOCK_TIMEOUT or meaning is sql.Meaning.CANCELED
+    """Whether ``exc`` is the server's ``lock_timeout``."""
+    return sql.meaning(core.driver.sqlstate(exc)) is sql.Meaning.LOCK_TIMEOUT
 
 
-def _timeout_error(core: LockCore, exc: BaseException, started: float) -> LockTimeoutError:
-    info = core.driver.server_info()
-    where = f"{core.lifetime} lock {core.key} on database {info.database!r} at {info.address}"
-    if sql.meaning(core.driver.sqlstate(exc)) is sql.Meaning.LOCK_TIMEOUT:
-        return LockTimeoutError(
-            f"timed out after {core.wait_seconds:g}s waiting for {where}",
-            key=core.key,
-            timeout=core.wait_seconds,
-        )
-    # The server cancelled the wait before pgsolo's bound: a limit of the caller's.
-    waited = round(time.perf_counter() - started, 3)
-    said = " ".join(str(exc).split())
+def cut_short(core: LockCore, exc: BaseException, started: float) -> Plan[BaseException | None]:
+    """After a wait for ``core``'s lock that the server cancelled (``exc``, SQLSTATE
+    57014), with the connection put right: a :class:`~pgsolo.LockTimeoutError` if the
+    connection's own ``statement_timeout``, shorter than the wait, ended it (the caller's
+    limit wins, and is named); None for a cancel request (``pg_cancel_backend``, or
+    Ctrl-C that psycopg2's ``wait_select`` turns into one), raised as it is."""
+    driver = core.driver
+    if (
+        core.wait_ms is None
+        or not isinstance(exc, Exception)
+        or sql.meaning(driver.sqlstate(exc)) is not sql.Meaning.CANCELED
+        or driver.transaction_status() not in (TxStatus.IDLE, TxStatus.INTRANS)
+    ):
+        return None
+    waited = time.perf_counter() - started
+    try:
+        limit_ms = yield placement.outside_transaction(driver, [sql.STATEMENT_TIMEOUT_MS])
+    except Exception as failure:
+        logger.debug("pgsolo: reading statement_timeout failed: %r", failure)
+        limit_ms = None
+    # The server cancels at statement_timeout, never sooner: a wait that lasted less
+    # was cancelled by request.
+    if not isinstance(limit_ms, int) or not 0 < limit_ms <= waited * 1000:
+        core.log(logging.WARNING, "error", started, error=repr(exc))
+        return None
+    core.log(logging.DEBUG, "timeout", started, limit="statement_timeout")
+    limit = limit_ms / 1000
+    info = driver.server_info()
     return LockTimeoutError(
-        f"the server cancelled the wait for {where} after {waited:g}s, before its wait"
-        f" of {core.wait_seconds:g}s ran out ({said}): the connection's statement_timeout"
-        " is shorter than the wait (raise it, or wait less), or someone cancelled the"
-        " statement (pg_cancel_backend)",
+        f"the connection's statement_timeout ({limit:g}s) ended the wait for"
+        f" {core.lifetime} lock {core.key} on database {info.database!r} at"
+        f" {info.address} before its wait of {core.wait_seconds:g}s ran out: the shorter"
+        " limit wins (raise statement_timeout, or wait less)",
         key=core.key,
-        timeout=waited,
+        timeout=limit,
+    )
+
+
+def _timeout_error(core: LockCore) -> LockTimeoutError:
+    info = core.driver.server_info()
+    return LockTimeoutError(
+        f"timed out after {core.wait_seconds:g}s waiting for {core.lifetime} lock"
+        f" {core.key} on database {info.database!r} at {info.address}",
+        key=core.key,
+        timeout=core.wait_seconds,
     )
