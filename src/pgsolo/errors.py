@@ -178,7 +178,7 @@ class LockLostError(PgsoloError):
     ``reason`` is always one code of :data:`pgsolo.reasons.LostReason`:
     ``connection-lost``, ``connection-unresponsive``, ``connection-moved`` (a
     transaction-pooling proxy), ``server-in-recovery``, ``lock-released``,
-    ``keeper-failed``, ``work-ended-transaction`` or ``not-held-at-commit``; the message
+    ``keeper-failed`` or ``work-ended-transaction``; the message
     says the rest."""
 
     def __init__(self, message: str, *, key: object, reason: LostReason) -> None:

@@ -115,6 +115,7 @@ class AsyncpgDriver:
     is_async: ClassVar[bool] = True
     keeper_refused: ClassVar[str | None] = KEEPER_REFUSED
     session_locks_refused: ClassVar[str | None] = None
+    transaction_hint: ClassVar[str] = "async with conn.transaction():"
 
     def __init__(self, conn: Any) -> None:
         self._conn = conn

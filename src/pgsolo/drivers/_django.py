@@ -69,6 +69,7 @@ class DjangoDriver:
         return self._wrapper
 
     session_locks_refused: ClassVar[str | None] = None
+    transaction_hint: ClassVar[str] = "with transaction.atomic():"
 
     @property
     def keeper_refused(self) -> str | None:

@@ -43,6 +43,7 @@ from ..errors import ConnectionStateError, UnsupportedConnectionError
 from . import AsyncDriver, ServerInfo, SyncDriver, TxStatus, as_sync, is_async
 
 __all__ = [
+    "SESSION_LOCK_REFUSAL",
     "AsyncConnection",
     "AsyncSession",
     "Connection",
@@ -60,12 +61,12 @@ __all__ = [
     "start_driver_transaction",
 ]
 
-_SESSION_LOCK_REFUSAL = (
+SESSION_LOCK_REFUSAL = (
     "a session lock needs a connection that lives as long as the lock, and an ORM Session"
     " hands its connection back to the pool whenever its transaction ends (the unlock"
-    " would reach another server session); take it on an Engine connection instead:"
-    " `with engine.connect() as conn: with session_lock(conn, key): ...`"
+    " would reach another server session); take it on an Engine connection instead"
 )
+"""Why an ORM Session takes no session lock; each flavour's driver adds the way out."""
 
 
 class SqlAlchemyBase:
@@ -124,10 +125,6 @@ class SqlAlchemyBase:
         core = self._core
         bind = core.get_bind() if isinstance(core, Session) else core
         return bind.dialect
-
-    @property
-    def session_locks_refused(self) -> str | None:
-        return _SESSION_LOCK_REFUSAL if isinstance(self._core, Session) else None
 
     @property
     def keeper_refused(self) -> str | None:

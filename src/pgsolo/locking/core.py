@@ -71,8 +71,8 @@ def require_no_transaction(driver: DriverBase, subject: str, reason: str) -> Non
     status = driver.transaction_status()
     if status is not TxStatus.IDLE:
         raise ConnectionStateError(
-            f"{subject} needs a connection with no transaction open (status"
-            f" {status.value}): {reason}"
+            f"{subject} needs a connection with no transaction open, and on this one"
+            f" {status.words}: {reason}"
         )
 
 
@@ -177,10 +177,7 @@ class LockCore:
                 "the connection's transaction has failed; roll it back before taking a lock"
             )
         if status in (TxStatus.ACTIVE, TxStatus.UNKNOWN):
-            raise ConnectionStateError(
-                f"the connection cannot take a lock now (status {status.value}):"
-                " it is closed, broken, or running another statement"
-            )
+            raise ConnectionStateError(f"the connection cannot take a lock now: {status.words}")
         return status
 
     def _waiting(self, statements: list[str]) -> list[str] | Wait:

@@ -11,6 +11,7 @@ from ..._acompat import AIS_ASYNC, AEvent
 from ...errors import ConnectionStateError
 from .. import AsyncDriver, Edge, News
 from .._sqlalchemy import (
+    SESSION_LOCK_REFUSAL,
     AsyncConnection,
     AsyncSession,
     Connection,
@@ -35,6 +36,20 @@ class AsyncSqlAlchemyDriver(SqlAlchemyBase):
 
     def __init__(self, owner: AsyncConnection | AsyncSession) -> None:
         self._setup(owner, acore_of(owner))
+
+    @property
+    def transaction_hint(self) -> str:
+        if isinstance(self._core, Connection):
+            return "async with conn.begin():"
+        return "async with session.begin():"
+
+    @property
+    def session_locks_refused(self) -> str | None:
+        if isinstance(self._core, Connection):
+            return None
+        return SESSION_LOCK_REFUSAL + (
+            ": `async with engine.connect() as conn, session_lock(conn, key): ...`"
+        )
 
     async def fetch_value(
         self, statements: Sequence[str], wait: float = 0.0, edge: Edge | None = None
@@ -62,7 +77,7 @@ class AsyncSqlAlchemyDriver(SqlAlchemyBase):
         if not core.in_transaction():
             raise ConnectionStateError(
                 "pgsolo's statements on an ORM session need its transaction open (the"
-                " session has no connection outside one): `with session.begin():`"
+                " session has no connection outside one): `async with session.begin():`"
             )
         conn = acore_of(await cast(AsyncSession, self._owner).connection())
         if not isinstance(conn, Connection):

@@ -12,6 +12,7 @@ from ..._acompat import IS_ASYNC, Event
 from ...errors import ConnectionStateError
 from .. import Edge, News, SyncDriver
 from .._sqlalchemy import (
+    SESSION_LOCK_REFUSAL,
     Connection,
     Session,
     SqlAlchemyBase,
@@ -35,6 +36,20 @@ class SqlAlchemyDriver(SqlAlchemyBase):
 
     def __init__(self, owner: Connection | Session) -> None:
         self._setup(owner, core_of(owner))
+
+    @property
+    def transaction_hint(self) -> str:
+        if isinstance(self._core, Connection):
+            return "with conn.begin():"
+        return "with session.begin():"
+
+    @property
+    def session_locks_refused(self) -> str | None:
+        if isinstance(self._core, Connection):
+            return None
+        return SESSION_LOCK_REFUSAL + (
+            ": `with engine.connect() as conn, session_lock(conn, key): ...`"
+        )
 
     def fetch_value(
         self, statements: Sequence[str], wait: float = 0.0, edge: Edge | None = None
