@@ -28,7 +28,16 @@ from django.db import (
 
 import pgsolo
 from _drivers import django_settings
-from _support import WORK, Boom, Connect, eventually, new_job, terminate, work_rows
+from _support import (
+    WORK,
+    Boom,
+    Connect,
+    eventually,
+    new_job,
+    terminate,
+    wait_until_lost,
+    work_rows,
+)
 from pgsolo import Key, session_lock, xact_lock
 from pgsolo.drivers import TxStatus, adapt
 
@@ -287,4 +296,30 @@ def test_a_dead_connection_is_one_django_recovers_from(
     assert request(locked)
     assert conn.connection.info.backend_pid != pid
     assert_django_clean(conn)
+    assert observer.holders(key) == set()
+
+
+def test_a_connection_the_keeper_found_dead_is_one_django_recovers_from(
+    conn: Any, observer: Any, key: Key
+) -> None:
+    """Regression: a backend that died while a keeper watched its lock was found dead by
+    pgsolo alone (no statement of Django's failed), so Django never marked the persistent
+    connection unusable and the next request's lock was refused (``status unknown``). A
+    connection pgsolo finds dead is on Django's books too (``errors_occurred``): the
+    request's end closes it."""
+
+    def watched() -> None:
+        with session_lock(conn, key, keep=pgsolo.Keep(interval=0.05)) as lock:
+            terminate(observer, conn.connection.info.backend_pid)
+            wait_until_lost(lock)
+
+    with pytest.raises(pgsolo.LockLostError):
+        request(watched)
+    assert conn.connection is None  # closed by Django at the request's end
+
+    def locked() -> bool:
+        with session_lock(conn, key) as lock:
+            return bool(lock.acquired)
+
+    assert request(locked)
     assert observer.holders(key) == set()

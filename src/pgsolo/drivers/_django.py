@@ -106,9 +106,7 @@ class DjangoDriver:
             return TxStatus.IDLE  # Django connects on the first statement
         status = self._driver(connect=False).transaction_status()
         if status is TxStatus.UNKNOWN:
-            # Dead, as pgsolo found (a keeper's beat, say, which Django never saw): on
-            # Django's books too, so that it closes the connection when the request ends.
-            wrapper.errors_occurred = True
+            self._mark_unusable()
         if status in (TxStatus.INERROR, TxStatus.UNKNOWN, TxStatus.ACTIVE):
             return status
         if wrapper.in_atomic_block:
@@ -129,7 +127,18 @@ class DjangoDriver:
         return self._driver(connect=False).error_detail(_drivers_error(exc))
 
     def is_closed(self) -> bool:
-        return not self._connected() or self._driver(connect=False).is_closed()
+        if not self._connected():
+            return True
+        if self._driver(connect=False).is_closed():
+            self._mark_unusable()
+            return True
+        return False
+
+    def _mark_unusable(self) -> None:
+        """The DBAPI connection is dead, as pgsolo found (a keeper's watch, which Django
+        never saw): on Django's books too, so that Django closes it when the request ends
+        (``close_if_unusable_or_obsolete``) and the next request connects anew."""
+        self._wrapper.errors_occurred = True
 
     def scrub(self, text: str) -> str:
         return self._driver(connect=False).scrub(text)

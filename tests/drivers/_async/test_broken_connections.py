@@ -88,20 +88,22 @@ async def test_a_wait_whose_backend_is_terminated_is_database_unavailable(
     assert observer.waiters(key) == set()
 
 
-@pytest.mark.parametrize("kind", ASYNC_KINDS, ids=str)
+@pytest.mark.parametrize(("kind", "lifetime"), LIFETIMES, ids=str)
 async def test_a_lock_in_a_transaction_whose_backend_died_is_database_unavailable(
-    kind: AKind, db: str, observer: Any, key: Key
+    kind: AKind, lifetime: str, db: str, observer: Any, key: Key
 ) -> None:
     """Regression: the first of pgsolo's statements on a connection whose backend died
-    while idle raised the driver's error (on SQLAlchemy's asyncpg dialect its adapter's
+    while idle (a transaction lock's, or a session lock's check of what answers the
+    connection) raised the driver's error (on SQLAlchemy's asyncpg dialect its adapter's
     ``InterfaceError``, neither a ``SQLAlchemyError`` nor a pgsolo error). Now it is
     :class:`~pgsolo.DatabaseUnavailableError`, caused by the driver's error."""
+    factory = pgsolo.session_lock if lifetime == "session" else pgsolo.xact_lock
     async with kind.open(db) as conn:
         await conn.begin()
         await conn.execute("SELECT 1")
         terminate(observer, await conn.pid())
         with pytest.raises(pgsolo.DatabaseUnavailableError) as raised:
-            await pgsolo.xact_lock(conn.conn, key).acquire()
+            await factory(conn.conn, key).acquire()
         assert causes(raised.value), "the driver's error is the cause"
         with contextlib.suppress(Exception):  # the caller's own clean-up, as it may
             await conn.rollback()
