@@ -2,7 +2,8 @@
 """A caller's connection that breaks under one of pgsolo's statements, on every kind of
 connection (``tests/_drivers.py``): the error is pgsolo's, with the driver's (or the
 framework's) error as its cause, never the driver's own error or one of pgsolo's own
-code paths failing on the dead connection.
+code paths failing on the dead connection; the caller's own statements fail as the
+caller's library makes them fail.
 
 The backend is terminated for real, from another session (``pg_terminate_backend``),
 while the lock waits for a key another session holds.
@@ -131,4 +132,37 @@ def test_the_commit_of_pgsolos_transaction_on_a_dead_connection_is_a_lost_lock(
             die_in_the_block(conn.conn)
         assert raised.value.reason == "connection-lost"
         assert causes(raised.value), "the driver's error is the cause"
+    assert observer.holders(key) == set()
+
+
+@pytest.mark.parametrize("kind", [k for k in SYNC_KINDS if not k.implicit], ids=str)
+def test_the_works_own_error_on_a_dead_connection_passes_through_untouched(
+    kind: Kind, db: str, observer: Any, key: Key
+) -> None:
+    """Guards the other half of the rule: pgsolo's statements fail as pgsolo, the
+    caller's own never do. A statement of the block that finds the connection dead raises
+    what the caller's library raises, not a pgsolo error, and pgsolo's clean-up at the
+    block's end adds nothing to it."""
+    seen: list[BaseException] = []
+
+    def work_in_the_block(conn: Any) -> None:
+        with pgsolo.xact_lock(conn.conn, key) as lock:
+            assert lock.acquired
+            (pid,) = observer.holders(key)
+            terminate(observer, pid)
+            try:
+                conn.execute("SELECT 1")
+            except Exception as exc:
+                seen.append(exc)
+                raise
+
+    raised: BaseException | None = None
+    with kind.open(db) as conn:
+        try:
+            work_in_the_block(conn)
+        except Exception as exc:  # whatever the caller's library raises
+            raised = exc
+    assert raised is not None, "the block's statement on a dead connection raised nothing"
+    assert seen == [raised]
+    assert not isinstance(raised, pgsolo.PgsoloError)
     assert observer.holders(key) == set()
