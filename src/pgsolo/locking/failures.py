@@ -118,14 +118,19 @@ def _refusal(core: LockCore, exc: BaseException, meaning: sql.Meaning | None) ->
 
 def connection_failed(core: LockCore, exc: BaseException) -> DatabaseUnavailableError | None:
     """The error for a connection that ``exc`` (an error, not an interruption) found
-    dead under one of pgsolo's statements for ``core``'s lock; None if it lives. A dead
-    session holds no advisory lock: nothing is held."""
-    if not isinstance(exc, Exception) or not core.driver.is_closed():
+    dead under one of pgsolo's statements for ``core``'s lock; None if it lives, or if
+    ``exc`` is pgsolo's already (a deadline that shut the connection down says so). A
+    dead session holds no advisory lock: nothing is held."""
+    if isinstance(exc, PgsoloError) or not isinstance(exc, Exception):
+        return None
+    if not core.driver.is_closed():
         return None
     said = " ".join(str(exc).split()) or type(exc).__name__
+    info = core.driver.server_info()  # what it said while open ("?" if never asked)
+    where = "" if info.host == "?" else f" to database {info.database!r} at {info.address}"
     return DatabaseUnavailableError(
-        f"the connection failed while pgsolo was taking {core.lifetime} lock {core.key}"
-        f" ({said}); nothing is held"
+        f"the connection{where} failed while pgsolo was taking {core.lifetime} lock"
+        f" {core.key} ({said}); nothing is held"
     )
 
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from .. import sql
 from ..drivers import TxStatus
-from ..errors import ConnectionStateError, LockLostError, TransactionFailedError
+from ..errors import ConnectionStateError, LockLostError, PgsoloError, TransactionFailedError
 from . import holdings
 from .plans import ROLLBACK, Own
 from .recovery import quietly
@@ -114,7 +114,9 @@ def _end_own_transaction(core: LockCore, *, failed: bool) -> Plan[None]:
     except Exception as exc:
         # Gone, or replaced already: a framework may reconnect as it closes its books on
         # the failed commit (Django does), and a new backend holds nothing of the lock's.
-        if core.driver.is_closed() or core.driver.backend_pid() != core.backend_pid:
+        # An error that is pgsolo's already (a deadline's) says it better.
+        gone = core.driver.is_closed() or core.driver.backend_pid() != core.backend_pid
+        if gone and not isinstance(exc, PgsoloError):
             core.log(logging.WARNING, "lost", reason="connection-lost")
             raise LockLostError(
                 f"transaction lock {core.key} was lost with its connection before its"
