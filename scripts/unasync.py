@@ -126,6 +126,7 @@ _RENAMES = {
     "AKind": "Kind",
     "AHandle": "Handle",
     "aeventually": "eventually",
+    "ainterrupted": "interrupted",
     "asleep": "sleep",
     # pgsolo._acompat and pgsolo.drivers._psycopg_acompat
     "AEvent": "Event",

@@ -11,13 +11,34 @@ extra fails that kind's tests with an ImportError naming it, never the whole sui
 from __future__ import annotations
 
 import contextlib
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from psycopg.conninfo import conninfo_to_dict
 
-__all__ = ["ASYNC_KINDS", "SYNC_KINDS", "AHandle", "AKind", "Handle", "Kind", "django_settings"]
+import pgsolo
+from _support import WORK
+from pgsolo import Key
+
+__all__ = [
+    "ASYNC_KINDS",
+    "SYNC_KINDS",
+    "AHandle",
+    "AKind",
+    "Handle",
+    "Kind",
+    "acheck_next_user",
+    "check_next_user",
+    "django_settings",
+    "sqlalchemy_fingerprint",
+    "sqlalchemy_insert",
+    "sqlalchemy_pid",
+    "sqlalchemy_raw",
+    "sqlalchemy_raw_status",
+    "sqlalchemy_url",
+]
 
 
 class Handle(Protocol):
@@ -25,9 +46,22 @@ class Handle(Protocol):
 
     def execute(self, statement: str) -> None: ...
     def begin(self) -> None: ...
+    def commit(self) -> None: ...
     def rollback(self) -> None: ...
+    def savepoint(self) -> contextlib.AbstractContextManager[None]:
+        """A savepoint through the library's own API, rolled back by an exception."""
+
     def in_transaction(self) -> bool: ...
     def pid(self) -> int: ...
+    def fingerprint(self) -> dict[str, object]:
+        """Everything a caller could notice about the connection: its library's and its
+        framework's books, the transaction at the server and the session's settings
+        (read so that the transaction is left as it was)."""
+
+    def next_user(self) -> contextlib.AbstractContextManager[Handle]:
+        """The connection as the next user gets it: given back to its pool (or, for
+        Django, through the end of a request) and taken out again; the same handle where
+        nothing sits between the caller and the connection."""
 
 
 class AHandle(Protocol):
@@ -35,9 +69,13 @@ class AHandle(Protocol):
 
     async def execute(self, statement: str) -> None: ...
     async def begin(self) -> None: ...
+    async def commit(self) -> None: ...
     async def rollback(self) -> None: ...
+    def savepoint(self) -> contextlib.AbstractAsyncContextManager[None]: ...
     async def in_transaction(self) -> bool: ...
     async def pid(self) -> int: ...
+    async def fingerprint(self) -> dict[str, object]: ...
+    def next_user(self) -> contextlib.AbstractAsyncContextManager[AHandle]: ...
 
 
 @dataclass(frozen=True)
@@ -53,6 +91,9 @@ class Kind:
     keeper: bool = True
     """False where a heartbeat cannot share the connection with the caller's statements
     (psycopg2, asyncpg): ``keep=`` is refused."""
+    pooled: bool = False
+    """The connection comes from a pool (or a framework's persistent connection): after a
+    failure its next user gets a working one (``Handle.next_user``)."""
 
     def __str__(self) -> str:
         return self.name
@@ -65,9 +106,66 @@ class AKind:
     implicit: bool = False
     session_locks: bool = True
     keeper: bool = True
+    pooled: bool = False
 
     def __str__(self) -> str:
         return self.name
+
+
+# -- what a caller could notice ------------------------------------------------------------
+
+# The session's own settings (SET, SET LOCAL, set_config, and what the client sent when it
+# connected): pg_settings lists every setting with where its value came from.
+SETTINGS = (
+    "SELECT coalesce(json_object_agg(name, setting ORDER BY name), '{}')::text"
+    " FROM pg_settings WHERE source IN ('session', 'client')"
+)
+_IDLE, _INTRANS = 0, 2  # psycopg's and psycopg2's TransactionStatus values
+
+
+def raw_state(raw: Any) -> dict[str, object]:
+    """The books of a psycopg 3 or psycopg2 connection, and its session's settings (read
+    only where a statement can run, and the transaction that read opened rolled back)."""
+    closed = bool(raw.closed)
+    status = int(raw.info.transaction_status)
+    state: dict[str, object] = {"autocommit": bool(raw.autocommit), "status": status}
+    if closed or status not in (_IDLE, _INTRANS):
+        return {**state, "closed": closed}
+    cur = raw.cursor()
+    try:
+        cur.execute(SETTINGS)
+        state["settings"] = cur.fetchone()[0]
+    finally:
+        cur.close()
+    if status == _IDLE and int(raw.info.transaction_status) != _IDLE:
+        raw.rollback()  # the driver began a transaction for the read
+    return state
+
+
+async def araw_state(raw: Any) -> dict[str, object]:
+    """:func:`raw_state` for an async connection: psycopg 3's, or asyncpg's (its books are
+    whether it is in a transaction; a failed one refuses the read and stays failed)."""
+    if hasattr(raw, "get_server_pid"):  # asyncpg
+        import asyncpg  # noqa: PLC0415
+
+        state: dict[str, object] = {"in_transaction": raw.is_in_transaction()}
+        if raw.is_closed():
+            return {**state, "closed": True}
+        with contextlib.suppress(asyncpg.InFailedSQLTransactionError):
+            state["settings"] = await raw.fetchval(SETTINGS)
+        return state
+    closed = bool(raw.closed)
+    status = int(raw.info.transaction_status)
+    state = {"autocommit": bool(raw.autocommit), "status": status}
+    if closed or status not in (_IDLE, _INTRANS):
+        return {**state, "closed": closed}
+    async with raw.cursor() as cur:
+        await cur.execute(SETTINGS)
+        row = await cur.fetchone()
+        state["settings"] = row[0]
+    if status == _IDLE and int(raw.info.transaction_status) != _IDLE:
+        await raw.rollback()
+    return state
 
 
 # -- bare DBAPI connections --------------------------------------------------------------
@@ -77,9 +175,8 @@ class _Dbapi:
     """A psycopg 3 or psycopg2 connection: transactions by statement (the libraries
     track them from the server's answers) or, with autocommit off, by themselves."""
 
-    def __init__(self, conn: Any, pid: int) -> None:
+    def __init__(self, conn: Any) -> None:
         self.conn = conn
-        self._pid = pid
 
     def execute(self, statement: str) -> None:
         with self.conn.cursor() as cur:
@@ -89,17 +186,44 @@ class _Dbapi:
         if self.conn.autocommit:
             self.execute("BEGIN")
 
+    def commit(self) -> None:
+        if self.conn.autocommit:
+            self.execute("COMMIT")
+        else:
+            self.conn.commit()
+
     def rollback(self) -> None:
         if self.conn.autocommit:
             self.execute("ROLLBACK")
         else:
             self.conn.rollback()
 
+    @contextlib.contextmanager
+    def savepoint(self) -> Iterator[None]:
+        if hasattr(self.conn, "transaction"):  # psycopg 3
+            with self.conn.transaction():
+                yield
+            return
+        self.execute("SAVEPOINT callers")  # psycopg2 has no API for one
+        try:
+            yield
+        except BaseException:
+            self.execute("ROLLBACK TO SAVEPOINT callers")
+            raise
+        finally:
+            self.execute("RELEASE SAVEPOINT callers")
+
     def in_transaction(self) -> bool:
         return int(self.conn.info.transaction_status) != 0  # 0: IDLE in both libraries
 
     def pid(self) -> int:
-        return self._pid
+        return int(self.conn.info.backend_pid)
+
+    def fingerprint(self) -> dict[str, object]:
+        return raw_state(self.conn)
+
+    def next_user(self) -> contextlib.AbstractContextManager[Handle]:
+        return contextlib.nullcontext(self)
 
 
 def _psycopg(*, autocommit: bool) -> Callable[[str], contextlib.AbstractContextManager[Handle]]:
@@ -108,7 +232,7 @@ def _psycopg(*, autocommit: bool) -> Callable[[str], contextlib.AbstractContextM
         import psycopg  # noqa: PLC0415
 
         with psycopg.connect(dsn, autocommit=autocommit) as conn:
-            yield _Dbapi(conn, conn.info.backend_pid)
+            yield _Dbapi(conn)
 
     return opening
 
@@ -121,11 +245,40 @@ def _psycopg2(*, autocommit: bool) -> Callable[[str], contextlib.AbstractContext
         conn = psycopg2.connect(dsn)
         conn.autocommit = autocommit
         try:
-            yield _Dbapi(conn, conn.get_backend_pid())
+            yield _Dbapi(conn)
         finally:
             conn.close()
 
     return opening
+
+
+class _Pooled(_Dbapi):
+    """A connection of a psycopg_pool pool of one, as ``with pool.connection()`` hands
+    it out, its reset hook ``pgsolo.pool_reset``."""
+
+    def __init__(self, pool: Any, conn: Any) -> None:
+        super().__init__(conn)
+        self._pool = pool
+
+    @contextlib.contextmanager
+    def next_user(self) -> Iterator[Handle]:
+        self._pool.putconn(self.conn)
+        self.conn = self._pool.getconn()
+        yield self
+
+
+@contextlib.contextmanager
+def _psycopg_pool(dsn: str) -> Iterator[Handle]:
+    from psycopg_pool import ConnectionPool  # noqa: PLC0415
+
+    import pgsolo  # noqa: PLC0415
+
+    with ConnectionPool(dsn, min_size=1, max_size=1, reset=pgsolo.pool_reset, open=True) as pool:
+        handle = _Pooled(pool, pool.getconn())
+        try:
+            yield handle
+        finally:
+            pool.putconn(handle.conn)
 
 
 class _APsycopg:
@@ -138,14 +291,28 @@ class _APsycopg:
     async def begin(self) -> None:
         await self.conn.execute("BEGIN")
 
+    async def commit(self) -> None:
+        await self.conn.execute("COMMIT")
+
     async def rollback(self) -> None:
         await self.conn.execute("ROLLBACK")
+
+    @contextlib.asynccontextmanager
+    async def savepoint(self) -> AsyncIterator[None]:
+        async with self.conn.transaction():
+            yield
 
     async def in_transaction(self) -> bool:
         return int(self.conn.info.transaction_status) != 0
 
     async def pid(self) -> int:
         return int(self.conn.info.backend_pid)
+
+    async def fingerprint(self) -> dict[str, object]:
+        return await araw_state(self.conn)
+
+    def next_user(self) -> contextlib.AbstractAsyncContextManager[AHandle]:
+        return contextlib.nullcontext(self)
 
 
 @contextlib.asynccontextmanager
@@ -170,14 +337,43 @@ class _Asyncpg:
         self._transaction = self.conn.transaction()
         await self._transaction.start()
 
+    async def commit(self) -> None:
+        await self._transaction.commit()
+
     async def rollback(self) -> None:
         await self._transaction.rollback()
+
+    @contextlib.asynccontextmanager
+    async def savepoint(self) -> AsyncIterator[None]:
+        async with self.conn.transaction():  # nested: a savepoint
+            yield
 
     async def in_transaction(self) -> bool:
         return bool(self.conn.is_in_transaction())
 
     async def pid(self) -> int:
         return int(self.conn.get_server_pid())
+
+    async def fingerprint(self) -> dict[str, object]:
+        return await araw_state(self.conn)
+
+    def next_user(self) -> contextlib.AbstractAsyncContextManager[AHandle]:
+        return contextlib.nullcontext(self)
+
+
+class _AsyncpgPooled(_Asyncpg):
+    """A connection of an asyncpg pool of one: its next user gets it after
+    ``pool.release()`` (which resets the session) and ``pool.acquire()``."""
+
+    def __init__(self, pool: Any, conn: Any) -> None:
+        super().__init__(conn)
+        self._pool = pool
+
+    @contextlib.asynccontextmanager
+    async def next_user(self) -> AsyncIterator[AHandle]:
+        await self._pool.release(self.conn)
+        self.conn = await self._pool.acquire()
+        yield self
 
 
 def asyncpg_options(dsn: str) -> dict[str, Any]:
@@ -205,11 +401,12 @@ async def _asyncpg(dsn: str) -> AsyncIterator[AHandle]:
 async def _asyncpg_pool(dsn: str) -> AsyncIterator[AHandle]:
     import asyncpg  # noqa: PLC0415
 
-    async with (
-        asyncpg.create_pool(min_size=1, max_size=2, **asyncpg_options(dsn)) as pool,
-        pool.acquire() as conn,
-    ):
-        yield _Asyncpg(conn)
+    async with asyncpg.create_pool(min_size=1, max_size=1, **asyncpg_options(dsn)) as pool:
+        handle = _AsyncpgPooled(pool, await pool.acquire())
+        try:
+            yield handle
+        finally:
+            await pool.release(handle.conn)
 
 
 # -- SQLAlchemy ------------------------------------------------------------------------
@@ -229,11 +426,13 @@ def _engine(dsn: str, dialect: str) -> Any:
         import psycopg  # noqa: PLC0415
 
         return sqlalchemy.create_engine(
-            "postgresql+psycopg://", creator=lambda: psycopg.connect(dsn)
+            "postgresql+psycopg://", creator=lambda: psycopg.connect(dsn), pool_size=1
         )
     import psycopg2  # noqa: PLC0415
 
-    return sqlalchemy.create_engine("postgresql+psycopg2://", creator=lambda: psycopg2.connect(dsn))
+    return sqlalchemy.create_engine(
+        "postgresql+psycopg2://", creator=lambda: psycopg2.connect(dsn), pool_size=1
+    )
 
 
 def _async_engine(dsn: str, dialect: str) -> Any:
@@ -245,20 +444,73 @@ def _async_engine(dsn: str, dialect: str) -> Any:
         async def psycopg_connection() -> Any:
             return await psycopg.AsyncConnection.connect(dsn)
 
-        return create_async_engine("postgresql+psycopg://", async_creator=psycopg_connection)
+        return create_async_engine(
+            "postgresql+psycopg://", async_creator=psycopg_connection, pool_size=1
+        )
     import asyncpg  # noqa: PLC0415
 
     async def asyncpg_connection() -> Any:
         return await asyncpg.connect(**asyncpg_options(dsn))
 
-    return create_async_engine("postgresql+asyncpg://", async_creator=asyncpg_connection)
+    return create_async_engine(
+        "postgresql+asyncpg://", async_creator=asyncpg_connection, pool_size=1
+    )
+
+
+def sqlalchemy_url(dsn: str, dialect: str) -> Any:
+    """The SQLAlchemy URL of the libpq connection string ``dsn`` for ``dialect``
+    (``psycopg``, ``psycopg2``, ``asyncpg``); a unix socket directory goes in the query."""
+    from sqlalchemy.engine import URL  # noqa: PLC0415
+
+    params = conninfo_to_dict(dsn)
+    host = str(params.get("host") or "")
+    query = {"host": host} if host.startswith("/") else {}
+    return URL.create(
+        f"postgresql+{dialect}",
+        username=params.get("user"),
+        password=params.get("password"),
+        host=None if query else host or None,
+        port=int(params["port"]) if params.get("port") and not query else None,
+        database=params.get("dbname"),
+        query=query,
+    )
 
 
 class _Alchemy:
     """A SQLAlchemy Connection or Session: SQLAlchemy's own transactions."""
 
-    def __init__(self, conn: Any) -> None:
+    def __init__(self, conn: Any, engine: Any = None) -> None:
         self.conn = conn
+        self._engine = engine
+
+    def fingerprint(self) -> dict[str, object]:
+        from sqlalchemy.orm import Session  # noqa: PLC0415
+
+        conn = self.conn
+        books: dict[str, object] = {
+            "in_transaction": conn.in_transaction(),
+            "in_nested_transaction": conn.in_nested_transaction(),
+        }
+        if isinstance(conn, Session):  # no connection of its own outside a transaction
+            return books
+        books.update(closed=conn.closed, invalidated=conn.invalidated)
+        if conn.closed or conn.invalidated:
+            return books
+        return {**books, "driver": raw_state(conn.connection.driver_connection)}
+
+    @contextlib.contextmanager
+    def next_user(self) -> Iterator[Handle]:
+        """Back to the engine's pool (its reset runs) and out again: a pool of one
+        connection hands out the same one."""
+        from sqlalchemy.orm import Session  # noqa: PLC0415
+
+        self.conn.close()
+        if isinstance(self.conn, Session):
+            with Session(self._engine) as session:
+                yield _Alchemy(session, self._engine)
+            return
+        with self._engine.connect() as conn:
+            yield _Alchemy(conn, self._engine)
 
     def execute(self, statement: str) -> None:
         from sqlalchemy import text  # noqa: PLC0415
@@ -268,8 +520,16 @@ class _Alchemy:
     def begin(self) -> None:
         self.conn.begin()
 
+    def commit(self) -> None:
+        self.conn.commit()
+
     def rollback(self) -> None:
         self.conn.rollback()
+
+    @contextlib.contextmanager
+    def savepoint(self) -> Iterator[None]:
+        with self.conn.begin_nested():
+            yield
 
     def in_transaction(self) -> bool:
         return bool(self.conn.in_transaction())
@@ -299,10 +559,10 @@ def _alchemy(
         try:
             if session:
                 with Session(engine) as orm_session:
-                    yield _Alchemy(orm_session)
+                    yield _Alchemy(orm_session, engine)
             else:
                 with engine.connect() as conn:
-                    yield _Alchemy(conn)
+                    yield _Alchemy(conn, engine)
         finally:
             engine.dispose()
 
@@ -312,8 +572,39 @@ def _alchemy(
 class _AAlchemy:
     """A SQLAlchemy AsyncConnection or AsyncSession."""
 
-    def __init__(self, conn: Any) -> None:
+    def __init__(self, conn: Any, engine: Any = None) -> None:
         self.conn = conn
+        self._engine = engine
+
+    async def fingerprint(self) -> dict[str, object]:
+        from sqlalchemy.ext.asyncio import AsyncSession  # noqa: PLC0415
+
+        conn = self.conn
+        books: dict[str, object] = {
+            "in_transaction": conn.in_transaction(),
+            "in_nested_transaction": conn.in_nested_transaction(),
+        }
+        if isinstance(conn, AsyncSession):
+            return books
+        core = conn.sync_connection
+        if core is None:
+            return {**books, "started": False}
+        books.update(closed=core.closed, invalidated=core.invalidated)
+        if core.closed or core.invalidated:
+            return books
+        return {**books, "driver": await araw_state(core.connection.driver_connection)}
+
+    @contextlib.asynccontextmanager
+    async def next_user(self) -> AsyncIterator[AHandle]:
+        from sqlalchemy.ext.asyncio import AsyncSession  # noqa: PLC0415
+
+        await self.conn.close()
+        if isinstance(self.conn, AsyncSession):
+            async with AsyncSession(self._engine) as session:
+                yield _AAlchemy(session, self._engine)
+            return
+        async with self._engine.connect() as conn:
+            yield _AAlchemy(conn, self._engine)
 
     async def execute(self, statement: str) -> None:
         from sqlalchemy import text  # noqa: PLC0415
@@ -323,8 +614,16 @@ class _AAlchemy:
     async def begin(self) -> None:
         await self.conn.begin()
 
+    async def commit(self) -> None:
+        await self.conn.commit()
+
     async def rollback(self) -> None:
         await self.conn.rollback()
+
+    @contextlib.asynccontextmanager
+    async def savepoint(self) -> AsyncIterator[None]:
+        async with self.conn.begin_nested():
+            yield
 
     async def in_transaction(self) -> bool:
         return bool(self.conn.in_transaction())
@@ -353,14 +652,85 @@ def _aalchemy(
         try:
             if session:
                 async with AsyncSession(engine) as orm_session:
-                    yield _AAlchemy(orm_session)
+                    yield _AAlchemy(orm_session, engine)
             else:
                 async with engine.connect() as conn:
-                    yield _AAlchemy(conn)
+                    yield _AAlchemy(conn, engine)
         finally:
             await engine.dispose()
 
     return opening
+
+
+# -- a SQLAlchemy connection as its caller and its pool's next user see it ----------------
+
+
+def sqlalchemy_raw(conn: Any) -> Any:
+    """The driver connection under a SQLAlchemy ``Connection``."""
+    return conn.connection.driver_connection
+
+
+def sqlalchemy_raw_status(conn: Any) -> str:
+    """The server's transaction status of the driver connection under ``conn``."""
+    raw = sqlalchemy_raw(conn)
+    if hasattr(raw, "is_in_transaction"):  # asyncpg
+        return "intrans" if raw.is_in_transaction() else "idle"
+    return {0: "idle", 2: "intrans", 3: "inerror"}.get(int(raw.info.transaction_status), "?")
+
+
+def sqlalchemy_fingerprint(conn: Any) -> tuple[object, ...]:
+    """What the caller sees of a SQLAlchemy ``Connection``: SQLAlchemy's books, the
+    server's transaction status, the driver's autocommit."""
+    return (
+        conn.in_transaction(),
+        sqlalchemy_raw_status(conn),
+        conn.connection.dbapi_connection.autocommit,
+    )
+
+
+def sqlalchemy_pid(conn: Any) -> int:
+    return _raw_pid(sqlalchemy_raw(conn))
+
+
+def sqlalchemy_insert(conn: Any, job: str, note: str) -> Any:
+    """A work row through SQLAlchemy (awaitable on an AsyncConnection)."""
+    from sqlalchemy import text  # noqa: PLC0415
+
+    statement = text(f"INSERT INTO {WORK} (job, note) VALUES (:job, :note)")
+    return conn.execute(statement, {"job": job, "note": note})
+
+
+def _rows_with(observer: Any, note: str) -> int:
+    found = observer.conn.execute(f"SELECT count(*) FROM {WORK} WHERE note = %s", (note,))
+    return int(found.fetchone()[0])
+
+
+def check_next_user(conn: Any, observer: Any, key: Key) -> None:
+    """The pool's next user of a SQLAlchemy ``Connection``: a rollback undoes its row,
+    and a transaction lock is held at the server until its commit."""
+    note = uuid.uuid4().hex
+    sqlalchemy_insert(conn, "next-user", note)
+    conn.rollback()
+    assert _rows_with(observer, note) == 0, "a rolled-back row was committed"
+    with conn.begin():
+        assert pgsolo.xact_lock(conn, key).acquire()
+        assert observer.holders(key) == {sqlalchemy_pid(conn)}, "the xact lock is not held"
+    assert observer.holders(key) == set()
+    assert sqlalchemy_raw_status(conn) == "idle"
+
+
+async def acheck_next_user(conn: Any, observer: Any, key: Key) -> None:
+    """:func:`check_next_user` for an ``AsyncConnection``."""
+    note = uuid.uuid4().hex
+    await sqlalchemy_insert(conn, "next-user", note)
+    await conn.rollback()
+    assert _rows_with(observer, note) == 0, "a rolled-back row was committed"
+    async with conn.begin():
+        assert await pgsolo.xact_lock(conn, key).acquire()
+        pid = await conn.run_sync(sqlalchemy_pid)
+        assert observer.holders(key) == {pid}, "the xact lock is not held"
+    assert observer.holders(key) == set()
+    assert await conn.run_sync(sqlalchemy_raw_status) == "idle"
 
 
 # -- Django ------------------------------------------------------------------------------
@@ -425,11 +795,21 @@ class _Django:
         self._atomic = transaction.atomic()
         self._atomic.__enter__()
 
+    def commit(self) -> None:
+        self._atomic.__exit__(None, None, None)
+
     def rollback(self) -> None:
         from django.db import transaction  # noqa: PLC0415
 
         transaction.set_rollback(True)
         self._atomic.__exit__(None, None, None)
+
+    @contextlib.contextmanager
+    def savepoint(self) -> Iterator[None]:
+        from django.db import transaction  # noqa: PLC0415
+
+        with transaction.atomic():  # nested in begin()'s: a savepoint
+            yield
 
     def in_transaction(self) -> bool:
         return bool(self.conn.in_atomic_block)  # type: ignore[attr-defined]
@@ -437,6 +817,30 @@ class _Django:
     def pid(self) -> int:
         self.conn.ensure_connection()  # type: ignore[attr-defined]
         return _raw_pid(self.conn.connection)  # type: ignore[attr-defined]
+
+    def fingerprint(self) -> dict[str, object]:
+        wrapper: Any = self.conn
+        books: dict[str, object] = {
+            "in_atomic_block": wrapper.in_atomic_block,
+            "needs_rollback": wrapper.needs_rollback,
+            "savepoints": len(wrapper.savepoint_ids),
+            "on_commit": len(wrapper.run_on_commit),
+            "autocommit": wrapper.autocommit,
+            "errors_occurred": wrapper.errors_occurred,
+        }
+        if wrapper.connection is None:
+            return {**books, "connected": False}
+        return {**books, "driver": raw_state(wrapper.connection)}
+
+    @contextlib.contextmanager
+    def next_user(self) -> Iterator[Handle]:
+        """Through the end of a request and the start of the next (Django's signals:
+        an unusable connection is closed there, and opened anew at the next statement)."""
+        from django.core import signals  # noqa: PLC0415
+
+        signals.request_finished.send(sender=type(self))
+        signals.request_started.send(sender=type(self))
+        yield self
 
 
 _DJANGO_OPEN = [0]  # handles open now: Django gives every one the same connection
@@ -470,17 +874,28 @@ SYNC_KINDS = [
     Kind("psycopg-implicit", _psycopg(autocommit=False), implicit=True),
     Kind("psycopg2", _psycopg2(autocommit=False), implicit=True, keeper=False),
     Kind("psycopg2-autocommit", _psycopg2(autocommit=True), keeper=False),
-    Kind("sqlalchemy-psycopg", _alchemy("psycopg")),
-    Kind("sqlalchemy-psycopg2", _alchemy("psycopg2"), keeper=False),
-    Kind("sqlalchemy-session", _alchemy("psycopg", session=True), session_locks=False),
-    Kind("django", _django),
+    Kind("psycopg-pool", _psycopg_pool, implicit=True, pooled=True),
+    Kind("sqlalchemy-psycopg", _alchemy("psycopg"), pooled=True),
+    Kind("sqlalchemy-psycopg2", _alchemy("psycopg2"), keeper=False, pooled=True),
+    Kind(
+        "sqlalchemy-session",
+        _alchemy("psycopg", session=True),
+        session_locks=False,
+        pooled=True,
+    ),
+    Kind("django", _django, pooled=True),
 ]
 
 ASYNC_KINDS = [
     AKind("psycopg-async", _apsycopg),
     AKind("asyncpg", _asyncpg, keeper=False),
-    AKind("asyncpg-pool", _asyncpg_pool, keeper=False),
-    AKind("sqlalchemy-async-psycopg", _aalchemy("psycopg")),
-    AKind("sqlalchemy-async-asyncpg", _aalchemy("asyncpg"), keeper=False),
-    AKind("sqlalchemy-asyncsession", _aalchemy("asyncpg", session=True), session_locks=False),
+    AKind("asyncpg-pool", _asyncpg_pool, keeper=False, pooled=True),
+    AKind("sqlalchemy-async-psycopg", _aalchemy("psycopg"), pooled=True),
+    AKind("sqlalchemy-async-asyncpg", _aalchemy("asyncpg"), keeper=False, pooled=True),
+    AKind(
+        "sqlalchemy-asyncsession",
+        _aalchemy("asyncpg", session=True),
+        session_locks=False,
+        pooled=True,
+    ),
 ]

@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import queue
+import signal
 import socket
 import subprocess
 import sys
@@ -405,6 +406,33 @@ async def _ashow_lock_timeout(conn: psycopg.AsyncConnection[Any]) -> str:
     return str(row[0])
 
 
+def has_savepoint(conn: AnyConnection, name: str) -> Any:
+    """Whether ``name`` is a savepoint of the open transaction (an awaitable of it on an
+    async connection), asked at no cost to the transaction: a savepoint found is released,
+    with the probe opened after it; otherwise the probe alone failed, and is rolled back."""
+    if isinstance(conn, psycopg.AsyncConnection):
+        return _ahas_savepoint(conn, name)
+    conn.execute("SAVEPOINT probe")
+    try:
+        conn.execute(f"RELEASE SAVEPOINT {name}")
+    except psycopg.errors.InvalidSavepointSpecification:
+        conn.execute("ROLLBACK TO SAVEPOINT probe")
+        conn.execute("RELEASE SAVEPOINT probe")
+        return False
+    return True
+
+
+async def _ahas_savepoint(conn: psycopg.AsyncConnection[Any], name: str) -> bool:
+    await conn.execute("SAVEPOINT probe")
+    try:
+        await conn.execute(f"RELEASE SAVEPOINT {name}")
+    except psycopg.errors.InvalidSavepointSpecification:
+        await conn.execute("ROLLBACK TO SAVEPOINT probe")
+        await conn.execute("RELEASE SAVEPOINT probe")
+        return False
+    return True
+
+
 def insert_note(conn: AnyConnection, table: str, note: str) -> Any:
     """A row in the test's ``table`` (awaitable on an async connection)."""
     return conn.execute(
@@ -465,6 +493,43 @@ def wait_for_beat(
     else first to wait for a *new* beat). ``poll=aeventually`` in async code (await it)."""
     beat = sql.keeper_beat(key, shared=shared)
     return poll(lambda: activity(observer, pid)[1] == beat, f"a keeper beat on backend {pid}")
+
+
+async def ainterrupted(
+    call: Callable[[], Awaitable[object]], waiting: Callable[[], object]
+) -> BaseException:
+    """Run ``call`` and interrupt it once ``waiting()`` is true, as an async caller is
+    interrupted: its task cancelled. Returns what the call raised."""
+    task = asyncio.ensure_future(call())
+    await aeventually(waiting, "the call to wait")
+    task.cancel()
+    try:
+        await task
+    except BaseException as exc:  # what the interruption raised is the answer
+        return exc
+    raise AssertionError("the call ended before it was interrupted")
+
+
+def interrupted(call: Callable[[], object], waiting: Callable[[], object]) -> BaseException:
+    """Run ``call`` and interrupt it once ``waiting()`` is true, as Ctrl-C does: a real
+    SIGINT to the main thread (Python's handler raises KeyboardInterrupt there). Returns
+    what the call raised."""
+    main = threading.main_thread().ident
+    assert main == threading.get_ident(), "a signal interrupts the main thread only"
+
+    def interrupt() -> None:
+        eventually(waiting, "the call to wait")
+        signal.pthread_kill(main, signal.SIGINT)
+
+    interrupter = threading.Thread(target=interrupt)
+    interrupter.start()
+    try:
+        call()
+    except KeyboardInterrupt as exc:
+        return exc
+    finally:
+        interrupter.join()
+    raise AssertionError("the call ended before it was interrupted")
 
 
 def wait_until_lost(

@@ -15,15 +15,16 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg.conninfo import conninfo_to_dict
 from sqlalchemy import create_engine, text
-from sqlalchemy.engine import URL, Connection, Engine
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 import pgsolo
 import pgsolo.sqlalchemy
-from _support import WORK, Boom, eventually
+from _drivers import check_next_user, sqlalchemy_fingerprint, sqlalchemy_pid, sqlalchemy_raw
+from _drivers import sqlalchemy_url as url_of
+from _support import WORK, Boom, aeventually, eventually
 from pgsolo.errors import (
     ConnectionStateError,
     LockTimeoutError,
@@ -41,21 +42,6 @@ def _need_adapter(dialect: str) -> None:
     module = f"pgsolo.drivers.{_ADAPTER[dialect]}"
     if importlib.util.find_spec(module) is None:
         pytest.skip(f"{module} does not exist yet: no pgsolo adapter for {dialect}")
-
-
-def url_of(dsn: str, dialect: str) -> URL:
-    params = conninfo_to_dict(dsn)
-    host = str(params.get("host") or "")
-    query = {"host": host} if host.startswith("/") else {}
-    return URL.create(
-        f"postgresql+{dialect}",
-        username=params.get("user"),  # type: ignore[arg-type]
-        password=params.get("password"),  # type: ignore[arg-type]
-        host=None if query else host or None,
-        port=int(params["port"]) if params.get("port") and not query else None,
-        database=params.get("dbname"),  # type: ignore[arg-type]
-        query=query,
-    )
 
 
 @pytest.fixture(params=SYNC_DIALECTS)
@@ -179,6 +165,37 @@ def test_xact_lock_outside_a_transaction_opens_and_ends_its_own(
     assert rows(observer, kept) == 1
     assert rows(observer, undone) == 0
     assert observer.holders(key) == set()
+
+
+@pytest.mark.parametrize("ends", ["commit", "rollback", "commit-and-go-on", "rollback-and-go-on"])
+def test_xact_lock_block_that_ends_its_transaction_leaves_the_pool_as_found(
+    engine: Engine, observer: Any, key: Key, ends: str
+) -> None:
+    """Issue 21: a ``with xact_lock(conn)`` block that ends pgsolo's own transaction itself
+    (and may begin another, autobegun by SQLAlchemy) still leaves the connection as found
+    (SQLAlchemy's books, the server, the driver's autocommit), no lock held, and the
+    pool's next user of the connection real transactions and real locks."""
+    note = uuid.uuid4().hex
+    small = create_engine(engine.url, pool_size=1, max_overflow=0)
+    try:
+        with small.connect() as conn:
+            raw, pid = sqlalchemy_raw(conn), sqlalchemy_pid(conn)
+            found = sqlalchemy_fingerprint(conn)
+            with pgsolo.xact_lock(conn, key, wait=5):
+                insert(conn, note)
+                conn.commit() if ends.startswith("commit") else conn.rollback()
+                if ends.endswith("go-on"):
+                    insert(conn, note)  # a transaction SQLAlchemy begins: committed with the block
+            assert sqlalchemy_fingerprint(conn) == found
+            assert observer.advisory(pid=pid) == set()
+        committed = int(ends.startswith("commit")) + int(ends.endswith("go-on"))
+        assert rows(observer, note) == committed
+        with small.connect() as conn:
+            assert sqlalchemy_raw(conn) is raw
+            assert sqlalchemy_fingerprint(conn) == found
+            check_next_user(conn, observer, key)
+    finally:
+        small.dispose()
 
 
 def test_plain_xact_acquire_outside_a_transaction_is_refused(engine: Engine, key: Key) -> None:
@@ -431,6 +448,34 @@ async def test_install_on_an_async_engine(aengine: AsyncEngine, observer: Any, k
         assert await pgsolo.session_lock(conn, key).acquire()
         assert len(observer.holders(key)) == 1
     assert observer.holders(key) == set()
+
+
+async def test_install_forgets_quietly_what_a_closed_asyncpg_connection_held(
+    db: str, observer: Any, key: Key, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regression (issue 21): a session lock lost with its asyncpg connection (the backend
+    terminated) leaves nothing to release when the connection goes back to the pool: the
+    hook takes it off pgsolo's books quietly (it used to raise ``InterfaceError('connection
+    is closed')``, which SQLAlchemy logged at ERROR with a traceback)."""
+    made = create_async_engine(
+        url_of(db, "asyncpg"), pool_size=1, max_overflow=0, pool_pre_ping=True
+    )
+    pgsolo.sqlalchemy.install(made)
+    try:
+        with caplog.at_level(logging.DEBUG):
+            async with made.connect() as conn:
+                raw = (await conn.get_raw_connection()).driver_connection
+                assert await pgsolo.session_lock(conn, key).acquire()
+                pid = raw.get_server_pid()
+                observer.conn.execute("SELECT pg_terminate_backend(%s, 5000)", (pid,))
+                await aeventually(raw.is_closed, "asyncpg to see its connection closed")
+        assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
+        assert pgsolo.held_session_locks(raw) == []
+        # the pool (pre-ping) replaces the dead connection with one that takes the key
+        async with made.connect() as conn, pgsolo.session_lock(conn, key) as lock:
+            assert lock.acquired
+    finally:
+        await made.dispose()
 
 
 # - a connection that died under pgsolo's statement -

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+import uuid
 from collections import Counter
 from typing import Any
 
@@ -16,8 +17,19 @@ import pytest
 from psycopg import pq
 
 import pgsolo
-from _support import DEADLINE, AConnect, assert_clean, hold_session_lock, lock_for, pid_of
+from _support import (
+    DEADLINE,
+    WORK,
+    AConnect,
+    assert_clean,
+    has_savepoint,
+    hold_session_lock,
+    lock_for,
+    pid_of,
+    work_rows,
+)
 from pgsolo import Key
+from pgsolo.sql import hold_savepoint
 
 # -- async connections ---------------------------------------------------------------------
 
@@ -320,3 +332,28 @@ async def test_a_second_cancellation_at_the_exit_still_releases(
     await asyncio.sleep(0.1)
     assert observer.holders(key) == set(), "the session lock was left held"
     assert pgsolo.held_session_locks(conn) == []
+
+
+async def test_a_cancelled_wait_in_the_callers_transaction_leaves_its_work_and_no_savepoint(
+    aconnect: AConnect, db: str, observer: Any, key: Key
+) -> None:
+    """A session lock's wait in the caller's transaction opens the lock's own savepoint
+    first (its hold, for the block); cancelled on the server, it aborts inside that
+    savepoint, and pgsolo rolls back to it and leaves it: the caller's transaction is
+    usable and keeps its work, and no savepoint of pgsolo's is left in it."""
+    holder = await hold_session_lock(await aconnect(), key)
+    conn, tag = await aconnect(), str(uuid.uuid4())
+    await conn.execute("BEGIN")
+    await conn.execute(f"INSERT INTO {WORK} (job, note) VALUES ('{tag}', 'written')")
+    task = asyncio.create_task(pgsolo.session_lock(conn, key, wait=30).acquire())
+    await wait_until_waiting(observer, key, pid_of(conn), task)
+    task.cancel()
+    await finish(task)
+    assert task.cancelled()
+    assert conn.info.transaction_status is pq.TransactionStatus.INTRANS
+    assert not await has_savepoint(conn, hold_savepoint(key))
+    await conn.execute("COMMIT")
+    assert work_rows(observer, tag) == ["written"]
+    await holder.release()
+    assert observer.holders(key) == set()
+    await assert_clean(conn, observer)

@@ -22,6 +22,7 @@ from _support import (
     Connect,
     backend_state,
     eventually,
+    has_savepoint,
     insert_note,
     notes,
     pid_of,
@@ -31,7 +32,9 @@ from pgsolo import (
     LockNotHeldError,
 )
 from pgsolo.drivers._sync.psycopg_driver import PsycopgDriver
-from pgsolo.sql import lock_function
+from pgsolo.sql import hold_savepoint, lock_function
+
+INERROR = psycopg.pq.TransactionStatus.INERROR
 
 CHILD_INTERRUPTED_WAIT = r"""
 import json, signal, sys, time
@@ -171,6 +174,7 @@ def test_session_acquire_interrupted_after_the_grant_inside_callers_transaction(
         assert conn.execute("SELECT 1").fetchone() == (1,)
         assert observer.holders(key) == set()
         assert pgsolo.held_session_locks(conn) == []
+        assert not has_savepoint(conn, hold_savepoint(key))  # the lock's own, left
         insert_note(conn, table, "after")
     assert conn.info.transaction_status is IDLE
     assert sorted(notes(observer, table)) == ["after", "before"]  # the caller's work kept
@@ -227,6 +231,8 @@ def test_release_interrupted_before_the_unlock_was_sent(
     assert pgsolo.held_session_locks(conn) == []
     assert conn.info.transaction_status is _expected_status(setup)
     assert conn.execute("SELECT 1").fetchone() == (1,)
+    if setup == "callers-transaction":
+        assert not has_savepoint(conn, hold_savepoint(key))  # the lock's own, left
 
 
 @pytest.mark.parametrize("setup", RELEASE_SETUPS)
@@ -252,6 +258,37 @@ def test_release_interrupted_after_the_unlock_ran(
         lock.release()
     assert conn.info.transaction_status is _expected_status(setup)
     assert conn.execute("SELECT 1").fetchone() == (1,)
+    if setup == "callers-transaction":
+        assert not has_savepoint(conn, hold_savepoint(key))  # the lock's own, left
+
+
+def test_release_in_a_failed_transaction_interrupted_before_it_was_sent(
+    connect: Connect, observer: Any, key: Key, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C before the release of a lock taken in the caller's transaction, which then
+    failed, went out: nothing of the caller's is ended (no ROLLBACK), the lock stays held
+    and on the books, and release() again rolls back to the lock's own savepoint, unlocks,
+    and leaves the transaction failed, as it found it."""
+    conn = connect()
+    pid = pid_of(conn)
+    conn.execute("BEGIN")
+    lock = pgsolo.session_lock(conn, key)
+    assert lock.acquire() is True
+    with pytest.raises(psycopg.errors.DivisionByZero):
+        conn.execute("SELECT 1/0")
+    interrupter = Interrupter(monkeypatch).once(lock_call(key, wait=False, unlock=True), "instead")
+    with pytest.raises(KeyboardInterrupt):
+        lock.release()
+    interrupter.assert_all_fired()
+    assert conn.info.transaction_status is INERROR
+    assert lock.acquired
+    assert observer.holders(key) == {pid}
+    assert pgsolo.held_session_locks(conn) == [key]
+    lock.release()
+    assert observer.holders(key) == set()
+    assert pgsolo.held_session_locks(conn) == []
+    assert conn.info.transaction_status is INERROR
+    conn.execute("ROLLBACK")
 
 
 @pytest.mark.parametrize("in_transaction", [False, True], ids=["autocommit", "callers-transaction"])

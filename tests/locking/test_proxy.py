@@ -179,6 +179,33 @@ def test_session_lock_through_a_session_pooler_works_and_is_watched(
         assert caught.value.reason == "connection-lost"
 
 
+def test_a_guarded_session_lock_in_a_failed_savepoint_costs_the_caller_that_savepoint_only(
+    session_bouncer: Bouncer, observer: Any, key: Key
+) -> None:
+    """Behind a proxy the unlock runs only on the backend that holds the lock; in a
+    transaction that failed in the block it runs in the statement that fails the
+    transaction again, guarded all the same, and the caller's savepoint recovers the rest."""
+    with bouncer_client(session_bouncer) as conn:
+        conn.execute("CREATE TEMPORARY TABLE audit (note text)")
+        with pgsolo.session_lock(conn, key):  # the route is checked outside a transaction
+            pass
+
+        def failing_block() -> None:
+            with conn.transaction(), pgsolo.session_lock(conn, key, wait=5) as lock:
+                assert lock.acquired
+                assert observer.holders(key) == {server_pid(conn)}
+                conn.execute("SELECT 1/0")
+
+        with conn.transaction():
+            conn.execute("INSERT INTO audit VALUES ('before')")
+            with pytest.raises(psycopg.errors.DivisionByZero):
+                failing_block()
+            assert observer.holders(key) == set()
+            conn.execute("INSERT INTO audit VALUES ('after')")
+        notes = [row[0] for row in conn.execute("SELECT note FROM audit ORDER BY note")]
+        assert notes == ["after", "before"]
+
+
 def test_session_lock_through_a_plain_relay_works(
     dsn: str, observer: Any, key: Key, connect: Callable[..., psycopg.Connection[Any]]
 ) -> None:

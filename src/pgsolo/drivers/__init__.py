@@ -12,6 +12,7 @@ a framework's connection: SQLAlchemy, Django) and offers:
   ``server_info()``: what the connection looks like now, without a round trip;
 - ``sqlstate(exc)``, ``error_detail(exc)`` and ``is_closed()``: how to read the
   driver's errors;
+- ``ending_advice``: how the caller ends an open transaction, in its library's words;
 - ``client_address()``: this end of the connection's socket, to compare with what the
   server sees (a proxy in between shows its own address);
 - ``fetch_value_elsewhere(statements)``: the same as ``fetch_value`` on a new, short-lived
@@ -159,6 +160,11 @@ class DriverBase(Protocol):
         """How the caller opens a transaction on this connection, in its library's or
         framework's words (``with transaction.atomic():`` on Django), for an error that
         asks for one."""
+
+    @property
+    def ending_advice(self) -> str:
+        """How the caller ends or leaves the transaction open on this connection, in its
+        library's words: for a call refused because it must own the transaction."""
 
     def sqlstate(self, exc: BaseException) -> str | None: ...
 

@@ -78,7 +78,6 @@ __all__ = ["KEEPER_REFUSED", "AsyncpgDriver", "Checkout", "adapt"]
 PROBE_CONNECT_TIMEOUT = 10.0
 PROBE_ANSWER_TIMEOUT = 30.0
 
-_IN_FAILED_TRANSACTION = "25P02"
 _SETTLE_SECONDS = 5.0
 
 KEEPER_REFUSED = (
@@ -116,6 +115,7 @@ class AsyncpgDriver:
     keeper_refused: ClassVar[str | None] = KEEPER_REFUSED
     session_locks_refused: ClassVar[str | None] = None
     transaction_hint: ClassVar[str] = "async with conn.transaction():"
+    ending_advice: ClassVar[str] = "call it outside `async with conn.transaction():`"
 
     def __init__(self, conn: Any) -> None:
         self._conn = conn
@@ -211,7 +211,8 @@ class AsyncpgDriver:
             # meanwhile (pool.release() of it, a timeout) has no protocol left to ask.
             in_transaction = not self.is_closed() and self._conn.is_in_transaction()
             self._aborted_at = self._queries() if in_transaction else None
-            if edge == "commit" and self.sqlstate(exc) == _IN_FAILED_TRANSACTION:
+            failed = sql.meaning(self.sqlstate(exc)) is sql.Meaning.TRANSACTION_FAILED
+            if edge == "commit" and failed:
                 await self._conn.execute(sql.ROLLBACK)
                 raise _failed_transaction() from exc
             raise
@@ -262,7 +263,7 @@ class AsyncpgDriver:
             try:
                 await self._conn.execute(sql.CHANGES_NOTHING)
             except asyncpg.PostgresError as exc:
-                if self.sqlstate(exc) == _IN_FAILED_TRANSACTION:
+                if sql.meaning(self.sqlstate(exc)) is sql.Meaning.TRANSACTION_FAILED:
                     self._aborted_at = self._queries()
 
     def _released(self) -> bool:

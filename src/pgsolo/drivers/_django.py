@@ -70,6 +70,10 @@ class DjangoDriver:
 
     session_locks_refused: ClassVar[str | None] = None
     transaction_hint: ClassVar[str] = "with transaction.atomic():"
+    ending_advice: ClassVar[str] = (
+        "call it outside transaction.atomic(); in a view under ATOMIC_REQUESTS, decorate the"
+        " view with @transaction.non_atomic_requests"
+    )
 
     @property
     def keeper_refused(self) -> str | None:

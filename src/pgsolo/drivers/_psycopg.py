@@ -142,6 +142,10 @@ class PsycopgBase:
     _conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]
     keeper_refused: ClassVar[str | None] = None
     session_locks_refused: ClassVar[str | None] = None
+    ending_advice: ClassVar[str] = (
+        "commit or roll it back first (conn.commit() / conn.rollback()), or call it outside"
+        " `with conn.transaction():`"
+    )
 
     @property
     def connection(self) -> object:

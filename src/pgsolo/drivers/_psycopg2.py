@@ -5,11 +5,12 @@ message, but keeps only the result of the LAST statement: a value read before a 
 ``RELEASE SAVEPOINT`` or ``SET`` at the end of the message would be lost. So a message
 whose last statements return no row is split after the last one that may: those trailing
 statements go in a second round trip (see :func:`split_trailing`). That costs one round
-trip more than psycopg 3 for a session lock taken with a wait, a session lock or an
-unlock inside the caller's transaction (savepoint around it), a session lock on an
-``autocommit=False`` connection, and a job's verified COMMIT. A transaction lock in
+trip more than psycopg 3 for a session lock taken with a wait, an unlock inside the
+caller's transaction (savepoint around it), a session lock on an ``autocommit=False``
+connection, and a job's verified COMMIT. A transaction lock in
 pgsolo's own transaction (``with xact_lock(...)`` on an autocommit connection) and a
-session lock try on an autocommit connection stay one round trip. On an
+session lock try on an autocommit connection or inside the caller's transaction (where
+its savepoint stays open for the block) stay one round trip. On an
 ``autocommit=False`` connection psycopg2 sends a BEGIN of its own and waits for it before
 the first statement of a transaction, as psycopg 3 does: one round trip more again.
 
@@ -90,6 +91,7 @@ class Psycopg2Driver:
     # psycopg2 has no transaction block of its own: with autocommit off it opens one at
     # the first statement (the caller then commits).
     transaction_hint: ClassVar[str] = "conn.autocommit = False"
+    ending_advice: ClassVar[str] = "commit or roll it back first (conn.commit() / conn.rollback())"
 
     # A closed connection has no backend pid or parameters any more; logs and errors
     # about it (a lost lock) use what it said while it was open.

@@ -62,9 +62,10 @@ __all__ = [
 ]
 
 SESSION_LOCK_REFUSAL = (
-    "a session lock needs a connection that lives as long as the lock, and an ORM Session"
-    " hands its connection back to the pool whenever its transaction ends (the unlock"
-    " would reach another server session); take it on an Engine connection instead"
+    "a session lock (run_once holds one across the commits it makes) needs a connection"
+    " that lives as long as the lock, and an ORM Session hands its connection back to the"
+    " pool whenever its transaction ends (the unlock would reach another server session);"
+    " use an Engine connection instead"
 )
 """Why an ORM Session takes no session lock; each flavour's driver adds the way out."""
 

@@ -72,7 +72,7 @@ def require_no_transaction(driver: DriverBase, subject: str, reason: str) -> Non
     if status is not TxStatus.IDLE:
         raise ConnectionStateError(
             f"{subject} needs a connection with no transaction open, and on this one"
-            f" {status.words}: {reason}"
+            f" {status.words}: {reason}; {driver.ending_advice}"
         )
 
 
@@ -104,6 +104,10 @@ class LockCore:
         self.backend_pid: int | None = None
         self.opened_transaction = False
         self.route: Route | None = None  # session locks: what answers the connection
+        # A session lock taken in the caller's transaction: the savepoint that holds its
+        # block (pgsolo.sql.hold_savepoint), while pgsolo acquires or releases it (the
+        # books keep it in between, for whichever Lock lets go of the key last).
+        self.hold: str | None = None
         self.token: int | None = None  # the fencing token of this acquisition
         self.lost: LockLostError | None = None  # set by the keeper
         # xact: commit pgsolo's own transaction only if it is still the one that took the
@@ -168,6 +172,7 @@ class LockCore:
         holdings.unclaim(self.driver.connection, self.key)
         self.acquired = False
         self.token = None
+        self.hold = None
 
     def _usable_status(self, status: TxStatus | None = None) -> TxStatus:
         if status is None:
@@ -299,6 +304,7 @@ class LockCore:
         confirmed = False
         try:  # from here on, the claim is dropped unless the lock is confirmed held
             self.route = route = yield from self._route(status, pid)
+            self.hold = sql.hold_savepoint(self.key) if status is TxStatus.INTRANS else None
             started = time.perf_counter()
             try:
                 value = yield self._waiting(placement.session_acquisition(self, status, route))
@@ -313,20 +319,23 @@ class LockCore:
                     raise
             else:
                 if value is None:  # the guard: not the session the route was checked on
+                    yield from recovery.drop_hold(self)
                     raise transaction_pooling_error(
                         "this connection's statements moved to another server session"
                     )
                 if self.wait_ms is None and value is not True and not _is_token(value):
+                    yield from recovery.drop_hold(self)
                     self.log(logging.DEBUG, "busy", started)
                     return False
                 confirmed = True
                 self.token = int(str(value)) if _is_token(value) else None
                 self.log(logging.DEBUG, "acquired", started)
-            holdings.confirm(conn, self.key)
+            holdings.confirm(conn, self.key, self.hold)
             self.acquired, self.backend_pid = True, pid
             self.lost = None
             return True
         finally:
+            self.hold = None
             if not confirmed:
                 holdings.unclaim(conn, self.key)
 
@@ -387,20 +396,18 @@ class LockCore:
                 reason="connection-moved",
             )
         status = driver.transaction_status()
-        if status is TxStatus.INERROR:
-            # An aborted transaction can only be rolled back; the unlock must still happen.
-            self.log(logging.WARNING, "rollback-before-release")
-            statements = placement.outside_transaction(
-                driver, [sql.ROLLBACK, unlock_statement(self)]
-            )
-        else:
-            statements = in_savepoint(driver, status, [unlock_statement(self)])
+        # The hold ended with the transaction it was opened in, if that ended in the block.
+        self.hold = holdings.hold_of(driver.connection, self.key)
+        if status is TxStatus.IDLE:
+            self.hold = None
         started = time.perf_counter()
         try:
-            value = yield statements
+            value = yield from self._unlock(status)
         except BaseException as exc:
             yield from recovery.after_failed_release(self, status, exc, started)
             raise
+        finally:
+            self.hold = None
         if value is None and self.route is not None and not self.route.direct:
             yield from recovery.release_stranded(self, started)
         self.forget()
@@ -414,6 +421,44 @@ class LockCore:
                 key=self.key,
             )
         self.log(logging.DEBUG, "released", started)
+
+    def _unlock(self, status: TxStatus) -> Plan[object]:
+        """Unlock on a connection in ``status``; the unlock's answer. In the caller's
+        transaction the lock's hold goes too (placement.release_hold); in one that failed
+        in the block, pgsolo rolls back to the hold, never further
+        (placement.release_failed_hold)."""
+        driver, hold = self.driver, self.hold
+        unlock = [unlock_statement(self)]
+        if status is TxStatus.INTRANS:
+            try:
+                if hold is None:
+                    return (yield in_savepoint(driver, status, unlock))
+                return (yield placement.release_hold(self, hold))
+            except Exception as exc:
+                meaning = sql.meaning(driver.sqlstate(exc))
+                if hold is not None and meaning is sql.Meaning.SAVEPOINT_GONE:
+                    # The caller released or rolled back past the hold: nothing to leave.
+                    undo = [sql.SAVEPOINT_UNDO, sql.SAVEPOINT_RELEASE]
+                    return (yield [*undo, *in_savepoint(driver, status, unlock)])
+                if meaning is not sql.Meaning.TRANSACTION_FAILED:
+                    raise
+                status = TxStatus.INERROR  # failed, and the driver could not tell (asyncpg)
+        if status is TxStatus.INERROR and hold is not None:
+            try:
+                yield placement.release_failed_hold(self, hold)
+            except Exception as exc:
+                code = driver.sqlstate(exc)
+                if code in sql.UNLOCK_ANSWERS:
+                    return sql.UNLOCK_ANSWERS[code]
+                if sql.meaning(code) is not sql.Meaning.SAVEPOINT_GONE:
+                    raise
+        if status is TxStatus.INERROR:
+            # No hold to roll back to: the failed transaction began in the block, or the
+            # caller ended the one the lock was taken in. It can only be rolled back, and
+            # the unlock must still happen.
+            self.log(logging.WARNING, "rollback-before-release")
+            return (yield placement.outside_transaction(driver, [sql.ROLLBACK, *unlock]))
+        return (yield in_savepoint(driver, status, unlock))
 
     def exit(self, *, failed: bool) -> Plan[None]:
         """Leave the ``with`` block: release the session lock, or end the transaction

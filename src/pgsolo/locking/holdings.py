@@ -32,6 +32,7 @@ __all__ = [
     "forget_all",
     "held_session_locks",
     "hold_count",
+    "hold_of",
     "is_claimed",
     "route_of",
     "session_keys",
@@ -48,6 +49,9 @@ class _Held:
     count: int
     pending: bool  # the first acquisition is still on its way to the server
     lifetime: Lifetime = "session"
+    # The hold (pgsolo.sql.hold_savepoint) of a session lock taken in a transaction, for
+    # whichever Lock lets go of the key last.
+    hold: str | None = None
 
 
 @dataclass
@@ -142,10 +146,19 @@ def is_claimed(conn: object, pid: int, key: Key) -> bool:
         return holdings is not None and holdings.pid == pid and key in holdings.keys
 
 
-def confirm(conn: object, key: Key) -> None:
+def confirm(conn: object, key: Key, hold: str | None = None) -> None:
     with _HOLDINGS_LOCK:
         if (holdings := _HOLDINGS.get(conn)) and (held := holdings.keys.get(key)):
             held.pending = False
+            held.hold = hold
+
+
+def hold_of(conn: object, key: Key) -> str | None:
+    """The savepoint that holds ``key``'s session-lock block on ``conn``, if any."""
+    with _HOLDINGS_LOCK:
+        holdings = _HOLDINGS.get(conn)
+        held = holdings.keys.get(key) if holdings else None
+        return held.hold if held else None
 
 
 def unclaim(conn: object, key: Key) -> int:

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 __all__ = [
     "in_savepoint",
     "outside_transaction",
+    "release_failed_hold",
+    "release_hold",
     "session_acquisition",
     "unlock_statement",
     "xact_acquisition",
@@ -56,22 +58,58 @@ def unlock_statement(core: LockCore) -> str:
     return unlock
 
 
+def release_hold(core: LockCore, hold: str) -> list[str]:
+    """The unlock of ``core``'s session lock in the caller's transaction, leaving its
+    ``hold`` first. The RELEASE runs in a savepoint of its own (which it releases too, as
+    it was opened after the hold): if the caller released or rolled back past the hold,
+    only that savepoint fails (SQLSTATE 3B001), before the unlock, and the caller's
+    transaction is untouched. The unlock runs in a savepoint too, as any of pgsolo's
+    statements in the caller's transaction."""
+    return [
+        sql.SAVEPOINT,
+        sql.release_savepoint(hold),
+        *in_savepoint(core.driver, TxStatus.INTRANS, [unlock_statement(core)]),
+    ]
+
+
+def release_failed_hold(core: LockCore, hold: str) -> list[str]:
+    """The unlock of ``core``'s session lock in a transaction that failed inside its
+    block: roll back to the ``hold`` (undoing only the block's work, which the caller must
+    roll back anyway), unlock, and fail the transaction again, as the failure left it
+    (:func:`pgsolo.sql.unlock_keeping_failure`: the answer comes back as the error's
+    SQLSTATE). If the hold is gone, the first statement fails and nothing else runs."""
+    return [
+        sql.rollback_to_savepoint(hold),
+        sql.release_savepoint(hold),
+        sql.unlock_keeping_failure(unlock_statement(core)),
+    ]
+
+
 def session_acquisition(core: LockCore, status: TxStatus, route: Route) -> list[str]:
-    """The statements that take ``core``'s session lock on a connection in ``status``."""
+    """The statements that take ``core``'s session lock on a connection in ``status``.
+
+    Inside the caller's transaction they open the lock's hold (``core.hold``,
+    :func:`pgsolo.sql.hold_savepoint`) first, and leave it open for the block: a failure
+    of what follows is undone by rolling back to it, and a busy try leaves it."""
     acquire = _acquire(core)
     if not route.direct:  # behind a proxy: only on the session the route was checked on
         acquire = sql.session_guarded(route.server_pid, acquire)
-    if core.wait_ms is None:
-        return in_savepoint(core.driver, status, [acquire])
     if status is TxStatus.INTRANS:
-        # Rolling back to the savepoint restores lock_timeout; the session lock stays.
+        assert core.hold is not None  # noqa: S101 - the core names it in a transaction
+        hold = sql.savepoint(core.hold)
+        if core.wait_ms is None:
+            return [hold, acquire]
+        # Rolling back to the inner savepoint restores lock_timeout; the lock stays.
         return [
+            hold,
             sql.SAVEPOINT,
             sql.set_local_lock_timeout(core.wait_ms),
             acquire,
             sql.SAVEPOINT_UNDO,
             sql.SAVEPOINT_RELEASE,
         ]
+    if core.wait_ms is None:
+        return outside_transaction(core.driver, [acquire])
     # SET LOCAL dies with this short transaction; the session lock outlives it.
     opening = [] if core.driver.begins_implicitly else [sql.BEGIN]
     return [*opening, sql.set_local_lock_timeout(core.wait_ms), acquire, sql.COMMIT]

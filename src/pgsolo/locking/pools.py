@@ -16,7 +16,10 @@ __all__ = ["reset_plan"]
 
 
 def reset_plan(driver: DriverBase) -> Plan[None]:
-    for key in holdings.forget_all(driver.connection):
+    keys = holdings.forget_all(driver.connection)
+    if driver.is_closed():
+        return  # its locks went with it: off the books, nothing to release or warn of
+    for key in keys:
         logger.warning(
             "pgsolo: session lock %s was still held when its connection went back to the"
             " pool; releasing it",

@@ -29,6 +29,7 @@ __all__ = [
     "after_failed_release",
     "after_session_failure",
     "after_xact_failure",
+    "drop_hold",
     "quietly",
     "recover",
     "release_stranded",
@@ -46,6 +47,21 @@ def quietly(core: LockCore, statements: list[str] | Own) -> Plan[object]:
     except Exception as exc:
         logger.debug("pgsolo clean-up %r failed: %r", statements, exc)
         return None
+
+
+def drop_hold(core: LockCore) -> Plan[None]:
+    """Leave ``core.hold`` (a session lock's savepoint in the caller's transaction) if it
+    is still there, at no cost to the caller's transaction either way: the RELEASE runs in
+    a savepoint opened after the hold, which it releases too, and which alone fails (and
+    is rolled back) if the hold is gone."""
+    hold, core.hold = core.hold, None
+    if hold is None:
+        return
+    try:
+        yield [sql.SAVEPOINT, sql.release_savepoint(hold)]
+    except Exception as exc:
+        logger.debug("pgsolo: leaving savepoint %s failed: %r", hold, exc)
+        yield from quietly(core, [sql.SAVEPOINT_UNDO, sql.SAVEPOINT_RELEASE])
 
 
 def recover(core: LockCore, status: TxStatus) -> Plan[object]:
@@ -89,10 +105,21 @@ def after_session_failure(
     that was in ``status``: whether the lock is the caller's after all (granted just as
     the wait timed out). A lock granted before another interruption is released, so that
     nothing is left behind."""
+    hold = core.hold
+    if hold is not None:  # opened first: every other statement of the message is inside it
+        if core.driver.transaction_status() is TxStatus.INERROR:
+            core.hold = None
+            undo = [sql.rollback_to_savepoint(hold), sql.release_savepoint(hold)]
+            yield from quietly(core, undo)
+        else:  # interrupted before the server ran the message, or after
+            yield from drop_hold(core)
     granted = (yield from recover(core, status)) is True
     # With fencing the token was not read: the caller cannot have that lock.
     timed_out = core.wait_ms is not None and failures.timed_out(core, exc)
     if granted and timed_out and not core.fencing:
+        if hold is not None:  # the block still needs its hold
+            yield [sql.savepoint(hold)]
+            core.hold = hold
         core.log(logging.DEBUG, "acquired", started, note="granted as it timed out")
         return True
     if granted:
@@ -116,12 +143,19 @@ def after_failed_release(
             key=core.key,
             reason="connection-lost",
         ) from exc
+    if status is TxStatus.INERROR and core.hold is not None:
+        # The caller's failed transaction is not pgsolo's to end, and nothing can be
+        # asked in it: the lock stays on the books, for release() again (which rolls
+        # back to the hold, or, if it went with the interrupted release, the transaction).
+        core.log(logging.WARNING, "error", started, error=repr(exc))
+        return
     held = yield from recover(core, TxStatus.IDLE if status is TxStatus.INERROR else status)
     if held is True:
         unlock = in_savepoint(driver, driver.transaction_status(), [unlock_statement(core)])
         if (yield from quietly(core, unlock)) is True:
             held = False
     if held is False:
+        yield from drop_hold(core)  # if the interrupted release had not left it yet
         core.forget()
     core.log(logging.WARNING, "error", started, error=repr(exc))
 

@@ -9,7 +9,7 @@ import os
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .. import sql
 from .._logging import log_event
@@ -24,15 +24,13 @@ from ..errors import (
     LockTimeoutError,
     NotMigratedError,
     TransactionFailedError,
+    UnsupportedConnectionError,
 )
 from ..keys import Key
 from ..locking.core import LockCore, require_no_transaction, wait_ms_of
 from ..locking.placement import outside_transaction
-from ..locking.plans import WORK, Plan
+from ..locking.plans import ROLLBACK, WORK, Own, Plan
 from ..locking.recovery import quietly
-
-if TYPE_CHECKING:
-    pass
 from .operation import (
     OnceResult,
     idempotency_key_for,
@@ -82,6 +80,8 @@ def once_plan(
     op: Operation, core: LockCore, attempt: Attempt, scrub: Callable[[str], str]
 ) -> Plan[OnceResult]:
     """The one definition of a call, for both shells."""
+    if refusal := core.driver.session_locks_refused:  # refused alike in or out of a transaction
+        raise UnsupportedConnectionError(refusal)
     require_no_transaction(
         core.driver,
         f"operation {op.op_key!r}",
@@ -150,11 +150,8 @@ def _run_attempt(
     start = sql.once_start(
         op.op_key, idempotency_key_for(op.op_key), host=socket.gethostname(), pid=os.getpid()
     )
-    # 'started' commits before the operation runs; on an autocommit connection the
-    # operation's own transaction opens in the same round trip.
-    opening = [] if driver.begins_implicitly else [sql.BEGIN]
     try:
-        began = yield [*_committed(driver, [start]), *opening]
+        began = yield _committed(driver, [start])  # 'started' commits before the operation
     except Exception as exc:
         if sql.meaning(driver.sqlstate(exc)) is not sql.Meaning.NO_PRIVILEGE:
             raise
@@ -163,20 +160,28 @@ def _run_attempt(
             yield from quietly(core, [sql.ROLLBACK])
         raise _no_privilege(op, driver) from exc
     if began is None:  # another attempt succeeded between the first look and the lock
-        if opening:  # the operation's transaction, opened in that round trip for nothing
-            yield [sql.ROLLBACK]
         found = yield from _read(op, core)
         assert found is not None  # noqa: S101 - a succeeded row is never deleted
         return _from_row("already-succeeded", op, found)
     started = sql.read_json(began)
     attempt.number, attempt.idempotency_key = started["attempts"], started["idempotency_key"]
+    # The operation's transaction is pgsolo's own, opened and ended the way the
+    # connection's library or framework does it (Own), so that its books stay true.
+    try:
+        yield Own([], "begin")
+    except BaseException:
+        yield from _roll_back(core)
+        raise
     try:
         value = yield WORK
         stored = storable_result(value)
         # What the server stores (jsonb normalises numbers) is what every call returns.
-        stored = str(sql.read_text((yield _success_statements(op, driver, attempt, stored))))
+        stored = str(sql.read_text((yield from _record_success(op, driver, attempt, stored))))
     except BaseException as exc:
         superseded = sql.meaning(driver.sqlstate(exc)) is sql.Meaning.SUPERSEDED
+        # The operation's work is undone whatever happened: failed, interrupted, or taken
+        # over (the row is then left to whoever runs the operation next).
+        yield from _roll_back(core)
         if isinstance(exc, Exception) and not superseded:
             error = scrub(_describe(exc))[:MAX_ERROR_CHARS]
             yield from quietly(
@@ -190,10 +195,6 @@ def _run_attempt(
                 attempt.number,
                 error,
             )
-        elif driver.transaction_status() in (TxStatus.INTRANS, TxStatus.INERROR):
-            # Interrupted, or taken over: this attempt's work is undone, and the row is
-            # left to whoever runs the operation next.
-            yield from quietly(core, [sql.ROLLBACK])
         if superseded:
             raise LockLostError(
                 f"operation {op.op_key!r}: attempt {attempt.number} lost its lock and another"
@@ -207,6 +208,13 @@ def _run_attempt(
     return OnceResult("ran", op.op_key, attempt.idempotency_key, json.loads(stored), attempt.number)
 
 
+def _roll_back(core: LockCore) -> Plan[None]:
+    """End the operation's transaction with a rollback, unless it is over already (the
+    operation, or the failed commit edge, ended it): ended exactly once."""
+    if core.driver.transaction_status() is not TxStatus.IDLE:
+        yield from quietly(core, ROLLBACK)
+
+
 def _describe(exc: BaseException) -> str:
     """``Type: message``, even for an exception whose message cannot be built."""
     try:
@@ -215,35 +223,44 @@ def _describe(exc: BaseException) -> str:
         return f"{type(exc).__name__} (its message could not be shown)"
 
 
-def _success_statements(
+def _record_success(
     op: Operation, driver: DriverBase, attempt: Attempt, stored: str
-) -> list[str]:
-    """Record success and read the result back as stored, in one round trip."""
+) -> Plan[object]:
+    """Record success and read the result back as stored, in one round trip: with the
+    operation's work, as its transaction commits."""
     succeed = [sql.once_succeed(op.op_key, attempt.number, stored), sql.once_result(op.op_key)]
     status = driver.transaction_status()
-    if status is TxStatus.INERROR:
-        raise TransactionFailedError(
-            f"operation {op.op_key!r}: its transaction failed inside the operation (a database"
-            " error was caught there and not re-raised); its database work was rolled back"
-            " and the attempt recorded as failed"
-        )
     if status is TxStatus.IDLE:
-        # With a driver that begins by itself, idle may just mean no database work.
+        # The operation ended its transaction itself (nothing of it is left to end), or,
+        # with a driver that begins by itself, did no database work.
         if not driver.begins_implicitly:
             logger.warning(
                 "operation %s ended its own transaction: its database work committed apart"
                 " from the record of its success",
                 op.op_key,
             )
-        return _committed(driver, succeed)
-    return [*succeed, sql.COMMIT]
+        return (yield _committed(driver, succeed))
+    failed_inside = TransactionFailedError(
+        f"operation {op.op_key!r}: its transaction failed inside the operation (a database"
+        " error was caught there and not re-raised); its database work was rolled back"
+        " and the attempt recorded as failed"
+    )
+    if status is TxStatus.INERROR:
+        raise failed_inside
+    try:
+        return (yield Own(succeed, "commit"))
+    except Exception as exc:
+        # A failure the driver could not see before (asyncpg): found at the commit.
+        if isinstance(exc, TransactionFailedError) or (
+            sql.meaning(driver.sqlstate(exc)) is sql.Meaning.TRANSACTION_FAILED
+        ):
+            raise failed_inside from exc
+        raise
 
 
 def _committed(driver: DriverBase, statements: list[str]) -> list[str]:
-    """``statements`` in a transaction of their own, committed in the same round trip.
-    A transaction left open (the operation's, failed or not) is rolled back first."""
-    if driver.transaction_status() in (TxStatus.INTRANS, TxStatus.INERROR):
-        return [sql.ROLLBACK, sql.BEGIN, *statements, sql.COMMIT]
+    """``statements`` in a transaction of their own, committed in the same round trip,
+    on a connection with none open."""
     if driver.begins_implicitly:
         return [*statements, sql.COMMIT]
     return [sql.BEGIN, *statements, sql.COMMIT]

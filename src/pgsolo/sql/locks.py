@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from .._types import Lifetime
 from ..keys import Key, encode_pg_lock, from_name
-from .states import SQLSTATE_IN_RECOVERY, SQLSTATE_LOCK_GONE
+from .states import SQLSTATE_IN_RECOVERY, SQLSTATE_LOCK_GONE, UNLOCK_ANSWERS
 from .text import sql_literal, utf8
 
 __all__ = [
@@ -29,16 +29,21 @@ __all__ = [
     "acquire",
     "assert_same_transaction",
     "held_here",
+    "hold_savepoint",
     "is_session",
     "keeper_beat",
     "lock_function",
     "mark_transaction",
     "name_to_sql",
+    "release_savepoint",
+    "rollback_to_savepoint",
+    "savepoint",
     "session_guarded",
     "set_local_lock_timeout",
     "stamp_session",
     "still_on_session",
     "unlock",
+    "unlock_keeping_failure",
 ]
 
 
@@ -60,6 +65,36 @@ STATEMENT_TIMEOUT_MS = "SELECT setting::bigint FROM pg_settings WHERE name = 'st
 SAVEPOINT = "SAVEPOINT pgsolo_lock"
 SAVEPOINT_UNDO = "ROLLBACK TO SAVEPOINT pgsolo_lock"
 SAVEPOINT_RELEASE = "RELEASE SAVEPOINT pgsolo_lock"
+
+
+# A session lock taken inside the caller's transaction keeps a savepoint of pgsolo's, its
+# "hold", open for its block: if the transaction fails inside the block, rolling back to
+# the hold undoes only the block's work (which the caller must roll back anyway: its own
+# recovery point is outside the block) and lets the unlock run, where a ROLLBACK would end
+# the caller's whole transaction. Named after the key, so that the holds of several keys
+# nest: a connection holds a key once (re-entrant holds share the first one's hold).
+def hold_savepoint(key: Key) -> str:
+    """The name of the savepoint that holds ``key``'s session-lock block."""
+    return "pgsolo_hold_" + key.sql_args.replace(", ", "_").replace("-", "m")
+
+
+def _savepoint_name(name: str) -> str:
+    if not name.isascii() or not name.replace("_", "").isalnum() or not name[:1].isalpha():
+        raise ValueError(f"a savepoint of pgsolo's is a plain identifier, got {name!r}")
+    return name
+
+
+def savepoint(name: str) -> str:
+    return f"SAVEPOINT {_savepoint_name(name)}"
+
+
+def release_savepoint(name: str) -> str:
+    return f"RELEASE SAVEPOINT {_savepoint_name(name)}"
+
+
+def rollback_to_savepoint(name: str) -> str:
+    return f"ROLLBACK TO SAVEPOINT {_savepoint_name(name)}"
+
 
 SAVE_LOCK_TIMEOUT = (
     "SELECT set_config('pgsolo.lock_timeout_before_wait', current_setting('lock_timeout'), true)"
@@ -138,6 +173,22 @@ def acquire(
 def unlock(key: Key, *, shared: bool) -> str:
     # Returns true, or false (with a server warning) when the key was not held.
     return f"SELECT pg_advisory_unlock{'_shared' if shared else ''}({key.sql_args})"
+
+
+def unlock_keeping_failure(unlock_statement: str) -> str:
+    """``unlock_statement`` (a ``SELECT <expr>``, maybe :func:`session_guarded`), then the
+    transaction failed again, as the caller's failure had left it before pgsolo rolled
+    back to the lock's hold: the unlock's answer comes back as the error's SQLSTATE
+    (:data:`~pgsolo.sql.states.UNLOCK_ANSWERS`), in the same round trip."""
+    codes = {answer: code for code, answer in UNLOCK_ANSWERS.items()}
+    expression = unlock_statement.removeprefix("SELECT ")
+    return (
+        f"DO $pgsolo$BEGIN RAISE EXCEPTION USING ERRCODE = CASE ({expression})"
+        f" WHEN true THEN '{codes[True]}' WHEN false THEN '{codes[False]}'"
+        f" ELSE '{codes[None]}' END, MESSAGE = 'pgsolo: a session lock was released after"
+        " the transaction failed in its block; the transaction stays failed';"
+        " END$pgsolo$"
+    )
 
 
 def set_local_lock_timeout(milliseconds: int) -> str:

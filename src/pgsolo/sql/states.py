@@ -18,6 +18,7 @@ __all__ = [
     "SQLSTATE_LOCK_NOT_AVAILABLE",
     "SQLSTATE_QUERY_CANCELED",
     "SQLSTATE_UNDEFINED_TABLE",
+    "UNLOCK_ANSWERS",
     "Meaning",
     "meaning",
 ]
@@ -33,6 +34,11 @@ SQLSTATE_UNTRANSLATABLE = "22P05"  # text the database's encoding cannot hold
 SQLSTATE_IN_RECOVERY = "PGSRC"  # raised by sql.locks.REFUSE_STANDBY
 SQLSTATE_LOCK_GONE = "PGSLG"  # raised by sql.locks.assert_same_transaction
 SQLSTATE_ATTEMPT_SUPERSEDED = "PGSLS"  # raised by sql.once.once_succeed
+SQLSTATE_SAVEPOINT_GONE = "3B001"  # no savepoint of that name in this transaction
+SQLSTATE_TRANSACTION_FAILED = "25P02"  # a statement sent into a failed transaction
+# Raised by sql.locks.unlock_keeping_failure: the unlock's answer (released, not held,
+# not this session), carried out of a transaction that is failed again on purpose.
+UNLOCK_ANSWERS: dict[str, bool | None] = {"PGSU1": True, "PGSU0": False, "PGSUN": None}
 
 
 class Meaning(enum.Enum):
@@ -46,6 +52,9 @@ class Meaning(enum.Enum):
     UNTRANSLATABLE = "the database's encoding cannot hold a character of the text"
     NO_PRIVILEGE = "the role lacks a privilege (a GRANT is missing)"
     UNDEFINED_OBJECT = "an object named in the statement does not exist"
+    SAVEPOINT_GONE = "the savepoint named was released or rolled back past"
+    TRANSACTION_FAILED = "the transaction had failed: only a rollback runs in it"
+    UNLOCK_ANSWER = "a session lock was unlocked in a failed transaction, left failed"
 
 
 _MEANINGS: dict[str, Meaning] = {
@@ -60,6 +69,9 @@ _MEANINGS: dict[str, Meaning] = {
     SQLSTATE_UNTRANSLATABLE: Meaning.UNTRANSLATABLE,
     SQLSTATE_INSUFFICIENT_PRIVILEGE: Meaning.NO_PRIVILEGE,
     SQLSTATE_UNDEFINED_OBJECT: Meaning.UNDEFINED_OBJECT,
+    SQLSTATE_SAVEPOINT_GONE: Meaning.SAVEPOINT_GONE,
+    SQLSTATE_TRANSACTION_FAILED: Meaning.TRANSACTION_FAILED,
+    **dict.fromkeys(UNLOCK_ANSWERS, Meaning.UNLOCK_ANSWER),
 }
 
 

@@ -173,6 +173,72 @@ async def test_a_transaction_lock_joins_the_callers_transaction_and_never_ends_i
     assert work_rows(observer, tag) == []
 
 
+@pytest.mark.parametrize("kind", ASYNC_KINDS, ids=str)
+async def test_a_transaction_lock_taken_in_a_savepoint_goes_with_its_rollback(
+    kind: AKind, db: str, observer: Any, key: Key
+) -> None:
+    """What docs/connections.md says of savepoints (psycopg's nested ``transaction()``,
+    asyncpg's, SQLAlchemy's ``begin_nested()``, Django's nested ``atomic()``): a
+    transaction lock taken in one that rolls back is released at once, with the
+    savepoint's work; in one that is released, it lasts until the outer transaction ends."""
+    async with kind.open(db) as conn:
+        pid = await conn.pid()
+        await conn.begin()
+        await conn.execute("SELECT 1")  # with autocommit off, the transaction opens here
+
+        async def failing_savepoint() -> None:
+            async with conn.savepoint():
+                assert await pgsolo.xact_lock(conn.conn, key).acquire()
+                assert observer.holders(key) == {pid}
+                raise Boom
+
+        with pytest.raises(Boom):
+            await failing_savepoint()
+        assert observer.holders(key) == set()  # the outer transaction goes on without it
+        assert await conn.in_transaction()
+        async with conn.savepoint():
+            assert await pgsolo.xact_lock(conn.conn, key).acquire()
+        assert observer.holders(key) == {pid}
+        await conn.rollback()
+        assert observer.holders(key) == set()
+
+
+SESSION_KINDS = [kind for kind in ASYNC_KINDS if kind.session_locks]
+
+
+@pytest.mark.parametrize("kind", SESSION_KINDS, ids=str)
+async def test_a_session_lock_in_a_failed_savepoint_costs_the_caller_that_savepoint_only(
+    kind: AKind, db: str, observer: Any, key: Key
+) -> None:
+    """A session lock released in a transaction that failed inside its block undoes the
+    block's work only: the caller rolls back to its savepoint, and its rows before the
+    savepoint and after it commit, with the key let go. (The release once sent ROLLBACK,
+    which ended the caller's whole transaction: the rows before were lost and the later
+    ones committed on their own, or Django's outer ``atomic()`` failed.)"""
+    before, inside, after = (str(uuid.uuid4()) for _ in range(3))
+    async with kind.open(db) as conn:
+        await conn.begin()
+        await conn.execute(note_statement(before))
+
+        async def failing_savepoint() -> None:
+            async with conn.savepoint(), pgsolo.session_lock(conn.conn, key) as lock:
+                assert lock.acquired
+                await conn.execute(note_statement(inside))
+                await conn.execute("SELECT 1/0")
+
+        with pytest.raises(Exception, match="division by zero") as failure:  # the library's own
+            await failing_savepoint()
+        assert not isinstance(failure.value, pgsolo.PgsoloError)  # the caller's, untouched
+        assert observer.holders(key) == set()
+        assert await conn.in_transaction()
+        await conn.execute(note_statement(after))
+        await conn.commit()
+        assert not await conn.in_transaction()
+    assert work_rows(observer, before) == ["written"]
+    assert work_rows(observer, inside) == []
+    assert work_rows(observer, after) == ["written"]
+
+
 @pytest.mark.parametrize("kind", OWNING_KINDS, ids=str)
 async def test_the_transaction_pgsolo_opens_ends_with_the_block(
     kind: AKind, db: str, observer: Any, key: Key

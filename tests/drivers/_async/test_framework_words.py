@@ -98,6 +98,6 @@ async def test_a_refused_session_lock_advises_in_the_callers_flavour(
     async with kind.open(db) as conn:
         with pytest.raises(pgsolo.UnsupportedConnectionError) as raised:
             await pgsolo.session_lock(conn.conn, key).acquire()
-    assert "`async with engine.connect() as conn, session_lock(conn, key): ...`" in str(
+    assert "`async with engine.connect() as conn:`, then `session_lock(conn, key)`" in str(
         raised.value
     )

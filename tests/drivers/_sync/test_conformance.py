@@ -174,6 +174,72 @@ def test_a_transaction_lock_joins_the_callers_transaction_and_never_ends_it(
     assert work_rows(observer, tag) == []
 
 
+@pytest.mark.parametrize("kind", SYNC_KINDS, ids=str)
+def test_a_transaction_lock_taken_in_a_savepoint_goes_with_its_rollback(
+    kind: Kind, db: str, observer: Any, key: Key
+) -> None:
+    """What docs/connections.md says of savepoints (psycopg's nested ``transaction()``,
+    asyncpg's, SQLAlchemy's ``begin_nested()``, Django's nested ``atomic()``): a
+    transaction lock taken in one that rolls back is released at once, with the
+    savepoint's work; in one that is released, it lasts until the outer transaction ends."""
+    with kind.open(db) as conn:
+        pid = conn.pid()
+        conn.begin()
+        conn.execute("SELECT 1")  # with autocommit off, the transaction opens here
+
+        def failing_savepoint() -> None:
+            with conn.savepoint():
+                assert pgsolo.xact_lock(conn.conn, key).acquire()
+                assert observer.holders(key) == {pid}
+                raise Boom
+
+        with pytest.raises(Boom):
+            failing_savepoint()
+        assert observer.holders(key) == set()  # the outer transaction goes on without it
+        assert conn.in_transaction()
+        with conn.savepoint():
+            assert pgsolo.xact_lock(conn.conn, key).acquire()
+        assert observer.holders(key) == {pid}
+        conn.rollback()
+        assert observer.holders(key) == set()
+
+
+SESSION_KINDS = [kind for kind in SYNC_KINDS if kind.session_locks]
+
+
+@pytest.mark.parametrize("kind", SESSION_KINDS, ids=str)
+def test_a_session_lock_in_a_failed_savepoint_costs_the_caller_that_savepoint_only(
+    kind: Kind, db: str, observer: Any, key: Key
+) -> None:
+    """A session lock released in a transaction that failed inside its block undoes the
+    block's work only: the caller rolls back to its savepoint, and its rows before the
+    savepoint and after it commit, with the key let go. (The release once sent ROLLBACK,
+    which ended the caller's whole transaction: the rows before were lost and the later
+    ones committed on their own, or Django's outer ``atomic()`` failed.)"""
+    before, inside, after = (str(uuid.uuid4()) for _ in range(3))
+    with kind.open(db) as conn:
+        conn.begin()
+        conn.execute(note_statement(before))
+
+        def failing_savepoint() -> None:
+            with conn.savepoint(), pgsolo.session_lock(conn.conn, key) as lock:
+                assert lock.acquired
+                conn.execute(note_statement(inside))
+                conn.execute("SELECT 1/0")
+
+        with pytest.raises(Exception, match="division by zero") as failure:  # the library's own
+            failing_savepoint()
+        assert not isinstance(failure.value, pgsolo.PgsoloError)  # the caller's, untouched
+        assert observer.holders(key) == set()
+        assert conn.in_transaction()
+        conn.execute(note_statement(after))
+        conn.commit()
+        assert not conn.in_transaction()
+    assert work_rows(observer, before) == ["written"]
+    assert work_rows(observer, inside) == []
+    assert work_rows(observer, after) == ["written"]
+
+
 @pytest.mark.parametrize("kind", OWNING_KINDS, ids=str)
 def test_the_transaction_pgsolo_opens_ends_with_the_block(
     kind: Kind, db: str, observer: Any, key: Key

@@ -44,9 +44,8 @@ def test_a_refused_transaction_lock_advises_the_kinds_own_transaction(
     advised ``with conn.transaction()`` (psycopg's API) on every kind: on Django it must
     say ``with transaction.atomic():``, on SQLAlchemy ``conn.begin()`` or
     ``session.begin()``, and on a sync connection ``with``."""
-    with kind.open(db) as conn:
-        with pytest.raises(pgsolo.ConnectionStateError) as raised:
-            pgsolo.xact_lock(conn.conn, key).acquire()
+    with kind.open(db) as conn, pytest.raises(pgsolo.ConnectionStateError) as raised:
+        pgsolo.xact_lock(conn.conn, key).acquire()
     # Between backquotes: a sync hint is never the tail of a sync one.
     assert f"`{TRANSACTION_HINTS[kind.name]}`" in str(raised.value)
 
@@ -94,7 +93,6 @@ def test_a_refused_session_lock_advises_in_the_callers_flavour(
 ) -> None:
     """Regression: on an Session the refusal of a session lock advised the sync
     ``with engine.connect() as conn: with session_lock(conn, key)``."""
-    with kind.open(db) as conn:
-        with pytest.raises(pgsolo.UnsupportedConnectionError) as raised:
-            pgsolo.session_lock(conn.conn, key).acquire()
-    assert "`with engine.connect() as conn, session_lock(conn, key): ...`" in str(raised.value)
+    with kind.open(db) as conn, pytest.raises(pgsolo.UnsupportedConnectionError) as raised:
+        pgsolo.session_lock(conn.conn, key).acquire()
+    assert "`with engine.connect() as conn:`, then `session_lock(conn, key)`" in str(raised.value)

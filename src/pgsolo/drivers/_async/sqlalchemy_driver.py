@@ -45,11 +45,24 @@ class AsyncSqlAlchemyDriver(SqlAlchemyBase):
         return "async with session.begin():"
 
     @property
+    def ending_advice(self) -> str:
+        if isinstance(self._core, Connection):
+            return (
+                "commit or roll it back first (await conn.commit() / await conn.rollback()),"
+                " or call it outside `async with conn.begin():`"
+            )
+        return (
+            "commit or roll it back first (await session.commit() / await"
+            " session.rollback()), or call it outside `async with session.begin():`"
+        )
+
+    @property
     def session_locks_refused(self) -> str | None:
         if isinstance(self._core, Connection):
             return None
         return SESSION_LOCK_REFUSAL + (
-            ": `async with engine.connect() as conn, session_lock(conn, key): ...`"
+            ": `async with engine.connect() as conn:`, then `session_lock(conn, key)` or"
+            " `run_once_async(conn, op_key, operation)`"
         )
 
     async def fetch_value(

@@ -40,6 +40,8 @@ class PsycopgDriver(PsycopgBase):
         self, statements: Sequence[str], wait: float = 0.0, edge: Edge | None = None
     ) -> object:
         sent = edged(statements, edge, begins_implicitly=self.begins_implicitly)
+        if not sent:  # an edge a transaction that begins by itself needs no statement for
+            return None
         return round_trip(self._conn, wait, self._fetch, sent)
 
     def _fetch(self, statements: Sequence[str]) -> object:

@@ -45,11 +45,24 @@ class SqlAlchemyDriver(SqlAlchemyBase):
         return "with session.begin():"
 
     @property
+    def ending_advice(self) -> str:
+        if isinstance(self._core, Connection):
+            return (
+                "commit or roll it back first (conn.commit() / conn.rollback()),"
+                " or call it outside `with conn.begin():`"
+            )
+        return (
+            "commit or roll it back first (session.commit() / await"
+            " session.rollback()), or call it outside `with session.begin():`"
+        )
+
+    @property
     def session_locks_refused(self) -> str | None:
         if isinstance(self._core, Connection):
             return None
         return SESSION_LOCK_REFUSAL + (
-            ": `with engine.connect() as conn, session_lock(conn, key): ...`"
+            ": `with engine.connect() as conn:`, then `session_lock(conn, key)` or"
+            " `run_once(conn, op_key, operation)`"
         )
 
     def fetch_value(
