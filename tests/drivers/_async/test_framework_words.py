@@ -35,6 +35,13 @@ TRANSACTION_HINTS = {
 OWNING_KINDS = [kind for kind in ASYNC_KINDS if not kind.implicit]
 
 
+async def refusal(lock: Any, error: type[pgsolo.PgsoloError]) -> str:
+    """The message of ``error``, which ``lock.acquire()`` must raise."""
+    with pytest.raises(error) as raised:
+        await lock.acquire()
+    return str(raised.value)
+
+
 @pytest.mark.parametrize("kind", OWNING_KINDS, ids=str)
 async def test_a_refused_transaction_lock_advises_the_kinds_own_transaction(
     kind: AKind, db: str, key: Key
@@ -42,12 +49,12 @@ async def test_a_refused_transaction_lock_advises_the_kinds_own_transaction(
     """Regression: a plain ``acquire()`` of a transaction lock with no transaction open
     advised ``with conn.transaction()`` (psycopg's API) on every kind: on Django it must
     say ``with transaction.atomic():``, on SQLAlchemy ``conn.begin()`` or
-    ``session.begin()``, and on an async connection ``async with``."""
+    ``session.begin()``, and in the flavour of the connection (``async with`` on an async
+    one)."""
     async with kind.open(db) as conn:
-        with pytest.raises(pgsolo.ConnectionStateError) as raised:
-            await pgsolo.xact_lock(conn.conn, key).acquire()
-    # Between backquotes: a sync hint is never the tail of an async one.
-    assert f"`{TRANSACTION_HINTS[kind.name]}`" in str(raised.value)
+        refused = await refusal(pgsolo.xact_lock(conn.conn, key), pgsolo.ConnectionStateError)
+    # Matched whole, between its backquotes: never the tail of another flavour's hint.
+    assert f"`{TRANSACTION_HINTS[kind.name]}`" in refused
 
 
 @pytest.mark.parametrize("kind", ASYNC_KINDS, ids=str)
@@ -93,11 +100,11 @@ async def test_work_that_ends_a_transaction_job_s_transaction_is_one_reason(
 async def test_a_refused_session_lock_advises_in_the_callers_flavour(
     kind: AKind, db: str, key: Key
 ) -> None:
-    """Regression: on an AsyncSession the refusal of a session lock advised the sync
-    ``with engine.connect() as conn: with session_lock(conn, key)``."""
+    """Regression: the refusal of a session lock on an ORM session advised the sync
+    ``with engine.connect() as conn: ...`` on the async kind too: it advises the
+    connection's own flavour (``async with`` for the async kind)."""
     async with kind.open(db) as conn:
-        with pytest.raises(pgsolo.UnsupportedConnectionError) as raised:
-            await pgsolo.session_lock(conn.conn, key).acquire()
-    assert "`async with engine.connect() as conn:`, then `session_lock(conn, key)`" in str(
-        raised.value
-    )
+        refused = await refusal(
+            pgsolo.session_lock(conn.conn, key), pgsolo.UnsupportedConnectionError
+        )
+    assert "`async with engine.connect() as conn:`, then `session_lock(conn, key)`" in refused

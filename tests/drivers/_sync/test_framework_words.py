@@ -36,6 +36,13 @@ TRANSACTION_HINTS = {
 OWNING_KINDS = [kind for kind in SYNC_KINDS if not kind.implicit]
 
 
+def refusal(lock: Any, error: type[pgsolo.PgsoloError]) -> str:
+    """The message of ``error``, which ``lock.acquire()`` must raise."""
+    with pytest.raises(error) as raised:
+        lock.acquire()
+    return str(raised.value)
+
+
 @pytest.mark.parametrize("kind", OWNING_KINDS, ids=str)
 def test_a_refused_transaction_lock_advises_the_kinds_own_transaction(
     kind: Kind, db: str, key: Key
@@ -43,11 +50,12 @@ def test_a_refused_transaction_lock_advises_the_kinds_own_transaction(
     """Regression: a plain ``acquire()`` of a transaction lock with no transaction open
     advised ``with conn.transaction()`` (psycopg's API) on every kind: on Django it must
     say ``with transaction.atomic():``, on SQLAlchemy ``conn.begin()`` or
-    ``session.begin()``, and on a sync connection ``with``."""
-    with kind.open(db) as conn, pytest.raises(pgsolo.ConnectionStateError) as raised:
-        pgsolo.xact_lock(conn.conn, key).acquire()
-    # Between backquotes: a sync hint is never the tail of a sync one.
-    assert f"`{TRANSACTION_HINTS[kind.name]}`" in str(raised.value)
+    ``session.begin()``, and in the flavour of the connection (``with`` on a sync
+    one)."""
+    with kind.open(db) as conn:
+        refused = refusal(pgsolo.xact_lock(conn.conn, key), pgsolo.ConnectionStateError)
+    # Matched whole, between its backquotes: never the tail of another flavour's hint.
+    assert f"`{TRANSACTION_HINTS[kind.name]}`" in refused
 
 
 @pytest.mark.parametrize("kind", SYNC_KINDS, ids=str)
@@ -91,8 +99,9 @@ def test_work_that_ends_a_transaction_job_s_transaction_is_one_reason(kind: Kind
 def test_a_refused_session_lock_advises_in_the_callers_flavour(
     kind: Kind, db: str, key: Key
 ) -> None:
-    """Regression: on an Session the refusal of a session lock advised the sync
-    ``with engine.connect() as conn: with session_lock(conn, key)``."""
-    with kind.open(db) as conn, pytest.raises(pgsolo.UnsupportedConnectionError) as raised:
-        pgsolo.session_lock(conn.conn, key).acquire()
-    assert "`with engine.connect() as conn:`, then `session_lock(conn, key)`" in str(raised.value)
+    """Regression: the refusal of a session lock on an ORM session advised the sync
+    ``with engine.connect() as conn: ...`` on the sync kind too: it advises the
+    connection's own flavour (``with`` for the sync kind)."""
+    with kind.open(db) as conn:
+        refused = refusal(pgsolo.session_lock(conn.conn, key), pgsolo.UnsupportedConnectionError)
+    assert "`with engine.connect() as conn:`, then `session_lock(conn, key)`" in refused
