@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING
 
 from .. import sql
 from ..drivers import TxStatus
-from ..errors import ConnectionStateError, LockLostError, PgsoloError, TransactionFailedError
+from ..errors import ConnectionStateError, LockLostError, TransactionFailedError
 from . import holdings
 from .plans import ROLLBACK, Own
-from .recovery import quietly
+from .recovery import connection_gone, quietly
 
 if TYPE_CHECKING:
     from .core import LockCore
@@ -112,11 +112,7 @@ def _end_own_transaction(core: LockCore, *, failed: bool) -> Plan[None]:
     try:
         yield Own(check, "commit")
     except Exception as exc:
-        # Gone, or replaced already: a framework may reconnect as it closes its books on
-        # the failed commit (Django does), and a new backend holds nothing of the lock's.
-        # An error that is pgsolo's already (a deadline's) says it better.
-        gone = core.driver.is_closed() or core.driver.backend_pid() != core.backend_pid
-        if gone and not isinstance(exc, PgsoloError):
+        if connection_gone(core, exc):
             core.log(logging.WARNING, "lost", reason="connection-lost")
             raise LockLostError(
                 f"transaction lock {core.key} was lost with its connection before its"
