@@ -181,11 +181,19 @@ class DjangoDriver:
 
     def _send(self, statements: Sequence[str], wait: float) -> object:
         """Send ``statements`` as Django's own cursor would: a failure is Django's error
-        (the driver's is its cause) and goes on Django's books (``errors_occurred``), so
-        that Django closes a connection that died under pgsolo's statement when the
-        request ends, and the next request connects anew."""
-        with self._wrapper.wrap_database_errors:
-            return self._driver().fetch_value(statements, wait)
+        (the driver's is its cause). On Django's books (``errors_occurred``) only if the
+        connection died, so that Django closes it when the request ends and the next
+        request connects anew; an answer such as a lock timeout leaves a live connection,
+        and Django's books, as they were (Django would check it with a round trip)."""
+        wrapper = self._wrapper
+        occurred = wrapper.errors_occurred
+        try:
+            with wrapper.wrap_database_errors:
+                return self._driver().fetch_value(statements, wait)
+        except DjangoError:
+            if not self.is_closed():  # which marks a dead one
+                wrapper.errors_occurred = occurred
+            raise
 
     def _end(self, statements: Sequence[str], wait: float, *, commit: bool) -> object:
         """Send ``statements`` and leave pgsolo's atomic block: commit it, or roll it back
