@@ -71,8 +71,8 @@ def require_no_transaction(driver: DriverBase, subject: str, reason: str) -> Non
     status = driver.transaction_status()
     if status is not TxStatus.IDLE:
         raise ConnectionStateError(
-            f"{subject} needs a connection with no transaction open (status"
-            f" {status.value}): {reason}; {driver.ending_advice}"
+            f"{subject} needs a connection with no transaction open, and on this one"
+            f" {status.words}: {reason}; {driver.ending_advice}"
         )
 
 
@@ -182,10 +182,7 @@ class LockCore:
                 "the connection's transaction has failed; roll it back before taking a lock"
             )
         if status in (TxStatus.ACTIVE, TxStatus.UNKNOWN):
-            raise ConnectionStateError(
-                f"the connection cannot take a lock now (status {status.value}):"
-                " it is closed, broken, or running another statement"
-            )
+            raise ConnectionStateError(f"the connection cannot take a lock now: {status.words}")
         return status
 
     def _waiting(self, statements: list[str]) -> list[str] | Wait:
@@ -254,8 +251,13 @@ class LockCore:
         try:
             value = yield step
         except BaseException as exc:
+            # Read as the failure left the connection: ending pgsolo's own transaction
+            # through a framework may reconnect (Django does).
+            error = failures.acquisition_error(self, exc, started)
             yield from recovery.after_xact_failure(self, in_callers_transaction=joins)
-            if (error := failures.acquisition_error(self, exc, started)) is not None:
+            if error is None:
+                error = yield from failures.cut_short(self, exc, started)
+            if error is not None:
                 raise error from exc
             raise
         if value is None:  # sql.acquire's answer on a server in recovery: nothing taken
@@ -309,7 +311,10 @@ class LockCore:
             except BaseException as exc:
                 confirmed = yield from recovery.after_session_failure(self, status, exc, started)
                 if not confirmed:
-                    if (error := failures.acquisition_error(self, exc, started)) is not None:
+                    error = failures.acquisition_error(self, exc, started)
+                    if error is None:
+                        error = yield from failures.cut_short(self, exc, started)
+                    if error is not None:
                         raise error from exc
                     raise
             else:
@@ -342,12 +347,14 @@ class LockCore:
             return route
         try:
             route = yield from check_route(driver, status)
-        except BaseException:
+        except BaseException as exc:
             if status is TxStatus.IDLE and driver.transaction_status() in (
                 TxStatus.INTRANS,
                 TxStatus.INERROR,
             ):  # the driver's own BEGIN, before an interrupted check
                 yield from recovery.quietly(self, [sql.ROLLBACK])
+            if (error := failures.connection_failed(self, exc)) is not None:
+                raise error from exc
             raise
         holdings.set_route(driver.connection, pid, route)
         return route
