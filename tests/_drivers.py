@@ -234,7 +234,9 @@ def _psycopg(*, autocommit: bool) -> Callable[[str], contextlib.AbstractContextM
     def opening(dsn: str) -> Iterator[Handle]:
         import psycopg  # noqa: PLC0415
 
-        with psycopg.connect(dsn, autocommit=autocommit) as conn:
+        # Closed, not left through ``with`` (which would commit what a test left open,
+        # and fail on a connection a test killed).
+        with contextlib.closing(psycopg.connect(dsn, autocommit=autocommit)) as conn:
             yield _Dbapi(conn)
 
     return opening
