@@ -39,6 +39,7 @@ __all__ = [
     "set_transaction_owner",
     "transaction_owner",
     "unclaim",
+    "withdraw",
 ]
 
 
@@ -47,6 +48,7 @@ class _Held:
     shared: bool
     count: int
     pending: bool  # the first acquisition is still on its way to the server
+    claimant: object  # who made the first hold (its LockCore): see withdraw
     lifetime: Lifetime = "session"
 
 
@@ -77,6 +79,7 @@ def claim(
     *,
     shared: bool,
     reentrant: bool,
+    claimant: object,
     lifetime: Lifetime = "session",
 ) -> Claim:
     with _HOLDINGS_LOCK:
@@ -85,7 +88,7 @@ def claim(
             holdings = _HOLDINGS[conn] = _Holdings(pid, {})
         held = holdings.keys.get(key)
         if held is None:
-            holdings.keys[key] = _Held(shared, 1, pending=True, lifetime=lifetime)
+            holdings.keys[key] = _Held(shared, 1, True, claimant, lifetime=lifetime)
             return "new"
         if reentrant and (held.lifetime, held.shared) == (lifetime, shared) and not held.pending:
             held.count += 1
@@ -146,6 +149,20 @@ def confirm(conn: object, key: Key) -> None:
     with _HOLDINGS_LOCK:
         if (holdings := _HOLDINGS.get(conn)) and (held := holdings.keys.get(key)):
             held.pending = False
+
+
+def withdraw(conn: object, key: Key, claimant: object) -> None:
+    """Drop the hold of ``key`` that ``claimant``'s acquisition made, if it is on the
+    books: after an acquisition that failed or was interrupted at any line (a Ctrl-C
+    between the claim and the code that would drop it, or just after the confirmation),
+    nothing stays claimed, and a claim that is another's is never dropped."""
+    with _HOLDINGS_LOCK:
+        holdings = _HOLDINGS.get(conn)
+        held = holdings.keys.get(key) if holdings else None
+        if holdings is not None and held is not None and held.claimant is claimant:
+            held.count -= 1
+            if held.count <= 0:
+                del holdings.keys[key]
 
 
 def unclaim(conn: object, key: Key) -> int:
