@@ -41,11 +41,13 @@ def report(
     conn: Any, idle: bool, usable: bool | str, error: BaseException | None, where: str
 ) -> None:
     """``usable``: True, or why ``SELECT 1`` failed; ``where``: the line the interrupt
-    was raised at."""
+    was raised at; ``closed``: whether the connection says it is closed."""
     print(
         json.dumps(
             {
                 "where": where,
+                # asyncpg says is_closed(); psycopg and psycopg2 say closed
+                "closed": bool(conn.is_closed() if hasattr(conn, "is_closed") else conn.closed),
                 "idle": idle,
                 "usable": usable,
                 "tracked": [k.text for k in pgsolo.held_session_locks(conn)],

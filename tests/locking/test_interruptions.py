@@ -39,6 +39,7 @@ from pgsolo import (
     LockNotHeldError,
 )
 from pgsolo.drivers._sync.psycopg_driver import PsycopgDriver
+from pgsolo.locking._sync.lock import Lock
 from pgsolo.sql import lock_function
 
 CHILD_INTERRUPTED_WAIT = r"""
@@ -316,6 +317,27 @@ CAMPAIGN_SECONDS = float(os.environ.get("PGSOLO_INTERRUPT_SECONDS", "20"))
 SPREAD_SECONDS = 0.004
 
 
+# asyncpg closes the connection now and then when a task is cancelled in its COPY-out
+# exchange (which pgsolo reads its answers through): its protocol sets a result on the
+# waiter the cancellation already cancelled (InvalidStateError in _on_result__copy_out,
+# "Fatal error: protocol.data_received() call failed"). A closed session holds nothing,
+# and the connection says it is closed; it is counted, not failed, for asyncpg only.
+CLOSED_BY_THE_DRIVER = {"asyncpg"}
+
+
+# The one instant no Python code can guard: a Ctrl-C raised at the first instruction of
+# Lock.__exit__ (CPython checks for signals on entering a function) ends the ``with``
+# statement before __exit__ runs. The lock is then still held and on pgsolo's books
+# (docs/locks.md says so); the test checks that much, and counts it.
+EXIT_ENTRY = (
+    f"{Lock.__exit__.__code__.co_filename}:{Lock.__exit__.__code__.co_firstlineno} __exit__"
+)
+
+
+def _locks_of(observer: Any, pid: int) -> set[Key]:
+    return observer.advisory(pid=pid) | observer.advisory(pid=pid, granted=False)
+
+
 @pytest.mark.parametrize("driver", ["psycopg", "psycopg2", "psycopg-async", "asyncpg"])
 def test_ctrl_c_at_random_moments_leaves_nothing_behind(
     driver: str, db: str, observer: Any, key: Key, children: Callable[..., Child]
@@ -324,15 +346,17 @@ def test_ctrl_c_at_random_moments_leaves_nothing_behind(
     lock in a loop (``with session_lock(...)``, ``acquire()``/``release()``, ``run_job``
     with ``lifetime="session"``, ``run_once``), hundreds of times: once its handler has
     run, its backend holds no advisory lock (pg_locks, seen from another session), pgsolo's
-    books hold nothing, and its connection is idle and answers ``SELECT 1``. Guards the windows in
-    pgsolo's own code after the server granted the lock and before its state said so
-    (logging, metrics, the holdings book, the drive loop, the shells' ``__enter__``), and a
-    psycopg 3 connection left ACTIVE by an interrupted round trip."""
+    books hold nothing, and its connection is idle and answers ``SELECT 1``. Guards the
+    windows in pgsolo's own code after the server granted the lock and before its state
+    said so (logging, metrics, the holdings book, the drive loop, the shells), a claim
+    left pending, run_once's transaction left open, psycopg's prepared-statement count
+    and a psycopg 3 connection left ACTIVE by an interrupted round trip."""
     assert isinstance(key.value, tuple)
     child = children(INTERRUPTED_CHILD, db, driver, *key.value)
     seed = random.randrange(2**32)
     rng = random.Random(seed)
-    counts = {form: collections.Counter[str]() for form in FORMS}
+    problems = {form: collections.Counter[str]() for form in FORMS}
+    notes = {form: collections.Counter[str]() for form in FORMS}  # what was seen, and where
     deadline = time.monotonic() + CAMPAIGN_SECONDS
     while time.monotonic() < deadline:
         for form in FORMS:
@@ -344,30 +368,37 @@ def test_ctrl_c_at_random_moments_leaves_nothing_behind(
             while (line := child.poll(1.0)) is None:
                 # Python drops a KeyboardInterrupt raised in a __del__ (of a driver's
                 # object the loop let go of): press Ctrl-C again, as a user would.
-                counts[form]["swallowed by a __del__"] += 1
+                notes[form]["swallowed by a __del__"] += 1
                 os.kill(child.proc.pid, signal.SIGINT)
             report = json.loads(line)
-            left = observer.advisory(pid=int(pid)) | observer.advisory(pid=int(pid), granted=False)
-            problems = [
+            backend = int(pid)
+            notes[form]["interrupts"] += 1
+            if report["closed"]:  # its session is ending, and its locks with it
+                notes[form]["closed by the driver"] += 1
+                eventually(lambda b=backend: not _locks_of(observer, b), "the session to end")
+            found = [
                 problem
-                for problem, found in [
-                    ("lock left", left),
-                    ("transaction left open", not report["idle"]),
-                    ("unusable", report["usable"] is not True),
+                for problem, seen in [
+                    ("lock left", _locks_of(observer, backend)),
+                    ("transaction left open", not report["idle"] and not report["closed"]),
+                    ("unusable", report["usable"] is not True and not report["closed"]),
+                    ("closed", report["closed"] and driver not in CLOSED_BY_THE_DRIVER),
                     ("still tracked", report["tracked"]),
-                    ("error", report["error"]),
+                    ("error", report["error"] and not report["closed"]),
                 ]
-                if found
+                if seen
             ]
-            counts[form].update(["interrupts", *problems])
-            if report["error"]:
-                counts[form][report["error"].split("(")[0]] += 1  # the exception's type
-            if problems:
-                counts[form][f"raised at {report['where']}"] += 1
-            if report["usable"] is not True:
-                counts[form][f"SELECT 1: {report['usable'].split('(')[0]}"] += 1
-            child.send("reset" if problems else "next")
-    summary = "; ".join(f"{form}: {dict(c)}" for form, c in counts.items())
+            if report["where"] == EXIT_ENTRY and found == ["lock left", "still tracked"]:
+                notes[form]["raised entering __exit__: held and tracked"] += 1
+                found = []
+            problems[form].update(found)
+            if found or report["closed"]:
+                notes[form][f"raised at {report['where']}"] += 1
+                if report["error"]:
+                    notes[form][report["error"][:300]] += 1
+                if report["usable"] is not True:
+                    notes[form][f"SELECT 1: {report['usable'].split('(')[0]}"] += 1
+            child.send("reset" if found or report["closed"] or report["tracked"] else "next")
+    summary = "; ".join(f"{form}: {dict(problems[form])} {dict(notes[form])}" for form in FORMS)
     print(f"{driver} (seed {seed}): {summary}")
-    allowed = {"interrupts", "swallowed by a __del__"}
-    assert all(set(c) <= allowed for c in counts.values()), summary
+    assert not any(problems.values()), summary
