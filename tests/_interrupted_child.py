@@ -142,9 +142,14 @@ def run_sync(dsn: str, driver: str, key: pgsolo.Key) -> None:
         except KeyboardInterrupt as interrupt:
             where = raised_at(interrupt)
         except Exception as exc:
-            error = exc
-            with contextlib.suppress(KeyboardInterrupt):  # an interrupt on its way
-                time.sleep(0.2)
+            if isinstance(exc.__cause__, KeyboardInterrupt):
+                # Python 3.11 wraps an exception raised in a class's creation (the first
+                # import of a module pgsolo loads when first used) in RuntimeError.
+                where = f"wrapped in {type(exc).__name__}: {raised_at(exc.__cause__)}"
+            else:
+                error = exc
+                with contextlib.suppress(KeyboardInterrupt):  # an interrupt on its way
+                    time.sleep(0.2)
         was_idle = idle()
         try:
             select_one()
