@@ -607,11 +607,13 @@ class Critical:
 
 
 class Child:
-    """A child Python process whose stdout lines are read with a deadline."""
+    """A child Python process whose stdout lines are read with a deadline, and whose
+    stdin the test may write to."""
 
     def __init__(self, script: str, *args: object) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-c", script, *map(str, args)],
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -632,16 +634,29 @@ class Child:
         self.stderr.extend(self.proc.stderr)
 
     def readline(self, timeout: float = 20.0) -> str:
+        line = self.poll(timeout)
+        if line is None:
+            pytest.fail(f"child printed nothing for {timeout}s; stderr: {''.join(self.stderr)}")
+        return line
+
+    def poll(self, timeout: float) -> str | None:
+        """The next line, or None if the child printed nothing for ``timeout`` seconds."""
         try:
             line = self.lines.get(timeout=timeout)
         except queue.Empty:
-            pytest.fail(f"child printed nothing for {timeout}s; stderr: {''.join(self.stderr)}")
+            return None
         if line is None:
             self.proc.wait(5)
             pytest.fail(
                 f"child exited ({self.proc.returncode}) early; stderr: {''.join(self.stderr)}"
             )
         return line
+
+    def send(self, line: str) -> None:
+        """Write ``line`` to the child's stdin."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
 
     def kill(self) -> None:
         if self.proc.poll() is None:

@@ -37,6 +37,7 @@ __all__ = [
     "observe_job",
     "observe_lock",
     "observe_lock_lost",
+    "prepare",
     "push",
     "registry",
     "use_registry",
@@ -63,6 +64,18 @@ class _Instruments:
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> _Instruments:
+        """Register them all, or none: one interrupted halfway (Ctrl-C) would make every
+        later try refuse a duplicate name."""
+        known = set(getattr(registry, "_collector_to_names", {}))
+        try:
+            return cls._register(registry)
+        except BaseException:
+            for collector in set(getattr(registry, "_collector_to_names", {})) - known:
+                registry.unregister(collector)
+            raise
+
+    @classmethod
+    def _register(cls, registry: CollectorRegistry) -> _Instruments:
         from prometheus_client import Counter, Gauge, Histogram  # noqa: PLC0415
 
         return cls(
@@ -147,6 +160,13 @@ class _State:
 
 
 _state = _State()
+
+
+def prepare() -> None:
+    """Import prometheus_client and register the instruments now, once per registry: a
+    lock calls this before it sends anything, so that nothing between the server's grant
+    and the lock's books can take the time of an import (where a Ctrl-C would land)."""
+    _state.current()
 
 
 def use_registry(registry: CollectorRegistry | None, *, lock_names: bool = True) -> None:

@@ -40,9 +40,12 @@ it reports itself closed, so releasing a lock taken before is a
 so the next one can take those keys again. Waits are bounded with ``SET LOCAL`` in their own
 statements, which ``RESET ALL`` cannot undo.
 
-**Cancellation.** asyncpg cancels the running statement on the server when the task is
-cancelled, and waits for that before the connection's next statement; pgsolo's recovery
-then asks the server whether the lock was granted meanwhile and releases it if so.
+**Cancellation.** A cancelled task never reaches asyncpg's own exchange, which runs
+shielded: asyncpg's COPY-out can set a result on the waiter a cancellation had just
+cancelled, and close the connection (a Ctrl-C under ``asyncio.run`` did so in about one
+interruption in fifty). pgsolo asks the server to cancel the statement instead, lets the
+exchange end, and its recovery then asks the server whether the lock was granted
+meanwhile and releases it if so.
 
 **No keeper.** asyncpg refuses a second operation on a connection while one runs
 (``InterfaceError: another operation is in progress``) instead of queueing it: a
@@ -325,21 +328,40 @@ def _checkout_of(conn: Any) -> Checkout:
 
 async def _exchange(conn: Any, statements: Sequence[str]) -> tuple[str, object]:
     """Send ``statements`` as one simple-query message; return the status of the last one
-    and the first value of the last one that returns a row (module docstring)."""
+    and the first value of the last one that returns a row (module docstring).
+
+    The exchange runs shielded in a task of its own: a cancellation that reached
+    asyncpg's COPY-out waiter can make its protocol set a result on the waiter it had
+    just cancelled, and close the connection. If the caller is cancelled,
+    :func:`_settle` cancels the statement on the server and lets the exchange end first."""
+    block = asyncio.ensure_future(_exchange_once(conn, statements))
     try:
-        return await _exchange_once(conn, statements)
+        return await asyncio.shield(block)
     except asyncio.CancelledError:
-        await _settle(conn)
+        await _settle(conn, block)
         raise
 
 
-async def _settle(conn: Any) -> None:
-    """After a cancelled round trip: asyncpg has asked the server to cancel the statement;
-    wait for its answer, so that the connection's status (a transaction to roll back, a
-    lock granted meanwhile) is true when pgsolo's recovery looks at it. Past the bound,
-    asyncpg closes the connection, which ends whatever was still running."""
-    with contextlib.suppress(Exception, asyncio.CancelledError):
-        await asyncio.shield(conn._protocol._wait_for_cancellation(_SETTLE_SECONDS))
+async def _settle(conn: Any, block: asyncio.Future[Any]) -> None:
+    """Bring an interrupted exchange to its end, bounded: ask the server to cancel its
+    statement (again every quarter of a second: a request that arrives between two
+    statements of the message is ignored), each request delivered before the next look,
+    so that none lands on a later statement. Past the bound, the exchange is cancelled
+    the way asyncpg does it, which closes the connection if it must. Further
+    cancellations of the caller are absorbed: it is on its way out with one."""
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + _SETTLE_SECONDS
+    while not block.done():
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            if loop.time() < give_up:
+                delivered = loop.create_future()
+                conn._cancel_current_command(delivered)
+                await asyncio.wait({delivered}, timeout=_SETTLE_SECONDS)
+            else:
+                block.cancel()
+            await asyncio.wait({block}, timeout=0.25)
+    if not block.cancelled():
+        block.exception()  # retrieved: the caller's cancellation is what propagates
 
 
 async def _exchange_once(conn: Any, statements: Sequence[str]) -> tuple[str, object]:

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import psycopg
+from psycopg import pq
 
 from .._logging import drivers_logger as logger
 from ._psycopg import start_deadline
@@ -30,15 +31,36 @@ def round_trip(
     """``fetch(*args)``, a round trip on ``conn`` that may wait ``wait`` seconds for a
     lock, within its deadline on a connection pgsolo opened (:func:`start_deadline`)."""
     deadline = start_deadline(conn, wait)
-    if deadline is None:
-        return fetch(*args)
     try:
         value = fetch(*args)
     except BaseException as exc:
-        deadline.end(exc)
+        if not isinstance(exc, Exception):
+            _finish_interrupted(conn)
+        if deadline is not None:
+            deadline.end(exc)
         raise
-    deadline.end()
+    if deadline is not None:
+        deadline.end()
     return value
+
+
+def _finish_interrupted(conn: psycopg.Connection[Any]) -> None:
+    """A Ctrl-C in psycopg's own code between sending the statements and reading their
+    results (outside the wait that psycopg cancels itself) leaves the connection ACTIVE,
+    refusing every statement. Cancel what still runs and read what is left, so that the
+    connection is usable and pgsolo can ask the server what it holds; close it if that
+    fails, rather than hand back a connection that can do nothing."""
+    pgconn = conn.pgconn
+    if conn.closed or pgconn.transaction_status != pq.TransactionStatus.ACTIVE:
+        return
+    try:
+        conn.cancel()
+        while pgconn.get_result() is not None:
+            pass
+    except Exception as exc:
+        logger.warning("pgsolo: finishing an interrupted statement failed: %r", exc)
+    if pgconn.transaction_status == pq.TransactionStatus.ACTIVE:
+        conn.close()
 
 
 async def around_trip(

@@ -61,12 +61,16 @@ def attempt_plan(job: Job, core: LockCore) -> Plan[JobResult[Any]]:
     if job.record or job.period is not None:
         yield from ledger_ready(job, core.driver)
     attempt = _Attempt(job, core)
-    if not (yield from attempt.take_lock()):
-        return attempt.result("skipped", reason="busy")
-    for step in (attempt.check_period, attempt.run_work, attempt.record_period):
-        if (ended := (yield from step())) is not None:
-            return ended
-    return (yield from attempt.end())
+    try:
+        if not (yield from attempt.take_lock()):
+            return attempt.result("skipped", reason="busy")
+        for step in (attempt.check_period, attempt.run_work, attempt.record_period):
+            if (ended := (yield from step())) is not None:
+                return ended
+        return (yield from attempt.end())
+    except BaseException:
+        yield from core.let_go()  # a Ctrl-C between the steps: nothing stays held
+        raise
 
 
 def ledger_ready(job: Job, driver: DriverBase) -> Plan[None]:

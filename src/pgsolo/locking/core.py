@@ -196,6 +196,7 @@ class LockCore:
             raise UsageError(f"lock {self.key} is already acquired by this Lock object")
         self.token = None
         self.outcome_counted = False
+        metrics.prepare()
         if self.lifetime == "xact":
             return (yield from self._acquire_xact(context=context))
         return (yield from self._acquire_session())
@@ -208,33 +209,44 @@ class LockCore:
         # A transaction pgsolo opens is tracked like a session lock, so that a second
         # thread or task on the same connection cannot join it and "get" the key too.
         owns = transaction.opens_own(self, status, context=context)
-        if owns:
-            claim = holdings.claim(
-                conn, pid, self.key, shared=self.shared, reentrant=False, lifetime="xact"
-            )
-            if claim == "busy":
-                return failures.busy_here(self, pid)
-            holdings.set_transaction_owner(conn, pid, holdings.context_token())
-        elif holdings.is_claimed(conn, pid, self.key):
+        if not owns and holdings.is_claimed(conn, pid, self.key):
             return failures.busy_here(self, pid)
-        elif holdings.transaction_owner(conn, pid) not in (None, holdings.context_token()):
+        if not owns and holdings.transaction_owner(conn, pid) not in (
+            None,
+            holdings.context_token(),
+        ):
             raise ConnectionStateError(
                 f"the transaction open on this connection (backend pid {pid}) is one pgsolo"
                 " opened for another thread or task; joining it would share its locks and"
                 " its COMMIT. Use a connection per thread or task."
             )
-        try:
+        claimed = False
+        try:  # from the claim on, it is withdrawn at any exception (a Ctrl-C at any line)
+            if owns:
+                claim = holdings.claim(
+                    conn,
+                    pid,
+                    self.key,
+                    shared=self.shared,
+                    reentrant=False,
+                    claimant=self,
+                    lifetime="xact",
+                )
+                if claim == "busy":
+                    return failures.busy_here(self, pid)
+                claimed = True
+                holdings.set_transaction_owner(conn, pid, holdings.context_token())
             acquired = yield from self._acquire_xact_claimed(status, context=context)
         except BaseException:
-            if owns:
-                holdings.unclaim(conn, self.key)
+            holdings.withdraw(conn, self.key, self)
+            if claimed:
                 holdings.set_transaction_owner(conn, pid, None)
             raise
         if owns:
             if acquired:
                 holdings.confirm(conn, self.key)
             else:
-                holdings.unclaim(conn, self.key)
+                holdings.withdraw(conn, self.key, self)
         return acquired
 
     def _acquire_xact_claimed(self, status: TxStatus, *, context: bool) -> Plan[bool]:
@@ -263,10 +275,16 @@ class LockCore:
         if value is None:  # sql.acquire's answer on a server in recovery: nothing taken
             yield from recovery.abandon_own_transaction(self)
             raise failures.standby_refused(self, started)
-        self.acquired = self.wait_ms is not None or value is True or _is_token(value)
-        self.token = int(str(value)) if _is_token(value) else None
-        self.backend_pid = self.driver.backend_pid() if self.acquired else None
-        self.log(logging.DEBUG, "acquired" if self.acquired else "busy", started)
+        try:  # a Ctrl-C from here on ends pgsolo's own transaction, with the lock
+            self.acquired = self.wait_ms is not None or value is True or _is_token(value)
+            self.token = int(str(value)) if _is_token(value) else None
+            self.backend_pid = self.driver.backend_pid() if self.acquired else None
+            self.log(logging.DEBUG, "acquired" if self.acquired else "busy", started)
+        except BaseException:
+            self.acquired = False
+            self.token = None
+            yield from recovery.after_xact_failure(self, in_callers_transaction=joins)
+            raise
         return self.acquired
 
     def _claim_session(self) -> tuple[TxStatus, int, holdings.Claim]:
@@ -285,59 +303,74 @@ class LockCore:
             self._usable_status(status)
         pid = driver.backend_pid()
         claim = holdings.claim(
-            driver.connection, pid, self.key, shared=self.shared, reentrant=self.reentrant
+            driver.connection,
+            pid,
+            self.key,
+            shared=self.shared,
+            reentrant=self.reentrant,
+            claimant=self,
         )
         if claim == "new" and status is TxStatus.ACTIVE:
-            holdings.unclaim(driver.connection, self.key)
+            holdings.withdraw(driver.connection, self.key, self)
             self._usable_status(status)  # raises: the connection is running a statement
         return status, pid, claim
 
     def _acquire_session(self) -> Plan[bool]:
         conn = self.driver.connection
-        status, pid, claim = self._claim_session()
-        if claim == "reentered":
-            self.acquired, self.backend_pid = True, pid
-            self.log(logging.DEBUG, "reentered")
-            return True
-        if claim == "busy":
-            return failures.busy_here(self, pid)
         confirmed = False
-        try:  # from here on, the claim is dropped unless the lock is confirmed held
+        try:  # from the claim on, it is withdrawn unless the lock is confirmed held
+            status, pid, claim = self._claim_session()
+            if claim == "reentered":
+                self.acquired, self.backend_pid = True, pid
+                self.log(logging.DEBUG, "reentered")
+                return True
+            if claim == "busy":
+                return failures.busy_here(self, pid)
             self.route = route = yield from self._route(status, pid)
             self.hold = sql.hold_savepoint(self.key) if status is TxStatus.INTRANS else None
             started = time.perf_counter()
             try:
                 value = yield self._waiting(placement.session_acquisition(self, status, route))
             except BaseException as exc:
-                confirmed = yield from recovery.after_session_failure(self, status, exc, started)
-                if not confirmed:
+                if not (yield from recovery.after_session_failure(self, status, exc)):
                     error = failures.acquisition_error(self, exc, started)
                     if error is None:
                         error = yield from failures.cut_short(self, exc, started)
                     if error is not None:
                         raise error from exc
                     raise
+                value, note = True, {"note": "granted as it timed out"}
             else:
-                if value is None:  # the guard: not the session the route was checked on
-                    yield from recovery.drop_hold(self)
-                    raise transaction_pooling_error(
-                        "this connection's statements moved to another server session"
-                    )
+                note = {}
+            if value is None:  # the guard: not the session the route was checked on
+                yield from recovery.drop_hold(self)
+                raise transaction_pooling_error(
+                    "this connection's statements moved to another server session"
+                )
+            # The server answered. A Ctrl-C can land at any line from here until the
+            # caller holds the lock object: whatever interrupts reading the answer or
+            # logging it lets the lock go (the server says whether it is held) first.
+            try:
                 if self.wait_ms is None and value is not True and not _is_token(value):
                     yield from recovery.drop_hold(self)
                     self.log(logging.DEBUG, "busy", started)
                     return False
-                confirmed = True
                 self.token = int(str(value)) if _is_token(value) else None
-                self.log(logging.DEBUG, "acquired", started)
-            holdings.confirm(conn, self.key, self.hold)
-            self.acquired, self.backend_pid = True, pid
-            self.lost = None
+                holdings.confirm(conn, self.key, self.hold)
+                self.acquired, self.backend_pid, confirmed = True, pid, True
+                self.lost = None
+                self.log(logging.DEBUG, "acquired", started, **note)
+            except BaseException:
+                self.acquired = confirmed = False
+                self.token = None
+                yield from recovery.drop_hold(self)
+                yield from recovery.release_if_held(self, status)
+                raise
             return True
         finally:
             self.hold = None
             if not confirmed:
-                holdings.unclaim(conn, self.key)
+                holdings.withdraw(conn, self.key, self)
 
     def _route(self, status: TxStatus, pid: int) -> Plan[Route]:
         """What answers this connection, checked once per connection (pgsolo.locking.routing)."""
@@ -403,14 +436,16 @@ class LockCore:
         started = time.perf_counter()
         try:
             value = yield from self._unlock(status)
+            stranded = value is None and self.route is not None and not self.route.direct
+            if not stranded:  # off the books at once: a Ctrl-C may land at any line
+                self.forget()
         except BaseException as exc:
             yield from recovery.after_failed_release(self, status, exc, started)
             raise
         finally:
             self.hold = None
-        if value is None and self.route is not None and not self.route.direct:
+        if stranded:
             yield from recovery.release_stranded(self, started)
-        self.forget()
         if value is not True:
             level = logging.WARNING if self.lost is None else logging.DEBUG  # keeper said it
             self.log(level, "lost", started, reason="lock-released")
@@ -478,6 +513,16 @@ class LockCore:
         except Exception as exc:
             if self.lost is None:  # a loss the keeper declared was logged then: once
                 logger.warning("pgsolo: releasing %s after a failure: %r", self.key, exc)
+
+    def let_go(self) -> Plan[None]:
+        """An interruption (Ctrl-C) after the lock was taken and before the code that
+        releases it took over: release it, or end pgsolo's own transaction, so that
+        nothing is left behind; the interruption goes on."""
+        if self.acquired or self.opened_transaction:
+            try:
+                yield from self.exit(failed=True)
+            except Exception as exc:
+                logger.debug("pgsolo clean-up after an interruption failed: %r", exc)
 
     def is_held(self) -> Plan[bool]:
         """Ask the server (``pg_locks``) whether this backend holds the key right now."""

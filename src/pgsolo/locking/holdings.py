@@ -40,6 +40,7 @@ __all__ = [
     "set_transaction_owner",
     "transaction_owner",
     "unclaim",
+    "withdraw",
 ]
 
 
@@ -48,6 +49,7 @@ class _Held:
     shared: bool
     count: int
     pending: bool  # the first acquisition is still on its way to the server
+    claimant: object  # who made the first hold (its LockCore): see withdraw
     lifetime: Lifetime = "session"
     # The hold (pgsolo.sql.hold_savepoint) of a session lock taken in a transaction, for
     # whichever Lock lets go of the key last.
@@ -81,6 +83,7 @@ def claim(
     *,
     shared: bool,
     reentrant: bool,
+    claimant: object,
     lifetime: Lifetime = "session",
 ) -> Claim:
     with _HOLDINGS_LOCK:
@@ -89,7 +92,7 @@ def claim(
             holdings = _HOLDINGS[conn] = _Holdings(pid, {})
         held = holdings.keys.get(key)
         if held is None:
-            holdings.keys[key] = _Held(shared, 1, pending=True, lifetime=lifetime)
+            holdings.keys[key] = _Held(shared, 1, True, claimant, lifetime=lifetime)
             return "new"
         if reentrant and (held.lifetime, held.shared) == (lifetime, shared) and not held.pending:
             held.count += 1
@@ -159,6 +162,20 @@ def hold_of(conn: object, key: Key) -> str | None:
         holdings = _HOLDINGS.get(conn)
         held = holdings.keys.get(key) if holdings else None
         return held.hold if held else None
+
+
+def withdraw(conn: object, key: Key, claimant: object) -> None:
+    """Drop the hold of ``key`` that ``claimant``'s acquisition made, if it is on the
+    books: after an acquisition that failed or was interrupted at any line (a Ctrl-C
+    between the claim and the code that would drop it, or just after the confirmation),
+    nothing stays claimed, and a claim that is another's is never dropped."""
+    with _HOLDINGS_LOCK:
+        holdings = _HOLDINGS.get(conn)
+        held = holdings.keys.get(key) if holdings else None
+        if holdings is not None and held is not None and held.claimant is claimant:
+            held.count -= 1
+            if held.count <= 0:
+                del holdings.keys[key]
 
 
 def unclaim(conn: object, key: Key) -> int:

@@ -33,6 +33,7 @@ __all__ = [
     "drop_hold",
     "quietly",
     "recover",
+    "release_if_held",
     "release_stranded",
 ]
 
@@ -110,9 +111,7 @@ def after_xact_failure(core: LockCore, *, in_callers_transaction: bool) -> Plan[
         yield from quietly(core, [sql.SAVEPOINT_UNDO, sql.SAVEPOINT_RELEASE])
 
 
-def after_session_failure(
-    core: LockCore, status: TxStatus, exc: BaseException, started: float
-) -> Plan[bool]:
+def after_session_failure(core: LockCore, status: TxStatus, exc: BaseException) -> Plan[bool]:
     """After a failed or interrupted session-lock acquisition (``exc``) on a connection
     that was in ``status``: whether the lock is the caller's after all (granted just as
     the wait timed out). A lock granted before another interruption is released, so that
@@ -125,18 +124,23 @@ def after_session_failure(
             yield from quietly(core, undo)
         else:  # interrupted before the server ran the message, or after
             yield from drop_hold(core)
-    granted = (yield from recover(core, status)) is True
     # With fencing the token was not read: the caller cannot have that lock.
-    timed_out = core.wait_ms is not None and failures.timed_out(core, exc)
-    if granted and timed_out and not core.fencing:
-        if hold is not None:  # the block still needs its hold
+    if core.wait_ms is not None and failures.timed_out(core, exc) and not core.fencing:
+        granted = (yield from recover(core, status)) is True
+        if granted and hold is not None:  # the block still needs its hold
             yield [sql.savepoint(hold)]
             core.hold = hold
-        core.log(logging.DEBUG, "acquired", started, note="granted as it timed out")
-        return True
-    if granted:
-        yield from quietly(core, in_savepoint(core.driver, status, [unlock_statement(core)]))
+        return granted
+    yield from release_if_held(core, status)
     return False
+
+
+def release_if_held(core: LockCore, status: TxStatus) -> Plan[None]:
+    """After an interrupted session-lock acquisition on a connection that was in
+    ``status``: put the connection back as it was, and release the key if the server
+    says this backend holds it, so that nothing is left behind."""
+    if (yield from recover(core, status)) is True:
+        yield from quietly(core, in_savepoint(core.driver, status, [unlock_statement(core)]))
 
 
 def after_failed_release(

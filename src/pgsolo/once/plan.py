@@ -91,19 +91,32 @@ def once_plan(
     if found is not None and found["state"] == "succeeded":
         return _from_row("already-succeeded", op, found)
     try:
-        acquired = yield from core.acquire(context=True)
-    except LockTimeoutError:
-        acquired = False
-    if not acquired:
-        derived = idempotency_key_for(op.op_key)
-        return OnceResult(
-            "skipped-busy",
-            op.op_key,
-            found["idempotency_key"] if found else derived,
-            attempts=found["attempts"] if found else 0,
-        )
+        try:
+            acquired = yield from core.acquire(context=True)
+        except LockTimeoutError:
+            acquired = False
+        if not acquired:
+            derived = idempotency_key_for(op.op_key)
+            return OnceResult(
+                "skipped-busy",
+                op.op_key,
+                found["idempotency_key"] if found else derived,
+                attempts=found["attempts"] if found else 0,
+            )
+    except BaseException:
+        yield from core.let_go()  # a Ctrl-C as the lock came: nothing stays held
+        raise
     try:
         return (yield from _run_attempt(op, core, attempt, scrub))
+    except BaseException as exc:
+        # Interrupted (Ctrl-C) at a line where the operation's transaction is open: the
+        # connection was idle when the call began, and goes back so.
+        if not isinstance(exc, Exception) and core.driver.transaction_status() in (
+            TxStatus.INTRANS,
+            TxStatus.INERROR,
+        ):
+            yield from quietly(core, [sql.ROLLBACK])
+        raise
     finally:
         yield from _release(op, core)
 

@@ -46,8 +46,11 @@ class PsycopgDriver(PsycopgBase):
 
     def _fetch(self, statements: Sequence[str]) -> object:
         # The caller's connection may have any row factory; pgsolo reads plain tuples.
+        # Never prepared: psycopg counts a statement's runs to prepare it, and a run
+        # interrupted before it looked at the results (Ctrl-C) stays counted, so a
+        # message of several statements would be prepared, which the server refuses.
         cursor = self._conn.cursor(row_factory=tuple_row)
-        cursor.execute(message(statements))
+        cursor.execute(message(statements), prepare=False)
         value: object = None
         while True:
             if has_row(cursor) and (row := cursor.fetchone()) is not None:

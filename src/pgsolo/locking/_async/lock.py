@@ -31,8 +31,12 @@ class AsyncLock(LockView):
 
         A wait that runs out raises :class:`~pgsolo.LockTimeoutError`.
         """
-        acquired = await adrive(self._core.acquire(context=False), self._driver)
-        self._start_keeper()
+        try:
+            acquired = await adrive(self._core.acquire(context=False), self._driver)
+            self._start_keeper()
+        except BaseException:
+            await self._let_go()
+            raise
         return acquired
 
     async def release(self) -> None:
@@ -55,8 +59,12 @@ class AsyncLock(LockView):
         return await adrive(self._core.is_held(), self._driver)
 
     async def __aenter__(self) -> Self:
-        await adrive(self._core.acquire(context=True), self._driver)
-        self._start_keeper()
+        try:
+            await adrive(self._core.acquire(context=True), self._driver)
+            self._start_keeper()
+        except BaseException:
+            await self._let_go()
+            raise
         return self
 
     async def __aexit__(
@@ -66,18 +74,28 @@ class AsyncLock(LockView):
         tb: TracebackType | None,
     ) -> None:
         keeper = self._keeper
-        self._stop_keeper()
-        loss_for_cancel = keeper.undo_cancel(exc) if keeper is not None else None
         try:
+            self._stop_keeper()
+            loss_for_cancel = keeper.undo_cancel(exc) if keeper is not None else None
             await adrive(self._core.exit(failed=exc_type is not None), self._driver)
         except (LockLostError, LockNotHeldError) as failure:
             if (instead := self._lost_instead(failure)) is not failure:
                 raise instead from failure
             raise
+        except BaseException as failure:
+            if not isinstance(failure, Exception):  # interrupted (Ctrl-C) before the release
+                await self._let_go()
+            raise
         if loss_for_cancel is not None:
             raise loss_for_cancel from exc  # Keep(cancel=True) ended the block
         if exc_type is None and self._core.lost is not None:
             raise self._core.lost  # the block ran to its end, but not all of it under the lock
+
+    async def _let_go(self) -> None:
+        """The acquisition raised after the plan took the lock (a Ctrl-C as it returned):
+        the caller never gets it, so nothing may stay held."""
+        self._stop_keeper()
+        await adrive(self._core.let_go(), self._driver)
 
     def _start_keeper(self) -> None:
         if self._core.keep is not None and self._core.acquired and self._keeper is None:

@@ -6,6 +6,7 @@ caller's work; what came back is sent in, and an exception thrown in, so the pla
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -22,8 +23,26 @@ def _no_work() -> object:
 
 
 def drive(plan: Plan[T], driver: SyncDriver, work: Callable[[], object] | None = None) -> T:
+    interrupted: BaseException | None = None
+    while True:
+        try:
+            return _steps(plan, driver, work, interrupted)
+        except BaseException as exc:
+            if inspect.getgeneratorstate(plan) == inspect.GEN_CLOSED:  # the plan raised it
+                raise
+            # Raised in this loop between two steps (a Ctrl-C lands at any line): the plan
+            # hears of it where it stands, so that its clean-up runs as written.
+            interrupted = exc
+
+
+def _steps(
+    plan: Plan[T],
+    driver: SyncDriver,
+    work: Callable[[], object] | None,
+    interrupted: BaseException | None,
+) -> T:
     try:
-        step = next(plan)
+        step = next(plan) if interrupted is None else plan.throw(interrupted)
         while True:
             try:
                 if isinstance(step, Work):
