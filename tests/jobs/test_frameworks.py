@@ -37,7 +37,7 @@ EXPECTED: dict[tuple[str, str], tuple[str | None, str | None, list[str]]] = {
     ("xact", "raised"): ("failed", None, []),
     ("xact", "interrupted"): (None, None, []),
     ("xact", "commits"): ("lost", "work-ended-transaction", ["commits"]),
-    ("xact", "commits-and-goes-on"): ("lost", "not-held-at-commit", ["commits-and-goes-on"]),
+    ("xact", "commits-and-goes-on"): ("lost", "work-ended-transaction", ["commits-and-goes-on"]),
     ("session", "completed"): ("completed", None, ["completed"]),
     ("session", "raised"): ("failed", None, []),
     ("session", "interrupted"): (None, None, []),

@@ -107,4 +107,4 @@ async def test_a_refused_session_lock_advises_in_the_callers_flavour(
         refused = await refusal(
             pgsolo.session_lock(conn.conn, key), pgsolo.UnsupportedConnectionError
         )
-    assert "`async with engine.connect() as conn:`, then `session_lock(conn, key)`" in refused
+    assert "`async with engine.connect() as conn:`, then pass `conn`" in refused

@@ -104,4 +104,4 @@ def test_a_refused_session_lock_advises_in_the_callers_flavour(
     connection's own flavour (``with`` for the sync kind)."""
     with kind.open(db) as conn:
         refused = refusal(pgsolo.session_lock(conn.conn, key), pgsolo.UnsupportedConnectionError)
-    assert "`with engine.connect() as conn:`, then `session_lock(conn, key)`" in refused
+    assert "`with engine.connect() as conn:`, then pass `conn`" in refused
