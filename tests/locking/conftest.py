@@ -10,6 +10,7 @@ import pytest
 from psycopg import sql as pgsql
 
 from _support import Child
+from pgsolo.locking import waits
 
 
 @pytest.fixture
@@ -36,3 +37,14 @@ def table(observer: Any) -> Iterator[str]:
     )
     yield name
     observer.conn.execute(pgsql.SQL("DROP TABLE IF EXISTS {}").format(pgsql.Identifier(name)))
+
+
+SLICE = 0.3  # the slice of a wait in the tests of long waits (pgsolo waits in 2 s slices)
+
+
+@pytest.fixture
+def short_slices(monkeypatch: pytest.MonkeyPatch) -> float:
+    """Waits cut into slices of :data:`SLICE` seconds, so that a test waits several of them
+    in a second or two; the slice, for the test to bound what it sees with."""
+    monkeypatch.setattr(waits, "WAIT_SLICE_SECONDS", SLICE)
+    return SLICE

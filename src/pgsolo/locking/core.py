@@ -35,7 +35,7 @@ from ..errors import (
     UsageError,
 )
 from ..keys import Key
-from . import failures, holdings, placement, recovery, transaction
+from . import failures, holdings, placement, recovery, transaction, waits
 from .placement import in_savepoint, unlock_statement
 from .plans import Own, Plan, Wait
 from .routing import Route, check_route, transaction_pooling_error
@@ -55,14 +55,20 @@ def _is_token(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
-def wait_ms_of(wait: float | None) -> int | None:
-    """``wait`` in whole milliseconds (rounded up), or None for a try."""
+def wait_ms_of(wait: float | None) -> float | None:
+    """``wait`` in whole milliseconds (rounded up), ``math.inf`` for a wait with no end
+    (``wait=math.inf``), or None for a try."""
     if wait is None:
         return None
+    if isinstance(wait, float) and wait == math.inf:
+        return math.inf
     try:
         seconds = check_seconds("wait", wait, 0, MAX_WAIT_SECONDS, above_low=True)
     except InvalidArgumentError as exc:
-        raise InvalidArgumentError(f"{exc}; use wait=None to try once without waiting") from None
+        raise InvalidArgumentError(
+            f"{exc} (or math.inf, to wait for as long as it takes); use wait=None to try"
+            " once without waiting"
+        ) from None
     return max(1, math.ceil(seconds * 1000))
 
 
@@ -85,7 +91,7 @@ class LockCore:
         key: Key,
         lifetime: Lifetime,
         *,
-        wait_ms: int | None,
+        wait_ms: float | None,
         shared: bool,
         reentrant: bool,
         fencing: bool = False,
@@ -188,9 +194,10 @@ class LockCore:
             )
         return status
 
-    def _waiting(self, statements: list[str]) -> list[str] | Wait:
-        """The acquisition's statements, marked as waiting for the lock when they may."""
-        return statements if self.wait_ms is None else Wait(statements, self.wait_seconds)
+    @staticmethod
+    def _waiting(statements: list[str], lock_timeout_ms: int | None) -> list[str] | Wait:
+        """A slice's statements, marked as waiting for the lock when they may."""
+        return statements if lock_timeout_ms is None else Wait(statements, lock_timeout_ms / 1000)
 
     # - acquire -
 
@@ -243,21 +250,29 @@ class LockCore:
     def _acquire_xact_claimed(self, status: TxStatus, *, context: bool) -> Plan[bool]:
         status = self._usable_status(status)
         joins = transaction.joins_callers_transaction(self, status, context=context)
-        opening = transaction.opening(self, status, context=context)
-        statements = placement.xact_acquisition(self, in_callers_transaction=joins)
-        step = (
-            self._waiting(statements)
-            if opening is None
-            else Own([*opening, *statements], "begin", self.wait_seconds)
-        )
         started = time.perf_counter()
-        try:
-            value = yield step
-        except BaseException as exc:
-            yield from recovery.after_xact_failure(self, in_callers_transaction=joins)
-            if (error := failures.acquisition_error(self, exc, started)) is not None:
-                raise error from exc
-            raise
+        # Each slice of a wait in a transaction of its own (pgsolo's, opened again) or a
+        # savepoint of the caller's, rolled back when the slice runs out (waits.py).
+        for lock_timeout, last in waits.slices(self.wait_ms):
+            opening = transaction.opening(self, status, context=context)
+            statements = placement.xact_acquisition(
+                self, lock_timeout, in_callers_transaction=joins
+            )
+            step = (
+                self._waiting(statements, lock_timeout)
+                if opening is None
+                else Own([*opening, *statements], "begin", (lock_timeout or 0) / 1000)
+            )
+            try:
+                value = yield step
+            except BaseException as exc:
+                yield from recovery.after_xact_failure(self, in_callers_transaction=joins)
+                if not last and failures.timed_out(self, exc):
+                    continue
+                if (error := failures.acquisition_error(self, exc, started)) is not None:
+                    raise error from exc
+                raise
+            break
         if value is None:  # sql.acquire's answer on a server in recovery: nothing taken
             yield from recovery.abandon_own_transaction(self)
             raise failures.standby_refused(self, started)
@@ -302,17 +317,27 @@ class LockCore:
         confirmed = False
         try:  # from here on, the claim is dropped unless the lock is confirmed held
             self.route = route = yield from self._route(status, pid)
-            self.hold = sql.hold_savepoint(self.key) if status is TxStatus.INTRANS else None
+            hold = sql.hold_savepoint(self.key) if status is TxStatus.INTRANS else None
             started = time.perf_counter()
-            try:
-                value = yield self._waiting(placement.session_acquisition(self, status, route))
-            except BaseException as exc:
-                confirmed = yield from recovery.after_session_failure(self, status, exc, started)
-                if not confirmed:
+            # Each slice of a wait in a short transaction, or a savepoint of the caller's
+            # (waits.py); one that ran out is put right, as any failed acquisition, and
+            # may turn out granted as it timed out.
+            for lock_timeout, last in waits.slices(self.wait_ms):
+                self.hold = hold  # opened again by each slice: one that ran out left it
+                statements = placement.session_acquisition(self, status, route, lock_timeout)
+                try:
+                    value = yield self._waiting(statements, lock_timeout)
+                except BaseException as exc:
+                    confirmed = yield from recovery.after_session_failure(
+                        self, status, exc, started
+                    )
+                    if confirmed:
+                        break
+                    if not last and failures.timed_out(self, exc):
+                        continue
                     if (error := failures.acquisition_error(self, exc, started)) is not None:
                         raise error from exc
                     raise
-            else:
                 if value is None:  # the guard: not the session the route was checked on
                     yield from recovery.drop_hold(self)
                     raise transaction_pooling_error(
@@ -325,6 +350,7 @@ class LockCore:
                 confirmed = True
                 self.token = int(str(value)) if _is_token(value) else None
                 self.log(logging.DEBUG, "acquired", started)
+                break
             holdings.confirm(conn, self.key, self.hold)
             self.acquired, self.backend_pid = True, pid
             self.lost = None

@@ -1,11 +1,15 @@
 """Bounded waits (``wait=``) on an async connection, the tests that read the same in both
 flavours: a wait that times out inside the caller's transaction leaves it usable, with the
-connection's own ``lock_timeout``. Written once, under ``_async/``: scripts/unasync.py
+connection's own ``lock_timeout``; a long wait, cut into slices, never holds a snapshot or
+a transaction older than about one slice, and still gets the lock, or times out, when it
+should. Written once, under ``_async/``: scripts/unasync.py
 writes the twin under ``_sync/``. The other wait tests are in ``tests/locking/test_waits.py``.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 import psycopg
@@ -13,7 +17,10 @@ import pytest
 
 import pgsolo
 from _support import (
+    DEADLINE,
     AConnect,
+    Connect,
+    SnapshotWatch,
     assert_clean,
     insert_note,
     lock_factory,
@@ -22,6 +29,11 @@ from _support import (
     show_lock_timeout,
 )
 from pgsolo import Key, LockTimeoutError
+
+HOLD = 2.0  # how long the holder keeps the key a long wait waits for: several slices
+# The oldest a waiter's snapshot or transaction may be seen: a slice, its round trips and
+# a poll of the watch, on two cores shared with other work; far below HOLD.
+SLICE_BOUND = 1.0
 
 
 @pytest.mark.parametrize("lifetime", ["session", "xact"])
@@ -46,4 +58,90 @@ async def test_wait_timeout_inside_callers_transaction_leaves_it_usable(
     assert await show_lock_timeout(waiter) == "7s"
     assert observer.advisory(pid=pid_of(waiter)) == set()
     await holder.release()
+    await assert_clean(waiter, observer)
+
+
+@pytest.mark.parametrize("place", ["own", "callers"], ids=["own-transaction", "in-callers"])
+@pytest.mark.parametrize("lifetime", ["session", "xact"])
+async def test_long_wait_never_holds_an_old_snapshot_and_gets_the_lock(
+    aconnect: AConnect,
+    sync_connect: Connect,
+    observer: Any,
+    key: Key,
+    short_slices: float,
+    lifetime: str,
+    place: str,
+) -> None:
+    """Guards issue 22 (waits hold back VACUUM): a wait is cut into slices, so however long
+    it waits its backend never holds a snapshot (backend_xmin), nor a transaction of
+    pgsolo's (xact_start), older than about one slice; in the caller's transaction each
+    slice is a savepoint (the transaction is the caller's). It still gets the lock when
+    the holder lets go, with the connection's lock_timeout as it was and nothing left.
+    One statement for the whole wait held both for as long as it waited."""
+    waiter = await aconnect()
+    await waiter.execute("SET lock_timeout = '7s'")
+    holder = pgsolo.session_lock(sync_connect(), key)
+    assert holder.acquire() is True
+    letting_go = threading.Timer(HOLD, holder.release)
+    started = time.monotonic()
+    with SnapshotWatch(sync_connect(), pid_of(waiter)) as watch:
+        letting_go.start()
+        try:
+            if place == "callers":
+                async with waiter.transaction():
+                    lock = lock_factory(lifetime)(waiter, key, wait=30)
+                    assert await lock.acquire() is True
+                    waited = time.monotonic() - started
+                    assert observer.holders(key) == {pid_of(waiter)}
+                    if lifetime == "session":
+                        await lock.release()
+            else:
+                async with lock_factory(lifetime)(waiter, key, wait=30) as lock:
+                    waited = time.monotonic() - started
+                    assert observer.holders(key) == {pid_of(waiter)}
+        finally:
+            letting_go.join(DEADLINE)
+    assert waited > HOLD * 0.9
+    assert watch.saw_lock_wait
+    assert watch.oldest_snapshot < SLICE_BOUND, f"a snapshot {watch.oldest_snapshot:.2f}s old"
+    if place == "own":
+        assert watch.oldest_transaction < SLICE_BOUND, (
+            f"a transaction {watch.oldest_transaction:.2f}s old"
+        )
+    assert await show_lock_timeout(waiter) == "7s"
+    await assert_clean(waiter, observer)
+
+
+@pytest.mark.parametrize("lifetime", ["session", "xact"])
+async def test_wait_of_many_slices_times_out_on_time(
+    aconnect: AConnect,
+    sync_connect: Connect,
+    observer: Any,
+    key: Key,
+    short_slices: float,
+    lifetime: str,
+) -> None:
+    """A wait longer than several slices still ends when ``wait=`` says, with the same
+    LockTimeoutError as one statement's lock_timeout gave, and nothing left: no lock, no
+    place in the queue, the connection's own lock_timeout."""
+    waiter = await aconnect()
+    await waiter.execute("SET lock_timeout = '7s'")
+    holder = pgsolo.session_lock(sync_connect(), key)
+    assert holder.acquire() is True
+
+    async def attempt() -> None:
+        async with lock_factory(lifetime)(waiter, key, wait=1.2):
+            pytest.fail("the block must not run without the lock")
+
+    started = time.monotonic()
+    with pytest.raises(LockTimeoutError) as raised:
+        await attempt()
+    took = time.monotonic() - started
+    assert 1.2 * 0.95 < took < 1.2 + SLICE_BOUND
+    assert raised.value.timeout == pytest.approx(1.2)
+    assert "timed out after 1.2s" in str(raised.value)
+    assert waiter.info.transaction_status is psycopg.pq.TransactionStatus.IDLE
+    assert await show_lock_timeout(waiter) == "7s"
+    assert observer.waiters(key) == set()
+    holder.release()
     await assert_clean(waiter, observer)
