@@ -318,6 +318,13 @@ def in_background(conn: psycopg.Connection, statement: str) -> threading.Thread:
     return thread
 
 
+SLICE = 0.3  # the slice of a wait in the tests of long waits (pgsolo waits in 2 s slices)
+HOLD = 2.0  # how long a holder keeps the key a long wait waits for: several slices
+# The oldest a waiter's snapshot or transaction may be seen: a slice, its round trips and
+# a poll of the watch, on two cores shared with other work; far below HOLD.
+SLICE_BOUND = 1.0
+
+
 class SnapshotWatch:
     """From a session of its own (``conn``, autocommit), polls ``pg_stat_activity`` for
     backend ``pid`` until the block ends, and keeps the age in seconds of the oldest

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from psycopg import sql as pgsql
 
-from _support import Child
+from _support import SLICE, Child
 from pgsolo.locking import waits
 
 
@@ -37,9 +37,6 @@ def table(observer: Any) -> Iterator[str]:
     )
     yield name
     observer.conn.execute(pgsql.SQL("DROP TABLE IF EXISTS {}").format(pgsql.Identifier(name)))
-
-
-SLICE = 0.3  # the slice of a wait in the tests of long waits (pgsolo waits in 2 s slices)
 
 
 @pytest.fixture

@@ -19,17 +19,23 @@ from psycopg import pq
 import pgsolo
 from _support import (
     DEADLINE,
+    HOLD,
     IDLE,
     INTRANS,
+    SLICE_BOUND,
     AConnect,
     Connect,
+    SnapshotWatch,
     assert_clean,
     eventually,
+    hold,
     hold_session_lock,
     lock_factory,
     lock_for,
+    new_job,
     pid_of,
     show_lock_timeout,
+    unhold,
 )
 from pgsolo import (
     Key,
@@ -179,6 +185,42 @@ def test_plain_xact_wait_timeout_on_non_autocommit_idle_connection_keeps_it_usab
     conn.rollback()
     assert conn.info.transaction_status is IDLE
     assert observer.holders(key) == {pid_of(holder)}
+
+
+@pytest.mark.parametrize("lifetime", ["xact", "session"])
+def test_run_job_long_wait_never_holds_an_old_snapshot(
+    connect: Connect, observer: Any, short_slices: float, lifetime: str
+) -> None:
+    """Guards issue 22 for jobs: run_job(wait=) waits in slices like any lock (in a
+    transaction of its own per slice, for lifetime="xact"), so its backend never holds a
+    snapshot or a transaction older than about one slice, and it runs the job once the
+    holder lets go, leaving nothing held."""
+    job = new_job("long-wait")
+    holder = hold(connect, job)
+    conn = connect()
+    conn.execute("SET lock_timeout = '7s'")
+    ran: list[float] = []
+    letting_go = threading.Timer(HOLD, unhold, (holder, job))
+    started = time.monotonic()
+    with SnapshotWatch(connect(), pid_of(conn)) as watch:
+        letting_go.start()
+        try:
+            result = pgsolo.run_job(
+                conn, job, lambda c: ran.append(time.monotonic()), wait=30, lifetime=lifetime
+            )
+        finally:
+            letting_go.join(DEADLINE)
+    assert result.completed
+    assert len(ran) == 1
+    assert ran[0] - started > HOLD * 0.9
+    assert watch.saw_lock_wait
+    assert watch.oldest_snapshot < SLICE_BOUND, f"a snapshot {watch.oldest_snapshot:.2f}s old"
+    assert watch.oldest_transaction < SLICE_BOUND, (
+        f"a transaction {watch.oldest_transaction:.2f}s old"
+    )
+    assert show_lock_timeout(conn) == "7s"
+    assert observer.advisory(pid=pid_of(conn)) == set()
+    assert conn.info.transaction_status is IDLE
 
 
 # -- async connections ---------------------------------------------------------------------

@@ -19,21 +19,19 @@ import pytest
 import pgsolo
 from _support import (
     DEADLINE,
+    HOLD,
+    SLICE_BOUND,
     Connect,
     SnapshotWatch,
     assert_clean,
     insert_note,
+    interrupted,
     lock_factory,
     notes,
     pid_of,
     show_lock_timeout,
 )
 from pgsolo import Key, LockTimeoutError
-
-HOLD = 2.0  # how long the holder keeps the key a long wait waits for: several slices
-# The oldest a waiter's snapshot or transaction may be seen: a slice, its round trips and
-# a poll of the watch, on two cores shared with other work; far below HOLD.
-SLICE_BOUND = 1.0
 
 
 @pytest.mark.parametrize("lifetime", ["session", "xact"])
@@ -143,5 +141,56 @@ def test_wait_of_many_slices_times_out_on_time(
     assert waiter.info.transaction_status is psycopg.pq.TransactionStatus.IDLE
     assert show_lock_timeout(waiter) == "7s"
     assert observer.waiters(key) == set()
+    holder.release()
+    assert_clean(waiter, observer)
+
+
+@pytest.mark.parametrize("place", ["own", "callers"], ids=["own-transaction", "in-callers"])
+@pytest.mark.parametrize("lifetime", ["session", "xact"])
+def test_wait_interrupted_after_several_slices_leaves_nothing(
+    connect: Connect,
+    sync_connect: Connect,
+    observer: Any,
+    key: Key,
+    table: str,
+    short_slices: float,
+    lifetime: str,
+    place: str,
+) -> None:
+    """A wait interrupted after several slices (its task cancelled; a real SIGINT in the
+    sync twin) leaves nothing behind: no lock, no place in the queue, no transaction of
+    pgsolo's, the connection's own lock_timeout, and the caller's transaction usable."""
+    waiter = connect()
+    waiter.execute("SET lock_timeout = '7s'")
+    holder = pgsolo.session_lock(sync_connect(), key)
+    assert holder.acquire() is True
+    pid = pid_of(waiter)
+    started = time.monotonic()
+
+    def several_slices_in() -> bool:
+        return time.monotonic() - started > 2.5 * short_slices and pid in observer.waiters(key)
+
+    def wait() -> None:
+        lock = lock_factory(lifetime)(waiter, key, wait=30)
+        if place == "callers":
+            lock.acquire()
+            return
+        with lock:
+            pytest.fail("the block must not run without the lock")
+
+    if place == "callers":
+        with waiter.transaction():
+            insert_note(waiter, table, "before the wait")
+            outcome = interrupted(wait, several_slices_in)
+            assert waiter.info.transaction_status is psycopg.pq.TransactionStatus.INTRANS
+            insert_note(waiter, table, "after the wait")
+        assert notes(observer, table) == ["after the wait", "before the wait"]
+    else:
+        outcome = interrupted(wait, several_slices_in)
+    assert type(outcome).__name__ in ("CancelledError", "KeyboardInterrupt"), repr(outcome)
+    assert waiter.info.transaction_status is psycopg.pq.TransactionStatus.IDLE
+    assert observer.waiters(key) == set()
+    assert observer.advisory(pid=pid) == set()
+    assert show_lock_timeout(waiter) == "7s"
     holder.release()
     assert_clean(waiter, observer)
