@@ -9,6 +9,7 @@ writes the twin under ``_sync/``. The other wait tests are in ``tests/locking/te
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from typing import Any
@@ -193,4 +194,31 @@ def test_wait_interrupted_after_several_slices_leaves_nothing(
     assert observer.advisory(pid=pid) == set()
     assert show_lock_timeout(waiter) == "7s"
     holder.release()
+    assert_clean(waiter, observer)
+
+
+@pytest.mark.parametrize("lifetime", ["session", "xact"])
+def test_wait_forever_waits_for_as_long_as_the_holder_holds(
+    connect: Connect,
+    sync_connect: Connect,
+    observer: Any,
+    key: Key,
+    short_slices: float,
+    lifetime: str,
+) -> None:
+    """``wait=math.inf`` is a wait with no end (a standby that takes over when the holder
+    dies): slice after slice until the holder lets go, never an old snapshot."""
+    waiter = connect()
+    holder = pgsolo.session_lock(sync_connect(), key)
+    assert holder.acquire() is True
+    letting_go = threading.Timer(HOLD, holder.release)
+    with SnapshotWatch(sync_connect(), pid_of(waiter)) as watch:
+        letting_go.start()
+        try:
+            with lock_factory(lifetime)(waiter, key, wait=math.inf) as lock:
+                assert lock.acquired is True
+                assert observer.holders(key) == {pid_of(waiter)}
+        finally:
+            letting_go.join(DEADLINE)
+    assert watch.oldest_snapshot < SLICE_BOUND
     assert_clean(waiter, observer)
