@@ -8,6 +8,7 @@ scripts/unasync.py generates ``_sync/test_waits.py``.
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import time
 from typing import Any
@@ -33,6 +34,7 @@ from _support import (
     lock_factory,
     lock_for,
     new_job,
+    pgsolo_in_background,
     pid_of,
     show_lock_timeout,
     unhold,
@@ -221,6 +223,36 @@ def test_run_job_long_wait_never_holds_an_old_snapshot(
     assert show_lock_timeout(conn) == "7s"
     assert observer.advisory(pid=pid_of(conn)) == set()
     assert conn.info.transaction_status is IDLE
+
+
+def test_pgsolo_run_long_wait_never_holds_an_old_snapshot(
+    dsn: str, connect: Connect, observer: Any
+) -> None:
+    """Guards issue 22 on the command line: ``pgsolo run --wait`` waits in pgsolo's own
+    2 s slices, so a run that waits longer than two of them never shows a snapshot or a
+    transaction older than about one, then runs COMMAND when the holder lets go. One
+    statement for the whole wait held both for as long as it waited."""
+    job = new_job("cli-long-wait")
+    holder = hold(connect, job)
+    held_for = 5.5  # more than two slices of 2 s
+    with pgsolo_in_background(
+        "run", "--key", job, "--wait", "60", "--dsn", dsn, "--", sys.executable, "-c", "pass"
+    ) as run:  # fmt: skip
+        pid = eventually(
+            lambda: observer.conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = %s",
+                (f"pgsolo:{job}",),
+            ).fetchone(),
+            "pgsolo run to connect",
+        )[0]
+        with SnapshotWatch(connect(), pid) as watch:
+            time.sleep(held_for)
+            unhold(holder, job)
+            _, stderr = run.communicate(timeout=DEADLINE)
+    assert run.returncode == 0, stderr
+    assert watch.saw_lock_wait
+    assert watch.oldest_snapshot < 3.0, f"a snapshot {watch.oldest_snapshot:.2f}s old"
+    assert watch.oldest_transaction < 3.0, f"a transaction {watch.oldest_transaction:.2f}s old"
 
 
 # -- async connections ---------------------------------------------------------------------
