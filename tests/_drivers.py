@@ -11,11 +11,14 @@ extra fails that kind's tests with an ImportError naming it, never the whole sui
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 import pgsolo
@@ -773,7 +776,28 @@ def django_settings(dsn: str) -> None:
         },
         USE_TZ=True,
     )
+    if DJANGO_DRIVER == "psycopg2":
+        _django_backend_on_psycopg2()
     django.setup()
+
+
+# Django's postgresql backend takes psycopg 3 when it can import it, else psycopg2; the
+# suite runs Django on psycopg2 in a process of its own (tests/drivers/test_django_psycopg2.py)
+# with this set, so that every Django test there goes through psycopg2.
+DJANGO_DRIVER = os.environ.get("PGSOLO_TEST_DJANGO_DRIVER", "psycopg")
+
+
+def _django_backend_on_psycopg2() -> None:
+    """Import Django's postgresql backend while psycopg 3 cannot be imported, so that it
+    binds psycopg2; psycopg 3 is back for everything else (pgsolo's own use) afterwards."""
+    hidden = {
+        name: module for name, module in sys.modules.items() if name.split(".")[0] == "psycopg"
+    }
+    sys.modules.update(dict.fromkeys(hidden))  # None: an import of it raises ImportError
+    try:
+        import django.db.backends.postgresql.base  # noqa: F401, PLC0415
+    finally:
+        sys.modules.update(hidden)
 
 
 class _Django:
@@ -883,7 +907,12 @@ SYNC_KINDS = [
         session_locks=False,
         pooled=True,
     ),
-    Kind("django", _django, pooled=True),
+    Kind(
+        "django" if DJANGO_DRIVER == "psycopg" else "django-psycopg2",
+        _django,
+        keeper=DJANGO_DRIVER == "psycopg",  # a psycopg2 connection takes no keeper
+        pooled=True,
+    ),
 ]
 
 ASYNC_KINDS = [
@@ -899,3 +928,33 @@ ASYNC_KINDS = [
         pooled=True,
     ),
 ]
+
+
+# -- SQLAlchemy engines with pgsolo's pool hook (fixtures, imported by conftest.py) ----------
+
+
+@pytest.fixture(params=["psycopg", "psycopg2"])
+def engine(request: pytest.FixtureRequest, db: str) -> Iterator[Any]:
+    """An engine of one pooled connection, so the next checkout is the connection the
+    last user had, with ``pgsolo.sqlalchemy.install``'s hook."""
+    from sqlalchemy import create_engine  # noqa: PLC0415
+
+    import pgsolo.sqlalchemy  # noqa: PLC0415
+
+    made = create_engine(sqlalchemy_url(db, request.param), pool_size=1, max_overflow=0)
+    pgsolo.sqlalchemy.install(made)
+    yield made
+    made.dispose()
+
+
+@pytest.fixture(params=["psycopg", "asyncpg"])
+async def aengine(request: pytest.FixtureRequest, db: str) -> AsyncIterator[Any]:
+    """:func:`engine` for async code."""
+    from sqlalchemy.ext.asyncio import create_async_engine  # noqa: PLC0415
+
+    import pgsolo.sqlalchemy  # noqa: PLC0415
+
+    made = create_async_engine(sqlalchemy_url(db, request.param), pool_size=1, max_overflow=0)
+    pgsolo.sqlalchemy.install(made)
+    yield made
+    await made.dispose()

@@ -22,6 +22,7 @@ from psycopg.conninfo import make_conninfo
 import pgsolo
 from _bouncer import bouncer, session_bouncer, via_bouncer  # noqa: F401 - fixtures
 from _cluster import Replicas, replica_pair, replicas  # noqa: F401 - fixtures
+from _drivers import aengine, engine  # noqa: F401 - fixtures
 from _support import WORK, AConnect, Connect, aclosing_all, closing_all
 from pgsolo.embedded import embedded_server
 from pgsolo.keys import Key, decode_pg_lock

@@ -134,8 +134,11 @@ def test_work_that_ends_its_transaction_has_a_reason_code(db: str, observer: Any
     assert row["reason"] == "work-ended-transaction"
 
 
-def test_work_that_commits_and_begins_again_is_not_held_at_commit(db: str, observer: Any) -> None:
-    """Guards: the LockLostError of the commit check had no reason."""
+def test_work_that_commits_and_begins_again_ended_the_transaction(db: str, observer: Any) -> None:
+    """Guards: the LockLostError of the commit check had no reason, and then one of its
+    own (``not-held-at-commit``) for what is the same cause as work that commits and
+    begins nothing: it is ``work-ended-transaction``, as on every kind of connection
+    (tests/drivers/_async/test_framework_words.py)."""
     job = new_job("reasons")
 
     def carries_on(conn: psycopg.Connection[Any]) -> None:
@@ -143,6 +146,6 @@ def test_work_that_commits_and_begins_again_is_not_held_at_commit(db: str, obser
         conn.execute("BEGIN")
 
     result = pgsolo.run_job(db, job, carries_on, raise_errors=False)
-    _check(result, "not-held-at-commit")
+    _check(result, "work-ended-transaction")
     assert isinstance(result.error, LockLostError)
-    assert result.error.reason == "not-held-at-commit"
+    assert result.error.reason == "work-ended-transaction"

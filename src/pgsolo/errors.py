@@ -120,8 +120,11 @@ class UnsafeConnectionError(PgsoloError):
 class DatabaseUnavailableError(PgsoloError):
     """A connection pgsolo opens itself (from a connection string) could not be opened
     within its connect timeout, or gave no answer to one of pgsolo's statements within
-    its deadline (``unresponsive``: pgsolo then shut it down). The driver's error is the
-    cause."""
+    its deadline (``unresponsive``: pgsolo then shut it down); or a connection, the
+    caller's or pgsolo's, failed under one of pgsolo's statements while a lock was being
+    taken (nothing is held then). The driver's error is the cause; on a framework's
+    connection, the framework's (Django's ``OperationalError``, whose cause is the
+    driver's), whose books say the connection failed, as if its own call had."""
 
     def __init__(self, message: str, *, unresponsive: bool = False) -> None:
         super().__init__(message)
@@ -178,7 +181,7 @@ class LockLostError(PgsoloError):
     ``reason`` is always one code of :data:`pgsolo.reasons.LostReason`:
     ``connection-lost``, ``connection-unresponsive``, ``connection-moved`` (a
     transaction-pooling proxy), ``server-in-recovery``, ``lock-released``,
-    ``keeper-failed``, ``work-ended-transaction`` or ``not-held-at-commit``; the message
+    ``keeper-failed`` or ``work-ended-transaction``; the message
     says the rest."""
 
     def __init__(self, message: str, *, key: object, reason: LostReason) -> None:

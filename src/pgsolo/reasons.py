@@ -20,9 +20,10 @@ Lost (the lock went while it was meant to be held; ``LockLostError.reason``):
   another caller took an operation over meanwhile.
 - ``keeper-failed``: the keeper itself failed, so nothing vouches for the lock.
 - ``work-ended-transaction``: the work of a transaction-level job committed or rolled
-  back the locked transaction itself, and went on without the lock.
-- ``not-held-at-commit``: a transaction-level lock was no longer held when its
-  transaction was about to commit (the work ended it and began another); rolled back.
+  back the locked transaction itself, and went on without the lock (if it began another
+  transaction, that one was rolled back at the job's end). One code on every kind of
+  connection, whether the library saw the transaction end or the commit check found the
+  lock gone.
 
 Skipped: ``busy`` (another holder, or the wait ran out) and
 ``already-done-this-period``.
@@ -68,7 +69,6 @@ LostReason: TypeAlias = Literal[
     "lock-released",
     "keeper-failed",
     "work-ended-transaction",
-    "not-held-at-commit",
 ]
 SkipReason: TypeAlias = Literal["busy", "already-done-this-period"]
 UnsafeReason: TypeAlias = Literal[
@@ -86,7 +86,11 @@ FailReason: TypeAlias = Literal[
 Reason: TypeAlias = LostReason | SkipReason | FailReason
 """What ``JobResult.reason`` holds (or None: completed, or failed by the work's own error)."""
 RunReason: TypeAlias = Literal[
-    "usage-error", "not-migrated", "database-unavailable", "database-error"
+    "usage-error",
+    "not-migrated",
+    "insufficient-privilege",
+    "database-unavailable",
+    "database-error",
 ]
 """``pgsolo run --json``'s reason when no attempt was made."""
 

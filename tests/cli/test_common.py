@@ -99,3 +99,37 @@ def test_no_spelling_of_an_invalid_dsn_shows_its_password(dsn: str, via: str) ->
     )
     assert done.returncode in (2, 69), done.stderr
     assert "Hunter2pw" not in done.stderr + done.stdout
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("sslmode", "Requir3d"), ("target_session_attrs", "rw-only9"), ("gssencmode", "0n-please")],
+)
+@pytest.mark.parametrize("command", [["run", "--key", "k", "--json"], ["locks"]])
+def test_an_option_value_libpq_refuses_is_a_usage_error(
+    command: list[str], option: str, value: str
+) -> None:
+    """libpq refuses `sslmode=Requir3d` only as it connects, which read as "database
+    unavailable" (exit 69): it is the user's mistake, exit 2, before anything connects,
+    its value not shown (a misplaced password would show)."""
+    dsn = f"host=127.0.0.1 port=1 {option}={value}"
+    done = pgsolo(*command, "--dsn", dsn, *(["--", "true"] if command[0] == "run" else []))
+    assert done.returncode == 2, done.stderr
+    assert f"invalid connection string in --dsn: {option} must be one of" in done.stderr
+    assert value not in done.stderr + done.stdout
+
+
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        "host=127.0.0.1 port=1 password=verify-full sslmode=verify-full",
+        "postgresql://app:verify-full@127.0.0.1:1/db?sslmode=verify-full",
+    ],
+)
+def test_a_password_that_is_also_another_options_value_is_never_shown(dsn: str) -> None:
+    """Redaction rebuilt the string with the password blanked out but kept `sslmode=`'s
+    value, the same text: the password showed there."""
+    for args in (["run", "--dsn", dsn, "--key", "k", "true"], ["locks", "--dsn", dsn]):
+        done = pgsolo(*args)
+        assert done.returncode in (2, 69), done.stderr
+        assert "verify-full" not in done.stderr + done.stdout, done.stderr

@@ -11,6 +11,7 @@ from typing import Any
 from _support import (
     MARK,
     Connect,
+    a_schedule_tick_passes,
     json_document,
     ledger,
     pgsolo_cli,
@@ -74,11 +75,14 @@ def test_mostly_skipped_attempts_bring_a_warning(
     psql = connect()
     psql.execute(raw_lock_sql(key.text))
     base = (*run_args(key.text, migrated, job=job), "--record")
-    skips = [pgsolo_cli(*base, "--", *script(MARK, tmp_path, 0)) for _ in range(3)]
+    skips = []
+    for _ in range(3):  # one tick of its schedule after another, all while it is held
+        a_schedule_tick_passes(psql, job)
+        skips.append(pgsolo_cli(*base, "--", *script(MARK, tmp_path, 0)))
     psql.execute("SELECT pg_advisory_unlock_all()")
     assert [s.returncode for s in skips] == [75, 75, 75]
     assert "slower than its schedule" not in skips[0].stderr  # one skip is no pattern
-    assert f"pgsolo run: warning: job {job}: 3 of its last 3 attempts" in skips[2].stderr
+    assert f"pgsolo run: warning: job {job}: 3 of its last 3 occurrences" in skips[2].stderr
     history = pgsolo_cli("history", "--dsn", migrated, "--job", job)
     assert history.returncode == 0
     warnings = [line for line in history.stderr.splitlines() if line.startswith("warning: ")]

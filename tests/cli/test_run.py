@@ -13,6 +13,7 @@ import json
 import os
 import pty
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -1243,3 +1244,309 @@ def test_the_skip_line_names_each_holder_and_never_fails() -> None:
     assert outcome.busy(job, [held(None, None, None)]).endswith("held by a prepared transaction")
     assert outcome.busy(job, []).endswith("let go before pgsolo could see who it was)")
     assert outcome.busy(job, None) == f"skipped: {job.key} is busy"
+
+
+# What COMMAND leaves running (DESIGN §5): pgsolo holds the lock until every process
+# COMMAND started has exited, wherever it went (a background job, a `setsid` or
+# double-forking daemon), and reaps the orphans it adopts.
+
+# Writes its pid to "worker", touches "worker-ready", then runs until "stop" exists (60 s
+# at most); a SIGTERM ends it, writing "worker-signal". Started in the background by a
+# non-interactive shell it ignores SIGINT, as every such background job does.
+WORKER = r"""
+import os, signal, sys, time
+from pathlib import Path
+d = Path(sys.argv[1])
+def on_term(signum, frame):
+    (d / "worker-signal").write_text(signal.Signals(signum).name)
+    sys.exit(15)
+signal.signal(signal.SIGTERM, on_term)
+(d / "worker").write_text(str(os.getpid()))
+(d / "worker-ready").touch()
+deadline = time.monotonic() + 60
+while not (d / "stop").exists() and time.monotonic() < deadline:
+    time.sleep(0.02)
+"""
+
+# Double-forks WORKER into a session of its own (a classic daemon) and exits 0 once it
+# is ready.
+DAEMONIZE = r"""
+import os, sys, time
+from pathlib import Path
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.execv(sys.executable, [sys.executable, "-c", sys.argv[2], sys.argv[1]])
+    os._exit(0)
+os.wait()
+while not (Path(sys.argv[1]) / "worker-ready").exists():
+    time.sleep(0.02)
+"""
+
+
+def leaving_behind(how: str, tmp_path: Path) -> list[str]:
+    """A COMMAND that starts WORKER ``how`` and exits 0 once it is ready, without waiting
+    for it to end."""
+    worker = shlex.join([PY, "-c", WORKER, str(tmp_path)])
+    ready = f"until [ -e {shlex.quote(str(tmp_path / 'worker-ready'))} ]; do sleep 0.02; done"
+    if how == "background-job":
+        return ["bash", "-c", f"{worker} & {ready}; exit 0"]
+    if how == "setsid":
+        return ["bash", "-c", f"setsid -f {worker}; {ready}; exit 0"]
+    return [PY, "-c", DAEMONIZE, str(tmp_path), WORKER]
+
+
+def zombies_of(pid: int) -> list[int]:
+    """The zombie children of ``pid``: exited, never reaped."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] == "Z" and int(fields[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def assert_key_busy_until_the_worker_ends(
+    db: str, key: Key, tmp_path: Path, first: Running
+) -> subprocess.CompletedProcess[str]:
+    """While WORKER runs a second run of the key is skipped; once it ends, the first
+    pgsolo exits (no zombie left behind it) and a third run of the key runs."""
+    wait_until((tmp_path / "worker-ready").exists, "the worker to start")
+    worker = int((tmp_path / "worker").read_text())
+    second = pgsolo_cli(*run_args(key.text, db), "--", *script(MARK, tmp_path / "second", 0))
+    assert second.returncode == 75, second.stderr  # skipped: the worker still runs
+    assert first.proc.poll() is None
+    assert zombies_of(first.proc.pid) == []
+    (tmp_path / "stop").touch()
+    done = first.finish()
+    assert not pid_exists(worker)
+    third = pgsolo_cli(*run_args(key.text, db), "--", PY, "-c", "pass")
+    assert third.returncode == 0, third.stderr
+    return done
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a child subreaper")
+@pytest.mark.parametrize("how", ["background-job", "setsid", "double-fork"])
+def test_the_lock_outlives_every_process_the_command_started(
+    db: str, key: Key, tmp_path: Path, background: Callable[..., Running], how: str
+) -> None:
+    """`bash -c "worker & exit 0"` (or a daemon) must not free the key while the worker
+    runs: pgsolo waits for every process COMMAND started, lock held, as flock(1) does."""
+    (tmp_path / "second").mkdir()
+    first = background(*run_args(key.text, db), "--json", "--", *leaving_behind(how, tmp_path))
+    done = assert_key_busy_until_the_worker_ends(db, key, tmp_path, first)
+    assert done.returncode == 0, done.stderr
+    report = only_json(done.stderr)
+    assert (report["outcome"], report["command_exit_code"]) == ("completed", 0)
+    assert report["lingering_processes"] == 1
+    assert "left 1 processes running" in done.stderr
+    assert not (tmp_path / "second" / "ran").exists()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a child subreaper")
+def test_a_background_job_that_ignores_a_forwarded_sigint_keeps_the_lock(
+    db: str, key: Key, tmp_path: Path, background: Callable[..., Running]
+) -> None:
+    """A non-interactive shell's background job ignores SIGINT: the shell dies of the
+    forwarded SIGINT, the job runs on, and the key stays held until it ends."""
+    (tmp_path / "second").mkdir()
+    worker = shlex.join([PY, "-c", WORKER, str(tmp_path)])
+    first = background(*run_args(key.text, db), "--json", "--", "bash", "-c", f"{worker} & wait")
+    wait_until((tmp_path / "worker-ready").exists, "the worker to start")
+    first.proc.send_signal(signal.SIGINT)
+    done = assert_key_busy_until_the_worker_ends(db, key, tmp_path, first)
+    assert done.returncode == 128 + signal.SIGINT, done.stderr
+    assert only_json(done.stderr)["lingering_processes"] == 1
+    assert not (tmp_path / "worker-signal").exists()  # it ran to its end
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a child subreaper")
+def test_kill_on_exit_stops_what_the_command_left_running(
+    db: str, observer: Any, key: Key, tmp_path: Path, background: Callable[..., Running]
+) -> None:
+    """--kill-on-exit: what COMMAND left running gets SIGTERM once it exits, then the
+    lock goes; the exit code stays COMMAND's."""
+    first = background(
+        *run_args(key.text, db), "--json", "--kill-on-exit", "--grace", "5", "--",
+        *leaving_behind("setsid", tmp_path),
+    )  # fmt: skip
+    done = first.finish()
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "worker-signal").read_text() == "SIGTERM"
+    assert not pid_exists(int((tmp_path / "worker").read_text()))
+    report = only_json(done.stderr)
+    assert (report["outcome"], report["lingering_processes"]) == ("completed", 1)
+    assert observer.holders(key) == set()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a child subreaper")
+@pytest.mark.parametrize("command_running", [True, False])
+def test_a_lost_lock_stops_daemons_that_left_the_process_group(
+    db: str,
+    observer: Any,
+    key: Key,
+    job: str,
+    tmp_path: Path,
+    background: Callable[..., Running],
+    command_running: bool,
+) -> None:
+    """A `setsid` daemon is in no process group of COMMAND's: after a lost lock pgsolo
+    signals every process COMMAND started, not only the group, whether COMMAND itself
+    still runs or has exited and left the daemon behind."""
+    worker = shlex.join([PY, "-c", WORKER, str(tmp_path)])
+    tail = "sleep 60" if command_running else "exit 0"
+    running = background(
+        *run_args(key.text, db, job=job), "--json", "--check-interval", "0.2", "--grace", "2",
+        "--", "bash", "-c", f"setsid -f {worker}; {tail}",
+    )  # fmt: skip
+    wait_until((tmp_path / "worker-ready").exists, "the worker to start")
+    observer.conn.execute("SELECT pg_terminate_backend(%s)", (backend_of(observer.conn, job),))
+    done = running.finish(timeout=30)
+    assert done.returncode == 70, done.stderr
+    assert (tmp_path / "worker-signal").read_text() == "SIGTERM"
+    assert not pid_exists(int((tmp_path / "worker").read_text()))
+    report = only_json(done.stderr)
+    assert (report["outcome"], report["reason"]) == ("lost", "connection-lost")
+    if not command_running:
+        assert "the 1 processes it left running got SIGTERM" in report["error"]["message"]
+
+
+# Starts three orphans that exit after 0.2 s (each double-forked, so re-parented to the
+# nearest subreaper or PID 1), waits 1.5 s, then writes to "zombies" how many zombie
+# children its parent (pgsolo) has.
+ORPHANS = r"""
+import os, sys, time
+from pathlib import Path
+for _ in range(3):
+    if os.fork() == 0:
+        if os.fork() == 0:
+            time.sleep(0.2)
+        os._exit(0)
+    os.wait()
+time.sleep(1.5)
+parent = os.getppid()
+zombies = 0
+for entry in Path("/proc").iterdir():
+    if entry.name.isdigit():
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        zombies += fields[0] == "Z" and int(fields[1]) == parent
+(Path(sys.argv[1]) / "zombies").write_text(f"{parent} {zombies}")
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PID namespaces")
+@pytest.mark.parametrize("as_pid_1", [False, True])
+def test_orphans_are_reaped_while_the_command_runs(
+    db: str, key: Key, tmp_path: Path, as_pid_1: bool
+) -> None:
+    """As a container's PID 1 (a Kubernetes CronJob) every orphan of the container comes
+    to pgsolo, and must be reaped: no zombie piles up while COMMAND runs."""
+    prefix: list[str] = []
+    if as_pid_1:
+        unshare = shutil.which("unshare")
+        if unshare is None or os.geteuid() != 0:
+            pytest.skip("unshare --pid needs the unshare tool and root")
+        prefix = [unshare, "--pid", "--fork", "--mount-proc"]
+    done = subprocess.run(
+        [*prefix, PY, "-m", "pgsolo", *run_args(key.text, db), "--", *script(ORPHANS, tmp_path)],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, env=cli_env(), timeout=TIMEOUT,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    parent, zombies = (int(n) for n in (tmp_path / "zombies").read_text().split())
+    assert parent == 1 if as_pid_1 else parent != 1
+    assert zombies == 0
+
+
+# Writes "partial" to stderr with no newline after it, and to "fd" whether the descriptor
+# argv[2] is open in it.
+PARTIAL_LINE = r"""
+import os, sys
+from pathlib import Path
+sys.stderr.write("partial")
+try:
+    os.fstat(int(sys.argv[2]))
+    seen = "open"
+except OSError:
+    seen = "closed"
+(Path(sys.argv[1]) / "fd").write_text(seen)
+"""
+
+
+@pytest.mark.parametrize("destination", ["--json-file", "--json-fd"])
+def test_the_json_document_has_a_destination_of_its_own(
+    db: str, key: Key, tmp_path: Path, destination: str
+) -> None:
+    """`--json` on stderr is glued to COMMAND's last line when it has no newline, and a
+    user must capture all of COMMAND's stderr to find it: `--json-file` and `--json-fd`
+    keep it apart, and stderr is COMMAND's and the people's."""
+    path = tmp_path / "report.json"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        target = str(path) if destination == "--json-file" else str(fd)
+        done = subprocess.run(
+            [PY, "-m", "pgsolo", *run_args(key.text, db), destination, target, "--",
+             *script(PARTIAL_LINE, tmp_path, fd)],
+            stdin=subprocess.DEVNULL, capture_output=True, text=True, env=cli_env(),
+            timeout=TIMEOUT, check=False, pass_fds=(fd,),
+        )  # fmt: skip
+    finally:
+        os.close(fd)
+    assert done.returncode == 0, done.stderr
+    assert (done.stdout, done.stderr) == ("", "partial")
+    report = json_document(path.read_text(encoding="utf-8"))
+    assert (report["outcome"], report["exit_code"], report["key"]) == ("completed", 0, key.text)
+    assert (tmp_path / "fd").read_text() == "closed"  # COMMAND cannot write into it
+
+
+def test_a_run_ended_before_its_attempt_writes_its_document_to_the_file_too(
+    tmp_path: Path,
+) -> None:
+    """Every ending once the arguments parse (here: a key refused) has its document in
+    --json-file, and the error line on stderr."""
+    path = tmp_path / "report.json"
+    done = pgsolo_cli("run", "--key", " daily", "--json-file", str(path), "--", "true")
+    assert done.returncode == 2, done.stderr
+    report = json_document(path.read_text(encoding="utf-8"))
+    assert (report["outcome"], report["reason"]) == (None, "usage-error")
+    assert done.stderr.splitlines()[-1].startswith("pgsolo run: error: ")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--json-fd", "987"], "--json-fd 987: not a descriptor open for writing"),
+        (["--json-file", "/nonexistent/dir/report.json"], "--json-file /nonexistent/dir"),
+        (["--json", "--json-fd", "2"], "not allowed with argument"),
+    ],
+)
+def test_a_json_destination_pgsolo_cannot_write_to_is_a_usage_error(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    done = pgsolo_cli("run", "--key", "k", *args, "--", *script(MARK, tmp_path, 0))
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr
+    assert not (tmp_path / "ran").exists()
+
+
+def test_the_json_document_of_a_key_that_is_not_utf8_is_valid_json(db: str, tmp_path: Path) -> None:
+    """A key given as bytes that are not UTF-8 reaches Python as lone surrogates, which
+    json.dumps wrote as \\udce9 escapes: invalid for strict JSON parsers (and for any
+    UTF-8 encoder). Each undecodable byte is written \\xe9 instead."""
+    done = subprocess.run(
+        [PY.encode(), b"-m", b"pgsolo", b"run", b"--key", b"caf\xe9-export", b"--dsn",
+         db.encode(), b"--json-file", str(tmp_path / "report.json").encode(), b"--", b"true"],
+        stdin=subprocess.DEVNULL, capture_output=True, env=cli_env(), timeout=TIMEOUT,
+        check=False,
+    )  # fmt: skip
+    report = json_document((tmp_path / "report.json").read_text(encoding="utf-8"))
+    json.dumps(report, ensure_ascii=False).encode("utf-8")  # no lone surrogate in it
+    assert done.returncode == 2, done.stderr  # a name must be Unicode text (§2)
+    assert (report["key"], report["job"]) == ("caf\\xe9-export", "caf\\xe9-export")

@@ -209,3 +209,59 @@ def test_a_database_lost_before_the_command_started_exits_69(
     assert not marker.exists()
     assert ledger(admin, "cut") == []
     assert advisory_locks(admin) == 0
+
+
+# Touches argv[1]/ready, then waits (60 s at most) for argv[1]/go and exits 0.
+READY_THEN_GO = r"""
+import sys, time
+from pathlib import Path
+d = Path(sys.argv[1])
+(d / "ready").touch()
+deadline = time.monotonic() + 60
+while not (d / "go").exists() and time.monotonic() < deadline:
+    time.sleep(0.02)
+"""
+
+
+def test_a_period_write_that_gets_no_answer_may_have_been_recorded(
+    admin: psycopg.Connection[Any], fresh_db: str, key: Key, tmp_path: Path
+) -> None:
+    """A backend frozen during the period write (here: waiting on a table lock) gets no
+    answer within --check-timeout and pgsolo drops the connection (exit 70); the server
+    writes the row once it resumes. pgsolo said "could not be recorded": it must say only
+    what it knows, "may not have been recorded"."""
+    migrate(admin)
+    blocker = psycopg.connect(fresh_db, autocommit=False)
+    try:
+        with pgsolo_in_background(
+            "run", "--dsn", fresh_db, "--key", key.text, "--name", "frozen", "--once-per",
+            "year", "--check-timeout", "2", "--json", "--",
+            sys.executable, "-c", READY_THEN_GO, str(tmp_path),
+        ) as running:  # fmt: skip
+            eventually((tmp_path / "ready").exists, "the command to start", timeout=30)
+            blocker.execute("LOCK TABLE pgsolo.job_periods IN SHARE MODE")  # no writes
+            (tmp_path / "go").touch()
+            _, stderr = running.communicate(timeout=60)
+        blocker.commit()  # the frozen write resumes, its client long gone
+    finally:
+        blocker.close()
+    assert running.returncode == 70, stderr
+    report = CliRun(running.returncode, "", stderr, 0.0).stderr_json()
+    assert (report["outcome"], report["reason"]) == ("lost", "connection-unresponsive")
+    message = report["error"]["message"]
+    assert message.startswith("the period may not have been recorded: no answer within 2s")
+    assert "could not be recorded" not in stderr
+    eventually(
+        lambda: (
+            admin.execute("SELECT count(*) FROM pgsolo.job_periods WHERE job = 'frozen'").fetchone()
+            == (1,)
+        ),
+        "the period row the server wrote after all",
+        timeout=30,
+    )
+    again = pgsolo_cli(
+        "run", "--dsn", fresh_db, "--key", key.text, "--name", "frozen", "--once-per", "year",
+        "--wait", "30", "--json", "--", "true",
+    )  # fmt: skip
+    assert again.returncode == 75, again.stderr
+    assert again.stderr_json()["reason"] == "already-done-this-period"

@@ -91,7 +91,7 @@ def _without_libpq() -> list[str]:
     return [unshare, "-rm", "sh", "-c", " && ".join([*mounts, 'exec "$@"']), "sh"]
 
 
-def test_without_libpq_every_command_says_what_to_install() -> None:
+def test_without_libpq_every_command_says_what_to_install(tmp_path: Path) -> None:
     prefix = _without_libpq()
 
     def pgsolo(*args: str) -> subprocess.CompletedProcess[str]:
@@ -113,13 +113,19 @@ def test_without_libpq_every_command_says_what_to_install() -> None:
         assert done.returncode == 69, done.stderr
         assert "pgsolo[binary]" in done.stderr
         assert "Traceback" not in done.stderr
-    # --json says it as a document too, as every failure after the arguments is said
+    # --json says it as a document too, as every failure after the arguments is said:
+    # where the command's document goes (pgsolo run's: stderr, never COMMAND's stdout)
     for args in (["locks", "--json"], ["run", "--json", "--key", "k", "--", "true"]):
         done = pgsolo(*args)
         assert done.returncode == 69, done.stderr
-        error = json_document(done.stdout)
+        error = json_document(done.stderr if args[0] == "run" else done.stdout)
         assert (error["command"], error["exit_code"]) == (args[0], 69)
         assert error["error"]["code"] == "driver-unavailable"
         assert "pgsolo[binary]" in error["error"]["message"]
+    # and to pgsolo run's own destination, read without the parser that needs the driver
+    done = pgsolo("run", "--json-file", str(tmp_path / "run.json"), "--key", "k", "--", "true")
+    assert done.returncode == 69, done.stderr
+    error = json_document((tmp_path / "run.json").read_text(encoding="utf-8"))
+    assert error["error"]["code"] == "driver-unavailable"
     # COMMAND's own --json is COMMAND's
     assert not pgsolo("run", "--key", "k", "--", "true", "--json").stdout

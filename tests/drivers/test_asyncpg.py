@@ -6,6 +6,7 @@ the adapter sends through COPY (one round trip per call)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -276,6 +277,65 @@ async def test_wait_is_bounded_on_a_pooled_connection(pool: Any, apg: Any, key: 
             async with pgsolo.xact_lock(conn, key, wait=0.2):
                 pass
         assert await conn.fetchval("SHOW lock_timeout") == "0"
+
+
+@pytest.mark.parametrize("lifetime", ["xact", "session"])
+async def test_a_wait_on_a_connection_released_to_its_pool_is_database_unavailable(
+    pool: Any, apg: Any, observer: Any, key: Key, lifetime: str
+) -> None:
+    """Regression: ``pool.release()`` of a connection whose lock waits makes asyncpg
+    abort it, and pgsolo's own error path then read the aborted connection and raised
+    ``AttributeError: 'NoneType' object has no attribute 'is_in_transaction'``. Now it
+    is :class:`~pgsolo.DatabaseUnavailableError` with asyncpg's error as its cause."""
+    holder = await apg()
+    assert await pgsolo.session_lock(holder, key).acquire()
+    take = pgsolo.xact_lock if lifetime == "xact" else pgsolo.session_lock
+    conn = await pool.acquire()
+    pid = conn.get_server_pid()
+
+    async def wait_for_it() -> None:
+        async with take(conn, key, wait=60):
+            pass
+
+    task = asyncio.create_task(wait_for_it())
+    await aeventually(lambda: observer.waiters(key) == {pid}, "waiting")
+    with contextlib.suppress(asyncpg.InterfaceError):  # asyncpg: "operation in progress"
+        await pool.release(conn, timeout=1)
+    with pytest.raises(pgsolo.DatabaseUnavailableError) as raised:
+        await task
+    assert isinstance(raised.value.__cause__, asyncpg.InterfaceError | asyncpg.PostgresError)
+    assert "NoneType" not in str(raised.value)
+    # asyncpg closed its socket; the backend notices once the wait ends and it answers.
+    await holder.execute("SELECT pg_advisory_unlock_all()")
+    await aeventually(lambda: observer.waiters(key) | observer.holders(key) == set(), "gone")
+    async with (
+        pool.acquire() as again,  # the pool hands out a working connection
+        pgsolo.session_lock(again, pgsolo.Key(key.value[0] + 1)) as lock,
+    ):
+        assert lock.acquired
+
+
+@pytest.mark.parametrize("lifetime", ["xact", "session"])
+async def test_a_statement_timeout_shorter_than_the_wait_is_a_lock_timeout(
+    apg: Any, observer: Any, key: Key, lifetime: str
+) -> None:
+    """Regression: a wait cut short by the connection's own ``statement_timeout`` raised
+    asyncpg's raw ``QueryCanceledError``; now :class:`LockTimeoutError` naming it."""
+    holder = await apg()
+    assert await pgsolo.session_lock(holder, key).acquire()
+    waiter = await apg(server_settings={"statement_timeout": "300ms"})
+    take = pgsolo.xact_lock if lifetime == "xact" else pgsolo.session_lock
+
+    async def wait_for_it() -> None:
+        async with take(waiter, key, wait=30):
+            pass
+
+    with pytest.raises(LockTimeoutError, match="statement_timeout") as raised:
+        await wait_for_it()
+    assert isinstance(raised.value.__cause__, asyncpg.QueryCanceledError)
+    assert not waiter.is_in_transaction()
+    assert observer.advisory(pid=waiter.get_server_pid()) == set()
+    assert await waiter.fetchval("SHOW statement_timeout") == "300ms"
 
 
 # - cancellation -

@@ -14,13 +14,30 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
+import psycopg
 import pytest
 from django.core.signals import request_finished
-from django.db import DatabaseError, close_old_connections, connection, connections, transaction
+from django.db import (
+    DatabaseError,
+    OperationalError,
+    close_old_connections,
+    connection,
+    connections,
+    transaction,
+)
 
 import pgsolo
 from _drivers import django_settings
-from _support import WORK, Boom, Connect, eventually, new_job, terminate, work_rows
+from _support import (
+    WORK,
+    Boom,
+    Connect,
+    eventually,
+    new_job,
+    terminate,
+    wait_until_lost,
+    work_rows,
+)
 from pgsolo import Key, session_lock, xact_lock
 from pgsolo.drivers import TxStatus, adapt
 
@@ -233,3 +250,76 @@ def test_request_end_of_a_closing_connection_reports_the_lock_lost(
 def test_keep_on_django_watches_the_lock(conn: Any, key: Key) -> None:
     with session_lock(conn, key, keep=pgsolo.Keep(interval=0.05)) as lock:
         lock.check()
+
+
+# - a dead connection, in Django's words -
+
+
+def request(work: Any) -> Any:
+    """One request as Django's handler frames it: ``close_old_connections`` at its start
+    and at its end (``request_started``/``request_finished``)."""
+    from django.core.signals import request_started  # noqa: PLC0415
+
+    request_started.send(sender=None)
+    try:
+        return work()
+    finally:
+        request_finished.send(sender=None)
+
+
+@pytest.mark.parametrize("lifetime", ["session", "xact"])
+def test_a_dead_connection_is_one_django_recovers_from(
+    conn: Any, observer: Any, key: Key, lifetime: str
+) -> None:
+    """Regression: after its backend died, pgsolo's statement raised the driver's raw
+    ``AdminShutdown``, which Django never saw, so it never marked the persistent connection
+    unusable and every later request's lock failed with ``ConnectionStateError("status
+    unknown")``. Now the failure is pgsolo's ``DatabaseUnavailableError`` caused by Django's
+    own ``OperationalError`` (raised through ``wrap_database_errors``, so Django's
+    ``errors_occurred`` is set): the request's end closes the dead connection, and the next
+    request's lock works on a new one."""
+    factory = session_lock if lifetime == "session" else xact_lock
+
+    def locked() -> bool:
+        with factory(conn, key, wait=5) as lock:
+            return bool(lock.acquired)
+
+    assert request(locked)
+    pid = conn.connection.info.backend_pid
+    terminate(observer, pid)
+    with pytest.raises(pgsolo.DatabaseUnavailableError) as raised:
+        request(locked)
+    assert isinstance(raised.value.__cause__, OperationalError)
+    assert isinstance(raised.value.__cause__.__cause__, psycopg.OperationalError)
+    # Closed by Django (at the request's end, or as pgsolo's own atomic block ended)
+    assert conn.connection is None or conn.connection.info.backend_pid != pid
+    assert request(locked)
+    assert conn.connection.info.backend_pid != pid
+    assert_django_clean(conn)
+    assert observer.holders(key) == set()
+
+
+def test_a_connection_the_keeper_found_dead_is_one_django_recovers_from(
+    conn: Any, observer: Any, key: Key
+) -> None:
+    """Regression: a backend that died while a keeper watched its lock was found dead by
+    pgsolo alone (no statement of Django's failed), so Django never marked the persistent
+    connection unusable and the next request's lock was refused (``status unknown``). A
+    connection pgsolo finds dead is on Django's books too (``errors_occurred``): the
+    request's end closes it."""
+
+    def watched() -> None:
+        with session_lock(conn, key, keep=pgsolo.Keep(interval=0.05)) as lock:
+            terminate(observer, conn.connection.info.backend_pid)
+            wait_until_lost(lock)
+
+    with pytest.raises(pgsolo.LockLostError):
+        request(watched)
+    assert conn.connection is None  # closed by Django at the request's end
+
+    def locked() -> bool:
+        with session_lock(conn, key) as lock:
+            return bool(lock.acquired)
+
+    assert request(locked)
+    assert observer.holders(key) == set()

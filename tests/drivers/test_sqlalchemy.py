@@ -476,3 +476,52 @@ async def test_install_forgets_quietly_what_a_closed_asyncpg_connection_held(
             assert lock.acquired
     finally:
         await made.dispose()
+
+
+# - a connection that died under pgsolo's statement -
+
+
+def _backend_pid(raw: Any) -> int:
+    return int(raw.get_server_pid()) if hasattr(raw, "get_server_pid") else raw.info.backend_pid
+
+
+@pytest.mark.parametrize("lifetime", ["session", "xact"])
+def test_a_connection_found_dead_is_invalidated_as_sqlalchemy_would(
+    engine: Engine, observer: Any, key: Key, lifetime: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regression: a driver connection pgsolo found dead was handed back to the pool as
+    if alive: SQLAlchemy's reset at checkin failed on it and logged an ERROR with a
+    traceback ("Exception during reset or similar"). pgsolo now invalidates it, as
+    SQLAlchemy does when its own statement finds a connection dead: the error is pgsolo's,
+    the pool discards the connection quietly, and the next checkout works."""
+    factory = pgsolo.session_lock if lifetime == "session" else pgsolo.xact_lock
+    with caplog.at_level(logging.WARNING, logger="sqlalchemy"), engine.connect() as conn:
+        conn.begin()
+        pid = _backend_pid(conn.connection.driver_connection)
+        observer.conn.execute("SELECT pg_terminate_backend(%s, 5000)", (pid,))
+        with pytest.raises(pgsolo.DatabaseUnavailableError):
+            factory(conn, key).acquire()
+        assert conn.invalidated
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    with engine.connect() as again, factory(again, key, wait=5) as lock:
+        assert lock.acquired
+        assert _backend_pid(again.connection.driver_connection) != pid
+
+
+@pytest.mark.parametrize("lifetime", ["session", "xact"])
+async def test_an_async_connection_found_dead_is_invalidated_as_sqlalchemy_would(
+    aengine: AsyncEngine, observer: Any, key: Key, lifetime: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The same as above, on an AsyncConnection (psycopg and asyncpg dialects)."""
+    factory = pgsolo.session_lock if lifetime == "session" else pgsolo.xact_lock
+    with caplog.at_level(logging.WARNING, logger="sqlalchemy"):
+        async with aengine.connect() as conn:
+            await conn.begin()
+            pid = _backend_pid((await conn.get_raw_connection()).driver_connection)
+            observer.conn.execute("SELECT pg_terminate_backend(%s, 5000)", (pid,))
+            with pytest.raises(pgsolo.DatabaseUnavailableError):
+                await factory(conn, key).acquire()
+            assert conn.invalidated
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    async with aengine.connect() as again, factory(again, key, wait=5) as lock:
+        assert lock.acquired

@@ -10,13 +10,11 @@ the caller's and stays open for it, as on a bare connection.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 import pgsolo
 import pgsolo.sqlalchemy
@@ -27,7 +25,6 @@ from _drivers import (
     sqlalchemy_insert,
     sqlalchemy_pid,
     sqlalchemy_raw,
-    sqlalchemy_url,
 )
 from _support import Boom, new_job, work_rows
 from pgsolo import Key
@@ -88,23 +85,6 @@ def awork(job: str, how: str) -> Any:
         return "done"
 
     return fn
-
-
-@pytest.fixture(params=["psycopg", "psycopg2"])
-def engine(request: pytest.FixtureRequest, db: str) -> Iterator[Engine]:
-    """One pooled connection, so the next checkout is the connection the job had."""
-    made = create_engine(sqlalchemy_url(db, request.param), pool_size=1, max_overflow=0)
-    pgsolo.sqlalchemy.install(made)
-    yield made
-    made.dispose()
-
-
-@pytest.fixture(params=["psycopg", "asyncpg"])
-async def aengine(request: pytest.FixtureRequest, db: str) -> AsyncIterator[AsyncEngine]:
-    made = create_async_engine(sqlalchemy_url(db, request.param), pool_size=1, max_overflow=0)
-    pgsolo.sqlalchemy.install(made)
-    yield made
-    await made.dispose()
 
 
 @pytest.mark.parametrize("how", ENDINGS)

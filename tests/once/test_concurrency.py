@@ -139,7 +139,11 @@ def test_a_holder_whose_session_died_is_taken_over_and_its_late_success_is_refus
     assert calls[0].idempotency_key == holder.contexts[0].idempotency_key
 
     late = holder.finish()
-    assert isinstance(late, psycopg.OperationalError)  # its session is gone
+    # Its session is gone: pgsolo's own statement (recording success) failed, so the error
+    # is pgsolo's, with the driver's as its cause (it was the raw driver error, issue 21).
+    assert isinstance(late, LockLostError)
+    assert late.reason == "connection-lost"
+    assert isinstance(late.__cause__, psycopg.OperationalError)
     row = row_of(observer, op)
     assert row is not None
     assert row["state"] == "succeeded"

@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
 import pgsolo
@@ -39,7 +39,6 @@ from _drivers import (
     sqlalchemy_insert,
     sqlalchemy_pid,
     sqlalchemy_raw,
-    sqlalchemy_url,
 )
 from _support import DEADLINE, WORK, Boom, Connect, eventually, new_op, row_of, work_rows
 from pgsolo import Key, LockLostError, OnceResult, TransactionFailedError
@@ -132,23 +131,6 @@ def taking_over(connect: Connect, op: str) -> Callable[[], object]:
         assert [r.outcome for r in results] == ["ran"]
 
     return take_over
-
-
-@pytest.fixture(params=["psycopg", "psycopg2"])
-def engine(request: pytest.FixtureRequest, db: str) -> Iterator[Engine]:
-    """One pooled connection, so the next checkout is the connection run_once had."""
-    made = create_engine(sqlalchemy_url(db, request.param), pool_size=1, max_overflow=0)
-    pgsolo.sqlalchemy.install(made)
-    yield made
-    made.dispose()
-
-
-@pytest.fixture(params=["psycopg", "asyncpg"])
-async def aengine(request: pytest.FixtureRequest, db: str) -> AsyncIterator[AsyncEngine]:
-    made = create_async_engine(sqlalchemy_url(db, request.param), pool_size=1, max_overflow=0)
-    pgsolo.sqlalchemy.install(made)
-    yield made
-    await made.dispose()
 
 
 @pytest.mark.parametrize("how", ENDINGS)

@@ -285,6 +285,25 @@ def test_cli_migrate_grant_to_and_a_job_as_the_app_role(fresh_db: str, make_role
     assert ran.returncode == 0, ran.stderr
 
 
+def test_cli_run_json_says_a_missing_privilege_where_its_document_goes(
+    fresh_db: str, make_role: MakeRole
+) -> None:
+    """`pgsolo run --json` refused a privilege: its document is a `pgsolo.run/1` (outcome
+    null) where every run document goes, the last line on stderr, never on stdout, which
+    is COMMAND's."""
+    role, _ = make_role()
+    assert pgsolo_cli("migrate", "--dsn", fresh_db).returncode == 0
+    app_dsn = role_dsn(fresh_db, role)
+    refused = pgsolo_cli("run", "--dsn", app_dsn, "--key", "k", "--record", "--json", "--", "true")
+    assert refused.returncode == 1, refused.stderr
+    assert refused.stdout == ""
+    doc = json_document(refused.stderr)
+    assert (doc["schema"], doc["outcome"], doc["exit_code"]) == ("pgsolo.run/1", None, 1)
+    assert doc["reason"] == doc["error"]["code"] == "insufficient-privilege"
+    assert f"--grant-to {role}" in doc["error"]["message"]
+    assert doc["database"] is not None  # it connected before it was refused
+
+
 # -- (d) the monitor, (e) terminate ---------------------------------------------------------
 
 
@@ -310,6 +329,28 @@ def test_the_monitor_sees_other_roles_locks_but_not_their_activity(
     (row,) = pgsolo.advisory_locks(connect())
     assert row.state == "idle"
     assert {c.name: c for c in pgsolo.doctor(connect())}["visibility"].status == "ok"
+
+
+def test_locks_and_terminate_need_no_usage_on_schema_pgsolo(
+    fresh_db: str, make_role: MakeRole
+) -> None:
+    """Once `migrate` has run, the monitor names keys from the ledger: a role without
+    USAGE on schema pgsolo (docs/security.md asks none for `locks` and `terminate`) got
+    a raw "permission denied for schema pgsolo", exit 1. The names are best effort."""
+    assert pgsolo_cli("migrate", "--dsn", fresh_db).returncode == 0
+    role, connect = make_role()
+    holder = connect()
+    assert pgsolo.session_lock(holder, "watched-without-usage").acquire()
+    pid = holder.info.backend_pid
+    (row,) = pgsolo.advisory_locks(connect(), from_ledger=True)
+    assert (row.pid, row.granted) == (pid, True)
+    dsn = role_dsn(fresh_db, role)
+    shown = pgsolo_cli("locks", "--dsn", dsn, "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert [lock["pid"] for lock in json_document(shown.stdout)["locks"]] == [pid]
+    ended = pgsolo_cli("terminate", str(pid), "--yes", "--dsn", dsn)
+    assert ended.returncode == 0, ended.stderr
+    assert pgsolo.advisory_locks(connect(), from_ledger=True) == []
 
 
 def test_terminate_needs_the_same_role_or_pg_signal_backend(

@@ -137,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pgsolo {__version__}")
         return 0
     command = _command_word(given)
+    args: argparse.Namespace | None = None
     try:
         parser = build_parser(command)
         try:
@@ -153,11 +154,10 @@ def main(argv: list[str] | None = None) -> int:
         if (hint := _missing_libpq(exc)) is None:
             raise
         print(f"pgsolo {command or ''}".rstrip() + f": error: {hint}", file=sys.stderr)
-        options = given[: given.index("--")] if "--" in given else given
-        if command is not None and "--json" in options:
-            from .output import error_document, print_json  # noqa: PLC0415 - no driver
-
-            print_json(error_document(command, EXIT_UNAVAILABLE, hint, "driver-unavailable"))
+        if args is None and command is not None:  # its options could not even be parsed
+            args = _json_options(command, given)
+        if args is not None:
+            _json_error(args, EXIT_UNAVAILABLE, hint, "driver-unavailable")
         return EXIT_UNAVAILABLE
 
 
@@ -178,12 +178,36 @@ def _handle(handler: Handler, args: argparse.Namespace) -> int:
 
 
 def _json_error(args: argparse.Namespace, code: int, message: str, reason: str | None) -> None:
-    """With ``--json``, a failure is a JSON document too (on stdout, where the command's
-    document would have been), with the same exit code."""
-    if getattr(args, "json", False):
-        from .output import error_document, print_json  # noqa: PLC0415
+    """With ``--json``, a failure is a JSON document too, with the same exit code, where
+    the command's document would have been: stdout, or ``pgsolo run``'s destination
+    (``write_json``: stderr, ``--json-file``, ``--json-fd``), never COMMAND's stdout."""
+    from .output import error_document, print_json  # noqa: PLC0415
 
-        print_json(error_document(args.command, code, message, reason))
+    doc = error_document(args.command, code, message, reason)
+    if (write := getattr(args, "write_json", None)) is not None:
+        write(doc)
+    elif getattr(args, "json", False):
+        print_json(doc)
+
+
+def _json_options(command: str, given: list[str]) -> argparse.Namespace:
+    """``command``'s ``--json`` options in ``given``, read without its parser (which needs
+    the driver): where a document saying so goes (``pgsolo run``'s destination)."""
+    from .output import JsonDestination, add_json_destination_arguments  # noqa: PLC0415
+
+    options = given[: given.index("--")] if "--" in given else given
+    if command != "run":
+        return argparse.Namespace(command=command, json="--json" in options)
+    parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    add_json_destination_arguments(parser)
+    try:
+        args, _ = parser.parse_known_args(options)
+        destination = JsonDestination.of(args)
+    except (argparse.ArgumentError, UsageError, SystemExit):  # no destination to write to
+        return argparse.Namespace(command=command, json=False)
+    args.command = command
+    args.write_json = destination.write if destination is not None else None
+    return args
 
 
 def _error_reason(exc: CliError | PgsoloError) -> str | None:

@@ -13,10 +13,14 @@ the database's name and ``server`` where pgsolo connected (never a password),
 
 from __future__ import annotations
 
+import argparse
+import fcntl
 import json
+import os
 import sys
 from typing import IO, Any
 
+from ..errors import UsageError
 from .exit_codes import (
     EXIT_FAILED,
     EXIT_LOST,
@@ -28,6 +32,8 @@ from .exit_codes import (
 
 __all__ = [
     "SCHEMA_VERSION",
+    "JsonDestination",
+    "add_json_destination_arguments",
     "document",
     "emit_json",
     "error_code",
@@ -50,7 +56,32 @@ def emit_json(command: str, fields: dict[str, Any], *, stream: IO[str] | None = 
 
 
 def print_json(doc: dict[str, Any], *, stream: IO[str] | None = None) -> None:
-    print(json.dumps(doc), file=stream or sys.stdout, flush=True)
+    print(json.dumps(_strict(doc)), file=stream or sys.stdout, flush=True)
+
+
+def _strict(value: Any) -> Any:
+    """``value`` with every string made valid Unicode, so the document is valid JSON for
+    strict parsers: an argument that was not valid in the locale's encoding (a key given
+    as raw bytes) arrives as lone surrogates, which ``json.dumps`` would write as
+    ``\\udcff`` escapes, invalid UTF-16. Each undecodable byte is written ``\\xff``
+    instead, as pgsolo's text output shows it."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            errors = "surrogateescape" if _only_escapes(value) else "surrogatepass"
+            return value.encode("utf-8", errors).decode("utf-8", "backslashreplace")
+        return value
+    if isinstance(value, dict):
+        return {_strict(k): _strict(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_strict(v) for v in value]
+    return value
+
+
+def _only_escapes(text: str) -> bool:
+    """Whether every surrogate in ``text`` stands for an undecodable byte (U+DC80-DCFF)."""
+    return all("\udc80" <= c <= "\udcff" for c in text if "\ud800" <= c <= "\udfff")
 
 
 # The error code for an exit code, when the failure does not name a more precise one.
@@ -81,3 +112,79 @@ def error_document(
             "error": {"code": error_code(exit_code, code), "message": message},
         },
     )
+
+
+def add_json_destination_arguments(parser: argparse.ArgumentParser) -> None:
+    """``pgsolo run``'s ``--json``, ``--json-file PATH`` and ``--json-fd N`` (stdout is
+    COMMAND's): where :class:`JsonDestination` writes."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object with the outcome on stderr (its last line, after"
+        " COMMAND's own stderr), however the run ends once its arguments parse",
+    )
+    group.add_argument(
+        "--json-file",
+        metavar="PATH",
+        help="write that JSON object to PATH instead (created or emptied when pgsolo starts,"
+        " written when it ends), apart from COMMAND's output",
+    )
+    group.add_argument(
+        "--json-fd",
+        type=_descriptor,
+        metavar="N",
+        help="write that JSON object to file descriptor N instead (open for writing, as"
+        " in `--json-fd 3 3>report.json`; COMMAND does not inherit it when N > 2)",
+    )
+
+
+def _descriptor(text: str) -> int:
+    try:
+        fd = int(text, 10)
+    except ValueError:
+        fd = -1
+    if fd < 0:
+        raise argparse.ArgumentTypeError(f"not a file descriptor: {text!r}")
+    return fd
+
+
+class JsonDestination:
+    """Where ``pgsolo run`` writes its one JSON document: a stream of its own when asked
+    (``--json-file PATH``, ``--json-fd N``: never COMMAND's output, which COMMAND does
+    not inherit), or stderr as its last line (``--json`` alone, as before 0.x's split).
+
+    Opened before anything connects, so that a destination pgsolo cannot write to is a
+    usage error (exit 2) before the lock, not a report lost at the end.
+    """
+
+    def __init__(self, stream: IO[str], *, owned: bool) -> None:
+        self.stream = stream
+        self.owned = owned
+
+    @classmethod
+    def of(cls, args: argparse.Namespace) -> JsonDestination | None:
+        """The destination ``args`` ask for (None: no ``--json`` of any kind)."""
+        if args.json_file is not None:
+            try:
+                return cls(open(args.json_file, "w", encoding="utf-8"), owned=True)
+            except OSError as exc:
+                raise UsageError(f"--json-file {args.json_file}: {exc.strerror}") from None
+        if args.json_fd is not None:
+            try:
+                mode = fcntl.fcntl(args.json_fd, fcntl.F_GETFL) & os.O_ACCMODE
+            except OSError:
+                mode = None
+            if mode not in (os.O_WRONLY, os.O_RDWR):
+                raise UsageError(f"--json-fd {args.json_fd}: not a descriptor open for writing")
+            stream = open(args.json_fd, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
+            return cls(stream, owned=False)
+        return cls(sys.stderr, owned=False) if args.json else None
+
+    def write(self, doc: dict[str, Any]) -> None:
+        """The document, as one line; then the destination is done with."""
+        try:
+            print_json(doc, stream=self.stream)
+        finally:
+            if self.owned:
+                self.stream.close()

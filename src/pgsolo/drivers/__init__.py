@@ -85,6 +85,20 @@ class TxStatus(enum.Enum):
     INERROR = "inerror"  # inside a failed transaction block: only ROLLBACK works
     UNKNOWN = "unknown"  # the connection is broken or closed
 
+    @property
+    def words(self) -> str:
+        """The status as an error message says it (never libpq's word)."""
+        return _STATUS_WORDS[self]
+
+
+_STATUS_WORDS = {
+    TxStatus.IDLE: "no transaction is open",
+    TxStatus.ACTIVE: "it is running another statement",
+    TxStatus.INTRANS: "a transaction is open",
+    TxStatus.INERROR: "its transaction has failed",
+    TxStatus.UNKNOWN: "it is closed or broken",
+}
+
 
 @dataclass(frozen=True, slots=True)
 class ServerInfo:
@@ -140,6 +154,12 @@ class DriverBase(Protocol):
     def session_locks_refused(self) -> str | None:
         """Why this connection takes no session lock (it may change under the lock, as an
         ORM Session's does), or None."""
+
+    @property
+    def transaction_hint(self) -> str:
+        """How the caller opens a transaction on this connection, in its library's or
+        framework's words (``with transaction.atomic():`` on Django), for an error that
+        asks for one."""
 
     @property
     def ending_advice(self) -> str:

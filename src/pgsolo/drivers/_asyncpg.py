@@ -114,6 +114,7 @@ class AsyncpgDriver:
     is_async: ClassVar[bool] = True
     keeper_refused: ClassVar[str | None] = KEEPER_REFUSED
     session_locks_refused: ClassVar[str | None] = None
+    transaction_hint: ClassVar[str] = "async with conn.transaction():"
     ending_advice: ClassVar[str] = "call it outside `async with conn.transaction():`"
 
     def __init__(self, conn: Any) -> None:
@@ -206,8 +207,10 @@ class AsyncpgDriver:
             await self._find_out_if_aborted()
             raise
         except asyncpg.PostgresError as exc:
-            # An error inside a transaction block aborts it.
-            self._aborted_at = self._queries() if self._conn.is_in_transaction() else None
+            # An error inside a transaction block aborts it. A connection asyncpg aborted
+            # meanwhile (pool.release() of it, a timeout) has no protocol left to ask.
+            in_transaction = not self.is_closed() and self._conn.is_in_transaction()
+            self._aborted_at = self._queries() if in_transaction else None
             failed = sql.meaning(self.sqlstate(exc)) is sql.Meaning.TRANSACTION_FAILED
             if edge == "commit" and failed:
                 await self._conn.execute(sql.ROLLBACK)

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from django.core.signals import request_finished
+from django.db import Error as DjangoError
 from django.db import connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils.connection import ConnectionProxy
@@ -68,6 +69,7 @@ class DjangoDriver:
         return self._wrapper
 
     session_locks_refused: ClassVar[str | None] = None
+    transaction_hint: ClassVar[str] = "with transaction.atomic():"
     ending_advice: ClassVar[str] = (
         "call it outside transaction.atomic(); in a view under ATOMIC_REQUESTS, decorate the"
         " view with @transaction.non_atomic_requests"
@@ -107,6 +109,8 @@ class DjangoDriver:
                 return TxStatus.UNKNOWN if wrapper.closed_in_transaction else TxStatus.INTRANS
             return TxStatus.IDLE  # Django connects on the first statement
         status = self._driver(connect=False).transaction_status()
+        if status is TxStatus.UNKNOWN:
+            self._mark_unusable()
         if status in (TxStatus.INERROR, TxStatus.UNKNOWN, TxStatus.ACTIVE):
             return status
         if wrapper.in_atomic_block:
@@ -121,13 +125,24 @@ class DjangoDriver:
         return self._driver(connect=self._connected()).server_info()
 
     def sqlstate(self, exc: BaseException) -> str | None:
-        return self._driver(connect=False).sqlstate(exc)
+        return self._driver(connect=False).sqlstate(_drivers_error(exc))
 
     def error_detail(self, exc: BaseException) -> str | None:
-        return self._driver(connect=False).error_detail(exc)
+        return self._driver(connect=False).error_detail(_drivers_error(exc))
 
     def is_closed(self) -> bool:
-        return not self._connected() or self._driver(connect=False).is_closed()
+        if not self._connected():
+            return True
+        if self._driver(connect=False).is_closed():
+            self._mark_unusable()
+            return True
+        return False
+
+    def _mark_unusable(self) -> None:
+        """The DBAPI connection is dead, as pgsolo found (a keeper's watch, which Django
+        never saw): on Django's books too, so that Django closes it when the request ends
+        (``close_if_unusable_or_obsolete``) and the next request connects anew."""
+        self._wrapper.errors_occurred = True
 
     def scrub(self, text: str) -> str:
         return self._driver(connect=False).scrub(text)
@@ -155,21 +170,37 @@ class DjangoDriver:
         self, statements: Sequence[str], wait: float = 0.0, edge: Edge | None = None
     ) -> object:
         if edge is None:
-            return self._driver().fetch_value(statements, wait)
+            return self._send(statements, wait)
         if edge == "begin":
             atomic = transaction.atomic(using=self._wrapper.alias, durable=True)
             atomic.__enter__()
             self._atomic = atomic
             # A failure here is followed by pgsolo's rollback edge, which leaves it.
-            return self._driver().fetch_value(statements, wait)
+            return self._send(statements, wait)
         return self._end(statements, wait, commit=edge == "commit")
+
+    def _send(self, statements: Sequence[str], wait: float) -> object:
+        """Send ``statements`` as Django's own cursor would: a failure is Django's error
+        (the driver's is its cause). On Django's books (``errors_occurred``) only if the
+        connection died, so that Django closes it when the request ends and the next
+        request connects anew; an answer such as a lock timeout leaves a live connection,
+        and Django's books, as they were (Django would check it with a round trip)."""
+        wrapper = self._wrapper
+        occurred = wrapper.errors_occurred
+        try:
+            with wrapper.wrap_database_errors:
+                return self._driver().fetch_value(statements, wait)
+        except DjangoError:
+            if not self.is_closed():  # which marks a dead one
+                wrapper.errors_occurred = occurred
+            raise
 
     def _end(self, statements: Sequence[str], wait: float, *, commit: bool) -> object:
         """Send ``statements`` and leave pgsolo's atomic block: commit it, or roll it back
         (also when the statements fail). Left once: a later rollback edge finds it gone."""
         atomic, self._atomic = self._atomic, None
         try:
-            value = self._driver().fetch_value(statements, wait) if statements else None
+            value = self._send(statements, wait) if statements else None
         except BaseException:
             if atomic is not None:
                 self._leave(atomic, commit=False)
@@ -183,6 +214,13 @@ class DjangoDriver:
             transaction.set_rollback(True, using=self._wrapper.alias)
         # Django rolls back when the block must (and on a dead connection closes it).
         atomic.__exit__(None, None, None)
+
+
+def _drivers_error(exc: BaseException) -> BaseException:
+    """The driver's error under Django's (``wrap_database_errors`` raises Django's class
+    from the driver's), which is what the driver under Django reads."""
+    cause = exc.__cause__ if isinstance(exc, DjangoError) else None
+    return cause if isinstance(cause, BaseException) else exc
 
 
 def _request_finished(sender: object, **kwargs: Any) -> None:

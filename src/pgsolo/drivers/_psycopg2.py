@@ -88,6 +88,9 @@ class Psycopg2Driver:
     is_async: ClassVar[bool] = False
     keeper_refused: ClassVar[str | None] = KEEPER_REFUSED
     session_locks_refused: ClassVar[str | None] = None
+    # psycopg2 has no transaction block of its own: with autocommit off it opens one at
+    # the first statement (the caller then commits).
+    transaction_hint: ClassVar[str] = "conn.autocommit = False"
     ending_advice: ClassVar[str] = "commit or roll it back first (conn.commit() / conn.rollback())"
 
     # A closed connection has no backend pid or parameters any more; logs and errors

@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any, ClassVar, cast
+from typing import Any, cast
 
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
@@ -43,6 +43,7 @@ from ..errors import ConnectionStateError, UnsupportedConnectionError
 from . import AsyncDriver, ServerInfo, SyncDriver, TxStatus, as_sync, is_async
 
 __all__ = [
+    "SESSION_LOCK_REFUSAL",
     "AsyncConnection",
     "AsyncSession",
     "Connection",
@@ -60,13 +61,14 @@ __all__ = [
     "start_driver_transaction",
 ]
 
-_SESSION_LOCK_REFUSAL = (
-    "a session lock (run_once holds one across the commits it makes) needs a connection"
-    " that lives as long as the lock, and an ORM Session hands its connection back to the"
-    " pool whenever its transaction ends (the unlock would reach another server session);"
-    " use an Engine connection instead: `with engine.connect() as conn:`, then"
-    " `session_lock(conn, key)` or `run_once(conn, op_key, operation)`"
+SESSION_LOCK_REFUSAL = (
+    "a session lock (session_lock, run_job with lifetime='session', and run_once, which"
+    " holds one across the commits it makes) needs a connection that lives as long as the"
+    " lock, and an ORM Session hands its connection back to the pool whenever its"
+    " transaction ends (the unlock would reach another server session); use an Engine"
+    " connection instead"
 )
+"""Why an ORM Session takes no session lock; each flavour's driver adds the way out."""
 
 
 class SqlAlchemyBase:
@@ -125,15 +127,6 @@ class SqlAlchemyBase:
         core = self._core
         bind = core.get_bind() if isinstance(core, Session) else core
         return bind.dialect
-
-    @property
-    def session_locks_refused(self) -> str | None:
-        return _SESSION_LOCK_REFUSAL if isinstance(self._core, Session) else None
-
-    ending_advice: ClassVar[str] = (
-        "commit or roll it back first (conn.commit() / conn.rollback()), or call it outside"
-        " `with conn.begin():`"
-    )
 
     @property
     def keeper_refused(self) -> str | None:
@@ -229,7 +222,9 @@ class SqlAlchemyBase:
         core = self._core
         if isinstance(core, Connection) and (core.closed or core.invalidated):
             return True
-        inner = self._current()
+        # A Session whose transaction just ended on a dead connection is out of one and
+        # has none: the connection it was using says what happened to it.
+        inner = self._current() or self._inner
         return inner.is_closed() if inner is not None else False
 
     def scrub(self, text: str) -> str:

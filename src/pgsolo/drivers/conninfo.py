@@ -115,7 +115,13 @@ def redact_dsn(dsn: str) -> str:
     if params is not None:
         secrets = [str(params[k]) for k in SECRET_KEYS if params.get(k)]
         if any(secret in redacted for secret in secrets):
-            safe = {k: (REDACTED if k in SECRET_KEYS and v else v) for k, v in params.items()}
+            # Rebuilt with every value that shows a secret blanked out, not only the
+            # secret's own: a password that is also another option's value (sslmode=...)
+            # would show there.
+            safe = {
+                k: (REDACTED if v and any(s in str(v) for s in secrets) else v)
+                for k, v in params.items()
+            }
             return make_conninfo("", **safe)
     return redacted
 

@@ -250,11 +250,14 @@ class _Attempt:
         if self.job.lifetime == "xact":  # rolled back, work included
             return self._ended("lost" if gone else "failed", reason=gone, error=exc)
         # The work is done but its period is not marked: the next run in this period
-        # will do it again. Say so with a failure rather than a silent success.
+        # will do it again. Say so with a failure rather than a silent success; when the
+        # connection failed, the server may have written it all the same (a frozen backend
+        # that resumed), so say only that.
         # WARNING: the failure that follows goes back to the caller as an error.
         logger.warning(
-            "pgsolo: job %s completed but its period could not be recorded: %s",
+            "pgsolo: job %s completed but its period %s: %s",
             self.job.name,
+            "may not have been recorded" if gone is not None else "could not be recorded",
             self._scrub(exc),
         )
         if gone is not None:

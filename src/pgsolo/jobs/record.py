@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from .. import sql
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from ..drivers.kinds import SyncConnectionLike
 
 __all__ = [
+    "RACE_WINDOW_SECONDS",
     "SKIP_WARNING_WINDOW",
     "Warn",
     "history",
@@ -110,11 +112,12 @@ def record_plan(
             raise untranslatable_name(job.name) from exc
         raise
     if result.outcome == "skipped" and result.reason == "busy":
-        # Only a skip pays for this look back: repeated skips mean the work is slower
-        # than its schedule, which the article says to watch for.
+        # Only a skip pays for this look back: ticks of the schedule skipped one after
+        # another mean the work is slower than its schedule, which the article says to
+        # watch for (skip_warning tells them from hosts racing for one tick).
         try:
             recent = yield outside_transaction(
-                driver, [sql.history(job=job.name, limit=SKIP_WARNING_WINDOW)]
+                driver, [sql.history(job=job.name, limit=_LEDGER_ROWS_READ)]
             )
         except Exception as exc:  # the row is written; a warning must not undo that
             logger.debug("pgsolo: reading the ledger for skip warnings failed: %r", exc)
@@ -153,21 +156,61 @@ def history_rows(value: object) -> list[dict[str, Any]]:
 
 
 SKIP_WARNING_WINDOW = 10
+"""How many of a job's latest occurrences the skip warning weighs."""
+
+RACE_WINDOW_SECONDS = 30.0
+"""Attempts that start within this many seconds of an occurrence's first one belong to it:
+hosts racing for one tick of a schedule (clock skew, start-up), not a later tick."""
+
+_LEDGER_ROWS_READ = SKIP_WARNING_WINDOW * 10  # enough for 10 occurrences of ~10 racers
+
+_HELD = ("completed", "failed", "lost")  # attempts that held the lock
 
 
 def skip_warning(rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Warnings for jobs whose recent attempts are mostly skips because they were busy:
-    the work is probably slower than its schedule (the article's advice)."""
+    """Warnings for jobs whose recent occurrences were mostly skipped because the key was
+    busy: the work is probably slower than its schedule (the article's advice).
+
+    Racers are no such evidence: with ``record=True`` on N hosts, every tick has one
+    attempt that runs and N-1 busy skips. So attempts are grouped into occurrences (those
+    that started within :data:`RACE_WINDOW_SECONDS` of the first of them), and an
+    occurrence counts as skipped only when none of its attempts held the lock: every
+    attempt of that tick found the key still held, by an earlier tick's run or by someone
+    else. ``rows``: newest first, as :func:`history` returns them."""
     by_job: dict[str, list[Mapping[str, Any]]] = {}
     for row in rows:
         by_job.setdefault(str(row["job"]), []).append(row)
     warnings = []
     for job, attempts in by_job.items():
-        recent = attempts[:SKIP_WARNING_WINDOW]
-        busy = sum(1 for r in recent if r["outcome"] == "skipped" and r.get("reason") == "busy")
+        recent = _occurrences(attempts)[:SKIP_WARNING_WINDOW]
+        busy = sum(1 for occurrence in recent if _skipped_busy(occurrence))
         if len(recent) >= 3 and busy * 2 > len(recent):
             warnings.append(
-                f"job {job}: {busy} of its last {len(recent)} attempts were skipped because"
-                " it was still running; the work may be slower than its schedule"
+                f"job {job}: {busy} of its last {len(recent)} occurrences were skipped"
+                " because an earlier run still held the lock; the work may be slower than"
+                " its schedule"
             )
     return warnings
+
+
+def _occurrences(attempts: Sequence[Mapping[str, Any]]) -> list[list[Mapping[str, Any]]]:
+    """``attempts`` (newest first) grouped into occurrences, newest first."""
+    groups: list[list[Mapping[str, Any]]] = []
+    first: datetime | None = None
+    for row in sorted(attempts, key=_started):
+        started = _started(row)
+        if first is None or (started - first).total_seconds() > RACE_WINDOW_SECONDS:
+            groups.append([])
+            first = started
+        groups[-1].append(row)
+    return groups[::-1]
+
+
+def _started(row: Mapping[str, Any]) -> datetime:
+    return datetime.fromisoformat(str(row["started_at"]))
+
+
+def _skipped_busy(occurrence: Sequence[Mapping[str, Any]]) -> bool:
+    outcomes = [(r["outcome"], r.get("reason")) for r in occurrence]
+    held = any(outcome in _HELD for outcome, _ in outcomes)
+    return not held and ("skipped", "busy") in outcomes

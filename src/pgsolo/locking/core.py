@@ -77,8 +77,8 @@ def require_no_transaction(driver: DriverBase, subject: str, reason: str) -> Non
     status = driver.transaction_status()
     if status is not TxStatus.IDLE:
         raise ConnectionStateError(
-            f"{subject} needs a connection with no transaction open (status"
-            f" {status.value}): {reason}; {driver.ending_advice}"
+            f"{subject} needs a connection with no transaction open, and on this one"
+            f" {status.words}: {reason}; {driver.ending_advice}"
         )
 
 
@@ -188,10 +188,7 @@ class LockCore:
                 "the connection's transaction has failed; roll it back before taking a lock"
             )
         if status in (TxStatus.ACTIVE, TxStatus.UNKNOWN):
-            raise ConnectionStateError(
-                f"the connection cannot take a lock now (status {status.value}):"
-                " it is closed, broken, or running another statement"
-            )
+            raise ConnectionStateError(f"the connection cannot take a lock now: {status.words}")
         return status
 
     @staticmethod
@@ -266,10 +263,16 @@ class LockCore:
             try:
                 value = yield step
             except BaseException as exc:
+                next_slice = not last and failures.timed_out(self, exc)
+                # Read as the failure left the connection: ending pgsolo's own transaction
+                # through a framework may reconnect (Django does).
+                error = None if next_slice else failures.acquisition_error(self, exc, started)
                 yield from recovery.after_xact_failure(self, in_callers_transaction=joins)
-                if not last and failures.timed_out(self, exc):
+                if next_slice:
                     continue
-                if (error := failures.acquisition_error(self, exc, started)) is not None:
+                if error is None:
+                    error = yield from failures.cut_short(self, exc, started)
+                if error is not None:
                     raise error from exc
                 raise
             break
@@ -335,7 +338,10 @@ class LockCore:
                         break
                     if not last and failures.timed_out(self, exc):
                         continue
-                    if (error := failures.acquisition_error(self, exc, started)) is not None:
+                    error = failures.acquisition_error(self, exc, started)
+                    if error is None:
+                        error = yield from failures.cut_short(self, exc, started)
+                    if error is not None:
                         raise error from exc
                     raise
                 if value is None:  # the guard: not the session the route was checked on
@@ -368,12 +374,14 @@ class LockCore:
             return route
         try:
             route = yield from check_route(driver, status)
-        except BaseException:
+        except BaseException as exc:
             if status is TxStatus.IDLE and driver.transaction_status() in (
                 TxStatus.INTRANS,
                 TxStatus.INERROR,
             ):  # the driver's own BEGIN, before an interrupted check
                 yield from recovery.quietly(self, [sql.ROLLBACK])
+            if (error := failures.connection_failed(self, exc)) is not None:
+                raise error from exc
             raise
         holdings.set_route(driver.connection, pid, route)
         return route

@@ -2,34 +2,52 @@
 
 A key this connection already holds through pgsolo is busy for a try, and a
 :class:`~pgsolo.LockUnavailableError` for a wait (PostgreSQL would grant it again). A wait
-that ran out is a :class:`~pgsolo.LockTimeoutError`; a standby, a
-:class:`~pgsolo.UnsafeConnectionError`; a deadlock between advisory waits, a
-:class:`~pgsolo.LockDeadlockError` naming the keys of the cycle; fencing on a database
-without pgsolo's tables, a :class:`~pgsolo.NotMigratedError`; a privilege the role lacks,
-a :class:`~pgsolo.InsufficientPrivilegeError`. Anything else is the
-driver's own error, raised as it is.
+that ran out is a :class:`~pgsolo.LockTimeoutError`, and so is one the connection's own
+``statement_timeout``, shorter than the wait, cut short (:func:`cut_short`: the error
+names that limit); a standby, a :class:`~pgsolo.UnsafeConnectionError`; a
+deadlock between advisory waits, a :class:`~pgsolo.LockDeadlockError` naming the keys of
+the cycle; fencing on a database without pgsolo's tables, a
+:class:`~pgsolo.NotMigratedError`; a privilege the role lacks, a
+:class:`~pgsolo.InsufficientPrivilegeError`; a connection that failed under the
+statement, a :class:`~pgsolo.DatabaseUnavailableError`. Each has the driver's error (on a
+framework's connection, the framework's) as its cause. Anything else is the driver's own
+error, raised as it is.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING
 
 from .. import sql
+from .._logging import locks_logger as logger
+from ..drivers import TxStatus
 from ..errors import (
+    DatabaseUnavailableError,
     LockDeadlockError,
     LockTimeoutError,
     LockUnavailableError,
     NotMigratedError,
+    PgsoloError,
     UnsafeConnectionError,
 )
 from ..keys import advisory_keys_in
+from . import placement
 from .routing import in_recovery_error
 
 if TYPE_CHECKING:
     from .core import LockCore
+    from .plans import Plan
 
-__all__ = ["acquisition_error", "busy_here", "standby_refused", "timed_out"]
+__all__ = [
+    "acquisition_error",
+    "busy_here",
+    "connection_failed",
+    "cut_short",
+    "standby_refused",
+    "timed_out",
+]
 
 
 def busy_here(core: LockCore, pid: int) -> bool:
@@ -49,14 +67,23 @@ def busy_here(core: LockCore, pid: int) -> bool:
 
 def acquisition_error(core: LockCore, exc: BaseException, started: float) -> BaseException | None:
     """Log a failed acquisition of ``core``'s lock (begun at ``started``); return the
-    pgsolo error to raise instead of ``exc``, or None when it means none of them."""
-    if core.wait_ms is not None and timed_out(core, exc):
+    pgsolo error to raise instead of ``exc``, or None when it means none of them (or, for
+    a wait the server cancelled, when :func:`cut_short` must tell why, once the connection
+    is put right)."""
+    meaning = sql.meaning(core.driver.sqlstate(exc))
+    if core.wait_ms is not None and meaning is sql.Meaning.LOCK_TIMEOUT:
         core.log(logging.DEBUG, "timeout", started)
         return _timeout_error(core)
-    meaning = sql.meaning(core.driver.sqlstate(exc))
+    if core.wait_ms is not None and meaning is sql.Meaning.CANCELED:
+        return None
     if meaning is sql.Meaning.IN_RECOVERY:
         return standby_refused(core, started)
     core.log(logging.WARNING, "error", started, error=repr(exc))
+    return _refusal(core, exc, meaning) or connection_failed(core, exc)
+
+
+def _refusal(core: LockCore, exc: BaseException, meaning: sql.Meaning | None) -> PgsoloError | None:
+    """The server refused the acquisition for a reason pgsolo has words for."""
     if meaning is sql.Meaning.DEADLOCK:
         keys = advisory_keys_in(core.driver.error_detail(exc) or "") or (core.key,)
         return LockDeadlockError(
@@ -89,6 +116,24 @@ def acquisition_error(core: LockCore, exc: BaseException, started: float) -> Bas
     return None
 
 
+def connection_failed(core: LockCore, exc: BaseException) -> DatabaseUnavailableError | None:
+    """The error for a connection that ``exc`` (an error, not an interruption) found
+    dead under one of pgsolo's statements for ``core``'s lock; None if it lives, or if
+    ``exc`` is pgsolo's already (a deadline that shut the connection down says so). A
+    dead session holds no advisory lock: nothing is held."""
+    if isinstance(exc, PgsoloError) or not isinstance(exc, Exception):
+        return None
+    if not core.driver.is_closed():
+        return None
+    said = " ".join(str(exc).split()) or type(exc).__name__
+    info = core.driver.server_info()  # what it said while open ("?" if never asked)
+    where = "" if info.host == "?" else f" to database {info.database!r} at {info.address}"
+    return DatabaseUnavailableError(
+        f"the connection{where} failed while pgsolo was taking {core.lifetime} lock"
+        f" {core.key} ({said}); nothing is held"
+    )
+
+
 def standby_refused(core: LockCore, started: float | None = None) -> UnsafeConnectionError:
     """Log that the server is a standby, where no lock is taken; the error to raise."""
     core.log(logging.WARNING, "refused", started, reason="server-in-recovery")
@@ -98,6 +143,44 @@ def standby_refused(core: LockCore, started: float | None = None) -> UnsafeConne
 def timed_out(core: LockCore, exc: BaseException) -> bool:
     """Whether ``exc`` is the server's ``lock_timeout``."""
     return sql.meaning(core.driver.sqlstate(exc)) is sql.Meaning.LOCK_TIMEOUT
+
+
+def cut_short(core: LockCore, exc: BaseException, started: float) -> Plan[BaseException | None]:
+    """After a wait for ``core``'s lock that the server cancelled (``exc``, SQLSTATE
+    57014), with the connection put right: a :class:`~pgsolo.LockTimeoutError` if the
+    connection's own ``statement_timeout``, shorter than the wait, ended it (the caller's
+    limit wins, and is named); None for a cancel request (``pg_cancel_backend``, or
+    Ctrl-C that psycopg2's ``wait_select`` turns into one), raised as it is."""
+    driver = core.driver
+    if (
+        core.wait_ms is None
+        or not isinstance(exc, Exception)
+        or sql.meaning(driver.sqlstate(exc)) is not sql.Meaning.CANCELED
+        or driver.transaction_status() not in (TxStatus.IDLE, TxStatus.INTRANS)
+    ):
+        return None
+    waited = time.perf_counter() - started
+    try:
+        limit_ms = yield placement.outside_transaction(driver, [sql.STATEMENT_TIMEOUT_MS])
+    except Exception as failure:
+        logger.debug("pgsolo: reading statement_timeout failed: %r", failure)
+        limit_ms = None
+    # The server cancels at statement_timeout, never sooner: a wait that lasted less
+    # was cancelled by request.
+    if not isinstance(limit_ms, int) or not 0 < limit_ms <= waited * 1000:
+        core.log(logging.WARNING, "error", started, error=repr(exc))
+        return None
+    core.log(logging.DEBUG, "timeout", started, limit="statement_timeout")
+    limit = limit_ms / 1000
+    info = driver.server_info()
+    return LockTimeoutError(
+        f"the connection's statement_timeout ({limit:g}s) ended the wait for"
+        f" {core.lifetime} lock {core.key} on database {info.database!r} at"
+        f" {info.address} before its wait of {core.wait_seconds:g}s ran out: the shorter"
+        " limit wins (raise statement_timeout, or wait less)",
+        key=core.key,
+        timeout=limit,
+    )
 
 
 def _timeout_error(core: LockCore) -> LockTimeoutError:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from .. import sql
 from .._logging import locks_logger as logger
 from ..drivers import TxStatus
-from ..errors import LockLostError
+from ..errors import LockLostError, PgsoloError
 from . import failures
 from .placement import in_savepoint, unlock_statement
 from .plans import ROLLBACK, Elsewhere, Own, Plan
@@ -29,11 +29,23 @@ __all__ = [
     "after_failed_release",
     "after_session_failure",
     "after_xact_failure",
+    "connection_gone",
     "drop_hold",
     "quietly",
     "recover",
     "release_stranded",
 ]
+
+
+def connection_gone(core: LockCore, exc: BaseException) -> bool:
+    """Whether ``exc``, an error of one of pgsolo's statements for ``core``'s held lock
+    (not an interruption, and not pgsolo's own already, as a deadline's is), came with the
+    end of the session that held the lock: the connection is closed, or the framework
+    over it has reconnected already as it closed its books on the failure (Django does),
+    and a new backend holds nothing of the lock's."""
+    if isinstance(exc, PgsoloError) or not isinstance(exc, Exception):
+        return False
+    return core.driver.is_closed() or core.driver.backend_pid() != core.backend_pid
 
 
 def quietly(core: LockCore, statements: list[str] | Own) -> Plan[object]:

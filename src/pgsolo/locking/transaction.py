@@ -21,7 +21,7 @@ from ..drivers import TxStatus
 from ..errors import ConnectionStateError, LockLostError, TransactionFailedError
 from . import holdings
 from .plans import ROLLBACK, Own
-from .recovery import quietly
+from .recovery import connection_gone, quietly
 
 if TYPE_CHECKING:
     from .core import LockCore
@@ -65,7 +65,7 @@ def opening(core: LockCore, status: TxStatus, *, context: bool) -> list[str] | N
         raise ConnectionStateError(
             "a transaction-level lock needs an open transaction, and this autocommit"
             " connection has none: PostgreSQL would release the lock as soon as this"
-            " statement ended. Open one first (with conn.transaction(): ...), use the"
+            f" statement ended. Open one first (`{core.driver.transaction_hint}`), use the"
             " lock as a context manager (it opens one), or use session_lock()."
         )
     return None
@@ -104,22 +104,36 @@ def _end_own_transaction(core: LockCore, *, failed: bool) -> Plan[None]:
         yield ROLLBACK
         return
     marker = core.transaction_marker
-    if marker is None:
-        yield Own([], "commit")
-        core.log(logging.DEBUG, "released")
-        return
+    check = (
+        []
+        if marker is None
+        else [sql.assert_same_transaction(core.key, marker, shared=core.shared)]
+    )
     try:
-        yield Own([sql.assert_same_transaction(core.key, marker, shared=core.shared)], "commit")
+        yield Own(check, "commit")
     except Exception as exc:
+        if connection_gone(core, exc):
+            core.log(logging.WARNING, "lost", reason="connection-lost")
+            raise LockLostError(
+                f"transaction lock {core.key} was lost with its connection before its"
+                f" transaction committed ({' '.join(str(exc).split())}); the work's"
+                " statements in it did not commit",
+                key=core.key,
+                reason="connection-lost",
+            ) from exc
         if sql.meaning(core.driver.sqlstate(exc)) is not sql.Meaning.LOCK_GONE:
             raise
         yield from quietly(core, ROLLBACK)
-        core.log(logging.WARNING, "lost", reason="not-held-at-commit")
+        # The same cause as a job's work that ends the transaction and begins none: the
+        # work ended the locked transaction. One reason, whichever a library reports
+        # (psycopg says the transaction ended; Django and SQLAlchemy, whose books still
+        # say it is open, only let the commit check find it).
+        core.log(logging.WARNING, "lost", reason="work-ended-transaction")
         raise LockLostError(
             f"transaction lock {core.key} was no longer held when the work was about to"
-            " commit (the work ended the locked transaction and began another); the"
+            " commit: the work ended the locked transaction (and began another); the"
             " transaction was rolled back",
             key=core.key,
-            reason="not-held-at-commit",
+            reason="work-ended-transaction",
         ) from exc
     core.log(logging.DEBUG, "released")

@@ -30,7 +30,7 @@ from ..keys import Key
 from ..locking.core import LockCore, require_no_transaction, wait_ms_of
 from ..locking.placement import outside_transaction
 from ..locking.plans import ROLLBACK, WORK, Own, Plan
-from ..locking.recovery import quietly
+from ..locking.recovery import connection_gone, quietly
 from .operation import (
     OnceResult,
     idempotency_key_for,
@@ -176,7 +176,7 @@ def _run_attempt(
         value = yield WORK
         stored = storable_result(value)
         # What the server stores (jsonb normalises numbers) is what every call returns.
-        stored = str(sql.read_text((yield from _record_success(op, driver, attempt, stored))))
+        stored = str(sql.read_text((yield from _record_success(op, core, attempt, stored))))
     except BaseException as exc:
         superseded = sql.meaning(driver.sqlstate(exc)) is sql.Meaning.SUPERSEDED
         # The operation's work is undone whatever happened: failed, interrupted, or taken
@@ -223,11 +223,10 @@ def _describe(exc: BaseException) -> str:
         return f"{type(exc).__name__} (its message could not be shown)"
 
 
-def _record_success(
-    op: Operation, driver: DriverBase, attempt: Attempt, stored: str
-) -> Plan[object]:
+def _record_success(op: Operation, core: LockCore, attempt: Attempt, stored: str) -> Plan[object]:
     """Record success and read the result back as stored, in one round trip: with the
     operation's work, as its transaction commits."""
+    driver = core.driver
     succeed = [sql.once_succeed(op.op_key, attempt.number, stored), sql.once_result(op.op_key)]
     status = driver.transaction_status()
     if status is TxStatus.IDLE:
@@ -239,7 +238,12 @@ def _record_success(
                 " from the record of its success",
                 op.op_key,
             )
-        return (yield _committed(driver, succeed))
+        try:
+            return (yield _committed(driver, succeed))
+        except Exception as exc:
+            if connection_gone(core, exc):
+                raise _lost_before_success(op, attempt, exc) from exc
+            raise
     failed_inside = TransactionFailedError(
         f"operation {op.op_key!r}: its transaction failed inside the operation (a database"
         " error was caught there and not re-raised); its database work was rolled back"
@@ -255,7 +259,22 @@ def _record_success(
             sql.meaning(driver.sqlstate(exc)) is sql.Meaning.TRANSACTION_FAILED
         ):
             raise failed_inside from exc
+        if connection_gone(core, exc):
+            raise _lost_before_success(op, attempt, exc) from exc
         raise
+
+
+def _lost_before_success(op: Operation, attempt: Attempt, exc: Exception) -> LockLostError:
+    """The connection, and the operation's lock and transaction with it, went before its
+    success was recorded: pgsolo's own statement failed, so the error is pgsolo's."""
+    said = " ".join(str(exc).split()) or type(exc).__name__
+    return LockLostError(
+        f"operation {op.op_key!r}: attempt {attempt.number} lost its connection, and its"
+        f" lock, before its success could be recorded ({said}); the next call runs the"
+        " operation again (with the same idempotency key)",
+        key=op.lock_key,
+        reason="connection-lost",
+    )
 
 
 def _committed(driver: DriverBase, statements: list[str]) -> list[str]:

@@ -23,6 +23,7 @@ __all__ = [
     "SAVEPOINT_UNDO",
     "SAVE_LOCK_TIMEOUT",
     "SESSION_STAMP_SETTING",
+    "STATEMENT_TIMEOUT_MS",
     "UNLOCK_ALL",
     "XACT_MARKER_SETTING",
     "acquire",
@@ -52,6 +53,10 @@ ROLLBACK = "ROLLBACK"
 UNLOCK_ALL = "SELECT pg_advisory_unlock_all()"
 # Changes nothing; an aborted transaction refuses it (25P02), which is what it asks.
 CHANGES_NOTHING = "SELECT 1"
+
+# The connection's statement_timeout in milliseconds (0: none), read after a wait the
+# server cancelled, to tell that limit from a cancel request.
+STATEMENT_TIMEOUT_MS = "SELECT setting::bigint FROM pg_settings WHERE name = 'statement_timeout'"
 
 # Inside the caller's transaction, pgsolo's statements run in a savepoint: rolling back
 # to it after an error or an interruption keeps the caller's transaction usable (and

@@ -61,8 +61,12 @@ def advisory_locks(*, key: Key | None = None, pid: int | None = None) -> str:
         "'seen_after', statement_timestamp(), 'now', clock_timestamp(),"
         " 'database', current_database(),"
         # Whether pgsolo's ledger exists and may be read: it names the keys of its jobs.
-        " 'ledger', coalesce(has_table_privilege(to_regclass('pgsolo.job_runs'), 'SELECT'),"
-        " false),"
+        # Schema USAGE first: without it to_regclass itself fails (permission denied for
+        # schema pgsolo), and the names are only a nicety (NULL oid: no such schema).
+        " 'ledger', CASE WHEN has_schema_privilege((SELECT oid FROM pg_namespace"
+        " WHERE nspname = 'pgsolo'), 'USAGE') THEN"
+        " coalesce(has_table_privilege(to_regclass('pgsolo.job_runs'), 'SELECT'), false)"
+        " ELSE false END,"
         " 'locks', coalesce((SELECT json_agg(json_build_array(pid, classid, objid, objsubid,"
         " shared, granted, waitstart,"
         " CASE WHEN granted THEN NULL ELSE pg_blocking_pids(pid) END)) FROM l), '[]'::json),"

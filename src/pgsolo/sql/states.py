@@ -16,6 +16,7 @@ __all__ = [
     "SQLSTATE_IN_RECOVERY",
     "SQLSTATE_LOCK_GONE",
     "SQLSTATE_LOCK_NOT_AVAILABLE",
+    "SQLSTATE_QUERY_CANCELED",
     "SQLSTATE_UNDEFINED_TABLE",
     "UNLOCK_ANSWERS",
     "Meaning",
@@ -23,6 +24,7 @@ __all__ = [
 ]
 
 SQLSTATE_LOCK_NOT_AVAILABLE = "55P03"  # lock_timeout ran out
+SQLSTATE_QUERY_CANCELED = "57014"  # statement_timeout ran out, or pg_cancel_backend
 SQLSTATE_DEADLOCK = "40P01"
 SQLSTATE_UNDEFINED_TABLE = "42P01"
 SQLSTATE_INVALID_SCHEMA_NAME = "3F000"
@@ -41,6 +43,7 @@ UNLOCK_ANSWERS: dict[str, bool | None] = {"PGSU1": True, "PGSU0": False, "PGSUN"
 
 class Meaning(enum.Enum):
     LOCK_TIMEOUT = "a bounded wait for a lock ran out"
+    CANCELED = "the server cancelled the statement (statement_timeout, pg_cancel_backend)"
     DEADLOCK = "PostgreSQL broke a deadlock by failing this wait"
     NOT_MIGRATED = "pgsolo's tables are missing: pgsolo migrate has not run"
     IN_RECOVERY = "the server is in recovery (a standby)"
@@ -56,6 +59,7 @@ class Meaning(enum.Enum):
 
 _MEANINGS: dict[str, Meaning] = {
     SQLSTATE_LOCK_NOT_AVAILABLE: Meaning.LOCK_TIMEOUT,
+    SQLSTATE_QUERY_CANCELED: Meaning.CANCELED,
     SQLSTATE_DEADLOCK: Meaning.DEADLOCK,
     SQLSTATE_UNDEFINED_TABLE: Meaning.NOT_MIGRATED,
     SQLSTATE_INVALID_SCHEMA_NAME: Meaning.NOT_MIGRATED,

@@ -23,8 +23,10 @@ refuses a connection up front is an ending too, and leaves it as found.
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -92,12 +94,46 @@ def held_key(call: str, name: str) -> str:
     return f"pgsolo:once:{name}" if call == "run_once" else name
 
 
+# The columns of docs/connections.md's table "What each call leaves on your connection", by
+# the calls of this module they describe.
+DOCUMENTED_COLUMNS = {
+    "`session_lock`": ["session_lock"],
+    "`with xact_lock` outside a transaction": ["xact_lock"],
+    "`run_job`": ["run_job"],
+    '`run_job(lifetime="session")`': ["run_job-session"],
+    "`run_once`": ["run_once"],
+}
+
+
+def documented_refusals() -> dict[tuple[str, str], bool]:
+    """Whether docs/connections.md says each call is refused on each kind: the table is
+    the contract, and the law below holds the code to it."""
+    page = Path(__file__).parents[3] / "docs" / "connections.md"
+    section = page.read_text(encoding="utf-8").split("### What each call leaves on your")[1]
+    header, _, *rows = [
+        [cell.strip() for cell in line.strip().strip("|").split("|")]
+        for line in section.split("\n\n")[2].splitlines()
+    ]
+    refusals = {}
+    for row in rows:
+        for kind in re.findall(r"`([a-z0-9-]+)`", row[0]):  # the kinds' names
+            for column, cell in zip(header[1:], row[1:], strict=True):
+                for call in DOCUMENTED_COLUMNS[column]:
+                    refusals[kind, call] = cell.startswith("refused")
+    return refusals
+
+
+REFUSED = documented_refusals()
+
+
+def test_the_table_covers_every_kind_and_call() -> None:
+    assert {(kind.name, call) for kind in SYNC_KINDS for call in CALLS} <= set(REFUSED)
+
+
 def cases() -> list[Any]:
     found = []
     for kind in SYNC_KINDS:
         for call in CALLS:
-            if call == "session_lock" and not kind.session_locks:
-                continue
             found.extend(
                 pytest.param(kind, call, ending, id=f"{kind}-{call}-{ending}") for ending in ENDINGS
             )
@@ -165,6 +201,8 @@ def test_every_call_leaves_the_connection_as_found(
             except BaseException as exc:  # every ending is judged below
                 outcome = exc
         refused = isinstance(outcome, pgsolo.UsageError | pgsolo.ConnectionStateError)
+        documented = REFUSED[kind.name, call]
+        assert refused is documented, f"docs/connections.md says otherwise: {outcome!r}"
         if ending == "raised" and not refused:
             assert isinstance(outcome, Boom), f"the work's exception was replaced: {outcome!r}"
         if ending == "lost":

@@ -221,4 +221,30 @@ async def test_wait_forever_waits_for_as_long_as_the_holder_holds(
         finally:
             letting_go.join(DEADLINE)
     assert watch.oldest_snapshot < SLICE_BOUND
+
+
+@pytest.mark.parametrize("lifetime", ["session", "xact"])
+async def test_a_statement_timeout_shorter_than_the_wait_is_a_lock_timeout(
+    aconnect: AConnect, observer: Any, key: Key, lifetime: str
+) -> None:
+    """Regression: a wait that the connection's own ``statement_timeout`` cut short raised
+    the driver's raw ``QueryCanceled``. The caller's limit wins (it is the shorter), and
+    the wait ends as any bound wait does: :class:`LockTimeoutError`, naming
+    ``statement_timeout`` and its value, the driver's error as its cause, the connection
+    as it was (its ``statement_timeout`` too). A cancel request is not this: Ctrl-C
+    through psycopg2's ``wait_select`` stays ``QueryCanceled`` (tests/drivers/test_psycopg2.py)."""
+    holder, waiter = await aconnect(), await aconnect()
+    assert await pgsolo.session_lock(holder, key).acquire()
+    await waiter.execute("SET statement_timeout = '300ms'")
+
+    async def wait_for_it() -> None:
+        async with lock_factory(lifetime)(waiter, key, wait=30):
+            pass
+
+    with pytest.raises(LockTimeoutError, match="statement_timeout") as raised:
+        await wait_for_it()
+    assert raised.value.timeout == 0.3  # the limit that ended it
+    assert isinstance(raised.value.__cause__, psycopg.errors.QueryCanceled)
+    cur = await waiter.execute("SHOW statement_timeout")
+    assert await cur.fetchone() == ("300ms",)
     await assert_clean(waiter, observer)

@@ -7,7 +7,7 @@ Where each part lives:
   (:mod:`pgsolo.jobs.plan`) with COMMAND as its work, log, count and record the ending;
 - :mod:`.watch`: COMMAND as that work: started, watched with the keeper while it runs,
   stopped when the lock is lost;
-- :mod:`.child`: COMMAND's process and its process group;
+- :mod:`.child`: COMMAND's process, its process group and every process it started;
 - :mod:`.signals`: SIGTERM and SIGINT, ending a wait before COMMAND, forwarded while it runs;
 - :mod:`.outcome`: what each ending means: the exit code and the error line;
 - :mod:`.report`: the ``--json`` object.
@@ -16,16 +16,22 @@ Where each part lives:
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import TYPE_CHECKING
 
-from ...errors import UsageError
+from ...errors import (
+    DatabaseUnavailableError,
+    InsufficientPrivilegeError,
+    PgsoloError,
+    UsageError,
+)
 from ...keys import Key
 from ..common import CliError, Subparsers, add_command, database
-from ..exit_codes import EXIT_UNAVAILABLE, EXIT_USAGE
+from ..exit_codes import EXIT_FAILED, EXIT_UNAVAILABLE, EXIT_USAGE
+from ..output import JsonDestination
 from .arguments import add_run_arguments, command_of, with_separator
 from .publish import Publisher
+from .report import RunReport
 
 if TYPE_CHECKING:
     from ...reasons import RunReason
@@ -54,7 +60,10 @@ def add_run_command(subparsers: Subparsers) -> None:
         " COMMAND; one that comes before COMMAND started ends the run without starting it"
         " (128+N, lock released). When stdin is not a terminal, COMMAND leads its own"
         " process group and every signal reaches the whole group (what COMMAND started"
-        " too); with a terminal on stdin, only COMMAND's own process. If pgsolo itself is"
+        " too); with a terminal on stdin, only COMMAND's own process. The lock is held until"
+        " every process COMMAND started has exited (a background job, a daemon: on Linux"
+        " pgsolo is their subreaper and reaps them), unless --kill-on-exit stops them once"
+        " COMMAND exits; after a lost lock they are all stopped. If pgsolo itself is"
         " killed, COMMAND's own process is killed with it (Linux).",
     )
     add_run_arguments(parser)
@@ -62,18 +71,26 @@ def add_run_command(subparsers: Subparsers) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    try:
+        destination = JsonDestination.of(args)
+    except UsageError as exc:  # nowhere to write the document: said as text only
+        print(f"pgsolo run: error: {exc}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
+    # cli.main writes the document of a failure it catches itself (no libpq to load, from
+    # the imports below on) where this one goes.
+    args.write_json = destination.write if destination is not None else None
+
     from ...jobs.definition import Job  # noqa: PLC0415
     from .attempt import supervise  # noqa: PLC0415
     from .outcome import SkipCodes  # noqa: PLC0415
-    from .report import RunReport  # noqa: PLC0415
     from .signals import RunSignals  # noqa: PLC0415
 
     command, separated = command_of(args)
     key: Key | None = None
     job: Job | None = None
     publisher = Publisher(args)
-    # From here on every ending prints its error and, with --json, one JSON object (the
-    # last line on stderr); SIGTERM and SIGINT are handled before anything connects.
+    # From here on every ending prints its error and, with --json, one JSON object (where
+    # JsonDestination says); SIGTERM and SIGINT are handled before anything connects.
     with RunSignals().installed() as signals:
         try:
             if not command:
@@ -113,18 +130,15 @@ def cmd_run(args: argparse.Namespace) -> int:
                     grace=args.grace,
                     signals=signals,
                     on_lost=args.on_lost,
+                    kill_on_exit=args.kill_on_exit,
                     skip_codes=SkipCodes(args.conflict_exit_code, args.already_done_exit_code),
                 )
-        except (CliError, UsageError) as exc:  # before any attempt: outcome null
-            code = exc.code if isinstance(exc, CliError) else EXIT_USAGE
-            reasons: dict[int, RunReason] = {
-                EXIT_USAGE: "usage-error",
-                EXIT_UNAVAILABLE: "database-unavailable",
-            }
+        except (CliError, PgsoloError) as exc:  # before any attempt: outcome null
+            code, reason = _ending_of(exc)
             outcome = RunReport(
                 exit_code=code,
                 outcome=None,
-                reason=reasons.get(code, "database-error"),
+                reason=reason,
                 job=job.name if job is not None else (args.name or args.key),
                 key=key.text if key is not None else args.key,
                 key_name=key.name if key is not None else None,
@@ -135,6 +149,23 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"pgsolo run: error: {outcome.error}", file=sys.stderr, flush=True)
         if outcome.notice is not None:
             print(f"pgsolo run: {outcome.notice}", file=sys.stderr, flush=True)
-        if args.json:
-            print(json.dumps(outcome.as_dict()), file=sys.stderr, flush=True)
+        if destination is not None:
+            destination.write(outcome.as_dict())
     return outcome.exit_code
+
+
+def _ending_of(exc: CliError | PgsoloError) -> tuple[int, RunReason]:
+    """The exit code and ``--json`` reason of a run that ended before any attempt."""
+    if isinstance(exc, CliError):
+        reasons: dict[int, RunReason] = {
+            EXIT_USAGE: "usage-error",
+            EXIT_UNAVAILABLE: "database-unavailable",
+        }
+        return exc.code, reasons.get(exc.code, "database-error")
+    if isinstance(exc, UsageError):
+        return EXIT_USAGE, "usage-error"
+    if isinstance(exc, InsufficientPrivilegeError):
+        return EXIT_FAILED, "insufficient-privilege"
+    if isinstance(exc, DatabaseUnavailableError):
+        return EXIT_UNAVAILABLE, "database-unavailable"
+    return EXIT_FAILED, "database-error"

@@ -16,6 +16,7 @@ from ..exit_codes import (
     EXIT_UNSAFE,
     EXIT_USAGE,
 )
+from ..output import add_json_destination_arguments
 from .publish import add_metrics_options
 
 __all__ = ["ON_LOST", "add_run_arguments", "command_of", "skip_exit_code", "with_separator"]
@@ -36,12 +37,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     _add_exit_options(parser)
     add_dsn_argument(parser)
     add_metrics_options(parser)
-    parser.add_argument(
-        "--json",
-        action="store_true",
-        help="print one JSON object with the outcome on stderr (its last line), however the"
-        " run ends once its arguments parse",
-    )
+    add_json_destination_arguments(parser)
     # Not dest="command": main() reads the subcommand's name from there.
     parser.add_argument(
         "argv", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARG...]", help="what to run"
@@ -117,7 +113,15 @@ def _add_watch_options(parser: argparse.ArgumentParser) -> None:
         type=seconds_between(0, 3600),
         default=10.0,
         metavar="S",
-        help="after a lost lock, seconds between SIGTERM and SIGKILL (default: 10)",
+        help="after a lost lock (or with --kill-on-exit), seconds between SIGTERM and"
+        " SIGKILL (default: 10)",
+    )
+    parser.add_argument(
+        "--kill-on-exit",
+        action="store_true",
+        help="once COMMAND exits, SIGTERM what it started and left running (a background"
+        " job, a daemon), SIGKILL after --grace, then let the lock go; default: hold the"
+        " lock until every process COMMAND started has exited",
     )
     parser.add_argument(
         "--on-lost",

@@ -48,6 +48,13 @@ never sees one keystroke twice (``kill -INT`` aimed at a pgsolo in the foregroun
 terminal is therefore not forwarded). The parent-death signal that kills COMMAND if
 pgsolo itself is killed reaches COMMAND's own process only.
 
+What COMMAND leaves running (:mod:`.child`, :mod:`.watch`). The attempt's work ends when
+COMMAND and every process it started have exited: on Linux pgsolo is a child subreaper
+while they run, so orphans (a background job, a ``setsid`` or double-forking daemon) come
+back to it, are waited for with the lock held and watched, signalled after a lost lock,
+and reaped; ``--kill-on-exit`` stops them (SIGTERM, SIGKILL after ``--grace``) once
+COMMAND exits instead. Elsewhere COMMAND's process group stands for them.
+
 Deadlines. Connecting is bounded by ``--connect-timeout`` (each host of a multi-host
 DSN; a ``connect_timeout`` in the DSN wins, then ``PGCONNECT_TIMEOUT``). Every exchange
 on the pinned connection has a hard deadline, ``--check-timeout`` (plus ``--wait`` for
@@ -80,6 +87,7 @@ from ...drivers.connect import open_connection
 from ...drivers.conninfo import connection_settings, scrub_secrets
 from ...errors import (
     DatabaseUnavailableError,
+    InsufficientPrivilegeError,
     NotMigratedError,
     PgsoloError,
     UnsafeConnectionError,
@@ -94,7 +102,7 @@ from ...locking.keeper import Keep
 from ...monitor import lock_holders
 from ...reasons import Reason
 from ..common import CliError
-from ..exit_codes import EXIT_UNAVAILABLE, EXIT_UNSAFE, EXIT_USAGE
+from ..exit_codes import EXIT_FAILED, EXIT_UNAVAILABLE, EXIT_UNSAFE, EXIT_USAGE
 from . import outcome
 from .report import RunReport
 from .signals import Interrupted, RunSignals
@@ -125,6 +133,7 @@ def supervise(
     grace: float = 10.0,
     signals: RunSignals | None = None,
     on_lost: str = "terminate",
+    kill_on_exit: bool = False,
     skip_codes: outcome.SkipCodes | None = None,
 ) -> RunReport:
     """Run ``command`` as one attempt at ``job`` (see the module docstring).
@@ -135,6 +144,8 @@ def supervise(
     pgsolo's default). ``signals``: SIGTERM/SIGINT handling the caller installed earlier
     (so that a signal while the embedded server starts is not lost); by default supervise
     installs its own. ``on_lost``: ``"terminate"`` or ``"warn"`` (``--on-lost``).
+    ``kill_on_exit``: stop what COMMAND left running when it exits, rather than wait for
+    it with the lock held (``--kill-on-exit``).
     ``skip_codes``: the exit codes of a skip (default: 75 for both).
     Every ending is a :class:`RunReport`, "run pgsolo migrate first" (exit 2) included;
     only an empty ``command`` raises :class:`~pgsolo.cli.CliError`.
@@ -155,6 +166,7 @@ def supervise(
             grace,
             signals,
             on_lost,
+            kill_on_exit,
             skip_codes or outcome.SkipCodes(),
         )
         return attempt.run()
@@ -172,6 +184,7 @@ class _Attempt:
     grace: float
     signals: RunSignals
     on_lost: str
+    kill_on_exit: bool
     skip_codes: outcome.SkipCodes
     report: RunReport = field(init=False)
     info: ServerInfo | None = None
@@ -227,6 +240,7 @@ class _Attempt:
             self.signals,
             self._scrub,
             on_lost=self.on_lost,
+            kill_on_exit=self.kill_on_exit,
         )
         self.started = time.perf_counter()
         try:
@@ -237,10 +251,8 @@ class _Attempt:
             self.report.error = outcome.not_started(exc.signum)
             interrupted = self._failed("interrupted", exc)
             return self._finish(interrupted, driver, 128 + exc.signum)
-        except NotMigratedError as exc:
-            self.report.exit_code, self.report.reason = EXIT_USAGE, "not-migrated"
-            self.report.error = outcome.not_migrated(exc, self.job, self.label)
-            return self.report
+        except (NotMigratedError, InsufficientPrivilegeError) as exc:
+            return self._refused(exc)
         except _DATABASE_ERRORS as exc:
             return self._unavailable(exc)
         except UnsafeConnectionError as exc:  # a standby, or a transaction pooler
@@ -256,7 +268,19 @@ class _Attempt:
         if result.outcome == "skipped" and result.reason == "busy":
             self.report.notice = self._who_holds(conn)
         self.report.command_exit_code = verdict.command_exit_code
+        self.report.lingering_processes = command.ran.lingered if command.ran else 0
         return self._finish(verdict.result, driver, verdict.exit_code)
+
+    def _refused(self, exc: NotMigratedError | InsufficientPrivilegeError) -> RunReport:
+        """pgsolo's tables cannot serve --record or --once-per: too old or missing (exit 2),
+        or out of the role's reach (exit 1); checked before the lock, so nothing is held."""
+        if isinstance(exc, NotMigratedError):
+            self.report.exit_code, self.report.reason = EXIT_USAGE, "not-migrated"
+            self.report.error = outcome.not_migrated(exc, self.job, self.label)
+        else:
+            self.report.exit_code, self.report.reason = EXIT_FAILED, "insufficient-privilege"
+            self.report.error = str(exc)
+        return self.report
 
     def _who_holds(self, conn: SyncConnectionLike) -> str:
         """The skip's line, with who holds the key. Best effort: the skip is decided, and

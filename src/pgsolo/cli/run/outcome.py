@@ -100,8 +100,16 @@ def _lost(result: JobResult[Any], command: Command, scrub: Scrub) -> Verdict:
         return Verdict(dataclasses.replace(result, error=error), code, text, command.status)
     detail = scrub(result.error) if result.error is not None else ""
     if not isinstance(result.error, LockLostError | LockNotHeldError):
-        # Marking the period done failed with the connection, after COMMAND succeeded.
-        return Verdict(result, code, f"the period could not be recorded: {detail}", command.status)
+        # Marking the period done failed with the connection, after COMMAND succeeded: the
+        # server may have written it all the same (a frozen backend that resumed, a commit
+        # whose answer was lost), so say what is known, not more.
+        if unresponsive(result.error):
+            detail = f"no answer within {command.keep.timeout:g}s (--check-timeout)"
+        text = (
+            f"the period may not have been recorded: {detail} (the next run in this period"
+            " skips it if it was, and runs the command again if not)"
+        )
+        return Verdict(result, code, text, command.status)
     # The lock was gone by the time COMMAND ended: at most once is not guaranteed for
     # this run, whatever COMMAND said.
     logger.error(
@@ -118,9 +126,14 @@ def _lost_while_running(job: Job, ran: Ran) -> str:
     if ran.lost.warned:
         return f"{lost}; --on-lost=warn let the command finish (exit status {ran.status})"
     if not ran.lost.stopped:
+        left = (
+            f", and the {ran.lost.others} processes it left running got SIGTERM"
+            if ran.lost.others
+            else ""
+        )
         return (
             f"lock {job.key} was lost: {ran.lost.detail}; the command had already"
-            f" finished by then (exit status {ran.status})"
+            f" finished by then (exit status {ran.status}){left}"
         )
     if ran.returncode < 0:
         how = f"was stopped by {signal_name(-ran.returncode)} (exit status {ran.status})"

@@ -29,6 +29,9 @@ class RunReport:
     server: str | None = None
     application_name: str | None = None
     command_exit_code: int | None = None
+    lingering_processes: int = 0
+    """Processes COMMAND started that still ran when it exited: the lock was held until
+    they ended (or, with ``--kill-on-exit``, until they were stopped)."""
     error: str | None = None
     """A one-line explanation for a person (never a password)."""
     recorded: bool = False
@@ -53,6 +56,7 @@ class RunReport:
                 "key_name": self.key_name,
                 "exit_code": self.exit_code,
                 "command_exit_code": self.command_exit_code,
+                "lingering_processes": self.lingering_processes,
                 "lock_wait_seconds": round(self.lock_wait, 6),
                 "duration_seconds": round(self.duration, 6),
                 "backend_pid": self.backend_pid,

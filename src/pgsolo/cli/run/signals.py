@@ -8,15 +8,18 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from .child import Child
+from typing import Any, Protocol
 
 __all__ = ["FORWARDED_SIGNALS", "Interrupted", "RunSignals", "signal_name"]
 
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class Forwarding(Protocol):
+    """What a signal is passed on to: COMMAND and what it started (``child.Child``)."""
+
+    def forward(self, signum: int) -> None: ...
 
 
 class Interrupted(KeyboardInterrupt):
@@ -44,7 +47,7 @@ class RunSignals:
 
     def __init__(self) -> None:
         self.received: list[int] = []
-        self.child: Child | None = None
+        self.child: Forwarding | None = None
         self._interruptible = False
 
     @property
@@ -71,7 +74,7 @@ class RunSignals:
             self._interruptible = False
 
     @contextmanager
-    def forwarding(self, child: Child) -> Iterator[None]:
+    def forwarding(self, child: Forwarding) -> Iterator[None]:
         """While COMMAND is started and runs: a signal goes to it (or waits for its
         start); it no longer ends the attempt."""
         self._interruptible = False

@@ -66,6 +66,7 @@ class Lost:
     detail: str
     stopped: bool  # COMMAND was still running when pgsolo sent SIGTERM
     warned: bool = False  # --on-lost=warn: COMMAND was left to finish
+    others: int = 0  # processes COMMAND started that were running then (SIGTERM too)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,12 +74,17 @@ class Ran:
     """How COMMAND ended, once started."""
 
     returncode: int  # negative: killed by that signal
-    lost: Lost | None  # the lock went while it ran
+    lost: Lost | None  # the lock went while it (or what it started) ran
+    lingered: int = 0  # processes it started that still ran when it exited
 
     @property
     def status(self) -> int:
         """Its exit status as a shell says it: 128+N when killed by signal N."""
-        return self.returncode if self.returncode >= 0 else 128 - self.returncode
+        return _status(self.returncode)
+
+
+def _status(returncode: int) -> int:
+    return returncode if returncode >= 0 else 128 - returncode
 
 
 @dataclass
@@ -94,6 +100,7 @@ class Command:
     signals: RunSignals
     scrub: Callable[[BaseException], str]
     on_lost: str = "terminate"  # or "warn" (--on-lost)
+    kill_on_exit: bool = False  # stop what COMMAND left running instead of waiting for it
     started: bool = False  # the plan got as far as COMMAND
     ran: Ran | None = None
     status: int | None = None  # its exit status (127/126 when it could not be started)
@@ -121,6 +128,7 @@ class Command:
                     self.ran = ran = self._watch(child, proc, wakeup)
                 finally:
                     keeper.stop()  # joined: on_lost cannot write to a closed pipe
+                    child.close()
         self.status = ran.status
         if ran.returncode == 0 or (ran.lost is not None and not ran.lost.warned):
             return None
@@ -131,37 +139,81 @@ class Command:
         return Failure()
 
     def _watch(self, child: Child, proc: subprocess.Popen[bytes], wakeup: _Wakeup) -> Ran:
-        """Wait for COMMAND; stop it (or warn) if the keeper finds the lock gone."""
+        """Wait for COMMAND and for every process it started; stop them (or warn) if the
+        keeper finds the lock gone, or (--kill-on-exit) once COMMAND has exited."""
         lost: Lost | None = None
-        kill_at: float | None = None
+        returncode: int | None = None
+        lingered = 0  # processes COMMAND left running when it exited
+        stopping = False  # SIGTERM went out: processes started since get theirs too
+        kill_at: float | None = None  # when SIGTERM turns into SIGKILL
+        killing = False  # past kill_at: SIGKILL to whatever is left, until nothing is
         with _exit_of(proc) as exited:
             while True:
                 timeout = POLL_SECONDS
-                if kill_at is not None:
+                if kill_at is not None and not killing:
                     timeout = max(0.0, min(timeout, kill_at - time.monotonic()))
-                # Once the loss is handled the pipe stays readable: no longer watched.
-                watched = [fd for fd in (exited, None if lost else wakeup.fd) if fd is not None]
+                # Once COMMAND exited its pidfd stays readable, and once the loss is handled
+                # so does the pipe: neither is watched any more.
+                watched = [
+                    fd
+                    for fd in (exited if returncode is None else None, None if lost else wakeup.fd)
+                    if fd is not None
+                ]
                 select.select(watched, [], [], timeout)
-                returncode = proc.poll()
+                child.reap()
                 child.log_forwarded()
+                if returncode is None and (returncode := proc.poll()) is not None:
+                    lingered = child.lingering()
+                    # After a loss they are stopped already, or (--on-lost=warn) left to
+                    # finish as its warning said.
+                    if lingered and lost is None:
+                        stopping = self._linger(child, returncode, lingered)
+                        if stopping:
+                            kill_at = time.monotonic() + self.grace
                 if returncode is not None:
-                    if lost is not None and not lost.warned:
-                        child.drain_group(kill_at)
-                    return Ran(returncode, lost)
+                    if stopping:
+                        child.signal_all(signal.SIGTERM)  # those started since
+                    if killing:
+                        child.signal_all(signal.SIGKILL)
+                    if not child.lingering():
+                        return Ran(returncode, lost, lingered)
                 if lost is None and (loss := self.core.lost) is not None:
                     if self.on_lost == "warn":
                         lost = self._warn(child, loss)
                     else:
                         lost = self._stop(child, loss)
-                        kill_at = time.monotonic() + self.grace
-                elif kill_at is not None and time.monotonic() >= kill_at:
+                        stopping, kill_at = True, time.monotonic() + self.grace
+                elif kill_at is not None and not killing and time.monotonic() >= kill_at:
+                    who = "processes the command started" if returncode is not None else None
                     logger.error(
-                        "pgsolo: the command (%s) outlived the %gs grace period: SIGKILL",
-                        child.target,
+                        "pgsolo: %s outlived the %gs grace period: SIGKILL",
+                        who or f"the command ({child.target})",
                         self.grace,
                     )
-                    child.signal(signal.SIGKILL)
-                    kill_at = None
+                    killing = True
+                    child.signal_all(signal.SIGKILL)
+
+    def _linger(self, child: Child, status: int, lingered: int) -> bool:
+        """COMMAND exited and left ``lingered`` processes running: say so, and whether
+        they are to be stopped (--kill-on-exit) rather than waited for, lock held."""
+        if self.kill_on_exit:
+            logger.warning(
+                "pgsolo: the command exited (status %d) and left %d processes running;"
+                " --kill-on-exit: SIGTERM to them, SIGKILL in %gs if they still run",
+                _status(status),
+                lingered,
+                self.grace,
+            )
+            child.signal_all(signal.SIGTERM)
+            return True
+        logger.warning(
+            "pgsolo: the command exited (status %d) and left %d processes running; the lock"
+            " of job %s stays held until they end (--kill-on-exit stops them instead)",
+            _status(status),
+            lingered,
+            self.job.name,
+        )
+        return False
 
     def _detail(self, loss: LockLostError) -> str:
         """The loss in plain words (the keeper's log line has the driver's message)."""
@@ -191,7 +243,9 @@ class Command:
             child.target,
             self.grace,
         )
-        return Lost(loss.reason, self._detail(loss), stopped=child.stop())
+        running, others = not child.exited, child.lingering()
+        child.signal_all(signal.SIGTERM)
+        return Lost(loss.reason, self._detail(loss), stopped=running, others=others)
 
 
 class _Wakeup:

@@ -29,6 +29,7 @@ class AsyncPsycopgDriver(PsycopgBase):
     ``AsyncConnection``."""
 
     is_async: ClassVar[bool] = AIS_ASYNC
+    transaction_hint: ClassVar[str] = "async with conn.transaction():"
     _conn: psycopg.AsyncConnection[Any]
 
     def __init__(self, conn: psycopg.AsyncConnection[Any]) -> None:

@@ -8,9 +8,11 @@ from collections.abc import Sequence
 from typing import Any, ClassVar, cast
 
 from ..._acompat import AIS_ASYNC, AEvent
+from ..._logging import drivers_logger as logger
 from ...errors import ConnectionStateError
 from .. import AsyncDriver, Edge, News
 from .._sqlalchemy import (
+    SESSION_LOCK_REFUSAL,
     AsyncConnection,
     AsyncSession,
     Connection,
@@ -36,6 +38,30 @@ class AsyncSqlAlchemyDriver(SqlAlchemyBase):
     def __init__(self, owner: AsyncConnection | AsyncSession) -> None:
         self._setup(owner, acore_of(owner))
 
+    @property
+    def transaction_hint(self) -> str:
+        if isinstance(self._core, Connection):
+            return "async with conn.begin():"
+        return "async with session.begin():"
+
+    @property
+    def ending_advice(self) -> str:
+        if isinstance(self._core, Connection):
+            return (
+                "commit or roll it back first (await conn.commit() / await conn.rollback()),"
+                " or call it outside `async with conn.begin():`"
+            )
+        return (
+            "commit or roll it back first (await session.commit() / await"
+            " session.rollback()), or call it outside `async with session.begin():`"
+        )
+
+    @property
+    def session_locks_refused(self) -> str | None:
+        if isinstance(self._core, Connection):
+            return None
+        return SESSION_LOCK_REFUSAL + ": `async with engine.connect() as conn:`, then pass `conn`"
+
     async def fetch_value(
         self, statements: Sequence[str], wait: float = 0.0, edge: Edge | None = None
     ) -> object:
@@ -44,6 +70,20 @@ class AsyncSqlAlchemyDriver(SqlAlchemyBase):
         if edge == "begin":
             self._trans = await self._owner.begin()
         inner, conn = await self._bound()
+        try:
+            return await self._send(inner, conn, statements, wait, edge)
+        except Exception:
+            await self._invalidate_if_dead(inner)
+            raise
+
+    async def _send(
+        self,
+        inner: AsyncDriver,
+        conn: Connection,
+        statements: Sequence[str],
+        wait: float,
+        edge: Edge | None,
+    ) -> object:
         if self._sqlalchemy_autocommit():
             # No transaction at the server whatever SQLAlchemy's books say: a bare one.
             return await inner.fetch_value(statements, wait, edge)
@@ -52,6 +92,25 @@ class AsyncSqlAlchemyDriver(SqlAlchemyBase):
             return await inner.fetch_value(statements, wait)
         async with aautocommitting(conn, inner):
             return await inner.fetch_value(statements, wait)
+
+    async def _invalidate_if_dead(self, inner: AsyncDriver) -> None:
+        """A driver connection found dead under pgsolo's statement is invalidated, as
+        SQLAlchemy does when one of its own statements finds it so: its pool discards it
+        rather than reset it (which would fail, and log an ERROR with a traceback), and
+        the caller's next use of it says it was invalidated."""
+        owner = self._owner
+        if not inner.is_closed():
+            return
+        if isinstance(owner, AsyncConnection):
+            conn = owner
+        elif owner.in_transaction():
+            conn = await owner.connection()
+        else:  # a Session's connection went back to the pool with its transaction
+            return
+        try:
+            await conn.invalidate()
+        except Exception as exc:  # the caller's error says what happened; this is extra
+            logger.debug("pgsolo: invalidating a dead SQLAlchemy connection failed: %r", exc)
 
     async def _bound(self) -> tuple[AsyncDriver, Connection]:
         """pgsolo's adapter of the driver connection serving the caller's object now, and
@@ -62,7 +121,7 @@ class AsyncSqlAlchemyDriver(SqlAlchemyBase):
         if not core.in_transaction():
             raise ConnectionStateError(
                 "pgsolo's statements on an ORM session need its transaction open (the"
-                " session has no connection outside one): `with session.begin():`"
+                " session has no connection outside one): `async with session.begin():`"
             )
         conn = acore_of(await cast(AsyncSession, self._owner).connection())
         if not isinstance(conn, Connection):
@@ -93,9 +152,13 @@ class AsyncSqlAlchemyDriver(SqlAlchemyBase):
         if not statements and not self._sqlalchemy_autocommit():
             return None
         inner, _ = await self._bound()
-        if self._sqlalchemy_autocommit():
-            return await inner.fetch_value(statements, wait, edge)
-        return await inner.fetch_value(statements, wait)
+        try:
+            if self._sqlalchemy_autocommit():
+                return await inner.fetch_value(statements, wait, edge)
+            return await inner.fetch_value(statements, wait)
+        except Exception:
+            await self._invalidate_if_dead(inner)
+            raise
 
     async def _quietly_end(self, trans: Any, edge: Edge, *, quiet: bool = True) -> None:
         """Commit or roll back ``trans`` if it is still open; if the work ended it and

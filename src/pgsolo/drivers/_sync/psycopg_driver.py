@@ -30,6 +30,7 @@ class PsycopgDriver(PsycopgBase):
     ``Connection``."""
 
     is_async: ClassVar[bool] = IS_ASYNC
+    transaction_hint: ClassVar[str] = "with conn.transaction():"
     _conn: psycopg.Connection[Any]
 
     def __init__(self, conn: psycopg.Connection[Any]) -> None:

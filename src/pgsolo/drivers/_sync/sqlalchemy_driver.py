@@ -9,9 +9,11 @@ from collections.abc import Sequence
 from typing import Any, ClassVar, cast
 
 from ..._acompat import IS_ASYNC, Event
+from ..._logging import drivers_logger as logger
 from ...errors import ConnectionStateError
 from .. import Edge, News, SyncDriver
 from .._sqlalchemy import (
+    SESSION_LOCK_REFUSAL,
     Connection,
     Session,
     SqlAlchemyBase,
@@ -36,6 +38,30 @@ class SqlAlchemyDriver(SqlAlchemyBase):
     def __init__(self, owner: Connection | Session) -> None:
         self._setup(owner, core_of(owner))
 
+    @property
+    def transaction_hint(self) -> str:
+        if isinstance(self._core, Connection):
+            return "with conn.begin():"
+        return "with session.begin():"
+
+    @property
+    def ending_advice(self) -> str:
+        if isinstance(self._core, Connection):
+            return (
+                "commit or roll it back first (conn.commit() / conn.rollback()),"
+                " or call it outside `with conn.begin():`"
+            )
+        return (
+            "commit or roll it back first (session.commit() / await"
+            " session.rollback()), or call it outside `with session.begin():`"
+        )
+
+    @property
+    def session_locks_refused(self) -> str | None:
+        if isinstance(self._core, Connection):
+            return None
+        return SESSION_LOCK_REFUSAL + ": `with engine.connect() as conn:`, then pass `conn`"
+
     def fetch_value(
         self, statements: Sequence[str], wait: float = 0.0, edge: Edge | None = None
     ) -> object:
@@ -44,6 +70,20 @@ class SqlAlchemyDriver(SqlAlchemyBase):
         if edge == "begin":
             self._trans = self._owner.begin()
         inner, conn = self._bound()
+        try:
+            return self._send(inner, conn, statements, wait, edge)
+        except Exception:
+            self._invalidate_if_dead(inner)
+            raise
+
+    def _send(
+        self,
+        inner: SyncDriver,
+        conn: Connection,
+        statements: Sequence[str],
+        wait: float,
+        edge: Edge | None,
+    ) -> object:
         if self._sqlalchemy_autocommit():
             # No transaction at the server whatever SQLAlchemy's books say: a bare one.
             return inner.fetch_value(statements, wait, edge)
@@ -52,6 +92,25 @@ class SqlAlchemyDriver(SqlAlchemyBase):
             return inner.fetch_value(statements, wait)
         with autocommitting(conn, inner):
             return inner.fetch_value(statements, wait)
+
+    def _invalidate_if_dead(self, inner: SyncDriver) -> None:
+        """A driver connection found dead under pgsolo's statement is invalidated, as
+        SQLAlchemy does when one of its own statements finds it so: its pool discards it
+        rather than reset it (which would fail, and log an ERROR with a traceback), and
+        the caller's next use of it says it was invalidated."""
+        owner = self._owner
+        if not inner.is_closed():
+            return
+        if isinstance(owner, Connection):
+            conn = owner
+        elif owner.in_transaction():
+            conn = owner.connection()
+        else:  # a Session's connection went back to the pool with its transaction
+            return
+        try:
+            conn.invalidate()
+        except Exception as exc:  # the caller's error says what happened; this is extra
+            logger.debug("pgsolo: invalidating a dead SQLAlchemy connection failed: %r", exc)
 
     def _bound(self) -> tuple[SyncDriver, Connection]:
         """pgsolo's adapter of the driver connection serving the caller's object now, and
@@ -93,9 +152,13 @@ class SqlAlchemyDriver(SqlAlchemyBase):
         if not statements and not self._sqlalchemy_autocommit():
             return None
         inner, _ = self._bound()
-        if self._sqlalchemy_autocommit():
-            return inner.fetch_value(statements, wait, edge)
-        return inner.fetch_value(statements, wait)
+        try:
+            if self._sqlalchemy_autocommit():
+                return inner.fetch_value(statements, wait, edge)
+            return inner.fetch_value(statements, wait)
+        except Exception:
+            self._invalidate_if_dead(inner)
+            raise
 
     def _quietly_end(self, trans: Any, edge: Edge, *, quiet: bool = True) -> None:
         """Commit or roll back ``trans`` if it is still open; if the work ended it and

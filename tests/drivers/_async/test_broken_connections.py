@@ -1,0 +1,167 @@
+"""A caller's connection that breaks under one of pgsolo's statements, on every kind of
+connection (``tests/_drivers.py``): the error is pgsolo's, with the driver's (or the
+framework's) error as its cause, never the driver's own error or one of pgsolo's own
+code paths failing on the dead connection; the caller's own statements fail as the
+caller's library makes them fail.
+
+The backend is terminated for real, from another session (``pg_terminate_backend``),
+while the lock waits for a key another session holds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+import pgsolo
+from _drivers import ASYNC_KINDS, AKind
+from _support import Connect, eventually, terminate
+from pgsolo import Key
+
+LIFETIMES = [
+    (kind, lifetime)
+    for kind in ASYNC_KINDS
+    for lifetime in ("session", "xact")
+    if kind.session_locks or lifetime == "xact"
+]
+
+
+@contextmanager
+def terminating_the_waiter(observer: Any, key: Key) -> Iterator[None]:
+    """Terminate the backend that waits for ``key``, once one does (from a thread: the
+    wait blocks the test's own)."""
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            waiters = eventually(lambda: observer.waiters(key), "a backend waits for the key")
+            terminate(observer, next(iter(waiters)))
+        except BaseException as exc:  # reported by the test
+            failures.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        thread.join()
+    assert not failures, failures
+
+
+def causes(error: BaseException) -> list[BaseException]:
+    chain: list[BaseException] = []
+    while error.__cause__ is not None:
+        error = error.__cause__
+        chain.append(error)
+    return chain
+
+
+@pytest.mark.parametrize(("kind", "lifetime"), LIFETIMES, ids=str)
+async def test_a_wait_whose_backend_is_terminated_is_database_unavailable(
+    kind: AKind, lifetime: str, db: str, observer: Any, key: Key, sync_connect: Connect
+) -> None:
+    """Regression: a wait cut by the end of its backend raised the driver's own error
+    (psycopg's ``AdminShutdown``, asyncpg's ``ConnectionDoesNotExistError``, SQLAlchemy's
+    asyncpg adapter's ``InterfaceError``), or ``AttributeError`` from pgsolo's own error
+    path on asyncpg. Now it is :class:`~pgsolo.DatabaseUnavailableError`, caused by the
+    driver's error, and nothing is held."""
+    factory = pgsolo.session_lock if lifetime == "session" else pgsolo.xact_lock
+
+    async def wait_for_it(conn: Any) -> None:
+        async with factory(conn, key, wait=30):
+            pass
+
+    with pgsolo.session_lock(sync_connect(), key) as held:
+        assert held.acquired
+        async with kind.open(db) as conn:
+            with (
+                terminating_the_waiter(observer, key),
+                pytest.raises(pgsolo.DatabaseUnavailableError) as raised,
+            ):
+                await wait_for_it(conn.conn)
+            assert causes(raised.value), "the driver's error is the cause"
+        assert observer.holders(key) == {held.backend_pid}
+    assert observer.waiters(key) == set()
+
+
+@pytest.mark.parametrize(("kind", "lifetime"), LIFETIMES, ids=str)
+async def test_a_lock_in_a_transaction_whose_backend_died_is_database_unavailable(
+    kind: AKind, lifetime: str, db: str, observer: Any, key: Key
+) -> None:
+    """Regression: the first of pgsolo's statements on a connection whose backend died
+    while idle (a transaction lock's, or a session lock's check of what answers the
+    connection) raised the driver's error (on SQLAlchemy's asyncpg dialect its adapter's
+    ``InterfaceError``, neither a ``SQLAlchemyError`` nor a pgsolo error). Now it is
+    :class:`~pgsolo.DatabaseUnavailableError`, caused by the driver's error."""
+    factory = pgsolo.session_lock if lifetime == "session" else pgsolo.xact_lock
+    async with kind.open(db) as conn:
+        await conn.begin()
+        await conn.execute("SELECT 1")
+        terminate(observer, await conn.pid())
+        with pytest.raises(pgsolo.DatabaseUnavailableError) as raised:
+            await factory(conn.conn, key).acquire()
+        assert causes(raised.value), "the driver's error is the cause"
+        with contextlib.suppress(Exception):  # the caller's own clean-up, as it may
+            await conn.rollback()
+    assert observer.holders(key) == set()
+
+
+@pytest.mark.parametrize("kind", [k for k in ASYNC_KINDS if not k.implicit], ids=str)
+async def test_the_commit_of_pgsolos_transaction_on_a_dead_connection_is_a_lost_lock(
+    kind: AKind, db: str, observer: Any, key: Key
+) -> None:
+    """Regression: a block of ``with xact_lock(conn, key)`` (pgsolo's own transaction)
+    whose backend died before the commit raised the driver's error from pgsolo's COMMIT.
+    Now it is :class:`~pgsolo.LockLostError` (``connection-lost``), caused by the
+    driver's error: the lock ended with its session, before the work committed."""
+
+    async def die_in_the_block(conn: Any) -> None:
+        async with pgsolo.xact_lock(conn, key) as lock:
+            assert lock.acquired
+            (pid,) = observer.holders(key)
+            terminate(observer, pid)
+
+    async with kind.open(db) as conn:
+        with pytest.raises(pgsolo.LockLostError) as raised:
+            await die_in_the_block(conn.conn)
+        assert raised.value.reason == "connection-lost"
+        assert causes(raised.value), "the driver's error is the cause"
+    assert observer.holders(key) == set()
+
+
+@pytest.mark.parametrize("kind", [k for k in ASYNC_KINDS if not k.implicit], ids=str)
+async def test_the_works_own_error_on_a_dead_connection_passes_through_untouched(
+    kind: AKind, db: str, observer: Any, key: Key
+) -> None:
+    """Guards the other half of the rule: pgsolo's statements fail as pgsolo, the
+    caller's own never do. A statement of the block that finds the connection dead raises
+    what the caller's library raises, not a pgsolo error, and pgsolo's clean-up at the
+    block's end adds nothing to it."""
+    seen: list[BaseException] = []
+
+    async def work_in_the_block(conn: Any) -> None:
+        async with pgsolo.xact_lock(conn.conn, key) as lock:
+            assert lock.acquired
+            (pid,) = observer.holders(key)
+            terminate(observer, pid)
+            try:
+                await conn.execute("SELECT 1")
+            except Exception as exc:
+                seen.append(exc)
+                raise
+
+    raised: BaseException | None = None
+    async with kind.open(db) as conn:
+        try:
+            await work_in_the_block(conn)
+        except Exception as exc:  # whatever the caller's library raises
+            raised = exc
+    assert raised is not None, "the block's statement on a dead connection raised nothing"
+    assert seen == [raised]
+    assert not isinstance(raised, pgsolo.PgsoloError)
+    assert observer.holders(key) == set()
