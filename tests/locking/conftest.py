@@ -9,8 +9,7 @@ from typing import Any
 import pytest
 from psycopg import sql as pgsql
 
-from _support import SLICE, Child
-from pgsolo.locking import waits
+from _support import Child
 
 
 @pytest.fixture
@@ -37,11 +36,3 @@ def table(observer: Any) -> Iterator[str]:
     )
     yield name
     observer.conn.execute(pgsql.SQL("DROP TABLE IF EXISTS {}").format(pgsql.Identifier(name)))
-
-
-@pytest.fixture
-def short_slices(monkeypatch: pytest.MonkeyPatch) -> float:
-    """Waits cut into slices of :data:`SLICE` seconds, so that a test waits several of them
-    in a second or two; the slice, for the test to bound what it sees with."""
-    monkeypatch.setattr(waits, "WAIT_SLICE_SECONDS", SLICE)
-    return SLICE
