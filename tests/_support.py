@@ -318,6 +318,77 @@ def in_background(conn: psycopg.Connection, statement: str) -> threading.Thread:
     return thread
 
 
+SLICE = 0.3  # the slice of a wait in the tests of long waits (pgsolo waits in 2 s slices)
+HOLD = 2.0  # how long a holder keeps the key a long wait waits for: several slices
+# The oldest a waiter's snapshot or transaction may be seen: a slice, its round trips and
+# a poll of the watch, on two cores shared with other work; far below HOLD.
+SLICE_BOUND = 1.0
+
+
+class SnapshotWatch:
+    """From a session of its own (``conn``, autocommit), polls ``pg_stat_activity`` for
+    backend ``pid`` until the block ends, and keeps the age in seconds of the oldest
+    transaction (``xact_start``) and snapshot (``backend_xmin``) it saw the backend with,
+    and whether it saw it wait for a lock.
+
+    A snapshot's xmin says nothing of its age by itself, and stays the same when nothing
+    commits, so each poll commits a transaction of its own first (``pg_current_xact_id``): a
+    snapshot taken after a poll has a later xmin. A snapshot's age is the time since the
+    first poll whose transaction it did not see as finished (at most one poll younger than
+    it is)."""
+
+    POLL = 0.02
+
+    def __init__(self, conn: psycopg.Connection[Any], pid: int) -> None:
+        self.conn, self.pid = conn, pid
+        self.oldest_transaction = self.oldest_snapshot = 0.0
+        self.saw_lock_wait = False
+        self._polls: list[tuple[int, float]] = []  # (transaction id, when)
+        self._stop = threading.Event()
+        self._failure: list[BaseException] = []
+        self._thread = threading.Thread(target=self._watch, name="snapshot-watch", daemon=True)
+
+    def __enter__(self) -> SnapshotWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(DEADLINE)
+        if self._failure:
+            raise self._failure[0]
+
+    def _watch(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self._poll()
+                self._stop.wait(self.POLL)
+        except BaseException as exc:
+            self._failure.append(exc)
+
+    def _poll(self) -> None:
+        row = self.conn.execute("SELECT pg_current_xact_id()::text::bigint").fetchone()
+        assert row is not None
+        self._polls.append((int(row[0]), time.monotonic()))
+        row = self.conn.execute(
+            "SELECT backend_xmin::text::bigint,"
+            " extract(epoch FROM clock_timestamp() - xact_start)::float8,"
+            " wait_event_type = 'Lock'"
+            " FROM pg_stat_activity WHERE pid = %s",
+            (self.pid,),
+        ).fetchone()
+        now = time.monotonic()
+        if row is None:
+            return
+        xmin, transaction_age, waits = row
+        if transaction_age is not None:
+            self.oldest_transaction = max(self.oldest_transaction, transaction_age)
+        if xmin is not None:
+            taken_after = next((when for xid, when in self._polls if xid >= xmin), now)
+            self.oldest_snapshot = max(self.oldest_snapshot, now - taken_after)
+        self.saw_lock_wait = self.saw_lock_wait or bool(waits)
+
+
 # -- locks: what a test takes, and the state it must leave ----------------------------------
 
 

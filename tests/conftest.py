@@ -23,9 +23,10 @@ import pgsolo
 from _bouncer import bouncer, session_bouncer, via_bouncer  # noqa: F401 - fixtures
 from _cluster import Replicas, replica_pair, replicas  # noqa: F401 - fixtures
 from _drivers import aengine, engine  # noqa: F401 - fixtures
-from _support import WORK, AConnect, Connect, aclosing_all, closing_all
+from _support import SLICE, WORK, AConnect, Connect, aclosing_all, closing_all
 from pgsolo.embedded import embedded_server
 from pgsolo.keys import Key, decode_pg_lock
+from pgsolo.locking import waits
 
 # Property-based tests (tests/fuzz/): no deadline (a real server answers each example, and a
 # shared machine's pauses are no bug), and a connection fixture reused across the examples
@@ -158,3 +159,11 @@ def fresh_db(dsn: str, observer: Observer) -> Iterator[str]:
         observer.conn.execute(
             pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name))
         )
+
+
+@pytest.fixture
+def short_slices(monkeypatch: pytest.MonkeyPatch) -> float:
+    """Waits cut into slices of :data:`SLICE` seconds, so that a test waits several of them
+    in a second or two; the slice, for the test to bound what it sees with."""
+    monkeypatch.setattr(waits, "WAIT_SLICE_SECONDS", SLICE)
+    return SLICE

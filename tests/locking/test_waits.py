@@ -8,6 +8,7 @@ scripts/unasync.py generates ``_sync/test_waits.py``.
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import time
 from typing import Any
@@ -19,17 +20,24 @@ from psycopg import pq
 import pgsolo
 from _support import (
     DEADLINE,
+    HOLD,
     IDLE,
     INTRANS,
+    SLICE_BOUND,
     AConnect,
     Connect,
+    SnapshotWatch,
     assert_clean,
     eventually,
+    hold,
     hold_session_lock,
     lock_factory,
     lock_for,
+    new_job,
+    pgsolo_in_background,
     pid_of,
     show_lock_timeout,
+    unhold,
 )
 from pgsolo import (
     Key,
@@ -179,6 +187,72 @@ def test_plain_xact_wait_timeout_on_non_autocommit_idle_connection_keeps_it_usab
     conn.rollback()
     assert conn.info.transaction_status is IDLE
     assert observer.holders(key) == {pid_of(holder)}
+
+
+@pytest.mark.parametrize("lifetime", ["xact", "session"])
+def test_run_job_long_wait_never_holds_an_old_snapshot(
+    connect: Connect, observer: Any, short_slices: float, lifetime: str
+) -> None:
+    """Guards issue 22 for jobs: run_job(wait=) waits in slices like any lock (in a
+    transaction of its own per slice, for lifetime="xact"), so its backend never holds a
+    snapshot or a transaction older than about one slice, and it runs the job once the
+    holder lets go, leaving nothing held."""
+    job = new_job("long-wait")
+    holder = hold(connect, job)
+    conn = connect()
+    conn.execute("SET lock_timeout = '7s'")
+    ran: list[float] = []
+    letting_go = threading.Timer(HOLD, unhold, (holder, job))
+    started = time.monotonic()
+    with SnapshotWatch(connect(), pid_of(conn)) as watch:
+        letting_go.start()
+        try:
+            result = pgsolo.run_job(
+                conn, job, lambda c: ran.append(time.monotonic()), wait=30, lifetime=lifetime
+            )
+        finally:
+            letting_go.join(DEADLINE)
+    assert result.completed
+    assert len(ran) == 1
+    assert ran[0] - started > HOLD * 0.9
+    assert watch.saw_lock_wait
+    assert watch.oldest_snapshot < SLICE_BOUND, f"a snapshot {watch.oldest_snapshot:.2f}s old"
+    assert watch.oldest_transaction < SLICE_BOUND, (
+        f"a transaction {watch.oldest_transaction:.2f}s old"
+    )
+    assert show_lock_timeout(conn) == "7s"
+    assert observer.advisory(pid=pid_of(conn)) == set()
+    assert conn.info.transaction_status is IDLE
+
+
+def test_pgsolo_run_long_wait_never_holds_an_old_snapshot(
+    dsn: str, connect: Connect, observer: Any
+) -> None:
+    """Guards issue 22 on the command line: ``pgsolo run --wait`` waits in pgsolo's own
+    2 s slices, so a run that waits longer than two of them never shows a snapshot or a
+    transaction older than about one, then runs COMMAND when the holder lets go. One
+    statement for the whole wait held both for as long as it waited."""
+    job = new_job("cli-long-wait")
+    holder = hold(connect, job)
+    held_for = 5.5  # more than two slices of 2 s
+    with pgsolo_in_background(
+        "run", "--key", job, "--wait", "60", "--dsn", dsn, "--", sys.executable, "-c", "pass"
+    ) as run:  # fmt: skip
+        pid = eventually(
+            lambda: observer.conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = %s",
+                (f"pgsolo:{job}",),
+            ).fetchone(),
+            "pgsolo run to connect",
+        )[0]
+        with SnapshotWatch(connect(), pid) as watch:
+            time.sleep(held_for)
+            unhold(holder, job)
+            _, stderr = run.communicate(timeout=DEADLINE)
+    assert run.returncode == 0, stderr
+    assert watch.saw_lock_wait
+    assert watch.oldest_snapshot < 3.0, f"a snapshot {watch.oldest_snapshot:.2f}s old"
+    assert watch.oldest_transaction < 3.0, f"a transaction {watch.oldest_transaction:.2f}s old"
 
 
 # -- async connections ---------------------------------------------------------------------

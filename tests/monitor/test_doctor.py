@@ -22,6 +22,7 @@ from _bouncer import Bouncer
 from _relay import FreezingProxy
 from _support import DEADLINE, STATEMENT_BOUND, Connect, closing_all, eventually, in_background
 from pgsolo import Check, Key, doctor
+from pgsolo.locking import waits
 
 
 def by_name(checks: list[Check]) -> dict[str, Check]:
@@ -51,6 +52,7 @@ def test_a_quiet_database_passes_every_check_but_public_execute(
         "primary",
         "idle-session-locks",
         "transaction-locks",
+        "vacuum-horizon",
         "lock-table-capacity",
         "application-name",
         "idle-timeouts",
@@ -116,6 +118,64 @@ def test_idle_in_transaction_holding_a_lock_fails_and_a_long_one_warns(
     finally:
         observer.conn.execute("SELECT pg_cancel_backend(%s)", (busy.info.backend_pid,))  # type: ignore[attr-defined]
         sleeper.join(DEADLINE)
+
+
+def test_a_session_holding_an_old_snapshot_holds_back_vacuum(
+    fresh: Callable[..., psycopg.Connection],
+) -> None:
+    """Guards issue 22: a session whose transaction holds a snapshot (REPEATABLE READ,
+    after its first query) holds back VACUUM in the whole database, advisory locks or
+    not: doctor names it (pid, application_name, state, age, what it holds, its query)
+    once it is older than snapshot_older_than, and no longer once it ends."""
+    reader = fresh(application_name="report-reader")
+    reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+    reader.execute("SELECT count(*) FROM pg_class")  # the transaction's snapshot
+    conn = fresh()
+    assert by_name(doctor(conn))["vacuum-horizon"].status == "ok"  # 60 s by default
+    check = eventually(
+        lambda: (
+            (c := by_name(doctor(conn, snapshot_older_than=0.2))["vacuum-horizon"]).status == "warn"
+            and c
+        ),
+        "the old snapshot to be flagged",
+    )
+    pid = reader.info.backend_pid
+    assert f"pid {pid} ('report-reader') idle in transaction for" in check.detail
+    assert "holding a snapshot, query 'SELECT count(*) FROM pg_class'" in check.detail
+    assert "idle_in_transaction_session_timeout" in check.advice
+    # The check is the database's, not the advisory locks': the reader holds none.
+    assert by_name(doctor(conn, older_than=0.2))["transaction-locks"].status == "ok"
+    reader.execute("ROLLBACK")
+    assert by_name(doctor(conn, snapshot_older_than=0.2))["vacuum-horizon"].status == "ok"
+
+
+def test_a_pgsolo_waiter_never_holds_back_vacuum(
+    fresh: Callable[..., psycopg.Connection], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Guards issue 22: a pgsolo waiter waits in slices, so however long it waits doctor
+    never finds it holding back VACUUM for longer than a slice (one statement for the
+    whole wait did, and doctor said all was well)."""
+    monkeypatch.setattr(waits, "WAIT_SLICE_SECONDS", 0.3)
+    k = Key((7_200_004, 1))
+    holder, waiter = fresh(), fresh(application_name="standby")
+    holder.execute(f"SELECT pg_advisory_lock({k.sql_args})")
+
+    def wait_long() -> None:
+        with contextlib.suppress(pgsolo.PgsoloError), pgsolo.session_lock(waiter, k, wait=30):
+            pass
+
+    thread = threading.Thread(target=wait_long, daemon=True)
+    thread.start()
+    try:
+        conn = fresh()
+        ends = time.monotonic() + 2.0
+        while time.monotonic() < ends:
+            check = by_name(doctor(conn, snapshot_older_than=1.0))["vacuum-horizon"]
+            assert check.status == "ok", check
+            time.sleep(0.1)
+    finally:
+        holder.execute(f"SELECT pg_advisory_unlock({k.sql_args})")
+        thread.join(DEADLINE)
 
 
 def test_lock_table_capacity_warns_and_fails_as_it_fills(

@@ -6,6 +6,8 @@ arguments refused before any SQL, and the cost of a call with 10,000 locks held.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
+from datetime import timedelta
 from pathlib import Path
 
 import psycopg
@@ -20,6 +22,7 @@ from _support import (
     in_background,
 )
 from pgsolo import AdvisoryLock, Key, Registry, advisory_locks, doctor, sql, wait_chains
+from pgsolo.cli.locks import WIDE_COLUMNS, lock_table
 from pgsolo.errors import InvalidArgumentError, InvalidKeyError
 from pgsolo.keys import derive_int32, derive_int64
 
@@ -69,6 +72,42 @@ def test_every_kind_of_key_is_decoded_with_its_mode_and_lifetime(
     assert (in_xact.state, in_xact.since_source) == ("idle in transaction", "xact_start")
     assert in_xact.as_dict()["key"] == "77:-77"
     assert in_xact.as_dict()["mode"] == "exclusive"
+
+
+def test_a_session_that_holds_back_vacuum_is_shown(connect: Connect) -> None:
+    """Guards issue 22: a lock's row says how long its session has held back VACUUM (a
+    snapshot or a transaction id in its open transaction: here REPEATABLE READ after its
+    first statement), and ``pgsolo locks`` marks it past doctor's threshold; a session
+    lock held while idle holds nothing back."""
+    reader = connect(application_name="rr-holder")
+    reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+    reader.execute("SELECT pg_advisory_xact_lock(7300001)")  # and the transaction's snapshot
+    idle = connect()
+    idle.execute("SELECT pg_advisory_lock(7300002)")
+    time.sleep(0.3)
+    rows = {
+        lock.key: lock for lock in mine(connect(), reader.info.backend_pid, idle.info.backend_pid)
+    }
+    holding, harmless = rows[Key(7300001)], rows[Key(7300002)]
+    assert holding.holds_back_vacuum_seconds is not None
+    assert holding.holds_back_vacuum_seconds >= 0.25
+    assert holding.as_dict()["holds_back_vacuum_seconds"] == holding.holds_back_vacuum_seconds
+    assert harmless.holds_back_vacuum_seconds is None
+    assert harmless.as_dict()["holds_back_vacuum_seconds"] is None
+    # Past doctor's 60 s (the same row, a minute older), the table marks the session.
+    old = replace(holding, holds_back_vacuum_since=holding.observed_at - timedelta(seconds=61))
+    narrow = lock_table([old, harmless], wide=False, width=200)
+    assert [line[2] for line in narrow[1:]] == [
+        f"{reader.info.backend_pid} *",
+        str(idle.info.backend_pid),
+    ]
+    wide = lock_table([old, harmless, holding], wide=True)
+    vacuum = WIDE_COLUMNS.index("VACUUM")
+    assert [line[vacuum] for line in wide[1:]] == ["1m01s *", "", wide[3][vacuum]]
+    assert wide[3][vacuum].endswith("s")
+    assert not wide[3][vacuum].endswith("*")
+    reader.execute("ROLLBACK")
+    idle.execute("SELECT pg_advisory_unlock(7300002)")
 
 
 def test_a_three_deep_wait_chain_is_shown_in_order(connect: Connect, observer: object) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from ..monitor.checks import MAX_OLDER_THAN
+from ..monitor.checks import DEFAULT_SNAPSHOT_OLDER_THAN, MAX_OLDER_THAN
 from .exit_codes import (
     EXIT_FAILED,
     EXIT_OK,
@@ -33,7 +33,8 @@ def add_doctor_command(subparsers: Subparsers) -> None:
         help="check the production checklist against a live database",
         description="Check the database against the advisory-lock production checklist and"
         " print each check as ok, warn or fail with one line of advice: idle sessions"
-        " holding session locks, idle or long transactions holding locks, the shared lock"
+        " holding session locks, idle or long transactions holding locks, any session whose"
+        " old transaction or snapshot holds back VACUUM, the shared lock"
         " table's capacity, connections without an application_name, idle timeouts that"
         " end lock holders, lock_timeout, a pooling proxy, and PUBLIC's EXECUTE on the"
         " advisory-lock functions. Exit codes: 0 no check failed (warnings allowed);"
@@ -46,6 +47,15 @@ def add_doctor_command(subparsers: Subparsers) -> None:
         metavar="SECONDS",
         help="an idle session or open transaction holding a lock, or a wait, older than this"
         " is suspect (default: 300)",
+    )
+    parser.add_argument(
+        "--snapshot-older-than",
+        type=seconds_between(0, MAX_OLDER_THAN),
+        default=DEFAULT_SNAPSHOT_OLDER_THAN,
+        metavar="SECONDS",
+        help="a session (any, advisory locks or not) whose transaction has held a snapshot or"
+        " a transaction id, or sat idle, for longer than this holds back VACUUM"
+        f" (default: {DEFAULT_SNAPSHOT_OLDER_THAN:g})",
     )
     add_dsn_argument(parser)
     add_json_argument(parser)
@@ -62,7 +72,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         database(args.dsn, connect_timeout=args.connect_timeout) as db,
         connection(db, "pgsolo:doctor") as conn,
     ):
-        checks = doctor(conn, older_than=args.older_than)
+        checks = doctor(
+            conn, older_than=args.older_than, snapshot_older_than=args.snapshot_older_than
+        )
         name, server = where(conn)
     code = EXIT_FAILED if any(check.status == "fail" for check in checks) else EXIT_OK
     if args.json:

@@ -7,6 +7,7 @@ import shutil
 from typing import TYPE_CHECKING
 
 from ..keys import Key
+from ..monitor.checks import DEFAULT_SNAPSHOT_OLDER_THAN
 from .exit_codes import (
     EXIT_OK,
     EXIT_USAGE,
@@ -41,7 +42,8 @@ def add_locks_command(subparsers: Subparsers) -> None:
         " with it), exclusive or shared, lifetime where the server proves it, the backend"
         " (pid, application_name, client, state), how long it has been held (a bound:"
         " PostgreSQL records no grant time) or waited for, its current query (never"
-        " pgsolo's keeper beat), and the wait chains (pg_blocking_pids). The table fits"
+        " pgsolo's keeper beat), a session whose old transaction or snapshot holds back"
+        " VACUUM (marked *), and the wait chains (pg_blocking_pids). The table fits"
         " the terminal; --wide shows every column. Exit code 0.",
     )
     parser.add_argument(
@@ -80,6 +82,7 @@ WIDE_COLUMNS = (
     "STATE",
     "FOR",
     "BLOCKED BY",
+    "VACUUM",
     "QUERY",
 )
 
@@ -126,6 +129,11 @@ def cmd_locks(args: argparse.Namespace) -> int:
     print(f"  {db.label}")
     if locks:
         print_table(lock_table(locks, wide=args.wide))
+    if any(_holds_back_vacuum(lock) for lock in locks):
+        print(
+            f"* holds back VACUUM: a transaction holding a snapshot or a transaction id for"
+            f" over {DEFAULT_SNAPSHOT_OLDER_THAN:g}s (pgsolo doctor names it)"
+        )
     if chains:
         print("wait chains (each pid waits for the next; the last one holds the lock):")
         for chain in chains:
@@ -160,12 +168,19 @@ def lock_table(
     return [COLUMNS, *((*row, query) for row, query in zip(rows, queries, strict=True))]
 
 
+def _holds_back_vacuum(lock: AdvisoryLock) -> bool:
+    """Whether the lock's session has held back VACUUM for longer than doctor allows."""
+    held = lock.holds_back_vacuum_seconds
+    return held is not None and held > DEFAULT_SNAPSHOT_OLDER_THAN
+
+
 def _narrow_line(lock: AdvisoryLock) -> tuple[str, ...]:
     status = "held" if lock.granted else "waiting"
+    pid = str(lock.pid) if lock.pid is not None else "(prepared)"
     return (
         _cut(lock.name or lock.key.text, NARROW_WIDTHS["LOCK"]),
         status + (" (sh)" if lock.shared else ""),
-        str(lock.pid) if lock.pid is not None else "(prepared)",
+        pid + (" *" if _holds_back_vacuum(lock) else ""),
         _cut(lock.application_name or "", NARROW_WIDTHS["APPLICATION"]),
         _age(lock),
     )
@@ -209,5 +224,16 @@ def lock_line(lock: AdvisoryLock) -> tuple[str, ...]:
         lock.state or "",
         since,
         ",".join(str(pid) for pid in lock.blocked_by),
+        _vacuum_cell(lock),
         _cut(query, QUERY_WIDTH),
     )
+
+
+def _vacuum_cell(lock: AdvisoryLock) -> str:
+    """How long the session has held back VACUUM, marked past doctor's threshold."""
+    from ..monitor.snapshot import format_seconds  # noqa: PLC0415
+
+    held = lock.holds_back_vacuum_seconds
+    if held is None:
+        return ""
+    return format_seconds(held) + (" *" if _holds_back_vacuum(lock) else "")

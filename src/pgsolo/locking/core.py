@@ -35,7 +35,7 @@ from ..errors import (
     UsageError,
 )
 from ..keys import Key
-from . import failures, holdings, placement, recovery, transaction
+from . import failures, holdings, placement, recovery, transaction, waits
 from .placement import in_savepoint, unlock_statement
 from .plans import Own, Plan, Wait
 from .routing import Route, check_route, transaction_pooling_error
@@ -55,14 +55,20 @@ def _is_token(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
-def wait_ms_of(wait: float | None) -> int | None:
-    """``wait`` in whole milliseconds (rounded up), or None for a try."""
+def wait_ms_of(wait: float | None) -> float | None:
+    """``wait`` in whole milliseconds (rounded up), ``math.inf`` for a wait with no end
+    (``wait=math.inf``), or None for a try."""
     if wait is None:
         return None
+    if isinstance(wait, float) and wait == math.inf:
+        return math.inf
     try:
         seconds = check_seconds("wait", wait, 0, MAX_WAIT_SECONDS, above_low=True)
     except InvalidArgumentError as exc:
-        raise InvalidArgumentError(f"{exc}; use wait=None to try once without waiting") from None
+        raise InvalidArgumentError(
+            f"{exc} (or math.inf, to wait for as long as it takes); use wait=None to try"
+            " once without waiting"
+        ) from None
     return max(1, math.ceil(seconds * 1000))
 
 
@@ -85,7 +91,7 @@ class LockCore:
         key: Key,
         lifetime: Lifetime,
         *,
-        wait_ms: int | None,
+        wait_ms: float | None,
         shared: bool,
         reentrant: bool,
         fencing: bool = False,
@@ -185,9 +191,10 @@ class LockCore:
             raise ConnectionStateError(f"the connection cannot take a lock now: {status.words}")
         return status
 
-    def _waiting(self, statements: list[str]) -> list[str] | Wait:
-        """The acquisition's statements, marked as waiting for the lock when they may."""
-        return statements if self.wait_ms is None else Wait(statements, self.wait_seconds)
+    @staticmethod
+    def _waiting(statements: list[str], lock_timeout_ms: int | None) -> list[str] | Wait:
+        """A slice's statements, marked as waiting for the lock when they may."""
+        return statements if lock_timeout_ms is None else Wait(statements, lock_timeout_ms / 1000)
 
     # - acquire -
 
@@ -252,26 +259,35 @@ class LockCore:
     def _acquire_xact_claimed(self, status: TxStatus, *, context: bool) -> Plan[bool]:
         status = self._usable_status(status)
         joins = transaction.joins_callers_transaction(self, status, context=context)
-        opening = transaction.opening(self, status, context=context)
-        statements = placement.xact_acquisition(self, in_callers_transaction=joins)
-        step = (
-            self._waiting(statements)
-            if opening is None
-            else Own([*opening, *statements], "begin", self.wait_seconds)
-        )
         started = time.perf_counter()
-        try:
-            value = yield step
-        except BaseException as exc:
-            # Read as the failure left the connection: ending pgsolo's own transaction
-            # through a framework may reconnect (Django does).
-            error = failures.acquisition_error(self, exc, started)
-            yield from recovery.after_xact_failure(self, in_callers_transaction=joins)
-            if error is None:
-                error = yield from failures.cut_short(self, exc, started)
-            if error is not None:
-                raise error from exc
-            raise
+        # Each slice of a wait in a transaction of its own (pgsolo's, opened again) or a
+        # savepoint of the caller's, rolled back when the slice runs out (waits.py).
+        for lock_timeout, last in waits.slices(self.wait_ms):
+            opening = transaction.opening(self, status, context=context)
+            statements = placement.xact_acquisition(
+                self, lock_timeout, in_callers_transaction=joins
+            )
+            step = (
+                self._waiting(statements, lock_timeout)
+                if opening is None
+                else Own([*opening, *statements], "begin", (lock_timeout or 0) / 1000)
+            )
+            try:
+                value = yield step
+            except BaseException as exc:
+                next_slice = not last and failures.timed_out(self, exc)
+                # Read as the failure left the connection: ending pgsolo's own transaction
+                # through a framework may reconnect (Django does).
+                error = None if next_slice else failures.acquisition_error(self, exc, started)
+                yield from recovery.after_xact_failure(self, in_callers_transaction=joins)
+                if next_slice:
+                    continue
+                if error is None:
+                    error = yield from failures.cut_short(self, exc, started)
+                if error is not None:
+                    raise error from exc
+                raise
+            break
         if value is None:  # sql.acquire's answer on a server in recovery: nothing taken
             yield from recovery.abandon_own_transaction(self)
             raise failures.standby_refused(self, started)
@@ -327,21 +343,9 @@ class LockCore:
             if claim == "busy":
                 return failures.busy_here(self, pid)
             self.route = route = yield from self._route(status, pid)
-            self.hold = sql.hold_savepoint(self.key) if status is TxStatus.INTRANS else None
+            hold = sql.hold_savepoint(self.key) if status is TxStatus.INTRANS else None
             started = time.perf_counter()
-            try:
-                value = yield self._waiting(placement.session_acquisition(self, status, route))
-            except BaseException as exc:
-                if not (yield from recovery.after_session_failure(self, status, exc)):
-                    error = failures.acquisition_error(self, exc, started)
-                    if error is None:
-                        error = yield from failures.cut_short(self, exc, started)
-                    if error is not None:
-                        raise error from exc
-                    raise
-                value, note = True, {"note": "granted as it timed out"}
-            else:
-                note = {}
+            value, note = yield from self._session_answer(status, route, hold, started)
             if value is None:  # the guard: not the session the route was checked on
                 yield from recovery.drop_hold(self)
                 raise transaction_pooling_error(
@@ -371,6 +375,31 @@ class LockCore:
             self.hold = None
             if not confirmed:
                 holdings.withdraw(conn, self.key, self)
+
+    def _session_answer(
+        self, status: TxStatus, route: Route, hold: str | None, started: float
+    ) -> Plan[tuple[object, dict[str, object]]]:
+        """The server's answer to a session lock's acquisition, with a note for the log.
+        Each slice of a wait runs in a short transaction, or a savepoint of the caller's
+        (waits.py); one that ran out is put right, as any failed acquisition, and may turn
+        out granted as it timed out."""
+        for lock_timeout, last in waits.slices(self.wait_ms):
+            self.hold = hold  # opened again by each slice: one that ran out left it
+            statements = placement.session_acquisition(self, status, route, lock_timeout)
+            try:
+                return (yield self._waiting(statements, lock_timeout)), {}
+            except BaseException as exc:
+                if (yield from recovery.after_session_failure(self, status, exc)):
+                    return True, {"note": "granted as it timed out"}
+                if not last and failures.timed_out(self, exc):
+                    continue
+                error = failures.acquisition_error(self, exc, started)
+                if error is None:
+                    error = yield from failures.cut_short(self, exc, started)
+                if error is not None:
+                    raise error from exc
+                raise
+        raise RuntimeError("waits.slices() yields a last slice, whose failure is raised")
 
     def _route(self, status: TxStatus, pid: int) -> Plan[Route]:
         """What answers this connection, checked once per connection (pgsolo.locking.routing)."""

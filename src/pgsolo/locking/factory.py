@@ -103,8 +103,10 @@ def xact_lock(
     one round trip), commits it at the end of the block and rolls it back on an error.
     Inside a transaction the caller already has, it joins that transaction and the lock
     lasts until the caller ends it. ``wait=None`` tries once (``lock.acquired`` tells the
-    answer); ``wait=S`` waits up to S seconds with a server-side ``lock_timeout`` and
-    raises :class:`~pgsolo.LockTimeoutError` after that.
+    answer); ``wait=S`` waits up to S seconds and raises :class:`~pgsolo.LockTimeoutError`
+    after that; ``wait=math.inf`` waits for as long as it takes. Any wait runs in slices
+    of at most 2 s, each bounded by a server-side ``lock_timeout``, so that it never holds
+    back VACUUM (:mod:`pgsolo.locking.waits`).
 
     ``fencing=True`` issues a fencing token (``lock.token``) in the same transaction as the
     lock; it needs ``pgsolo migrate``.
@@ -165,7 +167,8 @@ def session_lock(
     It stays on the connection it was taken on until released (the ``with`` block
     releases it in ``finally``) or until the session ends. A second acquisition of a
     key this connection already holds is refused (busy for a try, an error for a wait)
-    unless ``reentrant=True``, in which case holds are counted.
+    unless ``reentrant=True``, in which case holds are counted. ``wait=`` as for
+    :func:`xact_lock`.
 
     Before the first session lock on a connection pgsolo checks that the connection
     reaches one server session for good: behind a transaction-pooling proxy it raises

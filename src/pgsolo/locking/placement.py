@@ -2,10 +2,11 @@
 
 Inside the caller's transaction a lock statement runs in a savepoint, so that its failure
 costs the caller nothing; outside any, pgsolo closes whatever transaction the driver opened
-by itself. A wait bounds itself with ``SET LOCAL lock_timeout`` and puts the connection's
-own value back in the same round trip. The statement lists of each acquisition are built
-here from one lock's state (:class:`~pgsolo.locking.core.LockCore`); sending them and
-reading the answers is the core's.
+by itself. A wait bounds each of its slices (:mod:`~pgsolo.locking.waits`) with ``SET
+LOCAL lock_timeout`` and puts the connection's own value back in the same round trip. The
+statement lists of each acquisition are built here from one lock's state
+(:class:`~pgsolo.locking.core.LockCore`); sending them and reading the answers is the
+core's.
 """
 
 from __future__ import annotations
@@ -85,8 +86,11 @@ def release_failed_hold(core: LockCore, hold: str) -> list[str]:
     ]
 
 
-def session_acquisition(core: LockCore, status: TxStatus, route: Route) -> list[str]:
-    """The statements that take ``core``'s session lock on a connection in ``status``.
+def session_acquisition(
+    core: LockCore, status: TxStatus, route: Route, lock_timeout_ms: int | None
+) -> list[str]:
+    """The statements that take ``core``'s session lock on a connection in ``status``,
+    waiting up to ``lock_timeout_ms`` (one slice of a wait; None: a try).
 
     Inside the caller's transaction they open the lock's hold (``core.hold``,
     :func:`pgsolo.sql.hold_savepoint`) first, and leave it open for the block: a failure
@@ -97,43 +101,46 @@ def session_acquisition(core: LockCore, status: TxStatus, route: Route) -> list[
     if status is TxStatus.INTRANS:
         assert core.hold is not None  # noqa: S101 - the core names it in a transaction
         hold = sql.savepoint(core.hold)
-        if core.wait_ms is None:
+        if lock_timeout_ms is None:
             return [hold, acquire]
         # Rolling back to the inner savepoint restores lock_timeout; the lock stays.
         return [
             hold,
             sql.SAVEPOINT,
-            sql.set_local_lock_timeout(core.wait_ms),
+            sql.set_local_lock_timeout(lock_timeout_ms),
             acquire,
             sql.SAVEPOINT_UNDO,
             sql.SAVEPOINT_RELEASE,
         ]
-    if core.wait_ms is None:
+    if lock_timeout_ms is None:
         return outside_transaction(core.driver, [acquire])
     # SET LOCAL dies with this short transaction; the session lock outlives it.
     opening = [] if core.driver.begins_implicitly else [sql.BEGIN]
-    return [*opening, sql.set_local_lock_timeout(core.wait_ms), acquire, sql.COMMIT]
+    return [*opening, sql.set_local_lock_timeout(lock_timeout_ms), acquire, sql.COMMIT]
 
 
-def xact_acquisition(core: LockCore, *, in_callers_transaction: bool) -> list[str]:
-    """The statements that take ``core``'s transaction lock, after those that open
+def xact_acquisition(
+    core: LockCore, lock_timeout_ms: int | None, *, in_callers_transaction: bool
+) -> list[str]:
+    """The statements that take ``core``'s transaction lock, waiting up to
+    ``lock_timeout_ms`` (one slice of a wait; None: a try), after those that open
     pgsolo's own transaction if it opens one (:mod:`pgsolo.locking.transaction`)."""
     acquire = _acquire(core)
-    if core.wait_ms is None:
+    if lock_timeout_ms is None:
         return [acquire]
     # The bound is for the wait only: the protected statements that follow run with the
     # connection's own lock_timeout, put back in the same round trip.
     statements = [
         sql.SAVE_LOCK_TIMEOUT,
         sql.REFUSE_STANDBY,
-        sql.set_local_lock_timeout(core.wait_ms),
+        sql.set_local_lock_timeout(lock_timeout_ms),
         acquire,
         sql.RESTORE_LOCK_TIMEOUT,
     ]
     if core.fencing:  # the restore's row came last
         statements.append(sql.LAST_FENCING_TOKEN)
     if in_callers_transaction:
-        # A savepoint keeps the caller's transaction usable if the wait times out (or the
+        # A savepoint keeps the caller's transaction usable if the slice times out (or the
         # server turns out to be a standby), and every statement is inside it: one that
         # an interruption cancels fails in the savepoint, never in the caller's
         # transaction (what the statements set outlives the savepoint's release).

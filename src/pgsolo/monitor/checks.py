@@ -18,7 +18,14 @@ if TYPE_CHECKING:
     from ..drivers.kinds import SyncConnectionLike
 from .snapshot import fetch_json, format_seconds, parse_time
 
-__all__ = ["DEFAULT_OLDER_THAN", "MAX_OLDER_THAN", "Check", "Status", "doctor"]
+__all__ = [
+    "DEFAULT_OLDER_THAN",
+    "DEFAULT_SNAPSHOT_OLDER_THAN",
+    "MAX_OLDER_THAN",
+    "Check",
+    "Status",
+    "doctor",
+]
 
 CAPACITY_WARN, CAPACITY_FAIL = 0.5, 0.9  # share of the shared lock table used by advisory locks
 
@@ -33,6 +40,11 @@ DEFAULT_OLDER_THAN = (
 
 
 MAX_OLDER_THAN = 30 * DAY
+
+
+# seconds: a transaction or snapshot older than this holds back VACUUM for too long (pgsolo's
+# own waits never hold one for more than a slice of 2 s)
+DEFAULT_SNAPSHOT_OLDER_THAN = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,21 +66,32 @@ class Check:
         }
 
 
-def doctor(conn: SyncConnectionLike, *, older_than: float = DEFAULT_OLDER_THAN) -> list[Check]:
+def doctor(
+    conn: SyncConnectionLike,
+    *,
+    older_than: float = DEFAULT_OLDER_THAN,
+    snapshot_older_than: float = DEFAULT_SNAPSHOT_OLDER_THAN,
+) -> list[Check]:
     """Check the production checklist against the connection's database.
 
     ``older_than`` (seconds) is when an idle session holding a lock, an open transaction
-    holding one, or a wait becomes suspect: from 0 to 2592000 (30 days), else
-    :class:`~pgsolo.InvalidArgumentError` before any SQL. Sessions are those of this
-    database only; the lock table's capacity is the whole server's. Reads only.
+    holding one, or a wait becomes suspect; ``snapshot_older_than`` when a session's
+    transaction that holds a snapshot or a transaction id (or sits idle) holds back
+    VACUUM for too long, whether it takes advisory locks or not. Each from 0 to 2592000
+    (30 days), else :class:`~pgsolo.InvalidArgumentError` before any SQL. Sessions are
+    those of this database only; the lock table's capacity is the whole server's. Reads
+    only.
     """
     seconds = check_seconds("older_than", older_than, 0, MAX_OLDER_THAN)
+    horizon = check_seconds("snapshot_older_than", snapshot_older_than, 0, MAX_OLDER_THAN)
     driver = adapt_sync(conn)
     snapshot = fetch_json(driver, [sql.CLEAR_ACTIVITY_SNAPSHOT, sql.DOCTOR])
-    return _diagnose(snapshot, seconds, proxy=_proxy_check(driver))
+    return _diagnose(snapshot, seconds, horizon, proxy=_proxy_check(driver))
 
 
-def _diagnose(snapshot: Mapping[str, Any], older_than: float, *, proxy: Check) -> list[Check]:
+def _diagnose(
+    snapshot: Mapping[str, Any], older_than: float, snapshot_older_than: float, *, proxy: Check
+) -> list[Check]:
     now = parse_time(snapshot["now"])
     assert now is not None  # noqa: S101 - the query always sets it
     sessions = [_Session.read(row, now) for row in snapshot["sessions"]]
@@ -78,6 +101,7 @@ def _diagnose(snapshot: Mapping[str, Any], older_than: float, *, proxy: Check) -
         _primary_check(bool(snapshot["in_recovery"])),
         _idle_session_check(sessions, older_than),
         _transaction_check(sessions, older_than),
+        _vacuum_horizon_check(snapshot["horizon"], now, snapshot_older_than),
         _capacity_check(snapshot["capacity"]),
         _application_name_check(sessions),
         _idle_timeout_check(settings, role_settings),
@@ -198,6 +222,52 @@ def _transaction_check(sessions: Sequence[_Session], older_than: float) -> Check
         "ok",
         f"no session holds advisory locks in a transaction open (or idle) for over"
         f" {format_seconds(older_than)}",
+    )
+
+
+def _vacuum_horizon_check(
+    rows: Sequence[Mapping[str, Any]], now: datetime, older_than: float
+) -> Check:
+    """Sessions whose transaction has held a snapshot or a transaction id (or sat idle in
+    it) for over ``older_than``: VACUUM keeps every row version deleted or updated since,
+    in the whole database, for as long as they do."""
+    old = []
+    for row in rows:
+        started = parse_time(row["xact_start"])
+        age = None if started is None else (now - started).total_seconds()
+        if age is not None and age > older_than:
+            old.append((row, age))
+    if not old:
+        return Check(
+            "vacuum-horizon",
+            "ok",
+            "no session holds a snapshot or a transaction id, or sits idle in a transaction,"
+            f" for over {format_seconds(older_than)}",
+        )
+    return Check(
+        "vacuum-horizon",
+        "warn",
+        f"{len(old)} session(s) have had a transaction open for over"
+        f" {format_seconds(older_than)}, holding back VACUUM in the whole database (or"
+        " ready to, idle in it): "
+        + "; ".join(_holding_back(row, age) for row, age in old[:_LISTED])
+        + _more(old),
+        "VACUUM cannot remove a row version that such a transaction might still see, so"
+        " tables and indexes bloat: end it in the application (short transactions; no"
+        " transaction left open while waiting for something else), set"
+        " idle_in_transaction_session_timeout, or `pgsolo terminate PID` (pgsolo's own waits"
+        " hold none: they wait in slices of 2 s)",
+    )
+
+
+def _holding_back(row: Mapping[str, Any], age: float) -> str:
+    app = repr(row["application_name"]) if row.get("application_name") else "no application_name"
+    client = f" from {row['client_addr']}" if row.get("client_addr") else ""
+    holds = row.get("holds") or "no snapshot yet"
+    query = " ".join(str(row.get("query") or "").split())
+    return (
+        f"pid {row['pid']} ({app}{client}) {row.get('state') or '?'} for"
+        f" {format_seconds(age)}, holding {holds}, query {query!r}"
     )
 
 

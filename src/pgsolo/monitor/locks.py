@@ -47,6 +47,11 @@ class AdvisoryLock:
     connection for the run, just before it takes the lock), and ``query`` is ``None``:
     the beat is not the holder's work.
 
+    ``holds_back_vacuum_since`` is the start of the session's transaction when the
+    session holds a snapshot (``backend_xmin``) or a transaction id (``backend_xid``): for
+    that long at most it has held back VACUUM in the whole database (``pgsolo doctor``
+    judges it); ``None`` when it holds neither.
+
     ``name`` comes from the registry, the given names, or else from the holder itself:
     a session whose ``application_name`` is pgsolo's (``pgsolo:<name>``) is named when
     ``<name>`` derives to the key (a hash, so never a wrong guess); with
@@ -73,11 +78,18 @@ class AdvisoryLock:
     blocked_by: tuple[int, ...]
     observed_at: datetime
     keeper: bool = False
+    holds_back_vacuum_since: datetime | None = None
 
     @property
     def age_seconds(self) -> float | None:
         """How long it has been held or waited for, by the server's clock."""
         return None if self.since is None else (self.observed_at - self.since).total_seconds()
+
+    @property
+    def holds_back_vacuum_seconds(self) -> float | None:
+        """How long its session has held back VACUUM at most, by the server's clock."""
+        since = self.holds_back_vacuum_since
+        return None if since is None else (self.observed_at - since).total_seconds()
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict. ``key`` is the command-line form, a string (an int64 does
@@ -102,6 +114,7 @@ class AdvisoryLock:
             "age_seconds": self.age_seconds,
             "query": self.query,
             "keeper": self.keeper,
+            "holds_back_vacuum_seconds": self.holds_back_vacuum_seconds,
             "blocked_by": list(self.blocked_by),
         }
 
@@ -300,6 +313,11 @@ def _locks_from(snapshot: Mapping[str, Any], namer: _Namer) -> list[AdvisoryLock
                 blocked_by=tuple(sorted(blockers or ())),
                 observed_at=now,
                 keeper=bool(granted) and pid in kept,
+                holds_back_vacuum_since=(
+                    parse_time(activity.get("xact_start"))
+                    if activity.get("holds_horizon")
+                    else None
+                ),
             )
         )
     locks.sort(key=_display_order)

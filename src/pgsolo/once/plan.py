@@ -48,7 +48,7 @@ MAX_ERROR_CHARS = 4000
 class Operation:
     op_key: str
     lock_key: Key
-    wait_ms: int | None
+    wait_ms: float | None
 
     @classmethod
     def define(

@@ -75,6 +75,8 @@ def advisory_locks(*, key: Key | None = None, pid: int | None = None) -> str:
         " 'client_port', a.client_port, 'state', a.state, 'backend_start', a.backend_start,"
         " 'xact_start', a.xact_start, 'query_start', a.query_start,"
         " 'state_change', a.state_change,"
+        # A snapshot or a transaction id: what holds back VACUUM, since xact_start at most.
+        " 'holds_horizon', a.backend_xmin IS NOT NULL OR a.backend_xid IS NOT NULL,"
         f" 'query', left(a.query, {int(MONITOR_QUERY_CHARS)})))"
         " FROM (SELECT DISTINCT pid FROM l WHERE pid IS NOT NULL) p,"
         " LATERAL pg_stat_get_activity(p.pid) a), '{}'::json))"
@@ -103,6 +105,10 @@ LEDGER_KEYS = "SELECT " + utf8(
 # The functions that take an advisory lock (not the unlocks): who may call them can
 # hold any key and starve a job.
 ADVISORY_LOCK_FUNCTIONS_PATTERN = "^pg_(try_)?advisory_(xact_)?lock(_shared)?$"
+
+
+# The current query doctor shows of a session that holds back VACUUM: enough to know it.
+HORIZON_QUERY_CHARS = 80
 
 
 _DOCTOR_SETTINGS = ("idle_session_timeout", "idle_in_transaction_session_timeout", "lock_timeout")
@@ -154,7 +160,20 @@ _DOCTOR_SNAPSHOT = (
     " count(*) FILTER (WHERE NOT granted) AS waiting,"
     " min(waitstart) FILTER (WHERE NOT granted) AS waiting_since"
     " FROM l WHERE here AND pid IS NOT NULL GROUP BY pid) p,"
-    " LATERAL pg_stat_get_activity(p.pid) a), '[]'::json))"
+    " LATERAL pg_stat_get_activity(p.pid) a), '[]'::json),"
+    # Every client session of this database with a transaction open that holds back
+    # VACUUM (a snapshot, backend_xmin, or a transaction id, backend_xid) or sits idle in
+    # it, advisory locks or not: doctor judges their age.
+    " 'horizon', coalesce((SELECT json_agg(json_build_object("
+    "'pid', a.pid, 'application_name', a.application_name,"
+    " 'client_addr', host(a.client_addr), 'state', a.state, 'xact_start', a.xact_start,"
+    " 'holds', CASE WHEN a.backend_xid IS NOT NULL THEN 'a transaction id'"
+    " WHEN a.backend_xmin IS NOT NULL THEN 'a snapshot' END,"
+    f" 'query', left(a.query, {int(HORIZON_QUERY_CHARS)})) ORDER BY a.xact_start, a.pid)"
+    " FROM pg_stat_activity a WHERE a.datname = current_database()"
+    " AND a.backend_type = 'client backend' AND a.pid <> pg_backend_pid()"
+    " AND a.xact_start IS NOT NULL AND (a.backend_xmin IS NOT NULL"
+    " OR a.backend_xid IS NOT NULL OR a.state LIKE 'idle in transaction%')), '[]'::json))"
 )
 
 

@@ -151,6 +151,40 @@ async def test_a_wait_gets_the_key_when_its_holder_lets_go(
 
 
 @pytest.mark.parametrize("kind", ASYNC_KINDS, ids=str)
+async def test_a_wait_of_many_slices_runs_out_or_gets_the_key_with_nothing_left(
+    kind: AKind, db: str, observer: Any, key: Key, sync_connect: Connect, short_slices: float
+) -> None:
+    """A wait runs in slices (issue 22: so that it never holds back VACUUM), each in a
+    transaction or savepoint of its own that a slice running out rolls back, through the
+    framework's own API when pgsolo's transaction is the framework's: on every kind a
+    wait of several slices runs out on time with nothing left, and one gets the key when
+    its holder lets go, the framework's books as found."""
+    holder = pgsolo.session_lock(sync_connect(), key)
+    assert holder.acquire()
+    async with kind.open(db) as conn:
+        for lock in locks_of(kind, conn, key, wait=4 * short_slices):
+            with pytest.raises(pgsolo.LockTimeoutError):
+                await lock.__aenter__()
+        assert observer.waiters(key) == set()
+        if kind.implicit:
+            await conn.rollback()
+        assert not await conn.in_transaction()
+        letting_go = threading.Timer(4 * short_slices, holder.release)
+        letting_go.start()
+        try:
+            async with locks_of(kind, conn, key, wait=30)[-1] as lock:
+                assert lock.acquired
+                assert observer.holders(key) == {await conn.pid()}
+            if kind.implicit:
+                await conn.rollback()
+        finally:
+            letting_go.join()
+        assert not await conn.in_transaction()
+        await conn.execute("SELECT 1")  # still usable
+    assert observer.holders(key) == set()
+
+
+@pytest.mark.parametrize("kind", ASYNC_KINDS, ids=str)
 async def test_a_transaction_lock_joins_the_callers_transaction_and_never_ends_it(
     kind: AKind, db: str, observer: Any, key: Key
 ) -> None:
