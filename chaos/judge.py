@@ -18,7 +18,8 @@ After each attempt the worker fingerprints the connection as its next user gets 
 still holds an advisory lock, goes to :data:`CHANGED` with both fingerprints. A failed
 attempt goes to :data:`FAILURES` with its error's type and the phase it came out of:
 ``connect`` or ``give back`` (the library's, taking the connection or giving it back),
-``work`` (the caller's own statements) or ``pgsolo``.
+``work`` (the caller's own statements), ``pgsolo``, or ``check`` (the worker's check of
+the connection after the attempt).
 """
 
 from __future__ import annotations

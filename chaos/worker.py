@@ -68,7 +68,8 @@ OUTCOMES = (
 OWN_CONNECTION = ("job_xact", "job_session", "cli")  # open and close their own: nothing to check
 NAMESPACE = 7140
 CLI_TIMEOUT_S = 40.0
-WORK_MAX_S = 0.015
+WORK_MAX_S = 0.015  # the work, inside the lock: long enough to overlap another run
+WAIT_S = 0.2  # one attempt in three waits this long for a busy key (a holder takes ~30 ms)
 CANCEL_RATE = 0.1  # of async attempts
 CANCEL_WITHIN_S = 0.03
 # `pgsolo run`'s COMMAND: its interval by the database's clock, read while the lock is held.
@@ -178,9 +179,10 @@ class Worker:
         route = self.routes[way.name]
         key = (NAMESPACE, slot)
         work_s = self.rng.uniform(0.0, WORK_MAX_S)
-        wait = self.rng.choice((None, None, 0.5))
+        wait = self.rng.choice((None, None, WAIT_S))
         span: list[datetime] = []
         interrupts = self.interrupts
+        self.phase = "pgsolo"  # until the attempt says otherwise; kept when it fails
         try:
             if isinstance(way, AsyncWay):
                 outcome = self.run_async(way, call, key, work_s, wait, span)
@@ -216,7 +218,6 @@ class Worker:
             return "interrupted"
         finally:
             self.armed = False
-            self.phase = "pgsolo"
 
     def sync_call(
         self,
@@ -315,7 +316,6 @@ class Worker:
             return "cancelled"
         finally:
             self.task = None
-            self.phase = "pgsolo"
             if cancel is not None:
                 cancel.cancel()
 
@@ -449,7 +449,8 @@ class Worker:
         except Dead:
             return  # a fault killed it: a new one comes next
         except Exception as exc:
-            self.note_failure(f"{kind} (check)", exc)
+            self.phase = "check"
+            self.note_failure(kind, exc)
             self._discard(way)
             return
         fresh = self.fresh[way.name]
