@@ -47,8 +47,8 @@ HANG_S = 60.0  # an attempt that shows no progress this long is a hang
 DRAIN_S = 15.0  # for the server to end the sessions of killed workers, and their locks
 STOP_GRACE_S = 90.0  # after the time budget, for workers to finish their last attempt
 # Every worker holds a connection per way in (and opens more for jobs and `pgsolo run`):
-# more than the default 100 for 6 workers and the suite's own.
-MAX_CONNECTIONS = 300
+# more than the default 100 for 6 workers, and than 300 for 18.
+MAX_CONNECTIONS = 400
 WORKER_LIBRARIES = (  # what the ways in import (one not installed is left out)
     "psycopg",
     "psycopg2",
