@@ -79,9 +79,9 @@ def test_chaos_smoke(smoke: tuple[subprocess.CompletedProcess[str], dict[str, An
 
 
 @pytest.mark.xfail(
-    reason="issue 21 items 1 and 4, being fixed: an interrupt (Ctrl-C, a cancelled task) can"
-    " leave a connection changed (psycopg 3 left ACTIVE, the driver's autocommit left on,"
-    " an asyncpg connection left in a transaction under SQLAlchemy)",
+    reason="issue 21, found by this suite (reported with a reproduction): a task cancelled in"
+    " or around xact_lock on SQLAlchemy's asyncpg dialect gives the pool's next user an asyncpg"
+    " connection in a transaction that SQLAlchemy does not know of",
     strict=False,
 )
 def test_no_connection_goes_back_changed(
