@@ -3,6 +3,8 @@ breaks things on this machine only (loopback connections, processes we started) 
 bounded number of times, and counts what it did.
 
 Kinds: ``kill_worker`` (SIGKILL of a worker process; the driver starts it again),
+``sigint_worker`` (SIGINT of a worker process: a Ctrl-C in whatever it is doing; these
+come apart from the others, every 0.2-1 s, from a thread of their own),
 ``terminate_backend`` (``pg_terminate_backend`` of a random advisory-lock holder),
 ``server_restart`` (``pg_ctl restart -m fast``), ``relay_blackhole`` (the relay passes
 nothing on for 1-4 s), ``relay_reset`` (the relay resets its connections) and
@@ -30,6 +32,7 @@ from chaos.relay import Relay
 
 KINDS = (
     "kill_worker",
+    "sigint_worker",
     "terminate_backend",
     "server_restart",
     "relay_blackhole",
@@ -130,8 +133,10 @@ class Injector(threading.Thread):
         relay: Relay,
         server: Server | None,
         kill_worker: Callable[[random.Random], bool],
+        interrupt_worker: Callable[[random.Random], bool],
         max_faults: int,
         max_restarts: int,
+        max_interrupts: int,
     ) -> None:
         super().__init__(name="chaos-faults", daemon=True)
         self.rng = random.Random(seed * 7919 + 1)
@@ -139,9 +144,18 @@ class Injector(threading.Thread):
         self.relay = relay
         self.server = server
         self.kill_worker = kill_worker
+        self.interrupt_worker = interrupt_worker
         self.max_faults = max_faults
         self.max_restarts = max_restarts
-        self.available = [k for k in KINDS if server is not None or not k.startswith("server_")]
+        self.max_interrupts = max_interrupts
+        self.interrupter = threading.Thread(
+            target=self._interrupt, name="chaos-interrupts", daemon=True
+        )
+        self.available = [
+            k
+            for k in KINDS
+            if k != "sigint_worker" and (server is not None or not k.startswith("server_"))
+        ]
         self.counts = dict.fromkeys(KINDS, 0)
         self.errors: list[str] = []
         self.stopping = threading.Event()
@@ -150,10 +164,20 @@ class Injector(threading.Thread):
     def every_kind_done(self) -> bool:
         return all(self.counts[k] for k in self.available)
 
+    def _interrupt(self) -> None:
+        rng = random.Random(self.rng.random())
+        while not self.stopping.wait(rng.uniform(0.2, 1.0)):
+            if self.counts["sigint_worker"] >= self.max_interrupts:
+                return
+            with suppress(OSError):
+                self.counts["sigint_worker"] += self.interrupt_worker(rng)
+
     def run(self) -> None:
+        if self.max_interrupts:
+            self.interrupter.start()
         first = list(self.available)
         self.rng.shuffle(first)
-        while not self.stopping.is_set() and sum(self.counts.values()) < self.max_faults:
+        while not self.stopping.is_set() and self._faults < self.max_faults:
             # the first round quickly, so that even a short run sees every kind
             self.stopping.wait(self.rng.uniform(0.2, 0.5) if first else self.rng.uniform(0.3, 1.5))
             if self.stopping.is_set():
@@ -170,6 +194,10 @@ class Injector(threading.Thread):
                     first.append(kind)  # nothing to do now (no holder): try again later
             except (OSError, subprocess.SubprocessError, psycopg.Error) as exc:
                 self.errors.append(f"{kind}: {type(exc).__name__}: {exc}")
+
+    @property
+    def _faults(self) -> int:
+        return sum(n for kind, n in self.counts.items() if kind != "sigint_worker")
 
     @property
     def _restarts_left(self) -> bool:
@@ -206,6 +234,8 @@ class Injector(threading.Thread):
     def stop(self) -> None:
         self.stopping.set()
         self.join(timeout=130)
+        if self.interrupter.is_alive():
+            self.interrupter.join(timeout=10)
         if self.server is not None:  # whatever happened, the server must run on
             with suppress(OSError, ValueError):
                 os.kill(self.server.postmaster_pid(), signal.SIGCONT)

