@@ -431,3 +431,26 @@ def test_ctrl_c_at_random_moments_leaves_nothing_behind(
     summary = "; ".join(f"{form}: {dict(problems[form])} {dict(notes[form])}" for form in FORMS)
     print(f"{driver} (seed {seed}): {summary}")
     assert not any(problems.values()), summary
+
+
+def test_a_callers_statement_left_active_by_ctrl_c_does_not_keep_the_lock(
+    connect: Connect, observer: Any, key: Key
+) -> None:
+    """Regression: a Ctrl-C between psycopg sending a statement of the caller's in the
+    block and reading its result leaves the connection ACTIVE with psycopg's lock free; the
+    release on the way out of the block then failed ("another command is already in
+    progress") and the session lock stayed held (the stateful "as found" test found it).
+    The state is made as the interrupt leaves it: the statement sent, its result unread."""
+    conn = connect()
+
+    def interrupted_block() -> None:
+        with pgsolo.session_lock(conn, key) as lock:
+            assert lock.acquired
+            conn.pgconn.send_query(b"SELECT pg_sleep(0.2)")
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        interrupted_block()
+    assert observer.holders(key) == set()
+    assert conn.info.transaction_status is psycopg.pq.TransactionStatus.IDLE
+    assert conn.execute("SELECT 1").fetchone() == (1,)

@@ -31,6 +31,7 @@ import psycopg
 from psycopg import pq
 from psycopg.conninfo import make_conninfo
 
+from .._logging import drivers_logger as logger
 from ..errors import DatabaseUnavailableError
 from . import BeatFailed, News, ServerInfo, TxStatus
 from .conninfo import scrub_secrets
@@ -136,6 +137,40 @@ def start_deadline(
 _BEATING: set[int] = set()
 
 
+def finish_interrupted(conn: psycopg.Connection[Any]) -> None:
+    """A Ctrl-C in psycopg's own code between sending the statements and reading their
+    results (outside the wait that psycopg cancels itself) leaves the connection ACTIVE,
+    refusing every statement. Cancel what still runs and read what is left, so that the
+    connection is usable and pgsolo can ask the server what it holds; close it if that
+    fails, rather than hand back a connection that can do nothing."""
+    pgconn = conn.pgconn
+    if conn.closed or pgconn.transaction_status != pq.TransactionStatus.ACTIVE:
+        return
+    try:
+        conn.cancel()
+        while pgconn.get_result() is not None:
+            pass
+    except Exception as exc:
+        logger.warning("pgsolo: finishing an interrupted statement failed: %r", exc)
+    if pgconn.transaction_status == pq.TransactionStatus.ACTIVE:
+        conn.close()
+
+
+def settle_interrupted(conn: psycopg.Connection[Any]) -> None:
+    """Finish a statement of the caller's that a Ctrl-C left ACTIVE on ``conn`` (psycopg
+    too can be interrupted between sending a statement and waiting for it): psycopg's lock
+    is free then, since its statements hold it from send to result, so the ACTIVE status is
+    no statement's any more. Otherwise pgsolo could not even release the lock it holds
+    there, on the way out of the block that Ctrl-C is leaving. A statement another thread
+    runs holds the lock, and is left alone."""
+    if not conn.lock.acquire(blocking=False):
+        return
+    try:
+        finish_interrupted(conn)
+    finally:
+        conn.lock.release()
+
+
 class PsycopgBase:
     """What both adapters do the same: everything but the round trips."""
 
@@ -160,7 +195,13 @@ class PsycopgBase:
             return TxStatus.UNKNOWN
         if id(self._conn) in _BEATING:
             return TxStatus.IDLE
-        return _STATUS[self._conn.info.transaction_status]
+        status = self._conn.info.transaction_status
+        if status == pq.TransactionStatus.ACTIVE and isinstance(self._conn, psycopg.Connection):
+            settle_interrupted(self._conn)
+            if self._conn.closed:
+                return TxStatus.UNKNOWN
+            status = self._conn.info.transaction_status
+        return _STATUS[status]
 
     # A closed connection raises on every ``info`` attribute; logs and errors about it
     # (a lost lock) then use what it said while it was open.

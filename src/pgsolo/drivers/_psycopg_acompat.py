@@ -12,10 +12,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg import pq
 
 from .._logging import drivers_logger as logger
-from ._psycopg import start_deadline
+from ._psycopg import finish_interrupted, start_deadline
 
 __all__ = ["around_trip", "round_trip"]
 
@@ -35,32 +34,13 @@ def round_trip(
         value = fetch(*args)
     except BaseException as exc:
         if not isinstance(exc, Exception):
-            _finish_interrupted(conn)
+            finish_interrupted(conn)
         if deadline is not None:
             deadline.end(exc)
         raise
     if deadline is not None:
         deadline.end()
     return value
-
-
-def _finish_interrupted(conn: psycopg.Connection[Any]) -> None:
-    """A Ctrl-C in psycopg's own code between sending the statements and reading their
-    results (outside the wait that psycopg cancels itself) leaves the connection ACTIVE,
-    refusing every statement. Cancel what still runs and read what is left, so that the
-    connection is usable and pgsolo can ask the server what it holds; close it if that
-    fails, rather than hand back a connection that can do nothing."""
-    pgconn = conn.pgconn
-    if conn.closed or pgconn.transaction_status != pq.TransactionStatus.ACTIVE:
-        return
-    try:
-        conn.cancel()
-        while pgconn.get_result() is not None:
-            pass
-    except Exception as exc:
-        logger.warning("pgsolo: finishing an interrupted statement failed: %r", exc)
-    if pgconn.transaction_status == pq.TransactionStatus.ACTIVE:
-        conn.close()
 
 
 async def around_trip(
