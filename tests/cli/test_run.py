@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -485,6 +486,39 @@ def test_wait_runs_the_command_once_the_holder_lets_go(
     assert observer.waiters(key) == set()
 
 
+def test_wait_forever_runs_the_command_whenever_the_holder_lets_go(
+    migrated: str,
+    connect: Connect,
+    observer: Any,
+    key: Key,
+    job: str,
+    tmp_path: Path,
+    background: Callable[..., Running],
+) -> None:
+    """``--wait forever``: the standby that waits for as long as the holder lives, past
+    several slices of its wait (each a short transaction: it holds back no VACUUM)."""
+    psql = connect()
+    psql.execute(raw_lock_sql(key.text))
+    running = background(
+        *run_args(key.text, migrated, job=job),
+        "--wait",
+        "forever",
+        "--json",
+        "--",
+        *script(MARK, tmp_path, 0),
+    )
+    wait_until(lambda: observer.waiters(key), "pgsolo to wait for the lock")
+    time.sleep(4.5)  # more than two of the wait's 2 s slices
+    assert not (tmp_path / "ran").exists()
+    assert observer.waiters(key), "the forever wait gave up"
+    psql.execute("SELECT pg_advisory_unlock_all()")
+    done = running.finish()
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "ran").exists()
+    assert last_json(done.stderr)["outcome"] == "completed"
+    assert observer.holders(key) == set()
+
+
 def test_wait_that_times_out_skips(
     migrated: str, connect: Connect, observer: Any, key: Key, job: str, tmp_path: Path
 ) -> None:
@@ -907,6 +941,7 @@ UNREACHABLE = "postgresql://alice:hunter2@127.0.0.1:1/db"
         (["--key", "k", "--wait", "0", "--", "true"], "--wait"),
         (["--key", "k", "--wait", "-1", "--", "true"], "--wait"),
         (["--key", "k", "--wait", "soon", "--", "true"], "--wait"),
+        (["--key", "k", "--wait", "for ever", "--", "true"], "--wait"),
         (["--key", "k", "--once-per", "fortnight", "--", "true"], "period"),
         (["--key", "k", "--check-interval", "0", "--", "true"], "--check-interval"),
         (["--key", "k", "--check-timeout", "0", "--", "true"], "--check-timeout"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 
 from ...drivers.conninfo import redact_dsn
@@ -56,9 +57,11 @@ def _add_lock_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--wait",
-        type=seconds_between(0.001, MAX_WAIT_SECONDS),
+        type=wait_seconds,
         metavar="SECONDS",
-        help="wait up to SECONDS for the lock (server-side lock_timeout); default: try once",
+        help="wait up to SECONDS for the lock, or `forever` (a standby that takes over when"
+        " the holder ends); the wait holds back no VACUUM (it runs in short slices);"
+        " default: try once",
     )
     parser.add_argument(
         "--once-per",
@@ -204,3 +207,10 @@ def with_separator(args: argparse.Namespace, command: list[str]) -> str:
         shown = ["run", "--key", "KEY", "[OPTIONS]"]
     arguments = " ARG..." if len(command) > 1 else ""
     return shlex.join(["pgsolo", *shown, "--", command[0]]) + arguments
+
+
+def wait_seconds(text: str) -> float:
+    """``--wait``: a number of seconds, or ``forever`` (``wait=math.inf``)."""
+    if text.strip().lower() == "forever":
+        return math.inf
+    return seconds_between(0.001, MAX_WAIT_SECONDS)(text)
