@@ -7,8 +7,11 @@ has an adapter for that library (``pgsolo.drivers._psycopg2`` / ``._asyncpg``)."
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import importlib.util
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -22,9 +25,16 @@ from sqlalchemy.orm import Session
 
 import pgsolo
 import pgsolo.sqlalchemy
-from _drivers import check_next_user, sqlalchemy_fingerprint, sqlalchemy_pid, sqlalchemy_raw
+from _drivers import (
+    acheck_next_user,
+    check_next_user,
+    sqlalchemy_fingerprint,
+    sqlalchemy_pid,
+    sqlalchemy_raw,
+)
 from _drivers import sqlalchemy_url as url_of
-from _support import WORK, Boom, aeventually, eventually
+from _relay import FreezingProxy
+from _support import DEADLINE, WORK, Boom, aeventually, eventually
 from pgsolo.errors import (
     ConnectionStateError,
     LockTimeoutError,
@@ -476,6 +486,91 @@ async def test_install_forgets_quietly_what_a_closed_asyncpg_connection_held(
             assert lock.acquired
     finally:
         await made.dispose()
+
+
+@pytest.mark.parametrize("dialect", ASYNC_DIALECTS)
+async def test_a_task_cancelled_at_any_step_of_xact_lock_gives_the_connection_back_as_found(
+    db: str, observer: Any, key: Key, dialect: str
+) -> None:
+    """Regression (issue 21): a task cancelled while pgsolo started SQLAlchemy's asyncpg
+    transaction (``async with xact_lock(conn, key)`` outside one) left BEGIN done at the
+    server and asyncpg's ``Transaction`` on the connection, but nothing on SQLAlchemy's
+    books: neither its rollback nor the pool's reset ended it, so the pool's next user
+    ran inside it (``in_transaction()`` False) and its first statement failed with
+    ``SAVEPOINT can only be used in transaction blocks``. The task is cancelled after
+    each number of event-loop steps in turn, from before it starts until it completes
+    (the server's answer is in before each step, so every suspension is one step); each
+    time, the next checkout must find the connection as the first one did, and no lock
+    held."""
+    _need_adapter(dialect)
+    made = create_async_engine(url_of(db, dialect), pool_size=1, max_overflow=0)
+    pgsolo.sqlalchemy.install(made)
+
+    async def attempt() -> None:
+        async with made.connect() as conn, pgsolo.xact_lock(conn, key):
+            await conn.execute(text("SELECT 1"))
+            await conn.execute(text("SELECT 2"))
+
+    try:
+        async with made.connect() as conn:
+            found = await conn.run_sync(sqlalchemy_fingerprint)
+        cancelled = 0
+        for steps in range(1000):
+            task = asyncio.create_task(attempt())
+            for _ in range(steps):
+                time.sleep(0.001)  # noqa: ASYNC251 - let the server answer before the step
+                await asyncio.sleep(0)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait_for(task, DEADLINE)
+            if not task.cancelled():
+                break  # it completed: every moment before has had its cancellation
+            cancelled += 1
+            # A connection SQLAlchemy invalidated (its own statement was cancelled) is
+            # closed: its lock goes with its backend, a moment later.
+            await aeventually(
+                lambda: observer.holders(key) == set(), f"no lock held after {steps} steps"
+            )
+            async with made.connect() as conn:
+                after = await conn.run_sync(sqlalchemy_fingerprint)
+                assert after == found, f"cancelled after {steps} steps"
+                await acheck_next_user(conn, observer, key)
+        assert cancelled >= 10
+    finally:
+        await made.dispose()
+
+
+async def test_a_cancelled_start_that_the_server_never_answers_is_given_up(
+    db: str, key: Key
+) -> None:
+    """The start of SQLAlchemy's asyncpg transaction runs to its end after a
+    cancellation (above), but not forever: when the server does not answer BEGIN, the
+    cancellation goes on after a bound, with the connection closed (its state is
+    unknown) and invalidated, and the pool's next checkout gets a working connection."""
+    _need_adapter("asyncpg")
+    with FreezingProxy(db) as proxy:
+        made = create_async_engine(url_of(proxy.dsn, "asyncpg"), pool_size=1, max_overflow=0)
+        pgsolo.sqlalchemy.install(made)
+
+        async def attempt() -> None:
+            async with made.connect() as conn, pgsolo.xact_lock(conn, key):
+                pass
+
+        try:
+            async with made.connect() as conn:
+                raw = (await conn.get_raw_connection()).driver_connection
+            proxy.freeze()
+            task = asyncio.create_task(attempt())
+            await aeventually(lambda: raw._top_xact is not None, "BEGIN to be sent")
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(task, DEADLINE)
+            assert raw.is_closed()
+            async with made.connect() as conn, pgsolo.xact_lock(conn, key) as lock:
+                assert lock.acquired
+                assert (await conn.get_raw_connection()).driver_connection is not raw
+        finally:
+            await made.dispose()
 
 
 # - a connection that died under pgsolo's statement -

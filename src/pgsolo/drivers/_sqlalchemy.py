@@ -15,7 +15,8 @@ SQLAlchemy keeps books on is done through SQLAlchemy:
   trip (no round trip of its own), so nothing is left open behind SQLAlchemy's back;
 - with asyncpg, SQLAlchemy starts its asyncpg ``Transaction`` lazily, at its first
   statement: inside SQLAlchemy's transaction it is started before pgsolo's statements, so
-  that they run in it and asyncpg's books stay true;
+  that they run in it and asyncpg's books stay true (to its end, also when the caller is
+  cancelled meanwhile: see :func:`astart_driver_transaction`);
 - a connection SQLAlchemy runs in ``AUTOCOMMIT`` has no transaction at the server whatever
   SQLAlchemy's books say: pgsolo treats its driver connection as a bare one.
 
@@ -27,6 +28,7 @@ The adapters are one source, :class:`AsyncSqlAlchemyDriver`
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import inspect
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -367,7 +369,44 @@ async def astart_driver_transaction(core: Connection) -> None:
         and not getattr(dbapi, "autocommit", True)
         and hasattr(dbapi, "_start_transaction")
     ):
-        await dbapi._start_transaction()
+        await _start_to_its_end(dbapi)
+
+
+# BEGIN waits for no lock: a server that has not answered it by then is not answering.
+_START_WITHIN = 5.0
+
+
+async def _start_to_its_end(dbapi: Any) -> None:
+    """SQLAlchemy's ``_start_transaction()`` on its asyncpg adapter, run to its end even if
+    the caller is cancelled meanwhile; the cancellation goes on once it has ended.
+
+    Cut short, the start would leave a transaction nobody ends: asyncpg takes its
+    ``Transaction`` for the connection's own before it sends BEGIN and keeps it after an
+    interrupted one, while SQLAlchemy's adapter records it only once BEGIN returned. Its
+    rollback and its pool's reset then send nothing: the pool's next user would run in
+    the transaction BEGIN opened, and asyncpg would turn its next BEGIN into a SAVEPOINT.
+    (SQLAlchemy's own statements are safe: it invalidates a connection whose statement
+    was cancelled.) Run to its end, the transaction is SQLAlchemy's, and the caller's
+    way out rolls it back through SQLAlchemy. A connection that does not answer BEGIN in
+    time is closed: its state is unknown, and SQLAlchemy treats it as a dead one."""
+    start = asyncio.ensure_future(dbapi._start_transaction())
+    try:
+        await asyncio.shield(start)
+    except asyncio.CancelledError:
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + _START_WITHIN
+        while not start.done() and loop.time() < give_up:
+            with contextlib.suppress(asyncio.CancelledError):  # on its way out already
+                await asyncio.wait({start}, timeout=give_up - loop.time())
+        if not start.done():
+            dbapi._connection.terminate()
+        start.add_done_callback(_retrieved)  # the caller's cancellation is what propagates
+        raise
+
+
+def _retrieved(done: asyncio.Future[Any]) -> None:
+    if not done.cancelled():
+        done.exception()
 
 
 def listen_for_returns(engine: object, on_return: Callable[[object], object]) -> None:

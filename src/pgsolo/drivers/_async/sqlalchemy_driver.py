@@ -72,7 +72,7 @@ class AsyncSqlAlchemyDriver(SqlAlchemyBase):
         inner, conn = await self._bound()
         try:
             return await self._send(inner, conn, statements, wait, edge)
-        except Exception:
+        except BaseException:  # whatever ended it: an interruption can leave it closed too
             await self._invalidate_if_dead(inner)
             raise
 

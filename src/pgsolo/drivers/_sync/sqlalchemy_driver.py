@@ -72,7 +72,7 @@ class SqlAlchemyDriver(SqlAlchemyBase):
         inner, conn = self._bound()
         try:
             return self._send(inner, conn, statements, wait, edge)
-        except Exception:
+        except BaseException:  # whatever ended it: an interruption can leave it closed too
             self._invalidate_if_dead(inner)
             raise
 
