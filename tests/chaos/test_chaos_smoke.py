@@ -78,12 +78,6 @@ def test_chaos_smoke(smoke: tuple[subprocess.CompletedProcess[str], dict[str, An
     assert {"interrupted", "cancelled"} <= ended, result["outcomes"]  # Ctrl-C, task.cancel()
 
 
-@pytest.mark.xfail(
-    reason="issue 21, found by this suite (reported with a reproduction): a task cancelled in"
-    " or around xact_lock on SQLAlchemy's asyncpg dialect gives the pool's next user an asyncpg"
-    " connection in a transaction that SQLAlchemy does not know of",
-    strict=False,
-)
 def test_no_connection_goes_back_changed(
     smoke: tuple[subprocess.CompletedProcess[str], dict[str, Any]],
 ) -> None:
