@@ -253,7 +253,7 @@ class _Attempt:
         yield from self.core.exit(failed=True)
         if not isinstance(exc, Exception):
             raise exc  # KeyboardInterrupt, SystemExit, cancellation
-        gone = _gone(self.driver, exc)
+        gone = _gone(self.driver, exc, self.backend_pid)
         if self.job.lifetime == "xact":  # rolled back, work included
             if gone is not None:
                 return self._ended("lost", reason=gone, error=self._lost(exc, gone))
@@ -284,7 +284,7 @@ class _Attempt:
         except TransactionFailedError as exc:
             return self._ended("failed", error=exc)
         except Exception as exc:
-            if (gone := _gone(self.driver, exc)) is None:
+            if (gone := _gone(self.driver, exc, self.backend_pid)) is None:
                 return self._ended("failed", error=exc)
             # The work returned, but the transaction holding the lock died with its
             # connection before it could commit: a lost lock, not a failure of the work.
@@ -310,14 +310,18 @@ class _Attempt:
             return self._ended("lost", reason=exc.reason, error=exc)
         if not isinstance(exc, Exception):
             raise exc  # KeyboardInterrupt, SystemExit, cancellation: not the work's outcome
-        if (gone := _gone(self.driver, exc)) is None:
+        if (gone := _gone(self.driver, exc, self.backend_pid)) is None:
             return self._ended("failed", error=exc)
         if in_work:  # the work's own error, as it raised it
             # The connection, and the lock with it, went under the work.
             return self._ended("lost", reason=gone, error=exc)
         # pgsolo's period check: before the work ran.
-        failed = unavailable(self.driver, exc, f"checking the period of job {self.job.name!r}")
-        return self._ended("lost", reason=gone, error=failed or exc)
+        doing = f"checking the period of job {self.job.name!r}"
+        failed = unavailable(self.driver, exc, doing, dead=True)  # Django may have reconnected
+        if failed is None:  # pgsolo's already (a deadline's)
+            return self._ended("lost", reason=gone, error=exc)
+        failed.__cause__ = exc  # returned, not raised: chained by hand
+        return self._ended("lost", reason=gone, error=failed)
 
     def _lost(self, exc: Exception, gone: LostReason) -> LockLostError:
         """pgsolo's error for its own statement (``exc``) that failed with the
@@ -350,11 +354,15 @@ def unresponsive(error: BaseException | None) -> bool:
     return False
 
 
-def _gone(driver: DriverBase, error: BaseException) -> LostReason | None:
-    """How the connection went, if ``error`` came with its end; None while it lives."""
+def _gone(driver: DriverBase, error: BaseException, backend_pid: int) -> LostReason | None:
+    """How the connection went, if ``error`` came with its end; None while it lives. Its
+    session (``backend_pid``) may be gone behind a connection that is open again: a
+    framework reconnects as it closes its books on the failure (Django does)."""
     if unresponsive(error):
         return "connection-unresponsive"
-    return "connection-lost" if driver.is_closed() else None
+    if driver.is_closed() or driver.backend_pid() != backend_pid:
+        return "connection-lost"
+    return None
 
 
 def lost_reason(error: BaseException | None) -> LostReason:

@@ -125,16 +125,18 @@ def connection_failed(core: LockCore, exc: BaseException) -> DatabaseUnavailable
 
 
 def unavailable(
-    driver: DriverBase, exc: BaseException, doing: str
+    driver: DriverBase, exc: BaseException, doing: str, *, dead: bool | None = None
 ) -> DatabaseUnavailableError | None:
     """The error for a connection that ``exc`` (an error, not an interruption) found
     dead under one of pgsolo's own statements while pgsolo was ``doing`` something,
     before the caller's work ran; None if it lives, or if ``exc`` is pgsolo's already (a
-    deadline that shut the connection down says so). A dead session holds no advisory
-    lock: nothing is held. The caller raises it ``from exc``."""
+    deadline that shut the connection down says so). ``dead`` says whether it died when
+    the caller knows better than :meth:`is_closed` (a framework that reconnected as it
+    closed its books). A dead session holds no advisory lock: nothing is held. The caller
+    raises it ``from exc``."""
     if isinstance(exc, PgsoloError) or not isinstance(exc, Exception):
         return None
-    if not driver.is_closed():
+    if not (driver.is_closed() if dead is None else dead):
         return None
     said = " ".join(str(exc).split()) or type(exc).__name__
     info = driver.server_info()  # what it said while open ("?" if never asked)

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import psycopg
 import pytest
 
 import pgsolo
@@ -31,6 +32,13 @@ CREATE OR REPLACE FUNCTION pgsolo_test_die() RETURNS trigger LANGUAGE plpgsql AS
 $$BEGIN PERFORM pg_terminate_backend(pg_backend_pid()); RETURN NEW; END$$;
 CREATE OR REPLACE TRIGGER pgsolo_test_die_at_start BEFORE INSERT ON pgsolo.operations
 FOR EACH ROW WHEN (NEW.op_key LIKE 'once-die-at-start%') EXECUTE FUNCTION pgsolo_test_die();
+"""
+# The table a job's period check reads becomes a view that ends its reader's backend (a
+# one-time filter: evaluated once, before any row, even from an empty table).
+DIE_AT_PERIOD_CHECK = """
+ALTER TABLE pgsolo.job_periods RENAME TO job_periods_kept;
+CREATE VIEW pgsolo.job_periods AS SELECT * FROM pgsolo.job_periods_kept
+WHERE (SELECT pg_terminate_backend(pg_backend_pid()));
 """
 
 LIFETIMES = [
@@ -307,4 +315,60 @@ async def test_a_job_whose_period_could_not_be_recorded_on_a_dead_connection_is_
         assert raised.value.reason == "connection-lost"
         assert causes(raised.value), "the driver's error is the cause"
         assert not isinstance(causes(raised.value)[-1], pgsolo.PgsoloError)
+    assert observer.holders(key_of(job)) == set()
+
+
+@pytest.mark.parametrize("kind", CONNECTION_KINDS, ids=str)
+async def test_a_job_whose_backend_died_at_its_period_check_is_database_unavailable(
+    kind: AKind, fresh_db: str, observer: Any
+) -> None:
+    """Regression (issue 21): the backend ended under pgsolo's check of a job's period,
+    with the lock held and before the work ran (here the table the check reads is a view
+    whose one-time filter terminates its own backend): the driver's error came back. Now
+    it is :class:`~pgsolo.DatabaseUnavailableError`, caused by the driver's error; the
+    work never ran and nothing is held."""
+    with psycopg.connect(fresh_db, autocommit=True) as admin:
+        pgsolo.migrate(admin)
+        admin.execute(DIE_AT_PERIOD_CHECK)
+    job = new_job()
+    calls: list[object] = []
+
+    async def work(conn: Any) -> None:
+        calls.append(conn)
+
+    async with kind.open(fresh_db) as conn:
+        with pytest.raises(pgsolo.DatabaseUnavailableError) as raised:
+            await pgsolo.run_job_async(conn.conn, job, work, period="day")
+        assert causes(raised.value), "the driver's error is the cause"
+        assert not isinstance(causes(raised.value)[-1], pgsolo.PgsoloError)
+    assert calls == []
+    assert observer.holders(key_of(job)) == set()
+
+
+@pytest.mark.parametrize("kind", CONNECTION_KINDS, ids=str)
+async def test_a_jobs_work_whose_connection_died_is_lost_with_its_own_error(
+    kind: AKind, db: str, observer: Any
+) -> None:
+    """Guards both halves of the rule for jobs: the work's own statement that finds the
+    connection dead raises what the caller's library raises, untouched, and the attempt
+    is ``lost`` (``connection-lost``), not ``failed``. Regression on Django, which
+    reconnects as it closes its books on the failure: the open connection looked alive,
+    and the attempt was ``failed``."""
+    seen: list[BaseException] = []
+
+    async def work(conn: Any) -> None:
+        (pid,) = observer.holders(key_of(job))
+        terminate(observer, pid)
+        try:
+            await handle.execute("SELECT 1")
+        except Exception as exc:
+            seen.append(exc)
+            raise
+
+    job = new_job()
+    async with kind.open(db) as handle:
+        result = await pgsolo.run_job_async(handle.conn, job, work, raise_errors=False)
+    assert (result.outcome, result.reason) == ("lost", "connection-lost")
+    assert seen == [result.error]
+    assert not isinstance(result.error, pgsolo.PgsoloError)
     assert observer.holders(key_of(job)) == set()
