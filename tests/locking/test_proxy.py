@@ -8,7 +8,8 @@ server connection. Through PgBouncer in ``pool_mode=session`` and through a plai
 relay (what a NAT or a TCP load balancer looks like to the server) session locks work.
 What is asserted is what the server shows (``pg_locks`` through the direct ``observer``).
 
-A session stamp wiped by RESET ALL behind a relay never strands a lock (last section).
+A session stamp wiped by RESET ALL behind a relay never strands a lock, and a second
+connection that cannot be opened for the check fails as pgsolo (last sections).
 """
 
 from __future__ import annotations
@@ -17,12 +18,15 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql as pgsql
+from psycopg.conninfo import make_conninfo
 
 import pgsolo
 from _bouncer import Bouncer, bouncer_client
@@ -241,3 +245,35 @@ def test_reset_all_behind_a_relay_does_not_strand_a_held_lock(
             held = observer.holders(key)
             forgotten = pgsolo.held_session_locks(conn) == []
         assert held == set(), f"still held by {held}; pgsolo forgot it: {forgotten}"
+
+
+# -- found by the chaos suite --------------------------------------------------------------
+
+
+def test_a_second_connection_refused_during_the_route_check_is_database_unavailable(
+    dsn: str, observer: Any, key: Key
+) -> None:
+    """Regression (issue 21, found by the chaos suite): behind a proxy, a session lock
+    checks what answers the connection with a second connection of pgsolo's own; when
+    that one could not be opened (there: the server restarting; here: a role allowed one
+    connection), the driver's error came out raw, the caller's connection being alive.
+    Now it is :class:`~pgsolo.DatabaseUnavailableError`, caused by the driver's error,
+    nothing is held, and the caller's connection still works."""
+    role = f"pgsolo_one_connection_{uuid.uuid4().hex[:10]}"
+    password = "pgsolo-test-role-secret"  # noqa: S105 - a throwaway role's own
+    observer.conn.execute(
+        pgsql.SQL("CREATE ROLE {} LOGIN CONNECTION LIMIT 1 PASSWORD {}").format(
+            pgsql.Identifier(role), pgsql.Literal(password)
+        )
+    )
+    try:
+        as_role = make_conninfo(dsn, user=role, password=password)
+        with FreezingProxy(as_role) as relay, psycopg.connect(relay.dsn, autocommit=True) as conn:
+            with pytest.raises(pgsolo.DatabaseUnavailableError) as raised:
+                pgsolo.session_lock(conn, key).acquire()
+            assert isinstance(raised.value.__cause__, psycopg.OperationalError)
+            assert password not in str(raised.value)
+            assert observer.holders(key) == set()
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+    finally:
+        observer.conn.execute(pgsql.SQL("DROP ROLE {}").format(pgsql.Identifier(role)))

@@ -28,6 +28,7 @@ from ..errors import (
     TransactionFailedError,
 )
 from ..locking.core import LockCore, require_no_transaction, wait_ms_of
+from ..locking.failures import unavailable
 from ..locking.placement import outside_transaction
 from ..locking.plans import WORK, Plan
 from ..locking.watch import refuse_keeper
@@ -90,6 +91,8 @@ def ledger_ready(job: Job, driver: DriverBase) -> Plan[None]:
             raise untranslatable_name(job.name) from exc
         if sql.meaning(driver.sqlstate(exc)) is sql.Meaning.NO_PRIVILEGE:
             raise _no_privilege(job, driver) from exc
+        if failed := unavailable(driver, exc, f"checking the tables of job {job.name!r}"):
+            raise failed from exc
         raise
     if version >= LATEST_VERSION:
         return
@@ -250,9 +253,11 @@ class _Attempt:
         yield from self.core.exit(failed=True)
         if not isinstance(exc, Exception):
             raise exc  # KeyboardInterrupt, SystemExit, cancellation
-        gone = _gone(self.driver, exc)
+        gone = _gone(self.driver, exc, self.backend_pid)
         if self.job.lifetime == "xact":  # rolled back, work included
-            return self._ended("lost" if gone else "failed", reason=gone, error=exc)
+            if gone is not None:
+                return self._ended("lost", reason=gone, error=self._lost(exc, gone))
+            return self._ended("failed", error=exc)
         # The work is done but its period is not marked: the next run in this period
         # will do it again. Say so with a failure rather than a silent success; when the
         # connection failed, the server may have written it all the same (a frozen backend
@@ -265,7 +270,7 @@ class _Attempt:
             self._scrub(exc),
         )
         if gone is not None:
-            return self._ended("lost", reason=gone, error=exc)
+            return self._ended("lost", reason=gone, error=self._lost(exc, gone))
         return self._ended("failed", reason="period-not-recorded", error=exc)
 
     def end(self) -> Plan[JobResult[Any]]:
@@ -279,19 +284,11 @@ class _Attempt:
         except TransactionFailedError as exc:
             return self._ended("failed", error=exc)
         except Exception as exc:
-            if (gone := _gone(self.driver, exc)) is None:
+            if (gone := _gone(self.driver, exc, self.backend_pid)) is None:
                 return self._ended("failed", error=exc)
             # The work returned, but the transaction holding the lock died with its
             # connection before it could commit: a lost lock, not a failure of the work.
-            lost = LockLostError(
-                f"{self.job.lifetime} lock {self.job.key} was lost with its connection"
-                " before the run could end, so the work's transaction was not confirmed"
-                f" committed: {exc}",
-                key=self.job.key,
-                reason=gone,
-            )
-            lost.__cause__ = exc
-            return self._ended("lost", reason=gone, error=lost)
+            return self._ended("lost", reason=gone, error=self._lost(exc, gone))
         if (failure := self.failure) is not None:
             return self._ended("failed", reason=failure.reason, error=failure.error)
         return self._ended("completed", value=self.value)
@@ -313,10 +310,32 @@ class _Attempt:
             return self._ended("lost", reason=exc.reason, error=exc)
         if not isinstance(exc, Exception):
             raise exc  # KeyboardInterrupt, SystemExit, cancellation: not the work's outcome
-        if (gone := _gone(self.driver, exc)) is not None:
+        if (gone := _gone(self.driver, exc, self.backend_pid)) is None:
+            return self._ended("failed", error=exc)
+        if in_work:  # the work's own error, as it raised it
             # The connection, and the lock with it, went under the work.
             return self._ended("lost", reason=gone, error=exc)
-        return self._ended("failed", error=exc)
+        # pgsolo's period check: before the work ran.
+        doing = f"checking the period of job {self.job.name!r}"
+        failed = unavailable(self.driver, exc, doing, dead=True)  # Django may have reconnected
+        if failed is None:  # pgsolo's already (a deadline's)
+            return self._ended("lost", reason=gone, error=exc)
+        failed.__cause__ = exc  # returned, not raised: chained by hand
+        return self._ended("lost", reason=gone, error=failed)
+
+    def _lost(self, exc: Exception, gone: LostReason) -> LockLostError:
+        """pgsolo's error for its own statement (``exc``) that failed with the
+        connection after the work ran: its outcome (the commit, the period) was not
+        confirmed recorded."""
+        lost = LockLostError(
+            f"{self.job.lifetime} lock {self.job.key} was lost with its connection"
+            " before the run could end, so the work's transaction (or its period) was not"
+            f" confirmed committed: {exc}",
+            key=self.job.key,
+            reason=gone,
+        )
+        lost.__cause__ = exc
+        return lost
 
     def _ended(self, outcome: Outcome, **kwargs: Any) -> JobResult[Any]:
         return self.result(outcome, duration=self.duration, **kwargs)
@@ -335,11 +354,15 @@ def unresponsive(error: BaseException | None) -> bool:
     return False
 
 
-def _gone(driver: DriverBase, error: BaseException) -> LostReason | None:
-    """How the connection went, if ``error`` came with its end; None while it lives."""
+def _gone(driver: DriverBase, error: BaseException, backend_pid: int) -> LostReason | None:
+    """How the connection went, if ``error`` came with its end; None while it lives. Its
+    session (``backend_pid``) may be gone behind a connection that is open again: a
+    framework reconnects as it closes its books on the failure (Django does)."""
     if unresponsive(error):
         return "connection-unresponsive"
-    return "connection-lost" if driver.is_closed() else None
+    if driver.is_closed() or driver.backend_pid() != backend_pid:
+        return "connection-lost"
+    return None
 
 
 def lost_reason(error: BaseException | None) -> LostReason:

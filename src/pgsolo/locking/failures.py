@@ -9,7 +9,8 @@ deadlock between advisory waits, a :class:`~pgsolo.LockDeadlockError` naming the
 the cycle; fencing on a database without pgsolo's tables, a
 :class:`~pgsolo.NotMigratedError`; a privilege the role lacks, a
 :class:`~pgsolo.InsufficientPrivilegeError`; a connection that failed under the
-statement, a :class:`~pgsolo.DatabaseUnavailableError`. Each has the driver's error (on a
+statement, a :class:`~pgsolo.DatabaseUnavailableError` (:func:`unavailable`, for any of
+pgsolo's statements before the caller's work runs). Each has the driver's error (on a
 framework's connection, the framework's) as its cause. Anything else is the driver's own
 error, raised as it is.
 """
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from .. import sql
 from .._logging import locks_logger as logger
-from ..drivers import TxStatus
+from ..drivers import DriverBase, TxStatus
 from ..errors import (
     DatabaseUnavailableError,
     LockDeadlockError,
@@ -47,6 +48,7 @@ __all__ = [
     "cut_short",
     "standby_refused",
     "timed_out",
+    "unavailable",
 ]
 
 
@@ -117,20 +119,30 @@ def _refusal(core: LockCore, exc: BaseException, meaning: sql.Meaning | None) ->
 
 
 def connection_failed(core: LockCore, exc: BaseException) -> DatabaseUnavailableError | None:
+    """The error for a connection that ``exc`` found dead under one of pgsolo's
+    statements for ``core``'s lock (see :func:`unavailable`)."""
+    return unavailable(core.driver, exc, f"taking {core.lifetime} lock {core.key}")
+
+
+def unavailable(
+    driver: DriverBase, exc: BaseException, doing: str, *, dead: bool | None = None
+) -> DatabaseUnavailableError | None:
     """The error for a connection that ``exc`` (an error, not an interruption) found
-    dead under one of pgsolo's statements for ``core``'s lock; None if it lives, or if
-    ``exc`` is pgsolo's already (a deadline that shut the connection down says so). A
-    dead session holds no advisory lock: nothing is held."""
+    dead under one of pgsolo's own statements while pgsolo was ``doing`` something,
+    before the caller's work ran; None if it lives, or if ``exc`` is pgsolo's already (a
+    deadline that shut the connection down says so). ``dead`` says whether it died when
+    the caller knows better than :meth:`is_closed` (a framework that reconnected as it
+    closed its books). A dead session holds no advisory lock: nothing is held. The caller
+    raises it ``from exc``."""
     if isinstance(exc, PgsoloError) or not isinstance(exc, Exception):
         return None
-    if not core.driver.is_closed():
+    if not (driver.is_closed() if dead is None else dead):
         return None
     said = " ".join(str(exc).split()) or type(exc).__name__
-    info = core.driver.server_info()  # what it said while open ("?" if never asked)
+    info = driver.server_info()  # what it said while open ("?" if never asked)
     where = "" if info.host == "?" else f" to database {info.database!r} at {info.address}"
     return DatabaseUnavailableError(
-        f"the connection{where} failed while pgsolo was taking {core.lifetime} lock"
-        f" {core.key} ({said}); nothing is held"
+        f"the connection{where} failed while pgsolo was {doing} ({said}); nothing is held"
     )
 
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from .. import sql
 from ..drivers import DriverBase, TxStatus
-from ..errors import UnsafeConnectionError
+from ..errors import DatabaseUnavailableError, PgsoloError, UnsafeConnectionError
 from .placement import outside_transaction
 from .plans import Elsewhere, Plan
 
@@ -81,7 +81,7 @@ def check_route(driver: DriverBase, status: TxStatus) -> Plan[Route]:
             reason="proxy-unchecked",
         )
     for _ in range(PROBE_ROUNDS):
-        if (yield Elsewhere([sql.is_session(token)])) is True:
+        if (yield from _landed_on(driver, token)) is True:
             raise transaction_pooling_error(
                 "a second connection to the same place landed on the same server session"
             )
@@ -91,6 +91,25 @@ def check_route(driver: DriverBase, status: TxStatus) -> Plan[Route]:
                 "this connection's statements moved to another server session"
             )
     return route
+
+
+def _landed_on(driver: DriverBase, token: str) -> Plan[object]:
+    """Whether a second connection to the same place lands on the session stamped
+    ``token``. That connection is pgsolo's own: one that cannot be opened (the server
+    restarting, refusing one more connection) is a
+    :class:`~pgsolo.DatabaseUnavailableError`, with the driver's error as its cause, while
+    the caller's connection may live on."""
+    try:
+        return (yield Elsewhere([sql.is_session(token)]))
+    except Exception as exc:
+        if isinstance(exc, PgsoloError):  # a deadline's, which says so already
+            raise
+        said = driver.scrub(" ".join(str(exc).split()) or type(exc).__name__)
+        raise DatabaseUnavailableError(
+            "pgsolo could not check what answers this connection (it goes through a"
+            f" proxy): a second connection to {driver.server_info().address} failed"
+            f" ({said}); nothing is held"
+        ) from exc
 
 
 def _direct(driver: DriverBase, server_pid: int, address: str, port: int) -> bool:

@@ -23,11 +23,13 @@ from ..errors import (
     LockLostError,
     LockTimeoutError,
     NotMigratedError,
+    PgsoloError,
     TransactionFailedError,
     UnsupportedConnectionError,
 )
 from ..keys import Key
 from ..locking.core import LockCore, require_no_transaction, wait_ms_of
+from ..locking.failures import unavailable
 from ..locking.placement import outside_transaction
 from ..locking.plans import ROLLBACK, WORK, Own, Plan
 from ..locking.recovery import connection_gone, quietly
@@ -138,6 +140,8 @@ def _read(op: Operation, core: LockCore) -> Plan[dict[str, Any] | None]:
             raise InvalidOperationKeyError(
                 f"this database's encoding cannot hold the operation key {op.op_key!r}"
             ) from exc
+        if (failed := unavailable(driver, exc, f"reading operation {op.op_key!r}")) is not None:
+            raise failed from exc
         raise
     row = sql.read_json(text)
     return None if row is None else dict(row)
@@ -167,6 +171,8 @@ def _run_attempt(
         began = yield _committed(driver, [start])  # 'started' commits before the operation
     except Exception as exc:
         if sql.meaning(driver.sqlstate(exc)) is not sql.Meaning.NO_PRIVILEGE:
+            if (failed := _not_begun(op, driver, exc)) is not None:
+                raise failed from exc
             raise
         # A role that may read operations but not write them: nothing ran.
         if driver.transaction_status() in (TxStatus.INTRANS, TxStatus.INERROR):
@@ -182,8 +188,10 @@ def _run_attempt(
     # connection's library or framework does it (Own), so that its books stay true.
     try:
         yield Own([], "begin")
-    except BaseException:
+    except BaseException as exc:
         yield from _roll_back(core)
+        if (failed := _not_begun(op, driver, exc)) is not None:
+            raise failed from exc
         raise
     try:
         value = yield WORK
@@ -275,6 +283,12 @@ def _record_success(op: Operation, core: LockCore, attempt: Attempt, stored: str
         if connection_gone(core, exc):
             raise _lost_before_success(op, attempt, exc) from exc
         raise
+
+
+def _not_begun(op: Operation, driver: DriverBase, exc: BaseException) -> PgsoloError | None:
+    """The error for a connection found dead as an attempt began, before the operation
+    ran (its 'started' row, if written, is taken over by the next call)."""
+    return unavailable(driver, exc, f"beginning an attempt of operation {op.op_key!r}")
 
 
 def _lost_before_success(op: Operation, attempt: Attempt, exc: Exception) -> LockLostError:

@@ -17,12 +17,30 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import psycopg
 import pytest
 
 import pgsolo
 from _drivers import SYNC_KINDS, Kind
-from _support import Connect, eventually, terminate
+from _support import Connect, eventually, key_of, new_job, new_op, row_of, terminate
 from pgsolo import Key
+from pgsolo.once.operation import lock_key_for
+
+# The backend writing an attempt's 'started' row ends itself there (PostgreSQL signals its
+# own backend; the statement fails at its next check for interrupts).
+DIE_AT_START = """
+CREATE OR REPLACE FUNCTION pgsolo_test_die() RETURNS trigger LANGUAGE plpgsql AS
+$$BEGIN PERFORM pg_terminate_backend(pg_backend_pid()); RETURN NEW; END$$;
+CREATE OR REPLACE TRIGGER pgsolo_test_die_at_start BEFORE INSERT ON pgsolo.operations
+FOR EACH ROW WHEN (NEW.op_key LIKE 'once-die-at-start%') EXECUTE FUNCTION pgsolo_test_die();
+"""
+# The table a job's period check reads becomes a view that ends its reader's backend (a
+# one-time filter: evaluated once, before any row, even from an empty table).
+DIE_AT_PERIOD_CHECK = """
+ALTER TABLE pgsolo.job_periods RENAME TO job_periods_kept;
+CREATE VIEW pgsolo.job_periods AS SELECT * FROM pgsolo.job_periods_kept
+WHERE (SELECT pg_terminate_backend(pg_backend_pid()));
+"""
 
 LIFETIMES = [
     (kind, lifetime)
@@ -166,3 +184,192 @@ def test_the_works_own_error_on_a_dead_connection_passes_through_untouched(
     assert seen == [raised]
     assert not isinstance(raised, pgsolo.PgsoloError)
     assert observer.holders(key) == set()
+
+
+# -- run_once and jobs: pgsolo's statements around the work ------------------------------
+
+# run_once and jobs take a connection, not an ORM Session (its transaction is the caller's).
+CONNECTION_KINDS = [kind for kind in SYNC_KINDS if kind.session_locks]
+
+
+@pytest.mark.parametrize("kind", CONNECTION_KINDS, ids=str)
+def test_run_once_on_a_connection_whose_backend_died_is_database_unavailable(
+    kind: Kind, db: str, observer: Any
+) -> None:
+    """Regression (issue 21): run_once on a connection whose backend died while idle
+    raised the driver's error from pgsolo's first statement (reading the operation's
+    row). Now it is :class:`~pgsolo.DatabaseUnavailableError`, caused by the driver's
+    error, and the operation never ran."""
+    calls: list[object] = []
+
+    def operation(ctx: Any) -> str:
+        calls.append(ctx)
+        return "ran"
+
+    with kind.open(db) as conn:
+        terminate(observer, conn.pid())
+        with pytest.raises(pgsolo.DatabaseUnavailableError) as raised:
+            pgsolo.run_once(conn.conn, new_op(), operation)
+        assert causes(raised.value), "the driver's error is the cause"
+        assert not isinstance(causes(raised.value)[-1], pgsolo.PgsoloError)
+    assert calls == []
+
+
+@pytest.mark.parametrize("kind", CONNECTION_KINDS, ids=str)
+def test_run_once_whose_backend_died_as_the_attempt_began_is_database_unavailable(
+    kind: Kind, db: str, observer: Any
+) -> None:
+    """Regression (issue 21): the backend ended under pgsolo's write of the attempt's
+    'started' row (a trigger on pgsolo's table terminates its own backend there, after
+    the read and the lock went through): the driver's error came out raw. Now it is
+    :class:`~pgsolo.DatabaseUnavailableError`, caused by the driver's error; the
+    operation never ran and nothing is held."""
+    op = new_op("once-die-at-start")
+    calls: list[object] = []
+
+    def operation(ctx: Any) -> str:
+        calls.append(ctx)
+        return "ran"
+
+    observer.conn.execute(DIE_AT_START)
+    try:
+        with kind.open(db) as conn:
+            with pytest.raises(pgsolo.DatabaseUnavailableError) as raised:
+                pgsolo.run_once(conn.conn, op, operation)
+            assert causes(raised.value), "the driver's error is the cause"
+    finally:
+        observer.conn.execute("DROP TRIGGER pgsolo_test_die_at_start ON pgsolo.operations")
+    assert calls == []
+    assert row_of(observer, op) is None
+    assert observer.holders(lock_key_for(op)) == set()
+
+
+@pytest.mark.parametrize("kind", CONNECTION_KINDS, ids=str)
+def test_run_once_whose_backend_died_in_the_operation_is_a_lost_lock(
+    kind: Kind, db: str, observer: Any
+) -> None:
+    """Guards: the operation ran, but pgsolo's record of its success failed with the
+    connection: :class:`~pgsolo.LockLostError` (``connection-lost``), caused by the
+    driver's error, and the next call runs the operation again."""
+    op = new_op()
+
+    with kind.open(db) as conn:
+        pid = conn.pid()
+
+        def operation(ctx: Any) -> str:
+            terminate(observer, pid)
+            return "ran, unrecorded"
+
+        with pytest.raises(pgsolo.LockLostError) as raised:
+            pgsolo.run_once(conn.conn, op, operation)
+        assert raised.value.reason == "connection-lost"
+        assert causes(raised.value), "the driver's error is the cause"
+    row = row_of(observer, op)
+    assert row is not None
+    # Not succeeded: the next call runs it again (Django, which reconnected, records the
+    # attempt failed through its new connection; the others leave it started).
+    assert row["state"] != "succeeded"
+    assert observer.holders(lock_key_for(op)) == set()
+
+
+@pytest.mark.parametrize("kind", CONNECTION_KINDS, ids=str)
+def test_a_job_on_a_connection_whose_backend_died_is_database_unavailable(
+    kind: Kind, db: str, observer: Any
+) -> None:
+    """Regression (issue 21): a job with a period on a connection whose backend died
+    while idle raised the driver's error from pgsolo's check of its tables. Now it is
+    :class:`~pgsolo.DatabaseUnavailableError`, caused by the driver's error, and the work
+    never ran."""
+    calls: list[object] = []
+
+    def work(conn: Any) -> None:
+        calls.append(conn)
+
+    with kind.open(db) as conn:
+        terminate(observer, conn.pid())
+        with pytest.raises(pgsolo.DatabaseUnavailableError) as raised:
+            pgsolo.run_job(conn.conn, new_job(), work, period="day")
+        assert causes(raised.value), "the driver's error is the cause"
+    assert calls == []
+
+
+@pytest.mark.parametrize("kind", CONNECTION_KINDS, ids=str)
+def test_a_job_whose_period_could_not_be_recorded_on_a_dead_connection_is_lost(
+    kind: Kind, db: str, observer: Any
+) -> None:
+    """Regression (issue 21): the work of a session-lock job with a period ran, and its
+    backend died before pgsolo recorded the period: the driver's error came back (as the
+    result's error, and raised). Now it is :class:`~pgsolo.LockLostError`
+    (``connection-lost``), caused by the driver's error; the work's own errors are never
+    wrapped (``test_xact_connection_killed_under_the_work_is_lost_not_failed``)."""
+    job = new_job()
+
+    with kind.open(db) as conn:
+        pid = conn.pid()
+
+        def work(conn: Any) -> str:
+            terminate(observer, pid)
+            return "done, period unrecorded"
+
+        with pytest.raises(pgsolo.LockLostError) as raised:
+            pgsolo.run_job(conn.conn, job, work, lifetime="session", period="day")
+        assert raised.value.reason == "connection-lost"
+        assert causes(raised.value), "the driver's error is the cause"
+        assert not isinstance(causes(raised.value)[-1], pgsolo.PgsoloError)
+    assert observer.holders(key_of(job)) == set()
+
+
+@pytest.mark.parametrize("kind", CONNECTION_KINDS, ids=str)
+def test_a_job_whose_backend_died_at_its_period_check_is_database_unavailable(
+    kind: Kind, fresh_db: str, observer: Any
+) -> None:
+    """Regression (issue 21): the backend ended under pgsolo's check of a job's period,
+    with the lock held and before the work ran (here the table the check reads is a view
+    whose one-time filter terminates its own backend): the driver's error came back. Now
+    it is :class:`~pgsolo.DatabaseUnavailableError`, caused by the driver's error; the
+    work never ran and nothing is held."""
+    with psycopg.connect(fresh_db, autocommit=True) as admin:
+        pgsolo.migrate(admin)
+        admin.execute(DIE_AT_PERIOD_CHECK)
+    job = new_job()
+    calls: list[object] = []
+
+    def work(conn: Any) -> None:
+        calls.append(conn)
+
+    with kind.open(fresh_db) as conn:
+        with pytest.raises(pgsolo.DatabaseUnavailableError) as raised:
+            pgsolo.run_job(conn.conn, job, work, period="day")
+        assert causes(raised.value), "the driver's error is the cause"
+        assert not isinstance(causes(raised.value)[-1], pgsolo.PgsoloError)
+    assert calls == []
+    assert observer.holders(key_of(job)) == set()
+
+
+@pytest.mark.parametrize("kind", CONNECTION_KINDS, ids=str)
+def test_a_jobs_work_whose_connection_died_is_lost_with_its_own_error(
+    kind: Kind, db: str, observer: Any
+) -> None:
+    """Guards both halves of the rule for jobs: the work's own statement that finds the
+    connection dead raises what the caller's library raises, untouched, and the attempt
+    is ``lost`` (``connection-lost``), not ``failed``. Regression on Django, which
+    reconnects as it closes its books on the failure: the open connection looked alive,
+    and the attempt was ``failed``."""
+    seen: list[BaseException] = []
+
+    def work(conn: Any) -> None:
+        (pid,) = observer.holders(key_of(job))
+        terminate(observer, pid)
+        try:
+            handle.execute("SELECT 1")
+        except Exception as exc:
+            seen.append(exc)
+            raise
+
+    job = new_job()
+    with kind.open(db) as handle:
+        result = pgsolo.run_job(handle.conn, job, work, raise_errors=False)
+    assert (result.outcome, result.reason) == ("lost", "connection-lost")
+    assert seen == [result.error]
+    assert not isinstance(result.error, pgsolo.PgsoloError)
+    assert observer.holders(key_of(job)) == set()
