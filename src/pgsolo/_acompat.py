@@ -18,7 +18,7 @@ import inspect
 import os
 import select
 import threading
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from typing import Any, Final, TypeAlias, TypeVar
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "Worker",
     "acancel_worker",
     "acurrent_worker",
+    "afinished",
     "aresult_of",
     "arun_blocking",
     "aspawn",
@@ -225,6 +226,22 @@ def result_of(value: T) -> T:
 async def aresult_of(value: object) -> object:
     """``value``, awaited if it is awaitable: an async caller may pass a plain function."""
     return await value if inspect.isawaitable(value) else value
+
+
+async def afinished(step: Awaitable[T]) -> T:
+    """Await ``step`` to its end even if the current task is cancelled meanwhile (the
+    cancellation goes on once it is over): for a change to a connection that must not be
+    left half made, such as switching a driver's autocommit and back."""
+    task = asyncio.ensure_future(step)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+    return task.result()
 
 
 def run_blocking(fn: Callable[..., T], *args: Any) -> T:

@@ -488,9 +488,10 @@ async def test_install_forgets_quietly_what_a_closed_asyncpg_connection_held(
         await made.dispose()
 
 
+@pytest.mark.parametrize("lock", [pgsolo.xact_lock, pgsolo.session_lock], ids=["xact", "session"])
 @pytest.mark.parametrize("dialect", ASYNC_DIALECTS)
-async def test_a_task_cancelled_at_any_step_of_xact_lock_gives_the_connection_back_as_found(
-    db: str, observer: Any, key: Key, dialect: str
+async def test_a_task_cancelled_at_any_step_of_a_lock_gives_the_connection_back_as_found(
+    db: str, observer: Any, key: Key, dialect: str, lock: Any
 ) -> None:
     """Regression (issue 21): a task cancelled while pgsolo started SQLAlchemy's asyncpg
     transaction (``async with xact_lock(conn, key)`` outside one) left BEGIN done at the
@@ -501,13 +502,14 @@ async def test_a_task_cancelled_at_any_step_of_xact_lock_gives_the_connection_ba
     each number of event-loop steps in turn, from before it starts until it completes
     (the server's answer is in before each step, so every suspension is one step); each
     time, the next checkout must find the connection as the first one did, and no lock
-    held."""
+    held. The session lock's run is a guard: its statements outside SQLAlchemy's transaction
+    switch the driver's autocommit on and back, and no cancellation may leave it on."""
     _need_adapter(dialect)
     made = create_async_engine(url_of(db, dialect), pool_size=1, max_overflow=0)
     pgsolo.sqlalchemy.install(made)
 
     async def attempt() -> None:
-        async with made.connect() as conn, pgsolo.xact_lock(conn, key):
+        async with made.connect() as conn, lock(conn, key):
             await conn.execute(text("SELECT 1"))
             await conn.execute(text("SELECT 2"))
 

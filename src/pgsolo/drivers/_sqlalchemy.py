@@ -41,6 +41,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.pool import ConnectionPoolEntry
 from sqlalchemy.util import await_
 
+from .._acompat import afinished
 from ..errors import ConnectionStateError, UnsupportedConnectionError
 from . import AsyncDriver, ServerInfo, SyncDriver, TxStatus, as_sync, is_async
 
@@ -324,14 +325,17 @@ def autocommitting(core: Connection, inner: SyncDriver | AsyncDriver) -> Iterato
 async def aautocommitting(core: Connection, inner: SyncDriver | AsyncDriver) -> AsyncIterator[None]:
     """:func:`autocommitting` for an async driver connection (psycopg's
     ``set_autocommit()``; asyncpg has nothing to switch)."""
-    if (raw := _switchable(core, inner, "set_autocommit")) is not None:
-        await raw.set_autocommit(True)
+    # Each switch is made whole even if the caller's task is cancelled meanwhile: a
+    # cancelled switch back left the pool's next user in autocommit.
+    raw = _switchable(core, inner, "set_autocommit")
     try:
+        if raw is not None:
+            await afinished(raw.set_autocommit(True))
         yield
     finally:
         if (raw := _switched_back(core, inner)) is not None:
             with contextlib.suppress(Exception):
-                await raw.set_autocommit(False)
+                await afinished(raw.set_autocommit(False))
 
 
 def as_async(driver: SyncDriver | AsyncDriver) -> AsyncDriver:
