@@ -622,3 +622,35 @@ async def test_an_async_connection_found_dead_is_invalidated_as_sqlalchemy_would
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
     async with aengine.connect() as again, factory(again, key, wait=5) as lock:
         assert lock.acquired
+
+
+@pytest.mark.parametrize("dialect", ["psycopg", "psycopg2"])
+def test_a_connection_given_back_with_autocommit_still_switched_on_is_switched_back(
+    db: str, dialect: str
+) -> None:
+    """Regression (issue 21, found by the chaos suite): pgsolo runs its statements outside
+    SQLAlchemy's transaction with the driver's autocommit switched on, and switches it back
+    once the connection is idle; a transaction of its own left open (its round trip
+    interrupted, and the recovery that would end it interrupted too) keeps it switched. A
+    connection given back to the pool so went to the next user in autocommit: with
+    ``install()``, the pool's reset ends that transaction and switches autocommit back."""
+    from pgsolo.drivers import adapt  # noqa: PLC0415
+    from pgsolo.drivers._sqlalchemy import autocommitting  # noqa: PLC0415
+
+    made = create_engine(url_of(db, dialect), pool_size=1, max_overflow=0)
+    pgsolo.sqlalchemy.install(made)
+    try:
+        with made.connect() as conn:
+            raw = conn.connection.driver_connection
+            inner = adapt(raw)
+            with autocommitting(conn, inner):
+                assert raw.autocommit
+                raw.cursor().execute("BEGIN")  # pgsolo's own, left open by an interruption
+            assert raw.autocommit  # kept switched while that transaction is open
+        with made.connect() as conn:
+            raw = conn.connection.driver_connection
+            assert not raw.autocommit
+            assert int(raw.info.transaction_status) == 0  # idle
+            assert not conn.in_transaction()
+    finally:
+        made.dispose()

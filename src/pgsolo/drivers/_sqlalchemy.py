@@ -413,6 +413,24 @@ def _retrieved(done: asyncio.Future[Any]) -> None:
         done.exception()
 
 
+def _switch_back_for_good(raw: Any) -> None:
+    """A connection going back to the pool with the driver's autocommit still switched on
+    by pgsolo (an interruption cut both the statements and the recovery that would have
+    switched it back): end the transaction pgsolo's statements left, if any, and switch it
+    back, so that the pool's next user does not run in autocommit."""
+    if id(raw) not in _SWITCHED:
+        return
+    del _SWITCHED[id(raw)]
+    with contextlib.suppress(Exception):  # a closed connection: the pool discards it
+        # psycopg's set_autocommit (an awaitable on its AsyncConnection); psycopg2's flag
+        switch = getattr(raw, "set_autocommit", None)
+        for done in (raw.rollback(), switch(False) if switch else None):
+            if inspect.isawaitable(done):
+                await_(done)
+        if switch is None:
+            raw.autocommit = False
+
+
 def listen_for_returns(engine: object, on_return: Callable[[object], object]) -> None:
     """Call ``on_return(driver_connection)`` before SQLAlchemy resets a connection that
     goes back to ``engine``'s pool (sync or async; an awaitable it returns is awaited in
@@ -429,6 +447,7 @@ def listen_for_returns(engine: object, on_return: Callable[[object], object]) ->
     def reset(dbapi_connection: Any, record: ConnectionPoolEntry, state: Any) -> None:
         if record.driver_connection is None:
             return
+        _switch_back_for_good(record.driver_connection)
         outcome = on_return(record.driver_connection)
         if inspect.isawaitable(outcome):
             await_(outcome)
