@@ -25,6 +25,7 @@ __all__ = [
     "LockTimeoutError",
     "LockUnavailableError",
     "NotMigratedError",
+    "PeriodUnconfirmedError",
     "PgsoloError",
     "ResultNotStorableError",
     "TransactionFailedError",
@@ -188,6 +189,14 @@ class LockLostError(PgsoloError):
         super().__init__(message)
         self.key = key
         self.reason = reason
+
+
+class PeriodUnconfirmedError(LockLostError):
+    """A session-lock job's work ran, and its connection failed as pgsolo recorded the
+    period (the lock went with it): the server may have recorded it all the same (a frozen
+    backend that resumed), so the next run in the period skips if it did and runs again if
+    not. A :class:`LockLostError`, which says what the attempt came to; this class says
+    where it ended."""
 
 
 class TransactionFailedError(PgsoloError):

@@ -25,6 +25,7 @@ from ..errors import (
     LockNotHeldError,
     LockTimeoutError,
     NotMigratedError,
+    PeriodUnconfirmedError,
     TransactionFailedError,
 )
 from ..locking.core import LockCore, require_no_transaction, wait_ms_of
@@ -270,7 +271,15 @@ class _Attempt:
             self._scrub(exc),
         )
         if gone is not None:
-            return self._ended("lost", reason=gone, error=self._lost(exc, gone))
+            unconfirmed = PeriodUnconfirmedError(
+                f"{self.job.lifetime} lock {self.job.key} was lost with its connection as the"
+                f" period was recorded, after the work ran; the period may not have been"
+                f" recorded: {exc}",
+                key=self.job.key,
+                reason=gone,
+            )
+            unconfirmed.__cause__ = exc
+            return self._ended("lost", reason=gone, error=unconfirmed)
         return self._ended("failed", reason="period-not-recorded", error=exc)
 
     def end(self) -> Plan[JobResult[Any]]:

@@ -14,7 +14,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..._logging import cli_logger as logger
-from ...errors import DatabaseUnavailableError, LockLostError, LockNotHeldError, NotMigratedError
+from ...errors import (
+    DatabaseUnavailableError,
+    LockLostError,
+    LockNotHeldError,
+    NotMigratedError,
+    PeriodUnconfirmedError,
+)
 from ...jobs.definition import Job, JobResult, replace_result
 from ...jobs.plan import unresponsive
 from ...monitor import AdvisoryLock, format_seconds
@@ -99,7 +105,8 @@ def _lost(result: JobResult[Any], command: Command, scrub: Scrub) -> Verdict:
             code = ran.status
         return Verdict(dataclasses.replace(result, error=error), code, text, command.status)
     detail = scrub(result.error) if result.error is not None else ""
-    if not isinstance(result.error, LockLostError | LockNotHeldError):
+    lock_lost = isinstance(result.error, LockLostError | LockNotHeldError)
+    if not lock_lost or isinstance(result.error, PeriodUnconfirmedError):
         # Marking the period done failed with the connection, after COMMAND succeeded: the
         # server may have written it all the same (a frozen backend that resumed, a commit
         # whose answer was lost), so say what is known, not more.
