@@ -60,7 +60,8 @@ def test_any_wait_locks_and_restores_lock_timeout_or_is_refused_before_any_sql(
     make = pgsolo.session_lock if lifetime == "session" else pgsolo.xact_lock
     with psycopg.connect(dsn, autocommit=True) as conn:
         before = show_lock_timeout(conn)
-        if wait is None or in_range(wait, 0, MAX_WAIT, above_low=True):
+        no_end = isinstance(wait, float) and wait == math.inf  # wait=math.inf: no end
+        if wait is None or no_end or in_range(wait, 0, MAX_WAIT, above_low=True):
             with make(conn, key, wait=wait) as lock:
                 assert lock.acquired
                 assert observer.advisory(pid=conn.info.backend_pid) == {key}
