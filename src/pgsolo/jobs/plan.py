@@ -298,6 +298,9 @@ class _Attempt:
             # The work returned, but the transaction holding the lock died with its
             # connection before it could commit: a lost lock, not a failure of the work.
             return self._ended("lost", reason=gone, error=self._lost(exc, gone))
+        except BaseException:
+            yield from self.core.let_go()  # a Ctrl-C as it let go: let go all the same
+            raise
         if (failure := self.failure) is not None:
             return self._ended("failed", reason=failure.reason, error=failure.error)
         return self._ended("completed", value=self.value)

@@ -319,6 +319,9 @@ def _release(op: Operation, core: LockCore) -> Plan[None]:
         yield from core.exit(failed=False)
     except Exception as exc:
         logger.warning("pgsolo: operation %s: releasing its lock: %r", op.op_key, exc)
+    except BaseException:
+        yield from core.let_go()  # a Ctrl-C as it let go: let go all the same
+        raise
 
 
 def core_for(op: Operation, driver: DriverBase) -> LockCore:
