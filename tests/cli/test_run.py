@@ -454,6 +454,7 @@ def test_a_lock_taken_with_plain_sql_makes_run_skip(
     psql.execute("SELECT pg_advisory_unlock_all()")
 
 
+@pytest.mark.parametrize(("wait", "held_for"), [("60", 0.0), ("forever", 4.5)])
 def test_wait_runs_the_command_once_the_holder_lets_go(
     migrated: str,
     connect: Connect,
@@ -462,19 +463,26 @@ def test_wait_runs_the_command_once_the_holder_lets_go(
     job: str,
     tmp_path: Path,
     background: Callable[..., Running],
+    wait: str,
+    held_for: float,
 ) -> None:
+    """A wait of SECONDS, and ``--wait forever``: the standby that waits for as long as the
+    holder lives, here past two of its wait's 2 s slices (each a short transaction: it
+    holds back no VACUUM)."""
     psql = connect()
     psql.execute(raw_lock_sql(key.text))
     running = background(
         *run_args(key.text, migrated, job=job),
         "--wait",
-        "60",
+        wait,
         "--json",
         "--",
         *script(MARK, tmp_path, 0),
     )
     wait_until(lambda: observer.waiters(key), "pgsolo to wait for the lock")
+    time.sleep(held_for)
     assert not (tmp_path / "ran").exists()
+    assert observer.waiters(key), "the wait gave up"
     psql.execute("SELECT pg_advisory_unlock_all()")
     done = running.finish()
     assert done.returncode == 0, done.stderr
@@ -484,39 +492,6 @@ def test_wait_runs_the_command_once_the_holder_lets_go(
     assert report["lock_wait_seconds"] > 0
     assert observer.holders(key) == set()
     assert observer.waiters(key) == set()
-
-
-def test_wait_forever_runs_the_command_whenever_the_holder_lets_go(
-    migrated: str,
-    connect: Connect,
-    observer: Any,
-    key: Key,
-    job: str,
-    tmp_path: Path,
-    background: Callable[..., Running],
-) -> None:
-    """``--wait forever``: the standby that waits for as long as the holder lives, past
-    several slices of its wait (each a short transaction: it holds back no VACUUM)."""
-    psql = connect()
-    psql.execute(raw_lock_sql(key.text))
-    running = background(
-        *run_args(key.text, migrated, job=job),
-        "--wait",
-        "forever",
-        "--json",
-        "--",
-        *script(MARK, tmp_path, 0),
-    )
-    wait_until(lambda: observer.waiters(key), "pgsolo to wait for the lock")
-    time.sleep(4.5)  # more than two of the wait's 2 s slices
-    assert not (tmp_path / "ran").exists()
-    assert observer.waiters(key), "the forever wait gave up"
-    psql.execute("SELECT pg_advisory_unlock_all()")
-    done = running.finish()
-    assert done.returncode == 0, done.stderr
-    assert (tmp_path / "ran").exists()
-    assert last_json(done.stderr)["outcome"] == "completed"
-    assert observer.holders(key) == set()
 
 
 def test_wait_that_times_out_skips(
