@@ -145,6 +145,7 @@ _RENAMES = {
     "acore_of": "core_of",
     "astart_driver_transaction": "start_driver_transaction",
     "auncancel_current": "uncancel_current",
+    "aundisturbed": "undisturbed",
 }
 _PROSE = [
     (r"\ban async\b", "a sync"),

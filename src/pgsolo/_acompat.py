@@ -37,6 +37,7 @@ __all__ = [
     "astop_worker",
     "atry_lock",
     "auncancel_current",
+    "aundisturbed",
     "cancel_worker",
     "current_worker",
     "result_of",
@@ -45,6 +46,7 @@ __all__ = [
     "stop_worker",
     "try_lock",
     "uncancel_current",
+    "undisturbed",
 ]
 
 T = TypeVar("T")
@@ -241,6 +243,33 @@ async def afinished(step: Awaitable[T]) -> T:
             cancelled = True
     if cancelled:
         raise asyncio.CancelledError
+    return task.result()
+
+
+def undisturbed(value: T, bound: float) -> T:
+    """``value``: a thread's step cannot be interrupted by another thread."""
+    return value
+
+
+async def aundisturbed(step: Awaitable[T], bound: float) -> T:
+    """Await ``step`` to its end although the current task is cancelled meanwhile, and
+    absorb those cancellations: for the clean-up after an interruption, which the task
+    ends with anyway. A second cancellation that cut the clean-up short (say, the
+    release of a lock the first one interrupted) would leave behind what it cleans up.
+    ``bound`` seconds after the first absorbed cancellation the step is cancelled after
+    all, so that a connection that stopped answering cannot hold the task forever."""
+    task = asyncio.ensure_future(step)
+    with contextlib.suppress(asyncio.CancelledError):
+        return await asyncio.shield(task)
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + bound
+    while not task.done() and (left := give_up - loop.time()) > 0:
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait({task}, timeout=left)
+    task.cancel()  # past the bound (a no-op if it is done): the step ends it its own way
+    while not task.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait({task})
     return task.result()
 
 

@@ -77,18 +77,23 @@ def drop_hold(core: LockCore) -> Plan[None]:
         yield from quietly(core, [sql.SAVEPOINT_UNDO, sql.SAVEPOINT_RELEASE])
 
 
-def recover(core: LockCore, status: TxStatus) -> Plan[object]:
+def recover(core: LockCore, status: TxStatus, *, again: bool = True) -> Plan[object]:
     """After a failed or interrupted session-lock statement on a connection that was in
     ``status``: put the connection back as it was, then ask the server whether this
-    backend holds the key (True/False, or None when it cannot tell)."""
+    backend holds the key (True/False, or None when it cannot tell). A question that
+    fails is asked once more (``again``): the cancellation of the interrupted statement
+    can reach the server after that statement ended, and cancel the question instead."""
     now = core.driver.transaction_status()
     if status is TxStatus.INTRANS:
         if now is TxStatus.INERROR:  # the error happened inside our savepoint
             yield from quietly(core, [sql.SAVEPOINT_UNDO, sql.SAVEPOINT_RELEASE])
     elif now in (TxStatus.INTRANS, TxStatus.INERROR):  # a transaction we opened
         yield from quietly(core, [sql.ROLLBACK])
-    held = in_savepoint(core.driver, status, [sql.held_here(core.key, shared=core.shared)])
-    return (yield from quietly(core, held))
+    question = in_savepoint(core.driver, status, [sql.held_here(core.key, shared=core.shared)])
+    held = yield from quietly(core, question)
+    if held is None and again and not core.driver.is_closed():
+        return (yield from recover(core, status, again=False))
+    return held
 
 
 def abandon_own_transaction(core: LockCore) -> Plan[None]:
@@ -135,12 +140,22 @@ def after_session_failure(core: LockCore, status: TxStatus, exc: BaseException) 
     return False
 
 
-def release_if_held(core: LockCore, status: TxStatus) -> Plan[None]:
-    """After an interrupted session-lock acquisition on a connection that was in
-    ``status``: put the connection back as it was, and release the key if the server
-    says this backend holds it, so that nothing is left behind."""
-    if (yield from recover(core, status)) is True:
-        yield from quietly(core, in_savepoint(core.driver, status, [unlock_statement(core)]))
+def release_if_held(core: LockCore, status: TxStatus) -> Plan[object]:
+    """After an interrupted session-lock acquisition or release on a connection that was
+    in ``status``: put the connection back as it was, and release the key if the server
+    says this backend holds it, so that nothing is left behind. Whether the key is held
+    now (None when the server cannot tell). Two rounds, as :func:`recover` asks twice: a
+    late cancellation can fail the unlock as well as the question."""
+    held = None
+    for _ in range(2):
+        held = yield from recover(core, status)
+        if held is not True:
+            return held
+        now = core.driver.transaction_status()
+        unlock = in_savepoint(core.driver, now, [unlock_statement(core)])
+        if (yield from quietly(core, unlock)) is True:
+            return False
+    return held
 
 
 def after_failed_release(
@@ -165,11 +180,7 @@ def after_failed_release(
         # back to the hold, or, if it went with the interrupted release, the transaction).
         core.log(logging.WARNING, "error", started, error=repr(exc))
         return
-    held = yield from recover(core, TxStatus.IDLE if status is TxStatus.INERROR else status)
-    if held is True:
-        unlock = in_savepoint(driver, driver.transaction_status(), [unlock_statement(core)])
-        if (yield from quietly(core, unlock)) is True:
-            held = False
+    held = yield from release_if_held(core, TxStatus.IDLE if status is TxStatus.INERROR else status)
     if held is False:
         yield from drop_hold(core)  # if the interrupted release had not left it yet
         core.forget()

@@ -77,7 +77,11 @@ class AsyncLock(LockView):
         try:
             self._stop_keeper()
             loss_for_cancel = keeper.undo_cancel(exc) if keeper is not None else None
-            await adrive(self._core.exit(failed=exc_type is not None), self._driver)
+            await adrive(
+                self._core.exit(failed=exc_type is not None),
+                self._driver,
+                cleaning_up=exc is not None and not isinstance(exc, Exception),
+            )
         except (LockLostError, LockNotHeldError) as failure:
             if (instead := self._lost_instead(failure)) is not failure:
                 raise instead from failure
@@ -95,7 +99,7 @@ class AsyncLock(LockView):
         """The acquisition raised after the plan took the lock (a Ctrl-C as it returned):
         the caller never gets it, so nothing may stay held."""
         self._stop_keeper()
-        await adrive(self._core.let_go(), self._driver)
+        await adrive(self._core.let_go(), self._driver, cleaning_up=True)
 
     def _start_keeper(self) -> None:
         if self._core.keep is not None and self._core.acquired and self._keeper is None:

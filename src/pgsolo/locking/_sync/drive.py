@@ -7,9 +7,10 @@ caller's work; what came back is sent in, and an exception thrown in, so the pla
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+from ..._acompat import undisturbed
 from ...drivers import SyncDriver
 from ..plans import Elsewhere, Own, Plan, Wait, Work
 
@@ -17,22 +18,37 @@ __all__ = ["drive"]
 
 T = TypeVar("T")
 
+# How long clean-up after an interruption may go on under further cancellations before it
+# is cancelled too: a few round trips, on a connection that answers.
+CLEAN_UP_SECONDS = 5.0
+
 
 def _no_work() -> object:
     raise TypeError("this plan yields WORK, but no work was given")
 
 
-def drive(plan: Plan[T], driver: SyncDriver, work: Callable[[], object] | None = None) -> T:
+def drive(
+    plan: Plan[T],
+    driver: SyncDriver,
+    work: Callable[[], object] | None = None,
+    *,
+    cleaning_up: bool = False,
+) -> T:
+    """Drive ``plan`` to its end. Once an interruption (a cancellation, Ctrl-C) reached
+    the plan, or from the start with ``cleaning_up=True``, its round trips are clean-up
+    and run to their end under further cancellations: a second cancellation must not cut
+    short the release the first one began."""
     interrupted: BaseException | None = None
     while True:
         try:
-            return _steps(plan, driver, work, interrupted)
+            return _steps(plan, driver, work, interrupted, cleaning_up)
         except BaseException as exc:
             if inspect.getgeneratorstate(plan) == inspect.GEN_CLOSED:  # the plan raised it
                 raise
             # Raised in this loop between two steps (a Ctrl-C lands at any line): the plan
             # hears of it where it stands, so that its clean-up runs as written.
             interrupted = exc
+            cleaning_up = True
 
 
 def _steps(
@@ -40,6 +56,7 @@ def _steps(
     driver: SyncDriver,
     work: Callable[[], object] | None,
     interrupted: BaseException | None,
+    cleaning_up: bool,
 ) -> T:
     try:
         step = next(plan) if interrupted is None else plan.throw(interrupted)
@@ -47,17 +64,24 @@ def _steps(
             try:
                 if isinstance(step, Work):
                     value = (work or _no_work)()
-                elif isinstance(step, Elsewhere):
-                    value = driver.fetch_value_elsewhere(step.statements)
-                elif isinstance(step, Own):
-                    value = driver.fetch_value(step.statements, step.seconds, step.edge)
-                elif isinstance(step, Wait):
-                    value = driver.fetch_value(step.statements, step.seconds)
+                elif cleaning_up:
+                    value = undisturbed(_round_trip(step, driver), CLEAN_UP_SECONDS)
                 else:
-                    value = driver.fetch_value(step)
+                    value = _round_trip(step, driver)
             except BaseException as exc:
+                cleaning_up = cleaning_up or not isinstance(exc, Exception)
                 step = plan.throw(exc)
             else:
                 step = plan.send(value)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
+
+
+def _round_trip(step: Sequence[str] | Elsewhere | Wait | Own, driver: SyncDriver) -> object:
+    if isinstance(step, Elsewhere):
+        return driver.fetch_value_elsewhere(step.statements)
+    if isinstance(step, Own):
+        return driver.fetch_value(step.statements, step.seconds, step.edge)
+    if isinstance(step, Wait):
+        return driver.fetch_value(step.statements, step.seconds)
+    return driver.fetch_value(step)

@@ -78,7 +78,11 @@ class Lock(LockView):
         try:
             self._stop_keeper()
             loss_for_cancel = keeper.undo_cancel(exc) if keeper is not None else None
-            drive(self._core.exit(failed=exc_type is not None), self._driver)
+            drive(
+                self._core.exit(failed=exc_type is not None),
+                self._driver,
+                cleaning_up=exc is not None and not isinstance(exc, Exception),
+            )
         except (LockLostError, LockNotHeldError) as failure:
             if (instead := self._lost_instead(failure)) is not failure:
                 raise instead from failure
@@ -96,7 +100,7 @@ class Lock(LockView):
         """The acquisition raised after the plan took the lock (a Ctrl-C as it returned):
         the caller never gets it, so nothing may stay held."""
         self._stop_keeper()
-        drive(self._core.let_go(), self._driver)
+        drive(self._core.let_go(), self._driver, cleaning_up=True)
 
     def _start_keeper(self) -> None:
         if self._core.keep is not None and self._core.acquired and self._keeper is None:
