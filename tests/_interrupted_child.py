@@ -137,6 +137,10 @@ def run_sync(dsn: str, driver: str, key: pgsolo.Key) -> None:
         error: BaseException | None = None
         where = ""
         try:
+            # Loads pgsolo's adapter for the driver before the interrupts: loaded first
+            # in report(), it took over a second on a busy machine, and the test's next
+            # Ctrl-C (for one a __del__ swallowed) landed in report() itself.
+            pgsolo.held_session_locks(conn)
             print("going", pid(), flush=True)
             sync_loop(conn, key, rest[0])
         except KeyboardInterrupt as interrupt:
@@ -226,6 +230,7 @@ async def async_round(dsn: str, driver: str, key: pgsolo.Key, form: str) -> None
     error: BaseException | None = None
     where = ""
     try:
+        pgsolo.held_session_locks(conn)  # the adapter loaded first: see run_sync
         print("going", pid, flush=True)
         await async_loop(conn, key, form)
     except asyncio.CancelledError as interrupt:
