@@ -3,12 +3,15 @@ the entry point pyproject.toml declares."""
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 
 import pytest
 
 import pgsolo.testing.plugin
+
+from .conftest import UserSuite
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,3 +58,17 @@ def test_the_entry_point_is_named_after_the_module() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["entry-points"]["pytest11"] == {"pgsolo.testing.plugin": "pgsolo.testing.plugin"}
     assert "pytest>=8" in project["optional-dependencies"]["testing"]
+
+
+GUIDE = ROOT / "docs" / "testing.md"
+EXAMPLES = re.findall(r"```python\n(.*?)```", GUIDE.read_text(encoding="utf-8"), re.DOTALL)
+
+
+@pytest.mark.parametrize("source", EXAMPLES, ids=[f"example-{i}" for i in range(len(EXAMPLES))])
+def test_each_example_of_the_guide_passes_in_a_users_suite(
+    source: str, user_suite: UserSuite
+) -> None:
+    """docs/testing.md's examples are test files to paste: pasted, every test in them
+    passes (tests/test_readme.py only runs them as scripts, which defines the tests)."""
+    outcomes = user_suite(source).parseoutcomes()
+    assert outcomes.get("passed", 0) == source.count("\ndef test_"), outcomes
