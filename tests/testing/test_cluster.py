@@ -1,9 +1,7 @@
-"""Replica pairs in a user's own suite: a private primary and standby to stop and promote;
-and a PGSOLO_PG_BIN that names no server binaries fails the test with why, never skips."""
+"""Replica pairs in a user's own suite: a private primary and standby to stop and promote
+(a wrong PGSOLO_PG_BIN: test_plugin.py)."""
 
 from __future__ import annotations
-
-import pytest
 
 from .conftest import UserSuite
 
@@ -21,12 +19,3 @@ def test_the_job_runs_on_the_promoted_standby(pgsolo_replica_pair):
 
 def test_a_users_job_runs_on_a_promoted_standby(user_suite: UserSuite) -> None:
     user_suite(FAILOVER).assert_outcomes(passed=1)
-
-
-def test_wrong_server_binaries_fail_the_test_with_why(
-    user_suite: UserSuite, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("PGSOLO_PG_BIN", "/nonexistent")
-    result = user_suite(FAILOVER)
-    result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines(["*SetupError*PGSOLO_PG_BIN='/nonexistent' has no executable*"])

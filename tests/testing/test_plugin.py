@@ -60,6 +60,24 @@ def test_the_entry_point_is_named_after_the_module() -> None:
     assert "pytest>=8" in project["optional-dependencies"]["testing"]
 
 
+@pytest.mark.parametrize(
+    ("variable", "fixture", "why"),
+    [
+        ("PGSOLO_PGBOUNCER_BIN", "pgsolo_bouncer", "is not an executable file"),
+        ("PGSOLO_PG_BIN", "pgsolo_replica_pair", "has no executable"),
+    ],
+)
+def test_a_program_said_to_be_where_it_is_not_fails_the_test_with_why(
+    variable: str, fixture: str, why: str, user_suite: UserSuite, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CI says where PgBouncer and the server binaries are so that their tests run: a wrong
+    place must fail those tests, never skip them."""
+    monkeypatch.setenv(variable, "/nonexistent")
+    result = user_suite(f"def test_it({fixture}):\n    pass\n")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines([f"*SetupError*{variable}='/nonexistent'*{why}*"])
+
+
 GUIDE = ROOT / "docs" / "testing.md"
 EXAMPLES = re.findall(r"```python\n(.*?)```", GUIDE.read_text(encoding="utf-8"), re.DOTALL)
 
