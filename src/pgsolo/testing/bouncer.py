@@ -21,13 +21,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import psycopg
-from psycopg.conninfo import make_conninfo
-
+from ..drivers import driver_errors, is_unavailable
+from ..drivers.connect import connect_psycopg
+from ..drivers.conninfo import make_dsn
 from ._ports import free_port
 from .errors import SetupError, Unavailable
+
+if TYPE_CHECKING:
+    import psycopg
 
 __all__ = ["POOL_SIZE", "Bouncer", "PoolMode", "bouncer_client", "running_bouncer"]
 
@@ -93,7 +96,7 @@ def _server_line(dsn: str) -> tuple[str, str | None, str, str]:
     Taken from a real connection, so that defaults and PG* variables are resolved the way
     the other tests resolve them.
     """
-    with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+    with connect_psycopg(dsn, autocommit=True, connect_timeout=10) as conn:
         info = conn.info
         host, port, dbname, user = info.host, info.port, info.dbname, info.user
         password = info.password
@@ -181,11 +184,13 @@ def _wait_ready(proc: subprocess.Popen[bytes], dsn: str) -> str | None:
         if proc.poll() is not None:
             return f"pgbouncer exited with status {proc.returncode}"
         try:
-            with psycopg.connect(
+            with connect_psycopg(
                 dsn, autocommit=True, prepare_threshold=None, connect_timeout=3
             ) as conn:
                 conn.execute("SELECT 1").fetchone()
-        except psycopg.OperationalError as exc:
+        except driver_errors() as exc:
+            if not is_unavailable(exc):
+                raise
             last = f"{exc}".strip()
             time.sleep(0.05)
         else:
@@ -212,9 +217,7 @@ def running_bouncer(dsn: str, pool_mode: PoolMode = "transaction") -> Iterator[B
         problem = "not started"
         for _attempt in range(3):  # a free port can be taken before PgBouncer binds it
             proc, port = _start(binary, workdir, server, dbname, user, pool_mode)
-            client_dsn = make_conninfo(
-                "", host="127.0.0.1", port=port, dbname=dbname, user=server_user
-            )
+            client_dsn = make_dsn(host="127.0.0.1", port=port, dbname=dbname, user=server_user)
             problem = _wait_ready(proc, client_dsn) or ""
             if not problem:
                 break
@@ -238,4 +241,4 @@ def bouncer_client(bouncer: Bouncer, **kwargs: Any) -> psycopg.Connection[Any]:
     which PgBouncer before 1.21 cannot pool)."""
     options: dict[str, Any] = {"autocommit": True, "prepare_threshold": None}
     options.update(kwargs)
-    return psycopg.connect(bouncer.dsn, connect_timeout=10, **options)
+    return connect_psycopg(bouncer.dsn, connect_timeout=10, **options)

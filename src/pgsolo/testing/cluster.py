@@ -28,14 +28,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
-import psycopg
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
-
+from ..drivers.connect import connect_psycopg
+from ..drivers.conninfo import make_dsn, parse_dsn
 from ._ports import free_port
 from .errors import SetupError, Unavailable
+
+if TYPE_CHECKING:
+    import psycopg
 
 __all__ = ["ReplicaPair", "Replicas", "replica_pair", "server_binaries"]
 
@@ -92,7 +94,7 @@ class Replicas:
         server that answers (the standby) is the one. ``url`` spells it as
         ``postgresql://user@standby:port,primary:port/db?...`` instead of key=value.
         """
-        params = {k: str(v) for k, v in conninfo_to_dict(self.primary_dsn).items() if v}
+        params = {k: str(v) for k, v in parse_dsn(self.primary_dsn).items() if v}
         for name in ("host", "hostaddr", "port", "target_session_attrs"):
             params.pop(name, None)
         (standby_host, standby_port) = _endpoint(self.standby_dsn)
@@ -100,8 +102,7 @@ class Replicas:
         if read_write:
             params["target_session_attrs"] = "read-write"
         if not url:
-            return make_conninfo(
-                "",
+            return make_dsn(
                 host=f"{standby_host},{primary_host}",
                 port=f"{standby_port},{primary_port}",
                 **params,
@@ -116,11 +117,11 @@ class Replicas:
 
     def connect_primary(self, **kwargs: Any) -> psycopg.Connection[Any]:
         """A connection to the primary (autocommit unless asked otherwise)."""
-        return psycopg.connect(self.primary_dsn, **{**CONNECT_OPTIONS, **kwargs})
+        return connect_psycopg(self.primary_dsn, **{**CONNECT_OPTIONS, **kwargs})
 
     def connect_standby(self, **kwargs: Any) -> psycopg.Connection[Any]:
         """A connection to the standby (autocommit unless asked otherwise)."""
-        return psycopg.connect(self.standby_dsn, **{**CONNECT_OPTIONS, **kwargs})
+        return connect_psycopg(self.standby_dsn, **{**CONNECT_OPTIONS, **kwargs})
 
     def wait_replayed(self, timeout: float = STREAM_DEADLINE) -> None:
         """Return once the standby has replayed every WAL record the primary has written.
@@ -166,7 +167,7 @@ class Replicas:
 
 
 def _endpoint(dsn: str) -> tuple[str, int]:
-    params = conninfo_to_dict(dsn)
+    params = parse_dsn(dsn)
     host = str(params.get("host") or params.get("hostaddr") or "")
     if not host or "," in host or host.startswith("/"):
         raise ValueError("a replica pair's servers need one TCP host each in their DSNs")
@@ -220,7 +221,7 @@ def _temp_parent(user: pwd.struct_passwd | None) -> str | None:
 
 
 def _dsn(port: int) -> str:
-    return make_conninfo("", host="127.0.0.1", port=port, user="postgres", dbname="postgres")
+    return make_dsn(host="127.0.0.1", port=port, user="postgres", dbname="postgres")
 
 
 @dataclass

@@ -8,11 +8,14 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
-
-import psycopg
+from typing import TYPE_CHECKING, Any
 
 import pgsolo
+
+from ..drivers.connect import connect_psycopg
+
+if TYPE_CHECKING:
+    import psycopg
 
 __all__ = ["hold_elsewhere", "lose", "losing"]
 
@@ -35,7 +38,7 @@ def hold_elsewhere(
     :func:`pgsolo.session_lock`; a key another session holds already raises
     :class:`~pgsolo.LockUnavailableError` at once."""
     with (
-        psycopg.connect(
+        connect_psycopg(
             dsn, autocommit=True, application_name="pgsolo.testing:hold_elsewhere"
         ) as conn,
         pgsolo.session_lock(
@@ -62,7 +65,7 @@ def lose(
     return their pids: the lock is lost under whoever held it, so their ``on_lost``
     (:class:`~pgsolo.Keep`) runs and a job ends ``lost``. Raises :class:`TimeoutError`
     when no session held the key in time."""
-    with psycopg.connect(dsn, autocommit=True, application_name="pgsolo.testing:lose") as conn:
+    with connect_psycopg(dsn, autocommit=True, application_name="pgsolo.testing:lose") as conn:
         deadline = time.monotonic() + timeout
         while not (pids := _holding_sessions(conn, key, namespace, registry)):
             if time.monotonic() > deadline:

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from ..drivers.conninfo import make_dsn, parse_dsn
 
 __all__ = ["Relay"]
 
@@ -50,7 +50,7 @@ class Relay:
     manager) to end every connection through it."""
 
     def __init__(self, dsn: str, *, freeze_after_login: bool = False) -> None:
-        params = conninfo_to_dict(dsn)
+        params = parse_dsn(dsn)
         host, port = str(params.get("host") or ""), str(params.get("port") or "5432")
         if not host or "," in host:
             raise ValueError("the relay needs a DSN with exactly one host or socket directory")
@@ -63,7 +63,7 @@ class Relay:
         self.listener.settimeout(0.1)
         self.port = int(self.listener.getsockname()[1])
         via = {k: v for k, v in params.items() if k != "hostaddr"}
-        self.dsn = make_conninfo("", **{**via, "host": "127.0.0.1", "port": str(self.port)})
+        self.dsn = make_dsn(**{**via, "host": "127.0.0.1", "port": str(self.port)})
         self._freeze_after_login = freeze_after_login
         self._flowing = threading.Event()
         self._flowing.set()
