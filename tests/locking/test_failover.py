@@ -23,9 +23,9 @@ import psycopg
 import pytest
 
 import pgsolo
-from _cluster import ReplicaPair
 from _support import eventually, pgsolo_cli, pgsolo_in_background, touching
 from pgsolo import Keep, Key, LockLostError
+from pgsolo.testing import ReplicaPair
 
 LOSS_BOUND = 30.0  # generous: the keeper beats every 0.2 s with a 2 s deadline
 RUN_BOUND = 60.0  # for ``pgsolo run`` processes, which never come near it when things work

@@ -30,7 +30,6 @@ from psycopg import pq
 
 import _support
 import pgsolo
-from _relay import FreezingProxy
 from _support import (
     DEADLINE,
     INTERVAL,
@@ -45,6 +44,7 @@ from _support import (
     wait_until_lost,
 )
 from pgsolo import Keep, Key, LockLostError, UsageError
+from pgsolo.testing import Relay
 
 # -- helpers -----------------------------------------------------------------------------
 
@@ -357,7 +357,7 @@ def test_unresponsive_server_is_lost_and_the_connection_shut_down(
     dsn: str, observer: Any, key: Key
 ) -> None:
     on_lost = OnLost()
-    with FreezingProxy(dsn) as proxy, psycopg.connect(proxy.dsn, autocommit=True) as conn:
+    with Relay(dsn) as proxy, psycopg.connect(proxy.dsn, autocommit=True) as conn:
         lock = pgsolo.session_lock(conn, key, keep=Keep(interval=0.2, timeout=1.0, on_lost=on_lost))
         assert lock.acquire()
         server_pid = conn.execute("SELECT pg_backend_pid()").fetchone()
@@ -503,7 +503,7 @@ def test_a_timed_out_beat_never_shuts_down_a_socket_it_no_longer_owns(
     """The connection is closed while a beat waits for a frozen server; the descriptor
     number is reused by the next connection. The beat's deadline must not shut that one."""
 
-    with FreezingProxy(dsn) as relay:
+    with Relay(dsn) as relay:
         conn = psycopg.connect(relay.dsn, autocommit=True)
         lock = pgsolo.session_lock(conn, key, keep=pgsolo.Keep(interval=0.05, timeout=1.5))
         assert lock.acquire()

@@ -26,7 +26,6 @@ import pytest
 from psycopg import pq
 
 import pgsolo
-from _relay import FreezingProxy
 from _support import (
     DEADLINE,
     INTERVAL,
@@ -41,6 +40,7 @@ from _support import (
     wait_until_lost,
 )
 from pgsolo import Keep, Key, LockLostError, UsageError, session_lock
+from pgsolo.testing import Relay
 
 # -- helpers -----------------------------------------------------------------------------
 
@@ -437,7 +437,7 @@ async def test_unresponsive_server_is_lost_and_the_connection_shut_down(
     dsn: str, observer: Any, key: Key
 ) -> None:
     on_lost = OnLost()
-    with FreezingProxy(dsn) as proxy:
+    with Relay(dsn) as proxy:
         conn = await psycopg.AsyncConnection.connect(proxy.dsn, autocommit=True)
         try:
             keep = Keep(interval=0.2, timeout=1.0, on_lost=on_lost, cancel=True)

@@ -22,10 +22,10 @@ import psycopg
 import pytest
 
 import pgsolo
-from _bouncer import POOL_SIZE, Bouncer
 from _support import DEADLINE, IDLE, INTRANS, eventually, new_job, run_threads, server_pid
 from pgsolo import Key, LockTimeoutError
 from pgsolo.keys import encode_pg_lock
+from pgsolo.testing import POOL_SIZE, Bouncer
 
 # -- helpers --------------------------------------------------------------------------------
 

@@ -29,11 +29,10 @@ from psycopg import sql as pgsql
 from psycopg.conninfo import make_conninfo
 
 import pgsolo
-from _bouncer import Bouncer, bouncer_client
-from _relay import FreezingProxy
 from _support import eventually, json_document, server_pid
 from pgsolo import Key, UnsafeConnectionError
 from pgsolo.cli.exit_codes import EXIT_UNSAFE
+from pgsolo.testing import Bouncer, Relay, bouncer_client
 
 BUSY_CLIENTS = 8  # more than the bouncer's pool: every server connection is in demand
 
@@ -213,7 +212,7 @@ def test_a_guarded_session_lock_in_a_failed_savepoint_costs_the_caller_that_save
 def test_session_lock_through_a_plain_relay_works(
     dsn: str, observer: Any, key: Key, connect: Callable[..., psycopg.Connection[Any]]
 ) -> None:
-    with FreezingProxy(dsn) as relay, psycopg.connect(relay.dsn, autocommit=True) as conn:
+    with Relay(dsn) as relay, psycopg.connect(relay.dsn, autocommit=True) as conn:
         backend = server_pid(conn)
         assert conn.info.backend_pid == backend  # a relay passes the backend's pid on
         with pgsolo.session_lock(conn, key, keep=pgsolo.Keep(interval=0.05)) as lock:
@@ -235,7 +234,7 @@ def test_reset_all_behind_a_relay_does_not_strand_a_held_lock(
     guarded unlock then believes the connection moved, forgets the lock and leaves it held
     on this very (live) session."""
 
-    with FreezingProxy(dsn) as relay, psycopg.connect(relay.dsn, autocommit=True) as conn:
+    with Relay(dsn) as relay, psycopg.connect(relay.dsn, autocommit=True) as conn:
         lock = pgsolo.session_lock(conn, key)
         assert lock.acquire()
         conn.execute("RESET ALL")
@@ -268,7 +267,7 @@ def test_a_second_connection_refused_during_the_route_check_is_database_unavaila
     )
     try:
         as_role = make_conninfo(dsn, user=role, password=password)
-        with FreezingProxy(as_role) as relay, psycopg.connect(relay.dsn, autocommit=True) as conn:
+        with Relay(as_role) as relay, psycopg.connect(relay.dsn, autocommit=True) as conn:
             with pytest.raises(pgsolo.DatabaseUnavailableError) as raised:
                 pgsolo.session_lock(conn, key).acquire()
             assert isinstance(raised.value.__cause__, psycopg.OperationalError)

@@ -26,9 +26,9 @@ import psycopg
 import pytest
 
 import pgsolo
-from _cluster import Replicas
 from _support import aclosing_all, closing_all, pgsolo_cli, touching
 from pgsolo import Key
+from pgsolo.testing import Replicas
 
 Open = Callable[..., psycopg.Connection[Any]]
 AOpen = Callable[..., Awaitable[psycopg.AsyncConnection[Any]]]

@@ -18,11 +18,10 @@ import pytest
 from psycopg import sql as pgsql
 
 import pgsolo
-from _bouncer import Bouncer
-from _relay import FreezingProxy
 from _support import DEADLINE, STATEMENT_BOUND, Connect, closing_all, eventually, in_background
 from pgsolo import Check, Key, doctor
 from pgsolo.locking import waits
+from pgsolo.testing import Bouncer, Relay
 
 
 def by_name(checks: list[Check]) -> dict[str, Check]:
@@ -287,7 +286,7 @@ def test_a_direct_connection_passes_the_proxy_check(connect: Connect) -> None:
 
 
 def test_a_relay_that_pins_the_session_passes_and_is_named(dsn: str) -> None:
-    with FreezingProxy(dsn) as relay, psycopg.connect(relay.dsn, autocommit=True) as conn:
+    with Relay(dsn) as relay, psycopg.connect(relay.dsn, autocommit=True) as conn:
         check = by_name(doctor(conn))["proxy"]
     assert check.status == "ok", check
     assert "a proxy or NAT sits between" in check.detail

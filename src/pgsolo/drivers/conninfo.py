@@ -31,6 +31,7 @@ __all__ = [
     "connect_error_cause",
     "connection_settings",
     "conninfo_for",
+    "make_dsn",
     "parse_dsn",
     "redact_dsn",
     "scrub_secrets",
@@ -95,6 +96,12 @@ def parse_dsn(dsn: str) -> ConnDict:
                 " value is not shown: it may be a password)"
             )
     return params
+
+
+def make_dsn(dsn: str = "", /, **params: str | int | None) -> str:
+    """``dsn`` with ``params`` set over what it says, as one key=value string in libpq's
+    grammar (a value with blanks or quotes is quoted so that libpq reads it back as is)."""
+    return make_conninfo(libpq_dsn(dsn), **params)
 
 
 def redact_dsn(dsn: str) -> str:

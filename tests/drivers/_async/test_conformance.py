@@ -21,11 +21,10 @@ from typing import Any
 import pytest
 
 import pgsolo
-from _bouncer import Bouncer
-from _cluster import Replicas
 from _drivers import ASYNC_KINDS, AHandle, AKind
 from _support import WORK, Boom, Connect, aeventually, terminate, wait_until_lost, work_rows
 from pgsolo import Key
+from pgsolo.testing import Bouncer, Replicas
 
 OWNING_KINDS = [kind for kind in ASYNC_KINDS if not kind.implicit]
 

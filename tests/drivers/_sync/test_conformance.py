@@ -22,11 +22,10 @@ from typing import Any
 import pytest
 
 import pgsolo
-from _bouncer import Bouncer
-from _cluster import Replicas
 from _drivers import SYNC_KINDS, Handle, Kind
 from _support import WORK, Boom, Connect, eventually, terminate, wait_until_lost, work_rows
 from pgsolo import Key
+from pgsolo.testing import Bouncer, Replicas
 
 OWNING_KINDS = [kind for kind in SYNC_KINDS if not kind.implicit]
 

@@ -1,21 +1,16 @@
-"""Real PostgreSQL servers in replication for the tests: a primary and a streaming hot
-standby on loopback ports, built from the server binaries (Debian's packages in CI).
+"""Real PostgreSQL servers in replication: a primary and a streaming hot standby on
+loopback ports, built from the server binaries (Debian's packages in CI).
 
-Two ways to get a pair:
+:func:`replica_pair` builds a private pair, which its user may stop and promote, in about
+two seconds with ``initdb``, ``pg_basebackup -R`` and ``pg_ctl``, and always deletes it
+afterwards. :class:`Replicas` is a pair given by its connection strings (what CI runs, or a
+private pair shared by a whole session, whose roles nobody may change).
 
-- ``replicas`` (session fixture): the pair CI runs, ``PGSOLO_TEST_DSN`` (the primary)
-  with ``PGSOLO_TEST_STANDBY_DSN`` (a standby streaming from it), when both are set;
-  otherwise a private pair built once for the session. Tests must not change its roles:
-  no stopping, no promotion.
-- ``replica_pair`` (function fixture): a private pair of its own, for tests that stop the
-  primary and promote the standby. Built in about two seconds with ``initdb``,
-  ``pg_basebackup -R`` and ``pg_ctl``, and always deleted afterwards.
-
-The binaries come from ``PGSOLO_PG_BIN`` when it is set (CI sets it; a wrong value fails
-the tests), else from the newest ``/usr/lib/postgresql/*/bin`` that has them; with none
-the tests that need a pair are skipped. The server refuses to run as root, so as root
-every server command runs as the ``postgres`` OS user (else ``nobody``), with the data
-directories in a temporary directory that user owns.
+The binaries come from ``$PGSOLO_PG_BIN`` when it is set (a wrong value is a
+:class:`~pgsolo.testing.SetupError`), else from the newest ``/usr/lib/postgresql/*/bin``
+that has them; with none, :class:`~pgsolo.testing.Unavailable`. The server refuses to run
+as root, so as root every server command runs as the ``postgres`` OS user (else
+``nobody``), with the data directories in a temporary directory that user owns.
 """
 
 from __future__ import annotations
@@ -33,18 +28,20 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
-import psycopg
-import pytest
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from ..drivers.connect import connect_psycopg
+from ..drivers.conninfo import make_dsn, parse_dsn
+from ._ports import free_port
+from .errors import SetupError, Unavailable
 
-from _support import free_port
+if TYPE_CHECKING:
+    import psycopg
+
+__all__ = ["ReplicaPair", "Replicas", "replica_pair", "server_binaries"]
 
 PG_BIN_ENV = "PGSOLO_PG_BIN"
-PRIMARY_ENV = "PGSOLO_TEST_DSN"
-STANDBY_ENV = "PGSOLO_TEST_STANDBY_DSN"
 DEBIAN_BINARIES = Path("/usr/lib/postgresql")
 NEEDED = ("initdb", "pg_ctl", "pg_basebackup", "postgres")
 
@@ -97,7 +94,7 @@ class Replicas:
         server that answers (the standby) is the one. ``url`` spells it as
         ``postgresql://user@standby:port,primary:port/db?...`` instead of key=value.
         """
-        params = {k: str(v) for k, v in conninfo_to_dict(self.primary_dsn).items() if v}
+        params = {k: str(v) for k, v in parse_dsn(self.primary_dsn).items() if v}
         for name in ("host", "hostaddr", "port", "target_session_attrs"):
             params.pop(name, None)
         (standby_host, standby_port) = _endpoint(self.standby_dsn)
@@ -105,8 +102,7 @@ class Replicas:
         if read_write:
             params["target_session_attrs"] = "read-write"
         if not url:
-            return make_conninfo(
-                "",
+            return make_dsn(
                 host=f"{standby_host},{primary_host}",
                 port=f"{standby_port},{primary_port}",
                 **params,
@@ -121,11 +117,11 @@ class Replicas:
 
     def connect_primary(self, **kwargs: Any) -> psycopg.Connection[Any]:
         """A connection to the primary (autocommit unless asked otherwise)."""
-        return psycopg.connect(self.primary_dsn, **{**CONNECT_OPTIONS, **kwargs})
+        return connect_psycopg(self.primary_dsn, **{**CONNECT_OPTIONS, **kwargs})
 
     def connect_standby(self, **kwargs: Any) -> psycopg.Connection[Any]:
         """A connection to the standby (autocommit unless asked otherwise)."""
-        return psycopg.connect(self.standby_dsn, **{**CONNECT_OPTIONS, **kwargs})
+        return connect_psycopg(self.standby_dsn, **{**CONNECT_OPTIONS, **kwargs})
 
     def wait_replayed(self, timeout: float = STREAM_DEADLINE) -> None:
         """Return once the standby has replayed every WAL record the primary has written.
@@ -138,9 +134,7 @@ class Replicas:
         with self.connect_primary() as primary:
             primary.execute("SET synchronous_commit TO on")
             primary.execute("SELECT pg_logical_emit_message(true, 'pgsolo-test', 'replayed?')")
-            row = primary.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()
-        assert row is not None
-        target = str(row[0])
+            [(target,)] = primary.execute("SELECT pg_current_wal_flush_lsn()::text").fetchall()
         with self.connect_standby() as standby:
             deadline = time.monotonic() + timeout
             while True:
@@ -151,7 +145,7 @@ class Replicas:
                 if row is not None and row[0]:
                     return
                 if time.monotonic() > deadline:
-                    pytest.fail(
+                    raise SetupError(
                         f"the standby replayed up to {row and row[1]}, not the primary's"
                         f" {target}, within {timeout}s"
                     )
@@ -161,21 +155,19 @@ class Replicas:
         """Fail unless the standby is in recovery, replaying this primary."""
         with self.connect_primary() as primary, self.connect_standby() as standby:
             query = "SELECT pg_is_in_recovery(), system_identifier FROM pg_control_system()"
-            primary_row = primary.execute(query).fetchone()
-            standby_row = standby.execute(query).fetchone()
-        assert primary_row is not None
-        assert standby_row is not None
+            [primary_row] = primary.execute(query).fetchall()
+            [standby_row] = standby.execute(query).fetchall()
         if primary_row[0] or not standby_row[0]:
-            pytest.fail(
+            raise SetupError(
                 f"expected a primary and a standby, got pg_is_in_recovery() = {primary_row[0]}"
                 f" on the primary and {standby_row[0]} on the standby"
             )
         if primary_row[1] != standby_row[1]:
-            pytest.fail("the standby is not a copy of the primary (system identifiers differ)")
+            raise SetupError("the standby is not a copy of the primary (system identifiers differ)")
 
 
 def _endpoint(dsn: str) -> tuple[str, int]:
-    params = conninfo_to_dict(dsn)
+    params = parse_dsn(dsn)
     host = str(params.get("host") or params.get("hostaddr") or "")
     if not host or "," in host or host.startswith("/"):
         raise ValueError("a replica pair's servers need one TCP host each in their DSNs")
@@ -191,7 +183,7 @@ def server_binaries() -> Path:
     if configured:  # CI says where they are: a wrong value must fail, not skip
         missing = [name for name in NEEDED if not os.access(Path(configured, name), os.X_OK)]
         if missing:
-            pytest.fail(f"{PG_BIN_ENV}={configured!r} has no executable {', '.join(missing)}")
+            raise SetupError(f"{PG_BIN_ENV}={configured!r} has no executable {', '.join(missing)}")
         return Path(configured)
     candidates = []
     for bin_dir in DEBIAN_BINARIES.glob("*/bin"):
@@ -199,7 +191,7 @@ def server_binaries() -> Path:
             version = tuple(int(part) for part in re.findall(r"\d+", bin_dir.parent.name))
             candidates.append((version, bin_dir))
     if not candidates:
-        pytest.skip(
+        raise Unavailable(
             f"PostgreSQL server binaries not found: set {PG_BIN_ENV} to a directory with"
             f" {', '.join(NEEDED)}, or install Debian's postgresql package"
             f" ({DEBIAN_BINARIES}/*/bin)"
@@ -214,7 +206,7 @@ def _server_user() -> pwd.struct_passwd | None:
     for name in ("postgres", "nobody"):
         with suppress(KeyError):
             return pwd.getpwnam(name)
-    pytest.fail("running as root, and neither a 'postgres' nor a 'nobody' user exists")
+    raise SetupError("running as root, and neither a 'postgres' nor a 'nobody' user exists")
 
 
 def _temp_parent(user: pwd.struct_passwd | None) -> str | None:
@@ -229,7 +221,7 @@ def _temp_parent(user: pwd.struct_passwd | None) -> str | None:
 
 
 def _dsn(port: int) -> str:
-    return make_conninfo("", host="127.0.0.1", port=port, user="postgres", dbname="postgres")
+    return make_dsn(host="127.0.0.1", port=port, user="postgres", dbname="postgres")
 
 
 @dataclass
@@ -334,7 +326,7 @@ class ReplicaPair(Replicas):
             if done.returncode == 0:
                 return port
             problem = done.stdout + done.stderr
-        pytest.fail(f"the {name} server did not start: {problem}\n{self.log_tail()}")
+        raise SetupError(f"the {name} server did not start: {problem}\n{self.log_tail()}")
 
     def _wait_streaming(self) -> None:
         deadline = time.monotonic() + STREAM_DEADLINE
@@ -342,7 +334,7 @@ class ReplicaPair(Replicas):
         with self.connect_primary() as primary:
             while primary.execute(streaming).fetchone() != (True,):
                 if time.monotonic() > deadline:
-                    pytest.fail(
+                    raise SetupError(
                         f"the standby is not streaming after {STREAM_DEADLINE}s\n" + self.log_tail()
                     )
                 time.sleep(0.02)
@@ -351,7 +343,9 @@ class ReplicaPair(Replicas):
     def _pg_ctl(self, action: str, *args: str | Path) -> None:
         done = self._run("pg_ctl", action, *args, "-w", "-t", str(START_DEADLINE), check=False)
         if done.returncode != 0:
-            pytest.fail(f"pg_ctl {action} failed: {done.stdout}{done.stderr}\n{self.log_tail()}")
+            raise SetupError(
+                f"pg_ctl {action} failed: {done.stdout}{done.stderr}\n{self.log_tail()}"
+            )
 
     def _run(
         self, program: str, *args: str | Path, check: bool = True
@@ -362,7 +356,7 @@ class ReplicaPair(Replicas):
         # server user may look for a .pgpass (there is none).
         env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
         env.update(HOME=str(self.work_dir), LC_ALL="C")
-        done = subprocess.run(
+        done = subprocess.run(  # noqa: S603 - the server's own programs, on our own directory
             [str(self.bin_dir / program), *(str(a) for a in args)],
             cwd=self.work_dir,
             env=env,
@@ -376,14 +370,14 @@ class ReplicaPair(Replicas):
             extra_groups=None if user is None else [],
         )
         if check and done.returncode != 0:
-            pytest.fail(
+            raise SetupError(
                 f"{program} failed with status {done.returncode}:\n{done.stdout}{done.stderr}"
             )
         return done
 
 
 @contextmanager
-def replica_pair_of_our_own() -> Iterator[ReplicaPair]:
+def replica_pair() -> Iterator[ReplicaPair]:
     """Build a private primary + streaming standby; stop both and delete them afterwards,
     however the block ends."""
     bin_dir = server_binaries()
@@ -397,27 +391,3 @@ def replica_pair_of_our_own() -> Iterator[ReplicaPair]:
         yield pair
     finally:
         pair.stop()
-
-
-# -- fixtures (made available to every test file by conftest.py) -------------------------
-
-
-@pytest.fixture(scope="session")
-def replicas() -> Iterator[Replicas]:
-    """A primary and a standby streaming from it, shared by the session: never stop or
-    promote them. CI's (``PGSOLO_TEST_DSN`` + ``PGSOLO_TEST_STANDBY_DSN``), else our own."""
-    primary, standby = os.environ.get(PRIMARY_ENV), os.environ.get(STANDBY_ENV)
-    if primary and standby:
-        given = Replicas(primary, standby)
-        given.check()
-        yield given
-        return
-    with replica_pair_of_our_own() as pair:
-        yield pair
-
-
-@pytest.fixture
-def replica_pair() -> Iterator[ReplicaPair]:
-    """A private primary and standby for one test, which may stop and promote them."""
-    with replica_pair_of_our_own() as pair:
-        yield pair

@@ -1,10 +1,15 @@
-"""A real PgBouncer for the tests: Debian's package in CI (``PGSOLO_PGBOUNCER_BIN``),
-started on a loopback port in front of the test server, in transaction or session
-pooling mode. The fixtures are made available to every test file by conftest.py."""
+"""A real PgBouncer on a loopback port in front of a server, in transaction or session
+pooling mode: what a client behind a pooler sees, for tests and the chaos suite.
+
+The binary is ``$PGSOLO_PGBOUNCER_BIN`` when it is set (a wrong value is a
+:class:`~pgsolo.testing.SetupError`, so that CI cannot skip by mistake), else ``pgbouncer``
+on the ``PATH`` or at ``/usr/sbin/pgbouncer``; with none, :class:`~pgsolo.testing.Unavailable`.
+PgBouncer refuses to run as root: as root it runs as the owner of the server's socket
+directory, else ``postgres``, else ``nobody``.
+"""
 
 from __future__ import annotations
 
-import functools
 import os
 import pwd
 import shutil
@@ -12,39 +17,45 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
-import psycopg
-import pytest
-from psycopg.conninfo import make_conninfo
+from ..drivers import driver_errors, is_unavailable
+from ..drivers.connect import connect_psycopg
+from ..drivers.conninfo import make_dsn
+from ._ports import free_port
+from .errors import SetupError, Unavailable
 
-from _support import closing_all, free_port
+if TYPE_CHECKING:
+    import psycopg
 
+__all__ = ["POOL_SIZE", "Bouncer", "PoolMode", "bouncer_client", "running_bouncer"]
+
+BINARY_ENV = "PGSOLO_PGBOUNCER_BIN"
+PoolMode = Literal["transaction", "session"]
 POOL_SIZE = 6  # server connections per (database, user) pair behind the bouncer
 START_DEADLINE = 15.0  # bound for PgBouncer to start accepting connections
 STOP_DEADLINE = 5.0  # per signal, when stopping it
 
 
-# -- the bouncer -------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Bouncer:
-    dsn: str  # what clients use: 127.0.0.1:<port>, through PgBouncer
+    """A running PgBouncer: ``dsn`` is what clients use (127.0.0.1:``port``, through it)."""
+
+    dsn: str
     port: int
     pid: int
     log: Path
 
 
 def _bouncer_binary() -> str | None:
-    configured = os.environ.get("PGSOLO_PGBOUNCER_BIN")
+    configured = os.environ.get(BINARY_ENV)
     if configured:  # CI says where it is: a missing binary must fail, not skip
         if not os.access(configured, os.X_OK):
-            pytest.fail(f"PGSOLO_PGBOUNCER_BIN={configured!r} is not an executable file")
+            raise SetupError(f"{BINARY_ENV}={configured!r} is not an executable file")
         return configured
     found = shutil.which("pgbouncer")
     if found:
@@ -76,7 +87,7 @@ def _run_as(socket_dir: str | None) -> pwd.struct_passwd | None:
             return pwd.getpwnam(name)
         except KeyError:
             continue
-    pytest.fail("running as root, and neither a 'postgres' nor a 'nobody' user exists")
+    raise SetupError("running as root, and neither a 'postgres' nor a 'nobody' user exists")
 
 
 def _server_line(dsn: str) -> tuple[str, str | None, str, str]:
@@ -85,7 +96,7 @@ def _server_line(dsn: str) -> tuple[str, str | None, str, str]:
     Taken from a real connection, so that defaults and PG* variables are resolved the way
     the other tests resolve them.
     """
-    with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+    with connect_psycopg(dsn, autocommit=True, connect_timeout=10) as conn:
         info = conn.info
         host, port, dbname, user = info.host, info.port, info.dbname, info.user
         password = info.password
@@ -121,7 +132,7 @@ def _start(
     server: str,
     dbname: str,
     user: pwd.struct_passwd | None,
-    pool_mode: str,
+    pool_mode: PoolMode,
 ) -> tuple[subprocess.Popen[bytes], int]:
     port = free_port()
     ini = workdir / "pgbouncer.ini"
@@ -151,7 +162,7 @@ logfile = {workdir / "pgbouncer.log"}
         for path in (workdir, ini):
             os.chown(path, user.pw_uid, user.pw_gid)
     with open(workdir / "stderr.log", "ab") as err:
-        proc = subprocess.Popen(
+        proc = subprocess.Popen(  # noqa: S603 - PgBouncer, on a configuration of our own
             [binary, str(ini)],
             cwd=workdir,
             stdin=subprocess.DEVNULL,
@@ -173,11 +184,13 @@ def _wait_ready(proc: subprocess.Popen[bytes], dsn: str) -> str | None:
         if proc.poll() is not None:
             return f"pgbouncer exited with status {proc.returncode}"
         try:
-            with psycopg.connect(
+            with connect_psycopg(
                 dsn, autocommit=True, prepare_threshold=None, connect_timeout=3
             ) as conn:
                 conn.execute("SELECT 1").fetchone()
-        except psycopg.OperationalError as exc:
+        except driver_errors() as exc:
+            if not is_unavailable(exc):
+                raise
             last = f"{exc}".strip()
             time.sleep(0.05)
         else:
@@ -186,11 +199,12 @@ def _wait_ready(proc: subprocess.Popen[bytes], dsn: str) -> str | None:
 
 
 @contextmanager
-def running_bouncer(dsn: str, pool_mode: str) -> Iterator[Bouncer]:
-    """A real PgBouncer in ``pool_mode`` in front of the test server, stopped afterwards."""
+def running_bouncer(dsn: str, pool_mode: PoolMode = "transaction") -> Iterator[Bouncer]:
+    """A real PgBouncer in ``pool_mode`` in front of the server of ``dsn``, stopped (and its
+    files deleted) afterwards."""
     binary = _bouncer_binary()
     if binary is None:
-        pytest.skip(
+        raise Unavailable(
             "pgbouncer is not installed (no PGSOLO_PGBOUNCER_BIN, none on PATH nor at"
             " /usr/sbin/pgbouncer); CI installs Debian's package and runs these tests"
         )
@@ -203,9 +217,7 @@ def running_bouncer(dsn: str, pool_mode: str) -> Iterator[Bouncer]:
         problem = "not started"
         for _attempt in range(3):  # a free port can be taken before PgBouncer binds it
             proc, port = _start(binary, workdir, server, dbname, user, pool_mode)
-            client_dsn = make_conninfo(
-                "", host="127.0.0.1", port=port, dbname=dbname, user=server_user
-            )
+            client_dsn = make_dsn(host="127.0.0.1", port=port, dbname=dbname, user=server_user)
             problem = _wait_ready(proc, client_dsn) or ""
             if not problem:
                 break
@@ -216,7 +228,7 @@ def running_bouncer(dsn: str, pool_mode: str) -> Iterator[Bouncer]:
                 break  # running but unusable: another port would not help
         if proc is None:
             log = _log_tail(workdir / "pgbouncer.log") + "\n" + _log_tail(workdir / "stderr.log")
-            pytest.fail(f"PgBouncer ({binary}) did not start: {problem}\n{log}")
+            raise SetupError(f"PgBouncer ({binary}) did not start: {problem}\n{log}")
         yield Bouncer(client_dsn, port, proc.pid, workdir / "pgbouncer.log")
     finally:
         if proc is not None:
@@ -224,30 +236,9 @@ def running_bouncer(dsn: str, pool_mode: str) -> Iterator[Bouncer]:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-@pytest.fixture(scope="session")
-def bouncer(dsn: str) -> Iterator[Bouncer]:
-    """A real PgBouncer, transaction pooling, in front of the test server."""
-    with running_bouncer(dsn, "transaction") as running:
-        yield running
-
-
-@pytest.fixture(scope="session")
-def session_bouncer(dsn: str) -> Iterator[Bouncer]:
-    """A real PgBouncer, session pooling (a client keeps its server connection)."""
-    with running_bouncer(dsn, "session") as running:
-        yield running
-
-
-def bouncer_client(bouncer: Bouncer, **kwargs: Any) -> psycopg.Connection:
+def bouncer_client(bouncer: Bouncer, **kwargs: Any) -> psycopg.Connection[Any]:
     """A client connection through ``bouncer`` (autocommit; no prepared statements,
     which PgBouncer before 1.21 cannot pool)."""
     options: dict[str, Any] = {"autocommit": True, "prepare_threshold": None}
     options.update(kwargs)
-    return psycopg.connect(bouncer.dsn, connect_timeout=10, **options)
-
-
-@pytest.fixture
-def via_bouncer(bouncer: Bouncer) -> Iterator[Callable[..., psycopg.Connection]]:
-    """Open client connections to the transaction-pooling PgBouncer; closed afterwards."""
-    with closing_all(functools.partial(bouncer_client, bouncer)) as opener:
-        yield opener
+    return connect_psycopg(bouncer.dsn, connect_timeout=10, **options)

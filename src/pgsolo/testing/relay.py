@@ -1,0 +1,201 @@
+"""A loopback TCP relay in front of a server: the network between a client and PostgreSQL,
+in a test's hands.
+
+To the server, a client behind the relay looks like a client behind a proxy or a NAT
+(another address and port). The relay can then cut that network three ways:
+
+- :meth:`Relay.blackhole` / :meth:`Relay.blackholed`: nothing passes, either way, for a
+  while; what waited passes on after (a network partition that heals: nothing arrives for a
+  few seconds, then everything does, and the protocol stream stays intact).
+- :meth:`Relay.freeze`: what the server says on the connections open now is dropped for
+  good, while the relay's kernel still acknowledges what the client sends (a half-open
+  connection, or a frozen server). Connections opened later work normally. With
+  ``freeze_after_login``, every connection freezes by itself once its login is done.
+- :meth:`Relay.reset`: every open connection ends, with a TCP RST on the client's side and
+  an end of stream on the server's, so the server ends those sessions and their advisory
+  locks with them.
+"""
+
+from __future__ import annotations
+
+import functools
+import socket
+import struct
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+
+from ..drivers.conninfo import make_dsn, parse_dsn
+
+__all__ = ["Relay"]
+
+# The server's ReadyForQuery message, idle ('I'): what ends a successful login.
+READY_AFTER_LOGIN = b"Z\x00\x00\x00\x05I"
+
+
+@dataclass(eq=False)
+class _Link:
+    """One client's connection through the relay: both sockets, and whether the server's
+    side of it is frozen."""
+
+    client: socket.socket
+    server: socket.socket
+    frozen: threading.Event = field(default_factory=threading.Event)
+
+
+class Relay:
+    """A TCP relay on 127.0.0.1 to the server of ``dsn`` (its TCP address or its unix
+    socket); :attr:`dsn` is ``dsn`` through the relay. Close it (or use it as a context
+    manager) to end every connection through it."""
+
+    def __init__(self, dsn: str, *, freeze_after_login: bool = False) -> None:
+        params = parse_dsn(dsn)
+        host, port = str(params.get("host") or ""), str(params.get("port") or "5432")
+        if not host or "," in host:
+            raise ValueError("the relay needs a DSN with exactly one host or socket directory")
+        self.upstream: str | tuple[str, int] = (
+            f"{host}/.s.PGSQL.{port}"
+            if host.startswith("/")
+            else (str(params.get("hostaddr") or host), int(port))
+        )
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(0.1)
+        self.port = int(self.listener.getsockname()[1])
+        via = {k: v for k, v in params.items() if k != "hostaddr"}
+        self.dsn = make_dsn(**{**via, "host": "127.0.0.1", "port": str(self.port)})
+        self._freeze_after_login = freeze_after_login
+        self._flowing = threading.Event()
+        self._flowing.set()
+        self._closing = threading.Event()
+        self._lock = threading.Lock()
+        self._links: set[_Link] = set()
+        self._frozen: list[threading.Event] = []  # every link's, closed or not
+        self._threads: list[threading.Thread] = []
+        self._spawn(self._accept)
+
+    def __enter__(self) -> Relay:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def blackholed(self) -> Iterator[None]:
+        """Inside the block nothing passes, either way, on any connection (new ones
+        included: their login waits); what waited passes on after."""
+        self._flowing.clear()
+        try:
+            yield
+        finally:
+            self._flowing.set()
+
+    def blackhole(self, seconds: float) -> None:
+        """:meth:`blackholed` for ``seconds`` (returns after them)."""
+        with self.blackholed():
+            self._closing.wait(seconds)
+
+    def freeze(self) -> None:
+        """Drop, for good, what the server says on the connections open now."""
+        with self._lock:
+            for link in self._links:
+                link.frozen.set()
+
+    @property
+    def frozen_connections(self) -> int:
+        """How many of the connections so far are frozen (with ``freeze_after_login``:
+        how many logged in before their answers stopped)."""
+        with self._lock:
+            return sum(frozen.is_set() for frozen in self._frozen)
+
+    def reset(self) -> int:
+        """Reset every open connection; return how many there were."""
+        with self._lock:
+            links = list(self._links)
+        for link in links:
+            with suppress(OSError):  # linger 0: close sends RST instead of FIN
+                link.client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            for sock in (link.client, link.server):
+                with suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+        return len(links)
+
+    def close(self) -> None:
+        """End every connection through the relay, and the relay."""
+        self._closing.set()
+        self._flowing.set()
+        self.reset()
+        for thread in list(self._threads):
+            thread.join(timeout=10)
+        self.listener.close()
+
+    def _spawn(self, target: Callable[..., None], *args: object) -> None:
+        thread = threading.Thread(target=target, args=args, daemon=True)
+        with self._lock:
+            self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+        thread.start()
+
+    def _accept(self) -> None:
+        while not self._closing.is_set():
+            try:
+                client, _ = self.listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            try:
+                if isinstance(self.upstream, str):
+                    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                    server.settimeout(10)
+                    server.connect(self.upstream)
+                else:
+                    server = socket.create_connection(self.upstream, timeout=10)
+            except OSError:  # the server is restarting: the client sees its connection end
+                client.close()
+                continue
+            client.settimeout(None)
+            server.settimeout(None)
+            link = _Link(client, server)
+            with self._lock:
+                self._links.add(link)
+                self._frozen.append(link.frozen)
+            ends = threading.Barrier(2, action=functools.partial(self._closed, link))
+            self._spawn(self._pump, client, server, ends, None)
+            self._spawn(self._pump, server, client, ends, link.frozen)
+
+    def _closed(self, link: _Link) -> None:
+        with self._lock:
+            self._links.discard(link)
+        link.client.close()
+        link.server.close()
+
+    def _pump(
+        self,
+        source: socket.socket,
+        sink: socket.socket,
+        ends: threading.Barrier,
+        frozen: threading.Event | None,  # the server's side only: what a freeze drops
+    ) -> None:
+        seen = b""  # the end of what came before, for a message split between reads
+        try:
+            while data := source.recv(65536):
+                self._flowing.wait()
+                if frozen is not None and self._freeze_after_login and not frozen.is_set():
+                    window = seen + data
+                    at = window.find(READY_AFTER_LOGIN)
+                    if at >= 0:  # pass the login on, up to its ReadyForQuery; then nothing
+                        # Frozen before the client can see its login end, so that a test
+                        # reading frozen_connections once connected finds it counted.
+                        frozen.set()
+                        sink.sendall(data[: at + len(READY_AFTER_LOGIN) - len(seen)])
+                        continue
+                    seen = window[-(len(READY_AFTER_LOGIN) - 1) :]
+                if frozen is None or not frozen.is_set():
+                    sink.sendall(data)
+        except OSError:
+            pass
+        for sock in (source, sink):  # one side is gone: so is the other
+            with suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        with suppress(threading.BrokenBarrierError):
+            ends.wait(30)

@@ -1,0 +1,81 @@
+"""The relay in a user's own suite: their job fails cleanly (``DatabaseUnavailableError``,
+nothing run) while the network is blackholed, and loses its lock, with their ``on_lost``
+run, when the relay resets its connection; and what a blackhole holds arrives after it."""
+
+from __future__ import annotations
+
+import threading
+
+import psycopg
+import pytest
+
+from pgsolo.testing import Relay
+
+from .conftest import UserSuite
+
+CUT = """
+import time
+
+import pytest
+from psycopg.conninfo import make_conninfo
+
+import pgsolo
+
+
+def export(conn):
+    return "exported"
+
+
+def test_the_export_fails_cleanly_when_the_network_is_down(pgsolo_relay):
+    ran = []
+    dsn = make_conninfo(pgsolo_relay.dsn, connect_timeout=1)
+    with pgsolo_relay.blackholed(), pytest.raises(pgsolo.DatabaseUnavailableError):
+        pgsolo.run_job(dsn, "export", lambda conn: ran.append(conn))
+    assert ran == []
+    assert pgsolo.run_job(dsn, "export", export).value == "exported"  # the network is back
+
+
+def test_on_lost_runs_when_the_connection_is_reset(pgsolo_relay):
+    losses = []
+
+    def export(conn):
+        pgsolo_relay.reset()
+        deadline = time.monotonic() + 10
+        while not losses and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    keep = pgsolo.Keep(interval=0.1, on_lost=losses.append)
+    with pytest.raises(pgsolo.LockLostError):
+        pgsolo.run_job(pgsolo_relay.dsn, "export", export, lifetime="session", keep=keep)
+    assert [loss.reason for loss in losses] == ["connection-lost"]
+"""
+
+
+def test_a_users_job_fails_cleanly_when_the_relay_cuts_the_network(
+    user_suite: UserSuite,
+) -> None:
+    user_suite(CUT).assert_outcomes(passed=2)
+
+
+def test_a_blackhole_holds_what_it_holds_and_passes_it_on_after(dsn: str) -> None:
+    """A blackhole is a partition that heals: a statement sent during it gets no answer
+    until it ends, and then its answer, on the same connection."""
+    with Relay(dsn) as relay, psycopg.connect(relay.dsn, autocommit=True) as conn:
+        answered = threading.Event()
+        with relay.blackholed():
+            sender = threading.Thread(
+                target=lambda: (conn.execute("SELECT 1").fetchone(), answered.set())
+            )
+            sender.start()
+            assert not answered.wait(0.5)
+        assert answered.wait(10)
+        sender.join()
+        assert conn.execute("SELECT 2").fetchone() == (2,)
+
+
+def test_closing_the_relay_ends_its_connections(dsn: str) -> None:
+    relay = Relay(dsn)
+    with psycopg.connect(relay.dsn, autocommit=True) as conn:
+        relay.close()
+        with pytest.raises(psycopg.OperationalError):
+            conn.execute("SELECT 1")
