@@ -97,6 +97,10 @@ class Kind:
     pooled: bool = False
     """The connection comes from a pool (or a framework's persistent connection): after a
     failure its next user gets a working one (``Handle.next_user``)."""
+    opens: str | None = None
+    """How its user opens a transaction, in its library's words: what pgsolo must advise
+    when it refuses a transaction lock outside one (None where the library opens one by
+    itself)."""
 
     def __str__(self) -> str:
         return self.name
@@ -110,6 +114,7 @@ class AKind:
     session_locks: bool = True
     keeper: bool = True
     pooled: bool = False
+    opens: str | None = None
 
     def __str__(self) -> str:
         return self.name
@@ -896,38 +901,69 @@ def _django(dsn: str) -> Iterator[Handle]:
 
 
 SYNC_KINDS = [
-    Kind("psycopg", _psycopg(autocommit=True)),
+    Kind("psycopg", _psycopg(autocommit=True), opens="with conn.transaction():"),
     Kind("psycopg-implicit", _psycopg(autocommit=False), implicit=True),
     Kind("psycopg2", _psycopg2(autocommit=False), implicit=True, keeper=False),
-    Kind("psycopg2-autocommit", _psycopg2(autocommit=True), keeper=False),
+    Kind(
+        "psycopg2-autocommit",
+        _psycopg2(autocommit=True),
+        keeper=False,
+        opens="conn.autocommit = False",
+    ),
     Kind("psycopg-pool", _psycopg_pool, implicit=True, pooled=True),
-    Kind("sqlalchemy-psycopg", _alchemy("psycopg"), pooled=True),
-    Kind("sqlalchemy-psycopg2", _alchemy("psycopg2"), keeper=False, pooled=True),
+    Kind("sqlalchemy-psycopg", _alchemy("psycopg"), pooled=True, opens="with conn.begin():"),
+    Kind(
+        "sqlalchemy-psycopg2",
+        _alchemy("psycopg2"),
+        keeper=False,
+        pooled=True,
+        opens="with conn.begin():",
+    ),
     Kind(
         "sqlalchemy-session",
         _alchemy("psycopg", session=True),
         session_locks=False,
         pooled=True,
+        opens="with session.begin():",
     ),
     Kind(
         "django" if DJANGO_DRIVER == "psycopg" else "django-psycopg2",
         _django,
         keeper=DJANGO_DRIVER == "psycopg",  # a psycopg2 connection takes no keeper
         pooled=True,
+        opens="with transaction.atomic():",
     ),
 ]
 
 ASYNC_KINDS = [
-    AKind("psycopg-async", _apsycopg),
-    AKind("asyncpg", _asyncpg, keeper=False),
-    AKind("asyncpg-pool", _asyncpg_pool, keeper=False, pooled=True),
-    AKind("sqlalchemy-async-psycopg", _aalchemy("psycopg"), pooled=True),
-    AKind("sqlalchemy-async-asyncpg", _aalchemy("asyncpg"), keeper=False, pooled=True),
+    AKind("psycopg-async", _apsycopg, opens="async with conn.transaction():"),
+    AKind("asyncpg", _asyncpg, keeper=False, opens="async with conn.transaction():"),
+    AKind(
+        "asyncpg-pool",
+        _asyncpg_pool,
+        keeper=False,
+        pooled=True,
+        opens="async with conn.transaction():",
+    ),
+    AKind(
+        "sqlalchemy-async-psycopg",
+        _aalchemy("psycopg"),
+        pooled=True,
+        opens="async with conn.begin():",
+    ),
+    AKind(
+        "sqlalchemy-async-asyncpg",
+        _aalchemy("asyncpg"),
+        keeper=False,
+        pooled=True,
+        opens="async with conn.begin():",
+    ),
     AKind(
         "sqlalchemy-asyncsession",
         _aalchemy("asyncpg", session=True),
         session_locks=False,
         pooled=True,
+        opens="async with session.begin():",
     ),
 ]
 
