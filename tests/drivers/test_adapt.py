@@ -13,8 +13,9 @@ import pytest
 import pgsolo
 from _support import Connect
 from pgsolo import Key
+from pgsolo.drivers.registry import LIBRARIES
 
-OPTIONAL = ("asyncpg", "psycopg2", "sqlalchemy", "django")
+OPTIONAL = tuple(library.package for library in LIBRARIES if not library.required)
 
 
 @pytest.mark.parametrize("thing", [object(), 42, "postgresql://localhost/app", None], ids=repr)
