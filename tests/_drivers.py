@@ -262,6 +262,71 @@ def _psycopg2(*, autocommit: bool) -> Callable[[str], contextlib.AbstractContext
     return opening
 
 
+class _Pg8000(_Dbapi):
+    """A pg8000 DB-API connection: as psycopg2's, but its books are the server's status as
+    pg8000 last read it, and its pid what the server said at connection time (pg8000 has
+    no public API for either; pgsolo's adapter reads the same)."""
+
+    def execute(self, statement: str) -> None:
+        cur = self.conn.cursor()  # no context manager in pg8000
+        try:
+            cur.execute(statement)
+        finally:
+            cur.close()
+
+    def in_transaction(self) -> bool:
+        return self.conn._transaction_status in (b"T", b"E")
+
+    def pid(self) -> int:
+        return int.from_bytes(self.conn._backend_key_data[:4], "big", signed=True)
+
+    def fingerprint(self) -> dict[str, object]:
+        closed = self.conn._usock is None
+        status = self.conn._transaction_status or b"I"  # None: idle, no statement yet
+        state: dict[str, object] = {"autocommit": self.conn.autocommit, "status": status}
+        if closed or status == b"E":
+            return {**state, "closed": closed}
+        cur = self.conn.cursor()
+        try:
+            cur.execute(SETTINGS)
+            state["settings"] = cur.fetchone()[0]
+        finally:
+            cur.close()
+        if status == b"I" and self.conn._transaction_status == b"T":
+            self.conn.rollback()  # the driver began a transaction for the read
+        return state
+
+
+def pg8000_options(dsn: str) -> dict[str, Any]:
+    """pg8000's keywords for a libpq connection string (a socket directory for a host is
+    a socket path to pg8000)."""
+    params = conninfo_to_dict(dsn)
+    options: dict[str, Any] = {"user": params.get("user"), "password": params.get("password")}
+    options["database"] = params.get("dbname")
+    host, port = str(params.get("host") or "localhost"), int(params.get("port") or 5432)
+    if host.startswith("/"):
+        options["unix_sock"] = f"{host}/.s.PGSQL.{port}"
+    else:
+        options.update(host=host, port=port)
+    return options
+
+
+def _pg8000(*, autocommit: bool) -> Callable[[str], contextlib.AbstractContextManager[Handle]]:
+    @contextlib.contextmanager
+    def opening(dsn: str) -> Iterator[Handle]:
+        import pg8000.dbapi  # noqa: PLC0415
+
+        conn = pg8000.dbapi.connect(**pg8000_options(dsn))
+        conn.autocommit = autocommit
+        try:
+            yield _Pg8000(conn)
+        finally:
+            with contextlib.suppress(pg8000.dbapi.InterfaceError):  # closed by a test
+                conn.close()
+
+    return opening
+
+
 class _Pooled(_Dbapi):
     """A connection of a psycopg_pool pool of one, as ``with pool.connection()`` hands
     it out, its reset hook ``pgsolo.pool_reset``."""
@@ -907,6 +972,13 @@ SYNC_KINDS = [
     Kind(
         "psycopg2-autocommit",
         _psycopg2(autocommit=True),
+        keeper=False,
+        opens="conn.autocommit = False",
+    ),
+    Kind("pg8000", _pg8000(autocommit=False), implicit=True, keeper=False),
+    Kind(
+        "pg8000-autocommit",
+        _pg8000(autocommit=True),
         keeper=False,
         opens="conn.autocommit = False",
     ),

@@ -83,6 +83,17 @@ LIBRARIES = (
         interruption="cancelled on the server, the exchange let end",
     ),
     Library(
+        package="pg8000",
+        adapter="._pg8000",
+        extra="pg8000",
+        takes="a pg8000 DB-API connection (pg8000.connect, pg8000.dbapi.connect)",
+        typing=("_Pg8000",),
+        errors=("pg8000.exceptions.Error",),
+        unavailable=("pg8000.exceptions.InterfaceError",),
+        keeper="refused: its connection cannot be shared between threads",
+        interruption="no cancellation: raised once the statement ends (a wait: at its slice's end)",
+    ),
+    Library(
         package="sqlalchemy",
         adapter="._sqlalchemy_adapt",
         extra="sqlalchemy",
