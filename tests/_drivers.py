@@ -132,8 +132,11 @@ _IDLE, _INTRANS = 0, 2  # psycopg's and psycopg2's TransactionStatus values
 
 
 def raw_state(raw: Any) -> dict[str, object]:
-    """The books of a psycopg 3 or psycopg2 connection, and its session's settings (read
-    only where a statement can run, and the transaction that read opened rolled back)."""
+    """The books of a psycopg 3, psycopg2 or pg8000 connection, and its session's settings
+    (read only where a statement can run, and the transaction that read opened rolled
+    back)."""
+    if _is_pg8000(raw):
+        return _Pg8000(raw).fingerprint()
     closed = bool(raw.closed)
     status = int(raw.info.transaction_status)
     state: dict[str, object] = {"autocommit": bool(raw.autocommit), "status": status}
@@ -488,10 +491,16 @@ async def _asyncpg_pool(dsn: str) -> AsyncIterator[AHandle]:
 
 
 def _raw_pid(raw: Any) -> int:
-    """The backend pid of a DBAPI-level connection of any of the three libraries."""
+    """The backend pid of a DBAPI-level connection of any of the four libraries."""
     if hasattr(raw, "get_server_pid"):  # asyncpg
         return int(raw.get_server_pid())
+    if _is_pg8000(raw):
+        return _Pg8000(raw).pid()
     return int(raw.info.backend_pid)
+
+
+def _is_pg8000(raw: Any) -> bool:
+    return type(raw).__module__.partition(".")[0] == "pg8000"
 
 
 def _engine(dsn: str, dialect: str) -> Any:
@@ -502,6 +511,13 @@ def _engine(dsn: str, dialect: str) -> Any:
 
         return sqlalchemy.create_engine(
             "postgresql+psycopg://", creator=lambda: psycopg.connect(dsn), pool_size=1
+        )
+    if dialect == "pg8000":
+        import pg8000.dbapi  # noqa: PLC0415
+
+        options = pg8000_options(dsn)
+        return sqlalchemy.create_engine(
+            "postgresql+pg8000://", creator=lambda: pg8000.dbapi.connect(**options), pool_size=1
         )
     import psycopg2  # noqa: PLC0415
 
@@ -750,6 +766,8 @@ def sqlalchemy_raw_status(conn: Any) -> str:
     raw = sqlalchemy_raw(conn)
     if hasattr(raw, "is_in_transaction"):  # asyncpg
         return "intrans" if raw.is_in_transaction() else "idle"
+    if _is_pg8000(raw):
+        return {b"T": "intrans", b"E": "inerror"}.get(raw._transaction_status, "idle")
     return {0: "idle", 2: "intrans", 3: "inerror"}.get(int(raw.info.transaction_status), "?")
 
 
@@ -987,6 +1005,13 @@ SYNC_KINDS = [
     Kind(
         "sqlalchemy-psycopg2",
         _alchemy("psycopg2"),
+        keeper=False,
+        pooled=True,
+        opens="with conn.begin():",
+    ),
+    Kind(
+        "sqlalchemy-pg8000",
+        _alchemy("pg8000"),
         keeper=False,
         pooled=True,
         opens="with conn.begin():",
