@@ -110,6 +110,7 @@ _RENAMES = {
     "run_once_async": "run_once",
     # pgsolo's own pairs
     "AsyncDriver": "SyncDriver",
+    "AsyncHeartbeat": "SyncHeartbeat",
     "AsyncKeeper": "Keeper",
     "AsyncPsycopgDriver": "PsycopgDriver",
     "AsyncSqlAlchemyDriver": "SqlAlchemyDriver",

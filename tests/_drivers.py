@@ -97,6 +97,10 @@ class Kind:
     pooled: bool = False
     """The connection comes from a pool (or a framework's persistent connection): after a
     failure its next user gets a working one (``Handle.next_user``)."""
+    opens: str | None = None
+    """How its user opens a transaction, in its library's words: what pgsolo must advise
+    when it refuses a transaction lock outside one (None where the library opens one by
+    itself)."""
 
     def __str__(self) -> str:
         return self.name
@@ -110,6 +114,7 @@ class AKind:
     session_locks: bool = True
     keeper: bool = True
     pooled: bool = False
+    opens: str | None = None
 
     def __str__(self) -> str:
         return self.name
@@ -127,8 +132,11 @@ _IDLE, _INTRANS = 0, 2  # psycopg's and psycopg2's TransactionStatus values
 
 
 def raw_state(raw: Any) -> dict[str, object]:
-    """The books of a psycopg 3 or psycopg2 connection, and its session's settings (read
-    only where a statement can run, and the transaction that read opened rolled back)."""
+    """The books of a psycopg 3, psycopg2 or pg8000 connection, and its session's settings
+    (read only where a statement can run, and the transaction that read opened rolled
+    back)."""
+    if _is_pg8000(raw):
+        return _Pg8000(raw).fingerprint()
     closed = bool(raw.closed)
     status = int(raw.info.transaction_status)
     state: dict[str, object] = {"autocommit": bool(raw.autocommit), "status": status}
@@ -253,6 +261,71 @@ def _psycopg2(*, autocommit: bool) -> Callable[[str], contextlib.AbstractContext
             yield _Dbapi(conn)
         finally:
             conn.close()
+
+    return opening
+
+
+class _Pg8000(_Dbapi):
+    """A pg8000 DB-API connection: as psycopg2's, but its books are the server's status as
+    pg8000 last read it, and its pid what the server said at connection time (pg8000 has
+    no public API for either; pgsolo's adapter reads the same)."""
+
+    def execute(self, statement: str) -> None:
+        cur = self.conn.cursor()  # no context manager in pg8000
+        try:
+            cur.execute(statement)
+        finally:
+            cur.close()
+
+    def in_transaction(self) -> bool:
+        return self.conn._transaction_status in (b"T", b"E")
+
+    def pid(self) -> int:
+        return int.from_bytes(self.conn._backend_key_data[:4], "big", signed=True)
+
+    def fingerprint(self) -> dict[str, object]:
+        closed = self.conn._usock is None
+        status = self.conn._transaction_status or b"I"  # None: idle, no statement yet
+        state: dict[str, object] = {"autocommit": self.conn.autocommit, "status": status}
+        if closed or status == b"E":
+            return {**state, "closed": closed}
+        cur = self.conn.cursor()
+        try:
+            cur.execute(SETTINGS)
+            state["settings"] = cur.fetchone()[0]
+        finally:
+            cur.close()
+        if status == b"I" and self.conn._transaction_status == b"T":
+            self.conn.rollback()  # the driver began a transaction for the read
+        return state
+
+
+def pg8000_options(dsn: str) -> dict[str, Any]:
+    """pg8000's keywords for a libpq connection string (a socket directory for a host is
+    a socket path to pg8000)."""
+    params = conninfo_to_dict(dsn)
+    options: dict[str, Any] = {"user": params.get("user"), "password": params.get("password")}
+    options["database"] = params.get("dbname")
+    host, port = str(params.get("host") or "localhost"), int(params.get("port") or 5432)
+    if host.startswith("/"):
+        options["unix_sock"] = f"{host}/.s.PGSQL.{port}"
+    else:
+        options.update(host=host, port=port)
+    return options
+
+
+def _pg8000(*, autocommit: bool) -> Callable[[str], contextlib.AbstractContextManager[Handle]]:
+    @contextlib.contextmanager
+    def opening(dsn: str) -> Iterator[Handle]:
+        import pg8000.dbapi  # noqa: PLC0415
+
+        conn = pg8000.dbapi.connect(**pg8000_options(dsn))
+        conn.autocommit = autocommit
+        try:
+            yield _Pg8000(conn)
+        finally:
+            with contextlib.suppress(pg8000.dbapi.InterfaceError):  # closed by a test
+                conn.close()
 
     return opening
 
@@ -418,10 +491,16 @@ async def _asyncpg_pool(dsn: str) -> AsyncIterator[AHandle]:
 
 
 def _raw_pid(raw: Any) -> int:
-    """The backend pid of a DBAPI-level connection of any of the three libraries."""
+    """The backend pid of a DBAPI-level connection of any of the four libraries."""
     if hasattr(raw, "get_server_pid"):  # asyncpg
         return int(raw.get_server_pid())
+    if _is_pg8000(raw):
+        return _Pg8000(raw).pid()
     return int(raw.info.backend_pid)
+
+
+def _is_pg8000(raw: Any) -> bool:
+    return type(raw).__module__.partition(".")[0] == "pg8000"
 
 
 def _engine(dsn: str, dialect: str) -> Any:
@@ -432,6 +511,13 @@ def _engine(dsn: str, dialect: str) -> Any:
 
         return sqlalchemy.create_engine(
             "postgresql+psycopg://", creator=lambda: psycopg.connect(dsn), pool_size=1
+        )
+    if dialect == "pg8000":
+        import pg8000.dbapi  # noqa: PLC0415
+
+        options = pg8000_options(dsn)
+        return sqlalchemy.create_engine(
+            "postgresql+pg8000://", creator=lambda: pg8000.dbapi.connect(**options), pool_size=1
         )
     import psycopg2  # noqa: PLC0415
 
@@ -680,6 +766,8 @@ def sqlalchemy_raw_status(conn: Any) -> str:
     raw = sqlalchemy_raw(conn)
     if hasattr(raw, "is_in_transaction"):  # asyncpg
         return "intrans" if raw.is_in_transaction() else "idle"
+    if _is_pg8000(raw):
+        return {b"T": "intrans", b"E": "inerror"}.get(raw._transaction_status, "idle")
     return {0: "idle", 2: "intrans", 3: "inerror"}.get(int(raw.info.transaction_status), "?")
 
 
@@ -896,38 +984,83 @@ def _django(dsn: str) -> Iterator[Handle]:
 
 
 SYNC_KINDS = [
-    Kind("psycopg", _psycopg(autocommit=True)),
+    Kind("psycopg", _psycopg(autocommit=True), opens="with conn.transaction():"),
     Kind("psycopg-implicit", _psycopg(autocommit=False), implicit=True),
     Kind("psycopg2", _psycopg2(autocommit=False), implicit=True, keeper=False),
-    Kind("psycopg2-autocommit", _psycopg2(autocommit=True), keeper=False),
+    Kind(
+        "psycopg2-autocommit",
+        _psycopg2(autocommit=True),
+        keeper=False,
+        opens="conn.autocommit = False",
+    ),
+    Kind("pg8000", _pg8000(autocommit=False), implicit=True, keeper=False),
+    Kind(
+        "pg8000-autocommit",
+        _pg8000(autocommit=True),
+        keeper=False,
+        opens="conn.autocommit = False",
+    ),
     Kind("psycopg-pool", _psycopg_pool, implicit=True, pooled=True),
-    Kind("sqlalchemy-psycopg", _alchemy("psycopg"), pooled=True),
-    Kind("sqlalchemy-psycopg2", _alchemy("psycopg2"), keeper=False, pooled=True),
+    Kind("sqlalchemy-psycopg", _alchemy("psycopg"), pooled=True, opens="with conn.begin():"),
+    Kind(
+        "sqlalchemy-psycopg2",
+        _alchemy("psycopg2"),
+        keeper=False,
+        pooled=True,
+        opens="with conn.begin():",
+    ),
+    Kind(
+        "sqlalchemy-pg8000",
+        _alchemy("pg8000"),
+        keeper=False,
+        pooled=True,
+        opens="with conn.begin():",
+    ),
     Kind(
         "sqlalchemy-session",
         _alchemy("psycopg", session=True),
         session_locks=False,
         pooled=True,
+        opens="with session.begin():",
     ),
     Kind(
         "django" if DJANGO_DRIVER == "psycopg" else "django-psycopg2",
         _django,
         keeper=DJANGO_DRIVER == "psycopg",  # a psycopg2 connection takes no keeper
         pooled=True,
+        opens="with transaction.atomic():",
     ),
 ]
 
 ASYNC_KINDS = [
-    AKind("psycopg-async", _apsycopg),
-    AKind("asyncpg", _asyncpg, keeper=False),
-    AKind("asyncpg-pool", _asyncpg_pool, keeper=False, pooled=True),
-    AKind("sqlalchemy-async-psycopg", _aalchemy("psycopg"), pooled=True),
-    AKind("sqlalchemy-async-asyncpg", _aalchemy("asyncpg"), keeper=False, pooled=True),
+    AKind("psycopg-async", _apsycopg, opens="async with conn.transaction():"),
+    AKind("asyncpg", _asyncpg, keeper=False, opens="async with conn.transaction():"),
+    AKind(
+        "asyncpg-pool",
+        _asyncpg_pool,
+        keeper=False,
+        pooled=True,
+        opens="async with conn.transaction():",
+    ),
+    AKind(
+        "sqlalchemy-async-psycopg",
+        _aalchemy("psycopg"),
+        pooled=True,
+        opens="async with conn.begin():",
+    ),
+    AKind(
+        "sqlalchemy-async-asyncpg",
+        _aalchemy("asyncpg"),
+        keeper=False,
+        pooled=True,
+        opens="async with conn.begin():",
+    ),
     AKind(
         "sqlalchemy-asyncsession",
         _aalchemy("asyncpg", session=True),
         session_locks=False,
         pooled=True,
+        opens="async with session.begin():",
     ),
 ]
 

@@ -95,10 +95,15 @@ def test_contributing_names_files_that_exist_and_is_linked() -> None:
 
 
 def test_every_extra_is_in_the_one_table() -> None:
+    """Each extra once: a driver library's in the drivers table of docs/connections.md
+    (tests/drivers/test_registry.py holds it to the registry), the others in index.md's."""
+    from pgsolo.drivers.registry import LIBRARIES  # noqa: PLC0415
+
     extras = set(PYPROJECT["project"]["optional-dependencies"])
     index = read("docs/index.md")
     rows = re.findall(r"^\| `([\w-]+)` \|", index, re.MULTILINE)
-    assert sorted(rows) == sorted(extras)  # each one once
+    drivers = [library.extra for library in LIBRARIES if library.extra is not None]
+    assert sorted(rows + drivers) == sorted(extras)
     assert "docs/index.md#install" in read("README.md")
 
 

@@ -13,8 +13,9 @@ import pytest
 import pgsolo
 from _support import Connect
 from pgsolo import Key
+from pgsolo.drivers.registry import LIBRARIES
 
-OPTIONAL = ("asyncpg", "psycopg2", "sqlalchemy", "django")
+OPTIONAL = tuple(library.package for library in LIBRARIES if not library.required)
 
 
 @pytest.mark.parametrize("thing", [object(), 42, "postgresql://localhost/app", None], ids=repr)
@@ -23,8 +24,8 @@ def test_anything_else_is_refused_with_what_is_supported(thing: object, key: Key
         pgsolo.session_lock(thing, key)  # type: ignore[call-overload]
     assert isinstance(refused.value, TypeError)  # code that caught TypeError still does
     message = str(refused.value)
-    for supported in ("psycopg 3", "psycopg2", "asyncpg", "SQLAlchemy", "Django"):
-        assert supported in message
+    for library in LIBRARIES:
+        assert library.takes in message
     assert type(thing).__qualname__ in message
 
 

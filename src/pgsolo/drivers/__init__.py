@@ -17,16 +17,24 @@ a framework's connection: SQLAlchemy, Django) and offers:
   server sees (a proxy in between shows its own address);
 - ``fetch_value_elsewhere(statements)``: the same as ``fetch_value`` on a new, short-lived
   connection to the same place (to see whether it lands on the same backend);
-- on a connection pgsolo opened itself (:func:`bound_answers`), a hard deadline for each
+- on a connection pgsolo opened itself (``_psycopg.bound_answers``), a hard deadline for each
   of pgsolo's round trips, past which the connection is shut down;
-- ``beat(statement, timeout)``: one heartbeat for the keeper, sent only when nobody is
-  using the connection and no transaction is open on it, with a hard deadline;
-- ``wait_for_news(seconds, stopping)``: what the keeper does between beats: wait for the
-  connection's socket to turn readable and, when nobody is using the connection, read what
-  came (a server that terminates the backend says so and closes the socket at once).
+- ``heartbeat()``: an optional capability, declared by the adapter's type. A driver whose
+  connection a heartbeat can share with the caller's statements returns its
+  :class:`SyncHeartbeat` (or :class:`AsyncHeartbeat`): ``beat(statement, timeout)``, one
+  heartbeat for the keeper, sent only when nobody is using the connection and no
+  transaction is open on it, with a hard deadline; and ``wait_for_news(seconds,
+  stopping)``, what the keeper does between beats: wait for the connection's socket to
+  turn readable and, when nobody is using the connection, read what came (a server that
+  terminates the backend says so and closes the socket at once). A driver that cannot
+  returns :class:`Lacking`, which says why, and ``keep=`` is refused with a
+  :class:`~pgsolo.UsageError` before any SQL, on every driver alike.
 
-The lock logic in :mod:`pgsolo.locking` is written once against this protocol and driven
-by a sync or an async shell, so the two never drift.
+The lock logic in :mod:`pgsolo.locking` is written once against these protocols and driven
+by a sync or an async shell, so the two never drift. mypy checks each adapter against
+them where its module's ``adapt`` returns it (and its ``heartbeat`` returns itself): no
+cast. Which libraries there are, and what pgsolo derives from each, is
+:mod:`pgsolo.drivers.registry`.
 """
 
 from __future__ import annotations
@@ -37,32 +45,35 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import import_module
-from typing import ClassVar, Literal, Protocol, TypeGuard, cast
+from typing import ClassVar, Literal, Protocol, TypeGuard, TypeVar, cast
 
 from .. import sql
 from .._acompat import AEvent, Event
-from ..errors import UnsupportedConnectionError
+from ..errors import UnsupportedConnectionError, UsageError
+from .registry import LIBRARIES, Library
 
 __all__ = [
     "REQUEST_END_HOOKS",
     "AsyncDriver",
+    "AsyncHeartbeat",
     "BeatFailed",
     "DriverBase",
     "Edge",
+    "Lacking",
     "News",
     "ServerInfo",
     "SyncDriver",
+    "SyncHeartbeat",
     "TxStatus",
     "adapt",
     "adapt_async",
     "adapt_sync",
     "as_sync",
-    "bound_answers",
     "driver_errors",
     "edged",
+    "heartbeat_of",
     "is_async",
     "is_unavailable",
-    "shut_down",
 ]
 
 
@@ -71,7 +82,7 @@ Edge = Literal["begin", "commit", "rollback"]
 
 
 News = Literal["quiet", "read", "busy"]
-"""What :meth:`SyncDriver.wait_for_news` saw: nothing until the time was up or the keeper
+"""What :meth:`SyncHeartbeat.wait_for_news` saw: nothing until the time was up or the keeper
 stopped (``quiet``); input on the idle connection, read and handed on (``read``:
 notifications, notices, parameter changes); input while the caller is using the
 connection, left to the caller (``busy``). A connection found gone raises
@@ -145,10 +156,9 @@ class DriverBase(Protocol):
 
     def server_info(self) -> ServerInfo: ...
 
-    @property
-    def keeper_refused(self) -> str | None:
-        """Why a keeper cannot watch a lock on this connection (its heartbeat could not
-        share the connection with the caller's statements), or None."""
+    def heartbeat(self) -> SyncHeartbeat | AsyncHeartbeat | Lacking:
+        """The keeper's capability, or why there is none (:class:`SyncDriver` and
+        :class:`AsyncDriver` say which flavour)."""
 
     @property
     def session_locks_refused(self) -> str | None:
@@ -180,17 +190,16 @@ class DriverBase(Protocol):
         """(address, port) of this end of a TCP connection; None for a unix socket."""
 
 
-class SyncDriver(DriverBase, Protocol):
-    def fetch_value(
-        self, statements: Sequence[str], wait: float = 0.0, edge: Edge | None = None
-    ) -> object:
-        """``wait``: seconds the statements may wait for a lock on the server (bounded
-        there by ``lock_timeout``), on top of the deadline of a connection pgsolo opened
-        (:func:`bound_answers`). ``edge``: open pgsolo's own transaction before the
-        statements, or commit or roll it back after them (:func:`edged` on a bare
-        connection)."""
+@dataclass(frozen=True, slots=True)
+class Lacking:
+    """A capability a driver does not have, and why (the refusal says it)."""
 
-    def fetch_value_elsewhere(self, statements: Sequence[str]) -> object: ...
+    why: str
+
+
+class SyncHeartbeat(Protocol):
+    """The keeper's capability: a heartbeat that can share the connection with the
+    caller's statements, and a socket to watch between beats."""
 
     def beat(self, statement: str, answer_within: float) -> Sequence[str | None] | None:
         """The first row of ``statement`` as text, or None if the connection was in use
@@ -203,6 +212,29 @@ class SyncDriver(DriverBase, Protocol):
         turns out gone."""
 
 
+class AsyncHeartbeat(Protocol):
+    async def beat(self, statement: str, answer_within: float) -> Sequence[str | None] | None: ...
+
+    async def wait_for_news(self, seconds: float, stopping: AEvent) -> News: ...
+
+
+class SyncDriver(DriverBase, Protocol):
+    def fetch_value(
+        self, statements: Sequence[str], wait: float = 0.0, edge: Edge | None = None
+    ) -> object:
+        """``wait``: seconds the statements may wait for a lock on the server (bounded
+        there by ``lock_timeout``), on top of the deadline of a connection pgsolo opened
+        (``_psycopg.bound_answers``). ``edge``: open pgsolo's own transaction before the
+        statements, or commit or roll it back after them (:func:`edged` on a bare
+        connection)."""
+
+    def fetch_value_elsewhere(self, statements: Sequence[str]) -> object: ...
+
+    def heartbeat(self) -> SyncHeartbeat | Lacking:
+        """The heartbeat a keeper watches a lock on this connection with, or why there
+        is none."""
+
+
 class AsyncDriver(DriverBase, Protocol):
     async def fetch_value(
         self, statements: Sequence[str], wait: float = 0.0, edge: Edge | None = None
@@ -210,9 +242,18 @@ class AsyncDriver(DriverBase, Protocol):
 
     async def fetch_value_elsewhere(self, statements: Sequence[str]) -> object: ...
 
-    async def beat(self, statement: str, answer_within: float) -> Sequence[str | None] | None: ...
+    def heartbeat(self) -> AsyncHeartbeat | Lacking: ...
 
-    async def wait_for_news(self, seconds: float, stopping: AEvent) -> News: ...
+
+_Beating = TypeVar("_Beating")
+
+
+def heartbeat_of(found: _Beating | Lacking) -> _Beating:
+    """The heartbeat a driver's ``heartbeat()`` found, or the one refusal of ``keep=``
+    every driver gives (before any SQL)."""
+    if isinstance(found, Lacking):
+        raise UsageError(f"keep= cannot watch a lock on this connection: {found.why}")
+    return found
 
 
 def edged(statements: Sequence[str], edge: Edge | None, *, begins_implicitly: bool) -> list[str]:
@@ -225,35 +266,22 @@ def edged(statements: Sequence[str], edge: Edge | None, *, begins_implicitly: bo
     return list(statements)
 
 
-# The libraries pgsolo adapts, by the top-level package their connection types live in,
-# and the module of pgsolo's that adapts each. A module is imported only when one of its
-# connections arrives, so importing pgsolo never imports a driver the user did not
-# install; each module's ``adapt`` returns None for a type of its library it does not
-# take (a cursor, an Engine).
-_ADAPTERS = {
-    "psycopg": "._psycopg_adapt",
-    "psycopg2": "._psycopg2",
-    "asyncpg": "._asyncpg",
-    "sqlalchemy": "._sqlalchemy_adapt",
-    "django": "._django",
-}
+SUPPORTED_CONNECTIONS = ", ".join(library.takes for library in LIBRARIES)
 
-SUPPORTED_CONNECTIONS = (
-    "a psycopg 3 Connection or AsyncConnection, a psycopg2 connection, an asyncpg"
-    " Connection (also one acquired from a Pool), a SQLAlchemy Connection, AsyncConnection,"
-    " Session or AsyncSession, or a Django connection (django.db.connection,"
-    " connections[alias])"
-)
+_LIBRARIES = {library.package: library for library in LIBRARIES}
+
+Adapter = Callable[[object], "SyncDriver | AsyncDriver | None"]
 
 
 @functools.cache
-def _adapter_for(package: str) -> Callable[[object], object] | None:
+def _adapter_for(package: str) -> Adapter | None:
     """The ``adapt`` of pgsolo's module for ``package``'s connections, imported once (every
-    lock looks it up)."""
-    module = _ADAPTERS.get(package)
-    adapter: Callable[[object], object] | None = (
-        import_module(module, __name__).adapt if module else None
-    )
+    lock looks it up), and only when one of them arrives: importing pgsolo never imports
+    a driver the user did not install."""
+    library = _LIBRARIES.get(package)
+    if library is None:
+        return None
+    adapter: Adapter = import_module(library.adapter, __name__).adapt
     return adapter
 
 
@@ -267,7 +295,7 @@ def adapt(connection: object) -> SyncDriver | AsyncDriver:
             f"pgsolo takes {SUPPORTED_CONNECTIONS}; got {_name_of(connection)}"
             f"{_hint_for(connection)}"
         )
-    return cast("SyncDriver | AsyncDriver", driver)
+    return driver
 
 
 def _hint_for(connection: object) -> str:
@@ -286,47 +314,31 @@ def _hint_for(connection: object) -> str:
     return ""
 
 
-def bound_answers(connection: object, seconds: float) -> None:
-    """Give every round trip pgsolo makes on ``connection``, one it opened itself, a hard
-    deadline of ``seconds`` (plus any lock wait): past it the connection is shut down and
-    :class:`~pgsolo.DatabaseUnavailableError` raised, instead of waiting for a server
-    that may never answer."""
-    from . import _psycopg  # noqa: PLC0415
-
-    _psycopg.bound_answers(connection, seconds)  # type: ignore[arg-type]
-
-
-def shut_down(connection: object) -> None:
-    """Shut ``connection``'s socket down from any thread: whoever waits on it sees the
-    end of the stream at once (the driver raises) instead of waiting for a server that
-    may never answer."""
-    from . import _psycopg  # noqa: PLC0415
-
-    _psycopg.shut_down(connection)  # type: ignore[arg-type]
-
-
 def driver_errors() -> tuple[type[Exception], ...]:
-    """The exception classes of the drivers pgsolo uses: what a statement on a connection
-    raises when the server refuses it or the connection fails. Another driver's count only
-    once it is imported (a connection of it can exist only then): pgsolo never imports it."""
-    import psycopg  # noqa: PLC0415
-
-    errors: list[type[Exception]] = [psycopg.Error]
-    if (psycopg2 := sys.modules.get("psycopg2")) is not None:
-        errors.append(psycopg2.Error)
-    return tuple(errors)
+    """The exception classes of the drivers pgsolo adapts (:mod:`.registry`): what a
+    statement on a connection raises when the server refuses it or the connection fails.
+    Another library's count only once it is imported (a connection of it can exist only
+    then): pgsolo never imports it."""
+    return tuple(kind for library in LIBRARIES for kind in _classes(library, library.errors))
 
 
 def is_unavailable(exc: BaseException) -> bool:
     """Whether ``exc`` (a driver's error) says the server cannot be reached or the
     connection failed, rather than that a statement was refused."""
-    import psycopg  # noqa: PLC0415
+    unavailable = [c for library in LIBRARIES for c in _classes(library, library.unavailable)]
+    return isinstance(exc, tuple(unavailable))
 
-    if (psycopg2 := sys.modules.get("psycopg2")) is not None and isinstance(
-        exc, psycopg2.OperationalError
-    ):
-        return True
-    return isinstance(exc, psycopg.OperationalError)
+
+def _classes(library: Library, names: Sequence[str]) -> list[type[Exception]]:
+    """The classes ``names`` of ``library``, those of a module already imported (pgsolo's
+    own dependency is imported here)."""
+    found: list[type[Exception]] = []
+    for name in names:
+        module_name, _, attribute = name.rpartition(".")
+        module = import_module(module_name) if library.required else sys.modules.get(module_name)
+        if module is not None:
+            found.append(getattr(module, attribute))
+    return found
 
 
 # Called with a framework's connection at the end of a unit of work (a Django request):

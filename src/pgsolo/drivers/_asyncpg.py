@@ -50,7 +50,8 @@ meanwhile and releases it if so.
 **No keeper.** asyncpg refuses a second operation on a connection while one runs
 (``InterfaceError: another operation is in progress``) instead of queueing it: a
 heartbeat in flight would make the caller's own query fail at random, so ``keep=`` is
-refused with a :class:`~pgsolo.UsageError`.
+refused (:class:`~pgsolo.drivers.Lacking`: a :class:`~pgsolo.UsageError` before any SQL,
+as on every driver without a heartbeat).
 
 asyncpg offers no public API for some of this: the connection's address and parameters
 (``_addr``, ``_params``), the COPY-out exchange (``_copy_out``) and the release counter
@@ -70,9 +71,10 @@ from asyncpg.pool import PoolConnectionProxy
 from psycopg.conninfo import make_conninfo
 
 from .. import sql
-from ..errors import TransactionFailedError, UnsupportedConnectionError, UsageError
-from . import Edge, ServerInfo, TxStatus, edged
+from ..errors import TransactionFailedError, UnsupportedConnectionError
+from . import AsyncDriver, AsyncHeartbeat, Edge, Lacking, ServerInfo, TxStatus, edged
 from .conninfo import scrub_secrets
+from .deadlines import host_port
 
 __all__ = ["KEEPER_REFUSED", "AsyncpgDriver", "Checkout", "adapt"]
 
@@ -90,7 +92,7 @@ KEEPER_REFUSED = (
 )
 
 
-def adapt(connection: object) -> AsyncpgDriver | None:
+def adapt(connection: object) -> AsyncDriver | None:
     """The adapter of an asyncpg connection (see :func:`pgsolo.drivers.adapt`)."""
     # First: asyncpg's isinstance(proxy, Connection) is True.
     if isinstance(connection, PoolConnectionProxy):
@@ -115,7 +117,6 @@ class AsyncpgDriver:
     """pgsolo's driver protocol on an asyncpg connection; see the module docstring."""
 
     is_async: ClassVar[bool] = True
-    keeper_refused: ClassVar[str | None] = KEEPER_REFUSED
     session_locks_refused: ClassVar[str | None] = None
     transaction_hint: ClassVar[str] = "async with conn.transaction():"
     ending_advice: ClassVar[str] = "call it outside `async with conn.transaction():`"
@@ -157,7 +158,7 @@ class AsyncpgDriver:
     def server_info(self) -> ServerInfo:
         if self.is_closed():
             return self._last_info
-        host, port = _host_port(self._conn._addr)
+        host, port = host_port(self._conn._addr)
         params = self._conn._params
         settings = self._conn.get_settings()
         self._last_info = ServerInfo(
@@ -225,7 +226,7 @@ class AsyncpgDriver:
         return value
 
     async def fetch_value_elsewhere(self, statements: Sequence[str]) -> object:
-        host, port = _host_port(self._conn._addr)
+        host, port = host_port(self._conn._addr)
         params = self._conn._params
         other = await asyncpg.connect(
             host=host,
@@ -243,8 +244,8 @@ class AsyncpgDriver:
         finally:
             other.terminate()
 
-    async def beat(self, statement: str, answer_within: float) -> Sequence[str | None] | None:
-        raise UsageError(KEEPER_REFUSED)  # refused before any lock is taken; never sent
+    def heartbeat(self) -> AsyncHeartbeat | Lacking:
+        return Lacking(KEEPER_REFUSED)
 
     # - helpers -
 
@@ -291,16 +292,6 @@ def _failed_transaction() -> TransactionFailedError:
         "the transaction pgsolo opened for a transaction lock failed inside the block (an"
         " error was caught there and not re-raised); it was rolled back and nothing committed"
     )
-
-
-def _host_port(address: object) -> tuple[str, int | None]:
-    """asyncpg's address of a connection: (host, port), or a unix socket's path."""
-    if isinstance(address, tuple):
-        return str(address[0]), int(address[1])
-    path = str(address)
-    directory, _, name = path.rpartition("/")
-    port = name.rpartition(".")[2]
-    return (directory or path), (int(port) if port.isdigit() else None)
 
 
 class Checkout:

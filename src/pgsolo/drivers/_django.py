@@ -30,12 +30,23 @@ from django.utils.connection import ConnectionProxy
 from .._acompat import Event
 from .._logging import drivers_logger as logger
 from ..errors import UnsupportedConnectionError
-from . import REQUEST_END_HOOKS, Edge, News, ServerInfo, SyncDriver, TxStatus, adapt_sync
+from . import (
+    REQUEST_END_HOOKS,
+    Edge,
+    Lacking,
+    News,
+    ServerInfo,
+    SyncDriver,
+    SyncHeartbeat,
+    TxStatus,
+    adapt_sync,
+    heartbeat_of,
+)
 
 __all__ = ["DjangoDriver", "adapt"]
 
 
-def adapt(connection: object) -> DjangoDriver | None:
+def adapt(connection: object) -> SyncDriver | None:
     """The adapter of a Django connection of the postgresql backend; None for other
     Django objects."""
     if isinstance(connection, ConnectionProxy):
@@ -75,9 +86,9 @@ class DjangoDriver:
         " view with @transaction.non_atomic_requests"
     )
 
-    @property
-    def keeper_refused(self) -> str | None:
-        return self._driver().keeper_refused
+    def heartbeat(self) -> SyncHeartbeat | Lacking:
+        found = self._driver().heartbeat()  # the DBAPI connection's library decides
+        return found if isinstance(found, Lacking) else self
 
     def _driver(self, *, connect: bool = True) -> SyncDriver:
         """The adapter of the DBAPI connection under Django's, connecting first when
@@ -156,7 +167,7 @@ class DjangoDriver:
     def beat(self, statement: str, answer_within: float) -> Sequence[str | None] | None:
         if self._wrapper.in_atomic_block or not self._connected():
             return None  # Django's transaction is open (or a statement opens one)
-        return self._driver(connect=False).beat(statement, answer_within)
+        return heartbeat_of(self._driver(connect=False).heartbeat()).beat(statement, answer_within)
 
     def wait_for_news(self, seconds: float, stopping: Event) -> News:
         # No check of Django's transaction, unlike a beat (which would run in it): reading
@@ -164,7 +175,8 @@ class DjangoDriver:
         if not self._connected():
             stopping.wait(seconds)  # no DBAPI connection to watch until the beat
             return "quiet"
-        return self._driver(connect=False).wait_for_news(seconds, stopping)
+        inner = heartbeat_of(self._driver(connect=False).heartbeat())
+        return inner.wait_for_news(seconds, stopping)
 
     def fetch_value(
         self, statements: Sequence[str], wait: float = 0.0, edge: Edge | None = None

@@ -175,7 +175,6 @@ class PsycopgBase:
     """What both adapters do the same: everything but the round trips."""
 
     _conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]
-    keeper_refused: ClassVar[str | None] = None
     session_locks_refused: ClassVar[str | None] = None
     ending_advice: ClassVar[str] = (
         "commit or roll it back first (conn.commit() / conn.rollback()), or call it outside"

@@ -18,7 +18,7 @@ No keeper. psycopg2 serialises the statements on a connection with a lock of its
 that Python cannot try without waiting, so a beat could end up queued behind the
 caller's statement (and its hard deadline would then cut the caller's connection), or
 open a transaction on an ``autocommit=False`` connection. ``keep=`` is refused
-(:data:`KEEPER_REFUSED`).
+(:data:`KEEPER_REFUSED`, a :class:`~pgsolo.drivers.Lacking` heartbeat).
 
 Interruptions. psycopg2 waits for the server inside libpq with the GIL released: a
 KeyboardInterrupt (Ctrl-C) is raised only once the statement has ended (a lock wait ends
@@ -40,7 +40,7 @@ from psycopg.conninfo import make_conninfo
 from psycopg2.extensions import connection as Connection
 
 from .. import sql
-from . import BeatFailed, Edge, ServerInfo, TxStatus, edged
+from . import Edge, Lacking, ServerInfo, SyncDriver, SyncHeartbeat, TxStatus, edged
 from ._psycopg import PROBE_ANSWER_TIMEOUT, PROBE_CONNECT_TIMEOUT
 from .conninfo import scrub_secrets
 from .deadlines import DEADLINES, shut_down_socket, socket_address
@@ -66,7 +66,7 @@ KEEPER_REFUSED = (
 # The statements of pgsolo's that never return a row, by their first word. pgsolo's
 # statements that return rows all start with SELECT; anything else is treated as one
 # that may, so that a value is never lost.
-def adapt(connection: object) -> Psycopg2Driver | None:
+def adapt(connection: object) -> SyncDriver | None:
     """The adapter of a psycopg2 connection (any subclass); None for other psycopg2
     objects (a cursor)."""
     return Psycopg2Driver(connection) if isinstance(connection, Connection) else None
@@ -86,7 +86,6 @@ class Psycopg2Driver:
     connection."""
 
     is_async: ClassVar[bool] = False
-    keeper_refused: ClassVar[str | None] = KEEPER_REFUSED
     session_locks_refused: ClassVar[str | None] = None
     # psycopg2 has no transaction block of its own: with autocommit off it opens one at
     # the first statement (the caller then commits).
@@ -210,8 +209,8 @@ class Psycopg2Driver:
         finally:
             other.close()
 
-    def beat(self, statement: str, answer_within: float) -> Sequence[str | None] | None:
-        raise BeatFailed(KEEPER_REFUSED)  # keep= is refused before any lock is taken
+    def heartbeat(self) -> SyncHeartbeat | Lacking:
+        return Lacking(KEEPER_REFUSED)
 
     def _password(self) -> str | None:
         with contextlib.suppress(psycopg2.Error):

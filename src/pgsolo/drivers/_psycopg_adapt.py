@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import psycopg
 
+from . import AsyncDriver, SyncDriver
 from ._async.psycopg_driver import AsyncPsycopgDriver
 from ._sync.psycopg_driver import PsycopgDriver
 
 __all__ = ["adapt"]
 
 
-def adapt(connection: object) -> PsycopgDriver | AsyncPsycopgDriver | None:
+def adapt(connection: object) -> SyncDriver | AsyncDriver | None:
     if isinstance(connection, psycopg.Connection):
         return PsycopgDriver(connection)
     if isinstance(connection, psycopg.AsyncConnection):

@@ -131,11 +131,6 @@ class SqlAlchemyBase:
         bind = core.get_bind() if isinstance(core, Session) else core
         return bind.dialect
 
-    @property
-    def keeper_refused(self) -> str | None:
-        current = self._current()
-        return None if current is None else current.keeper_refused
-
     # - what the driver connection looks like now -
 
     def _current(self) -> SyncDriver | AsyncDriver | None:

@@ -8,13 +8,14 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
 from ..errors import UnsupportedConnectionError
+from . import AsyncDriver, SyncDriver
 from ._async.sqlalchemy_driver import AsyncSqlAlchemyDriver
 from ._sync.sqlalchemy_driver import SqlAlchemyDriver
 
 __all__ = ["adapt"]
 
 
-def adapt(connection: object) -> SqlAlchemyDriver | AsyncSqlAlchemyDriver | None:
+def adapt(connection: object) -> SyncDriver | AsyncDriver | None:
     if isinstance(connection, Engine | AsyncEngine):
         raise UnsupportedConnectionError(
             "pgsolo takes a connection, not an Engine: pass one of its connections"

@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 from .._logging import drivers_logger as logger
 
-__all__ = ["DEADLINES", "Deadlines", "shut_down_socket", "socket_address"]
+__all__ = ["DEADLINES", "Deadlines", "host_port", "shut_down_socket", "socket_address"]
 
 
 class Deadlines:
@@ -112,3 +112,14 @@ def socket_address(fileno: int) -> tuple[str, int] | None:
             address = sock.getsockname()
             return str(address[0]), int(address[1])
     return None
+
+
+def host_port(address: object) -> tuple[str, int | None]:
+    """(host, port) of a connection's peer address: a TCP (host, port, ...), or a unix
+    socket's path (its directory, and the port in its name, ``.s.PGSQL.5432``)."""
+    if isinstance(address, tuple):
+        return str(address[0]), int(address[1])
+    path = str(address)
+    directory, _, name = path.rpartition("/")
+    port = name.rpartition(".")[2]
+    return (directory or path), (int(port) if port.isdigit() else None)

@@ -49,6 +49,13 @@ class _Psycopg2(Protocol):
     def get_backend_pid(self) -> int: ...
 
 
+class _Pg8000(Protocol):
+    """A pg8000 DB-API connection."""
+
+    @property
+    def parameter_statuses(self) -> Any: ...
+
+
 class _Django(Protocol):
     """Django's ``connection`` and ``connections[alias]``."""
 
@@ -59,4 +66,6 @@ class _Django(Protocol):
 AsyncConnectionLike: TypeAlias = (
     "psycopg.AsyncConnection[Any] | _Asyncpg | _SqlalchemyAsyncConnection | _SqlalchemyAsyncSession"
 )
-SyncConnectionLike: TypeAlias = "psycopg.Connection[Any] | _Sqlalchemy | _Psycopg2 | _Django"
+SyncConnectionLike: TypeAlias = (
+    "psycopg.Connection[Any] | _Sqlalchemy | _Psycopg2 | _Pg8000 | _Django"
+)

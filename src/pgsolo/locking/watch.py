@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 from .. import sql
 from .._logging import keeper_logger as logger
 from .._types import DAY, check_seconds
-from ..drivers import BeatFailed, DriverBase
-from ..errors import InvalidArgumentError, LockLostError, UsageError
+from ..drivers import BeatFailed, DriverBase, heartbeat_of
+from ..errors import InvalidArgumentError, LockLostError
 from ..reasons import LostReason
 
 if TYPE_CHECKING:
@@ -64,9 +64,9 @@ def as_keep(keep: bool | Keep | None) -> Keep | None:
 
 def refuse_keeper(driver: DriverBase) -> None:
     """Refuse ``keep=`` before any SQL on a driver whose connection a heartbeat cannot share
-    with the caller's statements; the driver says why."""
-    if reason := driver.keeper_refused:
-        raise UsageError(f"keep= cannot watch a lock on this connection: {reason}")
+    with the caller's statements (:class:`~pgsolo.drivers.Lacking` says why): the same
+    :class:`~pgsolo.UsageError` on every driver."""
+    heartbeat_of(driver.heartbeat())
 
 
 class Watch:

@@ -15,23 +15,7 @@ import pgsolo
 from _drivers import ASYNC_KINDS, AKind
 from pgsolo import Key
 
-# How each kind opens a transaction, as pgsolo must advise it (the sync twin's kinds have
-# the sync words: the generated twin drops "async").
-TRANSACTION_HINTS = {
-    "psycopg": "with conn.transaction():",
-    "psycopg-async": "async with conn.transaction():",
-    "psycopg2-autocommit": "conn.autocommit = False",
-    "asyncpg": "async with conn.transaction():",
-    "asyncpg-pool": "async with conn.transaction():",
-    "sqlalchemy-psycopg": "with conn.begin():",
-    "sqlalchemy-psycopg2": "with conn.begin():",
-    "sqlalchemy-async-psycopg": "async with conn.begin():",
-    "sqlalchemy-async-asyncpg": "async with conn.begin():",
-    "sqlalchemy-session": "with session.begin():",
-    "sqlalchemy-asyncsession": "async with session.begin():",
-    "django": "with transaction.atomic():",
-}
-
+# The kinds whose user opens transactions (``Kind.opens`` says how, as pgsolo must advise).
 OWNING_KINDS = [kind for kind in ASYNC_KINDS if not kind.implicit]
 
 
@@ -54,7 +38,7 @@ async def test_a_refused_transaction_lock_advises_the_kinds_own_transaction(
     async with kind.open(db) as conn:
         refused = await refusal(pgsolo.xact_lock(conn.conn, key), pgsolo.ConnectionStateError)
     # Matched whole, between its backquotes: never the tail of another flavour's hint.
-    assert f"`{TRANSACTION_HINTS[kind.name]}`" in refused
+    assert f"`{kind.opens}`" in refused
 
 
 @pytest.mark.parametrize("kind", ASYNC_KINDS, ids=str)

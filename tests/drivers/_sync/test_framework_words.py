@@ -16,23 +16,7 @@ import pgsolo
 from _drivers import SYNC_KINDS, Kind
 from pgsolo import Key
 
-# How each kind opens a transaction, as pgsolo must advise it (the sync twin's kinds have
-# the sync words: the generated twin drops "sync").
-TRANSACTION_HINTS = {
-    "psycopg": "with conn.transaction():",
-    "psycopg-sync": "with conn.transaction():",
-    "psycopg2-autocommit": "conn.autocommit = False",
-    "asyncpg": "with conn.transaction():",
-    "asyncpg-pool": "with conn.transaction():",
-    "sqlalchemy-psycopg": "with conn.begin():",
-    "sqlalchemy-psycopg2": "with conn.begin():",
-    "sqlalchemy-sync-psycopg": "with conn.begin():",
-    "sqlalchemy-sync-asyncpg": "with conn.begin():",
-    "sqlalchemy-session": "with session.begin():",
-    "sqlalchemy-asyncsession": "with session.begin():",
-    "django": "with transaction.atomic():",
-}
-
+# The kinds whose user opens transactions (``Kind.opens`` says how, as pgsolo must advise).
 OWNING_KINDS = [kind for kind in SYNC_KINDS if not kind.implicit]
 
 
@@ -55,7 +39,7 @@ def test_a_refused_transaction_lock_advises_the_kinds_own_transaction(
     with kind.open(db) as conn:
         refused = refusal(pgsolo.xact_lock(conn.conn, key), pgsolo.ConnectionStateError)
     # Matched whole, between its backquotes: never the tail of another flavour's hint.
-    assert f"`{TRANSACTION_HINTS[kind.name]}`" in refused
+    assert f"`{kind.opens}`" in refused
 
 
 @pytest.mark.parametrize("kind", SYNC_KINDS, ids=str)

@@ -9,7 +9,7 @@ from typing import Any
 import psycopg
 
 from ...dsn import DsnChoice, resolved_dsn
-from .. import bound_answers
+from .._psycopg import bound_answers
 from ..conninfo import DEFAULT_ANSWER_TIMEOUT, connect_error, connect_error_cause, conninfo_for
 
 __all__ = ["aopen_connection"]

@@ -9,7 +9,7 @@ import psycopg
 from psycopg.rows import tuple_row
 
 from ..._acompat import AIS_ASYNC, AEvent, arun_blocking, atry_lock
-from .. import Edge, News, edged
+from .. import AsyncHeartbeat, Edge, Lacking, News, edged
 from .._psycopg import (
     PsycopgBase,
     bound_answers,
@@ -63,6 +63,9 @@ class AsyncPsycopgDriver(PsycopgBase):
         ) as other:
             bound_answers(other, self._answer_within())
             return await AsyncPsycopgDriver(other).fetch_value(statements)
+
+    def heartbeat(self) -> AsyncHeartbeat | Lacking:
+        return self
 
     async def beat(self, statement: str, answer_within: float) -> Sequence[str | None] | None:
         # psycopg's own lock: while the keeper holds it, no statement of the caller's can

@@ -10,7 +10,7 @@ from typing import Any, ClassVar, cast
 from ..._acompat import AIS_ASYNC, AEvent
 from ..._logging import drivers_logger as logger
 from ...errors import ConnectionStateError
-from .. import AsyncDriver, Edge, News
+from .. import AsyncDriver, AsyncHeartbeat, Edge, Lacking, News, heartbeat_of
 from .._sqlalchemy import (
     SESSION_LOCK_REFUSAL,
     AsyncConnection,
@@ -180,11 +180,17 @@ class AsyncSqlAlchemyDriver(SqlAlchemyBase):
     async def fetch_value_elsewhere(self, statements: Sequence[str]) -> object:
         return await as_async(self._bound_inner()).fetch_value_elsewhere(statements)
 
+    def heartbeat(self) -> AsyncHeartbeat | Lacking:
+        # The driver connection under SQLAlchemy's decides (none yet: a Session's).
+        inner = self._current()
+        found = None if inner is None else as_async(inner).heartbeat()
+        return found if isinstance(found, Lacking) else self
+
     async def beat(self, statement: str, answer_within: float) -> Sequence[str | None] | None:
         inner = self._current()
         if inner is None or self._core.in_transaction():
             return None
-        return await as_async(inner).beat(statement, answer_within)
+        return await heartbeat_of(as_async(inner).heartbeat()).beat(statement, answer_within)
 
     async def wait_for_news(self, seconds: float, stopping: AEvent) -> News:
         # No check of SQLAlchemy's transaction, unlike a beat (which would run in it): reading
@@ -193,4 +199,4 @@ class AsyncSqlAlchemyDriver(SqlAlchemyBase):
         if inner is None:
             await stopping.wait(seconds)  # no driver connection to watch until the beat
             return "quiet"
-        return await as_async(inner).wait_for_news(seconds, stopping)
+        return await heartbeat_of(as_async(inner).heartbeat()).wait_for_news(seconds, stopping)

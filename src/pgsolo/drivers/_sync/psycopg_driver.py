@@ -10,7 +10,7 @@ import psycopg
 from psycopg.rows import tuple_row
 
 from ..._acompat import IS_ASYNC, Event, run_blocking, try_lock
-from .. import Edge, News, edged
+from .. import Edge, Lacking, News, SyncHeartbeat, edged
 from .._psycopg import (
     PsycopgBase,
     bound_answers,
@@ -62,6 +62,9 @@ class PsycopgDriver(PsycopgBase):
         with psycopg.Connection.connect(self._elsewhere_conninfo(), autocommit=True) as other:
             bound_answers(other, self._answer_within())
             return PsycopgDriver(other).fetch_value(statements)
+
+    def heartbeat(self) -> SyncHeartbeat | Lacking:
+        return self
 
     def beat(self, statement: str, answer_within: float) -> Sequence[str | None] | None:
         # psycopg's own lock: while the keeper holds it, no statement of the caller's can

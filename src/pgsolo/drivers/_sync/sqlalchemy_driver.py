@@ -11,7 +11,7 @@ from typing import Any, ClassVar, cast
 from ..._acompat import IS_ASYNC, Event
 from ..._logging import drivers_logger as logger
 from ...errors import ConnectionStateError
-from .. import Edge, News, SyncDriver
+from .. import Edge, Lacking, News, SyncDriver, SyncHeartbeat, heartbeat_of
 from .._sqlalchemy import (
     SESSION_LOCK_REFUSAL,
     Connection,
@@ -180,11 +180,17 @@ class SqlAlchemyDriver(SqlAlchemyBase):
     def fetch_value_elsewhere(self, statements: Sequence[str]) -> object:
         return as_sync(self._bound_inner()).fetch_value_elsewhere(statements)
 
+    def heartbeat(self) -> SyncHeartbeat | Lacking:
+        # The driver connection under SQLAlchemy's decides (none yet: a Session's).
+        inner = self._current()
+        found = None if inner is None else as_sync(inner).heartbeat()
+        return found if isinstance(found, Lacking) else self
+
     def beat(self, statement: str, answer_within: float) -> Sequence[str | None] | None:
         inner = self._current()
         if inner is None or self._core.in_transaction():
             return None
-        return as_sync(inner).beat(statement, answer_within)
+        return heartbeat_of(as_sync(inner).heartbeat()).beat(statement, answer_within)
 
     def wait_for_news(self, seconds: float, stopping: Event) -> News:
         # No check of SQLAlchemy's transaction, unlike a beat (which would run in it): reading
@@ -193,4 +199,4 @@ class SqlAlchemyDriver(SqlAlchemyBase):
         if inner is None:
             stopping.wait(seconds)  # no driver connection to watch until the beat
             return "quiet"
-        return as_sync(inner).wait_for_news(seconds, stopping)
+        return heartbeat_of(as_sync(inner).heartbeat()).wait_for_news(seconds, stopping)

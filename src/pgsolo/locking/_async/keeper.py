@@ -17,7 +17,7 @@ from ..._acompat import (
     astop_worker,
     auncancel_current,
 )
-from ...drivers import AsyncDriver
+from ...drivers import AsyncDriver, heartbeat_of
 from ...errors import LockLostError
 from ..watch import Keep, Watch
 
@@ -39,6 +39,7 @@ class AsyncKeeper:
     def __init__(self, core: LockCore, driver: AsyncDriver, keep: Keep) -> None:
         self._watch = Watch(core, keep)
         self._driver = driver
+        self._heartbeat = heartbeat_of(driver.heartbeat())  # refused before any SQL
         self._stopping = AEvent()
         self._worker: AWorker | None = None
         self._holder: AWorker | None = None
@@ -75,7 +76,7 @@ class AsyncKeeper:
         while not await self._watch_until(time.monotonic() + watch.keep.interval):
             row, failure = None, None
             try:
-                row = await self._driver.beat(watch.statement, watch.keep.timeout)
+                row = await self._heartbeat.beat(watch.statement, watch.keep.timeout)
             except Exception as exc:
                 failure = exc
             if await self._judged(watch.verdict(row, failure, self._driver)):
@@ -90,7 +91,7 @@ class AsyncKeeper:
         while (left := beat_at - time.monotonic()) > 0:
             news, failure = None, None
             try:
-                news = await self._driver.wait_for_news(left, self._stopping)
+                news = await self._heartbeat.wait_for_news(left, self._stopping)
             except Exception as exc:
                 failure = exc
             if failure is not None:

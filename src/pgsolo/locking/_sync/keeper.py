@@ -18,7 +18,7 @@ from ..._acompat import (
     stop_worker,
     uncancel_current,
 )
-from ...drivers import SyncDriver
+from ...drivers import SyncDriver, heartbeat_of
 from ...errors import LockLostError
 from ..watch import Keep, Watch
 
@@ -40,6 +40,7 @@ class Keeper:
     def __init__(self, core: LockCore, driver: SyncDriver, keep: Keep) -> None:
         self._watch = Watch(core, keep)
         self._driver = driver
+        self._heartbeat = heartbeat_of(driver.heartbeat())  # refused before any SQL
         self._stopping = Event()
         self._worker: Worker | None = None
         self._holder: Worker | None = None
@@ -76,7 +77,7 @@ class Keeper:
         while not self._watch_until(time.monotonic() + watch.keep.interval):
             row, failure = None, None
             try:
-                row = self._driver.beat(watch.statement, watch.keep.timeout)
+                row = self._heartbeat.beat(watch.statement, watch.keep.timeout)
             except Exception as exc:
                 failure = exc
             if self._judged(watch.verdict(row, failure, self._driver)):
@@ -91,7 +92,7 @@ class Keeper:
         while (left := beat_at - time.monotonic()) > 0:
             news, failure = None, None
             try:
-                news = self._driver.wait_for_news(left, self._stopping)
+                news = self._heartbeat.wait_for_news(left, self._stopping)
             except Exception as exc:
                 failure = exc
             if failure is not None:
