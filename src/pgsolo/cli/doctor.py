@@ -30,7 +30,6 @@ def add_doctor_command(subparsers: Subparsers) -> None:
     parser = add_command(
         subparsers,
         "doctor",
-        help="check the production checklist against a live database",
         description="Check the database against the advisory-lock production checklist and"
         " print each check as ok, warn or fail with one line of advice: idle sessions"
         " holding session locks, idle or long transactions holding locks, any session whose"

@@ -34,7 +34,6 @@ def add_history_command(subparsers: Subparsers) -> None:
     parser = add_command(
         subparsers,
         "history",
-        help="show the latest recorded attempts (pgsolo run --record), newest first",
         description="Show the ledger: the latest attempts recorded by `pgsolo run --record`"
         " (or record=True), newest first, and warn about jobs whose recent attempts were"
         " mostly skipped because the previous run was still going.",

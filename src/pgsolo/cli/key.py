@@ -26,7 +26,6 @@ def add_key_command(subparsers: Subparsers) -> None:
     parser = add_command(
         subparsers,
         "key",
-        help="show the lock key of a name and the SQL to take it from psql",
         description="Show the advisory-lock key of KEY (key spec v1) and the SQL that takes"
         " the same lock from psql. KEY is a name (daily-settlement), an int64 (123) or a"
         " pair (42:1001).",

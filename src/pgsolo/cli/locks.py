@@ -35,7 +35,6 @@ def add_locks_command(subparsers: Subparsers) -> None:
     parser = add_command(
         subparsers,
         "locks",
-        help="who holds which advisory lock, since when, and who waits behind whom",
         description="List every advisory lock of the database, held and waiting: the key"
         " (int64 or N:R), its name (from --registry, a --name whose key spec v1 key"
         " matches, a pgsolo holder's application_name, or the ledger's job that last ran"

@@ -32,7 +32,6 @@ def add_migrate_command(subparsers: Subparsers) -> None:
     parser = add_command(
         subparsers,
         "migrate",
-        help="create or upgrade pgsolo's tables (the ledger, once-per-period records)",
         description="Create or upgrade the tables in the pgsolo schema that --record,"
         " --once-per and `pgsolo history` use. Idempotent, and safe to run from many hosts"
         " at once: versions are applied in order under an advisory lock of their own.",

@@ -34,7 +34,6 @@ def add_terminate_command(subparsers: Subparsers) -> None:
     parser = add_command(
         subparsers,
         "terminate",
-        help="end the backend that holds advisory locks (after showing what it holds)",
         description="Show what backend PID holds and waits for, ask for confirmation on the"
         " terminal, then end it with pg_terminate_backend: its session ends, its"
         " transaction rolls back and every lock it holds is released. Refuses a PID that"

@@ -43,7 +43,6 @@ def add_run_command(subparsers: Subparsers) -> None:
     parser = add_command(
         subparsers,
         "run",
-        help="run a command while holding a lock: at most one at a time, anywhere",
         description="Run COMMAND while this process holds a session-level advisory lock on"
         " KEY, on one pinned connection watched for the whole run. COMMAND comes after --"
         " (everything after it is COMMAND's, options included). KEY is a name"
