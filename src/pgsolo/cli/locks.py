@@ -96,7 +96,7 @@ KEEPER_QUERY = "(pgsolo keeper)"  # the holder's last statement is the keeper's 
 
 
 def cmd_locks(args: argparse.Namespace) -> int:
-    from ..monitor.locks import advisory_locks, wait_chains  # noqa: PLC0415
+    from ..monitor import advisory_locks, wait_chains  # noqa: PLC0415
 
     registry = load_registry(args.registry) if args.registry else None
     key = Key.parse(args.key, name=args.key_is_name) if args.key is not None else None

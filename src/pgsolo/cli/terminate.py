@@ -56,7 +56,7 @@ TERMINATE_WAIT_MS = 5000  # how long pg_terminate_backend waits for the backend 
 
 
 def cmd_terminate(args: argparse.Namespace) -> int:
-    from ..monitor.locks import advisory_locks  # noqa: PLC0415
+    from ..monitor import advisory_locks  # noqa: PLC0415
     from ..monitor.terminate import terminate_backend  # noqa: PLC0415
 
     with (
