@@ -3,17 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
 
 from ..monitor.checks import DEFAULT_SNAPSHOT_OLDER_THAN, MAX_OLDER_THAN
-from .exit_codes import (
-    EXIT_FAILED,
-    EXIT_OK,
-)
-from .output import emit_json
-
-if TYPE_CHECKING:
-    pass
 from .common import (
     Subparsers,
     add_command,
@@ -24,6 +15,11 @@ from .common import (
     seconds_between,
     where,
 )
+from .exit_codes import (
+    EXIT_FAILED,
+    EXIT_OK,
+)
+from .output import emit_json
 
 
 def add_doctor_command(subparsers: Subparsers) -> None:

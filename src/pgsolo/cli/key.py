@@ -3,21 +3,18 @@
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..keys import Key
 from ..sql import name_to_sql
-from .exit_codes import (
-    EXIT_OK,
-)
-
-if TYPE_CHECKING:
-    pass
 from .common import (
     Subparsers,
     add_command,
     add_json_argument,
     add_key_is_name_argument,
+)
+from .exit_codes import (
+    EXIT_OK,
 )
 from .output import emit_json
 

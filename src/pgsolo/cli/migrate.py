@@ -3,18 +3,10 @@
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
 
 from ..errors import (
     LockTimeoutError,
 )
-from .exit_codes import (
-    EXIT_OK,
-    EXIT_SKIPPED,
-)
-
-if TYPE_CHECKING:
-    pass
 from .common import (
     CliError,
     Subparsers,
@@ -24,6 +16,10 @@ from .common import (
     connection,
     database,
     where,
+)
+from .exit_codes import (
+    EXIT_OK,
+    EXIT_SKIPPED,
 )
 from .output import emit_json
 

@@ -4,16 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING
 
-from .exit_codes import (
-    EXIT_FAILED,
-    EXIT_OK,
-    EXIT_USAGE,
-)
-
-if TYPE_CHECKING:
-    pass
 from .common import (
     CliError,
     Subparsers,
@@ -25,6 +16,11 @@ from .common import (
     int_between,
     print_table,
     where,
+)
+from .exit_codes import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
 )
 from .locks import lock_table
 from .output import emit_json
