@@ -266,3 +266,17 @@ def test_the_tests_readme_names_every_folder_and_root_file() -> None:
     assert rows == folders
     unnamed = [p.name for p in sorted(tests.glob("*.py")) if f"`{p.name}`" not in readme]
     assert unnamed == []
+
+
+def test_every_sql_name_is_listed_once_where_it_is_written() -> None:
+    """Guards the one place of each statement (DESIGN §3): ``pgsolo.sql`` re-exports its
+    subject modules' ``__all__`` (a statement was written four times, in its module and in
+    the package's 71 re-exports), and no two modules name the same thing, which a star
+    import would let one shadow silently. (A name missing from its module's ``__all__`` is
+    mypy's error where it is used.)"""
+    import pgsolo.sql  # noqa: PLC0415 - only its names are read
+
+    names = pgsolo.sql.__all__
+    assert sorted(names) == sorted(set(names))
+    modules = [p.stem for p in (ROOT / "src" / "pgsolo" / "sql").glob("[!_]*.py")]
+    assert sorted(names) == sorted(n for m in modules for n in getattr(pgsolo.sql, m).__all__)
