@@ -38,7 +38,9 @@ Usage (from anywhere; paths are relative to the repository)::
 
     python scripts/unasync.py          # (re)write every twin; delete orphaned ones
     python scripts/unasync.py --check  # write nothing; exit 1 naming every twin that is
-                                       # missing, out of date, or has no source any more
+                                       # missing, out of date, or has no source any more,
+                                       # and every rule that matches no source (as
+                                       # httpcore's does: a dead rule misleads a reader)
 
 It needs ruff (the ``dev`` extra). Which trees are searched for ``_async/`` directories is
 :data:`ROOTS`.
@@ -53,6 +55,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -86,18 +89,12 @@ _RENAMES = {
     # Python and its standard library
     "__aenter__": "__enter__",
     "__aexit__": "__exit__",
-    "__aiter__": "__iter__",
-    "__anext__": "__next__",
     "asynccontextmanager": "contextmanager",
-    "AsyncExitStack": "ExitStack",
-    "AsyncGenerator": "Generator",
     "AsyncIterator": "Iterator",
-    "AsyncIterable": "Iterable",
     # psycopg and psycopg_pool
     "AsyncConnectionPool": "ConnectionPool",
     "AsyncConnectionLike": "SyncConnectionLike",
     "AsyncConnection": "Connection",
-    "AsyncCursor": "Cursor",
     # SQLAlchemy (its asyncio extension)
     "AsyncSession": "Session",
     # pgsolo's public pairs
@@ -152,7 +149,6 @@ _PROSE = [
     (r"\ban async\b", "a sync"),
     (r"\bAn async\b", "A sync"),
     (r"\basync\b", "sync"),
-    (r"\bAsync\b", "Sync"),
 ]
 SUBSTITUTIONS: list[tuple[str, str]] = [
     *_SYNTAX,
@@ -162,10 +158,22 @@ SUBSTITUTIONS: list[tuple[str, str]] = [
 _COMPILED = [(re.compile(pattern), replacement) for pattern, replacement in SUBSTITUTIONS]
 
 
-def unasync_text(text: str) -> str:
-    for pattern, replacement in _COMPILED:
-        text = pattern.sub(replacement, text)
+def unasync_text(text: str, used: set[str] | None = None) -> str:
+    """The sync twin of ``text``; each rule that changed it is added to ``used``."""
+    for (rule, _), (pattern, replacement) in zip(SUBSTITUTIONS, _COMPILED, strict=True):
+        text, count = pattern.subn(replacement, text)
+        if count and used is not None:
+            used.add(rule)
     return text
+
+
+def unused_rules(texts: Iterable[str]) -> list[str]:
+    """The rules of :data:`SUBSTITUTIONS` that change none of ``texts``: a rename whose
+    name no source uses any more is dead, and says nothing true of the code."""
+    used: set[str] = set()
+    for text in texts:
+        unasync_text(text, used)
+    return [rule for rule, _ in SUBSTITUTIONS if rule not in used]
 
 
 def _ruff() -> list[str]:
@@ -258,6 +266,13 @@ def main(argv: list[str] | None = None) -> int:
         else:
             orphan.unlink()
             print(f"deleted {shown} (its source is gone)")
+    dead = unused_rules(source.read_text() for source, _ in found)
+    if dead:
+        print("unasync: these rules match no async source; remove them:", file=sys.stderr)
+        for rule in dead:
+            print(f"  {rule}", file=sys.stderr)
+        if options.check:
+            return 1
     if drift:
         print("unasync: these sync twins differ from their async sources; run", file=sys.stderr)
         print("python scripts/unasync.py and commit the result:", file=sys.stderr)

@@ -183,3 +183,105 @@ def test_a_tag_releases_by_trusted_publishing() -> None:
     uses = [step.get("uses", "") for step in publish["steps"]]
     assert any(use.startswith("pypa/gh-action-pypi-publish@") for use in uses)
     assert "password" not in str(publish)  # no stored token
+
+
+def _design_map() -> list[str]:
+    """The lines of DESIGN.md §3's map of ``src/pgsolo/``."""
+    design = (ROOT / "DESIGN.md").read_text(encoding="utf-8")
+    section = design.split("\n## 3. Layers\n", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```\nsrc/pgsolo/\n", 1)[1].split("```", 1)[0]
+    return block.splitlines()
+
+
+def _entry(lines: list[str], package: str) -> str:
+    """The text of ``package``'s entry in the map: the (last, deepest) line that starts
+    with ``package/`` and the lines indented under it."""
+    starts = [i for i, line in enumerate(lines) if line.split()[:1] == [f"{package}/"]]
+    assert starts, f"DESIGN.md §3's map has no entry for {package}/"
+    start = starts[-1]
+    indent = len(lines[start]) - len(lines[start].lstrip())
+    end = start + 1
+    while end < len(lines) and len(lines[end]) - len(lines[end].lstrip()) > indent:
+        end += 1
+    return "\n".join(lines[start:end])
+
+
+def test_the_design_map_names_every_module() -> None:
+    """Guards DESIGN.md §3's map against the tree: it missed ``cli/run/publish.py`` and
+    ``pgsolo.sqlalchemy``. Every module is named in the entry of its package (a top-level
+    one on a top-level line); an ``_async/`` package is named as a directory (its modules
+    are the twins' sources, and ``_sync/`` is generated)."""
+    lines = _design_map()
+    top = "\n".join(line for line in lines if len(line) - len(line.lstrip()) == 2)
+    missing = []
+    src = ROOT / "src" / "pgsolo"
+    for path in sorted(src.rglob("*.py")):
+        parts = path.relative_to(src).parts
+        if path.name == "__init__.py" or "_sync" in parts:
+            continue
+        if len(parts) == 1:
+            entry, name = top, path.name
+        elif "_async" in parts:
+            entry, name = _entry(lines, parts[parts.index("_async") - 1]), "_async/"
+        else:
+            entry, name = _entry(lines, parts[-2]), path.name
+        if not re.search(rf"(?<![\w/]){re.escape(name)}", entry):
+            missing.append("/".join(parts))
+    assert missing == []
+
+
+def test_only_metrics_imports_prometheus_client() -> None:
+    """Guards DESIGN.md §3's "metrics.py is the only prometheus_client import" (``pgsolo
+    run``'s publishing imported it too): everything else counts through pgsolo.metrics."""
+    importers = []
+    for path in sorted((ROOT / "src" / "pgsolo").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names += [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+            if any(name.partition(".")[0] == "prometheus_client" for name in names):
+                importers.append(path.relative_to(ROOT / "src").as_posix())
+                break
+    assert importers == ["pgsolo/metrics.py"]
+
+
+def test_no_module_keeps_an_empty_type_checking_block() -> None:
+    """Guards against ``if TYPE_CHECKING: pass``, the shell an edit leaves when it moves
+    the last type-only import out (seven modules held one)."""
+    empty = []
+    for path in sorted((ROOT / "src" / "pgsolo").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (
+                isinstance(node, ast.If)
+                and ast.unparse(node.test) == "TYPE_CHECKING"
+                and all(isinstance(statement, ast.Pass) for statement in node.body)
+            ):
+                empty.append(path.relative_to(ROOT / "src").as_posix())
+    assert empty == []
+
+
+def test_the_tests_readme_names_every_folder_and_root_file() -> None:
+    """Guards tests/README.md against the tree: it promised a ``tests/sql/`` and named
+    neither ``test_api.py``, ``test_logging.py`` nor ``test_embedded.py``. Each folder
+    has its row, no row names a folder that does not exist, and every test file and
+    helper at the root is named."""
+    tests = ROOT / "tests"
+    readme = (tests / "README.md").read_text(encoding="utf-8")
+    rows = set(re.findall(r"^\| `(\w+)/` \|", readme, re.MULTILINE))
+    folders = {p.name for p in tests.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))}
+    assert rows == folders
+    unnamed = [p.name for p in sorted(tests.glob("*.py")) if f"`{p.name}`" not in readme]
+    assert unnamed == []
+
+
+def test_every_sql_name_is_listed_once_where_it_is_written() -> None:
+    """Guards the one place of each statement (DESIGN §3): ``pgsolo.sql`` re-exports its
+    subject modules' ``__all__`` (a statement was written four times, in its module and in
+    the package's 71 re-exports), and no two modules name the same thing, which a star
+    import would let one shadow silently. (A name missing from its module's ``__all__`` is
+    mypy's error where it is used.)"""
+    import pgsolo.sql  # noqa: PLC0415 - only its names are read
+
+    names = pgsolo.sql.__all__
+    assert sorted(names) == sorted(set(names))
+    modules = [p.stem for p in (ROOT / "src" / "pgsolo" / "sql").glob("[!_]*.py")]
+    assert sorted(names) == sorted(n for m in modules for n in getattr(pgsolo.sql, m).__all__)

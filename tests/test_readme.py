@@ -50,6 +50,16 @@ def test_the_api_reference_covers_the_public_api() -> None:
     assert documented == set(pgsolo.__all__) - {"__version__"} | modules
 
 
+def test_the_api_reference_shows_no_private_name() -> None:
+    """Guards: the reference rendered ``pgsolo.metrics``' internals (``_BUCKETS``,
+    ``_state``...), since ``members: true`` overrode the filter. A module's members are
+    what its ``__all__`` says (mkdocstrings' ``public`` filter), and no entry overrides it."""
+    config = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    assert re.search(r"^ +filters: public$", config, re.MULTILINE)
+    reference = (ROOT / "docs" / "reference.md").read_text(encoding="utf-8")
+    assert not re.search(r"^ +(members|filters):", reference, re.MULTILINE)
+
+
 @pytest.mark.parametrize("source", EXAMPLES)
 def test_example_runs_and_runs_again(source: str, dsn: str, tmp_path: Path) -> None:
     # Each example runs in a database of its own, as a reader's would on a fresh setup.

@@ -4,6 +4,8 @@ every :class:`LockLostError` pgsolo raises carries one, and so does every lost o
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any, get_args
 
 import psycopg
@@ -12,7 +14,15 @@ import pytest
 import pgsolo
 from _support import Connect, new_job, terminate
 from pgsolo import JobResult, Key, LockLostError, LockNotHeldError
-from pgsolo.reasons import LOST_REASONS, REASONS, LostReason
+from pgsolo.reasons import (
+    FAIL_REASONS,
+    LOST_REASONS,
+    REASONS,
+    RUN_REASONS,
+    SKIP_REASONS,
+    LostReason,
+    UnsafeReason,
+)
 
 
 def test_the_vocabulary_is_one_set_of_short_codes() -> None:
@@ -21,6 +31,29 @@ def test_the_vocabulary_is_one_set_of_short_codes() -> None:
     for code in REASONS:
         assert code == code.lower()
         assert " " not in code
+
+
+def test_the_reasons_table_of_the_docs_is_the_vocabulary() -> None:
+    """Guards docs/jobs.md's table of reasons against the vocabulary it describes: it
+    lacked ``server-in-recovery`` and ``proxy-unchecked``. Every code of
+    :mod:`pgsolo.reasons` has one row, whose outcomes are the families it belongs to."""
+    text = (Path(__file__).parent.parent / "docs" / "jobs.md").read_text(encoding="utf-8")
+    section = text.split("\n## Reasons\n", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `([a-z-]+)` \| ([a-z ,]+) \|", section, flags=re.MULTILINE)
+    documented = {code: set(outcomes.split(", ")) for code, outcomes in rows}
+    assert len(rows) == len(documented), "a code has two rows"
+    families = {
+        "skipped": SKIP_REASONS,
+        "lost": LOST_REASONS,
+        "refused": frozenset(get_args(UnsafeReason)),
+        "failed": FAIL_REASONS,
+        "no attempt": RUN_REASONS,
+    }
+    expected = {
+        code: {outcome for outcome, codes in families.items() if code in codes}
+        for code in REASONS | RUN_REASONS
+    }
+    assert documented == expected
 
 
 # -- LockLostError at the exit of a session_lock block -------------------------------------

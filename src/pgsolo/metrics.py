@@ -26,13 +26,14 @@ from typing import TYPE_CHECKING, Any
 from .errors import UsageError
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
 
     from prometheus_client import CollectorRegistry
 
 __all__ = [
     "LOCK_OUTCOMES",
     "check_textfile",
+    "count_apart",
     "lock_label",
     "observe_job",
     "observe_lock",
@@ -184,6 +185,20 @@ def use_registry(registry: CollectorRegistry | None, *, lock_names: bool = True)
         _state.registry = registry
         _state.lock_names = lock_names
         _state.cached = None
+
+
+def count_apart() -> Callable[[], None]:
+    """Count in a new registry of pgsolo's own from now on (what one run publishes: the
+    process's own metrics in a textfile would clash with node_exporter's); returns what
+    puts back the registry counted in before. UsageError without prometheus_client."""
+    try:
+        from prometheus_client import CollectorRegistry  # noqa: PLC0415
+    except ImportError:
+        raise UsageError(f"metrics need prometheus_client: {_INSTALL}") from None
+    with _state.mutex:
+        previous, lock_names = _state.registry, _state.lock_names
+    use_registry(CollectorRegistry(auto_describe=True), lock_names=lock_names)
+    return lambda: use_registry(previous, lock_names=lock_names)
 
 
 def registry() -> CollectorRegistry:

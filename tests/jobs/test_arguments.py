@@ -37,8 +37,10 @@ def test_run_job_positional_arguments_and_bound_keywords_reach_the_function(db: 
 
 
 def test_singleton_refuses_a_keyword_that_is_no_option_when_it_decorates() -> None:
-    with pytest.raises(UsageError, match="lifetim"):
-        pgsolo.singleton(new_job("job-arguments"), dsn=CLOSED_PORT_DSN, lifetim="session")  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="did you mean lifetime= for lifetim="):
+        pgsolo.singleton(new_job("job-arguments"), dsn=CLOSED_PORT_DSN, lifetim="session")  # type: ignore[call-arg]
+    with pytest.raises(UsageError, match=r"given when it is called \(greeting=\.\.\. there\)"):
+        pgsolo.singleton(new_job("job-arguments"), dsn=CLOSED_PORT_DSN, greeting="hi")  # type: ignore[call-arg]
 
 
 @pytest.mark.parametrize("name", ["", "a\0b", "\ud800"])

@@ -112,6 +112,27 @@ def test_a_number_has_no_name_and_pgsolo_names_count_by_prefix(
     assert pgsolo.metrics.lock_label("tenant-8812") == ""
 
 
+def test_counting_apart_and_back_keeps_the_registry_and_lock_names(
+    registry: CollectorRegistry, connect: Connect, key: Key
+) -> None:
+    """Guards ``pgsolo run``'s publishing, which counted apart and then put the registry
+    back with ``lock_names`` reset to True: a process that counted bare locks under
+    ``lock=""`` (names built from data) would have started a series per name."""
+    pgsolo.metrics.use_registry(registry, lock_names=False)
+    restore = pgsolo.metrics.count_apart()
+    apart = pgsolo.metrics.registry()
+    assert apart is not registry
+    assert pgsolo.metrics.lock_label("tenant-8812") == ""
+    with pgsolo.session_lock(connect(), key):
+        pass
+    restore()
+    assert pgsolo.metrics.registry() is registry
+    assert pgsolo.metrics.lock_label("tenant-8812") == ""
+    counted = {"lock": "", "lifetime": "session", "outcome": "acquired"}
+    assert value(apart, "pgsolo_lock_acquisitions_total", **counted) == 1
+    assert value(registry, "pgsolo_lock_acquisitions_total", **counted) == 0
+
+
 def test_a_job_completed_sets_its_last_success_and_a_skip_leaves_it(
     registry: CollectorRegistry, db: str, connect: Connect
 ) -> None:

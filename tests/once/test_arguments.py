@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 import pgsolo
-from _support import IDLE, Connect, locks_of, new_op, recorder, row_of
+from _support import CLOSED_PORT_DSN, IDLE, Connect, locks_of, new_op, recorder, row_of
 from pgsolo import (
     ConnectionStateError,
     InvalidOperationError,
@@ -153,3 +153,15 @@ def test_op_keys_at_exactly_the_byte_limit_run(
     )
     again = run_once(conn, op_key, lambda ctx: None)
     assert again.result == [2**70, "ü", {"k": None}]
+
+
+def test_bad_arguments_with_a_connection_string_fail_before_connecting() -> None:
+    """With a connection string, a bad operation key or wait is refused before pgsolo
+    opens anything (nothing listens on the string's port: a connection error would say
+    so), and a string that is no connection string is an ``InvalidDsnError``."""
+    with pytest.raises(InvalidOperationKeyError):
+        run_once(CLOSED_PORT_DSN, "", lambda ctx: None)
+    with pytest.raises(UsageError, match="wait"):
+        run_once(CLOSED_PORT_DSN, new_op(), lambda ctx: None, wait=-1)
+    with pytest.raises(pgsolo.InvalidDsnError):
+        run_once("host=a port=notaport", new_op(), lambda ctx: None)

@@ -323,3 +323,57 @@ def test_the_connections_password_is_not_stored_in_the_error(
     assert "login failed" in error
     assert secret not in error, error
     assert secret not in caplog.text
+
+
+def _own_backends(observer: Any, op: str) -> int:
+    row = observer.conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+        (f"pgsolo:once:{op}"[:63],),
+    ).fetchone()
+    return int(row[0])
+
+
+def test_a_connection_string_runs_the_operation_on_a_connection_of_pgsolos_own(
+    db: str, observer: Any
+) -> None:
+    """Guards: ``run_once`` took only a connection while ``run_job`` takes a connection
+    string too. Given one, it opens a connection named ``pgsolo:once:<op_key>``, runs and
+    stores the operation's work in one transaction there, and closes it."""
+    op = new_op()
+    seen: list[tuple[str, int]] = []
+
+    def operation(ctx: Ctx) -> str:
+        name = ctx.conn.execute("SELECT current_setting('application_name')").fetchone()
+        ctx.conn.execute(f"INSERT INTO {WORK} (job, note) VALUES (%s, 'charged')", (op,))
+        seen.append((name[0], _own_backends(observer, op)))
+        return "ch_1"
+
+    first = run_once(db, op, operation)
+    again = run_once(db, op, operation)
+
+    assert (first.outcome, first.result) == ("ran", "ch_1")
+    assert (again.outcome, again.result) == ("already-succeeded", "ch_1")
+    assert seen == [(f"pgsolo:once:{op}", 1)]
+    assert work_rows(observer, op) == ["charged"]
+    row = row_of(observer, op)
+    assert row is not None
+    assert (row["state"], row["attempts"]) == ("succeeded", 1)
+    assert _own_backends(observer, op) == 0
+
+
+async def test_an_async_connection_string_runs_the_operation_and_closes(
+    db: str, observer: Any
+) -> None:
+    """The same for ``run_once_async``, on an async connection of pgsolo's own."""
+    op = new_op()
+
+    async def operation(ctx: Any) -> int:
+        assert isinstance(ctx.conn, psycopg.AsyncConnection)
+        await ctx.conn.execute(f"INSERT INTO {WORK} (job, note) VALUES (%s, 'async')", (op,))
+        return 7
+
+    result = await pgsolo.run_once_async(db, op, operation)
+
+    assert (result.outcome, result.result) == ("ran", 7)
+    assert work_rows(observer, op) == ["async"]
+    assert _own_backends(observer, op) == 0

@@ -22,6 +22,7 @@ from pgsolo import (
     OperationContext,
     Reason,
 )
+from pgsolo.reasons import FailReason, LostReason, SkipReason
 
 DSN = "postgresql://localhost/app"
 
@@ -80,3 +81,16 @@ def bare_context(ctx: OperationContext) -> str:
 
 def typed_context(ctx: OperationContext[psycopg.Connection[Any]]) -> None:
     assert_type(ctx.conn, psycopg.Connection[Any])
+
+
+def reasons_by_outcome(result: JobResult[int]) -> None:
+    # Each outcome's reason is of its own family: a skip's is never a loss's.
+    match result:
+        case JobSkipped():
+            assert_type(result.reason, SkipReason)
+        case JobLost():
+            assert_type(result.reason, LostReason)
+        case JobFailed():
+            assert_type(result.reason, FailReason | None)
+        case _:
+            pass

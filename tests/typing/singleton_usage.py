@@ -54,3 +54,12 @@ async def async_calls() -> None:
         DSN, "greet", functools.partial(greet_plain_async, name="bob"), lifetime="session"
     )
     assert_type(result, JobResult[bytes])
+
+
+def misspelt_options() -> None:
+    # An option that is not one is mypy's "unexpected keyword argument" (call-arg),
+    # naming it, and each option keeps its type (arg-type): the ignores below are
+    # checked as used, so the error codes are held too.
+    pgsolo.run_job(DSN, "greet", greet_plain, "bob", wiat=5)  # type: ignore[call-arg]
+    pgsolo.singleton("greet", dsn=DSN, wiat=5)  # type: ignore[call-arg]
+    pgsolo.run_job(DSN, "greet", greet_plain, "bob", wait="5")  # type: ignore[arg-type]

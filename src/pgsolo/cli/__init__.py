@@ -3,7 +3,8 @@
 Every subcommand is two small functions: ``add_<name>_command(subparsers)`` declares its
 arguments and sets ``handler=``; the handler takes the parsed arguments and returns the
 exit code. To add a command, write both in a module of this package and list that module
-in :data:`COMMANDS`, which imports it only when its command runs.
+in :data:`COMMANDS` with its help line (``add_command`` reads it there), which imports it
+only when its command runs.
 
 Shared pieces for handlers: :func:`database` (connection resolution, ``embedded``, and
 "database unavailable" errors), :func:`add_dsn_argument`, :func:`add_json_argument`,

@@ -19,6 +19,7 @@ from ..errors import (
     InvalidArgumentError,
     InvalidDsnError,
 )
+from . import COMMANDS
 from .exit_codes import (
     EXIT_FAILED,
     EXIT_UNAVAILABLE,
@@ -70,11 +71,12 @@ def add_command(
     subparsers: Subparsers,
     name: str,
     *,
-    help: str,
     description: str,
 ) -> argparse.ArgumentParser:
-    """Declare subcommand ``name`` with the options every command takes."""
-    return subparsers.add_parser(name, help=help, description=description, parents=[COMMON])
+    """Declare subcommand ``name`` with the options every command takes, and its help
+    line from :data:`pgsolo.cli.COMMANDS`, where ``pgsolo --help`` reads it too."""
+    _, line = COMMANDS[name]
+    return subparsers.add_parser(name, help=line, description=description, parents=[COMMON])
 
 
 def add_dsn_argument(parser: argparse.ArgumentParser, *, help: str | None = None) -> None:

@@ -36,7 +36,6 @@ def add_demo_command(subparsers: Subparsers) -> None:
     parser = add_command(
         subparsers,
         "demo",
-        help="race worker processes for the daily settlement: exactly one runs it",
         description="The article's opening scenario: N worker processes wake up at the same"
         " instant and race for the daily settlement; pgsolo.xact_lock lets one run it and"
         " the others skip. Exits 0 when exactly one worker did the work and no row was"

@@ -3,17 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
 
 from ..monitor.checks import DEFAULT_SNAPSHOT_OLDER_THAN, MAX_OLDER_THAN
-from .exit_codes import (
-    EXIT_FAILED,
-    EXIT_OK,
-)
-from .output import emit_json
-
-if TYPE_CHECKING:
-    pass
 from .common import (
     Subparsers,
     add_command,
@@ -24,13 +15,17 @@ from .common import (
     seconds_between,
     where,
 )
+from .exit_codes import (
+    EXIT_FAILED,
+    EXIT_OK,
+)
+from .output import emit_json
 
 
 def add_doctor_command(subparsers: Subparsers) -> None:
     parser = add_command(
         subparsers,
         "doctor",
-        help="check the production checklist against a live database",
         description="Check the database against the advisory-lock production checklist and"
         " print each check as ok, warn or fail with one line of advice: idle sessions"
         " holding session locks, idle or long transactions holding locks, any session whose"

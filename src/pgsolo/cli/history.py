@@ -6,16 +6,8 @@ import argparse
 import sys
 from contextlib import suppress
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .exit_codes import (
-    EXIT_OK,
-    EXIT_USAGE,
-)
-from .output import emit_json
-
-if TYPE_CHECKING:
-    pass
 from .common import (
     CliError,
     Subparsers,
@@ -28,13 +20,17 @@ from .common import (
     print_table,
     where,
 )
+from .exit_codes import (
+    EXIT_OK,
+    EXIT_USAGE,
+)
+from .output import emit_json
 
 
 def add_history_command(subparsers: Subparsers) -> None:
     parser = add_command(
         subparsers,
         "history",
-        help="show the latest recorded attempts (pgsolo run --record), newest first",
         description="Show the ledger: the latest attempts recorded by `pgsolo run --record`"
         " (or record=True), newest first, and warn about jobs whose recent attempts were"
         " mostly skipped because the previous run was still going.",

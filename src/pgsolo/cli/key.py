@@ -3,21 +3,18 @@
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..keys import Key
 from ..sql import name_to_sql
-from .exit_codes import (
-    EXIT_OK,
-)
-
-if TYPE_CHECKING:
-    pass
 from .common import (
     Subparsers,
     add_command,
     add_json_argument,
     add_key_is_name_argument,
+)
+from .exit_codes import (
+    EXIT_OK,
 )
 from .output import emit_json
 
@@ -26,7 +23,6 @@ def add_key_command(subparsers: Subparsers) -> None:
     parser = add_command(
         subparsers,
         "key",
-        help="show the lock key of a name and the SQL to take it from psql",
         description="Show the advisory-lock key of KEY (key spec v1) and the SQL that takes"
         " the same lock from psql. KEY is a name (daily-settlement), an int64 (123) or a"
         " pair (42:1001).",

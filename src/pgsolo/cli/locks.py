@@ -35,7 +35,6 @@ def add_locks_command(subparsers: Subparsers) -> None:
     parser = add_command(
         subparsers,
         "locks",
-        help="who holds which advisory lock, since when, and who waits behind whom",
         description="List every advisory lock of the database, held and waiting: the key"
         " (int64 or N:R), its name (from --registry, a --name whose key spec v1 key"
         " matches, a pgsolo holder's application_name, or the ledger's job that last ran"
@@ -97,7 +96,7 @@ KEEPER_QUERY = "(pgsolo keeper)"  # the holder's last statement is the keeper's 
 
 
 def cmd_locks(args: argparse.Namespace) -> int:
-    from ..monitor.locks import advisory_locks, wait_chains  # noqa: PLC0415
+    from ..monitor import advisory_locks, wait_chains  # noqa: PLC0415
 
     registry = load_registry(args.registry) if args.registry else None
     key = Key.parse(args.key, name=args.key_is_name) if args.key is not None else None

@@ -3,18 +3,10 @@
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
 
 from ..errors import (
     LockTimeoutError,
 )
-from .exit_codes import (
-    EXIT_OK,
-    EXIT_SKIPPED,
-)
-
-if TYPE_CHECKING:
-    pass
 from .common import (
     CliError,
     Subparsers,
@@ -25,6 +17,10 @@ from .common import (
     database,
     where,
 )
+from .exit_codes import (
+    EXIT_OK,
+    EXIT_SKIPPED,
+)
 from .output import emit_json
 
 
@@ -32,7 +28,6 @@ def add_migrate_command(subparsers: Subparsers) -> None:
     parser = add_command(
         subparsers,
         "migrate",
-        help="create or upgrade pgsolo's tables (the ledger, once-per-period records)",
         description="Create or upgrade the tables in the pgsolo schema that --record,"
         " --once-per and `pgsolo history` use. Idempotent, and safe to run from many hosts"
         " at once: versions are applied in order under an advisory lock of their own.",

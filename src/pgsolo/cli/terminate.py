@@ -4,16 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING
 
-from .exit_codes import (
-    EXIT_FAILED,
-    EXIT_OK,
-    EXIT_USAGE,
-)
-
-if TYPE_CHECKING:
-    pass
 from .common import (
     CliError,
     Subparsers,
@@ -26,6 +17,11 @@ from .common import (
     print_table,
     where,
 )
+from .exit_codes import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+)
 from .locks import lock_table
 from .output import emit_json
 
@@ -34,7 +30,6 @@ def add_terminate_command(subparsers: Subparsers) -> None:
     parser = add_command(
         subparsers,
         "terminate",
-        help="end the backend that holds advisory locks (after showing what it holds)",
         description="Show what backend PID holds and waits for, ask for confirmation on the"
         " terminal, then end it with pg_terminate_backend: its session ends, its"
         " transaction rolls back and every lock it holds is released. Refuses a PID that"
@@ -57,7 +52,7 @@ TERMINATE_WAIT_MS = 5000  # how long pg_terminate_backend waits for the backend 
 
 
 def cmd_terminate(args: argparse.Namespace) -> int:
-    from ..monitor.locks import advisory_locks  # noqa: PLC0415
+    from ..monitor import advisory_locks  # noqa: PLC0415
     from ..monitor.terminate import terminate_backend  # noqa: PLC0415
 
     with (

@@ -14,7 +14,15 @@ from __future__ import annotations
 from ._async.run import run_job_async
 from ._sync.run import run_job
 from .decorator import singleton
-from .definition import Job, JobCompleted, JobFailed, JobLost, JobResult, JobSkipped
+from .definition import (
+    Job,
+    JobCompleted,
+    JobFailed,
+    JobLost,
+    JobOptions,
+    JobResult,
+    JobSkipped,
+)
 from .record import history
 
 __all__ = [
@@ -22,6 +30,7 @@ __all__ = [
     "JobCompleted",
     "JobFailed",
     "JobLost",
+    "JobOptions",
     "JobResult",
     "JobSkipped",
     "history",

@@ -9,20 +9,18 @@ from typing import (
     TYPE_CHECKING,
     Any,
     Concatenate,
-    Never,
     ParamSpec,
     Protocol,
     TypeVar,
+    Unpack,
     overload,
 )
 
-from .._types import Lifetime
 from ..dsn import choose_dsn
-from ..keys import KeyLike, Registry
-from ..locking.keeper import Keep
+from ..keys import KeyLike
 from ._async.run import run_job_async
 from ._sync.run import run_job
-from .definition import Job, JobResult, refuse_unknown_options
+from .definition import Job, JobOptions, JobResult, refuse_unknown_options
 
 if TYPE_CHECKING:
     import psycopg
@@ -50,55 +48,19 @@ def singleton(
     key: KeyLike,
     *,
     dsn: str | None = None,
-    name: str | None = None,
-    lifetime: Lifetime = "xact",
-    wait: float | None = None,
-    period: str | None = None,
-    record: bool = False,
-    raise_errors: bool = True,
-    application_name: str | None = None,
-    namespace: int | None = None,
-    registry: Registry | None = None,
-    keep: bool | Keep = False,
-    timezone: str | None = None,
-    **not_options: Never,
+    **options: Unpack[JobOptions],
 ) -> _SingletonDecorator:
     """Decorate ``fn(conn, ...)`` so that each call runs it as a singleton job.
 
     pgsolo's options are given here, once, and only here: ``dsn=`` (or ``PGSOLO_DSN`` /
-    ``DATABASE_URL``) says where to connect, every other one is :func:`run_job`'s, and
-    they are checked now. The decorated function keeps its own signature: every argument
-    of a call, keyword ones included (``greet(name="bob")``), goes to ``fn`` and none is
-    read as an option. It returns a :class:`JobResult`; an ``async def`` function gives
-    an async one.
+    ``DATABASE_URL``) says where to connect, every other one is :func:`run_job`'s
+    (:class:`JobOptions`), and they are checked now. The decorated function keeps its own
+    signature: every argument of a call, keyword ones included (``greet(name="bob")``),
+    goes to ``fn`` and none is read as an option. It returns a :class:`JobResult`; an
+    ``async def`` function gives an async one.
     """
-    refuse_unknown_options(singleton, not_options, decorator=True)
-    Job.define(
-        key,
-        name=name,
-        lifetime=lifetime,
-        wait=wait,
-        period=period,
-        record=record,
-        application_name=application_name,
-        namespace=namespace,
-        registry=registry,
-        keep=keep,
-        timezone=timezone,
-    )
-    options: dict[str, Any] = {
-        "name": name,
-        "lifetime": lifetime,
-        "wait": wait,
-        "period": period,
-        "record": record,
-        "raise_errors": raise_errors,
-        "application_name": application_name,
-        "namespace": namespace,
-        "registry": registry,
-        "keep": keep,
-        "timezone": timezone,
-    }
+    refuse_unknown_options("singleton", options, decorator=True)
+    Job.define(key, **options)
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         if inspect.iscoroutinefunction(fn):

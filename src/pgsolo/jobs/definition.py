@@ -4,10 +4,10 @@ as (:class:`JobResult`), and how a work says it failed without raising (:class:`
 from __future__ import annotations
 
 import dataclasses
-import inspect
-from collections.abc import Callable, Mapping
+import difflib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeAlias, TypedDict, TypeVar, Unpack
 
 from .._types import Lifetime, Outcome, check_period
 from ..drivers.conninfo import DEFAULT_APP_PREFIX, application_name_for
@@ -15,7 +15,7 @@ from ..errors import InvalidArgumentError, UsageError
 from ..keys import Key, KeyLike, Registry, as_key
 from ..locking.core import wait_ms_of
 from ..locking.keeper import Keep, as_keep
-from ..reasons import FailReason, Reason
+from ..reasons import FailReason, LostReason, Reason, SkipReason
 
 __all__ = [
     "Failure",
@@ -23,6 +23,7 @@ __all__ = [
     "JobCompleted",
     "JobFailed",
     "JobLost",
+    "JobOptions",
     "JobResult",
     "JobSkipped",
     "job_result",
@@ -90,7 +91,7 @@ class JobSkipped(_JobResult[T]):
     __slots__ = ()
     if TYPE_CHECKING:
         outcome: Literal["skipped"]
-        reason: Reason
+        reason: SkipReason
         value: None
 
         @property
@@ -106,6 +107,7 @@ class JobFailed(_JobResult[T]):
     __slots__ = ()
     if TYPE_CHECKING:
         outcome: Literal["failed"]
+        reason: FailReason | None
         value: None
 
         @property
@@ -120,7 +122,7 @@ class JobLost(_JobResult[T]):
     __slots__ = ()
     if TYPE_CHECKING:
         outcome: Literal["lost"]
-        reason: Reason
+        reason: LostReason
         value: None
 
         @property
@@ -171,6 +173,46 @@ class Failure:
     error: BaseException | None = None
 
 
+class JobOptions(TypedDict, total=False):
+    """pgsolo's options of a job: the keyword arguments of :func:`~pgsolo.run_job`,
+    :func:`~pgsolo.run_job_async`, :func:`~pgsolo.singleton` and :meth:`Job.define`,
+    written once here. Any other keyword is a :class:`~pgsolo.UsageError` (and a type
+    checker's error); the job function's own keywords are bound with ``functools.partial``."""
+
+    name: str | None
+    """The job's name in logs, metrics and the ledger; default: the key's name, or its
+    text."""
+    lifetime: Lifetime
+    """``"xact"`` (default): the work runs inside the locked transaction and commits with
+    it; ``"session"``: a session lock on the pinned connection, for work that spans
+    commits or external calls."""
+    wait: float | None
+    """Seconds to wait for a busy lock (``math.inf``: no end); default None: busy means
+    skip."""
+    period: str | None
+    """``"day"`` (or ``daily``, ``hour``, ``"900 seconds"``, ``15m``, ``24h``...): each
+    completed run is recorded durably, so a second run in the same period, by the
+    database's clock, is skipped (needs ``pgsolo migrate``)."""
+    timezone: str | None
+    """Where a day, week, month or year of ``period`` starts at midnight (an IANA name,
+    ``"Europe/Paris"``); default UTC."""
+    record: bool
+    """Write every attempt to the ledger (``pgsolo migrate``); default False."""
+    raise_errors: bool
+    """A failure re-raises the work's exception after it is logged and recorded (default
+    True); False returns it in a ``failed`` result."""
+    application_name: str | None
+    """The ``application_name`` of a connection pgsolo opens; default ``pgsolo:<job
+    name>``, unless the connection string or ``PGAPPNAME`` names it."""
+    namespace: int | None
+    """With a name as key: the pair key ``(namespace, hash of the name)``."""
+    registry: Registry | None
+    """Where a name's key is registered (keys.md)."""
+    keep: bool | Keep
+    """A session job's lock is watched while the work runs (``True`` or a
+    :class:`~pgsolo.Keep`): a loss makes the outcome ``lost``; default False."""
+
+
 @dataclass(frozen=True, slots=True)
 class Job:
     """A validated job definition. Built by :func:`run_job` and :func:`singleton`."""
@@ -185,22 +227,23 @@ class Job:
     keep: Keep | None = None
     """Session jobs: the keeper watches the lock while the work runs (``keep=``)."""
 
+    raise_errors: bool = True
+    """A failed run re-raises its exception (True) or returns it in a ``failed`` result."""
+
     @classmethod
-    def define(
-        cls,
-        key: KeyLike,
-        *,
-        name: str | None = None,
-        lifetime: Lifetime = "xact",
-        wait: float | None = None,
-        period: str | None = None,
-        record: bool = False,
-        application_name: str | None = None,
-        namespace: int | None = None,
-        registry: Registry | None = None,
-        keep: bool | Keep = False,
-        timezone: str | None = None,
-    ) -> Job:
+    def define(cls, key: KeyLike, **options: Unpack[JobOptions]) -> Job:
+        """The job of ``key`` with ``options``, each checked: a bad value is a
+        :class:`UsageError` or :class:`InvalidArgumentError`, before anything connects."""
+        refuse_unknown_options("Job.define", options)
+        name = options.get("name")
+        lifetime = options.get("lifetime", "xact")
+        wait = options.get("wait")
+        period = options.get("period")
+        timezone = options.get("timezone")
+        record = options.get("record", False)
+        raise_errors = options.get("raise_errors", True)
+        namespace = options.get("namespace")
+        registry = options.get("registry")
         resolved = as_key(key, namespace=namespace, registry=registry)
         if lifetime not in ("xact", "session"):
             raise UsageError(f"lifetime must be 'xact' or 'session', got {lifetime!r}")
@@ -218,15 +261,26 @@ class Job:
             job_name.encode("utf-8")
         except UnicodeEncodeError:
             raise UsageError(f"a job name must be valid Unicode text, got {job_name!r}") from None
-        if not isinstance(record, bool):
-            raise UsageError(f"record must be True or False, got {record!r}")
-        keeping = as_keep(keep)
+        for option, value in (("record", record), ("raise_errors", raise_errors)):
+            if not isinstance(value, bool):
+                raise UsageError(f"{option} must be True or False, got {value!r}")
+        keeping = as_keep(options.get("keep", False))
         if keeping is not None and lifetime != "session":
             raise UsageError(
                 "keep= watches a session lock; a transaction-level job's lock lives and dies"
                 " with its transaction, and its COMMIT already checks it"
             )
-        return cls(job_name, resolved, lifetime, wait, period, record, application_name, keeping)
+        return cls(
+            job_name,
+            resolved,
+            lifetime,
+            wait,
+            period,
+            record,
+            options.get("application_name"),
+            keeping,
+            raise_errors,
+        )
 
     def application_name_for(self, dsn: str) -> str:
         """``pgsolo:<job name>`` unless the caller, the DSN or ``PGAPPNAME`` names it."""
@@ -234,31 +288,33 @@ class Job:
 
 
 def refuse_unknown_options(
-    call: Callable[..., object], unknown: Mapping[str, object], *, decorator: bool = False
+    caller: str, options: Mapping[str, object], *, decorator: bool = False
 ) -> None:
-    """Keyword arguments of :func:`run_job` and :func:`singleton` are pgsolo's options,
-    never the function's: one that is not an option is a :class:`UsageError`, before
-    anything connects, with the way to pass it to the function instead."""
+    """Keyword arguments of :func:`run_job` and :func:`singleton` are pgsolo's options
+    (:class:`JobOptions`), never the function's: one that is not an option is a
+    :class:`UsageError`, before anything connects, naming the option it was likely meant
+    to be (``wiat=`` -> ``wait``), else the way to pass it to the function instead."""
+    known = sorted(JobOptions.__optional_keys__)
+    unknown = sorted(set(options) - set(known))
     if not unknown:
         return
-    names = sorted(unknown)
-    parameters = inspect.signature(call).parameters.values()
-    options = ", ".join(p.name for p in parameters if p.kind is p.KEYWORD_ONLY)
-    if decorator:
+    meant = {n: difflib.get_close_matches(n, known, n=1) for n in unknown}
+    if all(meant.values()):
+        hint = "did you mean " + ", ".join(f"{m[0]}= for {n}=" for n, m in meant.items())
+    elif decorator:
         hint = (
             "the decorated function's own arguments are given when it is called"
-            f" ({', '.join(f'{n}=...' for n in names)} there)"
+            f" ({', '.join(f'{n}=...' for n in unknown)} there)"
         )
     else:
         hint = (
             "bind the function's own keyword arguments first, with functools.partial(fn,"
-            f" {', '.join(f'{n}=...' for n in names)}); positional arguments after fn still"
+            f" {', '.join(f'{n}=...' for n in unknown)}); positional arguments after fn still"
             " go to fn"
         )
     raise UsageError(
-        f"{call.__name__}() got keyword argument(s) {', '.join(names)} that are not pgsolo"
-        f" options ({options}): keyword arguments here are pgsolo's, never the job"
-        f" function's; {hint}"
+        f"{caller}() got keyword argument(s) {', '.join(unknown)} that are not pgsolo"
+        f" options ({', '.join(known)}): {hint}"
     )
 
 

@@ -386,8 +386,8 @@ def lost_reason(error: BaseException | None) -> LostReason:
     return error.reason if isinstance(error, LockLostError) else "lock-released"
 
 
-def conclude(job: Job, result: JobResult[T], raise_errors: bool) -> JobResult[T]:
-    if raise_errors and result.error is not None:
+def conclude(job: Job, result: JobResult[T]) -> JobResult[T]:
+    if job.raise_errors and result.error is not None:
         if result.outcome == "lost" and isinstance(result.error, LockLostError | LockNotHeldError):
             raise LockLostError(
                 f"job {job.name!r} lost its lock {job.key} while the work ran: {result.error}",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 from typing import (
-    TYPE_CHECKING,
     Any,
 )
 
@@ -13,9 +12,6 @@ from .._logging import jobs_logger as logger
 from .._logging import log_event
 from ..drivers import DriverBase, ServerInfo
 from .definition import Job, JobResult
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["report", "scrubbed"]
 

@@ -13,10 +13,10 @@ and is ``None`` otherwise.
 
 from __future__ import annotations
 
-from ._async.holders import is_locked_async, lock_holders_async
-from ._sync.holders import is_locked, lock_holders
+from ._async.holders import advisory_locks_async, is_locked_async, lock_holders_async
+from ._sync.holders import advisory_locks, is_locked, lock_holders
 from .checks import Check, doctor
-from .locks import AdvisoryLock, advisory_locks, advisory_locks_async, wait_chains
+from .locks import AdvisoryLock, wait_chains
 from .snapshot import format_seconds
 from .terminate import terminate_backend
 

@@ -1,26 +1,23 @@
-"""Who holds which advisory lock and who waits: ``pgsolo locks`` and :func:`advisory_locks`."""
+"""Who holds which advisory lock and who waits: the query of ``pgsolo locks`` and
+:func:`~pgsolo.advisory_locks` (:class:`LocksQuery`, whose plan ``_async/holders.py``
+drives), the rows it reads (:class:`AdvisoryLock`) and :func:`wait_chains`."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from .. import sql
-from ..drivers import DriverBase, adapt_async, adapt_sync
+from ..drivers import DriverBase
 from ..drivers.conninfo import DEFAULT_APP_PREFIX
 from ..errors import InvalidArgumentError, PgsoloError
 from ..keys import Key, KeyLike, Registry, as_key, decode_pg_lock, derive_int32, derive_int64
-from ..locking._async.drive import adrive
-from ..locking._sync.drive import drive
 from ..locking.plans import Plan
-
-if TYPE_CHECKING:
-    from ..drivers.kinds import AsyncConnectionLike, SyncConnectionLike
 from .snapshot import check_positive, parse_time, snapshot_plan
 
-__all__ = ["AdvisoryLock", "advisory_locks", "advisory_locks_async", "holders_query", "wait_chains"]
+__all__ = ["AdvisoryLock", "LocksQuery", "holders_query", "wait_chains"]
 
 
 SinceSource = Literal["waitstart", "query_start", "state_change", "xact_start", "backend_start"]
@@ -167,46 +164,10 @@ class _Claim:
             return None
 
 
-def advisory_locks(
-    conn: SyncConnectionLike,
-    *,
-    registry: Registry | None = None,
-    names: Iterable[str] = (),
-    key: KeyLike | None = None,
-    pid: int | None = None,
-    from_ledger: bool = False,
-) -> list[AdvisoryLock]:
-    """Every advisory lock of the connection's database, held and waiting, in one round
-    trip: grouped by key, holders first, waiters in the order they started waiting.
-
-    ``registry`` and ``names`` name the keys; ``key`` and ``pid`` keep only that key's
-    or that backend's rows; ``from_ledger`` names what is left from pgsolo's ledger, in
-    a second round trip when the ledger exists and a held key is still unnamed. Bad
-    arguments raise before any SQL is sent.
-    """
-    query = _Query.of(registry, names, key, pid, from_ledger)
-    driver = adapt_sync(conn)
-    return drive(query.plan(driver), driver)
-
-
-async def advisory_locks_async(
-    conn: AsyncConnectionLike,
-    *,
-    registry: Registry | None = None,
-    names: Iterable[str] = (),
-    key: KeyLike | None = None,
-    pid: int | None = None,
-    from_ledger: bool = False,
-) -> list[AdvisoryLock]:
-    """:func:`advisory_locks` on an async connection."""
-    query = _Query.of(registry, names, key, pid, from_ledger)
-    driver = adapt_async(conn)
-    return await adrive(query.plan(driver), driver)
-
-
 @dataclass(frozen=True)
-class _Query:
-    """The arguments of :func:`advisory_locks`, checked before any SQL is sent."""
+class LocksQuery:
+    """The arguments of :func:`~pgsolo.advisory_locks`, checked before any SQL is sent,
+    and the plan that reads the locks (driven in ``_async/holders.py`` and its twin)."""
 
     namer: _Namer
     statements: list[str]
@@ -220,7 +181,7 @@ class _Query:
         key: KeyLike | None,
         pid: int | None,
         from_ledger: bool = False,
-    ) -> _Query:
+    ) -> LocksQuery:
         namer = _Namer(registry, names)
         wanted = as_key(key, registry=registry) if key is not None else None
         if pid is not None:
@@ -251,12 +212,12 @@ def _named_by(lock: AdvisoryLock, jobs: Mapping[str, Any]) -> AdvisoryLock:
     return replace(lock, key=Key(lock.key.value, job), name=job)
 
 
-def holders_query(key: KeyLike, namespace: int | None, registry: Registry | None) -> _Query:
-    """:func:`advisory_locks`'s query for one key, given as every lock call takes it (a
+def holders_query(key: KeyLike, namespace: int | None, registry: Registry | None) -> LocksQuery:
+    """:func:`~pgsolo.advisory_locks`'s query for one key, given as every lock call takes it (a
     name, an int, a pair, a :class:`Key`), checked before any SQL is sent; the rows come
     back named by the name given."""
     wanted = as_key(key, namespace=namespace, registry=registry)
-    return _Query.of(registry, () if wanted.name is None else (wanted.name,), wanted, None)
+    return LocksQuery.of(registry, () if wanted.name is None else (wanted.name,), wanted, None)
 
 
 def _locks_from(snapshot: Mapping[str, Any], namer: _Namer) -> list[AdvisoryLock]:

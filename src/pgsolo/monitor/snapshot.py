@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .. import sql
 from ..drivers import DriverBase, SyncDriver
@@ -13,9 +13,6 @@ from ..errors import InvalidArgumentError
 from ..locking._sync.drive import drive
 from ..locking.placement import outside_transaction
 from ..locking.plans import Plan
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["check_positive", "fetch_json", "format_seconds", "parse_time", "snapshot_plan"]
 

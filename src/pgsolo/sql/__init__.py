@@ -14,180 +14,29 @@ sessions' queries) is sent as its UTF-8 bytes in a ``bytea`` (:func:`utf8`) and 
 Python (:func:`read_text`, :func:`read_json`): under ``SQL_ASCII`` psycopg would return
 text as ``bytes``, under ``LATIN1`` the server would refuse a character that encoding
 lacks, and psycopg reads JSON as UTF-8 whatever the encoding.
+
+Each subject module lists its own names in its ``__all__``; this package re-exports them
+all (``sql.ROLLBACK``, ``sql.acquire``), so a statement is named where it is written and
+nowhere else.
 """
 
 from __future__ import annotations
 
-from .ledger import (
-    history,
-    name_fits,
-    period_done,
-    period_record,
-    period_start,
-    record_attempt,
-)
-from .locks import (
-    BEGIN,
-    CHANGES_NOTHING,
-    COMMIT,
-    FENCING_SEQUENCE,
-    IN_RECOVERY,
-    LAST_FENCING_TOKEN,
-    REFUSE_STANDBY,
-    RESTORE_LOCK_TIMEOUT,
-    ROLLBACK,
-    SAVE_LOCK_TIMEOUT,
-    SAVEPOINT,
-    SAVEPOINT_RELEASE,
-    SAVEPOINT_UNDO,
-    SESSION_STAMP_SETTING,
-    STATEMENT_TIMEOUT_MS,
-    UNLOCK_ALL,
-    XACT_MARKER_SETTING,
-    acquire,
-    assert_same_transaction,
-    held_here,
-    hold_savepoint,
-    is_session,
-    keeper_beat,
-    lock_function,
-    mark_transaction,
-    name_to_sql,
-    release_savepoint,
-    rollback_to_savepoint,
-    savepoint,
-    session_guarded,
-    set_local_lock_timeout,
-    stamp_session,
-    still_on_session,
-    unlock,
-    unlock_keeping_failure,
-)
-from .monitor import (
-    ADVISORY_LOCK_FUNCTIONS_PATTERN,
-    CLEAR_ACTIVITY_SNAPSHOT,
-    DOCTOR,
-    LEDGER_KEYS,
-    MONITOR_QUERY_CHARS,
-    advisory_locks,
-    terminate_backend,
-)
-from .once import (
-    once_fail,
-    once_read,
-    once_result,
-    once_start,
-    once_succeed,
-)
-from .schema import (
-    MIGRATIONS_TABLE,
-    SCHEMA,
-    SCHEMA_VERSION,
-    grants,
-    privilege_error,
-    quote_name,
-    record_migration,
-    require_privileges,
-)
-from .states import (
-    SQLSTATE_ATTEMPT_SUPERSEDED,
-    SQLSTATE_DEADLOCK,
-    SQLSTATE_IN_RECOVERY,
-    SQLSTATE_INVALID_SCHEMA_NAME,
-    SQLSTATE_LOCK_GONE,
-    SQLSTATE_LOCK_NOT_AVAILABLE,
-    SQLSTATE_UNDEFINED_TABLE,
-    UNLOCK_ANSWERS,
-    Meaning,
-    meaning,
-)
-from .text import (
-    read_json,
-    read_text,
-    returns_rows,
-    sql_literal,
-    sql_text,
-    text_or_null,
-    utf8,
-)
+from . import ledger, locks, monitor, once, schema, states, text
+from .ledger import *  # noqa: F403
+from .locks import *  # noqa: F403
+from .monitor import *  # noqa: F403
+from .once import *  # noqa: F403
+from .schema import *  # noqa: F403
+from .states import *  # noqa: F403
+from .text import *  # noqa: F403
 
-__all__ = [
-    "ADVISORY_LOCK_FUNCTIONS_PATTERN",
-    "BEGIN",
-    "CHANGES_NOTHING",
-    "CLEAR_ACTIVITY_SNAPSHOT",
-    "COMMIT",
-    "DOCTOR",
-    "FENCING_SEQUENCE",
-    "IN_RECOVERY",
-    "LAST_FENCING_TOKEN",
-    "LEDGER_KEYS",
-    "MIGRATIONS_TABLE",
-    "MONITOR_QUERY_CHARS",
-    "REFUSE_STANDBY",
-    "RESTORE_LOCK_TIMEOUT",
-    "ROLLBACK",
-    "SAVEPOINT",
-    "SAVEPOINT_RELEASE",
-    "SAVEPOINT_UNDO",
-    "SAVE_LOCK_TIMEOUT",
-    "SCHEMA",
-    "SCHEMA_VERSION",
-    "SESSION_STAMP_SETTING",
-    "SQLSTATE_ATTEMPT_SUPERSEDED",
-    "SQLSTATE_DEADLOCK",
-    "SQLSTATE_INVALID_SCHEMA_NAME",
-    "SQLSTATE_IN_RECOVERY",
-    "SQLSTATE_LOCK_GONE",
-    "SQLSTATE_LOCK_NOT_AVAILABLE",
-    "SQLSTATE_UNDEFINED_TABLE",
-    "STATEMENT_TIMEOUT_MS",
-    "UNLOCK_ALL",
-    "UNLOCK_ANSWERS",
-    "XACT_MARKER_SETTING",
-    "Meaning",
-    "acquire",
-    "advisory_locks",
-    "assert_same_transaction",
-    "grants",
-    "held_here",
-    "history",
-    "hold_savepoint",
-    "is_session",
-    "keeper_beat",
-    "lock_function",
-    "mark_transaction",
-    "meaning",
-    "name_fits",
-    "name_to_sql",
-    "once_fail",
-    "once_read",
-    "once_result",
-    "once_start",
-    "once_succeed",
-    "period_done",
-    "period_record",
-    "period_start",
-    "privilege_error",
-    "quote_name",
-    "read_json",
-    "read_text",
-    "record_attempt",
-    "record_migration",
-    "release_savepoint",
-    "require_privileges",
-    "returns_rows",
-    "rollback_to_savepoint",
-    "savepoint",
-    "session_guarded",
-    "set_local_lock_timeout",
-    "sql_literal",
-    "sql_text",
-    "stamp_session",
-    "still_on_session",
-    "terminate_backend",
-    "text_or_null",
-    "unlock",
-    "unlock_keeping_failure",
-    "utf8",
-]
+__all__ = (
+    ledger.__all__
+    + locks.__all__
+    + monitor.__all__
+    + once.__all__
+    + schema.__all__
+    + states.__all__
+    + text.__all__
+)

@@ -60,9 +60,32 @@ async def test_run_job_refuses_a_keyword_that_is_no_option_before_connecting(
             CLOSED_PORT_DSN if target == "dsn" else conn,
             new_job("job-arguments"),
             fn,
-            greeting="hi",  # type: ignore[arg-type]
+            greeting="hi",  # type: ignore[call-arg]
         )
     assert calls == []
+
+
+@pytest.mark.parametrize("target", ["dsn", "connection"])
+async def test_a_misspelt_option_names_the_option_it_was_meant_to_be(
+    aconnect: AConnect, target: str
+) -> None:
+    """Guards: ``wait=`` misspelt ``wiat=`` was answered with advice to bind it with
+    ``functools.partial``, as if it were the function's; it is now a :class:`UsageError`
+    that asks "did you mean wait=", before any SQL."""
+    conn = await aconnect()
+    await conn.close()  # any SQL would fail with a driver error, not a UsageError
+
+    async def fn(c: object) -> None:
+        raise AssertionError("never called")
+
+    with pytest.raises(UsageError, match=r"did you mean wait= for wiat=") as raised:
+        await pgsolo.run_job_async(
+            CLOSED_PORT_DSN if target == "dsn" else conn,
+            new_job("job-arguments"),
+            fn,
+            wiat=5,  # type: ignore[call-arg]
+        )
+    assert "partial" not in str(raised.value)
 
 
 @pytest.mark.parametrize(
@@ -79,6 +102,7 @@ async def test_run_job_refuses_a_keyword_that_is_no_option_before_connecting(
         ({"period": "fortnight"}, UsageError, "period"),
         ({"period": "0 seconds"}, UsageError, "period"),
         ({"record": "yes"}, UsageError, "record"),
+        ({"raise_errors": "no"}, UsageError, "raise_errors"),
     ],
 )
 async def test_bad_arguments_fail_before_connecting(

@@ -34,6 +34,7 @@ from .publish import Publisher
 from .report import RunReport
 
 if TYPE_CHECKING:
+    from ...jobs.definition import Job
     from ...reasons import RunReason
 
 __all__ = ["add_run_command", "cmd_run"]
@@ -43,7 +44,6 @@ def add_run_command(subparsers: Subparsers) -> None:
     parser = add_command(
         subparsers,
         "run",
-        help="run a command while holding a lock: at most one at a time, anywhere",
         description="Run COMMAND while this process holds a session-level advisory lock on"
         " KEY, on one pinned connection watched for the whole run. COMMAND comes after --"
         " (everything after it is COMMAND's, options included). KEY is a name"
@@ -80,7 +80,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     # the imports below on) where this one goes.
     args.write_json = destination.write if destination is not None else None
 
-    from ...jobs.definition import Job  # noqa: PLC0415
     from .attempt import supervise  # noqa: PLC0415
     from .outcome import SkipCodes  # noqa: PLC0415
     from .signals import RunSignals  # noqa: PLC0415
@@ -93,30 +92,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     # JsonDestination says); SIGTERM and SIGINT are handled before anything connects.
     with RunSignals().installed() as signals:
         try:
-            if not command:
-                raise CliError(  # noqa: TRY301 - reported below like every other ending
-                    "no command to run: pgsolo run --key KEY [OPTIONS] -- COMMAND [ARG...]",
-                    EXIT_USAGE,
-                )
-            if not separated:
-                raise CliError(  # noqa: TRY301
-                    "COMMAND must come after `--` (pgsolo run --key KEY [OPTIONS] -- COMMAND"
-                    " [ARG...]), so that no option is ever taken for the wrong program;"
-                    f" run: {with_separator(args, command)}",
-                    EXIT_USAGE,
-                )
             # Everything is validated before anything connects (UsageError: exit 2).
-            key = Key.parse(args.key, namespace=args.namespace, name=args.key_is_name)
-            job = Job.define(
-                key,
-                name=args.name,
-                lifetime="session",
-                wait=args.wait,
-                period=args.once_per,
-                timezone=args.timezone,
-                record=args.record,
-                application_name=args.application_name,
-            )
+            key = _key_of(args, command, separated=separated)
+            job = _job_of(args, key)
             publisher.start()
             with database(args.dsn, connect_timeout=args.connect_timeout) as db:
                 outcome = supervise(
@@ -134,24 +112,70 @@ def cmd_run(args: argparse.Namespace) -> int:
                     skip_codes=SkipCodes(args.conflict_exit_code, args.already_done_exit_code),
                 )
         except (CliError, PgsoloError) as exc:  # before any attempt: outcome null
-            code, reason = _ending_of(exc)
-            outcome = RunReport(
-                exit_code=code,
-                outcome=None,
-                reason=reason,
-                job=job.name if job is not None else (args.name or args.key),
-                key=key.text if key is not None else args.key,
-                key_name=key.name if key is not None else None,
-                error=str(exc),
-            )
+            outcome = _report_before_attempt(exc, args, key, job)
         publisher.finish(outcome.job)  # before the error line and the JSON, which end stderr
-        if outcome.error is not None:
-            print(f"pgsolo run: error: {outcome.error}", file=sys.stderr, flush=True)
-        if outcome.notice is not None:
-            print(f"pgsolo run: {outcome.notice}", file=sys.stderr, flush=True)
-        if destination is not None:
-            destination.write(outcome.as_dict())
+        _tell(outcome, destination)
     return outcome.exit_code
+
+
+def _key_of(args: argparse.Namespace, command: list[str], *, separated: bool) -> Key:
+    """The key of a run whose COMMAND is given, after ``--``: a :class:`CliError` or
+    :class:`UsageError` (exit 2) otherwise."""
+    if not command:
+        raise CliError(
+            "no command to run: pgsolo run --key KEY [OPTIONS] -- COMMAND [ARG...]", EXIT_USAGE
+        )
+    if not separated:
+        raise CliError(
+            "COMMAND must come after `--` (pgsolo run --key KEY [OPTIONS] -- COMMAND"
+            " [ARG...]), so that no option is ever taken for the wrong program;"
+            f" run: {with_separator(args, command)}",
+            EXIT_USAGE,
+        )
+    return Key.parse(args.key, namespace=args.namespace, name=args.key_is_name)
+
+
+def _job_of(args: argparse.Namespace, key: Key) -> Job:
+    """The job of a run: a session lock on ``key`` with the command line's options."""
+    from ...jobs.definition import Job  # noqa: PLC0415 - after --json's destination
+
+    return Job.define(
+        key,
+        name=args.name,
+        lifetime="session",
+        wait=args.wait,
+        period=args.once_per,
+        timezone=args.timezone,
+        record=args.record,
+        application_name=args.application_name,
+    )
+
+
+def _report_before_attempt(
+    exc: CliError | PgsoloError, args: argparse.Namespace, key: Key | None, job: Job | None
+) -> RunReport:
+    """What a run that ended before any attempt reports: ``outcome`` null, and as much of
+    the job and key as was validated."""
+    code, reason = _ending_of(exc)
+    return RunReport(
+        exit_code=code,
+        outcome=None,
+        reason=reason,
+        job=job.name if job is not None else (args.name or args.key),
+        key=key.text if key is not None else args.key,
+        key_name=key.name if key is not None else None,
+        error=str(exc),
+    )
+
+
+def _tell(outcome: RunReport, destination: JsonDestination | None) -> None:
+    """The ending on stderr (its error line, a notice), then the ``--json`` document."""
+    if outcome.error is not None:
+        print(f"pgsolo run: error: {outcome.error}", file=sys.stderr, flush=True)
+    if outcome.notice is not None:
+        print(f"pgsolo run: {outcome.notice}", file=sys.stderr, flush=True)
+    if destination is not None:
+        destination.write(outcome.as_dict())
 
 
 def _ending_of(exc: CliError | PgsoloError) -> tuple[int, RunReason]:

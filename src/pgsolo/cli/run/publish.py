@@ -13,8 +13,6 @@ from ...errors import UsageError
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from prometheus_client import CollectorRegistry
-
 __all__ = ["Publisher", "add_metrics_options"]
 
 
@@ -44,7 +42,7 @@ class Publisher:
     def __init__(self, args: argparse.Namespace) -> None:
         self.textfile: str | None = args.metrics_textfile
         self.gateway: str | None = args.pushgateway
-        self.previous: CollectorRegistry | None = None
+        self.restore: Callable[[], None] | None = None
 
     def start(self) -> None:
         """Check the options and count in a fresh registry (UsageError: exit 2)."""
@@ -54,16 +52,12 @@ class Publisher:
             metrics.check_textfile(self.textfile)
         if self.gateway is not None and not self.gateway.strip():
             raise UsageError("--pushgateway needs a URL (http://host:9091)")
-        previous = metrics.registry()  # UsageError without prometheus_client
-        from prometheus_client import CollectorRegistry  # noqa: PLC0415
-
-        metrics.use_registry(CollectorRegistry(auto_describe=True))
-        self.previous = previous
+        self.restore = metrics.count_apart()  # UsageError without prometheus_client
 
     def finish(self, job: str) -> None:
         """Publish what the run counted; a failure is a warning on stderr (the run's exit
         code stays the command's), then count where the process counted before."""
-        if self.previous is None:
+        if self.restore is None:
             return
         try:
             for publish in self._targets(job):
@@ -76,8 +70,8 @@ class Publisher:
                         flush=True,
                     )
         finally:
-            metrics.use_registry(self.previous)
-            self.previous = None
+            self.restore()
+            self.restore = None
 
     def _targets(self, job: str) -> list[Callable[[], None]]:
         targets: list[Callable[[], None]] = []

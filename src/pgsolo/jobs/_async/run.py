@@ -4,17 +4,21 @@ caller gives or one pgsolo opens from a connection string."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Never, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 
 from ..._acompat import AIS_ASYNC
-from ..._types import Lifetime
 from ...drivers import adapt_async
 from ...drivers._async.connect import aopen_connection
-from ...keys import KeyLike, Registry
+from ...keys import KeyLike
 from ...locking._async.drive import adrive
 from ...locking._async.keeper import AsyncKeeper
-from ...locking.keeper import Keep
-from ..definition import Job, JobResult, refuse_cancel_without_tasks, refuse_unknown_options
+from ..definition import (
+    Job,
+    JobOptions,
+    JobResult,
+    refuse_cancel_without_tasks,
+    refuse_unknown_options,
+)
 from ..plan import attempt_plan, conclude, core_for
 from ..report import report
 from .record import arecord_result
@@ -32,61 +36,31 @@ async def run_job_async(
     key: KeyLike,
     fn: Callable[..., Awaitable[T]],
     *args: Any,
-    name: str | None = None,
-    lifetime: Lifetime = "xact",
-    wait: float | None = None,
-    period: str | None = None,
-    record: bool = False,
-    raise_errors: bool = True,
-    application_name: str | None = None,
-    namespace: int | None = None,
-    registry: Registry | None = None,
-    keep: bool | Keep = False,
-    timezone: str | None = None,
-    **not_options: Never,
+    **options: Unpack[JobOptions],
 ) -> JobResult[T]:
     """Run ``fn(conn, *args)`` at most once at a time across every process.
 
-    Keyword arguments are pgsolo's options only; any other raises :class:`UsageError`
-    before anything connects. To give ``fn`` keyword arguments of its own, bind them
-    first: ``run_job_async(dsn, key, functools.partial(fn, name="bob"))``.
+    ``target`` is a connection of any supported library (docs/connections.md), which
+    stays the caller's, or a connection string from which pgsolo opens (and closes) a
+    connection named ``pgsolo:<job name>`` in ``pg_stat_activity``. Busy means skip,
+    unless ``wait=`` seconds are given.
 
-    ``target`` is a psycopg connection, or a connection string from which pgsolo opens
-    (and closes) a connection named ``pgsolo:<job name>`` in ``pg_stat_activity``.
-    ``lifetime="xact"`` (default) runs ``fn`` inside the locked transaction and commits
-    with it; ``"session"`` holds a session lock on the pinned connection, for work that
-    spans commits or external calls. Busy means skip, unless ``wait=`` seconds are
-    given. ``period="day"`` (or ``daily``, ``hour``, ``"900 seconds"``, ``15m``, ``24h``...)
-    records each completed run durably, so a second run in the same period, by the
-    database's clock, is skipped; a day, week, month or year is UTC's unless
-    ``timezone="Europe/Paris"`` (an IANA name) says where it starts at midnight.
-    ``record=True`` writes every attempt to the ledger (``pgsolo migrate``).
-    ``keep=True`` (or a :class:`~pgsolo.Keep`), for a session job, watches the lock
-    while ``fn`` runs: a loss makes the outcome ``lost`` (its reason from the keeper).
-    A failure re-raises the callable's exception after it is logged and recorded,
-    unless ``raise_errors=False``.
+    Keyword arguments are pgsolo's options only (:class:`JobOptions`: ``lifetime``,
+    ``wait``, ``period``, ``record``, ``keep``, ...); any other raises :class:`UsageError`
+    before anything connects. To give ``fn`` keyword arguments of its own, bind them
+    first: ``run_job_async(dsn, key, functools.partial(fn, name="bob"))``. A failure
+    re-raises the callable's exception after it is logged and recorded, unless
+    ``raise_errors=False``.
     """
-    refuse_unknown_options(run_job_async, not_options)
-    job = Job.define(
-        key,
-        name=name,
-        lifetime=lifetime,
-        wait=wait,
-        period=period,
-        record=record,
-        application_name=application_name,
-        namespace=namespace,
-        registry=registry,
-        keep=keep,
-        timezone=timezone,
-    )
+    refuse_unknown_options("run_job_async", options)
+    job = Job.define(key, **options)
     refuse_cancel_without_tasks(job, tasks=AIS_ASYNC)
     if isinstance(target, str):
         async with aopen_connection(
             target, application_name=job.application_name_for(target)
         ) as conn:
-            return await _run_async(job, conn, target, fn, args, raise_errors)
-    return await _run_async(job, target, None, fn, args, raise_errors)
+            return await _run_async(job, conn, target, fn, args)
+    return await _run_async(job, target, None, fn, args)
 
 
 async def _run_async(
@@ -95,7 +69,6 @@ async def _run_async(
     dsn: str | None,
     fn: Callable[..., Awaitable[T]],
     args: tuple[Any, ...],
-    raise_errors: bool,
 ) -> JobResult[T]:
     driver = adapt_async(conn)
     info = driver.server_info()
@@ -121,4 +94,4 @@ async def _run_async(
     report(job, result, driver, info)
     if job.record:
         await arecord_result(job, result, driver, dsn)
-    return conclude(job, result, raise_errors)
+    return conclude(job, result)

@@ -5,17 +5,21 @@ caller gives or one pgsolo opens from a connection string."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Never, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 
 from ..._acompat import IS_ASYNC
-from ..._types import Lifetime
 from ...drivers import adapt_sync
 from ...drivers._sync.connect import open_connection
-from ...keys import KeyLike, Registry
+from ...keys import KeyLike
 from ...locking._sync.drive import drive
 from ...locking._sync.keeper import Keeper
-from ...locking.keeper import Keep
-from ..definition import Job, JobResult, refuse_cancel_without_tasks, refuse_unknown_options
+from ..definition import (
+    Job,
+    JobOptions,
+    JobResult,
+    refuse_cancel_without_tasks,
+    refuse_unknown_options,
+)
 from ..plan import attempt_plan, conclude, core_for
 from ..report import report
 from .record import record_result
@@ -33,59 +37,29 @@ def run_job(
     key: KeyLike,
     fn: Callable[..., T],
     *args: Any,
-    name: str | None = None,
-    lifetime: Lifetime = "xact",
-    wait: float | None = None,
-    period: str | None = None,
-    record: bool = False,
-    raise_errors: bool = True,
-    application_name: str | None = None,
-    namespace: int | None = None,
-    registry: Registry | None = None,
-    keep: bool | Keep = False,
-    timezone: str | None = None,
-    **not_options: Never,
+    **options: Unpack[JobOptions],
 ) -> JobResult[T]:
     """Run ``fn(conn, *args)`` at most once at a time across every process.
 
-    Keyword arguments are pgsolo's options only; any other raises :class:`UsageError`
-    before anything connects. To give ``fn`` keyword arguments of its own, bind them
-    first: ``run_job(dsn, key, functools.partial(fn, name="bob"))``.
+    ``target`` is a connection of any supported library (docs/connections.md), which
+    stays the caller's, or a connection string from which pgsolo opens (and closes) a
+    connection named ``pgsolo:<job name>`` in ``pg_stat_activity``. Busy means skip,
+    unless ``wait=`` seconds are given.
 
-    ``target`` is a psycopg connection, or a connection string from which pgsolo opens
-    (and closes) a connection named ``pgsolo:<job name>`` in ``pg_stat_activity``.
-    ``lifetime="xact"`` (default) runs ``fn`` inside the locked transaction and commits
-    with it; ``"session"`` holds a session lock on the pinned connection, for work that
-    spans commits or external calls. Busy means skip, unless ``wait=`` seconds are
-    given. ``period="day"`` (or ``daily``, ``hour``, ``"900 seconds"``, ``15m``, ``24h``...)
-    records each completed run durably, so a second run in the same period, by the
-    database's clock, is skipped; a day, week, month or year is UTC's unless
-    ``timezone="Europe/Paris"`` (an IANA name) says where it starts at midnight.
-    ``record=True`` writes every attempt to the ledger (``pgsolo migrate``).
-    ``keep=True`` (or a :class:`~pgsolo.Keep`), for a session job, watches the lock
-    while ``fn`` runs: a loss makes the outcome ``lost`` (its reason from the keeper).
-    A failure re-raises the callable's exception after it is logged and recorded,
-    unless ``raise_errors=False``.
+    Keyword arguments are pgsolo's options only (:class:`JobOptions`: ``lifetime``,
+    ``wait``, ``period``, ``record``, ``keep``, ...); any other raises :class:`UsageError`
+    before anything connects. To give ``fn`` keyword arguments of its own, bind them
+    first: ``run_job(dsn, key, functools.partial(fn, name="bob"))``. A failure
+    re-raises the callable's exception after it is logged and recorded, unless
+    ``raise_errors=False``.
     """
-    refuse_unknown_options(run_job, not_options)
-    job = Job.define(
-        key,
-        name=name,
-        lifetime=lifetime,
-        wait=wait,
-        period=period,
-        record=record,
-        application_name=application_name,
-        namespace=namespace,
-        registry=registry,
-        keep=keep,
-        timezone=timezone,
-    )
+    refuse_unknown_options("run_job", options)
+    job = Job.define(key, **options)
     refuse_cancel_without_tasks(job, tasks=IS_ASYNC)
     if isinstance(target, str):
         with open_connection(target, application_name=job.application_name_for(target)) as conn:
-            return _run_sync(job, conn, target, fn, args, raise_errors)
-    return _run_sync(job, target, None, fn, args, raise_errors)
+            return _run_sync(job, conn, target, fn, args)
+    return _run_sync(job, target, None, fn, args)
 
 
 def _run_sync(
@@ -94,7 +68,6 @@ def _run_sync(
     dsn: str | None,
     fn: Callable[..., T],
     args: tuple[Any, ...],
-    raise_errors: bool,
 ) -> JobResult[T]:
     driver = adapt_sync(conn)
     info = driver.server_info()
@@ -120,4 +93,4 @@ def _run_sync(
     report(job, result, driver, info)
     if job.record:
         record_result(job, result, driver, dsn)
-    return conclude(job, result, raise_errors)
+    return conclude(job, result)

@@ -1,23 +1,47 @@
-"""Is a key held, and by whom: :func:`is_locked_async` and :func:`lock_holders_async`.
+"""Who holds which lock: :func:`advisory_locks_async` (every advisory lock of the
+database), and for one key :func:`lock_holders_async` and :func:`is_locked_async`.
 
-One read of ``pg_locks`` with each holder's ``pg_stat_activity`` row (the query of
-:func:`~pgsolo.advisory_locks`, for one key), outside any transaction of the caller's:
-it takes no lock and leaves the connection as it found it.
+One read of ``pg_locks`` with each session's ``pg_stat_activity`` row (the query of
+:class:`~pgsolo.monitor.locks.LocksQuery`), outside any transaction of the caller's: it
+takes no lock and leaves the connection as it found it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from ...drivers import adapt_async
 from ...keys import KeyLike, Registry
 from ...locking._async.drive import adrive
-from ..locks import AdvisoryLock, holders_query
+from ..locks import AdvisoryLock, LocksQuery, holders_query
 
 if TYPE_CHECKING:
     from ...drivers.kinds import AsyncConnectionLike
 
-__all__ = ["is_locked_async", "lock_holders_async"]
+__all__ = ["advisory_locks_async", "is_locked_async", "lock_holders_async"]
+
+
+async def advisory_locks_async(
+    conn: AsyncConnectionLike,
+    *,
+    registry: Registry | None = None,
+    names: Iterable[str] = (),
+    key: KeyLike | None = None,
+    pid: int | None = None,
+    from_ledger: bool = False,
+) -> list[AdvisoryLock]:
+    """Every advisory lock of the connection's database, held and waiting, in one round
+    trip: grouped by key, holders first, waiters in the order they started waiting.
+
+    ``registry`` and ``names`` name the keys; ``key`` and ``pid`` keep only that key's
+    or that backend's rows; ``from_ledger`` names what is left from pgsolo's ledger, in
+    a second round trip when the ledger exists and a held key is still unnamed. Bad
+    arguments raise before any SQL is sent.
+    """
+    query = LocksQuery.of(registry, names, key, pid, from_ledger)
+    driver = adapt_async(conn)
+    return await adrive(query.plan(driver), driver)
 
 
 async def lock_holders_async(
@@ -31,7 +55,7 @@ async def lock_holders_async(
     :class:`~pgsolo.AdvisoryLock` per holder (its ``pid``, ``application_name``,
     ``client_addr``, ``since``, ``query``...), none when the key is free. Several for a
     shared lock; the connection's own session counts as any other. Waiters are not
-    holders (:func:`~pgsolo.advisory_locks` lists them).
+    holders (:func:`advisory_locks_async` lists them).
 
     ``key``, ``namespace`` and ``registry`` are as for the lock calls; a bad key raises
     before any SQL is sent. What the server hides of another role's session (without
