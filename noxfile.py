@@ -1,12 +1,15 @@
 """The project's tasks, one name each: ``nox -l`` lists them, ``nox -s lint`` runs one,
 ``nox -s tests -- tests/keys -x`` passes arguments on, ``nox`` runs the default checks.
 
-Every session runs in the environment nox itself runs in (``python=False``): the
+Every session but one runs in the environment nox itself runs in (``python=False``): the
 development environment, ``pip install -e '.[dev,docs]'``, which holds every tool and
-extra. nox creates no virtualenvs, so a session starts at once, needs no network (but
-``package``, whose isolated build fetches the build backend) and runs exactly the versions
-the developer and CI have installed. ``.ci/run`` runs its check stages through these
-sessions, so a contributor runs what CI runs, by the same name.
+extra. nox creates no virtualenvs for them, so a session starts at once, needs no network
+(but ``package``, whose isolated build fetches the build backend) and runs exactly the
+versions the developer and CI have installed: the newest that pyproject.toml allows. The one
+exception, ``lowest``, is about versions: it builds its own virtualenv with the lowest
+version of each driver library and framework that pyproject.toml allows. ``.ci/run`` runs
+its check stages through these sessions, so a contributor runs what CI runs, by the same
+name.
 """
 
 from __future__ import annotations
@@ -14,15 +17,24 @@ from __future__ import annotations
 import shutil
 import sys
 import sysconfig
+import tomllib
 from pathlib import Path
 
 import nox
+from packaging.requirements import Requirement
 
 nox.options.default_venv_backend = "none"
 # `nox` alone: the quick checks, then the test suite (bench and chaos take minutes: ask).
 nox.options.sessions = ["lint", "types", "imports", "twins", "workflows", "docs", "tests"]
 
 ROOT = Path(__file__).resolve().parent
+
+# The libraries a connection comes from, and the frameworks around them: the extras whose
+# lowest allowed versions `nox -s lowest` installs (with pgsolo's own dependencies).
+DRIVER_EXTRAS = ("pool", "prometheus", "asyncpg", "psycopg2", "sqlalchemy", "django")
+# The tests that go through every kind of connection: the conformance suite and the
+# frameworks' runs of run_once and jobs (tests/README.md).
+DRIVER_TESTS = ("tests/drivers", "tests/once/test_frameworks.py", "tests/jobs/test_frameworks.py")
 
 
 def _python(session: nox.Session, *args: str) -> None:
@@ -43,6 +55,35 @@ def tests(session: nox.Session) -> None:
 
     Against the server in $PGSOLO_TEST_DSN, else the embedded one."""
     _python(session, "-m", "pytest", *session.posargs)
+
+
+@nox.session(venv_backend="venv")
+def lowest(session: nox.Session) -> None:
+    """The driver tests on the lowest version of each driver library and framework that
+    pyproject.toml allows, in a virtualenv of their own: ``nox -s lowest -- -x``.
+
+    The development environment holds the newest allowed versions, so the two together
+    test both ends of every supported range. Against the server in $PGSOLO_TEST_DSN, else
+    the embedded one."""
+    constraints = Path(session.create_tmp()) / "lowest.txt"
+    constraints.write_text("".join(f"{pin}\n" for pin in lowest_pins()), encoding="utf-8")
+    session.install("-c", str(constraints), "-e", f"{ROOT}[test]")
+    session.run("python", "-m", "pip", "list")  # the versions tested, in the log
+    session.run("python", "-m", "pytest", *DRIVER_TESTS, *session.posargs)
+
+
+def lowest_pins() -> list[str]:
+    """``name==X`` for every requirement ``name>=X`` of pgsolo and of its driver extras."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    extras = project["optional-dependencies"]
+    pins = {}
+    for line in [*project["dependencies"], *(r for e in DRIVER_EXTRAS for r in extras[e])]:
+        requirement = Requirement(line)
+        low = [s.version for s in requirement.specifier if s.operator == ">="]
+        if not low:
+            raise ValueError(f"{line!r} in pyproject.toml has no lower bound")
+        pins[requirement.name] = f"{requirement.name}=={low[0]}"
+    return sorted(pins.values())
 
 
 @nox.session(python=False)

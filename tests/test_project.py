@@ -46,6 +46,9 @@ def test_every_task_is_a_nox_session_in_the_development_environment() -> None:
         call = node.decorator_list[0]
         assert isinstance(call, ast.Call)
         keywords = {k.arg: ast.unparse(k.value) for k in call.keywords}
+        if name == "lowest":  # its point is other versions than the development environment's
+            assert keywords == {"venv_backend": "'venv'"}
+            continue
         # CI's .venv holds every tool already: a virtualenv per session would only cost time
         assert keywords.get("python") == "False", name
     assert "nox" in " ".join(PYPROJECT["project"]["optional-dependencies"]["dev"])
@@ -60,6 +63,32 @@ def test_ci_runs_its_checks_through_the_same_sessions() -> None:
         assert f".venv/bin/{tool}" not in ci, tool
     assert "unasync.py --check" not in ci
     assert MYPY in read("noxfile.py").replace('", "', " ")
+
+
+def test_every_driver_library_has_a_tested_range_and_ci_tests_both_ends() -> None:
+    """Each driver library and framework is bounded on both sides in pyproject.toml: CI's
+    suites test the newest version below the bound (what pip installs), and `nox -s lowest`
+    (which .ci/run runs) the lowest, with the tests that go through every driver."""
+    from packaging.requirements import Requirement  # noqa: PLC0415 - pytest's dependency
+
+    assignments = {
+        target.id: node.value
+        for node in ast.parse(read("noxfile.py")).body
+        if isinstance(node, ast.Assign)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
+    driver_extras = ast.literal_eval(assignments["DRIVER_EXTRAS"])
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    assert {"asyncpg", "psycopg2", "sqlalchemy", "django", "pool"} <= set(driver_extras)
+    for line in [
+        *PYPROJECT["project"]["dependencies"],
+        *(r for e in driver_extras for r in extras[e]),
+    ]:
+        operators = {spec.operator for spec in Requirement(line).specifier}
+        assert operators == {">=", "<"}, line
+    assert "tests/drivers" in ast.literal_eval(assignments["DRIVER_TESTS"])
+    assert re.search(r"^timeout .* \.venv/bin/nox -s lowest ", read(".ci/run"), re.MULTILINE)
 
 
 def test_the_git_hooks_run_the_tools_of_the_development_environment() -> None:

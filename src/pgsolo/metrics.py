@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from .errors import UsageError
@@ -65,18 +65,22 @@ class _Instruments:
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> _Instruments:
-        """Register them all, or none: one interrupted halfway (Ctrl-C) would make every
-        later try refuse a duplicate name."""
-        known = set(getattr(registry, "_collector_to_names", {}))
+        """Register them all, or none: one left registered by a try that failed halfway (a
+        name taken, a Ctrl-C) would make every later try refuse a duplicate name."""
+        instruments = cls._unregistered()
+        registered = []
         try:
-            return cls._register(registry)
+            for collector in (getattr(instruments, f.name) for f in fields(instruments)):
+                registry.register(collector)
+                registered.append(collector)
         except BaseException:
-            for collector in set(getattr(registry, "_collector_to_names", {})) - known:
+            for collector in registered:
                 registry.unregister(collector)
             raise
+        return instruments
 
     @classmethod
-    def _register(cls, registry: CollectorRegistry) -> _Instruments:
+    def _unregistered(cls) -> _Instruments:
         from prometheus_client import Counter, Gauge, Histogram  # noqa: PLC0415
 
         return cls(
@@ -84,47 +88,47 @@ class _Instruments:
                 "pgsolo_job_attempts",
                 "Attempts at a pgsolo job, by outcome (a skip is not a success).",
                 ["job", "outcome", "reason"],
-                registry=registry,
+                registry=None,
             ),
             job_lock_wait=Histogram(
                 "pgsolo_job_lock_wait_seconds",
                 "Time spent getting, or failing to get, a job's lock.",
                 ["job"],
                 buckets=_BUCKETS,
-                registry=registry,
+                registry=None,
             ),
             job_duration=Histogram(
                 "pgsolo_job_duration_seconds",
                 "Time a job's work ran.",
                 ["job", "outcome"],
                 buckets=_BUCKETS,
-                registry=registry,
+                registry=None,
             ),
             job_last_success=Gauge(
                 LAST_SUCCESS,
                 "Unix time at which the job last completed (alert when it gets old).",
                 ["job"],
-                registry=registry,
+                registry=None,
             ),
             lock_acquisitions=Counter(
                 "pgsolo_lock_acquisitions",
                 "Attempts to take an advisory lock, by outcome (acquired, busy, timeout,"
                 " error). A lock given as a number is counted under lock=''.",
                 ["lock", "lifetime", "outcome"],
-                registry=registry,
+                registry=None,
             ),
             lock_wait=Histogram(
                 "pgsolo_lock_wait_seconds",
                 "Time an attempt to take an advisory lock took, by outcome.",
                 ["lock", "outcome"],
                 buckets=_BUCKETS,
-                registry=registry,
+                registry=None,
             ),
             lock_losses=Counter(
                 "pgsolo_lock_losses",
                 "Advisory locks lost while held, by reason (a code of pgsolo.reasons).",
                 ["lock", "lifetime", "reason"],
-                registry=registry,
+                registry=None,
             ),
         )
 

@@ -68,6 +68,29 @@ def test_bare_locks_count_acquired_busy_and_timeout_by_name(
     )
 
 
+def test_a_registry_that_refuses_one_metric_gets_none_and_takes_them_all_once_it_is_free(
+    registry: CollectorRegistry, connect: Connect
+) -> None:
+    """Guards the all-or-none registration, made with prometheus_client's public
+    register/unregister only: a name already taken in the registry makes the lock fail
+    with the registry's error, and leaves none of pgsolo's metrics behind, so that the
+    next lock, once the name is free, registers them all instead of refusing duplicates."""
+    from prometheus_client import Counter  # noqa: PLC0415 - as the module's other imports
+
+    squatter = Counter("pgsolo_lock_losses", "taken before pgsolo", registry=registry)
+    name = unique_name("metrics-refused")
+    conn = connect()
+    with pytest.raises(ValueError, match="pgsolo_lock_losses"), pgsolo.session_lock(conn, name):
+        pass
+    assert value(registry, "pgsolo_job_attempts_total") == 0
+    assert "pgsolo_job_attempts" not in {m.name for m in registry.collect()}
+    registry.unregister(squatter)
+    with pgsolo.session_lock(conn, name) as lock:
+        assert lock.acquired
+    acquired = {"lock": name, "lifetime": "session", "outcome": "acquired"}
+    assert value(registry, "pgsolo_lock_acquisitions_total", **acquired) == 1
+
+
 def test_a_lost_lock_counts_once_though_the_keeper_and_the_release_both_see_it(
     registry: CollectorRegistry, connect: Connect, observer: Any
 ) -> None:

@@ -92,13 +92,10 @@ def _command_word(argv: list[str]) -> str | None:
     """The command ``argv`` names: its first word that is neither an option nor the value
     of one of the options before a command (``--log-format json run``), if it is one of
     :data:`COMMANDS`."""
-    from .common import COMMON  # noqa: PLC0415 - after --version, which needs nothing
+    from .common import COMMON_OPTIONS  # noqa: PLC0415 - after --version, which needs nothing
 
     takes_value = {
-        option
-        for action in COMMON._actions  # argparse lists its options nowhere public
-        if action.nargs != 0
-        for option in action.option_strings
+        option for action in COMMON_OPTIONS if action.nargs != 0 for option in action.option_strings
     }
     words = iter(argv)
     for word in words:

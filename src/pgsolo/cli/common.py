@@ -52,18 +52,22 @@ class CliError(Exception):
 
 # Options every command takes, before or after its name: pgsolo -v demo, pgsolo demo -v.
 COMMON = argparse.ArgumentParser(add_help=False)
-COMMON.add_argument(
-    "-v",
-    "--verbose",
-    action="count",
-    default=argparse.SUPPRESS,
-    help="log job outcomes (-vv: every lock event, debug)",
-)
-COMMON.add_argument(
-    "--log-format",
-    choices=LOG_FORMATS,
-    default=argparse.SUPPRESS,
-    help="log lines as text (default) or one JSON object per line",
+# Their argparse actions, as add_argument() returns them (argparse lists a parser's options
+# nowhere public): what tells which of them take a value.
+COMMON_OPTIONS = (
+    COMMON.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=argparse.SUPPRESS,
+        help="log job outcomes (-vv: every lock event, debug)",
+    ),
+    COMMON.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default=argparse.SUPPRESS,
+        help="log lines as text (default) or one JSON object per line",
+    ),
 )
 
 

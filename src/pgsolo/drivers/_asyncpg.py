@@ -53,9 +53,10 @@ heartbeat in flight would make the caller's own query fail at random, so ``keep=
 refused (:class:`~pgsolo.drivers.Lacking`: a :class:`~pgsolo.UsageError` before any SQL,
 as on every driver without a heartbeat).
 
-asyncpg offers no public API for some of this: the connection's address and parameters
-(``_addr``, ``_params``), the COPY-out exchange (``_copy_out``) and the release counter
-are private attributes, which the tests cover.
+asyncpg offers no public API for some of this: the connection's address and parameters,
+the COPY-out exchange, the statement and release counters, the connection behind a pool's
+proxy and the cancel request are private attributes, all read in
+:mod:`pgsolo.drivers._asyncpg_private` (which names the asyncpg versions it was checked on).
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ from psycopg.conninfo import make_conninfo
 from .. import sql
 from ..errors import TransactionFailedError, UnsupportedConnectionError
 from . import AsyncDriver, AsyncHeartbeat, Edge, Lacking, ServerInfo, TxStatus, edged
+from . import _asyncpg_private as private
 from .conninfo import scrub_secrets
 from .deadlines import host_port
 
@@ -96,7 +98,7 @@ def adapt(connection: object) -> AsyncDriver | None:
     """The adapter of an asyncpg connection (see :func:`pgsolo.drivers.adapt`)."""
     # First: asyncpg's isinstance(proxy, Connection) is True.
     if isinstance(connection, PoolConnectionProxy):
-        conn = connection._con  # what the proxy stands for
+        conn = private.connection_behind(connection)
         if conn is None:
             raise UnsupportedConnectionError(
                 "this asyncpg connection was released back to its pool; pass one that is"
@@ -158,8 +160,8 @@ class AsyncpgDriver:
     def server_info(self) -> ServerInfo:
         if self.is_closed():
             return self._last_info
-        host, port = host_port(self._conn._addr)
-        params = self._conn._params
+        host, port = host_port(private.address(self._conn))
+        params = private.parameters(self._conn)
         settings = self._conn.get_settings()
         self._last_info = ServerInfo(
             database=str(params.database or ""),
@@ -191,8 +193,7 @@ class AsyncpgDriver:
         return scrub_secrets(text, make_conninfo("", password=password)) if password else text
 
     def client_address(self) -> tuple[str, int] | None:
-        transport = self._conn._transport
-        address = transport.get_extra_info("sockname") if transport is not None else None
+        address = private.client_socket(self._conn)
         if isinstance(address, tuple) and len(address) >= 2:  # (host, port, ...)
             return str(address[0]), int(address[1])
         return None  # a unix socket
@@ -226,8 +227,8 @@ class AsyncpgDriver:
         return value
 
     async def fetch_value_elsewhere(self, statements: Sequence[str]) -> object:
-        host, port = host_port(self._conn._addr)
-        params = self._conn._params
+        host, port = host_port(private.address(self._conn))
+        params = private.parameters(self._conn)
         other = await asyncpg.connect(
             host=host,
             port=port,
@@ -252,7 +253,7 @@ class AsyncpgDriver:
     def _queries(self) -> int:
         """How many statements asyncpg has sent on the connection (pgsolo's COPY-out
         messages aside): what tells whether anything ran since pgsolo's last round trip."""
-        return int(self._conn._protocol.queries_count)
+        return private.queries_sent(self._conn)
 
     async def _find_out_if_aborted(self) -> None:
         """After a cancelled round trip in a transaction: whether the cancellation aborted
@@ -272,10 +273,10 @@ class AsyncpgDriver:
 
     def _released(self) -> bool:
         """The pooled connection went back to its pool since this driver was made."""
-        return bool(self._conn._pool_release_ctr != self._checkout.number)
+        return private.releases(self._conn) != self._checkout.number
 
     def _password(self) -> str | None:
-        password = self._conn._params.password
+        password = private.parameters(self._conn).password
         # asyncpg also takes a function that returns it: nothing to blank then.
         return password if isinstance(password, str) and password else None
 
@@ -310,7 +311,7 @@ _CHECKOUTS: weakref.WeakKeyDictionary[Any, Checkout] = weakref.WeakKeyDictionary
 
 
 def _checkout_of(conn: Any) -> Checkout:
-    number = int(conn._pool_release_ctr)  # asyncpg counts releases
+    number = private.releases(conn)  # asyncpg counts releases
     checkout = _CHECKOUTS.get(conn)
     if checkout is None or checkout.number != number:
         checkout = _CHECKOUTS[conn] = Checkout(number)
@@ -346,7 +347,7 @@ async def _settle(conn: Any, block: asyncio.Future[Any]) -> None:
         with contextlib.suppress(Exception, asyncio.CancelledError):
             if loop.time() < give_up:
                 delivered = loop.create_future()
-                conn._cancel_current_command(delivered)
+                private.cancel_statement(conn, delivered)
                 await asyncio.wait({delivered}, timeout=_SETTLE_SECONDS)
             else:
                 block.cancel()
@@ -369,9 +370,8 @@ async def _exchange_once(conn: Any, statements: Sequence[str]) -> tuple[str, obj
     async def sink(data: bytes) -> None:
         chunks.append(bytes(data))
 
-    conn._check_open()  # what copy_from_query() checks first
-    tag = await conn._copy_out(script, sink, None)
-    return str(tag or ""), _read_copy_row(b"".join(chunks))
+    tag = await private.copy_out(conn, script, sink)
+    return tag, _read_copy_row(b"".join(chunks))
 
 
 def _read_copy_row(data: bytes) -> object:

@@ -22,10 +22,10 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from django.core.signals import request_finished
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.db import Error as DjangoError
-from django.db import connections, transaction
+from django.db import connection as default_connection
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.utils.connection import ConnectionProxy
 
 from .._acompat import Event
 from .._logging import drivers_logger as logger
@@ -49,8 +49,8 @@ __all__ = ["DjangoDriver", "adapt"]
 def adapt(connection: object) -> SyncDriver | None:
     """The adapter of a Django connection of the postgresql backend; None for other
     Django objects."""
-    if isinstance(connection, ConnectionProxy):
-        connection = connection._connections[connection._alias]
+    if connection is default_connection:  # a proxy of this thread's connections[default]
+        connection = connections[DEFAULT_DB_ALIAS]
     if not isinstance(connection, BaseDatabaseWrapper):
         return None
     if connection.vendor != "postgresql":

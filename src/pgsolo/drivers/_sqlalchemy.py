@@ -39,11 +39,12 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import ConnectionPoolEntry
-from sqlalchemy.util import await_
+from sqlalchemy.util import await_only  # await_ from 2.1 on; this name until 2.2
 
 from .._acompat import afinished
 from ..errors import ConnectionStateError, UnsupportedConnectionError
 from . import AsyncDriver, ServerInfo, SyncDriver, TxStatus, as_sync, is_async
+from . import _sqlalchemy_private as private
 
 __all__ = [
     "SESSION_LOCK_REFUSAL",
@@ -362,12 +363,7 @@ async def astart_driver_transaction(core: Connection) -> None:
     of pgsolo's would make asyncpg refuse SQLAlchemy's own transaction later. psycopg opens
     it by itself (``autocommit=False``)."""
     dbapi = core.connection.dbapi_connection
-    if (
-        dbapi is not None
-        and getattr(dbapi, "_transaction", False) is None
-        and not getattr(dbapi, "autocommit", True)
-        and hasattr(dbapi, "_start_transaction")
-    ):
+    if dbapi is not None and private.transaction_not_started(dbapi):
         await _start_to_its_end(dbapi)
 
 
@@ -376,8 +372,9 @@ _START_WITHIN = 5.0
 
 
 async def _start_to_its_end(dbapi: Any) -> None:
-    """SQLAlchemy's ``_start_transaction()`` on its asyncpg adapter, run to its end even if
-    the caller is cancelled meanwhile; the cancellation goes on once it has ended.
+    """The start of SQLAlchemy's asyncpg transaction (:mod:`._sqlalchemy_private`), run to
+    its end even if the caller is cancelled meanwhile; the cancellation goes on once it has
+    ended.
 
     Cut short, the start would leave a transaction nobody ends: asyncpg takes its
     ``Transaction`` for the connection's own before it sends BEGIN and keeps it after an
@@ -388,7 +385,7 @@ async def _start_to_its_end(dbapi: Any) -> None:
     was cancelled.) Run to its end, the transaction is SQLAlchemy's, and the caller's
     way out rolls it back through SQLAlchemy. A connection that does not answer BEGIN in
     time is closed: its state is unknown, and SQLAlchemy treats it as a dead one."""
-    start = asyncio.ensure_future(dbapi._start_transaction())
+    start = asyncio.ensure_future(private.start_transaction(dbapi))
     try:
         await asyncio.shield(start)
     except asyncio.CancelledError:
@@ -398,7 +395,7 @@ async def _start_to_its_end(dbapi: Any) -> None:
             with contextlib.suppress(asyncio.CancelledError):  # on its way out already
                 await asyncio.wait({start}, timeout=give_up - loop.time())
         if not start.done():
-            dbapi._connection.terminate()
+            dbapi.driver_connection.terminate()
         start.add_done_callback(_retrieved)  # the caller's cancellation is what propagates
         raise
 
@@ -421,7 +418,7 @@ def _switch_back_for_good(raw: Any) -> None:
         switch = getattr(raw, "set_autocommit", None)
         for done in (raw.rollback(), switch(False) if switch else None):
             if inspect.isawaitable(done):
-                await_(done)
+                await_only(done)
         if switch is None:
             raw.autocommit = False
 
@@ -445,6 +442,6 @@ def listen_for_returns(engine: object, on_return: Callable[[object], object]) ->
         _switch_back_for_good(record.driver_connection)
         outcome = on_return(record.driver_connection)
         if inspect.isawaitable(outcome):
-            await_(outcome)
+            await_only(outcome)
 
     event.listen(engine.pool, "reset", reset)

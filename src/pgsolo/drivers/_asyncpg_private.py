@@ -1,0 +1,80 @@
+"""The one place pgsolo reads asyncpg's private attributes: what asyncpg offers no public
+API for. Checked on asyncpg 0.29.0 to 0.32.0, the range pyproject.toml allows; `nox -s
+lowest` runs the driver tests on the lowest, CI's suite on the newest. A new asyncpg
+release is checked against this module before the upper bound moves.
+
+- :func:`copy_out`: the COPY-out exchange of ``copy_from_query()``, which takes a whole
+  simple-query script here; ``copy_from_query()`` itself wraps its query in ``COPY (...)``
+  and so takes one SELECT. The one-round-trip design of the asyncpg adapter rests on it
+  (its module docstring); the public calls cost a round trip per statement.
+- :func:`address`, :func:`parameters`, :func:`client_socket`: where the connection goes
+  and how it logged in (the database, user, password and TLS a probe connection needs to
+  go to the same place), and its local address. ``get_settings()`` has none of them.
+- :func:`queries_sent`: asyncpg's count of the statements it sent (what tells whether
+  anything ran since pgsolo's last round trip); asyncpg keeps the server's transaction
+  status to itself.
+- :func:`releases`: how many times a pool took the connection back (a checkout's
+  identity: ``Pool.release()`` unlocks every advisory lock).
+- :func:`connection_behind`: the connection a pool's proxy stands for, ``None`` once it
+  was released.
+- :func:`cancel_statement`: asyncpg's own cancel request, with a future that says when it
+  was delivered (the public way, ``asyncio`` cancellation, may close the connection).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+__all__ = [
+    "address",
+    "cancel_statement",
+    "client_socket",
+    "connection_behind",
+    "copy_out",
+    "parameters",
+    "queries_sent",
+    "releases",
+]
+
+
+async def copy_out(conn: Any, script: str, sink: Callable[[bytes], Awaitable[None]]) -> str:
+    """Send ``script`` (whose one COPY ... TO STDOUT sends data) as one simple-query
+    message; ``sink`` gets the data; the status of the last statement comes back."""
+    conn._check_open()  # what copy_from_query() checks first
+    return str(await conn._copy_out(script, sink, None) or "")
+
+
+def address(conn: Any) -> object:
+    """The server's address: (host, port), or a unix socket's path."""
+    return conn._addr
+
+
+def parameters(conn: Any) -> Any:
+    """asyncpg's ``ConnectionParameters``: user, password, database, ssl, sslmode."""
+    return conn._params
+
+
+def client_socket(conn: Any) -> object:
+    """The local address of the connection's socket; None if it has no transport."""
+    transport = conn._transport
+    return transport.get_extra_info("sockname") if transport is not None else None
+
+
+def queries_sent(conn: Any) -> int:
+    return int(conn._protocol.queries_count)
+
+
+def releases(conn: Any) -> int:
+    return int(conn._pool_release_ctr)
+
+
+def connection_behind(proxy: Any) -> Any:
+    return proxy._con
+
+
+def cancel_statement(conn: Any, delivered: asyncio.Future[None]) -> None:
+    """Ask the server to cancel the running statement; ``delivered`` is done once the
+    request has been sent."""
+    conn._cancel_current_command(delivered)
