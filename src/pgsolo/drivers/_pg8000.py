@@ -31,8 +31,8 @@ What pg8000 cannot do, declared rather than found out at run time:
 
 pg8000 offers no public API for some of what pgsolo reads without a round trip: the
 transaction status and the backend's pid (the server's ReadyForQuery and BackendKeyData
-messages, ``_transaction_status`` and ``_backend_key_data``) and the socket
-(``_usock``). They are read here only, checked on pg8000 1.31.
+messages) and the socket: they are private attributes, read in
+:mod:`pgsolo.drivers._pg8000_private` only (which names the versions it was checked on).
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ import pg8000.legacy
 from psycopg.conninfo import make_conninfo
 
 from . import Edge, Lacking, ServerInfo, SyncDriver, SyncHeartbeat, TxStatus, edged
+from . import _pg8000_private as private
 from .conninfo import scrub_secrets
 from .deadlines import host_port, socket_address
 
@@ -112,10 +113,11 @@ class Pg8000Driver:
         if self.is_closed():
             return TxStatus.UNKNOWN
         # None until the first statement: the server was idle when it said it was ready.
-        return _STATUS.get(self._conn._transaction_status, TxStatus.IDLE)
+        status = private.transaction_status(self._conn)
+        return TxStatus.IDLE if status is None else _STATUS.get(status, TxStatus.IDLE)
 
     def backend_pid(self) -> int:
-        key_data = self._conn._backend_key_data  # BackendKeyData: the pid, then the secret
+        key_data = private.backend_key_data(self._conn)  # BackendKeyData: the pid, then the secret
         if not self.is_closed() and key_data:
             self._last_pid = int(struct.unpack("!i", key_data[:4])[0])
         return self._last_pid
@@ -123,7 +125,7 @@ class Pg8000Driver:
     def server_info(self) -> ServerInfo:
         if self.is_closed():
             return self._last_info
-        host, port = host_port(self._conn._usock.getpeername())
+        host, port = host_port(_socket(self._conn).getpeername())
         statuses = self._conn.parameter_statuses
         user = self._conn.user
         self._last_info = ServerInfo(
@@ -144,14 +146,14 @@ class Pg8000Driver:
         return str(fields["D"]) if "D" in fields else None
 
     def is_closed(self) -> bool:
-        return self._conn._usock is None or self._conn in _BROKEN
+        return private.sock(self._conn) is None or self._conn in _BROKEN
 
     def scrub(self, text: str) -> str:
         password = _text(self._conn.password)
         return scrub_secrets(text, make_conninfo("", password=password)) if password else text
 
     def client_address(self) -> tuple[str, int] | None:
-        return None if self.is_closed() else socket_address(self._conn._usock.fileno())
+        return None if self.is_closed() else socket_address(_socket(self._conn).fileno())
 
     def heartbeat(self) -> SyncHeartbeat | Lacking:
         return Lacking(KEEPER_REFUSED)
@@ -171,7 +173,7 @@ class Pg8000Driver:
             raise
 
     def fetch_value_elsewhere(self, statements: Sequence[str]) -> object:
-        peer = self._conn._usock.getpeername()
+        peer = _socket(self._conn).getpeername()
         host, port = host_port(peer)
         where: dict[str, Any] = (
             {"host": host, "port": port} if isinstance(peer, tuple) else {"unix_sock": peer}
@@ -180,7 +182,7 @@ class Pg8000Driver:
             user=self._conn.user,
             password=self._conn.password,
             database=self._database(),
-            ssl_context=True if _is_tls(self._conn._usock) else None,
+            ssl_context=True if _is_tls(_socket(self._conn)) else None,
             application_name="pgsolo:probe",
             timeout=PROBE_TIMEOUT,
             **where,
@@ -272,6 +274,14 @@ def _text(value: object) -> str | None:
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace") or None
     return str(value) if value else None
+
+
+def _socket(conn: Any) -> socket.socket:
+    """The connection's socket; pg8000's own error for one it closed, as its calls raise."""
+    usock = private.sock(conn)
+    if usock is None:
+        raise pg8000.exceptions.InterfaceError("connection is closed")
+    return usock
 
 
 def _is_tls(sock: socket.socket) -> bool:
