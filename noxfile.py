@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent
 
 # The libraries a connection comes from, and the frameworks around them: the extras whose
 # lowest allowed versions `nox -s lowest` installs (with pgsolo's own dependencies).
-DRIVER_EXTRAS = ("pool", "prometheus", "asyncpg", "psycopg2", "sqlalchemy", "django")
+DRIVER_EXTRAS = ("pool", "prometheus", "asyncpg", "psycopg2", "pg8000", "sqlalchemy", "django")
 # The tests that go through every kind of connection: the conformance suite and the
 # frameworks' runs of run_once and jobs (tests/README.md).
 DRIVER_TESTS = ("tests/drivers", "tests/once/test_frameworks.py", "tests/jobs/test_frameworks.py")
