@@ -19,7 +19,7 @@ from typing import (
 from .._types import Lifetime
 from ..dsn import choose_dsn
 from ..keys import KeyLike, Registry
-from ..locking.keeper import Keep
+from ..locking import Keep
 from ._async.run import run_job_async
 from ._sync.run import run_job
 from .definition import Job, JobResult, refuse_unknown_options

@@ -59,6 +59,12 @@ class Route:
     token: str
     direct: bool
 
+    @property
+    def guard(self) -> int | None:
+        """The backend a statement must run on to act on this session (behind a proxy),
+        or None (a direct connection: it always does)."""
+        return None if self.direct else self.server_pid
+
 
 def check_route(driver: DriverBase, status: TxStatus) -> Plan[Route]:
     """Stamp the session and find out whether a session lock is safe on it; raise

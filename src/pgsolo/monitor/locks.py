@@ -12,8 +12,7 @@ from ..drivers import DriverBase, adapt_async, adapt_sync
 from ..drivers.conninfo import DEFAULT_APP_PREFIX
 from ..errors import InvalidArgumentError, PgsoloError
 from ..keys import Key, KeyLike, Registry, as_key, decode_pg_lock, derive_int32, derive_int64
-from ..locking._async.drive import adrive
-from ..locking._sync.drive import drive
+from ..locking import adrive, drive
 from ..locking.plans import Plan
 
 if TYPE_CHECKING:

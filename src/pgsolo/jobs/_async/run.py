@@ -11,9 +11,7 @@ from ..._types import Lifetime
 from ...drivers import adapt_async
 from ...drivers._async.connect import aopen_connection
 from ...keys import KeyLike, Registry
-from ...locking._async.drive import adrive
-from ...locking._async.keeper import AsyncKeeper
-from ...locking.keeper import Keep
+from ...locking import AsyncKeeper, Keep, adrive
 from ..definition import Job, JobResult, refuse_cancel_without_tasks, refuse_unknown_options
 from ..plan import attempt_plan, conclude, core_for
 from ..report import report

@@ -12,9 +12,7 @@ from ..._types import Lifetime
 from ...drivers import adapt_sync
 from ...drivers._sync.connect import open_connection
 from ...keys import KeyLike, Registry
-from ...locking._sync.drive import drive
-from ...locking._sync.keeper import Keeper
-from ...locking.keeper import Keep
+from ...locking import Keep, Keeper, drive
 from ..definition import Job, JobResult, refuse_cancel_without_tasks, refuse_unknown_options
 from ..plan import attempt_plan, conclude, core_for
 from ..report import report

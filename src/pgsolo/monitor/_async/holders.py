@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from ...drivers import adapt_async
 from ...keys import KeyLike, Registry
-from ...locking._async.drive import adrive
+from ...locking import adrive
 from ..locks import AdvisoryLock, holders_query
 
 if TYPE_CHECKING:

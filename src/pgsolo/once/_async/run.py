@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..._acompat import AIS_ASYNC, aresult_of
 from ...drivers import adapt_async
-from ...locking._async.drive import adrive
+from ...locking import adrive
 from ..operation import OnceResult, OperationContext
 from ..plan import Attempt, Operation, core_for, once_plan, report_outcome
 

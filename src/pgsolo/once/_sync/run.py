@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..._acompat import IS_ASYNC, result_of
 from ...drivers import adapt_sync
-from ...locking._sync.drive import drive
+from ...locking import drive
 from ..operation import OnceResult, OperationContext
 from ..plan import Attempt, Operation, core_for, once_plan, report_outcome
 
