@@ -48,7 +48,7 @@ class LockEvents:
             "key": spec.key.text,
             "name": spec.key.name,
             "lifetime": spec.lifetime,
-            "mode": "wait" if spec.waits else "try",
+            "mode": "wait" if spec.wait_ms is not None else "try",
             "shared": spec.shared,
             "database": info.database,
             "server": info.address,

@@ -20,7 +20,6 @@ if TYPE_CHECKING:
     from .spec import LockSpec
 
 __all__ = [
-    "guarded",
     "in_savepoint",
     "outside_transaction",
     "release_failed_hold",
@@ -50,16 +49,11 @@ def in_savepoint(driver: DriverBase, status: TxStatus, statements: list[str]) ->
     return outside_transaction(driver, statements)
 
 
-def guarded(guard: int | None, statement: str) -> str:
-    """``statement``, to run only on backend ``guard`` (behind a proxy: the session the
-    route was checked on), or anywhere (None: a direct connection)."""
-    return statement if guard is None else sql.session_guarded(guard, statement)
-
-
 def unlock_statement(spec: LockSpec, guard: int | None) -> str:
     """The unlock of a session lock; behind a proxy, only on the backend that holds it
     (``guard``)."""
-    return guarded(guard, sql.unlock(spec.key, shared=spec.shared))
+    unlock = sql.unlock(spec.key, shared=spec.shared)
+    return unlock if guard is None else sql.session_guarded(guard, unlock)
 
 
 def release_hold(driver: DriverBase, spec: LockSpec, guard: int | None, hold: str) -> list[str]:
@@ -104,7 +98,9 @@ def session_acquisition(
     Inside the caller's transaction they open the lock's ``hold``
     (:func:`pgsolo.sql.hold_savepoint`) first, and leave it open for the block: a failure
     of what follows is undone by rolling back to it, and a busy try leaves it."""
-    acquire = guarded(guard, _acquire(spec))
+    acquire = _acquire(spec)
+    if guard is not None:  # behind a proxy: only on the session the route was checked on
+        acquire = sql.session_guarded(guard, acquire)
     if status is TxStatus.INTRANS:
         assert hold is not None  # noqa: S101 - the core names it in a transaction
         opening_hold = sql.savepoint(hold)
@@ -161,7 +157,7 @@ def _acquire(spec: LockSpec) -> str:
     return sql.acquire(
         spec.key,
         spec.lifetime,
-        wait=spec.waits,
+        wait=spec.wait_ms is not None,
         shared=spec.shared,
         fencing=spec.fencing,
         refuse_standby=spec.lifetime == "xact",

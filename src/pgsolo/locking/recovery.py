@@ -108,7 +108,7 @@ def after_session_failure(
         else:  # interrupted before the server ran the message, or after
             yield from drop_hold(driver, hold)
     # With fencing the token was not read: the caller cannot have that lock.
-    if spec.waits and timed_out(driver, exc) and not spec.fencing:
+    if spec.wait_ms is not None and timed_out(driver, exc) and not spec.fencing:
         granted = (yield from recover(driver, spec, status)) is True
         if granted and hold is not None:  # the block still needs its hold
             yield [sql.savepoint(hold)]

@@ -117,7 +117,7 @@ class SessionLockCore(LockCore):
             # caller holds the lock object: whatever interrupts reading the answer or
             # logging it lets the lock go (the server says whether it is held) first.
             try:
-                if not self.spec.waits and value is not True and not is_token(value):
+                if self.spec.wait_ms is None and value is not True and not is_token(value):
                     yield from self._drop_hold()
                     events.log(logging.DEBUG, "busy", started)
                     return False
@@ -145,11 +145,11 @@ class SessionLockCore(LockCore):
         a wait runs in a short transaction, or a savepoint of the caller's (waits.py); one
         that ran out is put right, as any failed acquisition, and may turn out granted as
         it timed out."""
-        driver, spec = self.driver, self.spec
+        driver, spec, guard = self.driver, self.spec, route.guard
         for lock_timeout, last in waits.slices(spec.wait_ms):
             self.hold = hold  # opened again by each slice: one that ran out left it
             statements = placement.session_acquisition(
-                driver, spec, status, route.guard, hold, lock_timeout
+                driver, spec, status, guard, hold, lock_timeout
             )
             try:
                 return (yield self._waiting(statements, lock_timeout)), {}
@@ -157,7 +157,7 @@ class SessionLockCore(LockCore):
                 self.hold = None
                 if (
                     yield from recovery.after_session_failure(
-                        driver, spec, status, exc, hold, route.guard
+                        driver, spec, status, exc, hold, guard
                     )
                 ):
                     self.hold = hold

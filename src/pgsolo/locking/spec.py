@@ -99,9 +99,5 @@ class LockSpec:
     verify_commit: bool = False
 
     @property
-    def waits(self) -> bool:
-        return self.wait_ms is not None
-
-    @property
     def wait_seconds(self) -> float:
         return (self.wait_ms or 0) / 1000

@@ -155,7 +155,7 @@ class XactLockCore(LockCore):
             yield from self._abandon_own_transaction()
             raise failures.standby_refused(self.events, started)
         try:  # a Ctrl-C from here on ends pgsolo's own transaction, with the lock
-            self.acquired = self.spec.waits or value is True or is_token(value)
+            self.acquired = self.spec.wait_ms is not None or value is True or is_token(value)
             self.token = int(str(value)) if is_token(value) else None
             self.backend_pid = self.driver.backend_pid() if self.acquired else None
             self.events.log(logging.DEBUG, "acquired" if self.acquired else "busy", started)
@@ -198,7 +198,7 @@ class XactLockCore(LockCore):
             yield from self._abandon_own_transaction()
         elif (
             in_callers_transaction
-            and self.spec.waits
+            and self.spec.wait_ms is not None
             and self.driver.transaction_status() is TxStatus.INERROR
         ):
             yield from quietly(self.driver, [sql.SAVEPOINT_UNDO, sql.SAVEPOINT_RELEASE])
