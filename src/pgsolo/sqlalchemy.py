@@ -7,6 +7,6 @@ Importing it does not import SQLAlchemy: :func:`install` does, when called.
 
 from __future__ import annotations
 
-from .locking.handbacks import install
+from .locking import install
 
 __all__ = ["install"]

@@ -37,10 +37,10 @@ from _support import (
 )
 from pgsolo import (
     Key,
+    Lock,
     LockNotHeldError,
 )
 from pgsolo.drivers._sync.psycopg_driver import PsycopgDriver
-from pgsolo.locking._sync.lock import Lock
 from pgsolo.sql import hold_savepoint, lock_function
 
 INERROR = psycopg.pq.TransactionStatus.INERROR

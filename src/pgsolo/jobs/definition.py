@@ -13,8 +13,7 @@ from .._types import Lifetime, Outcome, check_period
 from ..drivers.conninfo import DEFAULT_APP_PREFIX, application_name_for
 from ..errors import InvalidArgumentError, UsageError
 from ..keys import Key, KeyLike, Registry, as_key
-from ..locking.core import wait_ms_of
-from ..locking.keeper import Keep, as_keep
+from ..locking import Keep, as_keep, wait_ms_of
 from ..reasons import FailReason, LostReason, Reason, SkipReason
 
 __all__ = [

@@ -28,11 +28,17 @@ from ..errors import (
     PeriodUnconfirmedError,
     TransactionFailedError,
 )
-from ..locking.core import LockCore, require_no_transaction, wait_ms_of
-from ..locking.failures import unavailable
-from ..locking.placement import outside_transaction
+from ..locking import (
+    LockCore,
+    LockSpec,
+    lock_core,
+    outside_transaction,
+    refuse_keeper,
+    require_no_transaction,
+    unavailable,
+    wait_ms_of,
+)
 from ..locking.plans import WORK, Plan
-from ..locking.watch import refuse_keeper
 from ..reasons import LostReason
 from ..schema import LATEST_VERSION, version_plan
 from .definition import Failure, Job, JobResult, job_result, untranslatable_name
@@ -401,12 +407,6 @@ def conclude(job: Job, result: JobResult[T]) -> JobResult[T]:
 def core_for(job: Job, driver: DriverBase) -> LockCore:
     if job.keep is not None:
         refuse_keeper(driver)
-    return LockCore(
-        driver,
-        job.key,
-        job.lifetime,
-        wait_ms=wait_ms_of(job.wait),
-        shared=False,
-        reentrant=False,
-        verify_commit=True,
+    return lock_core(
+        driver, LockSpec(job.key, job.lifetime, wait_ms_of(job.wait), verify_commit=True)
     )

@@ -15,7 +15,7 @@ from .. import sql
 from .._logging import jobs_logger as logger
 from ..drivers import DriverBase, adapt_sync
 from ..errors import NotMigratedError
-from ..locking.placement import outside_transaction
+from ..locking import outside_transaction
 from ..locking.plans import Plan
 from .definition import Job, JobResult, untranslatable_name
 from .report import scrubbed

@@ -1,30 +1,58 @@
 """Advisory locks: transaction or session lifetime, try or wait, exclusive or shared, and
 the keeper that watches a held session lock.
 
-Modules, one idea each: :mod:`.factory` (``xact_lock``, ``session_lock``), :mod:`.lock`
-(the ``Lock``/``AsyncLock`` objects) and :mod:`.view` (what they show), :mod:`.core` (one
-lock's state and plans) with :mod:`.placement`, :mod:`.transaction`, :mod:`.failures` and
-:mod:`.recovery`, :mod:`.holdings` (what each connection holds), :mod:`.routing` (proxies
-and standbys), :mod:`.keeper` (the keepers) and :mod:`.watch` (``Keep``, what a beat
+Modules, one idea each: :mod:`.factory` (``xact_lock``, ``session_lock``, and
+``lock_core``, which picks the core for a lifetime), ``_async/lock.py`` (the
+``AsyncLock`` object, and its generated twin ``Lock``) and :mod:`.view` (what they show);
+:mod:`.spec` (what a lock is: ``LockSpec``, ``Keep``), :mod:`.core` (what both lifetimes
+share), :mod:`.session` and :mod:`.transaction` (one core per lifetime, owning its
+state), :mod:`.events` (a lock's log and metrics); the functions they call, which change
+no state: :mod:`.placement` (which statements, where), :mod:`.failures` (what a failure
+means), :mod:`.recovery` (putting the connection right), :mod:`.waits` (the slices of a
+wait) and :mod:`.routing` (proxies and standbys); :mod:`.holdings` (what each connection
+holds), ``_async/keeper.py`` (the keeper, and its twin) and :mod:`.watch` (what a beat
 means), :mod:`.pools` (what a pool reset does), :mod:`.handbacks` (a framework taking a
-connection back: SQLAlchemy's pool, the end of a Django request) and :mod:`.plans` (what a
-plan yields).
+connection back: SQLAlchemy's pool, the end of a Django request) and :mod:`.plans` (what
+a plan yields).
 
-The shells that exist in both flavours (the lock objects, the keeper, the pool hooks)
-are written once, async, in ``_async/``; ``scripts/unasync.py`` generates their sync twins
-in ``_sync/``.
+The shells that exist in both flavours (the lock objects, the keeper, the plan loop, the
+pool hooks) are written once, async, in ``_async/``; ``scripts/unasync.py`` generates
+their sync twins in ``_sync/``.
+
+This package is the one way in from above (jobs, once, monitor, schema, the CLI): what
+``__all__`` lists is public, the other names below are for pgsolo's own features, and
+:mod:`.plans` is the one module they may import besides (an import-linter contract says
+so).
 """
 
 from __future__ import annotations
 
+from ._async.drive import adrive as adrive
+from ._async.keeper import AsyncKeeper as AsyncKeeper
 from ._async.lock import AsyncLock
 from ._async.pools import async_pool_reset
+from ._sync.drive import drive as drive
+from ._sync.keeper import Keeper as Keeper
 from ._sync.lock import Lock
 from ._sync.pools import pool_reset
+from .core import LockCore as LockCore
+from .core import require_no_transaction as require_no_transaction
+from .factory import lock_core as lock_core
 from .factory import session_lock, xact_lock
+from .failures import unavailable as unavailable
+from .handbacks import install as install
 from .handbacks import release_at_request_end as _release_at_request_end  # noqa: F401 - registers it
 from .holdings import held_session_locks
-from .watch import Keep
+from .placement import outside_transaction as outside_transaction
+from .recovery import connection_gone as connection_gone
+from .recovery import quietly as quietly
+from .routing import check_route as check_route
+from .spec import MAX_WAIT_SECONDS as MAX_WAIT_SECONDS
+from .spec import Keep
+from .spec import LockSpec as LockSpec
+from .spec import as_keep as as_keep
+from .spec import refuse_keeper as refuse_keeper
+from .spec import wait_ms_of as wait_ms_of
 
 __all__ = [
     "AsyncLock",

@@ -1,23 +1,33 @@
-"""``xact_lock`` and ``session_lock``: validate everything, then pick the shell for the
-connection's driver."""
+"""``xact_lock`` and ``session_lock``: validate everything, then pick the lock core for
+the lifetime (:func:`lock_core`) and the shell for the connection's driver."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, overload
 
 from .._types import Lifetime
-from ..drivers import adapt, as_sync, is_async
+from ..drivers import DriverBase, adapt, as_sync, is_async
 from ..errors import UsageError
 from ..keys import KeyLike, Registry, as_key
 from ._async.lock import AsyncLock
 from ._sync.lock import Lock
-from .core import LockCore, wait_ms_of
-from .watch import Keep, as_keep, refuse_keeper
+from .core import LockCore
+from .session import SessionLockCore
+from .spec import Keep, LockSpec, as_keep, refuse_keeper, wait_ms_of
+from .transaction import XactLockCore
 
 if TYPE_CHECKING:
     from ..drivers.kinds import AsyncConnectionLike, SyncConnectionLike
 
-__all__ = ["session_lock", "xact_lock"]
+__all__ = ["lock_core", "session_lock", "xact_lock"]
+
+
+def lock_core(driver: DriverBase, spec: LockSpec) -> LockCore:
+    """The core that takes and gives back the lock of ``spec`` on ``driver``'s
+    connection: one class per lifetime, each owning the state only it has."""
+    if spec.lifetime == "xact":
+        return XactLockCore(driver, spec)
+    return SessionLockCore(driver, spec)
 
 
 def _make(
@@ -50,16 +60,16 @@ def _make(
         refuse_keeper(driver)
     if keeping is not None and keeping.cancel and not is_async(driver):
         raise UsageError("Keep(cancel=True) cancels an asyncio task: it needs an async connection")
-    core = LockCore(
-        driver,
+    spec = LockSpec(
         resolved,
         lifetime,
-        wait_ms=wait_ms,
+        wait_ms,
         shared=shared,
         reentrant=reentrant,
         fencing=fencing,
         keep=keeping,
     )
+    core = lock_core(driver, spec)
     if is_async(driver):
         return AsyncLock(core, driver)
     return Lock(core, as_sync(driver))

@@ -38,7 +38,7 @@ from . import placement
 from .routing import in_recovery_error
 
 if TYPE_CHECKING:
-    from .core import LockCore
+    from .events import LockEvents
     from .plans import Plan
 
 __all__ = [
@@ -52,48 +52,55 @@ __all__ = [
 ]
 
 
-def busy_here(core: LockCore, pid: int) -> bool:
-    """Refuse ``core``'s key, which this connection (backend ``pid``) already holds
+def busy_here(events: LockEvents, pid: int) -> bool:
+    """Refuse the lock's key, which this connection (backend ``pid``) already holds
     through pgsolo: False (busy) for a try."""
-    core.log(logging.DEBUG, "busy", reason="held-by-this-connection")
-    if core.wait_ms is None:
+    spec = events.spec
+    events.log(logging.DEBUG, "busy", reason="held-by-this-connection")
+    if spec.wait_ms is None:
         return False
-    hint = "" if core.lifetime == "xact" else ", or reentrant=True if that is on purpose"
+    hint = "" if spec.lifetime == "xact" else ", or reentrant=True if that is on purpose"
     raise LockUnavailableError(
-        f"{core.lifetime} lock {core.key} is already held on this connection (backend pid"
+        f"{spec.lifetime} lock {spec.key} is already held on this connection (backend pid"
         f" {pid}); PostgreSQL would grant it again, so two holders sharing one connection"
         f" would both run. Use another connection{hint}.",
-        key=core.key,
+        key=spec.key,
     )
 
 
-def acquisition_error(core: LockCore, exc: BaseException, started: float) -> BaseException | None:
-    """Log a failed acquisition of ``core``'s lock (begun at ``started``); return the
+def acquisition_error(
+    events: LockEvents, exc: BaseException, started: float
+) -> BaseException | None:
+    """Log a failed acquisition of the lock (begun at ``started``); return the
     pgsolo error to raise instead of ``exc``, or None when it means none of them (or, for
     a wait the server cancelled, when :func:`cut_short` must tell why, once the connection
     is put right)."""
-    meaning = sql.meaning(core.driver.sqlstate(exc))
-    if core.wait_ms is not None and meaning is sql.Meaning.LOCK_TIMEOUT:
-        core.log(logging.DEBUG, "timeout", started)
-        return _timeout_error(core)
-    if core.wait_ms is not None and meaning is sql.Meaning.CANCELED:
+    spec = events.spec
+    meaning = sql.meaning(events.driver.sqlstate(exc))
+    if spec.wait_ms is not None and meaning is sql.Meaning.LOCK_TIMEOUT:
+        events.log(logging.DEBUG, "timeout", started)
+        return _timeout_error(events)
+    if spec.wait_ms is not None and meaning is sql.Meaning.CANCELED:
         return None
     if meaning is sql.Meaning.IN_RECOVERY:
-        return standby_refused(core, started)
-    core.log(logging.WARNING, "error", started, error=repr(exc))
-    return _refusal(core, exc, meaning) or connection_failed(core, exc)
+        return standby_refused(events, started)
+    events.log(logging.WARNING, "error", started, error=repr(exc))
+    return _refusal(events, exc, meaning) or connection_failed(events, exc)
 
 
-def _refusal(core: LockCore, exc: BaseException, meaning: sql.Meaning | None) -> PgsoloError | None:
+def _refusal(
+    events: LockEvents, exc: BaseException, meaning: sql.Meaning | None
+) -> PgsoloError | None:
     """The server refused the acquisition for a reason pgsolo has words for."""
+    spec = events.spec
     if meaning is sql.Meaning.DEADLOCK:
-        keys = advisory_keys_in(core.driver.error_detail(exc) or "") or (core.key,)
+        keys = advisory_keys_in(events.driver.error_detail(exc) or "") or (spec.key,)
         return LockDeadlockError(
-            f"deadlock: waiting for {core.lifetime} lock {core.key} would never end, so"
+            f"deadlock: waiting for {spec.lifetime} lock {spec.key} would never end, so"
             f" PostgreSQL cancelled the wait; the sessions involved were waiting for"
             f" advisory locks {', '.join(str(k) for k in keys)}. Take several keys in"
             " one fixed order everywhere (for example sorted), or one key for the group.",
-            key=core.key,
+            key=spec.key,
             keys=keys,
         )
     if meaning is sql.Meaning.NO_PRIVILEGE:
@@ -101,16 +108,16 @@ def _refusal(core: LockCore, exc: BaseException, meaning: sql.Meaning | None) ->
         # and not granted back), or the fencing sequence: the server says which in its
         # own words (and language), so both are named.
         function = sql.lock_function(
-            core.lifetime, wait=core.wait_ms is not None, shared=core.shared
+            spec.lifetime, wait=spec.wait_ms is not None, shared=spec.shared
         )
-        args = "integer, integer" if core.key.is_pair else "bigint"
+        args = "integer, integer" if spec.key.is_pair else "bigint"
         return sql.privilege_error(
-            f"{core.lifetime} lock {core.key}",
-            core.driver.server_info().user,
+            f"{spec.lifetime} lock {spec.key}",
+            events.driver.server_info().user,
             functions=(f"{function}({args})",),
-            features=("fencing",) if core.fencing else (),
+            features=("fencing",) if spec.fencing else (),
         )
-    if core.fencing and meaning is sql.Meaning.NOT_MIGRATED:
+    if spec.fencing and meaning is sql.Meaning.NOT_MIGRATED:
         return NotMigratedError(
             "fencing tokens are kept in pgsolo's tables, which this database does not"
             " have: run `pgsolo migrate` first (nothing is held)"
@@ -118,10 +125,11 @@ def _refusal(core: LockCore, exc: BaseException, meaning: sql.Meaning | None) ->
     return None
 
 
-def connection_failed(core: LockCore, exc: BaseException) -> DatabaseUnavailableError | None:
+def connection_failed(events: LockEvents, exc: BaseException) -> DatabaseUnavailableError | None:
     """The error for a connection that ``exc`` found dead under one of pgsolo's
-    statements for ``core``'s lock (see :func:`unavailable`)."""
-    return unavailable(core.driver, exc, f"taking {core.lifetime} lock {core.key}")
+    statements for the lock (see :func:`unavailable`)."""
+    spec = events.spec
+    return unavailable(events.driver, exc, f"taking {spec.lifetime} lock {spec.key}")
 
 
 def unavailable(
@@ -146,26 +154,27 @@ def unavailable(
     )
 
 
-def standby_refused(core: LockCore, started: float | None = None) -> UnsafeConnectionError:
+def standby_refused(events: LockEvents, started: float | None = None) -> UnsafeConnectionError:
     """Log that the server is a standby, where no lock is taken; the error to raise."""
-    core.log(logging.WARNING, "refused", started, reason="server-in-recovery")
-    return in_recovery_error(core.driver.server_info().address)
+    events.log(logging.WARNING, "refused", started, reason="server-in-recovery")
+    return in_recovery_error(events.driver.server_info().address)
 
 
-def timed_out(core: LockCore, exc: BaseException) -> bool:
+def timed_out(driver: DriverBase, exc: BaseException) -> bool:
     """Whether ``exc`` is the server's ``lock_timeout``."""
-    return sql.meaning(core.driver.sqlstate(exc)) is sql.Meaning.LOCK_TIMEOUT
+    return sql.meaning(driver.sqlstate(exc)) is sql.Meaning.LOCK_TIMEOUT
 
 
-def cut_short(core: LockCore, exc: BaseException, started: float) -> Plan[BaseException | None]:
-    """After a wait for ``core``'s lock that the server cancelled (``exc``, SQLSTATE
+def cut_short(events: LockEvents, exc: BaseException, started: float) -> Plan[BaseException | None]:
+    """After a wait for the lock that the server cancelled (``exc``, SQLSTATE
     57014), with the connection put right: a :class:`~pgsolo.LockTimeoutError` if the
     connection's own ``statement_timeout``, shorter than the wait, ended it (the caller's
     limit wins, and is named); None for a cancel request (``pg_cancel_backend``, or
     Ctrl-C that psycopg2's ``wait_select`` turns into one), raised as it is."""
-    driver = core.driver
+    spec = events.spec
+    driver = events.driver
     if (
-        core.wait_ms is None
+        spec.wait_ms is None
         or not isinstance(exc, Exception)
         or sql.meaning(driver.sqlstate(exc)) is not sql.Meaning.CANCELED
         or driver.transaction_status() not in (TxStatus.IDLE, TxStatus.INTRANS)
@@ -180,26 +189,27 @@ def cut_short(core: LockCore, exc: BaseException, started: float) -> Plan[BaseEx
     # The server cancels at statement_timeout, never sooner: a wait that lasted less
     # was cancelled by request.
     if not isinstance(limit_ms, int) or not 0 < limit_ms <= waited * 1000:
-        core.log(logging.WARNING, "error", started, error=repr(exc))
+        events.log(logging.WARNING, "error", started, error=repr(exc))
         return None
-    core.log(logging.DEBUG, "timeout", started, limit="statement_timeout")
+    events.log(logging.DEBUG, "timeout", started, limit="statement_timeout")
     limit = limit_ms / 1000
     info = driver.server_info()
     return LockTimeoutError(
         f"the connection's statement_timeout ({limit:g}s) ended the wait for"
-        f" {core.lifetime} lock {core.key} on database {info.database!r} at"
-        f" {info.address} before its wait of {core.wait_seconds:g}s ran out: the shorter"
+        f" {spec.lifetime} lock {spec.key} on database {info.database!r} at"
+        f" {info.address} before its wait of {spec.wait_seconds:g}s ran out: the shorter"
         " limit wins (raise statement_timeout, or wait less)",
-        key=core.key,
+        key=spec.key,
         timeout=limit,
     )
 
 
-def _timeout_error(core: LockCore) -> LockTimeoutError:
-    info = core.driver.server_info()
+def _timeout_error(events: LockEvents) -> LockTimeoutError:
+    spec = events.spec
+    info = events.driver.server_info()
     return LockTimeoutError(
-        f"timed out after {core.wait_seconds:g}s waiting for {core.lifetime} lock"
-        f" {core.key} on database {info.database!r} at {info.address}",
-        key=core.key,
-        timeout=core.wait_seconds,
+        f"timed out after {spec.wait_seconds:g}s waiting for {spec.lifetime} lock"
+        f" {spec.key} on database {info.database!r} at {info.address}",
+        key=spec.key,
+        timeout=spec.wait_seconds,
     )

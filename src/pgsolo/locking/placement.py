@@ -4,9 +4,9 @@ Inside the caller's transaction a lock statement runs in a savepoint, so that it
 costs the caller nothing; outside any, pgsolo closes whatever transaction the driver opened
 by itself. A wait bounds each of its slices (:mod:`~pgsolo.locking.waits`) with ``SET
 LOCAL lock_timeout`` and puts the connection's own value back in the same round trip. The
-statement lists of each acquisition are built here from one lock's state
-(:class:`~pgsolo.locking.core.LockCore`); sending them and reading the answers is the
-core's.
+statement lists are built here from what they need (the lock's
+:class:`~pgsolo.locking.spec.LockSpec`, the backend pid that guards a statement behind a
+proxy, the lock's hold); sending them and reading the answers is the lock core's.
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ from .. import sql
 from ..drivers import DriverBase, TxStatus
 
 if TYPE_CHECKING:
-    from .core import LockCore
-    from .routing import Route
+    from .spec import LockSpec
 
 __all__ = [
     "in_savepoint",
@@ -50,17 +49,15 @@ def in_savepoint(driver: DriverBase, status: TxStatus, statements: list[str]) ->
     return outside_transaction(driver, statements)
 
 
-def unlock_statement(core: LockCore) -> str:
-    """The unlock of ``core``'s session lock; behind a proxy, only on the backend that
-    holds it."""
-    unlock = sql.unlock(core.key, shared=core.shared)
-    if core.route is not None and not core.route.direct:
-        return sql.session_guarded(core.route.server_pid, unlock)
-    return unlock
+def unlock_statement(spec: LockSpec, guard: int | None) -> str:
+    """The unlock of a session lock; behind a proxy, only on the backend that holds it
+    (``guard``)."""
+    unlock = sql.unlock(spec.key, shared=spec.shared)
+    return unlock if guard is None else sql.session_guarded(guard, unlock)
 
 
-def release_hold(core: LockCore, hold: str) -> list[str]:
-    """The unlock of ``core``'s session lock in the caller's transaction, leaving its
+def release_hold(driver: DriverBase, spec: LockSpec, guard: int | None, hold: str) -> list[str]:
+    """The unlock of a session lock in the caller's transaction, leaving its
     ``hold`` first. The RELEASE runs in a savepoint of its own (which it releases too, as
     it was opened after the hold): if the caller released or rolled back past the hold,
     only that savepoint fails (SQLSTATE 3B001), before the unlock, and the caller's
@@ -69,12 +66,12 @@ def release_hold(core: LockCore, hold: str) -> list[str]:
     return [
         sql.SAVEPOINT,
         sql.release_savepoint(hold),
-        *in_savepoint(core.driver, TxStatus.INTRANS, [unlock_statement(core)]),
+        *in_savepoint(driver, TxStatus.INTRANS, [unlock_statement(spec, guard)]),
     ]
 
 
-def release_failed_hold(core: LockCore, hold: str) -> list[str]:
-    """The unlock of ``core``'s session lock in a transaction that failed inside its
+def release_failed_hold(spec: LockSpec, guard: int | None, hold: str) -> list[str]:
+    """The unlock of a session lock in a transaction that failed inside its
     block: roll back to the ``hold`` (undoing only the block's work, which the caller must
     roll back anyway), unlock, and fail the transaction again, as the failure left it
     (:func:`pgsolo.sql.unlock_keeping_failure`: the answer comes back as the error's
@@ -82,30 +79,36 @@ def release_failed_hold(core: LockCore, hold: str) -> list[str]:
     return [
         sql.rollback_to_savepoint(hold),
         sql.release_savepoint(hold),
-        sql.unlock_keeping_failure(unlock_statement(core)),
+        sql.unlock_keeping_failure(unlock_statement(spec, guard)),
     ]
 
 
 def session_acquisition(
-    core: LockCore, status: TxStatus, route: Route, lock_timeout_ms: int | None
+    driver: DriverBase,
+    spec: LockSpec,
+    status: TxStatus,
+    guard: int | None,
+    hold: str | None,
+    lock_timeout_ms: int | None,
 ) -> list[str]:
-    """The statements that take ``core``'s session lock on a connection in ``status``,
-    waiting up to ``lock_timeout_ms`` (one slice of a wait; None: a try).
+    """The statements that take a session lock on a connection in ``status``, waiting up
+    to ``lock_timeout_ms`` (one slice of a wait; None: a try); behind a proxy, only on
+    backend ``guard``.
 
-    Inside the caller's transaction they open the lock's hold (``core.hold``,
-    :func:`pgsolo.sql.hold_savepoint`) first, and leave it open for the block: a failure
+    Inside the caller's transaction they open the lock's ``hold``
+    (:func:`pgsolo.sql.hold_savepoint`) first, and leave it open for the block: a failure
     of what follows is undone by rolling back to it, and a busy try leaves it."""
-    acquire = _acquire(core)
-    if not route.direct:  # behind a proxy: only on the session the route was checked on
-        acquire = sql.session_guarded(route.server_pid, acquire)
+    acquire = _acquire(spec)
+    if guard is not None:  # behind a proxy: only on the session the route was checked on
+        acquire = sql.session_guarded(guard, acquire)
     if status is TxStatus.INTRANS:
-        assert core.hold is not None  # noqa: S101 - the core names it in a transaction
-        hold = sql.savepoint(core.hold)
+        assert hold is not None  # noqa: S101 - the core names it in a transaction
+        opening_hold = sql.savepoint(hold)
         if lock_timeout_ms is None:
-            return [hold, acquire]
+            return [opening_hold, acquire]
         # Rolling back to the inner savepoint restores lock_timeout; the lock stays.
         return [
-            hold,
+            opening_hold,
             sql.SAVEPOINT,
             sql.set_local_lock_timeout(lock_timeout_ms),
             acquire,
@@ -113,19 +116,19 @@ def session_acquisition(
             sql.SAVEPOINT_RELEASE,
         ]
     if lock_timeout_ms is None:
-        return outside_transaction(core.driver, [acquire])
+        return outside_transaction(driver, [acquire])
     # SET LOCAL dies with this short transaction; the session lock outlives it.
-    opening = [] if core.driver.begins_implicitly else [sql.BEGIN]
+    opening = [] if driver.begins_implicitly else [sql.BEGIN]
     return [*opening, sql.set_local_lock_timeout(lock_timeout_ms), acquire, sql.COMMIT]
 
 
 def xact_acquisition(
-    core: LockCore, lock_timeout_ms: int | None, *, in_callers_transaction: bool
+    spec: LockSpec, lock_timeout_ms: int | None, *, in_callers_transaction: bool
 ) -> list[str]:
-    """The statements that take ``core``'s transaction lock, waiting up to
+    """The statements that take a transaction lock, waiting up to
     ``lock_timeout_ms`` (one slice of a wait; None: a try), after those that open
     pgsolo's own transaction if it opens one (:mod:`pgsolo.locking.transaction`)."""
-    acquire = _acquire(core)
+    acquire = _acquire(spec)
     if lock_timeout_ms is None:
         return [acquire]
     # The bound is for the wait only: the protected statements that follow run with the
@@ -137,7 +140,7 @@ def xact_acquisition(
         acquire,
         sql.RESTORE_LOCK_TIMEOUT,
     ]
-    if core.fencing:  # the restore's row came last
+    if spec.fencing:  # the restore's row came last
         statements.append(sql.LAST_FENCING_TOKEN)
     if in_callers_transaction:
         # A savepoint keeps the caller's transaction usable if the slice times out (or the
@@ -148,14 +151,14 @@ def xact_acquisition(
     return statements
 
 
-def _acquire(core: LockCore) -> str:
-    """The statement that takes ``core``'s lock. A transaction lock refuses a standby
-    in it; a session lock was checked once per connection (the route's stamp)."""
+def _acquire(spec: LockSpec) -> str:
+    """The statement that takes the lock. A transaction lock refuses a standby in it; a
+    session lock was checked once per connection (the route's stamp)."""
     return sql.acquire(
-        core.key,
-        core.lifetime,
-        wait=core.wait_ms is not None,
-        shared=core.shared,
-        fencing=core.fencing,
-        refuse_standby=core.lifetime == "xact",
+        spec.key,
+        spec.lifetime,
+        wait=spec.wait_ms is not None,
+        shared=spec.shared,
+        fencing=spec.fencing,
+        refuse_standby=spec.lifetime == "xact",
     )

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import ipaddress
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .. import sql
 from ..drivers import DriverBase, TxStatus
@@ -58,6 +58,12 @@ class Route:
     server_pid: int
     token: str
     direct: bool
+    # The backend a statement must run on to act on this session (behind a proxy), or
+    # None (a direct connection: it always does). Set once: a lock reads it at each step.
+    guard: int | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "guard", None if self.direct else self.server_pid)
 
 
 def check_route(driver: DriverBase, status: TxStatus) -> Plan[Route]:

@@ -1,4 +1,5 @@
-"""The transaction pgsolo opens for a transaction lock taken as a context manager.
+"""A transaction lock on one connection: :class:`XactLockCore`, which takes it and owns
+the transaction pgsolo opens for it.
 
 On a connection with no transaction open and none about to open by itself, ``with
 xact_lock(...)`` opens a transaction with the lock (on a bare connection BEGIN goes in the
@@ -7,133 +8,274 @@ and ends it with the block: a failure of the block rolls it back, and
 so does a transaction that failed inside the block without saying so. With
 ``verify_commit`` (jobs) the transaction is marked when it opens, and commits only if it
 is still the one that took the lock, in the same round trip as the COMMIT; otherwise it is
-rolled back and :class:`~pgsolo.LockLostError` raised.
+rolled back and :class:`~pgsolo.LockLostError` raised. Otherwise the lock belongs to the
+caller's transaction, and COMMIT or ROLLBACK releases it.
 """
 
 from __future__ import annotations
 
 import logging
 import secrets
-from typing import TYPE_CHECKING
+import time
 
 from .. import sql
-from ..drivers import TxStatus
-from ..errors import ConnectionStateError, LockLostError, TransactionFailedError
-from . import holdings
-from .plans import ROLLBACK, Own
+from ..drivers import DriverBase, TxStatus
+from ..errors import (
+    ConnectionStateError,
+    LockLostError,
+    TransactionFailedError,
+    UsageError,
+)
+from . import failures, holdings, placement, waits
+from .core import LockCore, is_token
+from .plans import ROLLBACK, Own, Plan
 from .recovery import connection_gone, quietly
+from .spec import LockSpec
 
-if TYPE_CHECKING:
-    from .core import LockCore
-    from .plans import Plan
-
-__all__ = ["end", "joins_callers_transaction", "opening", "opens_own"]
+__all__ = ["XactLockCore"]
 
 
-def opens_own(core: LockCore, status: TxStatus, *, context: bool) -> bool:
-    """Whether a transaction lock taken now opens pgsolo's own transaction and ends it
-    with the block: a context manager on a connection with no transaction open and none
-    about to open by itself. A job owns its transaction even on a connection that begins
-    by itself (``verify_commit``: the work commits with the lock, or not at all)."""
-    return (
-        context
-        and status is TxStatus.IDLE
-        and (core.verify_commit or not core.driver.begins_implicitly)
-    )
+class XactLockCore(LockCore):
+    """A transaction lock: held until the transaction that took it ends."""
 
+    def __init__(self, driver: DriverBase, spec: LockSpec) -> None:
+        super().__init__(driver, spec)
+        self.opened_transaction = False
+        # verify_commit: commit pgsolo's own transaction only if it is still the one that
+        # took the lock (the work may have committed it and begun another).
+        self.transaction_marker: str | None = None
 
-def joins_callers_transaction(core: LockCore, status: TxStatus, *, context: bool) -> bool:
-    """Whether a transaction lock taken now belongs to the caller's transaction: one
-    already open, or the one a driver that begins by itself is about to open (psycopg
-    with ``autocommit=False``: the caller commits or rolls back, never pgsolo)."""
-    if opens_own(core, status, context=context):
-        return False
-    return status is TxStatus.INTRANS or (status is TxStatus.IDLE and core.driver.begins_implicitly)
+    @property
+    def holds_anything(self) -> bool:
+        return self.acquired or self.opened_transaction
 
-
-def opening(core: LockCore, status: TxStatus, *, context: bool) -> list[str] | None:
-    """The statements to send as pgsolo's own transaction opens, before a transaction
-    lock, if it opens one (:func:`opens_own`); None when it does not. A plain acquire
-    with no transaction to hold the lock is refused."""
-    if opens_own(core, status, context=context):
-        core.opened_transaction = True
-        if core.verify_commit:
-            core.transaction_marker = secrets.token_hex(8)
-            return [sql.mark_transaction(core.transaction_marker)]
-        return []
-    if status is TxStatus.IDLE and not core.driver.begins_implicitly:
-        raise ConnectionStateError(
-            "a transaction-level lock needs an open transaction, and this autocommit"
-            " connection has none: PostgreSQL would release the lock as soon as this"
-            f" statement ended. Open one first (`{core.driver.transaction_hint}`), use the"
-            " lock as a context manager (it opens one), or use session_lock()."
+    def _opens_own(self, status: TxStatus, *, context: bool) -> bool:
+        """Whether a transaction lock taken now opens pgsolo's own transaction and ends it
+        with the block: a context manager on a connection with no transaction open and
+        none about to open by itself. A job owns its transaction even on a connection that
+        begins by itself (``verify_commit``: the work commits with the lock, or not at
+        all)."""
+        return (
+            context
+            and status is TxStatus.IDLE
+            and (self.spec.verify_commit or not self.driver.begins_implicitly)
         )
-    return None
 
+    # - acquire -
 
-def end(core: LockCore, *, failed: bool) -> Plan[None]:
-    """Leave the ``with`` block of a transaction lock: end the transaction pgsolo opened
-    for it, if it opened one, and let go of the connection's claim on it."""
-    if not core.opened_transaction:
-        return
-    core.opened_transaction = False
-    try:
-        yield from _end_own_transaction(core, failed=failed)
-    finally:
-        core.transaction_marker = None
-        conn = core.driver.connection
-        if core.acquired:
-            holdings.unclaim(conn, core.key)
-        holdings.set_transaction_owner(conn, core.driver.backend_pid(), None)
-
-
-def _end_own_transaction(core: LockCore, *, failed: bool) -> Plan[None]:
-    status = core.driver.transaction_status()
-    if status is TxStatus.IDLE:
-        return  # the block ended the transaction itself
-    if failed:
-        yield from quietly(core, ROLLBACK)
-        return
-    if status is TxStatus.INERROR:
-        yield ROLLBACK
-        raise TransactionFailedError(
-            f"the transaction holding {core.key} failed inside the block (an error was"
-            " caught there and not re-raised); it was rolled back and nothing committed"
-        )
-    if not core.acquired:
-        yield ROLLBACK
-        return
-    marker = core.transaction_marker
-    check = (
-        []
-        if marker is None
-        else [sql.assert_same_transaction(core.key, marker, shared=core.shared)]
-    )
-    try:
-        yield Own(check, "commit")
-    except Exception as exc:
-        if connection_gone(core, exc):
-            core.log(logging.WARNING, "lost", reason="connection-lost")
-            raise LockLostError(
-                f"transaction lock {core.key} was lost with its connection before its"
-                f" transaction committed ({' '.join(str(exc).split())}); the work's"
-                " statements in it did not commit",
-                key=core.key,
-                reason="connection-lost",
-            ) from exc
-        if sql.meaning(core.driver.sqlstate(exc)) is not sql.Meaning.LOCK_GONE:
+    def _acquire(self, *, context: bool) -> Plan[bool]:
+        driver, key = self.driver, self.spec.key
+        conn = driver.connection
+        status = driver.transaction_status()
+        pid = driver.backend_pid()
+        # A transaction pgsolo opens is tracked like a session lock, so that a second
+        # thread or task on the same connection cannot join it and "get" the key too.
+        owns = self._opens_own(status, context=context)
+        if not owns and holdings.is_claimed(conn, pid, key):
+            return failures.busy_here(self.events, pid)
+        if not owns and holdings.transaction_owner(conn, pid) not in (
+            None,
+            holdings.context_token(),
+        ):
+            raise ConnectionStateError(
+                f"the transaction open on this connection (backend pid {pid}) is one pgsolo"
+                " opened for another thread or task; joining it would share its locks and"
+                " its COMMIT. Use a connection per thread or task."
+            )
+        claimed = False
+        try:  # from the claim on, it is withdrawn at any exception (a Ctrl-C at any line)
+            if owns:
+                claim = holdings.claim(
+                    conn,
+                    pid,
+                    key,
+                    shared=self.spec.shared,
+                    reentrant=False,
+                    claimant=self,
+                    lifetime="xact",
+                )
+                if claim == "busy":
+                    return failures.busy_here(self.events, pid)
+                claimed = True
+                holdings.set_transaction_owner(conn, pid, holdings.context_token())
+            acquired = yield from self._acquire_claimed(status, owns=owns)
+        except BaseException:
+            holdings.withdraw(conn, key, self)
+            if claimed:
+                holdings.set_transaction_owner(conn, pid, None)
             raise
-        yield from quietly(core, ROLLBACK)
-        # The same cause as a job's work that ends the transaction and begins none: the
-        # work ended the locked transaction. One reason, whichever a library reports
-        # (psycopg says the transaction ended; Django and SQLAlchemy, whose books still
-        # say it is open, only let the commit check find it).
-        core.log(logging.WARNING, "lost", reason="work-ended-transaction")
-        raise LockLostError(
-            f"transaction lock {core.key} was no longer held when the work was about to"
-            " commit: the work ended the locked transaction (and began another); the"
-            " transaction was rolled back",
-            key=core.key,
-            reason="work-ended-transaction",
-        ) from exc
-    core.log(logging.DEBUG, "released")
+        if owns:
+            if acquired:
+                holdings.confirm(conn, key)
+            else:
+                holdings.withdraw(conn, key, self)
+        return acquired
+
+    def _acquire_claimed(self, status: TxStatus, *, owns: bool) -> Plan[bool]:
+        status = self._usable_status(status)
+        # The caller's transaction: one already open, or the one a driver that begins by
+        # itself is about to open (psycopg with autocommit=False: the caller commits or
+        # rolls back, never pgsolo).
+        joins = not owns and (
+            status is TxStatus.INTRANS
+            or (status is TxStatus.IDLE and self.driver.begins_implicitly)
+        )
+        started = time.perf_counter()
+        # Each slice of a wait in a transaction of its own (pgsolo's, opened again) or a
+        # savepoint of the caller's, rolled back when the slice runs out (waits.py).
+        for lock_timeout, last in waits.slices(self.spec.wait_ms):
+            opening = self._opening(status, owns=owns)
+            statements = placement.xact_acquisition(
+                self.spec, lock_timeout, in_callers_transaction=joins
+            )
+            step = (
+                self._waiting(statements, lock_timeout)
+                if opening is None
+                else Own([*opening, *statements], "begin", (lock_timeout or 0) / 1000)
+            )
+            try:
+                value = yield step
+            except BaseException as exc:
+                next_slice = not last and failures.timed_out(self.driver, exc)
+                # Read as the failure left the connection: ending pgsolo's own transaction
+                # through a framework may reconnect (Django does).
+                error = (
+                    None if next_slice else failures.acquisition_error(self.events, exc, started)
+                )
+                yield from self._after_failure(in_callers_transaction=joins)
+                if next_slice:
+                    continue
+                if error is None:
+                    error = yield from failures.cut_short(self.events, exc, started)
+                if error is not None:
+                    raise error from exc
+                raise
+            break
+        if value is None:  # sql.acquire's answer on a server in recovery: nothing taken
+            yield from self._abandon_own_transaction()
+            raise failures.standby_refused(self.events, started)
+        try:  # a Ctrl-C from here on ends pgsolo's own transaction, with the lock
+            self.acquired = self.spec.wait_ms is not None or value is True or is_token(value)
+            self.token = int(str(value)) if is_token(value) else None
+            self.backend_pid = self.driver.backend_pid() if self.acquired else None
+            self.events.log(logging.DEBUG, "acquired" if self.acquired else "busy", started)
+        except BaseException:
+            self.acquired = False
+            self.token = None
+            yield from self._after_failure(in_callers_transaction=joins)
+            raise
+        return self.acquired
+
+    def _opening(self, status: TxStatus, *, owns: bool) -> list[str] | None:
+        """The statements to send as pgsolo's own transaction opens, before the lock, if
+        it opens one (``owns``); None when it does not. A plain acquire with no
+        transaction to hold the lock is refused."""
+        if owns:
+            self.opened_transaction = True
+            if self.spec.verify_commit:
+                self.transaction_marker = secrets.token_hex(8)
+                return [sql.mark_transaction(self.transaction_marker)]
+            return []
+        if status is TxStatus.IDLE and not self.driver.begins_implicitly:
+            raise ConnectionStateError(
+                "a transaction-level lock needs an open transaction, and this autocommit"
+                " connection has none: PostgreSQL would release the lock as soon as this"
+                f" statement ended. Open one first (`{self.driver.transaction_hint}`), use"
+                " the lock as a context manager (it opens one), or use session_lock()."
+            )
+        return None
+
+    def _abandon_own_transaction(self) -> Plan[None]:
+        """Roll back the transaction pgsolo opened for a lock it did not get."""
+        if self.opened_transaction:
+            self.opened_transaction = False
+            yield from quietly(self.driver, ROLLBACK)
+
+    def _after_failure(self, *, in_callers_transaction: bool) -> Plan[None]:
+        """After a failed or interrupted acquisition: roll back pgsolo's own transaction,
+        or undo the savepoint of a wait in the caller's."""
+        if self.opened_transaction:
+            yield from self._abandon_own_transaction()
+        elif (
+            in_callers_transaction
+            and self.spec.wait_ms is not None
+            and self.driver.transaction_status() is TxStatus.INERROR
+        ):
+            yield from quietly(self.driver, [sql.SAVEPOINT_UNDO, sql.SAVEPOINT_RELEASE])
+
+    # - release, exit -
+
+    def release(self) -> Plan[None]:
+        raise UsageError(
+            "a transaction-level lock has no unlock: it is released by COMMIT or ROLLBACK"
+        )
+        yield  # a plan, like every other lock operation
+
+    def exit(self, *, failed: bool) -> Plan[None]:
+        """End the transaction pgsolo opened for the lock, if it opened one, and let go of
+        the connection's claim on it. With ``verify_commit``, the transaction commits only
+        if the lock is still held then (same round trip); otherwise it is rolled back and
+        :class:`LockLostError` raised."""
+        if not self.opened_transaction:
+            return
+        self.opened_transaction = False
+        try:
+            yield from self._end_own_transaction(failed=failed)
+        finally:
+            self.transaction_marker = None
+            conn = self.driver.connection
+            if self.acquired:
+                holdings.unclaim(conn, self.spec.key)
+            holdings.set_transaction_owner(conn, self.driver.backend_pid(), None)
+
+    def _end_own_transaction(self, *, failed: bool) -> Plan[None]:
+        driver, key, events = self.driver, self.spec.key, self.events
+        status = driver.transaction_status()
+        if status is TxStatus.IDLE:
+            return  # the block ended the transaction itself
+        if failed:
+            yield from quietly(driver, ROLLBACK)
+            return
+        if status is TxStatus.INERROR:
+            yield ROLLBACK
+            raise TransactionFailedError(
+                f"the transaction holding {key} failed inside the block (an error was"
+                " caught there and not re-raised); it was rolled back and nothing committed"
+            )
+        if not self.acquired:
+            yield ROLLBACK
+            return
+        marker = self.transaction_marker
+        check = (
+            []
+            if marker is None
+            else [sql.assert_same_transaction(key, marker, shared=self.spec.shared)]
+        )
+        try:
+            yield Own(check, "commit")
+        except Exception as exc:
+            if connection_gone(driver, exc, self.backend_pid):
+                events.log(logging.WARNING, "lost", reason="connection-lost")
+                raise LockLostError(
+                    f"transaction lock {key} was lost with its connection before its"
+                    f" transaction committed ({' '.join(str(exc).split())}); the work's"
+                    " statements in it did not commit",
+                    key=key,
+                    reason="connection-lost",
+                ) from exc
+            if sql.meaning(driver.sqlstate(exc)) is not sql.Meaning.LOCK_GONE:
+                raise
+            yield from quietly(driver, ROLLBACK)
+            # The same cause as a job's work that ends the transaction and begins none:
+            # the work ended the locked transaction. One reason, whichever a library
+            # reports (psycopg says the transaction ended; Django and SQLAlchemy, whose
+            # books still say it is open, only let the commit check find it).
+            events.log(logging.WARNING, "lost", reason="work-ended-transaction")
+            raise LockLostError(
+                f"transaction lock {key} was no longer held when the work was about to"
+                " commit: the work ended the locked transaction (and began another); the"
+                " transaction was rolled back",
+                key=key,
+                reason="work-ended-transaction",
+            ) from exc
+        events.log(logging.DEBUG, "released")

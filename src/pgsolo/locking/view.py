@@ -22,15 +22,15 @@ class LockView:
 
     @property
     def key(self) -> Key:
-        return self._core.key
+        return self._core.spec.key
 
     @property
     def lifetime(self) -> Lifetime:
-        return self._core.lifetime
+        return self._core.spec.lifetime
 
     @property
     def shared(self) -> bool:
-        return self._core.shared
+        return self._core.spec.shared
 
     @property
     def acquired(self) -> bool:

@@ -11,8 +11,7 @@ from .. import sql
 from .._types import DAY, check_seconds
 from ..drivers import SyncDriver, adapt_sync
 from ..errors import UnsafeConnectionError
-from ..locking._sync.drive import drive
-from ..locking.routing import check_route
+from ..locking import check_route, drive
 
 if TYPE_CHECKING:
     from ..drivers.kinds import SyncConnectionLike

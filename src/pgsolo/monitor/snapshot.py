@@ -10,8 +10,7 @@ from typing import Any
 from .. import sql
 from ..drivers import DriverBase, SyncDriver
 from ..errors import InvalidArgumentError
-from ..locking._sync.drive import drive
-from ..locking.placement import outside_transaction
+from ..locking import drive, outside_transaction
 from ..locking.plans import Plan
 
 __all__ = ["check_positive", "fetch_json", "format_seconds", "parse_time", "snapshot_plan"]

@@ -8,7 +8,7 @@ from .. import sql
 from .._types import DAY
 from ..drivers import adapt_sync
 from ..errors import InsufficientPrivilegeError, InvalidArgumentError
-from ..locking.placement import outside_transaction
+from ..locking import outside_transaction
 
 if TYPE_CHECKING:
     from ..drivers.kinds import SyncConnectionLike

@@ -28,11 +28,18 @@ from ..errors import (
     UnsupportedConnectionError,
 )
 from ..keys import Key
-from ..locking.core import LockCore, require_no_transaction, wait_ms_of
-from ..locking.failures import unavailable
-from ..locking.placement import outside_transaction
+from ..locking import (
+    LockCore,
+    LockSpec,
+    connection_gone,
+    lock_core,
+    outside_transaction,
+    quietly,
+    require_no_transaction,
+    unavailable,
+    wait_ms_of,
+)
 from ..locking.plans import ROLLBACK, WORK, Own, Plan
-from ..locking.recovery import connection_gone, quietly
 from .operation import (
     OnceResult,
     idempotency_key_for,
@@ -117,7 +124,7 @@ def once_plan(
             TxStatus.INTRANS,
             TxStatus.INERROR,
         ):
-            yield from quietly(core, [sql.ROLLBACK])
+            yield from quietly(core.driver, [sql.ROLLBACK])
         raise
     finally:
         yield from _release(op, core)
@@ -129,7 +136,7 @@ def _read(op: Operation, core: LockCore) -> Plan[dict[str, Any] | None]:
         text = yield outside_transaction(driver, [sql.once_read(op.op_key)])
     except Exception as exc:
         if driver.transaction_status() in (TxStatus.INTRANS, TxStatus.INERROR):
-            yield from quietly(core, [sql.ROLLBACK])
+            yield from quietly(core.driver, [sql.ROLLBACK])
         if sql.meaning(driver.sqlstate(exc)) is sql.Meaning.NOT_MIGRATED:
             raise NotMigratedError(
                 "operation keys need pgsolo's tables: run `pgsolo migrate` first"
@@ -176,7 +183,7 @@ def _run_attempt(
             raise
         # A role that may read operations but not write them: nothing ran.
         if driver.transaction_status() in (TxStatus.INTRANS, TxStatus.INERROR):
-            yield from quietly(core, [sql.ROLLBACK])
+            yield from quietly(core.driver, [sql.ROLLBACK])
         raise _no_privilege(op, driver) from exc
     if began is None:  # another attempt succeeded between the first look and the lock
         found = yield from _read(op, core)
@@ -206,7 +213,7 @@ def _run_attempt(
         if isinstance(exc, Exception) and not superseded:
             error = scrub(_describe(exc))[:MAX_ERROR_CHARS]
             yield from quietly(
-                core, _committed(driver, [sql.once_fail(op.op_key, attempt.number, error)])
+                driver, _committed(driver, [sql.once_fail(op.op_key, attempt.number, error)])
             )
             # WARNING, not ERROR, and no traceback: the exception goes back to the caller,
             # whose own report shows it (a traceback would repeat the unscrubbed message).
@@ -233,7 +240,7 @@ def _roll_back(core: LockCore) -> Plan[None]:
     """End the operation's transaction with a rollback, unless it is over already (the
     operation, or the failed commit edge, ended it): ended exactly once."""
     if core.driver.transaction_status() is not TxStatus.IDLE:
-        yield from quietly(core, ROLLBACK)
+        yield from quietly(core.driver, ROLLBACK)
 
 
 def _describe(exc: BaseException) -> str:
@@ -262,7 +269,7 @@ def _record_success(op: Operation, core: LockCore, attempt: Attempt, stored: str
         try:
             return (yield _committed(driver, succeed))
         except Exception as exc:
-            if connection_gone(core, exc):
+            if connection_gone(core.driver, exc, core.backend_pid):
                 raise _lost_before_success(op, attempt, exc) from exc
             raise
     failed_inside = TransactionFailedError(
@@ -280,7 +287,7 @@ def _record_success(op: Operation, core: LockCore, attempt: Attempt, stored: str
             sql.meaning(driver.sqlstate(exc)) is sql.Meaning.TRANSACTION_FAILED
         ):
             raise failed_inside from exc
-        if connection_gone(core, exc):
+        if connection_gone(core.driver, exc, core.backend_pid):
             raise _lost_before_success(op, attempt, exc) from exc
         raise
 
@@ -325,9 +332,7 @@ def _release(op: Operation, core: LockCore) -> Plan[None]:
 
 
 def core_for(op: Operation, driver: DriverBase) -> LockCore:
-    return LockCore(
-        driver, op.lock_key, "session", wait_ms=op.wait_ms, shared=False, reentrant=False
-    )
+    return lock_core(driver, LockSpec(op.lock_key, "session", op.wait_ms))
 
 
 def report_outcome(result: OnceResult) -> OnceResult:

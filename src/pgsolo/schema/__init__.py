@@ -17,9 +17,7 @@ from .. import sql
 from ..drivers import DriverBase, TxStatus, adapt_sync
 from ..errors import InsufficientPrivilegeError, InvalidArgumentError
 from ..keys import Key, from_name
-from ..locking._sync.drive import drive
-from ..locking.core import LockCore
-from ..locking.placement import outside_transaction
+from ..locking import LockSpec, drive, lock_core, outside_transaction
 from ..locking.plans import Plan
 
 if TYPE_CHECKING:
@@ -58,14 +56,7 @@ LATEST_VERSION = MIGRATIONS[-1][0]
 
 
 def _migrate_plan(driver: DriverBase, grant_to: Sequence[str] = ()) -> Plan[list[int]]:
-    core = LockCore(
-        driver,
-        MIGRATION_KEY,
-        "xact",
-        wait_ms=MIGRATION_WAIT_SECONDS * 1000,
-        shared=False,
-        reentrant=False,
-    )
+    core = lock_core(driver, LockSpec(MIGRATION_KEY, "xact", MIGRATION_WAIT_SECONDS * 1000))
     yield from core.acquire(context=True)
     try:
         current = yield [sql.MIGRATIONS_TABLE, sql.SCHEMA_VERSION]

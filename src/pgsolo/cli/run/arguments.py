@@ -7,7 +7,7 @@ import math
 import shlex
 
 from ...drivers.conninfo import redact_dsn
-from ...locking.core import MAX_WAIT_SECONDS
+from ...locking import MAX_WAIT_SECONDS
 from ..common import add_dsn_argument, add_key_is_name_argument, seconds_between
 from ..exit_codes import (
     EXIT_FAILED,

@@ -96,9 +96,7 @@ from ...jobs._sync.record import record_result
 from ...jobs.definition import Job, JobResult, job_result
 from ...jobs.plan import attempt_plan, core_for
 from ...jobs.report import report
-from ...locking._sync.drive import drive
-from ...locking.core import LockCore
-from ...locking.keeper import Keep
+from ...locking import Keep, LockCore, drive
 from ...monitor import lock_holders
 from ...reasons import Reason
 from ..common import CliError

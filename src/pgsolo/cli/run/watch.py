@@ -24,8 +24,7 @@ from ..._logging import cli_logger as logger
 from ...drivers import SyncDriver
 from ...errors import LockLostError
 from ...jobs.definition import Failure, Job
-from ...locking.core import LockCore
-from ...locking.keeper import Keep, Keeper
+from ...locking import Keep, Keeper, LockCore
 from ...reasons import FailReason, LostReason
 from .child import EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, Child, not_found, stdin_is_terminal
 from .signals import Interrupted, RunSignals, signal_name

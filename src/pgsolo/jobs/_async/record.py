@@ -9,7 +9,7 @@ from typing import Any
 from ...drivers import AsyncDriver, adapt_async
 from ...drivers._async.connect import aopen_connection
 from ...drivers.conninfo import DEFAULT_ANSWER_TIMEOUT
-from ...locking._async.drive import adrive
+from ...locking import adrive
 from ..definition import Job, JobResult
 from ..record import Warn, log_unrecorded, log_warning, record_plan
 

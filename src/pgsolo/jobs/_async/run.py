@@ -10,8 +10,7 @@ from ..._acompat import AIS_ASYNC
 from ...drivers import adapt_async
 from ...drivers._async.connect import aopen_connection
 from ...keys import KeyLike
-from ...locking._async.drive import adrive
-from ...locking._async.keeper import AsyncKeeper
+from ...locking import AsyncKeeper, adrive
 from ..definition import (
     Job,
     JobOptions,

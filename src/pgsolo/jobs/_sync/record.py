@@ -10,7 +10,7 @@ from typing import Any
 from ...drivers import SyncDriver, adapt_sync
 from ...drivers._sync.connect import open_connection
 from ...drivers.conninfo import DEFAULT_ANSWER_TIMEOUT
-from ...locking._sync.drive import drive
+from ...locking import drive
 from ..definition import Job, JobResult
 from ..record import Warn, log_unrecorded, log_warning, record_plan
 

@@ -11,8 +11,7 @@ from ..._acompat import IS_ASYNC
 from ...drivers import adapt_sync
 from ...drivers._sync.connect import open_connection
 from ...keys import KeyLike
-from ...locking._sync.drive import drive
-from ...locking._sync.keeper import Keeper
+from ...locking import Keeper, drive
 from ..definition import (
     Job,
     JobOptions,

@@ -1,6 +1,9 @@
-"""The lock object users hold on an async connection: it drives the plans of its
+"""The lock objects users hold: :class:`AsyncLock` on an async connection, written here,
+and ``Lock`` on a sync one, its twin generated from this file by ``scripts/unasync.py``
+(``_sync/lock.py``). A lock object drives the plans of its
 :class:`~pgsolo.locking.core.LockCore` with its driver, and starts and stops the keeper
-around a held session lock."""
+around a held session lock; what it shows without a round trip is
+:class:`~pgsolo.locking.view.LockView`'s."""
 
 from __future__ import annotations
 
@@ -102,8 +105,9 @@ class AsyncLock(LockView):
         await adrive(self._core.let_go(), self._driver, cleaning_up=True)
 
     def _start_keeper(self) -> None:
-        if self._core.keep is not None and self._core.acquired and self._keeper is None:
-            self._keeper = AsyncKeeper(self._core, self._driver, self._core.keep)
+        keep = self._core.spec.keep
+        if keep is not None and self._core.acquired and self._keeper is None:
+            self._keeper = AsyncKeeper(self._core, self._driver, keep)
             self._keeper.start()
 
     def _stop_keeper(self) -> None:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from ...drivers import adapt_async
 from ...keys import KeyLike, Registry
-from ...locking._async.drive import adrive
+from ...locking import adrive
 from ..locks import AdvisoryLock, LocksQuery, holders_query
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from ...drivers import adapt_sync
 from ...keys import KeyLike, Registry
-from ...locking._sync.drive import drive
+from ...locking import drive
 from ..locks import AdvisoryLock, LocksQuery, holders_query
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ from ..._acompat import AIS_ASYNC, aresult_of
 from ...drivers import adapt_async
 from ...drivers._async.connect import aopen_connection
 from ...drivers.conninfo import DEFAULT_APP_PREFIX, application_name_for
-from ...locking._async.drive import adrive
+from ...locking import adrive
 from ..operation import OnceResult, OperationContext
 from ..plan import Attempt, Operation, core_for, once_plan, report_outcome
 

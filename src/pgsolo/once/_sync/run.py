@@ -11,7 +11,7 @@ from ..._acompat import IS_ASYNC, result_of
 from ...drivers import adapt_sync
 from ...drivers._sync.connect import open_connection
 from ...drivers.conninfo import DEFAULT_APP_PREFIX, application_name_for
-from ...locking._sync.drive import drive
+from ...locking import drive
 from ..operation import OnceResult, OperationContext
 from ..plan import Attempt, Operation, core_for, once_plan, report_outcome
 

@@ -1,0 +1,77 @@
+"""What happens to one lock, told once: the log line of each event and the metrics'
+count of each acquisition's outcome and of each loss."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from .. import metrics
+from .._logging import locks_logger as logger
+from .._logging import log_event
+from ..drivers import DriverBase
+from ..errors import LockLostError
+from .spec import LockSpec
+
+__all__ = ["LockEvents"]
+
+# Events of the log that end an acquisition, as the metrics' outcomes name them.
+_OUTCOMES = {"reentered": "acquired", "refused": "error"}
+
+
+class LockEvents:
+    """The log and the metrics of one lock (``spec``) on one connection (``driver``).
+
+    It owns the two flags that make each count happen once: an acquisition's outcome is
+    counted by whichever event ends it first, and a loss is logged by the keeper that sees
+    it and again by the release that confirms it."""
+
+    def __init__(self, spec: LockSpec, driver: DriverBase) -> None:
+        self.spec = spec
+        self.driver = driver
+        self._outcome_counted = True
+        self._loss_counted = True
+
+    def begin(self) -> None:
+        """An acquisition begins: its outcome is still to count."""
+        self._outcome_counted = False
+        metrics.prepare()
+
+    def log(self, level: int, event: str, started: float | None = None, **extra: object) -> None:
+        """Log an event of this lock (``started``: when what it ends began), and count
+        it in the metrics."""
+        self._count(event, started, extra.get("reason"))
+        if not logger.isEnabledFor(level):
+            return
+        spec, info = self.spec, self.driver.server_info()
+        fields: dict[str, object] = {
+            "key": spec.key.text,
+            "name": spec.key.name,
+            "lifetime": spec.lifetime,
+            "mode": "wait" if spec.wait_ms is not None else "try",
+            "shared": spec.shared,
+            "database": info.database,
+            "server": info.address,
+            "application_name": info.application_name,
+            "backend_pid": self.driver.backend_pid(),
+        }
+        if started is not None:
+            fields["duration_ms"] = round((time.perf_counter() - started) * 1000, 3)
+        fields.update(extra)
+        log_event(logger, level, "advisory lock", "event", event, fields)
+
+    def log_lost(self, error: LockLostError) -> None:
+        self.log(logging.WARNING, "lost", reason=error.reason, error=str(error))
+
+    def _count(self, event: str, started: float | None, reason: object) -> None:
+        spec = self.spec
+        if event == "lost" and not self._loss_counted:
+            self._loss_counted = True
+            metrics.observe_lock_lost(spec.key.name, spec.lifetime, str(reason or ""))
+            return
+        outcome = _OUTCOMES.get(event, event)
+        if outcome in metrics.LOCK_OUTCOMES and not self._outcome_counted:
+            self._outcome_counted = True
+            self._loss_counted = outcome != "acquired"  # only a held lock can be lost
+            wait = 0.0 if started is None else time.perf_counter() - started
+            metrics.observe_lock(spec.key.name, spec.lifetime, outcome, wait)

@@ -1,0 +1,357 @@
+"""A session lock on one connection: :class:`SessionLockCore`, which takes it, gives it
+back and owns what only a session lock has: the route to the server session that holds it
+(checked once per connection, :mod:`~pgsolo.locking.routing`) and its hold, the savepoint
+that holds its block when it is taken in the caller's transaction."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from .. import sql
+from .._logging import locks_logger as logger
+from ..drivers import DriverBase, TxStatus
+from ..errors import (
+    LockLostError,
+    LockNotHeldError,
+    UnsafeConnectionError,
+    UnsupportedConnectionError,
+)
+from . import failures, holdings, placement, recovery, waits
+from .core import LockCore, is_token
+from .placement import in_savepoint, unlock_statement
+from .plans import Elsewhere, Plan
+from .routing import Route, check_route, transaction_pooling_error
+from .spec import LockSpec
+
+__all__ = ["SessionLockCore"]
+
+
+class SessionLockCore(LockCore):
+    """A session lock: held until released, or until its session ends."""
+
+    def __init__(self, driver: DriverBase, spec: LockSpec) -> None:
+        super().__init__(driver, spec)
+        self.route: Route | None = None  # what answers the connection
+        # A session lock taken in the caller's transaction: the savepoint that holds its
+        # block (pgsolo.sql.hold_savepoint), while pgsolo acquires or releases it (the
+        # books keep it in between, for whichever Lock lets go of the key last).
+        self.hold: str | None = None
+
+    @property
+    def server_pid(self) -> int | None:
+        return self.route.server_pid if self.route is not None else None
+
+    @property
+    def holds_anything(self) -> bool:
+        return self.acquired
+
+    @property
+    def _guard(self) -> int | None:
+        """The backend pgsolo's statements for this lock must run on (behind a proxy)."""
+        return self.route.guard if self.route is not None else None
+
+    def forget(self) -> None:
+        """The session lock is no longer held here: off the books."""
+        holdings.unclaim(self.driver.connection, self.spec.key)
+        self.acquired = False
+        self.token = None
+        self.hold = None
+
+    def _drop_hold(self) -> Plan[None]:
+        """Leave the hold, if there is one (off the books first)."""
+        hold, self.hold = self.hold, None
+        yield from recovery.drop_hold(self.driver, hold)
+
+    # - acquire -
+
+    def _claim(self) -> tuple[TxStatus, int, holdings.Claim]:
+        """Check the connection and claim the key on it, before any SQL.
+
+        A statement in flight (another thread or task sharing the connection) does not
+        change the answer for a key this connection already holds, so only a new claim
+        is refused for it.
+        """
+        driver, spec = self.driver, self.spec
+        # A connection that may change under the lock (an ORM Session's) says why.
+        if refusal := driver.session_locks_refused:
+            raise UnsupportedConnectionError(refusal)
+        status = driver.transaction_status()
+        if status is not TxStatus.ACTIVE:
+            self._usable_status(status)
+        pid = driver.backend_pid()
+        claim = holdings.claim(
+            driver.connection,
+            pid,
+            spec.key,
+            shared=spec.shared,
+            reentrant=spec.reentrant,
+            claimant=self,
+        )
+        if claim == "new" and status is TxStatus.ACTIVE:
+            holdings.withdraw(driver.connection, spec.key, self)
+            self._usable_status(status)  # raises: the connection is running a statement
+        return status, pid, claim
+
+    def _acquire(self, *, context: bool) -> Plan[bool]:
+        conn, events = self.driver.connection, self.events
+        confirmed = False
+        try:  # from the claim on, it is withdrawn unless the lock is confirmed held
+            status, pid, claim = self._claim()
+            if claim == "reentered":
+                self.acquired, self.backend_pid = True, pid
+                events.log(logging.DEBUG, "reentered")
+                return True
+            if claim == "busy":
+                return failures.busy_here(events, pid)
+            self.route = route = yield from self._route(status, pid)
+            hold = sql.hold_savepoint(self.spec.key) if status is TxStatus.INTRANS else None
+            started = time.perf_counter()
+            value, note = yield from self._answer(status, route, hold, started)
+            if value is None:  # the guard: not the session the route was checked on
+                yield from self._drop_hold()
+                raise transaction_pooling_error(
+                    "this connection's statements moved to another server session"
+                )
+            # The server answered. A Ctrl-C can land at any line from here until the
+            # caller holds the lock object: whatever interrupts reading the answer or
+            # logging it lets the lock go (the server says whether it is held) first.
+            try:
+                if self.spec.wait_ms is None and value is not True and not is_token(value):
+                    yield from self._drop_hold()
+                    events.log(logging.DEBUG, "busy", started)
+                    return False
+                self.token = int(str(value)) if is_token(value) else None
+                holdings.confirm(conn, self.spec.key, self.hold)
+                self.acquired, self.backend_pid, confirmed = True, pid, True
+                self.lost = None
+                events.log(logging.DEBUG, "acquired", started, **note)
+            except BaseException:
+                self.acquired = confirmed = False
+                self.token = None
+                yield from self._drop_hold()
+                yield from recovery.release_if_held(self.driver, self.spec, status, self._guard)
+                raise
+            return True
+        finally:
+            self.hold = None
+            if not confirmed:
+                holdings.withdraw(conn, self.spec.key, self)
+
+    def _answer(
+        self, status: TxStatus, route: Route, hold: str | None, started: float
+    ) -> Plan[tuple[object, dict[str, object]]]:
+        """The server's answer to the acquisition, with a note for the log. Each slice of
+        a wait runs in a short transaction, or a savepoint of the caller's (waits.py); one
+        that ran out is put right, as any failed acquisition, and may turn out granted as
+        it timed out."""
+        driver, spec, guard = self.driver, self.spec, route.guard
+        for lock_timeout, last in waits.slices(spec.wait_ms):
+            self.hold = hold  # opened again by each slice: one that ran out left it
+            statements = placement.session_acquisition(
+                driver, spec, status, guard, hold, lock_timeout
+            )
+            try:
+                return (yield self._waiting(statements, lock_timeout)), {}
+            except BaseException as exc:
+                self.hold = None
+                if (
+                    yield from recovery.after_session_failure(
+                        driver, spec, status, exc, hold, guard
+                    )
+                ):
+                    self.hold = hold
+                    return True, {"note": "granted as it timed out"}
+                if not last and failures.timed_out(driver, exc):
+                    continue
+                error = failures.acquisition_error(self.events, exc, started)
+                if error is None:
+                    error = yield from failures.cut_short(self.events, exc, started)
+                if error is not None:
+                    raise error from exc
+                raise
+        raise RuntimeError("waits.slices() yields a last slice, whose failure is raised")
+
+    def _route(self, status: TxStatus, pid: int) -> Plan[Route]:
+        """What answers this connection, checked once per connection (pgsolo.locking.routing)."""
+        driver = self.driver
+        route = holdings.route_of(driver.connection, pid)
+        if route is not None:
+            return route
+        try:
+            route = yield from check_route(driver, status)
+        except BaseException as exc:
+            if status is TxStatus.IDLE and driver.transaction_status() in (
+                TxStatus.INTRANS,
+                TxStatus.INERROR,
+            ):  # the driver's own BEGIN, before an interrupted check
+                yield from recovery.quietly(driver, [sql.ROLLBACK])
+            if (error := failures.connection_failed(self.events, exc)) is not None:
+                raise error from exc
+            raise
+        holdings.set_route(driver.connection, pid, route)
+        return route
+
+    # - release, exit -
+
+    def release(self) -> Plan[None]:
+        key, events = self.spec.key, self.events
+        if not self.acquired:
+            events.log(logging.WARNING, "release-not-held")
+            raise LockNotHeldError(f"session lock {key} is not held by this Lock object", key=key)
+        driver = self.driver
+        if holdings.hold_count(driver.connection, key) > 1:
+            holdings.unclaim(driver.connection, key)
+            self.acquired = False
+            events.log(logging.DEBUG, "released", note="re-entrant hold remains")
+            return
+        if driver.is_closed():
+            self.forget()
+            # Already reported by the keeper, if it was watching.
+            level = logging.WARNING if self.lost is None else logging.DEBUG
+            events.log(level, "lost", reason="connection-lost")
+            raise LockLostError(
+                f"session lock {key} was lost: its connection is closed, so PostgreSQL"
+                " released the lock when the session ended",
+                key=key,
+                reason="connection-lost",
+            )
+        if driver.backend_pid() != self.backend_pid:
+            raise UnsafeConnectionError(
+                f"session lock {key} was taken on backend pid {self.backend_pid} but the"
+                f" connection now talks to pid {driver.backend_pid()}; the lock cannot be"
+                " released from here",
+                reason="connection-moved",
+            )
+        status = driver.transaction_status()
+        # The hold ended with the transaction it was opened in, if that ended in the block.
+        self.hold = holdings.hold_of(driver.connection, key)
+        if status is TxStatus.IDLE:
+            self.hold = None
+        started = time.perf_counter()
+        try:
+            value = yield from self._unlock(status)
+            stranded = value is None and self.route is not None and not self.route.direct
+            if not stranded:  # off the books at once: a Ctrl-C may land at any line
+                self.forget()
+        except BaseException as exc:
+            yield from self._after_failed_release(status, exc, started)
+            raise
+        finally:
+            self.hold = None
+        if stranded:
+            yield from self._release_stranded(started)
+        if value is not True:
+            level = logging.WARNING if self.lost is None else logging.DEBUG  # keeper said it
+            events.log(level, "lost", started, reason="lock-released")
+            raise LockNotHeldError(
+                f"session lock {key} was no longer held by backend pid {self.backend_pid}"
+                " when released: something released it while the work ran"
+                " (pg_advisory_unlock_all, DISCARD ALL, or a second unlock)",
+                key=key,
+            )
+        events.log(logging.DEBUG, "released", started)
+
+    def _unlock(self, status: TxStatus) -> Plan[object]:
+        """Unlock on a connection in ``status``; the unlock's answer. In the caller's
+        transaction the lock's hold goes too (placement.release_hold); in one that failed
+        in the block, pgsolo rolls back to the hold, never further
+        (placement.release_failed_hold)."""
+        driver, spec, hold, guard = self.driver, self.spec, self.hold, self._guard
+        unlock = [unlock_statement(spec, guard)]
+        if status is TxStatus.INTRANS:
+            try:
+                if hold is None:
+                    return (yield in_savepoint(driver, status, unlock))
+                return (yield placement.release_hold(driver, spec, guard, hold))
+            except Exception as exc:
+                meaning = sql.meaning(driver.sqlstate(exc))
+                if hold is not None and meaning is sql.Meaning.SAVEPOINT_GONE:
+                    # The caller released or rolled back past the hold: nothing to leave.
+                    undo = [sql.SAVEPOINT_UNDO, sql.SAVEPOINT_RELEASE]
+                    return (yield [*undo, *in_savepoint(driver, status, unlock)])
+                if meaning is not sql.Meaning.TRANSACTION_FAILED:
+                    raise
+                status = TxStatus.INERROR  # failed, and the driver could not tell (asyncpg)
+        if status is TxStatus.INERROR and hold is not None:
+            try:
+                yield placement.release_failed_hold(spec, guard, hold)
+            except Exception as exc:
+                code = driver.sqlstate(exc)
+                if code in sql.UNLOCK_ANSWERS:
+                    return sql.UNLOCK_ANSWERS[code]
+                if sql.meaning(code) is not sql.Meaning.SAVEPOINT_GONE:
+                    raise
+        if status is TxStatus.INERROR:
+            # No hold to roll back to: the failed transaction began in the block, or the
+            # caller ended the one the lock was taken in. It can only be rolled back, and
+            # the unlock must still happen.
+            self.events.log(logging.WARNING, "rollback-before-release")
+            return (yield placement.outside_transaction(driver, [sql.ROLLBACK, *unlock]))
+        return (yield in_savepoint(driver, status, unlock))
+
+    def _after_failed_release(
+        self, status: TxStatus, exc: BaseException, started: float
+    ) -> Plan[None]:
+        """After a failed or interrupted unlock (``exc``) on a connection that was in
+        ``status``: a lost connection is a :class:`~pgsolo.LockLostError`; otherwise
+        finish the unlock, or keep the lock on the books (acquired, tracked) so that
+        ``release()`` can be called again. The caller raises ``exc`` then."""
+        driver, spec, events = self.driver, self.spec, self.events
+        if driver.is_closed():
+            self.forget()
+            events.log(logging.WARNING, "lost", started, reason="connection-lost")
+            raise LockLostError(
+                f"session lock {spec.key} was lost: the connection failed ({exc})",
+                key=spec.key,
+                reason="connection-lost",
+            ) from exc
+        if status is TxStatus.INERROR and self.hold is not None:
+            # The caller's failed transaction is not pgsolo's to end, and nothing can be
+            # asked in it: the lock stays on the books, for release() again (which rolls
+            # back to the hold, or, if it went with the interrupted release, the
+            # transaction).
+            events.log(logging.WARNING, "error", started, error=repr(exc))
+            return
+        asked = TxStatus.IDLE if status is TxStatus.INERROR else status
+        held = yield from recovery.release_if_held(driver, spec, asked, self._guard)
+        if held is False:
+            yield from self._drop_hold()  # if the interrupted release had not left it yet
+            self.forget()
+        events.log(logging.WARNING, "error", started, error=repr(exc))
+
+    def _release_stranded(self, started: float) -> Plan[None]:
+        """The unlock did not reach the session holding the lock: a transaction-pooling
+        proxy moved this connection. A new connection may land on that session (it is
+        idle in the proxy's pool); the unlock is guarded, so it acts only there."""
+        route, key = self.route, self.spec.key
+        assert route is not None  # noqa: S101 - the caller checked
+        try:
+            released = yield Elsewhere([unlock_statement(self.spec, route.guard)])
+        except Exception as exc:
+            released = None
+            logger.debug("pgsolo: releasing %s from a second connection failed: %r", key, exc)
+        self.forget()
+        self.events.log(logging.WARNING, "lost", started, reason="connection-moved")
+        remains = (
+            "it was released from a second connection that landed on that backend"
+            if released is True
+            else f"it may still be held there: SELECT pg_terminate_backend({route.server_pid})"
+            " releases it"
+        )
+        raise transaction_pooling_error(
+            f"the unlock of {key} reached another server session than backend pid"
+            f" {route.server_pid} that holds it; {remains}"
+        )
+
+    def exit(self, *, failed: bool) -> Plan[None]:
+        if not self.acquired:
+            return
+        if not failed:
+            yield from self.release()
+            return
+        try:
+            yield from self.release()
+        except Exception as exc:
+            if self.lost is None:  # a loss the keeper declared was logged then: once
+                logger.warning("pgsolo: releasing %s after a failure: %r", self.spec.key, exc)

@@ -1,0 +1,103 @@
+"""What one lock is, fixed before any SQL: :class:`LockSpec` (its key, lifetime, wait,
+mode, fencing) and :class:`Keep` (how a held session lock is watched), with the checks
+that turn a caller's arguments into them."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .._types import DAY, Lifetime, check_seconds
+from ..drivers import DriverBase, heartbeat_of
+from ..errors import InvalidArgumentError, LockLostError
+from ..keys import Key
+
+__all__ = ["MAX_WAIT_SECONDS", "Keep", "LockSpec", "as_keep", "refuse_keeper", "wait_ms_of"]
+
+MAX_WAIT_SECONDS = 2_147_483  # lock_timeout is an int of milliseconds on the server
+MIN_INTERVAL = 0.01
+MAX_INTERVAL = DAY  # for interval and timeout alike: a longer one watches nothing
+
+
+@dataclass(frozen=True, slots=True)
+class Keep:
+    """How a session lock is watched (``session_lock(..., keep=Keep(...))``;
+    ``keep=True`` is ``Keep()``).
+
+    ``interval``: seconds between beats. ``timeout``: seconds the server has to answer a
+    beat before the connection is shut down and the lock counted as lost. Both are from
+    0.01 to 86400 (one day); anything else raises :class:`~pgsolo.InvalidArgumentError`
+    here, before any lock is taken. ``on_lost``:
+    called with the :class:`~pgsolo.LockLostError` once, from the keeper's thread (sync)
+    or task (async); what it raises is logged. ``cancel``: for an async lock, cancel the
+    task that took the lock.
+    """
+
+    interval: float = 1.0
+    timeout: float = 10.0
+    on_lost: Callable[[LockLostError], object] | None = None
+    cancel: bool = False
+
+    def __post_init__(self) -> None:
+        for label, value in (("interval", self.interval), ("timeout", self.timeout)):
+            check_seconds(f"Keep {label}", value, MIN_INTERVAL, MAX_INTERVAL)
+        if self.on_lost is not None and not callable(self.on_lost):
+            raise InvalidArgumentError(f"on_lost must be callable, got {self.on_lost!r}")
+        if not isinstance(self.cancel, bool):
+            raise InvalidArgumentError(f"cancel must be True or False, got {self.cancel!r}")
+
+
+def as_keep(keep: bool | Keep | None) -> Keep | None:
+    if keep is None or keep is False:
+        return None
+    if keep is True:
+        return Keep()
+    if isinstance(keep, Keep):
+        return keep
+    raise InvalidArgumentError(f"keep must be True, False or a pgsolo.Keep, got {keep!r}")
+
+
+def refuse_keeper(driver: DriverBase) -> None:
+    """Refuse ``keep=`` before any SQL on a driver whose connection a heartbeat cannot share
+    with the caller's statements (:class:`~pgsolo.drivers.Lacking` says why): the same
+    :class:`~pgsolo.UsageError` on every driver."""
+    heartbeat_of(driver.heartbeat())
+
+
+def wait_ms_of(wait: float | None) -> float | None:
+    """``wait`` in whole milliseconds (rounded up), ``math.inf`` for a wait with no end
+    (``wait=math.inf``), or None for a try."""
+    if wait is None:
+        return None
+    if isinstance(wait, float) and wait == math.inf:
+        return math.inf
+    try:
+        seconds = check_seconds("wait", wait, 0, MAX_WAIT_SECONDS, above_low=True)
+    except InvalidArgumentError as exc:
+        raise InvalidArgumentError(
+            f"{exc} (or math.inf, to wait for as long as it takes); use wait=None to try"
+            " once without waiting"
+        ) from None
+    return max(1, math.ceil(seconds * 1000))
+
+
+@dataclass(frozen=True, slots=True)
+class LockSpec:
+    """One lock as asked for; nothing in it changes while the lock is taken and given
+    back. ``wait_ms``: None for a try (see :func:`wait_ms_of`). ``verify_commit`` (a
+    transaction lock of a job): pgsolo's own transaction commits only if it is still the
+    one that took the lock. ``keep``: the keeper a held session lock gets."""
+
+    key: Key
+    lifetime: Lifetime
+    wait_ms: float | None
+    shared: bool = False
+    reentrant: bool = False
+    fencing: bool = False
+    keep: Keep | None = None
+    verify_commit: bool = False
+
+    @property
+    def wait_seconds(self) -> float:
+        return (self.wait_ms or 0) / 1000
