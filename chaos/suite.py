@@ -2,7 +2,7 @@
 
 Worker processes (``chaos/worker.py``) contend on a few keys with every pgsolo API,
 through every kind of connection pgsolo takes (the ways in, ``chaos/ways.py``: psycopg 3,
-psycopg2, psycopg_pool, asyncpg bare and pooled, SQLAlchemy's ``Connection`` and
+psycopg2, pg8000, psycopg_pool, asyncpg bare and pooled, SQLAlchemy's ``Connection`` and
 ``AsyncConnection``, Django), while the injector (``chaos/faults.py``) kills and
 interrupts workers, terminates lock holders, restarts and stops the server, and
 blackholes or resets the relay some connections go through (others go through PgBouncer
@@ -52,11 +52,13 @@ WORKER_LIBRARIES = (  # what the ways in import (one not installed is left out)
     "psycopg",
     "psycopg2",
     "psycopg_pool",
+    "pg8000.dbapi",
     "asyncpg",
     "sqlalchemy",
     "sqlalchemy.ext.asyncio",
     "sqlalchemy.dialects.postgresql.psycopg",
     "sqlalchemy.dialects.postgresql.psycopg2",
+    "sqlalchemy.dialects.postgresql.pg8000",
     "sqlalchemy.dialects.postgresql.asyncpg",
     "django",
     "django.db",

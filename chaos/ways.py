@@ -39,6 +39,9 @@ CHECK = (
 _IDLE, _INTRANS = 0, 2  # psycopg's and psycopg2's TransactionStatus values
 CONNECT_TIMEOUT_S = 5
 CHECKOUT_TIMEOUT_S = 10.0
+# pg8000's one timeout bounds its connect and every answer alike: longer than any stall a
+# fault makes (a blackhole of up to 4 s), shorter than a hang (chaos/suite.py HANG_S).
+PG8000_TIMEOUT_S = 10.0
 
 
 class Dead(Exception):
@@ -82,6 +85,59 @@ def dbapi_state(raw: Any) -> Fingerprint:
             raise Dead from exc
         return {**state, "error": f"{type(exc).__name__}: {exc}"}
     return _read(state, row)
+
+
+def pg8000_state(raw: Any) -> Fingerprint:
+    """:func:`dbapi_state` for a pg8000 DB-API connection. pg8000 has no public API for
+    the transaction status: it keeps the byte of the server's last ReadyForQuery
+    (``_transaction_status``, None before the first statement, when the server was idle),
+    read here rather than through pgsolo's adapter, which is what is judged. A closed
+    connection has no socket; one whose socket failed says so when used (InterfaceError,
+    or the socket's own OSError, which pg8000 lets through)."""
+    import pg8000.exceptions  # noqa: PLC0415
+
+    if raw._usock is None:
+        raise Dead
+    status = (raw._transaction_status or b"I").decode()
+    state: Fingerprint = {"autocommit": bool(raw.autocommit), "status": status}
+    if status not in ("I", "T"):  # a failed transaction: nothing can be read, and it shows
+        return state
+    try:
+        cur = raw.cursor()
+        try:
+            cur.execute(CHECK)
+            row = cur.fetchone()
+        finally:
+            cur.close()
+        if status == "I" and raw._transaction_status != b"I":
+            raw.rollback()
+    except (pg8000.exceptions.InterfaceError, OSError) as exc:
+        raise Dead from exc
+    except Exception as exc:
+        return {**state, "error": f"{type(exc).__name__}: {exc}"}
+    return _read(state, row)
+
+
+def pg8000_options(dsn: str) -> dict[str, Any]:
+    """pg8000's keywords for a libpq connection string (a socket directory for a host is
+    a socket path to pg8000)."""
+    params = conninfo_to_dict(dsn)
+    options: dict[str, Any] = {
+        "user": params.get("user"),
+        "password": params.get("password"),
+        "database": params.get("dbname"),
+        "timeout": PG8000_TIMEOUT_S,
+    }
+    host, port = str(params.get("host") or "localhost"), int(params.get("port") or 5432)
+    if host.startswith("/"):
+        return {**options, "unix_sock": f"{host}/.s.PGSQL.{port}"}
+    return {**options, "host": host, "port": port}
+
+
+def _pg8000_connect(dsn: str) -> Any:
+    import pg8000.dbapi  # noqa: PLC0415
+
+    return pg8000.dbapi.connect(**pg8000_options(dsn))
 
 
 async def async_state(raw: Any) -> Fingerprint:
@@ -175,10 +231,18 @@ class Way:
 
     def fingerprint_of(self, conn: Any) -> Fingerprint:
         try:
-            return dbapi_state(conn)
+            return self.state(conn)
         except Dead:
             self.discard()
             raise
+
+    def state(self, raw: Any) -> Fingerprint:
+        """The books and session of the driver's connection under ``conn``."""
+        return dbapi_state(raw)
+
+    def end(self, conn: Any, *, failed: bool) -> None:
+        """The caller's own end of an attempt: nothing for a connection in autocommit, or
+        one whose pool or framework ends the transaction."""
 
     def discard(self) -> None:
         """Throw the connection away (its session, and any lock on it, ends)."""
@@ -224,9 +288,20 @@ class Psycopg(_Held):
         return _psycopg_connect(self.dsn, autocommit=True)
 
 
-class Psycopg2(_Held):
-    """psycopg2 with its default, ``autocommit=False``: the driver opens the transaction
-    a transaction lock joins, and the caller commits it."""
+class _CallerEnds(_Held):
+    """A connection with its driver's default, ``autocommit=False``: the driver opens the
+    transaction a transaction lock joins, and the caller commits it (rolls it back after
+    a failure)."""
+
+    def end(self, conn: Any, *, failed: bool) -> None:
+        if not failed:
+            conn.commit()
+        elif not self.dead(conn):
+            conn.rollback()
+
+
+class Psycopg2(_CallerEnds):
+    """psycopg2, ``autocommit=False`` (its default)."""
 
     name = "psycopg2"
 
@@ -234,6 +309,51 @@ class Psycopg2(_Held):
         import psycopg2  # noqa: PLC0415
 
         return psycopg2.connect(self.dsn, connect_timeout=CONNECT_TIMEOUT_S)
+
+
+class Pg8000(_CallerEnds):
+    """A pg8000 DB-API connection, ``autocommit=False`` (its default). pg8000 cannot be
+    interrupted in the middle of an exchange: a caller's own statement that an exception
+    cuts short (a Ctrl-C, a network error) leaves the rest of the server's answer unread
+    and the connection unusable, so the caller closes it, as a careful pg8000 user must
+    (pgsolo's own round trips hold a Ctrl-C until they end)."""
+
+    name = "pg8000"
+
+    def open(self) -> Any:
+        return _pg8000_connect(self.dsn)
+
+    def dead(self, conn: Any) -> bool:
+        return conn._usock is None  # closed: pg8000 drops its socket
+
+    def state(self, raw: Any) -> Fingerprint:
+        return pg8000_state(raw)
+
+    @contextlib.contextmanager
+    def _own(self, conn: Any) -> Iterator[None]:
+        """The caller's own statement: the connection closed if it is cut short."""
+        import pg8000.exceptions  # noqa: PLC0415
+
+        try:
+            yield
+        except pg8000.exceptions.DatabaseError:
+            raise  # the server's error: pg8000 read its answer to the end
+        except BaseException:
+            with contextlib.suppress(Exception):
+                conn.close()
+            raise
+
+    def clock(self, conn: Any) -> datetime:
+        with self._own(conn):
+            return super().clock(conn)
+
+    def effect(self, conn: Any, sql: str, params: tuple[object, ...]) -> bool:
+        with self._own(conn):
+            return super().effect(conn, sql, params)
+
+    def end(self, conn: Any, *, failed: bool) -> None:
+        with self._own(conn):
+            super().end(conn, failed=failed)
 
 
 class PsycopgPool(Way):
@@ -280,6 +400,7 @@ class _Alchemy(Way):
     pooled = True
     placeholder = ":p"
     dialect: ClassVar[str]
+    pre_ping: ClassVar[bool] = True
 
     def __init__(self, dsn: str) -> None:
         super().__init__(dsn)
@@ -301,7 +422,7 @@ class _Alchemy(Way):
                 pool_size=1,
                 max_overflow=0,
                 pool_timeout=CHECKOUT_TIMEOUT_S,
-                pool_pre_ping=True,
+                pool_pre_ping=self.pre_ping,
             )
             pgsolo.sqlalchemy.install(self.engine)
         with self.engine.connect() as conn:
@@ -325,7 +446,7 @@ class _Alchemy(Way):
             "invalidated": conn.invalidated,
         }
         try:
-            return {**books, **dbapi_state(conn.connection.driver_connection)}
+            return {**books, **self.state(conn.connection.driver_connection)}
         except Dead:
             conn.invalidate()
             raise
@@ -353,6 +474,27 @@ class AlchemyPsycopg2(_Alchemy):
         import psycopg2  # noqa: PLC0415
 
         return psycopg2.connect(self.dsn, connect_timeout=CONNECT_TIMEOUT_S)
+
+
+class AlchemyPg8000(_Alchemy):
+    """pg8000 under SQLAlchemy, opened as its dialect opens it (``pg8000.connect``). No
+    pre-ping: SQLAlchemy's (its default ``do_ping``, a ``SELECT 1`` with pg8000's
+    autocommit off) leaves the transaction pg8000 began open at every checkout, which
+    SQLAlchemy's books do not show; every later fingerprint would differ from the fresh
+    one, and ``run_once`` refuses such a connection. A connection a fault killed is found
+    by the next statement instead."""
+
+    name = "sqlalchemy-pg8000"
+    dialect = "pg8000"
+    pre_ping = False
+
+    def _creator(self) -> Any:
+        import pg8000  # noqa: PLC0415
+
+        return pg8000.connect(**pg8000_options(self.dsn))
+
+    def state(self, raw: Any) -> Fingerprint:
+        return pg8000_state(raw)
 
 
 class Django(Way):
@@ -391,7 +533,7 @@ class Django(Way):
             "errors_occurred": conn.errors_occurred,
         }
         try:
-            return {**books, **dbapi_state(conn.connection)}
+            return {**books, **self.state(conn.connection)}
         except Dead:
             self.discard()
             raise
@@ -607,9 +749,11 @@ WAYS: dict[str, type[Way]] = {
     for way in (
         Psycopg,
         Psycopg2,
+        Pg8000,
         PsycopgPool,
         AlchemyPsycopg,
         AlchemyPsycopg2,
+        AlchemyPg8000,
         Django,
         Asyncpg,
         AsyncpgPool,

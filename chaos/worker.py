@@ -40,7 +40,6 @@ from chaos.ways import (
     AsyncWay,
     Dead,
     Fingerprint,
-    Psycopg2,
     Way,
     effect_sql,
     without_identity,
@@ -255,12 +254,10 @@ class Worker:
             try:
                 outcome = self._sync_lock(way, conn, call, key, work, wait)
             except BaseException:
-                if isinstance(way, Psycopg2) and not conn.closed:
-                    conn.rollback()  # the caller's own move after a failure
+                way.end(conn, failed=True)  # the caller's own move after a failure
                 raise
             self.phase = "give back"
-            if isinstance(way, Psycopg2):
-                conn.commit()  # the caller ends the transaction the driver opened
+            way.end(conn, failed=False)  # the caller ends a transaction the driver opened
         return outcome
 
     def _sync_lock(

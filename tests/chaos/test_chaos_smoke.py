@@ -19,9 +19,11 @@ BOUND_S = 240  # generous on a busy 2-core machine; the run itself takes about 3
 WAYS = (  # chaos/ways.py WAYS: every kind of connection pgsolo takes
     "psycopg",
     "psycopg2",
+    "pg8000",
     "psycopg-pool",
     "sqlalchemy-psycopg",
     "sqlalchemy-psycopg2",
+    "sqlalchemy-pg8000",
     "django",
     "asyncpg",
     "asyncpg-pool",

@@ -28,6 +28,7 @@ from _drivers import pg8000_options
 from _support import DEADLINE, Connect
 from pgsolo import Key
 from pgsolo.drivers import Lacking, TxStatus, adapt, driver_errors, is_unavailable
+from pgsolo.testing import Relay
 
 
 @pytest.fixture
@@ -127,6 +128,29 @@ def test_errors_and_status_read_from_pg8000(
     assert driver.is_closed()
     assert driver.transaction_status() is TxStatus.UNKNOWN
     assert driver.backend_pid() == pid  # what it said while it was open
+
+
+def test_a_socket_reset_between_round_trips_breaks_the_connection_not_pgsolo(
+    connect8: Callable[..., Any], dsn: str
+) -> None:
+    """Guards the proxy check of a session lock after a reset of the caller's socket
+    (found by the chaos suite): pgsolo reads the server's address from the socket, which
+    then has no peer, and the socket's own ``OSError`` (ENOTCONN) came out of pgsolo raw,
+    from the error message it was writing. The connection is broken, as after a failed
+    round trip: its address is what it said while open, and a check elsewhere fails with
+    pg8000's own error for a broken socket, which pgsolo reports as unavailable."""
+    with Relay(dsn) as relay:
+        driver = adapt(connect8(at=relay.dsn))
+        assert driver.server_info().host == "127.0.0.1"
+        relay.reset()
+        deadline = time.monotonic() + DEADLINE
+        while not driver.is_closed():  # the reset arrives: the socket loses its peer
+            assert time.monotonic() < deadline, "the reset never arrived"
+            assert driver.server_info().host == "127.0.0.1"
+            time.sleep(0.01)
+        with pytest.raises(pg8000.dbapi.InterfaceError, match="network error") as failed:
+            driver.fetch_value_elsewhere(["SELECT 1"])
+        assert is_unavailable(failed.value)
 
 
 def test_the_database_name_is_read_once_and_leaves_the_connection_as_found(

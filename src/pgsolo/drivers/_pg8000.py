@@ -125,7 +125,10 @@ class Pg8000Driver:
     def server_info(self) -> ServerInfo:
         if self.is_closed():
             return self._last_info
-        host, port = host_port(_socket(self._conn).getpeername())
+        try:
+            host, port = host_port(self._peer())
+        except pg8000.exceptions.InterfaceError:  # broken just now: what it said while open
+            return self._last_info
         statuses = self._conn.parameter_statuses
         user = self._conn.user
         self._last_info = ServerInfo(
@@ -173,7 +176,7 @@ class Pg8000Driver:
             raise
 
     def fetch_value_elsewhere(self, statements: Sequence[str]) -> object:
-        peer = _socket(self._conn).getpeername()
+        peer = self._peer()
         host, port = host_port(peer)
         where: dict[str, Any] = (
             {"host": host, "port": port} if isinstance(peer, tuple) else {"unix_sock": peer}
@@ -193,6 +196,16 @@ class Pg8000Driver:
         finally:
             with contextlib.suppress(pg8000.exceptions.Error):
                 other.close()
+
+    def _peer(self) -> Any:
+        """The server's end of the socket. A socket the network reset has none (ENOTCONN)
+        although pg8000 keeps it open: it is broken, as after a failed round trip, and
+        says so in pg8000's words for a broken socket."""
+        try:
+            return _socket(self._conn).getpeername()
+        except OSError as exc:
+            _BROKEN.add(self._conn)
+            raise pg8000.exceptions.InterfaceError("network error") from exc
 
     def _database(self) -> str:
         """The name of the connection's database (module doc: asked once)."""
