@@ -140,8 +140,9 @@ def test_a_kept_lock_reads_at_80_columns_with_its_name_and_true_age(
     ):  # fmt: skip
         eventually(lambda: observer.holders(key), "pgsolo run to hold its key")  # type: ignore[attr-defined]
         time.sleep(3.0)  # a dozen beats: the holder's state_change is never older than 0.2 s
-        held_for = time.monotonic() - started
         done = run_cli("locks", "--dsn", dsn, env={"COLUMNS": "80"})
+        # Read once that command ended: starting it took seconds on a busy machine.
+        held_for = time.monotonic() - started
         as_json = run_cli("locks", "--key", str(key.value), "--json", "--dsn", dsn)
         wide = run_cli("locks", "--wide", "--dsn", dsn)
     assert done.returncode == 0, done.stderr
