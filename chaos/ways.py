@@ -19,7 +19,7 @@ apart: a lock left is a leak, not a change). A connection that died under a faul
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import datetime
 from typing import Any, ClassVar
 
@@ -62,15 +62,14 @@ def _read(state: Fingerprint, row: Any) -> Fingerprint:
     return {**state, "pid": int(pid), "locks": int(locks), "settings": settings}
 
 
-def dbapi_state(raw: Any) -> Fingerprint:
-    """A psycopg 3 or psycopg2 connection's books and session; the transaction a read
-    in autocommit-off mode opens is rolled back, so that it is left as it was."""
-    if raw.closed or getattr(raw, "broken", False):
-        raise Dead
-    status = int(raw.info.transaction_status)
-    state: Fingerprint = {"autocommit": bool(raw.autocommit), "status": status}
-    if status not in (_IDLE, _INTRANS):  # busy or failed: nothing can be read, and it shows
-        return state
+def _read_books(
+    raw: Any, state: Fingerprint, left_idle: Callable[[], bool], dead: Callable[[Exception], bool]
+) -> Fingerprint:
+    """``state`` with the session's settings and locks read over ``raw`` (a DB-API
+    connection): a transaction the read opened (autocommit off, ``left_idle()`` false
+    after it) is rolled back, so that it is left as it was; an error the connection died
+    of (``dead``) is :class:`Dead`, any other is part of the fingerprint."""
+    was_idle = left_idle()
     try:
         cur = raw.cursor()
         try:
@@ -78,13 +77,29 @@ def dbapi_state(raw: Any) -> Fingerprint:
             row = cur.fetchone()
         finally:
             cur.close()
-        if status == _IDLE and int(raw.info.transaction_status) != _IDLE:
+        if was_idle and not left_idle():
             raw.rollback()
     except Exception as exc:
-        if raw.closed or getattr(raw, "broken", False):
+        if dead(exc):
             raise Dead from exc
         return {**state, "error": f"{type(exc).__name__}: {exc}"}
     return _read(state, row)
+
+
+def dbapi_state(raw: Any) -> Fingerprint:
+    """A psycopg 3 or psycopg2 connection's books and session."""
+    if raw.closed or getattr(raw, "broken", False):
+        raise Dead
+    status = int(raw.info.transaction_status)
+    state: Fingerprint = {"autocommit": bool(raw.autocommit), "status": status}
+    if status not in (_IDLE, _INTRANS):  # busy or failed: nothing can be read, and it shows
+        return state
+    return _read_books(
+        raw,
+        state,
+        lambda: int(raw.info.transaction_status) == _IDLE,
+        lambda _: bool(raw.closed) or bool(getattr(raw, "broken", False)),
+    )
 
 
 def pg8000_state(raw: Any) -> Fingerprint:
@@ -102,20 +117,12 @@ def pg8000_state(raw: Any) -> Fingerprint:
     state: Fingerprint = {"autocommit": bool(raw.autocommit), "status": status}
     if status not in ("I", "T"):  # a failed transaction: nothing can be read, and it shows
         return state
-    try:
-        cur = raw.cursor()
-        try:
-            cur.execute(CHECK)
-            row = cur.fetchone()
-        finally:
-            cur.close()
-        if status == "I" and raw._transaction_status != b"I":
-            raw.rollback()
-    except (pg8000.exceptions.InterfaceError, OSError) as exc:
-        raise Dead from exc
-    except Exception as exc:
-        return {**state, "error": f"{type(exc).__name__}: {exc}"}
-    return _read(state, row)
+    return _read_books(
+        raw,
+        state,
+        lambda: (raw._transaction_status or b"I") == b"I",
+        lambda exc: isinstance(exc, pg8000.exceptions.InterfaceError | OSError),
+    )
 
 
 def pg8000_options(dsn: str) -> dict[str, Any]:
