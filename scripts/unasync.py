@@ -144,6 +144,7 @@ _RENAMES = {
     "astart_driver_transaction": "start_driver_transaction",
     "auncancel_current": "uncancel_current",
     "aundisturbed": "undisturbed",
+    "ato_its_end": "to_its_end",
 }
 _PROSE = [
     (r"\ban async\b", "a sync"),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import math
 import os
 import select
 import threading
@@ -35,6 +36,7 @@ __all__ = [
     "arun_blocking",
     "aspawn",
     "astop_worker",
+    "ato_its_end",
     "atry_lock",
     "auncancel_current",
     "aundisturbed",
@@ -44,6 +46,7 @@ __all__ = [
     "run_blocking",
     "spawn",
     "stop_worker",
+    "to_its_end",
     "try_lock",
     "uncancel_current",
     "undisturbed",
@@ -246,31 +249,61 @@ async def afinished(step: Awaitable[T]) -> T:
     return task.result()
 
 
-def undisturbed(value: T, bound: float) -> T:
+def undisturbed(value: T, bound: float, within: float | None = None) -> T:
     """``value``: a thread's step cannot be interrupted by another thread."""
     return value
 
 
-async def aundisturbed(step: Awaitable[T], bound: float) -> T:
+async def aundisturbed(step: Awaitable[T], bound: float, within: float | None = None) -> T:
     """Await ``step`` to its end although the current task is cancelled meanwhile, and
     absorb those cancellations: for the clean-up after an interruption, which the task
     ends with anyway. A second cancellation that cut the clean-up short (say, the
     release of a lock the first one interrupted) would leave behind what it cleans up.
     ``bound`` seconds after the first absorbed cancellation the step is cancelled after
-    all, so that a connection that stopped answering cannot hold the task forever."""
+    all, so that a connection that stopped answering cannot hold the task forever; and
+    ``within`` seconds after it started, if given, whatever happens (TimeoutError)."""
     task = asyncio.ensure_future(step)
-    with contextlib.suppress(asyncio.CancelledError):
-        return await asyncio.shield(task)
     loop = asyncio.get_running_loop()
-    give_up = loop.time() + bound
+    give_up = math.inf if within is None else loop.time() + within
+    absorbed = False
     while not task.done() and (left := give_up - loop.time()) > 0:
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait({task}, timeout=left)
-    task.cancel()  # past the bound (a no-op if it is done): the step ends it its own way
+        try:
+            await asyncio.wait({task}, timeout=None if math.isinf(left) else left)
+        except asyncio.CancelledError:
+            if not absorbed:
+                absorbed = True
+                give_up = min(give_up, loop.time() + bound)
+    if task.done():
+        return task.result()
+    task.cancel()  # past a bound: the step ends it its own way
     while not task.done():
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.wait({task})
-    return task.result()
+    if absorbed:
+        return task.result()
+    with contextlib.suppress(asyncio.CancelledError):
+        return task.result()  # it ended its own way after all
+    raise TimeoutError(f"no answer within {within:g} s")
+
+
+def to_its_end(value: T, bound: float) -> T:
+    """``value``: see :func:`undisturbed`."""
+    return value
+
+
+async def ato_its_end(step: Awaitable[T], bound: float) -> T:
+    """Await ``step`` to its end although the current task is cancelled meanwhile; then
+    the cancellation goes on, and what the step raised is dropped for it. For a step a
+    cancellation must not cut in two, say the commit that ends a transaction lock: cut,
+    SQLAlchemy discards the connection, whose backend holds the lock a moment after the
+    task has ended. Bounded like :func:`aundisturbed`."""
+    task = asyncio.ensure_future(step)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            await aundisturbed(task, bound, within=bound)
+        raise
 
 
 def run_blocking(fn: Callable[..., T], *args: Any) -> T:

@@ -339,19 +339,32 @@ async def _settle(conn: Any, block: asyncio.Future[Any]) -> None:
     statement (again every quarter of a second: a request that arrives between two
     statements of the message is ignored), each request delivered before the next look,
     so that none lands on a later statement. Past the bound, the exchange is cancelled
-    the way asyncpg does it, which closes the connection if it must. Further
-    cancellations of the caller are absorbed: it is on its way out with one."""
+    the way asyncpg does it, and the connection closed. Further cancellations of the
+    caller are absorbed: it is on its way out with one."""
     loop = asyncio.get_running_loop()
     give_up = loop.time() + _SETTLE_SECONDS
+    gave_up = False
     while not block.done():
-        with contextlib.suppress(Exception, asyncio.CancelledError):
-            if loop.time() < give_up:
-                delivered = loop.create_future()
+        if loop.time() < give_up:
+            delivered = loop.create_future()
+            with contextlib.suppress(Exception):
                 private.cancel_statement(conn, delivered)
-                await asyncio.wait({delivered}, timeout=_SETTLE_SECONDS)
-            else:
-                block.cancel()
+            # Delivered, though the caller is cancelled again meanwhile: a request still on
+            # its way when the exchange ends would cancel the caller's next statement.
+            while not delivered.done() and (left := give_up - loop.time()) > 0:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.wait({delivered}, timeout=left)
+        else:
+            gave_up = True
+            block.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
             await asyncio.wait({block}, timeout=0.25)
+    if gave_up and not conn.is_closed():
+        # asyncpg may still wait for the server to acknowledge its own cancellation, and
+        # would refuse the caller's next statement (another operation is in progress);
+        # what the server did meanwhile, a lock granted say, is unknown. Closed, the
+        # connection holds nothing, and says so.
+        conn.terminate()
     if not block.cancelled():
         block.exception()  # retrieved: the caller's cancellation is what propagates
 

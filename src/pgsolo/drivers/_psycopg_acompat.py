@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import psycopg
 
+from .._acompat import aundisturbed
 from .._logging import drivers_logger as logger
 from ._psycopg import finish_interrupted, start_deadline
 
@@ -114,10 +115,12 @@ async def _settle(
     while not block.done():
         try:
             if call.owns_connection and loop.time() < give_up:
+                # To the end, though cancelled again: a request still on its way when the
+                # round trip ends would cancel the caller's next statement instead.
                 if hasattr(conn, "cancel_safe"):  # psycopg >= 3.2
-                    await conn.cancel_safe(timeout=_SETTLE_SECONDS)
+                    await aundisturbed(conn.cancel_safe(timeout=_SETTLE_SECONDS), _SETTLE_SECONDS)
                 else:
-                    await asyncio.to_thread(conn.cancel)
+                    await aundisturbed(asyncio.to_thread(conn.cancel), _SETTLE_SECONDS)
             elif not handed_over:  # once: a second interruption makes psycopg close it
                 handed_over = True
                 block.cancel()

@@ -7,7 +7,7 @@ import contextlib
 from collections.abc import Sequence
 from typing import Any, ClassVar, cast
 
-from ..._acompat import AIS_ASYNC, AEvent
+from ..._acompat import AIS_ASYNC, AEvent, ato_its_end
 from ..._logging import drivers_logger as logger
 from ...errors import ConnectionStateError
 from .. import AsyncDriver, AsyncHeartbeat, Edge, Lacking, News, heartbeat_of
@@ -25,6 +25,9 @@ from .._sqlalchemy import (
 )
 
 __all__ = ["AsyncSqlAlchemyDriver"]
+
+# COMMIT and ROLLBACK wait for no lock: a server that has not answered by then is not.
+_END_WITHIN = 5.0
 
 
 class AsyncSqlAlchemyDriver(SqlAlchemyBase):
@@ -171,11 +174,14 @@ class AsyncSqlAlchemyDriver(SqlAlchemyBase):
             target = self._owner
         if target is None:
             return
+        # To its end, though cancelled meanwhile: cut, SQLAlchemy would discard the
+        # connection, and its backend would hold the lock after the caller went on.
         if not quiet:
-            await (target.commit() if edge == "commit" else target.rollback())
+            ending = target.commit() if edge == "commit" else target.rollback()
+            await ato_its_end(ending, _END_WITHIN)
             return
         with contextlib.suppress(Exception):
-            await target.rollback()
+            await ato_its_end(target.rollback(), _END_WITHIN)
 
     async def fetch_value_elsewhere(self, statements: Sequence[str]) -> object:
         return await as_async(self._bound_inner()).fetch_value_elsewhere(statements)

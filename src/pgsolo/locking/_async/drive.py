@@ -20,6 +20,10 @@ T = TypeVar("T")
 # How long clean-up after an interruption may go on under further cancellations before it
 # is cancelled too: a few round trips, on a connection that answers.
 CLEAN_UP_SECONDS = 5.0
+# How long one round trip of the clean-up may take at all: a connection that has answered
+# nothing for this long is not answering (the chaos suite's faults last up to 4 s), and a
+# cancelled task must end in bounded time.
+CLEAN_UP_WITHIN = 15.0
 
 
 async def _no_work() -> object:
@@ -64,7 +68,8 @@ async def _steps(
                 if isinstance(step, Work):
                     value = await (work or _no_work)()
                 elif cleaning_up:
-                    value = await aundisturbed(_round_trip(step, driver), CLEAN_UP_SECONDS)
+                    clean_up = _round_trip(step, driver)
+                    value = await aundisturbed(clean_up, CLEAN_UP_SECONDS, CLEAN_UP_WITHIN)
                 else:
                     value = await _round_trip(step, driver)
             except BaseException as exc:

@@ -21,6 +21,10 @@ T = TypeVar("T")
 # How long clean-up after an interruption may go on under further cancellations before it
 # is cancelled too: a few round trips, on a connection that answers.
 CLEAN_UP_SECONDS = 5.0
+# How long one round trip of the clean-up may take at all: a connection that has answered
+# nothing for this long is not answering (the chaos suite's faults last up to 4 s), and a
+# cancelled task must end in bounded time.
+CLEAN_UP_WITHIN = 15.0
 
 
 def _no_work() -> object:
@@ -65,7 +69,8 @@ def _steps(
                 if isinstance(step, Work):
                     value = (work or _no_work)()
                 elif cleaning_up:
-                    value = undisturbed(_round_trip(step, driver), CLEAN_UP_SECONDS)
+                    clean_up = _round_trip(step, driver)
+                    value = undisturbed(clean_up, CLEAN_UP_SECONDS, CLEAN_UP_WITHIN)
                 else:
                     value = _round_trip(step, driver)
             except BaseException as exc:
