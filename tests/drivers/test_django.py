@@ -143,6 +143,43 @@ def test_own_transaction_outside_atomic_commits_or_rolls_back(
     assert observer.holders(key) == set()
 
 
+@pytest.mark.parametrize("reached_the_server", [True, False], ids=["sent", "not-sent"])
+def test_ctrl_c_in_the_commit_of_pgsolos_transaction_leaves_django_as_found(
+    conn: Any, observer: Any, key: Key, monkeypatch: pytest.MonkeyPatch, reached_the_server: bool
+) -> None:
+    """Regression (the chaos campaign, 5 times in 200,000 attempts): a Ctrl-C in Django's
+    COMMIT of pgsolo's atomic, after psycopg sent it and before it read the answer, left
+    the connection ACTIVE; Django's atomic then failed to switch autocommit back on and
+    raised its own ProgrammingError in the Ctrl-C's place, and the caller's next statement
+    found the connection unusable. Now the Ctrl-C is what is raised, the COMMIT is read to
+    its end and recorded as Django's (its on_commit callback runs), or, if it never reached
+    the server, the transaction is rolled back (and the callback dropped); either way
+    nothing is held and Django's books are as before the block."""
+    job = new_job("django-ctrl-c")
+    conn.ensure_connection()
+    raw = conn.connection
+
+    def interrupted_commit() -> None:
+        if reached_the_server:
+            raw.pgconn.send_query(b"COMMIT")  # what psycopg does, and then the Ctrl-C
+        raise KeyboardInterrupt
+
+    callbacks: list[str] = []
+    with pytest.raises(KeyboardInterrupt), xact_lock(conn, key) as lock:  # noqa: PT012
+        assert lock.acquired
+        insert(conn, job, "the block's row")
+        transaction.on_commit(lambda: callbacks.append("ran"))
+        monkeypatch.setattr(raw, "commit", interrupted_commit)
+    monkeypatch.undo()
+    assert_django_clean(conn)
+    assert observer.holders(key) == set()
+    expected = ["the block's row"] if reached_the_server else []
+    assert work_rows(observer, job) == expected
+    assert callbacks == (["ran"] if reached_the_server else [])
+    insert(conn, job, "after")  # the connection takes the caller's next statement
+    assert sorted(work_rows(observer, job)) == sorted([*expected, "after"])
+
+
 def test_own_transaction_is_left_once_when_the_connection_dies(
     conn: Any, observer: Any, key: Key
 ) -> None:

@@ -224,8 +224,56 @@ class DjangoDriver:
     def _leave(self, atomic: transaction.Atomic, *, commit: bool) -> None:
         if not commit:
             transaction.set_rollback(True, using=self._wrapper.alias)
-        # Django rolls back when the block must (and on a dead connection closes it).
-        atomic.__exit__(None, None, None)
+        try:
+            # Django rolls back when the block must (and on a dead connection closes it).
+            atomic.__exit__(None, None, None)
+        except BaseException as exc:
+            interrupt = _interrupt_behind(exc)
+            if interrupt is None:
+                raise
+            self._finish_interrupted_leave(commit=commit)
+            raise interrupt from None
+
+    def _finish_interrupted_leave(self, *, commit: bool) -> None:
+        """Do what a Ctrl-C kept Django's atomic from doing on its way out. Cut in its
+        COMMIT or ROLLBACK, it left the driver's connection ACTIVE; its ``finally`` then
+        failed to switch autocommit back on, so Django's books said "no autocommit"
+        outside any block, and the caller's next statement found the connection unusable.
+        The statement is read to its end; what it did decides the rest: a COMMIT the
+        server ran is recorded as Django's ``commit()`` would (its ``on_commit``
+        callbacks run), a transaction still open is rolled back (its callbacks dropped),
+        and a connection that cannot be saved is closed, on Django's books too."""
+        wrapper = self._wrapper
+        if wrapper.in_atomic_block or wrapper.connection is None:
+            return
+        try:
+            status = self.transaction_status()  # reads an ACTIVE statement to its end
+            if status is TxStatus.UNKNOWN:
+                wrapper.close()
+                return
+            if status is not TxStatus.IDLE:
+                wrapper.rollback()
+            elif commit:
+                wrapper.run_commit_hooks_on_set_autocommit_on = True
+            else:
+                wrapper.run_on_commit = []
+            if wrapper.commit_on_exit and not wrapper.autocommit:
+                wrapper.set_autocommit(True)
+        except Exception as exc:
+            logger.warning("pgsolo: finishing an interrupted transaction failed: %r", exc)
+            wrapper.close()
+
+
+def _interrupt_behind(exc: BaseException) -> BaseException | None:
+    """The interrupt (a Ctrl-C) ``exc`` is, or the one it was raised while handling:
+    Django's atomic raises its own error from its ``finally`` when an interrupt left the
+    connection unusable, and that error must not stand in for the Ctrl-C."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if not isinstance(seen, Exception):
+            return seen
+        seen = seen.__context__
+    return None
 
 
 def _drivers_error(exc: BaseException) -> BaseException:
