@@ -18,6 +18,7 @@ module only decides what Django must know). The transaction is Django's:
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -261,7 +262,8 @@ class DjangoDriver:
                 wrapper.set_autocommit(True)
         except Exception as exc:
             logger.warning("pgsolo: finishing an interrupted transaction failed: %r", exc)
-            wrapper.close()
+            with contextlib.suppress(Exception):  # it is closed, or closing it fails too
+                wrapper.close()
 
 
 def _interrupt_behind(exc: BaseException) -> BaseException | None:
