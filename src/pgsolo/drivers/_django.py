@@ -232,19 +232,30 @@ class DjangoDriver:
             interrupt = _interrupt_behind(exc)
             if interrupt is None:
                 raise
-            self._finish_interrupted_leave(commit=commit)
+            self._finish_interrupted_leave(atomic, commit=commit)
             raise interrupt from None
 
-    def _finish_interrupted_leave(self, *, commit: bool) -> None:
-        """Do what a Ctrl-C kept Django's atomic from doing on its way out. Cut in its
-        COMMIT or ROLLBACK, it left the driver's connection ACTIVE; its ``finally`` then
-        failed to switch autocommit back on, so Django's books said "no autocommit"
-        outside any block, and the caller's next statement found the connection unusable.
-        The statement is read to its end; what it did decides the rest: a COMMIT the
-        server ran is recorded as Django's ``commit()`` would (its ``on_commit``
-        callbacks run), a transaction still open is rolled back (its callbacks dropped),
-        and a connection that cannot be saved is closed, on Django's books too."""
+    def _finish_interrupted_leave(self, atomic: transaction.Atomic, *, commit: bool) -> None:
+        """Do what a Ctrl-C kept Django's atomic from doing on its way out. Cut before it
+        began, it is left again, rolled back. Cut in its COMMIT or ROLLBACK, it left the
+        driver's connection ACTIVE; its ``finally`` then failed to switch autocommit back
+        on, so Django's books said "no autocommit" outside any block, and the caller's
+        next statement found the connection unusable. The statement is read to its end;
+        what it did decides the rest: a COMMIT the server ran is recorded as Django's
+        ``commit()`` would (its ``on_commit`` callbacks run), a transaction still open is
+        rolled back (its callbacks dropped), and a connection that cannot be saved is
+        closed, on Django's books too."""
         wrapper = self._wrapper
+        if atomic in wrapper.atomic_blocks:  # cut before it began: the Ctrl-C came first
+            commit = False
+            with contextlib.suppress(Exception):
+                transaction.set_rollback(True, using=wrapper.alias)
+                atomic.__exit__(None, None, None)
+        elif wrapper.in_atomic_block and not wrapper.atomic_blocks:
+            # Cut between taking itself off the list and saying it is out (pgsolo's atomic
+            # is the outermost, durable one): the line it did not reach.
+            commit = False
+            wrapper.in_atomic_block = False
         if wrapper.in_atomic_block or wrapper.connection is None:
             return
         try:

@@ -152,8 +152,9 @@ def finish_interrupted(conn: psycopg.Connection[Any]) -> None:
             pass
     except Exception as exc:
         logger.warning("pgsolo: finishing an interrupted statement failed: %r", exc)
-    if pgconn.transaction_status == pq.TransactionStatus.ACTIVE:
-        conn.close()
+    finally:  # also when a second Ctrl-C cuts this short: never handed back ACTIVE
+        if pgconn.transaction_status == pq.TransactionStatus.ACTIVE:
+            conn.close()
 
 
 def settle_interrupted(conn: psycopg.Connection[Any]) -> None:

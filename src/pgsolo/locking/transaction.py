@@ -221,6 +221,15 @@ class XactLockCore(LockCore):
         self.opened_transaction = False
         try:
             yield from self._end_own_transaction(failed=failed)
+        except BaseException as exc:
+            # A Ctrl-C in pgsolo's own code before the COMMIT or ROLLBACK went out (it lands
+            # at any line): the transaction, and the lock in it, must not outlive it.
+            if not isinstance(exc, Exception) and self.driver.transaction_status() in (
+                TxStatus.INTRANS,
+                TxStatus.INERROR,
+            ):
+                yield from quietly(self.driver, ROLLBACK)
+            raise
         finally:
             self.transaction_marker = None
             conn = self.driver.connection
