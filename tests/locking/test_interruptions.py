@@ -271,6 +271,39 @@ def test_release_interrupted_after_the_unlock_ran(
         assert not has_savepoint(conn, hold_savepoint(key))  # the lock's own, left
 
 
+def test_ctrl_c_in_pgsolos_code_before_its_commit_went_out_rolls_back(
+    connect: Connect, observer: Any, key: Key, table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression (found by SIGINTs at random moments to Django's ``xact_lock``, and true
+    of every driver): a Ctrl-C in pgsolo's own code on the way out of a transaction lock's
+    block, after the block's work and before the COMMIT went out (here: as pgsolo reads
+    the transaction's status), ended the plan with the transaction still open, the
+    block's rows uncommitted and the lock held in it for as long as the connection lived.
+    Now the transaction is rolled back before the Ctrl-C goes on."""
+    conn = connect()
+    pid = pid_of(conn)
+    original = PsycopgDriver.transaction_status
+    calls: list[str] = []
+
+    def interrupted_once(driver: PsycopgDriver) -> Any:
+        if not calls:
+            calls.append("interrupted")
+            raise KeyboardInterrupt
+        return original(driver)
+
+    with pytest.raises(KeyboardInterrupt), pgsolo.xact_lock(conn, key) as lock:  # noqa: PT012
+        assert lock.acquired
+        insert_note(conn, table, "the block's row")
+        monkeypatch.setattr(PsycopgDriver, "transaction_status", interrupted_once)
+    monkeypatch.undo()
+    assert calls == ["interrupted"]
+    assert conn.info.transaction_status is IDLE
+    assert observer.holders(key) == set()
+    assert observer.advisory(pid=pid) == set()
+    assert notes(observer, table) == []  # rolled back: the Ctrl-C came before the COMMIT
+    assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
 def test_release_in_a_failed_transaction_interrupted_before_it_was_sent(
     connect: Connect, observer: Any, key: Key, monkeypatch: pytest.MonkeyPatch
 ) -> None:
