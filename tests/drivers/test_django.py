@@ -171,6 +171,8 @@ def test_ctrl_c_in_the_commit_of_pgsolos_transaction_leaves_django_as_found(
         transaction.on_commit(lambda: callbacks.append("ran"))
         monkeypatch.setattr(raw, "commit", interrupted_commit)
     monkeypatch.undo()
+    # As the next user finds it, before pgsolo's adapter (which settles it) is asked.
+    assert raw.info.transaction_status is psycopg.pq.TransactionStatus.IDLE
     assert_django_clean(conn)
     assert observer.holders(key) == set()
     expected = ["the block's row"] if reached_the_server else []
@@ -178,6 +180,34 @@ def test_ctrl_c_in_the_commit_of_pgsolos_transaction_leaves_django_as_found(
     assert callbacks == (["ran"] if reached_the_server else [])
     insert(conn, job, "after")  # the connection takes the caller's next statement
     assert sorted(work_rows(observer, job)) == sorted([*expected, "after"])
+
+
+def test_ctrl_c_in_djangos_health_check_as_pgsolos_atomic_begins_leaves_django_as_found(
+    conn: Any, observer: Any, key: Key, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression (the chaos campaign's Django finding, traced): Django's atomic checks a
+    persistent connection's health (``SELECT 1``) on its way in; a Ctrl-C after psycopg
+    sent it and before it read the answer left the connection ACTIVE, and pgsolo, whose
+    atomic had not begun, handed it back so: the next request found it unusable. Now the
+    statement is read to its end and the Ctrl-C goes on with Django's books as found."""
+    conn.ensure_connection()
+    raw = conn.connection
+
+    def interrupted_health_check() -> None:
+        raw.pgconn.send_query(b"SELECT 1")  # what psycopg does, and then the Ctrl-C
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(conn, "close_if_health_check_failed", interrupted_health_check)
+    with pytest.raises(KeyboardInterrupt), xact_lock(conn, key):
+        pytest.fail("the block ran although its transaction never began")
+    monkeypatch.undo()
+    # As the next user finds it, before pgsolo's adapter (which settles it) is asked.
+    assert raw.info.transaction_status is psycopg.pq.TransactionStatus.IDLE
+    assert_django_clean(conn)
+    assert observer.holders(key) == set()
+    with conn.cursor() as cur:  # the next statement runs
+        cur.execute("SELECT 1")
+        assert cur.fetchone() == (1,)
 
 
 def test_own_transaction_is_left_once_when_the_connection_dies(

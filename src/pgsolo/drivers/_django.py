@@ -186,11 +186,38 @@ class DjangoDriver:
             return self._send(statements, wait)
         if edge == "begin":
             atomic = transaction.atomic(using=self._wrapper.alias, durable=True)
-            atomic.__enter__()
+            try:
+                atomic.__enter__()
+            except BaseException:
+                self._abandon_interrupted_enter(atomic)
+                raise
             self._atomic = atomic
             # A failure here is followed by pgsolo's rollback edge, which leaves it.
             return self._send(statements, wait)
         return self._end(statements, wait, commit=edge == "commit")
+
+    def _abandon_interrupted_enter(self, atomic: transaction.Atomic) -> None:
+        """Undo what Django's atomic did on its way in before a Ctrl-C cut it short. Its
+        health check (a ``SELECT 1`` before it switches autocommit off) so cut left the
+        connection ACTIVE: the statement is read to its end, and autocommit is back on if
+        it was switched off; an atomic that got in all but its last lines is left, rolled
+        back. The rollback edge that follows finds no atomic of pgsolo's to leave."""
+        wrapper = self._wrapper
+        try:
+            if atomic in wrapper.atomic_blocks:
+                transaction.set_rollback(True, using=wrapper.alias)
+                atomic.__exit__(None, None, None)
+                return
+            if wrapper.connection is None or wrapper.in_atomic_block:
+                return
+            if self.transaction_status() is TxStatus.UNKNOWN:  # reads an ACTIVE one first
+                wrapper.close()
+            elif not wrapper.autocommit:
+                wrapper.set_autocommit(True)
+        except Exception as exc:
+            logger.warning("pgsolo: undoing an interrupted start of a transaction failed: %r", exc)
+            with contextlib.suppress(Exception):
+                wrapper.close()
 
     def _send(self, statements: Sequence[str], wait: float) -> object:
         """Send ``statements`` as Django's own cursor would: a failure is Django's error
