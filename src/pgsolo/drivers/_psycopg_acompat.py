@@ -23,6 +23,9 @@ __all__ = ["around_trip", "round_trip"]
 T = TypeVar("T")
 
 _SETTLE_SECONDS = 5.0
+# psycopg's own handling of a cancelled round trip: a cancel request, then a wait for the
+# answer, 5 s each; from 3.3.6 it then closes the connection, before it waits unbounded.
+_PSYCOPG_OWN_SETTLING = 2 * _SETTLE_SECONDS + 1.0
 
 
 def round_trip(
@@ -105,25 +108,30 @@ async def _settle(
     that arrives before the statement starts, or between two statements of a
     pipeline, is ignored by the server). If another task was using the connection
     when the round trip started, its statement could be the one running: cancel only
-    our task then, as psycopg would. After a few seconds, give up the same way.
+    our task then, as psycopg would. After a few seconds, give up the same way. If
+    psycopg's own cancellation has not ended the round trip either (before 3.3.6 it waits
+    for the server's answer without a bound), close the connection: its state is unknown.
     Further cancellations of the caller are absorbed: it is already on its way out
     with one.
     """
     loop = asyncio.get_running_loop()
     give_up = loop.time() + _SETTLE_SECONDS
+    close_at = give_up + _PSYCOPG_OWN_SETTLING
     handed_over = False
     while not block.done():
         try:
             if call.owns_connection and loop.time() < give_up:
                 # To the end, though cancelled again: a request still on its way when the
                 # round trip ends would cancel the caller's next statement instead.
-                if hasattr(conn, "cancel_safe"):  # psycopg >= 3.2
-                    await aundisturbed(conn.cancel_safe(timeout=_SETTLE_SECONDS), _SETTLE_SECONDS)
-                else:
-                    await aundisturbed(asyncio.to_thread(conn.cancel), _SETTLE_SECONDS)
+                await aundisturbed(conn.cancel_safe(timeout=_SETTLE_SECONDS), _SETTLE_SECONDS)
             elif not handed_over:  # once: a second interruption makes psycopg close it
                 handed_over = True
                 block.cancel()
+            elif loop.time() >= close_at:
+                if not conn.closed:
+                    logger.warning("pgsolo: closing a connection whose statement never ended")
+                    conn.pgconn.finish()
+                block.cancel()  # its wait is on a socket that is gone
         except asyncio.CancelledError:
             pass
         except Exception as exc:
