@@ -266,6 +266,45 @@ def test_session_lock_try_wait_busy_timeout_leave_no_transaction(
         eventually(lambda: observer.holders(key) == set(), "the holder's lock to go")
 
 
+def test_ctrl_c_while_pgsolo_switches_autocommit_back_leaves_it_off(
+    engine: Engine, observer: Any, key: Key, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression (found by the chaos suite's SIGINTs, on the psycopg dialect): a Ctrl-C
+    landing after pgsolo had decided to switch the driver's autocommit back off, and before
+    it had, left the connection in autocommit with nothing left to switch it back: the
+    caller's next "transaction" committed each statement, so its rollback kept its row.
+    Now the switch back is finished before the Ctrl-C goes on."""
+    from pgsolo.drivers import _sqlalchemy
+
+    original = _sqlalchemy._to_switch_back
+    cut: list[str] = []
+
+    def interrupted_once(*args: Any) -> Any:
+        raw = original(*args)
+        if raw is not None and not cut:
+            cut.append("interrupted")
+            raise KeyboardInterrupt
+        return raw
+
+    with engine.connect() as conn:
+        pid = pid_of(conn)
+        conn.commit()
+        lock = pgsolo.session_lock(conn, key)
+        monkeypatch.setattr(_sqlalchemy, "_to_switch_back", interrupted_once)
+        with pytest.raises(KeyboardInterrupt):
+            lock.acquire()
+        monkeypatch.undo()
+        assert cut == ["interrupted"]
+        assert_left_alone(conn)
+        # acquire() raised: it let go of what the server granted (docs/locks.md)
+        assert not lock.acquired
+        assert pid not in observer.holders(key)
+        insert(conn, "rolled back")
+        conn.rollback()
+        assert rows(observer, "rolled back") == 0
+        assert_left_alone(conn)
+
+
 def test_session_lock_inside_a_transaction_outlives_its_rollback(
     engine: Engine, observer: Any, key: Key
 ) -> None:

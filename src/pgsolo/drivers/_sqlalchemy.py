@@ -275,7 +275,7 @@ def _switchable(core: Connection, inner: SyncDriver | AsyncDriver, setter: str) 
     be open at the server (pgsolo's own failed one: it stays switched)."""
     raw = core.connection.driver_connection
     if (
-        id(raw) in _SWITCHED
+        is_switched(raw)
         or not hasattr(raw, setter)
         or getattr(raw, "autocommit", True)
         or inner.transaction_status() is not TxStatus.IDLE
@@ -285,21 +285,28 @@ def _switchable(core: Connection, inner: SyncDriver | AsyncDriver, setter: str) 
     return raw
 
 
-def _switched_back(core: Connection, inner: SyncDriver | AsyncDriver) -> Any:
-    """The driver connection to switch back now (it is idle again, or gone), or None."""
+def _to_switch_back(core: Connection, inner: SyncDriver | AsyncDriver) -> Any:
+    """The driver connection to switch back now (it is idle again, or gone), or None.
+    It stays on the books until :func:`_switched_back` says it is switched back: cut in
+    between (Ctrl-C), it would be left in autocommit with nothing left to switch it back."""
     if core.closed or core.invalidated:
         return None
     raw = core.connection.driver_connection
-    if id(raw) not in _SWITCHED or (
+    if not is_switched(raw) or (
         inner.transaction_status() is not TxStatus.IDLE and not inner.is_closed()
     ):
         return None
-    del _SWITCHED[id(raw)]
     return raw
 
 
+def _switched_back(raw: object) -> None:
+    _SWITCHED.pop(id(raw), None)
+
+
 def is_switched(raw: object) -> bool:
-    return id(raw) in _SWITCHED
+    """Whether pgsolo switched ``raw``'s autocommit on and it still is: one switched back
+    whose entry a Ctrl-C left on the books is not (see :func:`_to_switch_back`)."""
+    return id(raw) in _SWITCHED and bool(getattr(raw, "autocommit", False))
 
 
 @contextlib.contextmanager
@@ -312,9 +319,18 @@ def autocommitting(core: Connection, inner: SyncDriver | AsyncDriver) -> Iterato
     try:
         yield
     finally:
-        if (raw := _switched_back(core, inner)) is not None:
-            with contextlib.suppress(Exception):  # a closed connection
-                raw.autocommit = False
+        try:
+            _switch_back(core, inner)
+        except KeyboardInterrupt:
+            _switch_back(core, inner)  # what the Ctrl-C cut short, before it goes on
+            raise
+
+
+def _switch_back(core: Connection, inner: SyncDriver | AsyncDriver) -> None:
+    if (raw := _to_switch_back(core, inner)) is not None:
+        with contextlib.suppress(Exception):  # a closed connection
+            raw.autocommit = False
+        _switched_back(raw)
 
 
 @contextlib.asynccontextmanager
@@ -329,9 +345,10 @@ async def aautocommitting(core: Connection, inner: SyncDriver | AsyncDriver) -> 
             await afinished(raw.set_autocommit(True))
         yield
     finally:
-        if (raw := _switched_back(core, inner)) is not None:
+        if (raw := _to_switch_back(core, inner)) is not None:
             with contextlib.suppress(Exception):
                 await afinished(raw.set_autocommit(False))
+            _switched_back(raw)
 
 
 def as_async(driver: SyncDriver | AsyncDriver) -> AsyncDriver:
@@ -410,17 +427,16 @@ def _switch_back_for_good(raw: Any) -> None:
     by pgsolo (an interruption cut both the statements and the recovery that would have
     switched it back): end the transaction pgsolo's statements left, if any, and switch it
     back, so that the pool's next user does not run in autocommit."""
-    if id(raw) not in _SWITCHED:
-        return
-    del _SWITCHED[id(raw)]
-    with contextlib.suppress(Exception):  # a closed connection: the pool discards it
-        # psycopg's set_autocommit (an awaitable on its AsyncConnection); psycopg2's flag
-        switch = getattr(raw, "set_autocommit", None)
-        for done in (raw.rollback(), switch(False) if switch else None):
-            if inspect.isawaitable(done):
-                await_only(done)
-        if switch is None:
-            raw.autocommit = False
+    if is_switched(raw):
+        with contextlib.suppress(Exception):  # a closed connection: the pool discards it
+            # psycopg's set_autocommit (an awaitable on its AsyncConnection); psycopg2's flag
+            switch = getattr(raw, "set_autocommit", None)
+            for done in (raw.rollback(), switch(False) if switch else None):
+                if inspect.isawaitable(done):
+                    await_only(done)
+            if switch is None:
+                raw.autocommit = False
+    _switched_back(raw)
 
 
 def listen_for_returns(engine: object, on_return: Callable[[object], object]) -> None:
