@@ -54,6 +54,7 @@ __all__ = [
 # check): the caller's connection answered a moment ago, so these are generous.
 PROBE_CONNECT_TIMEOUT = 10
 PROBE_ANSWER_TIMEOUT = 30.0
+_CANCEL_TIMEOUT = 5.0
 
 _STATUS = {
     pq.TransactionStatus.IDLE: TxStatus.IDLE,
@@ -147,7 +148,8 @@ def finish_interrupted(conn: psycopg.Connection[Any]) -> None:
     if conn.closed or pgconn.transaction_status != pq.TransactionStatus.ACTIVE:
         return
     try:
-        conn.cancel()
+        # Bounded (libpq 17): the old request waits for as long as the server is silent.
+        conn.cancel_safe(timeout=_CANCEL_TIMEOUT)
         while pgconn.get_result() is not None:
             pass
     except Exception as exc:
