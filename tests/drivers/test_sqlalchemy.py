@@ -34,6 +34,7 @@ from _drivers import (
 )
 from _drivers import sqlalchemy_url as url_of
 from _support import DEADLINE, WORK, Boom, aeventually, eventually
+from pgsolo.drivers import _sqlalchemy
 from pgsolo.errors import (
     ConnectionStateError,
     LockTimeoutError,
@@ -274,8 +275,6 @@ def test_ctrl_c_while_pgsolo_switches_autocommit_back_leaves_it_off(
     it had, left the connection in autocommit with nothing left to switch it back: the
     caller's next "transaction" committed each statement, so its rollback kept its row.
     Now the switch back is finished before the Ctrl-C goes on."""
-    from pgsolo.drivers import _sqlalchemy
-
     original = _sqlalchemy._to_switch_back
     cut: list[str] = []
 
