@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 
 import psycopg
 from psycopg import pq
+from psycopg.adapt import Transformer
 from psycopg.conninfo import make_conninfo
 
 from .._logging import drivers_logger as logger
@@ -42,9 +43,11 @@ __all__ = [
     "PsycopgBase",
     "bound_answers",
     "exchange_beat",
+    "first_value",
     "has_row",
     "message",
     "read_news",
+    "sends_directly",
     "shut_down",
     "start_deadline",
     "watched_socket",
@@ -308,16 +311,44 @@ def has_row(cursor: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> bool:
     return result is not None and result.status == pq.ExecStatus.TUPLES_OK and result.ntuples > 0
 
 
+def sends_directly(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    """Whether pgsolo's message may go to libpq directly, as a cursor would send it: the
+    connection is open, not in pipeline mode, and psycopg would not open a transaction
+    first (autocommit, or one is open). Otherwise a cursor sends it, and does that."""
+    pgconn = conn.pgconn
+    return (
+        pgconn.status == pq.ConnStatus.OK
+        and pgconn.pipeline_status == pq.PipelineStatus.OFF
+        and (conn.autocommit or pgconn.transaction_status != pq.TransactionStatus.IDLE)
+    )
+
+
+def first_value(
+    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], results: Sequence[pq.abc.PGresult]
+) -> object:
+    """The first column of the first row of the last result with rows, loaded by the
+    connection's adapters as a cursor would; the first error raised as psycopg raises it."""
+    value: object = None
+    for result in results:
+        status = result.status
+        if status == pq.ExecStatus.TUPLES_OK:
+            if result.ntuples:
+                loading = Transformer(conn)
+                loading.set_pgresult(result)
+                value = loading.load_row(0, tuple)[0]
+        elif status != pq.ExecStatus.COMMAND_OK:
+            if status == pq.ExecStatus.FATAL_ERROR:
+                raise psycopg.errors.error_from_result(result, encoding=conn.info.encoding)
+            raise psycopg.InterfaceError(f"unexpected result status from the server: {status}")
+    return value
+
+
 def message(statements: Sequence[str]) -> bytes:
     """``statements`` as one simple-query message."""
-    return _literal("; ".join(statements))
-
-
-def _literal(statement: str) -> bytes:
     # Statements come from pgsolo.sql only: fixed text and validated values. Bytes skip
     # psycopg's composition step, which a statement without parameters does not need.
     # ASCII only (see pgsolo.sql.text.sql_text), so no client_encoding can misread it.
-    return statement.encode("ascii")
+    return "; ".join(statements).encode("ascii")
 
 
 def exchange_beat(pgconn: pq.abc.PGconn, statement: str, timeout: float) -> list[str | None]:
@@ -335,7 +366,7 @@ def exchange_beat(pgconn: pq.abc.PGconn, statement: str, timeout: float) -> list
     error: str | None = None
     sock = watched_socket(pgconn)
     try:
-        pgconn.send_query(_literal(statement))
+        pgconn.send_query(statement.encode("ascii"))
         try:
             while pgconn.flush():
                 _wait_for_socket(sock, deadline, write=True)
