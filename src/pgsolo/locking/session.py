@@ -77,11 +77,12 @@ class SessionLockCore(LockCore):
         if refusal := driver.session_locks_refused:
             raise UnsupportedConnectionError(refusal)
         status = driver.transaction_status()
-        if status is not TxStatus.ACTIVE:
+        if status is not TxStatus.IDLE and status is not TxStatus.ACTIVE:
             self._usable_status(status)
         pid = driver.backend_pid()
+        conn = driver.connection
         claim = holdings.claim(
-            driver.connection,
+            conn,
             pid,
             spec.key,
             shared=spec.shared,
@@ -89,7 +90,7 @@ class SessionLockCore(LockCore):
             claimant=self,
         )
         if claim == "new" and status is TxStatus.ACTIVE:
-            holdings.withdraw(driver.connection, spec.key, self)
+            holdings.withdraw(conn, spec.key, self)
             self._usable_status(status)  # raises: the connection is running a statement
         return status, pid, claim
 
@@ -200,8 +201,9 @@ class SessionLockCore(LockCore):
             events.log(logging.WARNING, "release-not-held")
             raise LockNotHeldError(f"session lock {key} is not held by this Lock object", key=key)
         driver = self.driver
-        if holdings.hold_count(driver.connection, key) > 1:
-            holdings.unclaim(driver.connection, key)
+        conn = driver.connection
+        if holdings.hold_count(conn, key) > 1:
+            holdings.unclaim(conn, key)
             self.acquired = False
             events.log(logging.DEBUG, "released", note="re-entrant hold remains")
             return
@@ -225,7 +227,7 @@ class SessionLockCore(LockCore):
             )
         status = driver.transaction_status()
         # The hold ended with the transaction it was opened in, if that ended in the block.
-        self.hold = holdings.hold_of(driver.connection, key)
+        self.hold = holdings.hold_of(conn, key)
         if status is TxStatus.IDLE:
             self.hold = None
         started = time.perf_counter()

@@ -3,6 +3,8 @@ answers a connection (a proxy? a standby?)."""
 
 from __future__ import annotations
 
+import functools
+
 from .._types import Lifetime
 from ..keys import Key, encode_pg_lock, from_name
 from .states import SQLSTATE_IN_RECOVERY, SQLSTATE_LOCK_GONE, UNLOCK_ANSWERS
@@ -140,6 +142,8 @@ FENCING_SEQUENCE = "pgsolo.fencing_token_seq"
 LAST_FENCING_TOKEN = f"SELECT currval('{FENCING_SEQUENCE}')"
 
 
+# Built once per key and choice: a lock is taken again and again under the same key.
+@functools.lru_cache(maxsize=1024)
 def acquire(
     key: Key,
     lifetime: Lifetime,
@@ -170,6 +174,7 @@ def acquire(
     return f"SELECT {call}"
 
 
+@functools.lru_cache(maxsize=1024)
 def unlock(key: Key, *, shared: bool) -> str:
     # Returns true, or false (with a server warning) when the key was not held.
     return f"SELECT pg_advisory_unlock{'_shared' if shared else ''}({key.sql_args})"
