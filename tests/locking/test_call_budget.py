@@ -1,0 +1,207 @@
+"""How many Python calls pgsolo itself makes for one acquire and release, per kind of
+connection and lifetime, against a budget written here.
+
+Why calls and not time: the timed rows of ``benchmarks/`` are too noisy to catch a 20%
+regression in CI (two such went unnoticed). The calls made in pgsolo's own files for a
+warm lock on an idle connection are the same on every run and machine, and a change that
+adds some fails here, naming them. A budget is lowered when pgsolo gets cheaper; raising
+one needs a reason in the commit that does it, and a benchmark run next to it
+(``python -m benchmarks --only 1-2``).
+
+A call is counted once however often its generator or coroutine resumes (a resume count
+depends on how soon the server answers). ``call_budget.json`` records which functions
+the last accepted run called, so that a failure can say which calls were added; write it
+again with ``PGSOLO_RECORD_CALLS=1`` once a change is accepted.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import pytest
+
+import pgsolo
+from _drivers import ASYNC_KINDS, SYNC_KINDS, AKind, Kind
+from pgsolo import Key
+
+PACKAGE = str(Path(pgsolo.__file__).parent) + os.sep
+RECORD = Path(__file__).with_name("call_budget.json")
+
+# pgsolo's calls for one warm `with session_lock(conn, key):` / `with xact_lock(conn, key):`
+# around nothing, on a connection with no transaction open (the first lock on a
+# connection checks its route once, outside the budget), and one run_job.
+BUDGETS: dict[str, int] = {
+    "psycopg/session": 87,
+    "psycopg/xact": 80,
+    "psycopg-implicit/session": 93,
+    "psycopg2-autocommit/session": 87,
+    "psycopg2-autocommit/xact": 76,
+    "pg8000-autocommit/session": 96,
+    "pg8000-autocommit/xact": 87,
+    "sqlalchemy-psycopg/session": 150,
+    "sqlalchemy-psycopg/xact": 109,
+    "django/session": 118,
+    "django/xact": 99,
+    "psycopg-async/session": 88,
+    "psycopg-async/xact": 81,
+    "asyncpg/session": 108,
+    "asyncpg/xact": 95,
+    "sqlalchemy-async-psycopg/session": 153,
+    "sqlalchemy-async-psycopg/xact": 110,
+    "psycopg/run_job": 110,
+    "psycopg-async/run_job": 111,
+}
+
+_SYNC = {kind.name: kind for kind in SYNC_KINDS}
+_ASYNC = {kind.name: kind for kind in ASYNC_KINDS}
+
+
+class _Counting:
+    """pgsolo's calls while it is on: one per frame, by ``file:function``."""
+
+    def __init__(self) -> None:
+        self.frames: dict[FrameType, str] = {}  # holding each frame: no id is reused
+
+    def __enter__(self) -> _Counting:
+        sys.setprofile(self._profile)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        sys.setprofile(None)
+
+    def _profile(self, frame: FrameType, event: str, arg: object) -> None:
+        if event == "call" and frame not in self.frames:
+            path = frame.f_code.co_filename
+            if path.startswith(PACKAGE):
+                name = f"{path[len(PACKAGE) :]}:{frame.f_code.co_qualname}"
+                self.frames[frame] = name.replace(os.sep, "/")
+
+    def calls(self) -> collections.Counter[str]:
+        return collections.Counter(self.frames.values())
+
+
+def _check(case: str, calls: collections.Counter[str]) -> None:
+    budget, total = BUDGETS[case], sum(calls.values())
+    recorded = json.loads(RECORD.read_text()) if RECORD.exists() else {}
+    if os.environ.get("PGSOLO_RECORD_CALLS") and total <= budget:
+        recorded[case] = dict(sorted(calls.items()))
+        RECORD.write_text(json.dumps(dict(sorted(recorded.items())), indent=1) + "\n")
+    if total <= budget:
+        return
+    before = collections.Counter(recorded.get(case, {}))
+    added = calls - before
+    lines = [f"  +{count} {name}" for name, count in sorted(added.items())]
+    pytest.fail(
+        f"{case}: pgsolo made {total} calls, over its budget of {budget}"
+        f" ({sum(before.values())} when it was recorded). Calls added:\n"
+        + ("\n".join(lines) or "  (none by name: more of the same)")
+    )
+
+
+@pytest.fixture(autouse=True)
+def _no_debug_log(caplog: pytest.LogCaptureFixture) -> None:
+    """A log line at DEBUG is built only when that level is on: off, as by default."""
+    caplog.set_level(logging.WARNING, logger="pgsolo")
+
+
+def _sync_lock(conn: object, key: Key, lifetime: str) -> None:
+    make = pgsolo.session_lock if lifetime == "session" else pgsolo.xact_lock
+    with make(conn, key) as lock:  # type: ignore[operator]
+        assert lock.acquired
+
+
+async def _async_lock(conn: object, key: Key, lifetime: str) -> None:
+    make = pgsolo.session_lock if lifetime == "session" else pgsolo.xact_lock
+    async with make(conn, key) as lock:  # type: ignore[operator]
+        assert lock.acquired
+
+
+def _measured_sync(run: Callable[[], None], between: Callable[[], None]) -> Any:
+    for _ in range(2):  # the route, the SQL of the key, the driver's imports: once
+        run()
+        between()
+    with _Counting() as counting:
+        run()
+    between()
+    return counting.calls()
+
+
+async def _measured_async(run: Callable[[], Awaitable[None]], between: Callable[[], None]) -> Any:
+    for _ in range(2):
+        await run()
+        between()
+    with _Counting() as counting:
+        await run()
+    between()
+    return counting.calls()
+
+
+SYNC_CASES = [c for c in BUDGETS if c.partition("/")[0] in _SYNC and not c.endswith("run_job")]
+ASYNC_CASES = [c for c in BUDGETS if c.partition("/")[0] in _ASYNC and not c.endswith("run_job")]
+
+
+def test_every_budget_names_a_case_that_runs() -> None:
+    """Guards the table itself: a misspelt kind would leave its budget unchecked. (Django
+    on psycopg2, a run of its own, has no budget.)"""
+    run_jobs = {"psycopg/run_job", "psycopg-async/run_job"}
+    django = {case for case in BUDGETS if case.startswith("django/")}
+    missing = set(BUDGETS) - set(SYNC_CASES) - set(ASYNC_CASES) - run_jobs
+    assert missing in (set(), django if "django-psycopg2" in _SYNC else set())
+
+
+@pytest.mark.parametrize("case", SYNC_CASES)
+def test_one_lock_stays_within_its_call_budget(case: str, db: str, key: Key) -> None:
+    name, _, lifetime = case.partition("/")
+    kind: Kind = _SYNC[name]
+    with kind.open(db) as handle:
+        # A connection that opens transactions by itself is in one after each lock
+        # (the caller's to end): ended between runs, outside the count.
+        calls = _measured_sync(
+            lambda: _sync_lock(handle.conn, key, lifetime),
+            handle.rollback if kind.implicit else lambda: None,
+        )
+    _check(case, calls)
+
+
+@pytest.mark.parametrize("case", ASYNC_CASES)
+async def test_one_async_lock_stays_within_its_call_budget(case: str, db: str, key: Key) -> None:
+    name, _, lifetime = case.partition("/")
+    kind: AKind = _ASYNC[name]
+    async with kind.open(db) as handle:
+
+        async def run() -> None:
+            await _async_lock(handle.conn, key, lifetime)
+
+        calls = await _measured_async(run, lambda: None)
+    _check(case, calls)
+
+
+def test_one_job_stays_within_its_call_budget(db: str, key: Key) -> None:
+    import psycopg  # noqa: PLC0415
+
+    with psycopg.connect(db, autocommit=True) as conn:
+        calls = _measured_sync(lambda: pgsolo.run_job(conn, key, lambda _conn: None), lambda: None)
+    _check("psycopg/run_job", calls)
+
+
+async def test_one_async_job_stays_within_its_call_budget(db: str, key: Key) -> None:
+    import psycopg  # noqa: PLC0415
+
+    async def nothing(_conn: object) -> None:
+        return None
+
+    async with await psycopg.AsyncConnection.connect(db, autocommit=True) as conn:
+
+        async def run() -> None:
+            await pgsolo.run_job_async(conn, key, nothing)
+
+        calls = await _measured_async(run, lambda: None)
+    _check("psycopg-async/run_job", calls)
