@@ -21,6 +21,7 @@ from .errors import InvalidArgumentError
 __all__ = [
     "DAY",
     "MAX_PERIOD_SECONDS",
+    "MAX_WAIT_SECONDS",
     "PERIOD_UNITS",
     "Lifetime",
     "OnceOutcome",
@@ -49,6 +50,9 @@ OnceOutcome: TypeAlias = Literal["ran", "already-succeeded", "skipped-busy"]
 # -- durations ---------------------------------------------------------------------------
 
 DAY = 86_400.0
+# The longest lock wait: lock_timeout is an int of milliseconds on the server. Here, not in
+# pgsolo.locking, so that the command line checks --wait without loading the lock layer.
+MAX_WAIT_SECONDS = 2_147_483
 
 
 def check_seconds(

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from .errors import InvalidDsnError
 
 __all__ = [
+    "DEFAULT_CONNECT_TIMEOUT",
     "DSN_ENV_VARS",
     "EMBEDDED",
     "DsnChoice",
@@ -29,6 +30,7 @@ __all__ = [
 
 EMBEDDED = "embedded"
 DSN_ENV_VARS = ("PGSOLO_DSN", "DATABASE_URL")
+DEFAULT_CONNECT_TIMEOUT = 5  # seconds to open a connection, each host of a multi-host DSN
 
 
 # A URI's scheme (RFC 3986), read up to its "://": letters, digits, '+', '-', '.' only, so it

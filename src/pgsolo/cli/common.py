@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 from .._logging import LOG_FORMATS
 from .._types import check_seconds
-from ..dsn import DsnChoice, choose_dsn, resolved_dsn
+from ..dsn import DEFAULT_CONNECT_TIMEOUT, DsnChoice, choose_dsn, resolved_dsn
 from ..errors import (
     DatabaseUnavailableError,
     InvalidArgumentError,
@@ -85,8 +85,6 @@ def add_command(
 
 def add_dsn_argument(parser: argparse.ArgumentParser, *, help: str | None = None) -> None:
     """``--dsn`` and ``--connect-timeout``: every command that connects takes both."""
-    from ..drivers.conninfo import DEFAULT_CONNECT_TIMEOUT  # noqa: PLC0415
-
     parser.add_argument(
         "--dsn",
         metavar="DSN",

@@ -13,14 +13,19 @@ import math
 import os
 import re
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
-import psycopg
-from psycopg.abc import ConnDict
-from psycopg.conninfo import conninfo_to_dict, make_conninfo, timeout_from_conninfo
-
-from ..dsn import EMBEDDED, libpq_dsn, uri_scheme
+from ..dsn import DEFAULT_CONNECT_TIMEOUT, EMBEDDED, libpq_dsn, uri_scheme
 from ..errors import DatabaseUnavailableError, InvalidDsnError, PgsoloError
+
+if TYPE_CHECKING:
+    import psycopg
+    from psycopg.abc import ConnDict
+
+# psycopg (libpq's parser) is imported by the functions that use it, when a connection
+# string is first read: the command line imports this module to parse its arguments, and
+# `pgsolo run --help` must not pay for loading libpq (about 0.1 s).
 
 __all__ = [
     "DEFAULT_ANSWER_TIMEOUT",
@@ -57,6 +62,9 @@ def _libpq_params(dsn: str) -> ConnDict | None:
     or text that is not valid Unicode (a lone surrogate, which is what an undecodable
     byte of a command line or of the environment becomes in Python) and so cannot even
     be handed to libpq."""
+    import psycopg  # noqa: PLC0415 - see the top of this module
+    from psycopg.conninfo import conninfo_to_dict  # noqa: PLC0415
+
     try:
         return conninfo_to_dict(libpq_dsn(dsn)) if dsn else {}
     except (psycopg.Error, UnicodeEncodeError, InvalidDsnError):
@@ -101,6 +109,8 @@ def parse_dsn(dsn: str) -> ConnDict:
 def make_dsn(dsn: str = "", /, **params: str | int | None) -> str:
     """``dsn`` with ``params`` set over what it says, as one key=value string in libpq's
     grammar (a value with blanks or quotes is quoted so that libpq reads it back as is)."""
+    from psycopg.conninfo import make_conninfo  # noqa: PLC0415 - see the top of this module
+
     return make_conninfo(libpq_dsn(dsn), **params)
 
 
@@ -129,7 +139,7 @@ def redact_dsn(dsn: str) -> str:
                 k: (REDACTED if v and any(s in str(v) for s in secrets) else v)
                 for k, v in params.items()
             }
-            return make_conninfo("", **safe)
+            return make_dsn("", **safe)
     return redacted
 
 
@@ -192,9 +202,6 @@ DEFAULT_APP_PREFIX = "pgsolo:"
 MAX_APPLICATION_NAME = 63  # PostgreSQL truncates longer names (NAMEDATALEN - 1)
 
 
-DEFAULT_CONNECT_TIMEOUT = 5  # seconds to open a connection, each host of a multi-host DSN
-
-
 DEFAULT_ANSWER_TIMEOUT = 30.0  # seconds the server has to answer each of pgsolo's statements
 
 
@@ -245,12 +252,15 @@ def conninfo_for(dsn: str, application_name: str, defaults: Mapping[str, str] | 
         defaults = connection_settings()
     extra = {k: v for k, v in defaults.items() if given.get(k) in (None, "")}
     extra["application_name"] = application_name[:MAX_APPLICATION_NAME]
-    return make_conninfo(libpq_dsn(dsn), **extra)
+    return make_dsn(dsn, **extra)
 
 
 def connect_error(exc: psycopg.Error, dsn: str, conninfo: str) -> PgsoloError:
     """What a failed connect to ``dsn`` (with pgsolo's ``conninfo``) means, without its
     secrets: raise it ``from`` :func:`connect_error_cause`."""
+    import psycopg  # noqa: PLC0415 - see the top of this module
+    from psycopg.conninfo import conninfo_to_dict, timeout_from_conninfo  # noqa: PLC0415
+
     if isinstance(exc, psycopg.ProgrammingError):  # a parameter libpq does not take
         # libpq's message may quote a password: the cause is not chained either.
         return InvalidDsnError(
@@ -268,4 +278,6 @@ def connect_error(exc: psycopg.Error, dsn: str, conninfo: str) -> PgsoloError:
 def connect_error_cause(exc: psycopg.Error) -> psycopg.Error | None:
     """The cause to chain to :func:`connect_error`'s error: none for one whose message
     may quote a password."""
+    import psycopg  # noqa: PLC0415 - see the top of this module
+
     return None if isinstance(exc, psycopg.ProgrammingError) else exc

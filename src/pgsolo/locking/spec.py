@@ -8,14 +8,13 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .._types import DAY, Lifetime, check_seconds
+from .._types import DAY, MAX_WAIT_SECONDS, Lifetime, check_seconds
 from ..drivers import DriverBase, heartbeat_of
 from ..errors import InvalidArgumentError, LockLostError
 from ..keys import Key
 
 __all__ = ["MAX_WAIT_SECONDS", "Keep", "LockSpec", "as_keep", "refuse_keeper", "wait_ms_of"]
 
-MAX_WAIT_SECONDS = 2_147_483  # lock_timeout is an int of milliseconds on the server
 MIN_INTERVAL = 0.01
 MAX_INTERVAL = DAY  # for interval and timeout alike: a longer one watches nothing
 

@@ -6,8 +6,7 @@ import argparse
 import math
 import shlex
 
-from ...drivers.conninfo import redact_dsn
-from ...locking import MAX_WAIT_SECONDS
+from ..._types import MAX_WAIT_SECONDS
 from ..common import add_dsn_argument, add_key_is_name_argument, seconds_between
 from ..exit_codes import (
     EXIT_FAILED,
@@ -193,6 +192,9 @@ def with_separator(args: argparse.Namespace, command: list[str]) -> str:
     """The command line as it should have been given, to show in the error: pgsolo's own
     options with any password blanked out, ``--``, then COMMAND's name only (its arguments
     are never shown: they may carry secrets)."""
+    # Here, not at the top: the driver layer loads libpq, which `pgsolo run --help` skips.
+    from ...drivers.conninfo import redact_dsn  # noqa: PLC0415
+
     given: list[str] = getattr(args, "given_argv", [])
     options = given[: len(given) - len(command)] if given[-len(command) :] == command else []
     shown: list[str] = []
