@@ -34,6 +34,7 @@ __all__ = [
     "LOCK_OUTCOMES",
     "check_textfile",
     "count_apart",
+    "count_nothing",
     "lock_label",
     "observe_job",
     "observe_lock",
@@ -189,6 +190,21 @@ def use_registry(registry: CollectorRegistry | None, *, lock_names: bool = True)
         _state.registry = registry
         _state.lock_names = lock_names
         _state.cached = None
+
+
+def count_nothing() -> Callable[[], None]:
+    """Count nothing from now on, nor import prometheus_client: for a run whose counts
+    nobody reads (``pgsolo run`` publishing none of them), which would otherwise pay for
+    the import (about 30 ms) at its first lock. Returns what puts counting back."""
+    with _state.mutex:
+        previous = _state.unavailable, _state.cached
+        _state.unavailable, _state.cached = True, None
+
+    def restore() -> None:
+        with _state.mutex:
+            _state.unavailable, _state.cached = previous
+
+    return restore
 
 
 def count_apart() -> Callable[[], None]:

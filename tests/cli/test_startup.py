@@ -47,6 +47,24 @@ def test_version_help_and_key_load_no_driver(args: list[str]) -> None:
     assert not {f"pgsolo.cli.{name}" for name in COMMANDS} - {"pgsolo.cli.key"} & modules
 
 
+def test_run_help_loads_no_driver() -> None:
+    """Guards the performance issue's `pgsolo run --help` in 0.1 s: its options' module
+    parses connection strings with libpq, which it loads only when one is read."""
+    modules = _imported_by("run", "--help")
+    assert "pgsolo.cli.run.arguments" in modules  # the listing is real
+    drivers = {"psycopg", "psycopg_binary", "psycopg_c", "psycopg2", "asyncpg", "sqlalchemy"}
+    assert not {m.partition(".")[0] for m in modules} & drivers, sorted(modules)
+
+
+def test_a_run_that_publishes_no_metrics_loads_no_prometheus_client(db: str) -> None:
+    """Guards the performance issue's whole `pgsolo run` in 0.25 s: a run without
+    --metrics-textfile or --pushgateway counts nothing (nobody would read the counts), so
+    its first lock does not import prometheus_client."""
+    modules = _imported_by("run", "--dsn", db, "--key", "pgsolo-test:startup", "--", "true")
+    assert "pgsolo.cli.run.attempt" in modules  # the listing is real: it ran
+    assert not {m for m in modules if m.partition(".")[0] == "prometheus_client"}
+
+
 def test_the_help_line_of_each_command_is_its_modules_own() -> None:
     """`pgsolo --help` lists the commands from :data:`COMMANDS` without importing them: it
     reads exactly as it would with every command's module loaded."""

@@ -47,6 +47,7 @@ class Publisher:
     def start(self) -> None:
         """Check the options and count in a fresh registry (UsageError: exit 2)."""
         if self.textfile is None and self.gateway is None:
+            self.restore = metrics.count_nothing()  # nobody reads this run's counts
             return
         if self.textfile is not None:
             metrics.check_textfile(self.textfile)
