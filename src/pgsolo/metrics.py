@@ -239,14 +239,28 @@ def lock_label(name: str | None) -> str:
     return name
 
 
+# The children of the two metrics every lock counts in, by (instruments, labels): looking
+# one up through prometheus_client takes a lock and a few calls, on every lock's path.
+# Bounded as prometheus_client's own children are (a child per label values).
+_LOCK_CHILDREN: dict[tuple[int, str, str, str], tuple[Any, Any]] = {}
+
+
 def observe_lock(name: str | None, lifetime: str, outcome: str, wait: float) -> None:
     """Count an attempt to take a lock (``outcome`` of LOCK_OUTCOMES), ``wait`` seconds."""
     instruments = _state.current()
     if instruments is None:
         return
     label = lock_label(name)
-    instruments.lock_acquisitions.labels(label, lifetime, outcome).inc()
-    instruments.lock_wait.labels(label, outcome).observe(wait)
+    labels = (id(instruments), label, lifetime, outcome)
+    children = _LOCK_CHILDREN.get(labels)
+    if children is None:
+        children = (
+            instruments.lock_acquisitions.labels(label, lifetime, outcome),
+            instruments.lock_wait.labels(label, outcome),
+        )
+        _LOCK_CHILDREN[labels] = children
+    children[0].inc()
+    children[1].observe(wait)
 
 
 def observe_lock_lost(name: str | None, lifetime: str, reason: str | None) -> None:
