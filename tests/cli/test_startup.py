@@ -48,8 +48,9 @@ def test_version_help_and_key_load_no_driver(args: list[str]) -> None:
 
 
 def test_run_help_loads_no_driver() -> None:
-    """Guards the performance issue's `pgsolo run --help` in 0.1 s: its options' module
-    parses connection strings with libpq, which it loads only when one is read."""
+    """Guards what `pgsolo run --help` loads: its options' module reads connection strings
+    with libpq, which it imports only once one is read, never to show the help (how long
+    the command takes is benchmark item 7's)."""
     modules = _imported_by("run", "--help")
     assert "pgsolo.cli.run.arguments" in modules  # the listing is real
     drivers = {"psycopg", "psycopg_binary", "psycopg_c", "psycopg2", "asyncpg", "sqlalchemy"}
@@ -57,9 +58,9 @@ def test_run_help_loads_no_driver() -> None:
 
 
 def test_a_run_that_publishes_no_metrics_loads_no_prometheus_client(db: str) -> None:
-    """Guards the performance issue's whole `pgsolo run` in 0.25 s: a run without
-    --metrics-textfile or --pushgateway counts nothing (nobody would read the counts), so
-    its first lock does not import prometheus_client."""
+    """Guards what a `pgsolo run` loads: one without --metrics-textfile or --pushgateway
+    counts nothing (nobody would read the counts), so its first lock does not import
+    prometheus_client (how long the run takes is benchmark item 7's)."""
     modules = _imported_by("run", "--dsn", db, "--key", "pgsolo-test:startup", "--", "true")
     assert "pgsolo.cli.run.attempt" in modules  # the listing is real: it ran
     assert not {m for m in modules if m.partition(".")[0] == "prometheus_client"}

@@ -366,7 +366,7 @@ def exchange_beat(pgconn: pq.abc.PGconn, statement: str, timeout: float) -> list
     error: str | None = None
     sock = watched_socket(pgconn)
     try:
-        pgconn.send_query(statement.encode("ascii"))
+        pgconn.send_query(message((statement,)))
         try:
             while pgconn.flush():
                 _wait_for_socket(sock, deadline, write=True)
@@ -385,8 +385,8 @@ def exchange_beat(pgconn: pq.abc.PGconn, statement: str, timeout: float) -> list
                     for i in range(result.nfields)
                 ]
             elif result.status == pq.ExecStatus.FATAL_ERROR:
-                message = (result.error_message or b"").decode(errors="replace")
-                error = " ".join(message.split())  # libpq's messages span lines
+                said = (result.error_message or b"").decode(errors="replace")
+                error = " ".join(said.split())  # libpq's messages span lines
         _hand_on_notifications(pgconn)
     except (psycopg.Error, OSError, ValueError) as exc:
         raise BeatFailed(f"the connection failed: {' '.join(str(exc).split())}") from exc
