@@ -8,34 +8,41 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 import psycopg
+from psycopg import generators, pq
 
 from .._acompat import aundisturbed
 from .._logging import drivers_logger as logger
-from ._psycopg import finish_interrupted, start_deadline
+from ._psycopg import finish_interrupted, first_value, message, sends_directly, start_deadline
 
 __all__ = ["around_trip", "round_trip"]
 
-
-T = TypeVar("T")
 
 _SETTLE_SECONDS = 5.0
 # psycopg's own handling of a cancelled round trip: a cancel request, then a wait for the
 # answer, 5 s each; from 3.3.6 it then closes the connection, before it waits unbounded.
 _PSYCOPG_OWN_SETTLING = 2 * _SETTLE_SECONDS + 1.0
+_CANCEL_EVERY_SECONDS = 0.25
 
 
 def round_trip(
-    conn: psycopg.Connection[Any], wait: float, fetch: Callable[..., T], *args: Any
-) -> T:
-    """``fetch(*args)``, a round trip on ``conn`` that may wait ``wait`` seconds for a
-    lock, within its deadline on a connection pgsolo opened (:func:`start_deadline`)."""
+    conn: psycopg.Connection[Any],
+    wait: float,
+    statements: Sequence[str],
+    by_cursor: Callable[[Sequence[str]], object],
+) -> object:
+    """The value ``statements`` answer on ``conn``, in one round trip that may wait
+    ``wait`` seconds for a lock, within its deadline on a connection pgsolo opened
+    (:func:`start_deadline`). The driver's lowest-cost path where the connection allows
+    it (:func:`sends_directly`): libpq's own message, read by psycopg's own generator under
+    psycopg's lock, as a cursor would, without a cursor's bookkeeping; ``by_cursor``
+    otherwise."""
     deadline = start_deadline(conn, wait)
     try:
-        value = fetch(*args)
+        value = _fetch(conn, statements, by_cursor)
     except BaseException as exc:
         if not isinstance(exc, Exception):
             finish_interrupted(conn)
@@ -47,28 +54,49 @@ def round_trip(
     return value
 
 
+def _fetch(
+    conn: psycopg.Connection[Any],
+    statements: Sequence[str],
+    by_cursor: Callable[[Sequence[str]], object],
+) -> object:
+    with conn.lock:
+        if sends_directly(conn):
+            conn.pgconn.send_query(message(statements))
+            return first_value(conn, conn.wait(generators.execute(conn.pgconn)))
+    return by_cursor(statements)
+
+
 async def around_trip(
     conn: psycopg.AsyncConnection[Any],
     wait: float,
-    fetch: Callable[..., Awaitable[T]],
-    *args: Any,
-) -> T:
-    """``await fetch(*args)``, the same round trip, safe to cancel.
+    statements: Sequence[str],
+    by_cursor: Callable[[Sequence[str]], Awaitable[object]],
+) -> object:
+    """The same round trip, safe to cancel.
 
     psycopg's own handling of a cancelled task is not safe enough for a lock: a cancel
     request that reaches the server just before the statement starts is ignored, so
     psycopg waits 5s and then closes the connection, and a lock wait would go on
-    meanwhile. So the round trip runs shielded in a task of its own; if the caller is
-    cancelled, :func:`_settle` cancels the statement on the server (repeating the request
-    until it takes), lets the round trip finish, and only then does the cancellation go on.
-    """
+    meanwhile. So pgsolo waits for the answer itself (:func:`_answer`), and a cancellation
+    of the caller lands there: :func:`_settle` cancels the statement on the server
+    (repeating the request until it takes), lets the round trip finish, and only then
+    does the cancellation go on. A round trip by cursor, or one that must first wait for
+    the connection, runs shielded in a task of its own instead (:func:`_shielded`)."""
     deadline = start_deadline(conn, wait)
-    call = _Call()
-    block = asyncio.ensure_future(_owning(conn, call, fetch, args))
     try:
-        value = await asyncio.shield(block)
+        if conn.lock.locked() or not sends_directly(conn):
+            value = await _shielded(conn, by_cursor, statements)
+        else:
+            async with conn.lock:  # free, so taken without a pause: nothing came between
+                conn.pgconn.send_query(message(statements))
+                try:
+                    await _arrival(conn.pgconn)
+                except asyncio.CancelledError:
+                    await _settle_direct(conn)
+                    raise
+                # All there: psycopg's generator reads it without a pause.
+                value = first_value(conn, await conn.wait(generators.execute(conn.pgconn)))
     except asyncio.CancelledError:
-        await _settle(conn, block, call)
         if deadline is not None:
             deadline.end()
         raise
@@ -81,6 +109,79 @@ async def around_trip(
     return value
 
 
+async def _arrival(pgconn: pq.abc.PGconn, within: float | None = None) -> bool:
+    """Wait until the message sent on ``pgconn`` has gone and its whole answer is in,
+    for at most ``within`` seconds if given; whether it is. pgsolo's own wait, not
+    psycopg's, so that a cancellation of the caller lands where pgsolo handles it."""
+    loop = asyncio.get_running_loop()
+    give_up = None if within is None else loop.time() + within
+    # A full socket buffer (never for a message of pgsolo's size) is waited on as well.
+    while (writing := pgconn.flush()) or pgconn.is_busy():
+        ready: asyncio.Future[bool] = loop.create_future()
+        timer = None if give_up is None else loop.call_at(give_up, _set, ready, False)
+        fd = pgconn.socket
+        if writing:
+            loop.add_writer(fd, _set, ready, True)
+        else:
+            loop.add_reader(fd, _set, ready, True)
+        try:
+            arrived = await ready
+        finally:
+            if writing:
+                loop.remove_writer(fd)
+            else:
+                loop.remove_reader(fd)
+            if timer is not None:
+                timer.cancel()
+        if not arrived:
+            return False
+        if not writing:
+            pgconn.consume_input()
+    return True
+
+
+def _set(future: asyncio.Future[bool], value: bool) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+async def _settle_direct(conn: psycopg.AsyncConnection[Any]) -> None:
+    """:func:`_settle` for a round trip pgsolo sent itself, then the answer read, and
+    dropped: the caller's cancellation is what goes on."""
+
+    async def ended() -> bool:
+        try:
+            return await _arrival(conn.pgconn, _CANCEL_EVERY_SECONDS)
+        except psycopg.OperationalError:
+            return True  # broken, or closed by _settle: psycopg says so when it reads
+
+    await _settle(conn, ended, owns_connection=True, hand_over=None)
+    with contextlib.suppress(Exception):
+        await conn.wait(generators.execute(conn.pgconn))
+
+
+async def _shielded(
+    conn: psycopg.AsyncConnection[Any],
+    by_cursor: Callable[[Sequence[str]], Awaitable[object]],
+    statements: Sequence[str],
+) -> object:
+    call = _Call()
+    block = asyncio.ensure_future(_owning(conn, call, by_cursor, statements))
+    try:
+        return await asyncio.shield(block)
+    except asyncio.CancelledError:
+
+        async def ended() -> bool:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait({block}, timeout=_CANCEL_EVERY_SECONDS)
+            return block.done()
+
+        await _settle(conn, ended, call.owns_connection, hand_over=block.cancel)
+        if not block.cancelled():
+            block.exception()  # retrieved: the caller's cancellation is what goes on
+        raise
+
+
 class _Call:
     owns_connection = False
 
@@ -88,55 +189,60 @@ class _Call:
 async def _owning(
     conn: psycopg.AsyncConnection[Any],
     call: _Call,
-    fetch: Callable[..., Awaitable[T]],
-    args: tuple[Any, ...],
-) -> T:
+    by_cursor: Callable[[Sequence[str]], Awaitable[object]],
+    statements: Sequence[str],
+) -> object:
     # psycopg takes the connection's lock at once when it is free: then the statements
-    # on the server are ours, and cancelling them hits nobody else. (fetch is called
+    # on the server are ours, and cancelling them hits nobody else. (by_cursor is called
     # here, not by the caller: a task cancelled before it starts leaves no coroutine
     # behind that was never awaited.)
     call.owns_connection = not conn.lock.locked()
-    return await fetch(*args)
+    return await by_cursor(statements)
 
 
 async def _settle(
-    conn: psycopg.AsyncConnection[Any], block: asyncio.Future[Any], call: _Call
+    conn: psycopg.AsyncConnection[Any],
+    ended: Callable[[], Awaitable[bool]],
+    owns_connection: bool,
+    hand_over: Callable[[], object] | None,
 ) -> None:
-    """Bring an interrupted round trip to its end, bounded.
+    """Bring a round trip the caller's cancellation interrupted to its end, bounded.
 
-    Cancel its statement on the server, again every quarter of a second (a request
-    that arrives before the statement starts, or between two statements of a
-    pipeline, is ignored by the server). If another task was using the connection
-    when the round trip started, its statement could be the one running: cancel only
-    our task then, as psycopg would. After a few seconds, give up the same way. If
-    psycopg's own cancellation has not ended the round trip either (before 3.3.6 it waits
-    for the server's answer without a bound), close the connection: its state is unknown.
-    Further cancellations of the caller are absorbed: it is already on its way out
-    with one.
-    """
+    Cancel its statement on the server, again every quarter of a second (a request that
+    arrives before the statement starts, or between two statements of a message, is
+    ignored by the server). If another task was using the connection when the round trip
+    started, its statement could be the one running: cancel only the round trip's task
+    then (``hand_over``), as psycopg would. After a few seconds, give up the same way. If
+    the round trip has still not ended when psycopg's own cancellation would have ended
+    it (before 3.3.6 psycopg waits for the server's answer without a bound), close the
+    connection: its state is unknown. Further cancellations of the caller are absorbed:
+    it is already on its way out with one."""
     loop = asyncio.get_running_loop()
     give_up = loop.time() + _SETTLE_SECONDS
     close_at = give_up + _PSYCOPG_OWN_SETTLING
     handed_over = False
-    while not block.done():
+    while True:
         try:
-            if call.owns_connection and loop.time() < give_up:
+            if owns_connection and loop.time() < give_up:
                 # To the end, though cancelled again: a request still on its way when the
                 # round trip ends would cancel the caller's next statement instead.
                 await aundisturbed(conn.cancel_safe(timeout=_SETTLE_SECONDS), _SETTLE_SECONDS)
             elif not handed_over:  # once: a second interruption makes psycopg close it
                 handed_over = True
-                block.cancel()
+                if hand_over is not None:
+                    hand_over()
             elif loop.time() >= close_at:
                 if not conn.closed:
                     logger.warning("pgsolo: closing a connection whose statement never ended")
                     conn.pgconn.finish()
-                block.cancel()  # its wait is on a socket that is gone
+                if hand_over is not None:
+                    hand_over()  # its wait is on a socket that is gone
         except asyncio.CancelledError:
             pass
         except Exception as exc:
             logger.warning("pgsolo: cancelling an interrupted statement failed: %r", exc)
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait({block}, timeout=0.25)
-    if not block.cancelled():
-        block.exception()  # retrieved: the caller's cancellation is what propagates
+        try:
+            if await ended():
+                return
+        except asyncio.CancelledError:
+            pass

@@ -6,7 +6,6 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import psycopg
-from psycopg import generators
 from psycopg.rows import tuple_row
 
 from ..._acompat import AIS_ASYNC, AEvent, arun_blocking, atry_lock
@@ -15,11 +14,9 @@ from .._psycopg import (
     PsycopgBase,
     bound_answers,
     exchange_beat,
-    first_value,
     has_row,
     message,
     read_news,
-    sends_directly,
     watched_socket,
 )
 from .._psycopg_acompat import around_trip
@@ -46,19 +43,7 @@ class AsyncPsycopgDriver(PsycopgBase):
             sent = edged(statements, edge, begins_implicitly=self.begins_implicitly)
         if not sent:  # an edge a transaction that begins by itself needs no statement for
             return None
-        return await around_trip(self._conn, wait, self._fetch, sent)
-
-    async def _fetch(self, statements: Sequence[str]) -> object:
-        # The driver's lowest-cost path: libpq's own message, read by psycopg's own
-        # generator under psycopg's lock (what a cursor does, without a cursor's
-        # bookkeeping); a Ctrl-C or a broken connection is handled by ``conn.wait`` as
-        # for any statement of the caller's.
-        conn = self._conn
-        async with conn.lock:
-            if sends_directly(conn):
-                conn.pgconn.send_query(message(statements))
-                return first_value(conn, await conn.wait(generators.execute(conn.pgconn)))
-        return await self._fetch_by_cursor(statements)
+        return await around_trip(self._conn, wait, sent, self._fetch_by_cursor)
 
     async def _fetch_by_cursor(self, statements: Sequence[str]) -> object:
         # The caller's connection may have any row factory; pgsolo reads plain tuples.

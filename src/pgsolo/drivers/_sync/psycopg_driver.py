@@ -7,7 +7,6 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import psycopg
-from psycopg import generators
 from psycopg.rows import tuple_row
 
 from ..._acompat import IS_ASYNC, Event, run_blocking, try_lock
@@ -16,11 +15,9 @@ from .._psycopg import (
     PsycopgBase,
     bound_answers,
     exchange_beat,
-    first_value,
     has_row,
     message,
     read_news,
-    sends_directly,
     watched_socket,
 )
 from .._psycopg_acompat import round_trip
@@ -47,19 +44,7 @@ class PsycopgDriver(PsycopgBase):
             sent = edged(statements, edge, begins_implicitly=self.begins_implicitly)
         if not sent:  # an edge a transaction that begins by itself needs no statement for
             return None
-        return round_trip(self._conn, wait, self._fetch, sent)
-
-    def _fetch(self, statements: Sequence[str]) -> object:
-        # The driver's lowest-cost path: libpq's own message, read by psycopg's own
-        # generator under psycopg's lock (what a cursor does, without a cursor's
-        # bookkeeping); a Ctrl-C or a broken connection is handled by ``conn.wait`` as
-        # for any statement of the caller's.
-        conn = self._conn
-        with conn.lock:
-            if sends_directly(conn):
-                conn.pgconn.send_query(message(statements))
-                return first_value(conn, conn.wait(generators.execute(conn.pgconn)))
-        return self._fetch_by_cursor(statements)
+        return round_trip(self._conn, wait, sent, self._fetch_by_cursor)
 
     def _fetch_by_cursor(self, statements: Sequence[str]) -> object:
         # The caller's connection may have any row factory; pgsolo reads plain tuples.
