@@ -46,6 +46,11 @@ class Key:
 
     value: int | tuple[int, int]
     name: str | None = field(default=None, compare=False)
+    # Hashed once: a lock looks its key up in several books on each acquisition.
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __hash__(self) -> int:
+        return self._hash
 
     def __post_init__(self) -> None:
         if isinstance(self.value, tuple):
@@ -59,6 +64,7 @@ class Key:
             _check_int(self.value, INT64_MIN, INT64_MAX, "an int64 key")
         if self.name is not None:
             _check_name(self.name)
+        object.__setattr__(self, "_hash", hash(self.value))
 
     @property
     def is_pair(self) -> bool:

@@ -23,6 +23,7 @@ from pgsolo import (
     UnsafeConnectionError,
     UnsupportedConnectionError,
     UsageError,
+    sql,
 )
 from pgsolo.drivers import TxStatus, adapt
 
@@ -74,6 +75,36 @@ async def test_values_come_back_as_psycopg_reads_them(apg: Any) -> None:
     # The last SELECT's value; statements after it go in the same message.
     assert await fetch(["SELECT 1", "BEGIN", "SELECT 2", "SET LOCAL lock_timeout = '5s'"]) == 2
     assert await fetch(["COMMIT"]) is None
+
+
+async def test_a_truth_value_comes_back_by_row_count_and_its_statement_runs_once(
+    apg: Any, key: Key
+) -> None:
+    """Guards the row-count path of a statement marked ``sql.Truth`` (the lock statements):
+    each of true, false and NULL comes back as itself, a lock function in it runs once
+    (locked once, unlocked once), and statements before it go in the same message."""
+    conn, other = await apg(), await apg()
+    fetch = adapt(conn).fetch_value  # type: ignore[union-attr]
+    assert await fetch([sql.Truth("SELECT true")]) is True
+    assert await fetch([sql.Truth("SELECT false")]) is False
+    assert await fetch([sql.Truth("SELECT NULL::boolean")]) is None
+    take = sql.acquire(key, "session", wait=False, shared=False)
+    assert isinstance(take, sql.Truth)
+    assert await fetch(["SELECT 1", take]) is True
+    assert await adapt(other).fetch_value([take]) is False  # type: ignore[union-attr]
+    release = sql.unlock(key, shared=False)
+    assert await fetch([release]) is True
+    assert await fetch([release]) is False  # held once: the first unlock released it
+    assert (
+        await conn.fetchval(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
+        )
+        == 0
+    )
+    # Not a truth: a fencing token is a number, read through COPY.
+    assert not isinstance(
+        sql.acquire(key, "session", wait=False, shared=False, fencing=True), sql.Truth
+    )
 
 
 async def test_unsupported_objects_are_refused_by_name(apg: Any, pool: Any) -> None:

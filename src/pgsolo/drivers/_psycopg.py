@@ -59,7 +59,7 @@ PROBE_CONNECT_TIMEOUT = 10
 PROBE_ANSWER_TIMEOUT = 30.0
 _CANCEL_TIMEOUT = 5.0
 
-_STATUS = {
+_STATUS: dict[int, TxStatus] = {
     pq.TransactionStatus.IDLE: TxStatus.IDLE,
     pq.TransactionStatus.ACTIVE: TxStatus.ACTIVE,
     pq.TransactionStatus.INTRANS: TxStatus.INTRANS,
@@ -200,12 +200,13 @@ class PsycopgBase:
             return TxStatus.UNKNOWN
         if id(self._conn) in _BEATING:
             return TxStatus.IDLE
-        status = self._conn.info.transaction_status
+        # libpq's own number, not psycopg's ``info``, which builds an object and an enum.
+        status = self._conn.pgconn.transaction_status
         if status == pq.TransactionStatus.ACTIVE and isinstance(self._conn, psycopg.Connection):
             settle_interrupted(self._conn)
             if self._conn.closed:
                 return TxStatus.UNKNOWN
-            status = self._conn.info.transaction_status
+            status = self._conn.pgconn.transaction_status
         return _STATUS[status]
 
     # A closed connection raises on every ``info`` attribute; logs and errors about it
@@ -215,7 +216,7 @@ class PsycopgBase:
 
     def backend_pid(self) -> int:
         if not self._conn.closed:
-            self._last_pid = self._conn.info.backend_pid
+            self._last_pid = self._conn.pgconn.backend_pid
         return self._last_pid
 
     def server_info(self) -> ServerInfo:

@@ -8,7 +8,7 @@ import functools
 from .._types import Lifetime
 from ..keys import Key, encode_pg_lock, from_name
 from .states import SQLSTATE_IN_RECOVERY, SQLSTATE_LOCK_GONE, UNLOCK_ANSWERS
-from .text import sql_literal, utf8
+from .text import Truth, sql_literal, utf8
 
 __all__ = [
     "BEGIN",
@@ -165,19 +165,21 @@ def acquire(
     call = f"{lock_function(lifetime, wait=wait, shared=shared)}({key.sql_args})"
     token = f"nextval('{FENCING_SEQUENCE}')"
     if wait:  # the waiting functions return void: as a subquery, a row once granted
-        return f"SELECT (SELECT {token if fencing else 'true'} FROM {call})"
+        if fencing:
+            return f"SELECT (SELECT {token} FROM {call})"
+        return Truth(f"SELECT (SELECT true FROM {call})")
     standby = f"WHEN {IN_RECOVERY} THEN NULL " if refuse_standby else ""
     if fencing:
         return f"SELECT CASE {standby}WHEN {call} THEN {token} ELSE 0 END"
     if refuse_standby:
-        return f"SELECT CASE {standby}ELSE {call} END"
-    return f"SELECT {call}"
+        return Truth(f"SELECT CASE {standby}ELSE {call} END")
+    return Truth(f"SELECT {call}")
 
 
 @functools.lru_cache(maxsize=1024)
 def unlock(key: Key, *, shared: bool) -> str:
     # Returns true, or false (with a server warning) when the key was not held.
-    return f"SELECT pg_advisory_unlock{'_shared' if shared else ''}({key.sql_args})"
+    return Truth(f"SELECT pg_advisory_unlock{'_shared' if shared else ''}({key.sql_args})")
 
 
 def unlock_keeping_failure(unlock_statement: str) -> str:
@@ -233,7 +235,7 @@ def assert_same_transaction(key: Key, marker: str, *, shared: bool) -> str:
 
 def held_here(key: Key, *, shared: bool) -> str:
     """Whether this backend holds ``key`` granted, according to ``pg_locks``."""
-    return f"SELECT {_held_here_condition(key, shared=shared)}"
+    return Truth(f"SELECT {_held_here_condition(key, shared=shared)}")
 
 
 def _held_here_condition(key: Key, *, shared: bool) -> str:
@@ -267,7 +269,7 @@ def _token_literal(token: str) -> str:
 
 def is_session(token: str) -> str:
     """Whether this statement runs on the session stamped with ``token``."""
-    return f"SELECT {_on_session(token)}"
+    return Truth(f"SELECT {_on_session(token)}")
 
 
 def _on_session(token: str) -> str:
@@ -288,14 +290,15 @@ def stamp_session(token: str) -> str:
 
 
 def still_on_session(token: str, server_pid: int) -> str:
-    return f"SELECT {_on_session(token)} AND pg_backend_pid() = {int(server_pid)}"
+    return Truth(f"SELECT {_on_session(token)} AND pg_backend_pid() = {int(server_pid)}")
 
 
 def session_guarded(server_pid: int, statement: str) -> str:
     """``statement`` (a ``SELECT <expr>``) run only on backend ``server_pid``, the session
     the route was checked on (a pid names one live session); NULL elsewhere."""
     expression = statement.removeprefix("SELECT ")
-    return f"SELECT CASE WHEN pg_backend_pid() = {int(server_pid)} THEN {expression} END"
+    guarded = f"SELECT CASE WHEN pg_backend_pid() = {int(server_pid)} THEN {expression} END"
+    return Truth(guarded) if isinstance(statement, Truth) else guarded
 
 
 def keeper_beat(key: Key, *, shared: bool) -> str:

@@ -10,18 +10,47 @@ refuse a character that encoding lacks.
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
 __all__ = [
+    "TRUTH_BY_COUNT",
+    "Truth",
     "read_json",
     "read_text",
     "returns_rows",
     "sql_literal",
     "sql_text",
     "text_or_null",
+    "truth_by_count",
     "utf8",
 ]
+
+
+class Truth(str):
+    """A statement of pgsolo's that returns one row of one value, true, false or NULL (a
+    lock taken or not, a key released or not). Marked, so that a driver that reads no rows
+    of a simple query can read its answer from the row count of a rewrite of it instead
+    (asyncpg: :func:`truth_by_count`)."""
+
+    __slots__ = ()
+
+
+# The rows of truth_by_count(): as many as the position of the value in this tuple.
+TRUTH_BY_COUNT = (False, True, None)
+
+
+@functools.lru_cache(maxsize=1024)  # as the statements it rewrites are
+def truth_by_count(statement: Truth) -> str:
+    """``statement`` as a SELECT of no columns and 0, 1 or 2 rows for false, true and
+    NULL (:data:`TRUTH_BY_COUNT`). The statement runs once, as the CTE PostgreSQL
+    evaluates once when it calls a volatile function (the lock functions are)."""
+    return (
+        f"WITH pgsolo_value AS ({statement}) SELECT FROM pgsolo_value AS pgsolo_row(v)"
+        " CROSS JOIN LATERAL (VALUES (v), (v IS NULL), (v IS NULL)) AS pgsolo_count(n)"
+        " WHERE n"
+    )
 
 
 def returns_rows(statement: str) -> bool:
