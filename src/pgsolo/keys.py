@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from os import PathLike
@@ -369,6 +368,8 @@ class Registry:
         daily-settlement = [42, 1001]   # a pair
         cache-refresh = 7               # an int64
         """
+        import tomllib  # noqa: PLC0415  (here: `import pgsolo` and every CLI start skip it)
+
         with open(path, "rb") as handle:
             try:
                 data = tomllib.load(handle)

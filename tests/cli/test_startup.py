@@ -49,12 +49,15 @@ def test_version_help_and_key_load_no_driver(args: list[str]) -> None:
 
 def test_run_help_loads_no_driver() -> None:
     """Guards what `pgsolo run --help` loads: its options' module reads connection strings
-    with libpq, which it imports only once one is read, never to show the help (how long
-    the command takes is benchmark item 7's)."""
+    with libpq, which it imports only once one is read, never to show the help; nor the
+    metrics (only a run publishes them), the TOML parser (only a key registry file needs
+    it) or subprocess (only a run and the embedded server). How long the command takes is
+    benchmark item 7's."""
     modules = _imported_by("run", "--help")
     assert "pgsolo.cli.run.arguments" in modules  # the listing is real
     drivers = {"psycopg", "psycopg_binary", "psycopg_c", "psycopg2", "asyncpg", "sqlalchemy"}
     assert not {m.partition(".")[0] for m in modules} & drivers, sorted(modules)
+    assert not modules & {"pgsolo.metrics", "tomllib", "subprocess"}, sorted(modules)
 
 
 def test_a_run_that_publishes_no_metrics_loads_no_prometheus_client(db: str) -> None:

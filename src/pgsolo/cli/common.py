@@ -4,7 +4,6 @@ to connect becomes exit 69), output, and argument types."""
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -133,6 +132,8 @@ def database(
         validate_dsn(choice.dsn, choice.source)
     with ExitStack() as stack:
         if choice.embedded:
+            import subprocess  # noqa: PLC0415  (only the embedded server's start needs it)
+
             note_first_embedded_start()
             try:
                 dsn = stack.enter_context(resolved_dsn(choice))

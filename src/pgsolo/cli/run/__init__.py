@@ -30,7 +30,6 @@ from ..common import CliError, Subparsers, add_command, database
 from ..exit_codes import EXIT_FAILED, EXIT_UNAVAILABLE, EXIT_USAGE
 from ..output import JsonDestination
 from .arguments import add_run_arguments, command_of, with_separator
-from .publish import Publisher
 from .report import RunReport
 
 if TYPE_CHECKING:
@@ -82,6 +81,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from .attempt import supervise  # noqa: PLC0415
     from .outcome import SkipCodes  # noqa: PLC0415
+    from .publish import Publisher  # noqa: PLC0415
     from .signals import RunSignals  # noqa: PLC0415
 
     command, separated = command_of(args)

@@ -17,7 +17,6 @@ from ..exit_codes import (
     EXIT_USAGE,
 )
 from ..output import add_json_destination_arguments
-from .publish import add_metrics_options
 
 __all__ = ["ON_LOST", "add_run_arguments", "command_of", "skip_exit_code", "with_separator"]
 
@@ -36,11 +35,30 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     _add_watch_options(parser)
     _add_exit_options(parser)
     add_dsn_argument(parser)
-    add_metrics_options(parser)
+    _add_metrics_options(parser)
     add_json_destination_arguments(parser)
     # Not dest="command": main() reads the subcommand's name from there.
     parser.add_argument(
         "argv", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARG...]", help="what to run"
+    )
+
+
+def _add_metrics_options(parser: argparse.ArgumentParser) -> None:
+    """Where the run's metrics go (``pgsolo[prometheus]``; published by publish.py)."""
+    group = parser.add_argument_group("metrics (needs pgsolo[prometheus])")
+    group.add_argument(
+        "--metrics-textfile",
+        metavar="PATH",
+        help="when the run ends, write its metrics to PATH (*.prom, for node_exporter's"
+        " textfile collector), atomically; a job's last success already in the file is kept"
+        " until a run completes it again",
+    )
+    group.add_argument(
+        "--pushgateway",
+        metavar="URL",
+        help="when the run ends, push its metrics to the Prometheus Pushgateway at URL,"
+        " grouped by job=<the job's name> (POST: a run that did not complete keeps the last"
+        " success an earlier push set)",
     )
 
 

@@ -13,26 +13,7 @@ from ...errors import UsageError
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-__all__ = ["Publisher", "add_metrics_options"]
-
-
-def add_metrics_options(parser: argparse.ArgumentParser) -> None:
-    """Where the run's metrics go (``pgsolo[prometheus]``)."""
-    group = parser.add_argument_group("metrics (needs pgsolo[prometheus])")
-    group.add_argument(
-        "--metrics-textfile",
-        metavar="PATH",
-        help="when the run ends, write its metrics to PATH (*.prom, for node_exporter's"
-        " textfile collector), atomically; a job's last success already in the file is kept"
-        " until a run completes it again",
-    )
-    group.add_argument(
-        "--pushgateway",
-        metavar="URL",
-        help="when the run ends, push its metrics to the Prometheus Pushgateway at URL,"
-        " grouped by job=<the job's name> (POST: a run that did not complete keeps the last"
-        " success an earlier push set)",
-    )
+__all__ = ["Publisher"]
 
 
 class Publisher:
