@@ -67,7 +67,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import weakref
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -76,6 +75,7 @@ from asyncpg.pool import PoolConnectionProxy
 from psycopg.conninfo import make_conninfo
 
 from .. import sql
+from .._weakmap import IdentityWeakMap
 from ..errors import TransactionFailedError, UnsupportedConnectionError
 from . import AsyncDriver, AsyncHeartbeat, Edge, Lacking, ServerInfo, TxStatus, edged
 from . import _asyncpg_private as private
@@ -311,7 +311,7 @@ class Checkout:
         self.number = number
 
 
-_CHECKOUTS: weakref.WeakKeyDictionary[Any, Checkout] = weakref.WeakKeyDictionary()
+_CHECKOUTS: IdentityWeakMap[Any, Checkout] = IdentityWeakMap()
 
 
 def _checkout_of(conn: Any) -> Checkout:

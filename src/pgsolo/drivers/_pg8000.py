@@ -53,6 +53,7 @@ import pg8000.exceptions
 import pg8000.legacy
 from psycopg.conninfo import make_conninfo
 
+from .._weakmap import IdentityWeakMap
 from . import Edge, Lacking, ServerInfo, SyncDriver, SyncHeartbeat, TxStatus, edged
 from . import _pg8000_private as private
 from .conninfo import scrub_secrets
@@ -77,7 +78,7 @@ _CONNECTIONS = (pg8000.dbapi.Connection, pg8000.legacy.Connection)
 
 # What each connection said once, by connection: its database's name (module doc), and
 # whether its socket failed (pg8000 leaves a connection open after a network error).
-_DATABASES: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+_DATABASES: IdentityWeakMap[Any, str] = IdentityWeakMap()
 _BROKEN: weakref.WeakSet[Any] = weakref.WeakSet()
 
 

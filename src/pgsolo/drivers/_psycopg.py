@@ -22,7 +22,6 @@ import os
 import select
 import socket
 import time
-import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -33,6 +32,7 @@ from psycopg.adapt import Transformer
 from psycopg.conninfo import make_conninfo
 
 from .._logging import drivers_logger as logger
+from .._weakmap import IdentityWeakMap
 from ..errors import DatabaseUnavailableError
 from . import BeatFailed, News, ServerInfo, TxStatus
 from .conninfo import scrub_secrets
@@ -80,9 +80,9 @@ class _Bound:
     address: str  # for the error: a connection that was shut down no longer says it
 
 
-_ANSWER_WITHIN: weakref.WeakKeyDictionary[
-    psycopg.Connection[Any] | psycopg.AsyncConnection[Any], _Bound
-] = weakref.WeakKeyDictionary()
+_ANSWER_WITHIN: IdentityWeakMap[psycopg.Connection[Any] | psycopg.AsyncConnection[Any], _Bound] = (
+    IdentityWeakMap()
+)
 
 
 def bound_answers(

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from .._types import Lifetime
+from .._weakmap import IdentityWeakMap
 from ..drivers import adapt
 from ..keys import Key
 from .routing import Route
@@ -67,7 +67,7 @@ class _Holdings:
     route: Route | None = None
 
 
-_HOLDINGS: weakref.WeakKeyDictionary[object, _Holdings] = weakref.WeakKeyDictionary()
+_HOLDINGS: IdentityWeakMap[object, _Holdings] = IdentityWeakMap()
 
 
 _HOLDINGS_LOCK = threading.Lock()
@@ -194,7 +194,7 @@ def unclaim(conn: object, key: Key) -> int:
 
 def forget_all(conn: object) -> list[Key]:
     with _HOLDINGS_LOCK:
-        holdings = _HOLDINGS.pop(conn, None)
+        holdings = _HOLDINGS.pop(conn)
     return list(holdings.keys) if holdings else []
 
 
