@@ -77,7 +77,7 @@ async def around_trip(
     psycopg's own handling of a cancelled task is not safe enough for a lock: a cancel
     request that reaches the server just before the statement starts is ignored, so
     psycopg waits 5s and then closes the connection, and a lock wait would go on
-    meanwhile. So pgsolo waits for the answer itself (:func:`_answer`), and a cancellation
+    meanwhile. So pgsolo waits for the answer itself (:func:`_arrival`), and a cancellation
     of the caller lands there: :func:`_settle` cancels the statement on the server
     (repeating the request until it takes), lets the round trip finish, and only then
     does the cancellation go on. A round trip by cursor, or one that must first wait for
@@ -146,8 +146,8 @@ def _set(future: asyncio.Future[bool], value: bool) -> None:
 
 
 async def _settle_direct(conn: psycopg.AsyncConnection[Any]) -> None:
-    """:func:`_settle` for a round trip pgsolo sent itself, then the answer read, and
-    dropped: the caller's cancellation is what goes on."""
+    """:func:`_settle` for a round trip pgsolo sent itself; then what the server answered
+    is read and dropped: the caller's cancellation is what goes on."""
 
     async def ended() -> bool:
         try:
