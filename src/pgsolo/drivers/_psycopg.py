@@ -44,9 +44,9 @@ __all__ = [
     "bound_answers",
     "exchange_beat",
     "first_value",
-    "has_row",
     "message",
     "read_news",
+    "row_value",
     "sends_directly",
     "shut_down",
     "start_deadline",
@@ -196,12 +196,11 @@ class PsycopgBase:
         return not self._conn.autocommit
 
     def transaction_status(self) -> TxStatus:
-        if self._conn.closed:
-            return TxStatus.UNKNOWN
-        if id(self._conn) in _BEATING:
-            return TxStatus.IDLE
-        # libpq's own number, not psycopg's ``info``, which builds an object and an enum.
+        # libpq's own number, not psycopg's ``info``, which builds an object and an enum;
+        # UNKNOWN on a closed or broken connection.
         status = self._conn.pgconn.transaction_status
+        if status == pq.TransactionStatus.ACTIVE and id(self._conn) in _BEATING:
+            return TxStatus.IDLE
         if status == pq.TransactionStatus.ACTIVE and isinstance(self._conn, psycopg.Connection):
             settle_interrupted(self._conn)
             if self._conn.closed:
@@ -306,12 +305,6 @@ def password_of(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) ->
     return value.decode("utf-8", errors="replace") if value else None
 
 
-def has_row(cursor: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> bool:
-    """Whether the cursor's current result has a row."""
-    result = cursor.pgresult
-    return result is not None and result.status == pq.ExecStatus.TUPLES_OK and result.ntuples > 0
-
-
 def sends_directly(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
     """Whether pgsolo's message may go to libpq directly, as a cursor would send it: the
     connection is open, not in pipeline mode, and psycopg would not open a transaction
@@ -324,24 +317,46 @@ def sends_directly(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any])
     )
 
 
+# Most of pgsolo's answers are a boolean, in the text format of a simple query: "t" or "f".
+# Read directly, not through a Transformer of the connection's adapters, which costs more
+# than the rest of the reading, and which a loader the caller registered for bool would
+# turn into something else than True or False.
+_BOOL_OID = 16
+
+
 def first_value(
     conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], results: Sequence[pq.abc.PGresult]
 ) -> object:
-    """The first column of the first row of the last result with rows, loaded by the
-    connection's adapters as a cursor would; the first error raised as psycopg raises it."""
+    """The first column of the first row of the last result with rows (:func:`row_value`);
+    the first error raised as psycopg raises it."""
     value: object = None
     for result in results:
         status = result.status
         if status == pq.ExecStatus.TUPLES_OK:
-            if result.ntuples:
-                loading = Transformer(conn)
-                loading.set_pgresult(result)
-                value = loading.load_row(0, tuple)[0]
+            value = row_value(conn, result, value)
         elif status != pq.ExecStatus.COMMAND_OK:
             if status == pq.ExecStatus.FATAL_ERROR:
                 raise psycopg.errors.error_from_result(result, encoding=conn.info.encoding)
             raise psycopg.InterfaceError(f"unexpected result status from the server: {status}")
     return value
+
+
+def row_value(
+    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
+    result: pq.abc.PGresult | None,
+    otherwise: object,
+) -> object:
+    """The first column of ``result``'s first row, ``otherwise`` if it has no row: a
+    boolean as Python's, anything else loaded by the connection's adapters as a cursor
+    would."""
+    if result is None or result.status != pq.ExecStatus.TUPLES_OK or not result.ntuples:
+        return otherwise
+    if result.ftype(0) == _BOOL_OID:
+        text = result.get_value(0, 0)
+        return None if text is None else text == b"t"
+    loading = Transformer(conn)
+    loading.set_pgresult(result)
+    return loading.load_row(0, tuple)[0]
 
 
 def message(statements: Sequence[str]) -> bytes:

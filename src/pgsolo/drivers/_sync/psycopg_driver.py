@@ -15,9 +15,9 @@ from .._psycopg import (
     PsycopgBase,
     bound_answers,
     exchange_beat,
-    has_row,
     message,
     read_news,
+    row_value,
     watched_socket,
 )
 from .._psycopg_acompat import round_trip
@@ -47,16 +47,16 @@ class PsycopgDriver(PsycopgBase):
         return round_trip(self._conn, wait, sent, self._fetch_by_cursor)
 
     def _fetch_by_cursor(self, statements: Sequence[str]) -> object:
-        # The caller's connection may have any row factory; pgsolo reads plain tuples.
-        # Never prepared: psycopg counts a statement's runs to prepare it, and a run
-        # interrupted before it looked at the results (Ctrl-C) stays counted, so a
-        # message of several statements would be prepared, which the server refuses.
-        cursor = self._conn.cursor(row_factory=tuple_row)
+        # The caller's connection may have any row factory and loaders: pgsolo reads each
+        # result itself (row_value). Never prepared: psycopg counts a statement's runs to
+        # prepare it, and a run interrupted before it looked at the results (Ctrl-C) stays
+        # counted, so a message of several statements would be prepared, which the server
+        # refuses.
+        cursor = self._conn.cursor(row_factory=tuple_row)  # none of the caller's runs
         cursor.execute(message(statements), prepare=False)
         value: object = None
         while True:
-            if has_row(cursor) and (row := cursor.fetchone()) is not None:
-                value = row[0]
+            value = row_value(self._conn, cursor.pgresult, value)
             if not cursor.nextset():
                 return value
 

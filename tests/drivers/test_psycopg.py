@@ -1,0 +1,75 @@
+"""psycopg 3 connections as their owners set them up: pgsolo reads the server's answers
+itself, so that what a caller registered on a connection for its own queries (a loader, a
+row factory) never changes what a lock hears. Guards the direct reading of a boolean
+answer (the cost of a Transformer per round trip was most of reading one), on both of
+pgsolo's paths: a message sent to libpq directly, and one sent by a cursor (autocommit
+off and no transaction open)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.adapt import Loader
+from psycopg.rows import dict_row
+
+import pgsolo
+from _support import Connect
+from pgsolo import Key
+
+
+class YesNoLoader(Loader):
+    """A caller's own reading of a boolean: what it would turn pgsolo's answers into."""
+
+    def load(self, data: bytes | bytearray | memoryview) -> str:
+        return "yes" if bytes(data) == b"t" else "no"
+
+
+def _owned_by_a_caller(conn: psycopg.Connection | psycopg.AsyncConnection) -> None:
+    conn.adapters.register_loader("bool", YesNoLoader)
+    conn.row_factory = dict_row  # type: ignore[assignment]
+
+
+@pytest.mark.parametrize("autocommit", [True, False], ids=["direct", "by-cursor"])
+def test_a_callers_loaders_and_row_factory_change_no_answer(
+    connect: Connect, observer: Any, key: Key, autocommit: bool
+) -> None:
+    conn = connect(autocommit=autocommit)
+    _owned_by_a_caller(conn)
+    assert conn.execute("SELECT true AS v").fetchone() == {"v": "yes"}  # the caller's reading
+    conn.rollback()
+    with pgsolo.session_lock(conn, key) as lock:
+        assert lock.acquired
+        assert lock.is_held()
+        assert observer.holders(key) == {conn.info.backend_pid}
+        holder = connect()
+        with pgsolo.session_lock(holder, key) as busy:
+            assert not busy.acquired
+    assert observer.holders(key) == set()
+    with pgsolo.xact_lock(conn, key) as lock:
+        assert lock.acquired
+        assert observer.holders(key) == {conn.info.backend_pid}
+    conn.commit()  # autocommit off: the lock joined the transaction psycopg began
+    assert observer.holders(key) == set()
+    assert conn.execute("SELECT false AS v").fetchone() == {"v": "no"}  # still the caller's
+
+
+@pytest.mark.parametrize("autocommit", [True, False], ids=["direct", "by-cursor"])
+async def test_an_async_callers_loaders_change_no_answer(
+    dsn: str, observer: Any, key: Key, autocommit: bool
+) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=autocommit) as conn:
+        _owned_by_a_caller(conn)
+        async with pgsolo.session_lock(conn, key) as lock:
+            assert lock.acquired
+            assert await lock.is_held()
+            assert observer.holders(key) == {conn.info.backend_pid}
+        assert observer.holders(key) == set()
+        async with pgsolo.xact_lock(conn, key) as lock:
+            assert lock.acquired
+            assert observer.holders(key) == {conn.info.backend_pid}
+        await conn.commit()
+        assert observer.holders(key) == set()
+        cur = await conn.execute("SELECT true AS v")
+        assert await cur.fetchone() == {"v": "yes"}
