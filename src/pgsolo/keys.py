@@ -8,6 +8,7 @@ a bad key raises :class:`~pgsolo.errors.InvalidKeyError` before any SQL exists.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections.abc import Mapping, Sequence
@@ -193,9 +194,20 @@ def derive_int32(name: str) -> int:
 
 def from_name(name: str, *, namespace: int | None = None) -> Key:
     """The key derived from ``name`` (an int64, or a pair within ``namespace``)."""
+    if not isinstance(name, str):
+        _check_name(name)  # raises
+    if namespace is not None:
+        _check_int(namespace, INT32_MIN, INT32_MAX, "a namespace")
+    return _derived(name, namespace)
+
+
+# A program locks the same few names over and over: each is validated and hashed once.
+# Typed, so that a str subclass never stands for the str it equals; a bad name raises,
+# and nothing is kept of it.
+@functools.lru_cache(maxsize=512, typed=True)
+def _derived(name: str, namespace: int | None) -> Key:
     if namespace is None:
         return Key(derive_int64(name), name)
-    _check_int(namespace, INT32_MIN, INT32_MAX, "a namespace")
     return Key((namespace, derive_int32(name)), name)
 
 

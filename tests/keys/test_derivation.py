@@ -91,6 +91,30 @@ def test_derivation_is_stable_and_not_python_hash() -> None:
     assert derive_int64("daily-settlement") != hash("daily-settlement")
 
 
+def test_a_name_derived_again_is_the_same_key_and_a_refusal_stays_a_refusal() -> None:
+    """Guards the cache of derived keys (a program locks the same names over and over):
+    the same name gives the same key, and nothing cached lets a bad argument through, a
+    namespace of True where 1 was derived, or a str subclass stand for its str."""
+    first = from_name("cached-name", namespace=1)
+    assert from_name("cached-name", namespace=1) is first
+    with pytest.raises(InvalidKeyError, match="namespace"):
+        from_name("cached-name", namespace=True)
+    with pytest.raises(InvalidKeyError, match="namespace"):
+        from_name("cached-name", namespace=[1])  # type: ignore[arg-type]
+    with pytest.raises(InvalidKeyError, match="str"):
+        from_name(["cached-name"])  # type: ignore[arg-type]
+    for _ in range(2):
+        with pytest.raises(InvalidKeyError, match="empty"):
+            from_name("")
+
+    class Label(str):
+        pass
+
+    labelled = from_name(Label("cached-name"), namespace=1)
+    assert labelled == first
+    assert type(labelled.name) is Label
+
+
 @pytest.mark.parametrize("name", VECTOR_NAMES)
 def test_name_to_sql_int64_matches_the_spec_vector_on_the_server(conn, name: str) -> None:
     assert sql_scalar(conn, name_to_sql(name)) == VECTORS[name][0]

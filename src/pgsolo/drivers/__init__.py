@@ -278,11 +278,18 @@ def _adapter_for(package: str) -> Adapter | None:
     """The ``adapt`` of pgsolo's module for ``package``'s connections, imported once (every
     lock looks it up), and only when one of them arrives: importing pgsolo never imports
     a driver the user did not install."""
-    library = _LIBRARIES.get(package)
-    if library is None:
-        return None
-    adapter: Adapter = import_module(library.adapter, __name__).adapt
+    adapter = _ADAPTERS.get(package)
+    if adapter is None:
+        library = _LIBRARIES.get(package)
+        if library is None:
+            return None
+        adapter = _ADAPTERS[package] = import_module(library.adapter, __name__).adapt
     return adapter
+
+
+# The ``adapt`` of each package seen so far: import_module runs importlib's Python on
+# every call, even for a module already imported.
+_ADAPTERS: dict[str, Adapter] = {}
 
 
 def adapt(connection: object) -> SyncDriver | AsyncDriver:

@@ -31,10 +31,8 @@ __all__ = [
     "context_token",
     "forget_all",
     "held_session_locks",
-    "hold_count",
     "hold_of",
     "is_claimed",
-    "route_of",
     "session_keys",
     "set_route",
     "set_transaction_owner",
@@ -46,6 +44,7 @@ __all__ = [
 
 @dataclass
 class _Held:
+    key: Key
     shared: bool
     count: int
     pending: bool  # the first acquisition is still on its way to the server
@@ -59,7 +58,9 @@ class _Held:
 @dataclass
 class _Holdings:
     pid: int
-    keys: dict[Key, _Held]
+    # By the key's value, which is what tells keys apart, and which hashes without a call
+    # of Python (every lock looks its key up here a few times).
+    keys: dict[int | tuple[int, int], _Held]
     # The thread or task whose pgsolo-opened transaction is open on this connection:
     # another one must not join it (it would get the keys of that transaction too).
     transaction_owner: tuple[int, int] | None = None
@@ -85,25 +86,21 @@ def claim(
     reentrant: bool,
     claimant: object,
     lifetime: Lifetime = "session",
-) -> Claim:
+) -> tuple[Claim, Route | None]:
+    """Claim ``key`` on ``conn`` (as it is on backend ``pid``); with the claim, what
+    answers the connection, if that was found before (:func:`set_route`)."""
     with _HOLDINGS_LOCK:
         holdings = _HOLDINGS.get(conn)
         if holdings is None or holdings.pid != pid:
             holdings = _HOLDINGS[conn] = _Holdings(pid, {})
-        held = holdings.keys.get(key)
+        held = holdings.keys.get(key.value)
         if held is None:
-            holdings.keys[key] = _Held(shared, 1, True, claimant, lifetime=lifetime)
-            return "new"
+            holdings.keys[key.value] = _Held(key, shared, 1, True, claimant, lifetime=lifetime)
+            return "new", holdings.route
         if reentrant and (held.lifetime, held.shared) == (lifetime, shared) and not held.pending:
             held.count += 1
-            return "reentered"
-        return "busy"
-
-
-def route_of(conn: object, pid: int) -> Route | None:
-    with _HOLDINGS_LOCK:
-        holdings = _HOLDINGS.get(conn)
-        return holdings.route if holdings and holdings.pid == pid else None
+            return "reentered", holdings.route
+        return "busy", holdings.route
 
 
 def set_route(conn: object, pid: int, route: Route) -> None:
@@ -136,32 +133,26 @@ def transaction_owner(conn: object, pid: int) -> tuple[int, int] | None:
         return holdings.transaction_owner if holdings and holdings.pid == pid else None
 
 
-def hold_count(conn: object, key: Key) -> int:
+def hold_of(conn: object, key: Key) -> tuple[int, str | None]:
+    """How many holds of ``key`` ``conn`` has, and the savepoint that holds its
+    session-lock block, if any."""
     with _HOLDINGS_LOCK:
         holdings = _HOLDINGS.get(conn)
-        held = holdings.keys.get(key) if holdings else None
-        return held.count if held else 0
+        held = holdings.keys.get(key.value) if holdings else None
+        return (held.count, held.hold) if held else (0, None)
 
 
 def is_claimed(conn: object, pid: int, key: Key) -> bool:
     with _HOLDINGS_LOCK:
         holdings = _HOLDINGS.get(conn)
-        return holdings is not None and holdings.pid == pid and key in holdings.keys
+        return holdings is not None and holdings.pid == pid and key.value in holdings.keys
 
 
 def confirm(conn: object, key: Key, hold: str | None = None) -> None:
     with _HOLDINGS_LOCK:
-        if (holdings := _HOLDINGS.get(conn)) and (held := holdings.keys.get(key)):
+        if (holdings := _HOLDINGS.get(conn)) and (held := holdings.keys.get(key.value)):
             held.pending = False
             held.hold = hold
-
-
-def hold_of(conn: object, key: Key) -> str | None:
-    """The savepoint that holds ``key``'s session-lock block on ``conn``, if any."""
-    with _HOLDINGS_LOCK:
-        holdings = _HOLDINGS.get(conn)
-        held = holdings.keys.get(key) if holdings else None
-        return held.hold if held else None
 
 
 def withdraw(conn: object, key: Key, claimant: object) -> None:
@@ -171,23 +162,23 @@ def withdraw(conn: object, key: Key, claimant: object) -> None:
     nothing stays claimed, and a claim that is another's is never dropped."""
     with _HOLDINGS_LOCK:
         holdings = _HOLDINGS.get(conn)
-        held = holdings.keys.get(key) if holdings else None
+        held = holdings.keys.get(key.value) if holdings else None
         if holdings is not None and held is not None and held.claimant is claimant:
             held.count -= 1
             if held.count <= 0:
-                del holdings.keys[key]
+                del holdings.keys[key.value]
 
 
 def unclaim(conn: object, key: Key) -> int:
     """Drop one hold of ``key``; return how many remain on this connection."""
     with _HOLDINGS_LOCK:
         holdings = _HOLDINGS.get(conn)
-        held = holdings.keys.get(key) if holdings else None
+        held = holdings.keys.get(key.value) if holdings else None
         if holdings is None or held is None:
             return 0
         held.count -= 1
         if held.count <= 0:
-            del holdings.keys[key]
+            del holdings.keys[key.value]
             return 0
         return held.count
 
@@ -195,7 +186,7 @@ def unclaim(conn: object, key: Key) -> int:
 def forget_all(conn: object) -> list[Key]:
     with _HOLDINGS_LOCK:
         holdings = _HOLDINGS.pop(conn)
-    return list(holdings.keys) if holdings else []
+    return [held.key for held in holdings.keys.values()] if holdings else []
 
 
 def held_session_locks(conn: SyncConnectionLike | AsyncConnectionLike) -> list[Key]:
@@ -212,7 +203,7 @@ def session_keys(conn: object) -> list[Key]:
         if holdings is None:
             return []
         return [
-            k
-            for k, held in holdings.keys.items()
+            held.key
+            for held in holdings.keys.values()
             if held.lifetime == "session" and not held.pending
         ]

@@ -65,8 +65,9 @@ class SessionLockCore(LockCore):
 
     # - acquire -
 
-    def _claim(self) -> tuple[TxStatus, int, holdings.Claim]:
-        """Check the connection and claim the key on it, before any SQL.
+    def _claim(self) -> tuple[TxStatus, int, holdings.Claim, Route | None]:
+        """Check the connection and claim the key on it, before any SQL; with the claim,
+        the connection's route, if it was checked before.
 
         A statement in flight (another thread or task sharing the connection) does not
         change the answer for a key this connection already holds, so only a new claim
@@ -81,7 +82,7 @@ class SessionLockCore(LockCore):
             self._usable_status(status)
         pid = driver.backend_pid()
         conn = driver.connection
-        claim = holdings.claim(
+        claim, route = holdings.claim(
             conn,
             pid,
             spec.key,
@@ -92,20 +93,22 @@ class SessionLockCore(LockCore):
         if claim == "new" and status is TxStatus.ACTIVE:
             holdings.withdraw(conn, spec.key, self)
             self._usable_status(status)  # raises: the connection is running a statement
-        return status, pid, claim
+        return status, pid, claim, route
 
     def _acquire(self, *, context: bool) -> Plan[bool]:
         conn, events = self.driver.connection, self.events
         confirmed = False
         try:  # from the claim on, it is withdrawn unless the lock is confirmed held
-            status, pid, claim = self._claim()
+            status, pid, claim, route = self._claim()
             if claim == "reentered":
                 self.acquired, self.backend_pid = True, pid
                 events.log(logging.DEBUG, "reentered")
                 return True
             if claim == "busy":
                 return failures.busy_here(events, pid)
-            self.route = route = yield from self._route(status, pid)
+            if route is None:
+                route = yield from self._route(status, pid)
+            self.route = route
             hold = sql.hold_savepoint(self.spec.key) if status is TxStatus.INTRANS else None
             started = time.perf_counter()
             value, note = yield from self._answer(status, route, hold, started)
@@ -174,11 +177,9 @@ class SessionLockCore(LockCore):
         raise RuntimeError("waits.slices() yields a last slice, whose failure is raised")
 
     def _route(self, status: TxStatus, pid: int) -> Plan[Route]:
-        """What answers this connection, checked once per connection (pgsolo.locking.routing)."""
+        """What answers this connection, checked on its first session lock
+        (pgsolo.locking.routing)."""
         driver = self.driver
-        route = holdings.route_of(driver.connection, pid)
-        if route is not None:
-            return route
         try:
             route = yield from check_route(driver, status)
         except BaseException as exc:
@@ -202,7 +203,8 @@ class SessionLockCore(LockCore):
             raise LockNotHeldError(f"session lock {key} is not held by this Lock object", key=key)
         driver = self.driver
         conn = driver.connection
-        if holdings.hold_count(conn, key) > 1:
+        count, hold = holdings.hold_of(conn, key)
+        if count > 1:
             holdings.unclaim(conn, key)
             self.acquired = False
             events.log(logging.DEBUG, "released", note="re-entrant hold remains")
@@ -227,9 +229,7 @@ class SessionLockCore(LockCore):
             )
         status = driver.transaction_status()
         # The hold ended with the transaction it was opened in, if that ended in the block.
-        self.hold = holdings.hold_of(conn, key)
-        if status is TxStatus.IDLE:
-            self.hold = None
+        self.hold = hold if status is not TxStatus.IDLE else None
         started = time.perf_counter()
         try:
             value = yield from self._unlock(status)

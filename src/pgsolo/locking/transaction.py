@@ -85,7 +85,7 @@ class XactLockCore(LockCore):
         claimed = False
         try:  # from the claim on, it is withdrawn at any exception (a Ctrl-C at any line)
             if owns:
-                claim = holdings.claim(
+                claim, _route = holdings.claim(
                     conn,
                     pid,
                     key,

@@ -65,7 +65,9 @@ async def _steps(
         step = next(plan) if interrupted is None else plan.throw(interrupted)
         while True:
             try:
-                if isinstance(step, Work):
+                if type(step) is list and not cleaning_up:  # most steps: one round trip
+                    value = await driver.fetch_value(step)
+                elif isinstance(step, Work):
                     value = await (work or _no_work)()
                 elif cleaning_up:
                     clean_up = _round_trip(step, driver)
