@@ -42,25 +42,25 @@ RECORD = Path(__file__).with_name("call_budget.json")
 # around nothing, on a connection with no transaction open (the first lock on a
 # connection checks its route once, outside the budget), and one run_job.
 BUDGETS: dict[str, int] = {
-    "psycopg/session": 94,
-    "psycopg/xact": 96,
+    "psycopg/session": 96,
+    "psycopg/xact": 97,
     "psycopg-implicit/session": 100,
     "psycopg2-autocommit/session": 96,
     "psycopg2-autocommit/xact": 93,
     "pg8000-autocommit/session": 123,
     "pg8000-autocommit/xact": 123,
-    "sqlalchemy-psycopg/session": 170,
+    "sqlalchemy-psycopg/session": 172,
     "sqlalchemy-psycopg/xact": 125,
-    "django/session": 126,
+    "django/session": 128,
     "django/xact": 115,
-    "psycopg-async/session": 108,
-    "psycopg-async/xact": 110,
+    "psycopg-async/session": 110,
+    "psycopg-async/xact": 111,
     "asyncpg/session": 110,
     "asyncpg/xact": 110,
-    "sqlalchemy-async-psycopg/session": 194,
+    "sqlalchemy-async-psycopg/session": 196,
     "sqlalchemy-async-psycopg/xact": 131,
-    "psycopg/run_job": 131,
-    "psycopg-async/run_job": 145,
+    "psycopg/run_job": 133,
+    "psycopg-async/run_job": 147,
 }
 
 _SYNC = {kind.name: kind for kind in SYNC_KINDS}
