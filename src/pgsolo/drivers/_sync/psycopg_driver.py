@@ -52,7 +52,7 @@ class PsycopgDriver(PsycopgBase):
         # prepare it, and a run interrupted before it looked at the results (Ctrl-C) stays
         # counted, so a message of several statements would be prepared, which the server
         # refuses.
-        cursor = self._conn.cursor(row_factory=tuple_row)  # none of the caller's runs
+        cursor = self._conn.cursor(row_factory=tuple_row)  # the caller's never runs on ours
         cursor.execute(message(statements), prepare=False)
         value: object = None
         while True:
