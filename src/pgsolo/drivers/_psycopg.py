@@ -199,13 +199,14 @@ class PsycopgBase:
         # libpq's own number, not psycopg's ``info``, which builds an object and an enum;
         # UNKNOWN on a closed or broken connection.
         status = self._conn.pgconn.transaction_status
-        if status == pq.TransactionStatus.ACTIVE and id(self._conn) in _BEATING:
-            return TxStatus.IDLE
-        if status == pq.TransactionStatus.ACTIVE and isinstance(self._conn, psycopg.Connection):
-            settle_interrupted(self._conn)
-            if self._conn.closed:
-                return TxStatus.UNKNOWN
-            status = self._conn.pgconn.transaction_status
+        if status == pq.TransactionStatus.ACTIVE:
+            if id(self._conn) in _BEATING:
+                return TxStatus.IDLE
+            if isinstance(self._conn, psycopg.Connection):
+                settle_interrupted(self._conn)
+                if self._conn.closed:
+                    return TxStatus.UNKNOWN
+                status = self._conn.pgconn.transaction_status
         return _STATUS[status]
 
     # A closed connection raises on every ``info`` attribute; logs and errors about it
