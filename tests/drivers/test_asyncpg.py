@@ -95,6 +95,10 @@ async def test_a_truth_value_comes_back_by_row_count_and_its_statement_runs_once
     release = sql.unlock(key, shared=False)
     assert await fetch([release]) is True
     assert await fetch([release]) is False  # held once: the first unlock released it
+    wait = sql.acquire(key, "session", wait=True, shared=False)
+    assert isinstance(wait, sql.Truth)
+    assert await fetch([wait]) is True
+    assert await fetch([release, release]) is False  # the wait took it once, too
     assert (
         await conn.fetchval(
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
