@@ -111,6 +111,61 @@ async def test_a_truth_value_comes_back_by_row_count_and_its_statement_runs_once
     )
 
 
+PGSOLOS_PREPARED = (
+    "SELECT statement FROM pg_prepared_statements"
+    " WHERE statement LIKE 'SELECT pg_%advisory%' ORDER BY 1"
+)
+
+
+async def _pgsolos_prepared(conn: Any) -> list[tuple[str]]:
+    # A new text each time: asyncpg's own cache of the question breaks at DEALLOCATE ALL.
+    rows = await conn.fetch(f"{PGSOLOS_PREPARED} -- {unique_name('ask')}")
+    return [tuple(r) for r in rows]
+
+
+async def test_a_session_locks_calls_are_prepared_after_a_few_runs_and_survive_a_deallocate(
+    apg: Any, observer: Any, key: Key
+) -> None:
+    """Guards the prepared path of a session lock's try and unlock on asyncpg
+    (``_asyncpg._lock_call``): as written for the first ``PREPARE_AFTER`` runs, then by
+    name; a caller's ``DEALLOCATE ALL`` between a lock and its release loses neither; none
+    where the caller turned asyncpg's statement cache off."""
+    from pgsolo.drivers._asyncpg import PREPARE_AFTER  # noqa: PLC0415 - the adapter's
+
+    conn, other = await apg(), await apg()
+
+    async def lock_and_release(on: Any) -> None:
+        async with pgsolo.session_lock(on, key) as lock:
+            assert lock.acquired
+            async with pgsolo.session_lock(other, key) as busy:
+                assert not busy.acquired
+        assert observer.holders(key) == set()
+
+    for _ in range(PREPARE_AFTER):
+        await lock_and_release(conn)
+    assert await _pgsolos_prepared(conn) == []
+    await lock_and_release(conn)
+    prepared = await _pgsolos_prepared(conn)
+    assert prepared == [
+        ("SELECT pg_advisory_unlock($1::integer, $2::integer)",),
+        ("SELECT pg_try_advisory_lock($1::integer, $2::integer)",),
+    ]
+    lock = pgsolo.session_lock(conn, key)
+    assert await lock.acquire()
+    await conn.execute("DEALLOCATE ALL")
+    await lock.release()  # its statement is gone: sent as written
+    assert observer.holders(key) == set()
+    await conn.execute("DEALLOCATE ALL")
+    for _ in range(PREPARE_AFTER + 1):
+        await lock_and_release(conn)  # as written, then prepared again
+    assert await _pgsolos_prepared(conn) == prepared
+
+    uncached = await apg(statement_cache_size=0)
+    for _ in range(PREPARE_AFTER + 2):
+        await lock_and_release(uncached)
+    assert await _pgsolos_prepared(uncached) == []
+
+
 async def test_unsupported_objects_are_refused_by_name(apg: Any, pool: Any) -> None:
     record = await (await apg()).fetchrow("SELECT 1 AS a")
     with pytest.raises(UnsupportedConnectionError, match=r"supported|takes"):

@@ -44,12 +44,15 @@ it reports itself closed, so releasing a lock taken before is a
 so the next one can take those keys again. Waits are bounded with ``SET LOCAL`` in their own
 statements, which ``RESET ALL`` cannot undo.
 
-**Cancellation.** A cancelled task never reaches asyncpg's own exchange, which runs
-shielded: asyncpg's COPY-out can set a result on the waiter a cancellation had just
-cancelled, and close the connection (a Ctrl-C under ``asyncio.run`` did so in about one
-interruption in fifty). pgsolo asks the server to cancel the statement instead, lets the
-exchange end, and its recovery then asks the server whether the lock was granted
-meanwhile and releases it if so.
+**Cancellation.** A cancelled task never reaches asyncpg's COPY-out exchange, or a
+message that may wait for a lock: those run shielded. asyncpg's COPY-out can set a result
+on the waiter a cancellation had just cancelled, and close the connection (a Ctrl-C under
+``asyncio.run`` did so in about one interruption in fifty); and asyncpg asks the server
+once to cancel a statement, which a wait could miss. pgsolo asks the server to cancel the
+statement instead, again until the exchange ends, and its recovery then asks the server
+whether the lock was granted meanwhile and releases it if so. Any other message (a try,
+an unlock) ends on the server in any case, and is asyncpg's plain ``execute()``, whose
+own cancellation is safe there and costs no task per round trip.
 
 **No keeper.** asyncpg refuses a second operation on a connection while one runs
 (``InterfaceError: another operation is in progress``) instead of queueing it: a
@@ -67,8 +70,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
-from typing import Any, ClassVar
+from collections.abc import Awaitable, Sequence
+from typing import Any, ClassVar, TypeVar
 
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
@@ -77,7 +80,7 @@ from psycopg.conninfo import make_conninfo
 from .. import sql
 from .._weakmap import IdentityWeakMap
 from ..errors import TransactionFailedError, UnsupportedConnectionError
-from . import AsyncDriver, AsyncHeartbeat, Edge, Lacking, ServerInfo, TxStatus, edged
+from . import AsyncDriver, AsyncHeartbeat, Edge, Lacking, ServerInfo, TxStatus, edged, prepared
 from . import _asyncpg_private as private
 from .conninfo import scrub_secrets
 from .deadlines import host_port
@@ -90,6 +93,12 @@ PROBE_CONNECT_TIMEOUT = 10.0
 PROBE_ANSWER_TIMEOUT = 30.0
 
 _SETTLE_SECONDS = 5.0
+# How many times a lock call runs as written on a connection before pgsolo prepares it
+# there: psycopg's default prepare_threshold (asyncpg has no such setting), so that a
+# connection that takes a lock once, `pgsolo run`'s, never pays the Parse round trip.
+PREPARE_AFTER = 5
+
+T = TypeVar("T")
 
 KEEPER_REFUSED = (
     "asyncpg refuses a second operation on a connection while one runs (InterfaceError:"
@@ -177,10 +186,7 @@ class AsyncpgDriver:
         return self._last_info
 
     def sqlstate(self, exc: BaseException) -> str | None:
-        if isinstance(exc, asyncpg.PostgresError):
-            state = getattr(exc, "sqlstate", None)
-            return str(state) if state else None
-        return None
+        return _sqlstate(exc)
 
     def is_closed(self) -> bool:
         return bool(self._conn.is_closed()) or self._released()
@@ -211,7 +217,7 @@ class AsyncpgDriver:
         if not sent:
             return None
         try:
-            tag, value = await _exchange(self._conn, sent)
+            tag, value = await _exchange(self._conn, sent, wait)
         except asyncio.CancelledError:
             await self._find_out_if_aborted()
             raise
@@ -285,6 +291,13 @@ class AsyncpgDriver:
         return password if isinstance(password, str) and password else None
 
 
+def _sqlstate(exc: BaseException) -> str | None:
+    if isinstance(exc, asyncpg.PostgresError):
+        state = getattr(exc, "sqlstate", None)
+        return str(state) if state else None
+    return None
+
+
 def _ssl_of(params: Any) -> object:
     """The ``ssl=`` that connects the way ``params`` did: a mode that may fall back to
     plain text by its name (its context alone would insist on TLS), else the context."""
@@ -322,15 +335,61 @@ def _checkout_of(conn: Any) -> Checkout:
     return checkout
 
 
-async def _exchange(conn: Any, statements: Sequence[str]) -> tuple[str, object]:
+async def _exchange(conn: Any, statements: Sequence[str], wait: float) -> tuple[str, object]:
     """Send ``statements`` as one simple-query message; return the status of the last one
     and the first value of the last one that returns a row (module docstring).
 
-    The exchange runs shielded in a task of its own: a cancellation that reached
-    asyncpg's COPY-out waiter can make its protocol set a result on the waiter it had
-    just cancelled, and close the connection. If the caller is cancelled,
-    :func:`_settle` cancels the statement on the server and lets the exchange end first."""
-    block = asyncio.ensure_future(_exchange_once(conn, statements))
+    A lock call alone (a session lock's try or unlock: :class:`pgsolo.sql.LockCall`) is
+    asyncpg's own round trip (:func:`_lock_call`). Anything else runs shielded in a task of
+    its own (:func:`_shielded`): it may begin or end a transaction, and asyncpg's own
+    cancellation hands the cancellation on before the server answered, while asyncpg
+    still reports the transaction as it was (a Ctrl-C left ``run_once``'s open, once in a
+    thousand interruptions); it may wait for a lock, and asyncpg asks the server once to
+    cancel it; it may read a COPY, whose waiter asyncpg's protocol can break."""
+    if not wait and len(statements) == 1 and type(call := statements[0]) is sql.LockCall:
+        return await _lock_call(conn, call)
+    return await _shielded(conn, _exchange_once(conn, statements))
+
+
+async def _lock_call(conn: Any, call: sql.LockCall) -> tuple[str, object]:
+    """A lock call alone, which changes no transaction and ends on the server at once: a
+    cancellation is asyncpg's to handle (it asks the server to cancel the statement, and
+    its next operation waits until the server answered: pgsolo's recovery then finds out
+    what the call did). Outside a transaction, once it ran :data:`PREPARE_AFTER` times
+    on the connection, it is prepared there (:mod:`pgsolo.drivers.prepared`) unless the
+    caller turned asyncpg's statement cache off (``statement_cache_size=0``, as behind a
+    transaction-pooling proxy)."""
+    form = call.prepared
+    if not conn.is_in_transaction() and private.caches_statements(conn):
+        how = prepared.how(conn, form.name, PREPARE_AFTER)
+        if how is prepared.How.PREPARE:
+            try:
+                made = await conn.prepare(form.template.decode("ascii"))
+            except asyncpg.PostgresError as exc:
+                how = prepared.made(conn, form.name, _sqlstate(exc))
+            else:
+                how = prepared.made(conn, form.name, None, made)
+        if how is prepared.How.BY_NAME:
+            statement: Any = prepared.handle(conn, form.name)
+            try:
+                value = await statement.fetchval(*(int(p) for p in form.params))
+            except asyncpg.PostgresError as exc:
+                if not prepared.forget(conn, _sqlstate(exc)):
+                    raise
+            else:
+                return "SELECT 1", value
+    tag = str(await conn.execute(sql.truth_by_count(call)))
+    return tag, sql.TRUTH_BY_COUNT[int(tag.rpartition(" ")[2])]
+
+
+async def _shielded(conn: Any, exchange: Awaitable[T]) -> T:
+    """``exchange``, run shielded in a task of its own: a cancellation that reached
+    asyncpg's COPY-out waiter can make its protocol set a result on the waiter it had just
+    cancelled, and close the connection; and asyncpg asks the server once to cancel a
+    statement, where a request that arrives between two statements of a message is
+    ignored and a wait would go on. If the caller is cancelled, :func:`_settle` cancels
+    the statement on the server and lets the exchange end first."""
+    block = asyncio.ensure_future(exchange)
     try:
         return await asyncio.shield(block)
     except asyncio.CancelledError:

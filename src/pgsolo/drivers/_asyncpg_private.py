@@ -17,6 +17,9 @@ release is checked against this module before the upper bound moves.
   identity: ``Pool.release()`` unlocks every advisory lock).
 - :func:`connection_behind`: the connection a pool's proxy stands for, ``None`` once it
   was released.
+- :func:`caches_statements`: whether the caller left asyncpg's statement cache on (off,
+  ``statement_cache_size=0``, says prepared statements would not survive the way to the
+  server: a transaction-pooling proxy), which pgsolo's own prepared lock calls follow.
 - :func:`cancel_statement`: asyncpg's own cancel request, with a future that says when it
   was delivered (the public way, ``asyncio`` cancellation, may close the connection).
 """
@@ -29,6 +32,7 @@ from typing import Any
 
 __all__ = [
     "address",
+    "caches_statements",
     "cancel_statement",
     "client_socket",
     "connection_behind",
@@ -78,3 +82,7 @@ def cancel_statement(conn: Any, delivered: asyncio.Future[None]) -> None:
     """Ask the server to cancel the running statement; ``delivered`` is done once the
     request has been sent."""
     conn._cancel_current_command(delivered)
+
+
+def caches_statements(conn: Any) -> bool:
+    return int(conn._stmt_cache.get_max_size()) > 0

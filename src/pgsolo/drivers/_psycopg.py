@@ -18,11 +18,12 @@ connections, where pgsolo sends BEGIN itself in the same message as the lock.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import select
 import socket
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -31,10 +32,11 @@ from psycopg import pq
 from psycopg.adapt import Transformer
 from psycopg.conninfo import make_conninfo
 
+from .. import sql
 from .._logging import drivers_logger as logger
 from .._weakmap import IdentityWeakMap
 from ..errors import DatabaseUnavailableError
-from . import BeatFailed, News, ServerInfo, TxStatus
+from . import BeatFailed, News, ServerInfo, TxStatus, prepared
 from .conninfo import scrub_secrets
 from .deadlines import DEADLINES, shut_down_socket, socket_address
 
@@ -42,9 +44,12 @@ __all__ = [
     "Deadline",
     "PsycopgBase",
     "bound_answers",
+    "by_name",
     "exchange_beat",
+    "failure_of",
     "first_value",
     "message",
+    "preparable",
     "read_news",
     "row_value",
     "sends_directly",
@@ -358,6 +363,55 @@ def row_value(
     loading = Transformer(conn)
     loading.set_pgresult(result)
     return loading.load_row(0, tuple)[0]
+
+
+def preparable(
+    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], statements: Sequence[str]
+) -> sql.Prepared | None:
+    """The prepared form of a message of one lock call sent directly with no transaction
+    open (:mod:`pgsolo.drivers.prepared`); None to send the message as written. A caller
+    who set ``prepare_threshold=None`` (a transaction-pooling proxy in the way, which
+    psycopg's documentation prescribes it for) gets no prepared statement of pgsolo's."""
+    if len(statements) != 1 or type(call := statements[0]) is not sql.LockCall:
+        return None
+    if conn.prepare_threshold is None:
+        return None
+    if conn.pgconn.transaction_status != pq.TransactionStatus.IDLE:
+        return None
+    return call.prepared
+
+
+Sending = Generator[Callable[[], object], list[pq.abc.PGresult], list[pq.abc.PGresult]]
+
+
+def by_name(
+    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
+    form: sql.Prepared,
+    statements: Sequence[str],
+) -> Sending:
+    """The messages of a lock call that may be prepared (:func:`preparable`): yields what
+    sends each one, is sent its results, and returns the call's. Prepared once it ran as
+    many times as the connection's ``prepare_threshold``, as psycopg does its caller's."""
+    pgconn = conn.pgconn
+    threshold = conn.prepare_threshold
+    how = prepared.how(conn, form.name, threshold if threshold is not None else 0)
+    if how is prepared.How.PREPARE:
+        results = yield functools.partial(pgconn.send_prepare, form.name, form.template)
+        how = prepared.made(conn, form.name, failure_of(results))
+    if how is prepared.How.BY_NAME:
+        results = yield functools.partial(pgconn.send_query_prepared, form.name, form.params)
+        if not prepared.forget(conn, failure_of(results)):
+            return results
+    return (yield functools.partial(pgconn.send_query, message(statements)))
+
+
+def failure_of(results: Sequence[pq.abc.PGresult]) -> str | None:
+    """The SQLSTATE of the error among ``results``, None if there is none."""
+    for result in results:
+        if result.status == pq.ExecStatus.FATAL_ERROR:
+            state = result.error_field(pq.DiagnosticField.SQLSTATE)
+            return state.decode("ascii") if state else ""
+    return None
 
 
 def message(statements: Sequence[str]) -> bytes:

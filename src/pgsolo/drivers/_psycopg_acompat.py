@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -16,7 +17,17 @@ from psycopg import generators, pq
 
 from .._acompat import aundisturbed
 from .._logging import drivers_logger as logger
-from ._psycopg import finish_interrupted, first_value, message, sends_directly, start_deadline
+from ..sql import LockCall
+from ._psycopg import (
+    Sending,
+    by_name,
+    finish_interrupted,
+    first_value,
+    message,
+    preparable,
+    sends_directly,
+    start_deadline,
+)
 
 __all__ = ["around_trip", "round_trip"]
 
@@ -61,9 +72,24 @@ def _fetch(
 ) -> object:
     with conn.lock:
         if sends_directly(conn):
+            if type(statements[0]) is LockCall and (form := preparable(conn, statements)):
+                return first_value(conn, _sent(conn, by_name(conn, form, statements)))
             conn.pgconn.send_query(message(statements))
             return first_value(conn, conn.wait(generators.execute(conn.pgconn)))
     return by_cursor(statements)
+
+
+def _sent(conn: psycopg.Connection[Any], sending: Sending) -> list[pq.abc.PGresult]:
+    """What the last of the messages ``sending`` sends (:func:`by_name`) answered."""
+    send = next(sending)
+    while True:
+        send()
+        results = conn.wait(generators.execute(conn.pgconn))
+        try:
+            send = sending.send(results)
+        except StopIteration as done:
+            last: list[pq.abc.PGresult] = done.value
+            return last
 
 
 async def around_trip(
@@ -88,14 +114,11 @@ async def around_trip(
             value = await _shielded(conn, by_cursor, statements)
         else:
             async with conn.lock:  # free, so taken without a pause: nothing came between
-                conn.pgconn.send_query(message(statements))
-                try:
-                    await _arrival(conn.pgconn)
-                except asyncio.CancelledError:
-                    await _settle_direct(conn)
-                    raise
-                # All there: psycopg's generator reads it without a pause.
-                value = first_value(conn, await conn.wait(generators.execute(conn.pgconn)))
+                if type(statements[0]) is LockCall and (form := preparable(conn, statements)):
+                    value = first_value(conn, await _asent(conn, by_name(conn, form, statements)))
+                else:
+                    send = functools.partial(conn.pgconn.send_query, message(statements))
+                    value = first_value(conn, await _adirect(conn, send))
     except asyncio.CancelledError:
         if deadline is not None:
             deadline.end()
@@ -107,6 +130,33 @@ async def around_trip(
     if deadline is not None:
         deadline.end()
     return value
+
+
+async def _asent(conn: psycopg.AsyncConnection[Any], sending: Sending) -> list[pq.abc.PGresult]:
+    """:func:`_sent` for a task."""
+    send = next(sending)
+    while True:
+        results = await _adirect(conn, send)
+        try:
+            send = sending.send(results)
+        except StopIteration as done:
+            last: list[pq.abc.PGresult] = done.value
+            return last
+
+
+async def _adirect(
+    conn: psycopg.AsyncConnection[Any], send: Callable[[], object]
+) -> list[pq.abc.PGresult]:
+    """One message sent straight to libpq, under the connection's lock the caller holds,
+    and its results; a cancellation of the caller is settled first (:func:`_settle`)."""
+    send()
+    try:
+        await _arrival(conn.pgconn)
+    except asyncio.CancelledError:
+        await _settle_direct(conn)
+        raise
+    # All there: psycopg's generator reads it without a pause.
+    return await conn.wait(generators.execute(conn.pgconn))
 
 
 async def _arrival(pgconn: pq.abc.PGconn, within: float | None = None) -> bool:

@@ -1,11 +1,13 @@
 """Every SQL statement pgsolo sends, in one place.
 
 Statements are plain ASCII text with no bind parameters so that several of them can
-travel in one simple-query message (one round trip). That is safe because the only values
-spliced in are Python ints validated by :class:`~pgsolo.keys.Key`, millisecond counts that
-are ints by construction, period units from a fixed list, and text (job names, hosts,
-error messages) written as hex digits by :func:`~pgsolo.sql.text.sql_text`, which no
-session setting or client encoding can turn into a quote.
+travel in one simple-query message (one round trip); a lock call alone may also be
+prepared once per session, with the key as its parameters
+(:class:`~pgsolo.sql.locks.LockCall`). Splicing is safe because the only values spliced
+in are Python ints validated by :class:`~pgsolo.keys.Key`, millisecond counts that are
+ints by construction, period units from a fixed list, and text (job names, hosts, error
+messages) written as hex digits by :func:`~pgsolo.sql.text.sql_text`, which no session
+setting or client encoding can turn into a quote.
 
 What comes back is independent of the client encoding too. The lock statements answer
 with booleans and integers only. Every text or JSON answer (the proxy check's stamp, an

@@ -12,11 +12,13 @@ import enum
 __all__ = [
     "SQLSTATE_ATTEMPT_SUPERSEDED",
     "SQLSTATE_DEADLOCK",
+    "SQLSTATE_DUPLICATE_PREPARED",
     "SQLSTATE_INSUFFICIENT_PRIVILEGE",
     "SQLSTATE_INVALID_SCHEMA_NAME",
     "SQLSTATE_IN_RECOVERY",
     "SQLSTATE_LOCK_GONE",
     "SQLSTATE_LOCK_NOT_AVAILABLE",
+    "SQLSTATE_NO_PREPARED",
     "SQLSTATE_QUERY_CANCELED",
     "SQLSTATE_UNDEFINED_TABLE",
     "UNLOCK_ANSWERS",
@@ -37,6 +39,10 @@ SQLSTATE_LOCK_GONE = "PGSLG"  # raised by sql.locks.assert_same_transaction
 SQLSTATE_ATTEMPT_SUPERSEDED = "PGSLS"  # raised by sql.once.once_succeed
 SQLSTATE_SAVEPOINT_GONE = "3B001"  # no savepoint of that name in this transaction
 SQLSTATE_TRANSACTION_FAILED = "25P02"  # a statement sent into a failed transaction
+# A prepared statement of pgsolo's (sql.locks.Prepared) that the session does not have (the
+# caller's DEALLOCATE ALL or DISCARD ALL), or has already (a pooled session used before).
+SQLSTATE_NO_PREPARED = "26000"
+SQLSTATE_DUPLICATE_PREPARED = "42P05"
 # Raised by sql.locks.unlock_keeping_failure: the unlock's answer (released, not held,
 # not this session), carried out of a transaction that is failed again on purpose.
 UNLOCK_ANSWERS: dict[str, bool | None] = {"PGSU1": True, "PGSU0": False, "PGSUN": None}
