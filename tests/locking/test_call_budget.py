@@ -40,27 +40,29 @@ RECORD = Path(__file__).with_name("call_budget.json")
 
 # pgsolo's calls for one warm `with session_lock(conn, key):` / `with xact_lock(conn, key):`
 # around nothing, on a connection with no transaction open (the first lock on a
-# connection checks its route once, outside the budget), and one run_job.
+# connection checks its route once, outside the budget), and one run_job. A psycopg session
+# lock's budget includes the calls that choose and send its prepared statements
+# (drivers/prepared.py): 12 calls that save the server 30 µs per lock and unlock.
 BUDGETS: dict[str, int] = {
-    "psycopg/session": 96,
+    "psycopg/session": 108,
     "psycopg/xact": 97,
     "psycopg-implicit/session": 100,
     "psycopg2-autocommit/session": 96,
     "psycopg2-autocommit/xact": 93,
     "pg8000-autocommit/session": 123,
     "pg8000-autocommit/xact": 123,
-    "sqlalchemy-psycopg/session": 172,
+    "sqlalchemy-psycopg/session": 184,
     "sqlalchemy-psycopg/xact": 125,
-    "django/session": 128,
+    "django/session": 130,
     "django/xact": 115,
-    "psycopg-async/session": 110,
-    "psycopg-async/xact": 111,
+    "psycopg-async/session": 124,
+    "psycopg-async/xact": 113,
     "asyncpg/session": 110,
-    "asyncpg/xact": 110,
-    "sqlalchemy-async-psycopg/session": 196,
+    "asyncpg/xact": 112,
+    "sqlalchemy-async-psycopg/session": 210,
     "sqlalchemy-async-psycopg/xact": 131,
     "psycopg/run_job": 133,
-    "psycopg-async/run_job": 147,
+    "psycopg-async/run_job": 149,
 }
 
 _SYNC = {kind.name: kind for kind in SYNC_KINDS}
