@@ -1,5 +1,5 @@
-"""``python -m benchmarks.paired``: pgsolo ÷ the recipe by hand on psycopg 3, sync, over
-a local socket, measured tightly enough to see a change of 5%.
+"""``python -m benchmarks.paired``: pgsolo ÷ the recipe by hand (psycopg 3 sync, psycopg 3
+async, asyncpg), over a local socket, measured tightly enough to see a change of 5%.
 
 The suite's direct-socket rows time about 25 contenders in turn, so the two sides of one
 ratio run seconds apart, and on a small virtual machine their rounds spread from 0.7x to
@@ -15,16 +15,21 @@ other (a git worktree of the old source, ``PYTHONPATH=that/src``)."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import statistics
 import sys
 import time
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
 
 import psycopg
 
 from benchmarks.bench_locks import (
+    AsyncpgRecipeSession,
+    AsyncpgRecipeXact,
+    AsyncPsycopgRecipeSession,
+    AsyncPsycopgRecipeXact,
     PgsoloSession,
     PgsoloXact,
     PsycopgRecipeSession,
@@ -32,6 +37,7 @@ from benchmarks.bench_locks import (
     Target,
     server,
 )
+from benchmarks.frameworks import APgsoloOn, asyncpg_connection
 from benchmarks.suite import DSN_ENV
 
 
@@ -49,10 +55,37 @@ PAIRS: dict[str, tuple[Callable[[], _SyncContender], Callable[[], _SyncContender
 }
 
 
-def _pin(contenders: tuple[_SyncContender, ...], cores: list[int]) -> None:
+class _AsyncContender(Protocol):
+    conn: Any
+
+    async def open(self, target: Target) -> None: ...
+    async def op(self) -> None: ...
+    async def close(self) -> None: ...
+
+
+async def _psycopg_async(target: Target) -> tuple[Any, Any]:
+    conn = await psycopg.AsyncConnection.connect(target.conninfo(), autocommit=True)
+    return conn, conn.close
+
+
+ASYNC_PAIRS: dict[str, tuple[Callable[[], _AsyncContender], Callable[[], _AsyncContender]]] = {
+    "async-session": (AsyncPsycopgRecipeSession, lambda: APgsoloOn("session", _psycopg_async)),
+    "async-xact": (AsyncPsycopgRecipeXact, lambda: APgsoloOn("xact", _psycopg_async)),
+    "asyncpg-session": (AsyncpgRecipeSession, lambda: APgsoloOn("session", asyncpg_connection)),
+    "asyncpg-xact": (AsyncpgRecipeXact, lambda: APgsoloOn("xact", asyncpg_connection)),
+}
+
+
+def _backend_pid(conn: Any) -> int:
+    if isinstance(conn, psycopg.Connection | psycopg.AsyncConnection):
+        return conn.info.backend_pid
+    return int(conn.get_server_pid())  # asyncpg
+
+
+def _pin(contenders: tuple[Any, ...], cores: list[int]) -> None:
     os.sched_setaffinity(0, {cores[0]})
     for c in contenders:
-        os.sched_setaffinity(c.conn.info.backend_pid, set(cores[1:]))
+        os.sched_setaffinity(_backend_pid(c.conn), set(cores[1:]))
 
 
 def _block(op: Callable[[], None], ops: int) -> float:
@@ -62,32 +95,73 @@ def _block(op: Callable[[], None], ops: int) -> float:
     return (time.perf_counter() - start) / ops * 1e6
 
 
+async def _ablock(op: Callable[[], Awaitable[None]], ops: int) -> float:
+    start = time.perf_counter()
+    for _ in range(ops):
+        await op()
+    return (time.perf_counter() - start) / ops * 1e6
+
+
+class _Side:
+    """One side of a pair, timed a block at a time from plain code: an async contender's
+    block runs on the pair's own event loop (one run_until_complete per block, not per
+    operation)."""
+
+    def __init__(self, contender: Any, loop: asyncio.AbstractEventLoop | None) -> None:
+        self.contender = contender
+        self.loop = loop
+
+    def _run(self, result: Any) -> Any:
+        return self.loop.run_until_complete(result) if self.loop is not None else result
+
+    def open(self, target: Target) -> None:
+        self._run(self.contender.open(target))
+
+    def block(self, ops: int) -> float:
+        if self.loop is None:
+            return _block(self.contender.op, ops)
+        return float(self.loop.run_until_complete(_ablock(self.contender.op, ops)))
+
+    def close(self) -> None:
+        self._run(self.contender.close())
+
+
 def measure(target: Target, pair: str, blocks: int, ops: int, *, pin: list[int] | None) -> str:
     """One pair's ratio; ``pin``: the cores to keep this process (the first) and the
     server's backends (the rest) on."""
-    recipe, pgsolo = (make() for make in PAIRS[pair])
-    for c in (recipe, pgsolo):
-        c.open(target)
+    loop = asyncio.new_event_loop() if pair in ASYNC_PAIRS else None
+    makers = ASYNC_PAIRS[pair] if pair in ASYNC_PAIRS else PAIRS[pair]
+    recipe, pgsolo = (_Side(make(), loop) for make in makers)
     try:
+        for side in (recipe, pgsolo):
+            side.open(target)
         if pin is not None:
-            _pin((recipe, pgsolo), pin)
-        for c in (recipe, pgsolo):  # warm up, past psycopg's prepare threshold (5)
-            _block(c.op, 300)
+            _pin((recipe.contender, pgsolo.contender), pin)
+        for side in (recipe, pgsolo):  # warm up, past the drivers' prepare thresholds (5)
+            side.block(300)
         times: dict[str, list[float]] = {"recipe": [], "pgsolo": []}
         for n in range(blocks):
             order = (("recipe", recipe), ("pgsolo", pgsolo))
-            for name, c in order if n % 2 else order[::-1]:
-                times[name].append(_block(c.op, ops))
+            for name, side in order if n % 2 else order[::-1]:
+                times[name].append(side.block(ops))
     finally:
-        for c in (recipe, pgsolo):
-            c.close()
+        for side in (recipe, pgsolo):
+            side.close()
+        if loop is not None:
+            loop.close()
+    return _report(pair, times, blocks, ops, pinned=pin is not None)
+
+
+def _report(
+    pair: str, times: dict[str, list[float]], blocks: int, ops: int, *, pinned: bool
+) -> str:
     ratios = [p / r for p, r in zip(times["pgsolo"], times["recipe"], strict=True)]
     q1, median, q3 = statistics.quantiles(ratios, n=4)
     return (
         f"{pair}: pgsolo ÷ recipe {median:.3f} (quartiles {q1:.3f}-{q3:.3f});"
         f" {statistics.median(times['pgsolo']):.1f} µs vs"
         f" {statistics.median(times['recipe']):.1f} µs per op;"
-        f" {blocks} blocks of {ops} ops each{', pinned' if pin is not None else ''}"
+        f" {blocks} blocks of {ops} ops each{', pinned' if pinned else ''}"
     )
 
 
@@ -96,7 +170,9 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m benchmarks.paired",
         description=__doc__.split("\n\n")[0] if __doc__ else None,
     )
-    parser.add_argument("pairs", nargs="*", metavar="session|xact", help="default: both")
+    parser.add_argument(
+        "pairs", nargs="*", metavar="PAIR", help=f"{', '.join(PAIRS | ASYNC_PAIRS)} (default: all)"
+    )
     parser.add_argument(
         "--dsn",
         default=os.environ.get(DSN_ENV),
@@ -108,14 +184,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.blocks < 4 or args.ops < 1:
         parser.error("--blocks must be at least 4 and --ops at least 1")
-    if unknown := set(args.pairs) - set(PAIRS):
-        parser.error(f"unknown pair {sorted(unknown)[0]!r}: session or xact")
+    if unknown := set(args.pairs) - set(PAIRS) - set(ASYNC_PAIRS):
+        parser.error(
+            f"unknown pair {sorted(unknown)[0]!r}: one of {', '.join(PAIRS | ASYNC_PAIRS)}"
+        )
     cores = sorted(os.sched_getaffinity(0))
     if args.pin and len(cores) < 2:
         parser.error("--pin needs at least 2 cores")
     with server(args.dsn) as (target, server_kind):
         print(f"server: {server_kind}", file=sys.stderr)
-        for pair in args.pairs or PAIRS:
+        for pair in args.pairs or [*PAIRS, *ASYNC_PAIRS]:
             pin = cores if args.pin else None
             print(measure(target, pair, args.blocks, args.ops, pin=pin), flush=True)
     return 0
