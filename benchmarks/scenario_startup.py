@@ -4,7 +4,9 @@ runs), against
 what any user of psycopg pays anyway (``python -c 'import psycopg'``) and against a
 bare interpreter (``python -c pass``); and, in seconds against the performance issue's
 goals, ``pgsolo run --help`` and a whole ``pgsolo run --key K -- true`` on the suite's
-server (what cron pays per run). Runs are interleaved, warm (bytecode cached)."""
+server (what cron pays per run). Runs are interleaved, warm: bytecode cached, as an
+installed package has it (:func:`benchmarks.commands.command_env`), and files in the page
+cache."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import statistics
 import subprocess
 import sys
 
-from benchmarks.commands import COMMAND_TIMEOUT_S, pgsolo_command, timed
+from benchmarks.commands import COMMAND_TIMEOUT_S, command_env, pgsolo_command, timed
 from benchmarks.registry import Context, Goal, Ratio, Row, scenario
 
 COMMANDS = {
@@ -34,6 +36,7 @@ def _heaviest_imports(count: int = 4) -> list[tuple[str, float]]:
     """pgsolo's own modules with the largest cumulative import time (``-X importtime``)."""
     proc = subprocess.run(
         [sys.executable, "-X", "importtime", "-c", "import pgsolo"],
+        env=command_env(),
         capture_output=True,
         text=True,
         timeout=COMMAND_TIMEOUT_S,
