@@ -210,6 +210,34 @@ def test_ctrl_c_in_djangos_health_check_as_pgsolos_atomic_begins_leaves_django_a
         assert cur.fetchone() == (1,)
 
 
+@pytest.mark.parametrize("lifetime", ["xact", "session"])
+def test_ctrl_c_as_django_connects_for_pgsolo_leaves_no_half_made_connection(
+    conn: Any, observer: Any, key: Key, monkeypatch: pytest.MonkeyPatch, lifetime: str
+) -> None:
+    """Regression (the chaos smoke, once in 450 attempts: the next request's connection had
+    lost the time zone Django sets): Django's ``connect()`` keeps its new DBAPI connection
+    before it configures the session (time zone, role, autocommit). A Ctrl-C between the
+    two, in a connect that pgsolo's call caused, left a connection that Django takes for
+    ready. Now pgsolo closes what it so opened: the caller handed a closed connection and
+    gets one back, and Django connects afresh, configured, at its next statement."""
+    conn.close()
+
+    def interrupted_configuration() -> None:
+        raise KeyboardInterrupt  # a Ctrl-C as the session is about to be configured
+
+    monkeypatch.setattr(conn, "init_connection_state", interrupted_configuration)
+    lock = xact_lock(conn, key) if lifetime == "xact" else session_lock(conn, key)
+    with pytest.raises(KeyboardInterrupt), lock:
+        pytest.fail("the block ran although the connection never opened")
+    monkeypatch.undo()
+    assert conn.connection is None  # nothing half made
+    assert observer.holders(key) == set()
+    with conn.cursor() as cur:  # Django connects afresh, with the session it configures
+        cur.execute("SELECT current_setting('TimeZone')")
+        assert cur.fetchone() == (conn.timezone_name,)
+    assert_django_clean(conn)
+
+
 def test_own_transaction_is_left_once_when_the_connection_dies(
     conn: Any, observer: Any, key: Key
 ) -> None:

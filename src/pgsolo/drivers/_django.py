@@ -94,8 +94,8 @@ class DjangoDriver:
     def _driver(self, *, connect: bool = True) -> SyncDriver:
         """The adapter of the DBAPI connection under Django's, connecting first when
         ``connect``; otherwise the last one (which reports a closed connection)."""
-        if connect:
-            self._wrapper.ensure_connection()
+        if connect and self._wrapper.connection is None:
+            self._connect()
         dbapi = self._wrapper.connection
         if dbapi is not None and dbapi is not self._dbapi:
             self._dbapi, self._inner = dbapi, adapt_sync(dbapi)
@@ -105,6 +105,25 @@ class DjangoDriver:
 
     def _connected(self) -> bool:
         return self._wrapper.connection is not None
+
+    def _connect(self) -> None:
+        """Django's connect, undone if cut short. ``connect()`` keeps the new DBAPI
+        connection before it configures the session (time zone, role, autocommit): a Ctrl-C
+        between the two would leave a connection Django takes for ready. The caller handed
+        a closed one, so it gets a closed one back, and Django connects afresh at its next
+        statement."""
+        wrapper = self._wrapper
+        try:
+            wrapper.ensure_connection()
+        except BaseException:
+            self._close_half_made()
+            raise
+
+    def _close_half_made(self) -> None:
+        """Close the connection a connect of pgsolo's opened and did not finish making."""
+        if self._wrapper.connection is not None:
+            with contextlib.suppress(Exception):
+                self._wrapper.close()
 
     @property
     def begins_implicitly(self) -> bool:
@@ -185,6 +204,8 @@ class DjangoDriver:
         if edge is None:
             return self._send(statements, wait)
         if edge == "begin":
+            if self._wrapper.connection is None:  # here, not in Django's atomic
+                self._connect()
             atomic = transaction.atomic(using=self._wrapper.alias, durable=True)
             try:
                 atomic.__enter__()
