@@ -17,12 +17,14 @@ again with ``PGSOLO_RECORD_CALLS=1`` once a change is accepted.
 
 from __future__ import annotations
 
+import _weakrefset
 import collections
 import json
 import logging
 import os
 import sys
 import sysconfig
+import weakref
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import FrameType
@@ -93,7 +95,7 @@ class _Counting:
                 owner = type(frame.f_locals.get("self")).__qualname__
                 name = f"{frame.f_globals['__name__']}:{owner}.{frame.f_code.co_name}"
                 self.frames[frame] = f"{name} (generated)"
-            elif _in_stdlib(path) and _called_by_pgsolo(frame):
+            elif _in_stdlib(path) and _called_by_pgsolo(frame) and not _weak_callback(frame):
                 # The standard library's Python that pgsolo calls itself (a weak dictionary's
                 # lookup, a logger's level check): moving work into or out of it is no gain.
                 name = f"{frame.f_globals.get('__name__')}:{frame.f_code.co_qualname}"
@@ -104,12 +106,20 @@ class _Counting:
 
 
 STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
-# Runs when an object dies, wherever that happens to be: on no lock's path.
+# Run when an object dies, wherever that happens to be: on no lock's path. pgsolo's own
+# book's callback, and the standard library's weak collections' (a WeakSet's entry went
+# while pgsolo's code ran: once, after the Django tests, in the same process).
 _OFF_THE_PATH = {drop_entry.__code__}
+_WEAK_COLLECTIONS = {weakref.__file__, _weakrefset.__file__}
 
 
 def _in_stdlib(path: str) -> bool:
     return path.startswith(STDLIB) and "-packages" + os.sep not in path
+
+
+def _weak_callback(frame: FrameType) -> bool:
+    code = frame.f_code
+    return code.co_filename in _WEAK_COLLECTIONS and code.co_name in ("_remove", "remove")
 
 
 def _called_by_pgsolo(frame: FrameType) -> bool:
