@@ -95,7 +95,7 @@ class _Counting:
                 owner = type(frame.f_locals.get("self")).__qualname__
                 name = f"{frame.f_globals['__name__']}:{owner}.{frame.f_code.co_name}"
                 self.frames[frame] = f"{name} (generated)"
-            elif _in_stdlib(path) and _called_by_pgsolo(frame) and not _weak_callback(frame):
+            elif _in_stdlib(path) and _called_by_pgsolo(frame) and not _on_death(frame):
                 # The standard library's Python that pgsolo calls itself (a weak dictionary's
                 # lookup, a logger's level check): moving work into or out of it is no gain.
                 name = f"{frame.f_globals.get('__name__')}:{frame.f_code.co_qualname}"
@@ -107,8 +107,9 @@ class _Counting:
 
 STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
 # Run when an object dies, wherever that happens to be: on no lock's path. pgsolo's own
-# book's callback, and the standard library's weak collections' (a WeakSet's entry went
-# while pgsolo's code ran: once, after the Django tests, in the same process).
+# book's callback, the standard library's weak collections' (a WeakSet's entry went while
+# pgsolo's code ran, once, after the Django tests in the same process) and finalizers (an
+# asyncio transport of an earlier test's, once in CI).
 _OFF_THE_PATH = {drop_entry.__code__}
 _WEAK_COLLECTIONS = {weakref.__file__, _weakrefset.__file__}
 
@@ -117,8 +118,10 @@ def _in_stdlib(path: str) -> bool:
     return path.startswith(STDLIB) and "-packages" + os.sep not in path
 
 
-def _weak_callback(frame: FrameType) -> bool:
+def _on_death(frame: FrameType) -> bool:
     code = frame.f_code
+    if code.co_name == "__del__":
+        return True
     return code.co_filename in _WEAK_COLLECTIONS and code.co_name in ("_remove", "remove")
 
 

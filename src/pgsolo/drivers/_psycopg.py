@@ -399,7 +399,9 @@ def by_name(
         results = yield functools.partial(pgconn.send_prepare, form.name, form.template)
         how = prepared.made(conn, form.name, failure_of(results))
     if how is prepared.How.BY_NAME:
-        results = yield functools.partial(pgconn.send_query_prepared, form.name, form.params)
+        # A list: psycopg 3.2 (its binary implementation) takes no other sequence here.
+        params = list(form.params)
+        results = yield functools.partial(pgconn.send_query_prepared, form.name, params)
         if not prepared.forget(conn, failure_of(results)):
             return results
     return (yield functools.partial(pgconn.send_query, message(statements)))
