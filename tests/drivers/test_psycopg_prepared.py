@@ -18,6 +18,8 @@ import pgsolo
 from _support import Connect
 from pgsolo import Key, sql
 
+# Asked unprepared: psycopg before 3.3 prepares the caller's statements and does not see a
+# DEALLOCATE ALL drop them.
 PGSOLOS = "SELECT statement FROM pg_prepared_statements WHERE name LIKE 'pgsolo%' ORDER BY 1"
 PREPARED_PAIR = [
     ("SELECT pg_advisory_unlock($1::integer, $2::integer)",),
@@ -44,10 +46,10 @@ def test_a_session_locks_calls_are_prepared_after_the_connections_threshold(
     conn.prepare_threshold = threshold
     for _ in range(threshold):
         _lock_and_release(conn, other, observer, key)
-    assert conn.execute(PGSOLOS).fetchall() == []  # as written so far
+    assert conn.execute(PGSOLOS, prepare=False).fetchall() == []  # as written so far
     for _ in range(3):
         _lock_and_release(conn, other, observer, key)
-        assert conn.execute(PGSOLOS).fetchall() == PREPARED_PAIR
+        assert conn.execute(PGSOLOS, prepare=False).fetchall() == PREPARED_PAIR
 
 
 def test_no_statement_is_prepared_where_the_caller_wants_none_or_in_a_transaction(
@@ -61,8 +63,8 @@ def test_no_statement_is_prepared_where_the_caller_wants_none_or_in_a_transactio
         _lock_and_release(unprepared, other, observer, key)
         with in_transaction.transaction():
             _lock_and_release(in_transaction, other, observer, key)
-    assert unprepared.execute(PGSOLOS).fetchall() == []
-    assert in_transaction.execute(PGSOLOS).fetchall() == []
+    assert unprepared.execute(PGSOLOS, prepare=False).fetchall() == []
+    assert in_transaction.execute(PGSOLOS, prepare=False).fetchall() == []
 
 
 @pytest.mark.parametrize("drop", ["DEALLOCATE ALL", "DISCARD ALL"])
@@ -81,7 +83,7 @@ def test_a_caller_dropping_every_statement_loses_no_lock_and_no_release(
     assert observer.holders(key) == set()
     for _ in range(2):  # prepared again
         _lock_and_release(conn, other, observer, key)
-    assert conn.execute(PGSOLOS).fetchall() == PREPARED_PAIR
+    assert conn.execute(PGSOLOS, prepare=False).fetchall() == PREPARED_PAIR
 
 
 def test_a_session_that_has_pgsolos_statement_already_runs_it(
@@ -95,9 +97,11 @@ def test_a_session_that_has_pgsolos_statement_already_runs_it(
     conn.pgconn.prepare(form.name, form.template)  # left by a connection object before
     _lock_and_release(conn, other, observer, key)
     _lock_and_release(conn, other, observer, key)
-    assert conn.execute(PGSOLOS).fetchall() == PREPARED_PAIR
+    assert conn.execute(PGSOLOS, prepare=False).fetchall() == PREPARED_PAIR
     runs = "SELECT generic_plans + custom_plans FROM pg_prepared_statements WHERE name = %s"
-    assert conn.execute(runs, [form.name.decode()]).fetchone() == (2,)  # taken as it was
+    assert conn.execute(runs, [form.name.decode()], prepare=False).fetchone() == (
+        2,
+    )  # taken as it was
 
 
 async def test_an_async_session_locks_calls_are_prepared_and_survive_a_discard(
@@ -120,4 +124,4 @@ async def test_an_async_session_locks_calls_are_prepared_and_survive_a_discard(
             assert observer.holders(key) == set()
         async with pgsolo.session_lock(conn, key) as lock:
             assert lock.acquired
-        assert await (await conn.execute(PGSOLOS)).fetchall() == PREPARED_PAIR
+        assert await (await conn.execute(PGSOLOS, prepare=False)).fetchall() == PREPARED_PAIR
