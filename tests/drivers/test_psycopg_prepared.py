@@ -18,8 +18,8 @@ import pgsolo
 from _support import Connect
 from pgsolo import Key, sql
 
-# Asked unprepared: psycopg before 3.3 prepares the caller's statements and does not see a
-# DEALLOCATE ALL drop them.
+# The test's own statements go unprepared: psycopg 3.2 prepares them (prepare_threshold=0)
+# and does not see a DEALLOCATE ALL drop them.
 PGSOLOS = "SELECT statement FROM pg_prepared_statements WHERE name LIKE 'pgsolo%' ORDER BY 1"
 PREPARED_PAIR = [
     ("SELECT pg_advisory_unlock($1::integer, $2::integer)",),
@@ -74,11 +74,11 @@ def test_a_caller_dropping_every_statement_loses_no_lock_and_no_release(
     conn, other = connect(), connect()
     conn.prepare_threshold = 0
     _lock_and_release(conn, other, observer, key)
-    conn.execute(drop)
+    conn.execute(drop, prepare=False)
     lock = pgsolo.session_lock(conn, key)
     assert lock.acquire()  # prepared by pgsolo, dropped by the caller: sent as written
     assert observer.holders(key) == {conn.info.backend_pid}
-    conn.execute("DEALLOCATE ALL")  # DISCARD ALL would release the lock itself
+    conn.execute("DEALLOCATE ALL", prepare=False)  # DISCARD ALL would release the lock
     lock.release()  # the unlock's statement is gone
     assert observer.holders(key) == set()
     for _ in range(2):  # prepared again
@@ -113,14 +113,14 @@ async def test_an_async_session_locks_calls_are_prepared_and_survive_a_discard(
     ):
         for drop in ("", "DISCARD ALL", "DEALLOCATE ALL"):
             if drop:
-                await conn.execute(drop)
+                await conn.execute(drop, prepare=False)
             async with pgsolo.session_lock(conn, key) as lock:
                 assert lock.acquired
                 assert observer.holders(key) == {conn.info.backend_pid}
                 async with pgsolo.session_lock(other, key) as busy:
                     assert not busy.acquired
                 if drop:
-                    await conn.execute("DEALLOCATE ALL")  # the unlock's statement goes
+                    await conn.execute("DEALLOCATE ALL", prepare=False)  # the unlock's goes
             assert observer.holders(key) == set()
         async with pgsolo.session_lock(conn, key) as lock:
             assert lock.acquired
