@@ -366,14 +366,12 @@ def row_value(
 
 
 def preparable(
-    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], statements: Sequence[str]
+    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], call: sql.LockCall
 ) -> sql.Prepared | None:
-    """The prepared form of a message of one lock call sent directly with no transaction
-    open (:mod:`pgsolo.drivers.prepared`); None to send the message as written. A caller
+    """The prepared form of ``call``, a message's one statement, sent directly with no
+    transaction open (:mod:`pgsolo.drivers.prepared`); None to send it as written. A caller
     who set ``prepare_threshold=None`` (a transaction-pooling proxy in the way, which
     psycopg's documentation prescribes it for) gets no prepared statement of pgsolo's."""
-    if len(statements) != 1 or type(call := statements[0]) is not sql.LockCall:
-        return None
     if conn.prepare_threshold is None:
         return None
     if conn.pgconn.transaction_status != pq.TransactionStatus.IDLE:
@@ -393,8 +391,7 @@ def by_name(
     sends each one, is sent its results, and returns the call's. Prepared once it ran as
     many times as the connection's ``prepare_threshold``, as psycopg does its caller's."""
     pgconn = conn.pgconn
-    threshold = conn.prepare_threshold
-    how = prepared.how(conn, form.name, threshold if threshold is not None else 0)
+    how = prepared.how(conn, form.name, conn.prepare_threshold or 0)  # None: not preparable
     if how is prepared.How.PREPARE:
         results = yield functools.partial(pgconn.send_prepare, form.name, form.template)
         how = prepared.made(conn, form.name, failure_of(results))

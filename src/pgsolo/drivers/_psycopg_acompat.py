@@ -72,7 +72,11 @@ def _fetch(
 ) -> object:
     with conn.lock:
         if sends_directly(conn):
-            if type(statements[0]) is LockCall and (form := preparable(conn, statements)):
+            if (
+                len(statements) == 1
+                and type(call := statements[0]) is LockCall
+                and (form := preparable(conn, call))
+            ):
                 return first_value(conn, _sent(conn, by_name(conn, form, statements)))
             conn.pgconn.send_query(message(statements))
             return first_value(conn, conn.wait(generators.execute(conn.pgconn)))
@@ -114,7 +118,11 @@ async def around_trip(
             value = await _shielded(conn, by_cursor, statements)
         else:
             async with conn.lock:  # free, so taken without a pause: nothing came between
-                if type(statements[0]) is LockCall and (form := preparable(conn, statements)):
+                if (
+                    len(statements) == 1
+                    and type(call := statements[0]) is LockCall
+                    and (form := preparable(conn, call))
+                ):
                     value = first_value(conn, await _asent(conn, by_name(conn, form, statements)))
                 else:
                     send = functools.partial(conn.pgconn.send_query, message(statements))
