@@ -63,10 +63,13 @@ def test_run_help_loads_no_driver() -> None:
 def test_a_run_that_publishes_no_metrics_loads_no_prometheus_client(db: str) -> None:
     """Guards what a `pgsolo run` loads: one without --metrics-textfile or --pushgateway
     counts nothing (nobody would read the counts), so its first lock does not import
-    prometheus_client (how long the run takes is benchmark item 7's)."""
+    prometheus_client; and one that is not skipped as busy never reads who holds the key,
+    so it does not import pgsolo.monitor either (how long the run takes is benchmark item
+    7's)."""
     modules = _imported_by("run", "--dsn", db, "--key", "pgsolo-test:startup", "--", "true")
     assert "pgsolo.cli.run.attempt" in modules  # the listing is real: it ran
     assert not {m for m in modules if m.partition(".")[0] == "prometheus_client"}
+    assert not {m for m in modules if m.startswith("pgsolo.monitor")}, sorted(modules)
 
 
 def test_the_help_line_of_each_command_is_its_modules_own() -> None:

@@ -97,7 +97,6 @@ from ...jobs.definition import Job, JobResult, job_result
 from ...jobs.plan import attempt_plan, core_for
 from ...jobs.report import report
 from ...locking import Keep, LockCore, drive
-from ...monitor import lock_holders
 from ...reasons import Reason
 from ..common import CliError
 from ..exit_codes import EXIT_FAILED, EXIT_UNAVAILABLE, EXIT_UNSAFE, EXIT_USAGE
@@ -284,6 +283,9 @@ class _Attempt:
         """The skip's line, with who holds the key. Best effort: the skip is decided, and
         a failure to read who holds it (a role that cannot see the session, a database
         gone meanwhile) only shortens the line, never changes the outcome or exit code."""
+        # Imported here: only a busy skip reads the holders, and every run pays for an import.
+        from ...monitor import lock_holders  # noqa: PLC0415
+
         try:
             holders = lock_holders(conn, self.job.key)
         except Exception as exc:

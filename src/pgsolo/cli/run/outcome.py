@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..._logging import cli_logger as logger
 from ...errors import (
@@ -23,12 +23,14 @@ from ...errors import (
 )
 from ...jobs.definition import Job, JobResult, replace_result
 from ...jobs.plan import unresponsive
-from ...monitor import AdvisoryLock, format_seconds
 from ...schema import LATEST_VERSION
 from ..exit_codes import EXIT_FAILED, EXIT_LOST, EXIT_OK, EXIT_SKIPPED, EXIT_UNSAFE
 from .child import EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND
 from .signals import signal_name
 from .watch import Command, Ran
+
+if TYPE_CHECKING:
+    from ...monitor import AdvisoryLock
 
 __all__ = ["SkipCodes", "Verdict", "busy", "not_migrated", "not_started", "unavailable", "verdict"]
 
@@ -161,6 +163,8 @@ def busy(job: Job, holders: list[AdvisoryLock] | None) -> str:
 
 
 def _holder(lock: AdvisoryLock) -> str:
+    from ...monitor import format_seconds  # noqa: PLC0415 - with the holders, on a busy skip
+
     if lock.pid is None:
         return "a prepared transaction"
     facts = [
