@@ -228,6 +228,10 @@ def as_key(key: KeyLike, *, namespace: int | None = None, registry: Registry | N
         return from_name(key, namespace=namespace)
     if namespace is not None:
         raise InvalidKeyError("namespace= applies to names only; a numeric key is used as given")
+    if type(key) is tuple and len(key) == 2 and type(key[0]) is int and type(key[1]) is int:
+        return _numeric(key)
+    if type(key) is int:
+        return _numeric(key)
     if isinstance(key, tuple):
         if len(key) != 2:
             raise InvalidKeyError(f"a pair key has exactly two parts, got {key!r}")
@@ -235,6 +239,14 @@ def as_key(key: KeyLike, *, namespace: int | None = None, registry: Registry | N
     if isinstance(key, bool) or not isinstance(key, int):
         raise InvalidKeyError(_not_a_key(key))
     return Key(key)
+
+
+# The same few numeric keys come back as often as names do, and validating one costs a lock
+# more than looking it up. Only exact ints reach this cache (True == 1 would find 1's Key),
+# and a key out of range raises and is not kept.
+@functools.lru_cache(maxsize=512)
+def _numeric(value: int | tuple[int, int]) -> Key:
+    return Key(value)
 
 
 def _not_a_key(value: object) -> str:

@@ -139,6 +139,29 @@ def test_pair_halves_must_be_real_ints(bad: tuple[object, object]) -> None:
         Key(bad)  # type: ignore[arg-type]
 
 
+def test_a_numeric_key_used_again_is_the_same_key_and_a_refusal_stays_a_refusal() -> None:
+    """Guards the cache of numeric keys (a program locks the same few over and over): the
+    same int or pair gives the same key, and nothing cached lets through what equals a
+    cached key without being one (True == 1, 1.0 == 1, an int subclass), nor a key out of
+    range that was once asked for."""
+    assert as_key((7, 8)) is as_key((7, 8))
+    assert as_key(7) is as_key(7)
+    for bad in ((True, 8), (7.0, 8), (7, False), True, 7.0, (7, 8, 9), [7, 8]):
+        with pytest.raises(InvalidKeyError):
+            as_key(bad)  # type: ignore[arg-type]
+
+    class Tenant(int):
+        pass
+
+    assert as_key(Tenant(7)) == as_key(7)  # an int subclass is still an int key...
+    assert type(as_key(Tenant(7)).value) is Tenant  # ...validated as given, not looked up
+    for _ in range(2):
+        with pytest.raises(InvalidKeyError):
+            as_key((7, INT32_MAX + 1))
+        with pytest.raises(InvalidKeyError):
+            as_key(INT64_MAX + 1)
+
+
 def test_empty_name_is_rejected() -> None:
     with pytest.raises(InvalidKeyError, match="empty"):
         as_key("")

@@ -399,7 +399,8 @@ def by_name(
         # A list: psycopg 3.2 (its binary implementation) takes no other sequence here.
         params = list(form.params)
         results = yield functools.partial(pgconn.send_query_prepared, form.name, params)
-        if not prepared.forget(conn, failure_of(results)):
+        failure = failure_of(results)
+        if failure is None or not prepared.forget(conn, failure):
             return results
     return (yield functools.partial(pgconn.send_query, message(statements)))
 
