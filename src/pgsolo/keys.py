@@ -228,9 +228,9 @@ def as_key(key: KeyLike, *, namespace: int | None = None, registry: Registry | N
         return from_name(key, namespace=namespace)
     if namespace is not None:
         raise InvalidKeyError("namespace= applies to names only; a numeric key is used as given")
-    if type(key) is tuple and len(key) == 2 and type(key[0]) is int and type(key[1]) is int:
-        return _numeric(key)
-    if type(key) is int:
+    if type(key) is int or (
+        type(key) is tuple and len(key) == 2 and type(key[0]) is int and type(key[1]) is int
+    ):
         return _numeric(key)
     if isinstance(key, tuple):
         if len(key) != 2:
