@@ -74,11 +74,16 @@ class LockCore(ABC):
         """Whether letting go has anything to give back (the lock, or pgsolo's own
         transaction)."""
 
-    def acquire(self, *, context: bool) -> Plan[bool]:
+    def begin(self) -> None:
+        """An acquisition begins, before anything is sent (refused on a lock this object
+        holds already)."""
         if self.acquired:
             raise UsageError(f"lock {self.spec.key} is already acquired by this Lock object")
         self.token = None
         self.events.begin()
+
+    def acquire(self, *, context: bool) -> Plan[bool]:
+        self.begin()
         return (yield from self._acquire(context=context))
 
     @abstractmethod

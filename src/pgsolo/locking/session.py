@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import NoReturn
 
 from .. import sql
 from .._logging import locks_logger as logger
@@ -26,6 +27,8 @@ from .spec import LockSpec
 
 __all__ = ["SessionLockCore"]
 
+_GRANTED_LATE: dict[str, object] = {"note": "granted as it timed out"}
+
 
 class SessionLockCore(LockCore):
     """A session lock: held until released, or until its session ends."""
@@ -37,6 +40,10 @@ class SessionLockCore(LockCore):
         # block (pgsolo.sql.hold_savepoint), while pgsolo acquires or releases it (the
         # books keep it in between, for whichever Lock lets go of the key last).
         self.hold: str | None = None
+        # A quick acquisition (quick_acquisition) sent its statement and has not taken
+        # the answer yet: whatever cuts it short asks the server (let_go).
+        self.quick_claim = False
+        self.started = 0.0  # when the quick acquisition or release began
 
     @property
     def server_pid(self) -> int | None:
@@ -95,11 +102,15 @@ class SessionLockCore(LockCore):
             self._usable_status(status)  # raises: the connection is running a statement
         return status, pid, claim, route
 
-    def _acquire(self, *, context: bool) -> Plan[bool]:
+    def _acquire(
+        self,
+        *,
+        context: bool,
+        claimed: tuple[TxStatus, int, holdings.Claim, Route | None] | None = None,
+    ) -> Plan[bool]:
         conn, events = self.driver.connection, self.events
-        confirmed = False
         try:  # from the claim on, it is withdrawn unless the lock is confirmed held
-            status, pid, claim, route = self._claim()
+            status, pid, claim, route = self._claim() if claimed is None else claimed
             if claim == "reentered":
                 self.acquired, self.backend_pid = True, pid
                 events.log(logging.DEBUG, "reentered")
@@ -121,17 +132,13 @@ class SessionLockCore(LockCore):
             # caller holds the lock object: whatever interrupts reading the answer or
             # logging it lets the lock go (the server says whether it is held) first.
             try:
-                if self.spec.wait_ms is None and value is not True and not is_token(value):
+                if self._busy(value):
                     yield from self._drop_hold()
                     events.log(logging.DEBUG, "busy", started)
                     return False
-                self.token = int(str(value)) if is_token(value) else None
-                holdings.confirm(conn, self.spec.key, self.hold)
-                self.acquired, self.backend_pid, confirmed = True, pid, True
-                self.lost = None
-                events.log(logging.DEBUG, "acquired", started, **note)
+                self._confirm(value, pid, started, note)
             except BaseException:
-                self.acquired = confirmed = False
+                self.acquired = False
                 self.token = None
                 yield from self._drop_hold()
                 yield from recovery.release_if_held(self.driver, self.spec, status, self._guard)
@@ -139,8 +146,84 @@ class SessionLockCore(LockCore):
             return True
         finally:
             self.hold = None
-            if not confirmed:
+            if not self.acquired:
                 holdings.withdraw(conn, self.spec.key, self)
+
+    def _busy(self, value: object) -> bool:
+        """Whether the answer to a try says another session holds the key."""
+        return self.spec.wait_ms is None and value is not True and not is_token(value)
+
+    def _confirm(self, value: object, pid: int, started: float, note: dict[str, object]) -> None:
+        """The server granted the lock (``value``): on the books, and logged."""
+        self.token = int(str(value)) if is_token(value) else None
+        holdings.confirm(self.driver.connection, self.spec.key, self.hold)
+        self.acquired, self.backend_pid = True, pid
+        self.lost = None
+        self.events.log(logging.DEBUG, "acquired", started, **note)
+
+    # - the common case, without a plan -
+
+    def quick_acquisition(self, *, context: bool) -> list[str] | Plan[bool]:
+        """The statements of the common case, for the shell to send itself: a try on a
+        connection with no transaction open, for a key it does not hold, whose route was
+        checked and goes straight to the server. Most locks are taken so, and a plan
+        there costs more of pgsolo's own time than the rest of the lock (docs/benchmarks.md).
+        The shell hands the answer to :meth:`quick_answer`, a failure to
+        :meth:`quick_failed`; whatever cuts it short between them, to :meth:`let_go`.
+        Anything else: the plan that takes it, with the claim made here."""
+        self.begin()
+        claimed = status, _, claim, route = self._claim()
+        if (
+            claim != "new"
+            or status is not TxStatus.IDLE
+            or self.spec.wait_ms is not None
+            or route is None
+            or not route.direct
+        ):
+            return self._acquire(context=context, claimed=claimed)
+        self.route = route
+        self.quick_claim = True
+        self.started = time.perf_counter()
+        return placement.session_acquisition(self.driver, self.spec, status, None, None, None)
+
+    def quick_answer(self, value: object) -> bool:
+        """What the server answered the quick acquisition: whether the lock is held."""
+        if self._busy(value):
+            holdings.withdraw(self.driver.connection, self.spec.key, self)
+            self.quick_claim = False
+            self.events.log(logging.DEBUG, "busy", self.started)
+            return False
+        self._confirm(value, self.driver.backend_pid(), self.started, {})
+        self.quick_claim = False
+        return True
+
+    def quick_failed(self, exc: BaseException) -> Plan[NoReturn]:
+        """The quick acquisition's round trip failed or was interrupted (``exc``): as the
+        plan's one slice of a try, the key is let go if the server granted it, and the
+        error raised."""
+        try:
+            yield from self._after_slice(exc, TxStatus.IDLE, None, None, self.started, last=True)
+        finally:
+            self.quick_claim = False
+            if not self.acquired:
+                holdings.withdraw(self.driver.connection, self.spec.key, self)
+        raise exc  # what a try's last slice does after a failure, whatever it found
+
+    def let_go(self) -> Plan[None]:
+        if self.acquired:
+            yield from super().let_go()
+            return
+        # An acquisition the shell began (quick_acquisition) and an interruption cut
+        # short between its steps: nothing of it stays on the books, and if it sent its
+        # statement, the server says whether the key is held.
+        try:
+            if self.quick_claim:
+                yield from recovery.release_if_held(self.driver, self.spec, TxStatus.IDLE, None)
+        except Exception as exc:
+            logger.debug("pgsolo clean-up after an interruption failed: %r", exc)
+        finally:
+            self.quick_claim = False
+            holdings.withdraw(self.driver.connection, self.spec.key, self)
 
     def _answer(
         self, status: TxStatus, route: Route, hold: str | None, started: float
@@ -158,23 +241,36 @@ class SessionLockCore(LockCore):
             try:
                 return (yield self._waiting(statements, lock_timeout)), {}
             except BaseException as exc:
-                self.hold = None
-                if (
-                    yield from recovery.after_session_failure(
-                        driver, spec, status, exc, hold, guard
-                    )
-                ):
-                    self.hold = hold
-                    return True, {"note": "granted as it timed out"}
-                if not last and failures.timed_out(driver, exc):
-                    continue
-                error = failures.acquisition_error(self.events, exc, started)
-                if error is None:
-                    error = yield from failures.cut_short(self.events, exc, started)
-                if error is not None:
-                    raise error from exc
-                raise
+                if (yield from self._after_slice(exc, status, hold, guard, started, last=last)):
+                    return True, _GRANTED_LATE
         raise RuntimeError("waits.slices() yields a last slice, whose failure is raised")
+
+    def _after_slice(
+        self,
+        exc: BaseException,
+        status: TxStatus,
+        hold: str | None,
+        guard: int | None,
+        started: float,
+        *,
+        last: bool,
+    ) -> Plan[bool]:
+        """After a slice of the acquisition failed or was interrupted (``exc``), with the
+        connection put right: True if the lock turns out granted as the slice timed out
+        (its hold open again), False to go on with the next slice; raises otherwise."""
+        driver, spec = self.driver, self.spec
+        self.hold = None
+        if (yield from recovery.after_session_failure(driver, spec, status, exc, hold, guard)):
+            self.hold = hold
+            return True
+        if not last and failures.timed_out(driver, exc):
+            return False
+        error = failures.acquisition_error(self.events, exc, started)
+        if error is None:
+            error = yield from failures.cut_short(self.events, exc, started)
+        if error is not None:
+            raise error from exc
+        raise exc
 
     def _route(self, status: TxStatus, pid: int) -> Plan[Route]:
         """What answers this connection, checked on its first session lock
@@ -243,6 +339,11 @@ class SessionLockCore(LockCore):
             self.hold = None
         if stranded:
             yield from self._release_stranded(started)
+        self._released(value, started)
+
+    def _released(self, value: object, started: float) -> None:
+        """The unlock answered ``value`` (the lock is off the books already)."""
+        key, events = self.spec.key, self.events
         if value is not True:
             level = logging.WARNING if self.lost is None else logging.DEBUG  # keeper said it
             events.log(level, "lost", started, reason="lock-released")
@@ -253,6 +354,35 @@ class SessionLockCore(LockCore):
                 key=key,
             )
         events.log(logging.DEBUG, "released", started)
+
+    def quick_release(self, *, exiting: bool) -> list[str] | Plan[None]:
+        """The unlock of the common case, for the shell to send itself: the only hold of
+        a key taken with a quick acquisition's conditions, on the same backend, with no
+        transaction open. The shell takes the lock off the books (:meth:`forget`) once
+        the server answered, then hands the answer to :meth:`quick_released`, a failure
+        to :meth:`quick_release_failed`. Anything else: the plan that releases it (or,
+        ``exiting`` a block that ended without an error, that leaves it)."""
+        driver, route = self.driver, self.route
+        if (
+            self.acquired
+            and route is not None
+            and route.direct
+            and holdings.hold_of(driver.connection, self.spec.key)[0] == 1
+            and not driver.is_closed()
+            and driver.backend_pid() == self.backend_pid
+            and driver.transaction_status() is TxStatus.IDLE
+        ):
+            self.started = time.perf_counter()
+            return in_savepoint(driver, TxStatus.IDLE, [unlock_statement(self.spec, None)])
+        return self.exit(failed=False) if exiting else self.release()
+
+    def quick_released(self, value: object) -> None:
+        self._released(value, self.started)
+
+    def quick_release_failed(self, exc: BaseException) -> Plan[None]:
+        """The quick unlock failed or was interrupted (``exc``): as the plan's would be
+        put right; the shell raises ``exc`` then."""
+        return self._after_failed_release(TxStatus.IDLE, exc, self.started)
 
     def _unlock(self, status: TxStatus) -> Plan[object]:
         """Unlock on a connection in ``status``; the unlock's answer. In the caller's

@@ -13,6 +13,7 @@ from typing import Self
 from ...drivers import AsyncDriver
 from ...errors import LockLostError, LockNotHeldError
 from ..core import LockCore
+from ..session import SessionLockCore
 from ..view import LockView
 from .drive import adrive
 from .keeper import AsyncKeeper
@@ -35,7 +36,7 @@ class AsyncLock(LockView):
         A wait that runs out raises :class:`~pgsolo.LockTimeoutError`.
         """
         try:
-            acquired = await adrive(self._core.acquire(context=False), self._driver)
+            acquired = await self._take(context=False)
             self._start_keeper()
         except BaseException:
             await self._let_go()
@@ -47,7 +48,7 @@ class AsyncLock(LockView):
         :class:`~pgsolo.LockLostError` the keeper found, if it found one."""
         self._stop_keeper()
         try:
-            await adrive(self._core.release(), self._driver)
+            await self._give_back(exiting=False)
         except (LockLostError, LockNotHeldError) as exc:
             if (instead := self._lost_instead(exc)) is not exc:
                 raise instead from exc
@@ -63,7 +64,7 @@ class AsyncLock(LockView):
 
     async def __aenter__(self) -> Self:
         try:
-            await adrive(self._core.acquire(context=True), self._driver)
+            await self._take(context=True)
             self._start_keeper()
         except BaseException:
             await self._let_go()
@@ -80,11 +81,14 @@ class AsyncLock(LockView):
         try:
             self._stop_keeper()
             loss_for_cancel = keeper.undo_cancel(exc) if keeper is not None else None
-            await adrive(
-                self._core.exit(failed=exc_type is not None),
-                self._driver,
-                cleaning_up=exc is not None and not isinstance(exc, Exception),
-            )
+            if exc_type is None:
+                await self._give_back(exiting=True)
+            else:
+                await adrive(
+                    self._core.exit(failed=True),
+                    self._driver,
+                    cleaning_up=not isinstance(exc, Exception),
+                )
         except (LockLostError, LockNotHeldError) as failure:
             if (instead := self._lost_instead(failure)) is not failure:
                 raise instead from failure
@@ -97,6 +101,43 @@ class AsyncLock(LockView):
             raise loss_for_cancel from exc  # Keep(cancel=True) ended the block
         if exc_type is None and self._core.lost is not None:
             raise self._core.lost  # the block ran to its end, but not all of it under the lock
+
+    async def _take(self, *, context: bool) -> bool:
+        """Take the lock: the common case of a session lock by one round trip of the
+        shell's own (SessionLockCore.quick_acquisition), anything else by its plan."""
+        core, driver = self._core, self._driver
+        if not isinstance(core, SessionLockCore):
+            return await adrive(core.acquire(context=context), driver)
+        statements = core.quick_acquisition(context=context)
+        if not isinstance(statements, list):
+            return await adrive(statements, driver)
+        try:
+            value = await driver.fetch_value(statements)
+        except BaseException as exc:
+            await adrive(core.quick_failed(exc), driver, cleaning_up=not isinstance(exc, Exception))
+        return core.quick_answer(value)
+
+    async def _give_back(self, *, exiting: bool) -> None:
+        """Release the lock (``exiting``: as the block ends without an error, so the
+        end of pgsolo's own transaction too): the common case of a session lock by one
+        round trip of the shell's own (SessionLockCore.quick_release), anything else by
+        its plan."""
+        core, driver = self._core, self._driver
+        if not isinstance(core, SessionLockCore):
+            await adrive(core.exit(failed=False) if exiting else core.release(), driver)
+            return
+        statements = core.quick_release(exiting=exiting)
+        if not isinstance(statements, list):
+            await adrive(statements, driver)
+            return
+        try:
+            value = await driver.fetch_value(statements)
+            core.forget()  # off the books at once: a Ctrl-C may land at any line
+        except BaseException as exc:
+            cleaning_up = not isinstance(exc, Exception)
+            await adrive(core.quick_release_failed(exc), driver, cleaning_up=cleaning_up)
+            raise
+        core.quick_released(value)
 
     async def _let_go(self) -> None:
         """The acquisition raised after the plan took the lock (a Ctrl-C as it returned):

@@ -14,6 +14,7 @@ from typing import Self
 from ...drivers import SyncDriver
 from ...errors import LockLostError, LockNotHeldError
 from ..core import LockCore
+from ..session import SessionLockCore
 from ..view import LockView
 from .drive import drive
 from .keeper import Keeper
@@ -36,7 +37,7 @@ class Lock(LockView):
         A wait that runs out raises :class:`~pgsolo.LockTimeoutError`.
         """
         try:
-            acquired = drive(self._core.acquire(context=False), self._driver)
+            acquired = self._take(context=False)
             self._start_keeper()
         except BaseException:
             self._let_go()
@@ -48,7 +49,7 @@ class Lock(LockView):
         :class:`~pgsolo.LockLostError` the keeper found, if it found one."""
         self._stop_keeper()
         try:
-            drive(self._core.release(), self._driver)
+            self._give_back(exiting=False)
         except (LockLostError, LockNotHeldError) as exc:
             if (instead := self._lost_instead(exc)) is not exc:
                 raise instead from exc
@@ -64,7 +65,7 @@ class Lock(LockView):
 
     def __enter__(self) -> Self:
         try:
-            drive(self._core.acquire(context=True), self._driver)
+            self._take(context=True)
             self._start_keeper()
         except BaseException:
             self._let_go()
@@ -81,11 +82,14 @@ class Lock(LockView):
         try:
             self._stop_keeper()
             loss_for_cancel = keeper.undo_cancel(exc) if keeper is not None else None
-            drive(
-                self._core.exit(failed=exc_type is not None),
-                self._driver,
-                cleaning_up=exc is not None and not isinstance(exc, Exception),
-            )
+            if exc_type is None:
+                self._give_back(exiting=True)
+            else:
+                drive(
+                    self._core.exit(failed=True),
+                    self._driver,
+                    cleaning_up=not isinstance(exc, Exception),
+                )
         except (LockLostError, LockNotHeldError) as failure:
             if (instead := self._lost_instead(failure)) is not failure:
                 raise instead from failure
@@ -98,6 +102,43 @@ class Lock(LockView):
             raise loss_for_cancel from exc  # Keep(cancel=True) ended the block
         if exc_type is None and self._core.lost is not None:
             raise self._core.lost  # the block ran to its end, but not all of it under the lock
+
+    def _take(self, *, context: bool) -> bool:
+        """Take the lock: the common case of a session lock by one round trip of the
+        shell's own (SessionLockCore.quick_acquisition), anything else by its plan."""
+        core, driver = self._core, self._driver
+        if not isinstance(core, SessionLockCore):
+            return drive(core.acquire(context=context), driver)
+        statements = core.quick_acquisition(context=context)
+        if not isinstance(statements, list):
+            return drive(statements, driver)
+        try:
+            value = driver.fetch_value(statements)
+        except BaseException as exc:
+            drive(core.quick_failed(exc), driver, cleaning_up=not isinstance(exc, Exception))
+        return core.quick_answer(value)
+
+    def _give_back(self, *, exiting: bool) -> None:
+        """Release the lock (``exiting``: as the block ends without an error, so the
+        end of pgsolo's own transaction too): the common case of a session lock by one
+        round trip of the shell's own (SessionLockCore.quick_release), anything else by
+        its plan."""
+        core, driver = self._core, self._driver
+        if not isinstance(core, SessionLockCore):
+            drive(core.exit(failed=False) if exiting else core.release(), driver)
+            return
+        statements = core.quick_release(exiting=exiting)
+        if not isinstance(statements, list):
+            drive(statements, driver)
+            return
+        try:
+            value = driver.fetch_value(statements)
+            core.forget()  # off the books at once: a Ctrl-C may land at any line
+        except BaseException as exc:
+            cleaning_up = not isinstance(exc, Exception)
+            drive(core.quick_release_failed(exc), driver, cleaning_up=cleaning_up)
+            raise
+        core.quick_released(value)
 
     def _let_go(self) -> None:
         """The acquisition raised after the plan took the lock (a Ctrl-C as it returned):
