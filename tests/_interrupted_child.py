@@ -5,7 +5,8 @@ own handler) stops it, then say what its connection looks like.
 Usage: ``python _interrupted_child.py DSN DRIVER KEY_A KEY_B`` (DRIVER: ``psycopg``,
 ``psycopg2``, ``psycopg-async``, ``asyncpg``). The test drives it line by line on stdin:
 
-- ``go FORM`` (``with``, ``acquire``, ``run_job``, ``run_once``): print ``going PID``
+- ``go FORM`` (``with``, ``acquire``, ``run_job``, ``run_once``, and ``try-with`` and
+  ``try-acquire``, the first two as a try without a wait): print ``going PID``
   (the backend's pid), then loop FORM until interrupted, and print one JSON report:
   whether the connection is idle (no transaction left open) and still answers
   ``SELECT 1``, and the locks pgsolo's books say it holds. The ``acquire`` form's
@@ -34,7 +35,13 @@ from typing import Any
 
 import pgsolo
 
-WAIT = 5.0  # every form waits (the key is this child's alone, so it never has to)
+WAIT = 5.0  # every form waits (the key is this child's alone, so it never has to)...
+TRY = "try-"  # ...but these, which try once: the shells' own path (a try always succeeds)
+
+
+def wait_of(form: str) -> tuple[str, float | None]:
+    """The form without its ``try-``, and the wait it takes."""
+    return (form.removeprefix(TRY), None) if form.startswith(TRY) else (form, WAIT)
 
 
 def report(
@@ -102,8 +109,9 @@ def sync_connect(dsn: str, driver: str) -> Sync:
 
 def sync_loop(conn: Any, key: pgsolo.Key, form: str) -> Callable[[], None] | None:
     """Loop ``form`` until interrupted; return the handler's clean-up, if the form has one."""
+    form, wait = wait_of(form)
     if form == "acquire":
-        lock = pgsolo.session_lock(conn, key, wait=WAIT)
+        lock = pgsolo.session_lock(conn, key, wait=wait)
         try:
             while True:
                 if lock.acquire():
@@ -116,7 +124,7 @@ def sync_loop(conn: Any, key: pgsolo.Key, form: str) -> Callable[[], None] | Non
     while True:
         n += 1
         if form == "with":
-            with pgsolo.session_lock(conn, key, wait=WAIT):
+            with pgsolo.session_lock(conn, key, wait=wait):
                 pass
         elif form == "run_job":
             pgsolo.run_job(conn, key, lambda conn: None, lifetime="session", wait=WAIT)
@@ -199,8 +207,9 @@ async def async_connect(dsn: str, driver: str) -> tuple[Any, int, Callable[[], b
 
 
 async def async_loop(conn: Any, key: pgsolo.Key, form: str) -> None:
+    form, wait = wait_of(form)
     if form == "acquire":
-        lock = pgsolo.session_lock(conn, key, wait=WAIT)
+        lock = pgsolo.session_lock(conn, key, wait=wait)
         try:
             while True:
                 if await lock.acquire():
@@ -213,7 +222,7 @@ async def async_loop(conn: Any, key: pgsolo.Key, form: str) -> None:
     while True:
         n += 1
         if form == "with":
-            async with pgsolo.session_lock(conn, key, wait=WAIT):
+            async with pgsolo.session_lock(conn, key, wait=wait):
                 pass
         elif form == "run_job":
             await pgsolo.run_job_async(conn, key, _nothing, lifetime="session", wait=WAIT)

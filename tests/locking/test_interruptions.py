@@ -377,7 +377,7 @@ def test_second_interruption_during_acquire_cleanup_leaves_no_stale_claim(
 # - Ctrl-C at random moments -
 
 INTERRUPTED_CHILD = Path(_interrupted_child.__file__).read_text(encoding="utf-8")
-FORMS = ("with", "acquire", "run_job", "run_once")
+FORMS = ("with", "acquire", "try-with", "try-acquire", "run_job", "run_once")
 # How long each driver's campaign runs; PGSOLO_INTERRUPT_SECONDS runs a longer one.
 CAMPAIGN_SECONDS = float(os.environ.get("PGSOLO_INTERRUPT_SECONDS", "20"))
 # The signal lands at a random delay after the loop starts: a few of its cycles (a lock
@@ -405,8 +405,9 @@ def test_ctrl_c_at_random_moments_leaves_nothing_behind(
     driver: str, db: str, observer: Any, key: Key, children: Callable[..., Child]
 ) -> None:
     """A real SIGINT, at a random moment, to a process taking and letting go of a session
-    lock in a loop (``with session_lock(...)``, ``acquire()``/``release()``, ``run_job``
-    with ``lifetime="session"``, ``run_once``), hundreds of times: once its handler has
+    lock in a loop (``with session_lock(...)`` and ``acquire()``/``release()``, each
+    waiting and as a try, which the shells send without a plan; ``run_job`` with
+    ``lifetime="session"``, ``run_once``), hundreds of times: once its handler has
     run, its backend holds no advisory lock (pg_locks, seen from another session), pgsolo's
     books hold nothing, and its connection is idle and answers ``SELECT 1``. Guards the
     windows in pgsolo's own code after the server granted the lock and before its state
