@@ -1,12 +1,13 @@
-"""A worker process for ``locking/test_interruptions.py``: take and let go of a session
-lock in a tight loop, in one of pgsolo's forms, until a real Ctrl-C (SIGINT, Python's
+"""A worker process for ``locking/test_interruptions.py``: take and let go of a lock in
+a tight loop, in one of pgsolo's forms, until a real Ctrl-C (SIGINT, Python's
 own handler) stops it, then say what its connection looks like.
 
 Usage: ``python _interrupted_child.py DSN DRIVER KEY_A KEY_B`` (DRIVER: ``psycopg``,
 ``psycopg2``, ``psycopg-async``, ``asyncpg``). The test drives it line by line on stdin:
 
-- ``go FORM`` (``with``, ``acquire``, ``run_job``, ``run_once``, and ``try-with`` and
-  ``try-acquire``, the first two as a try without a wait): print ``going PID``
+- ``go FORM`` (``with``, ``acquire``, ``xact`` (``with xact_lock``), ``run_job``,
+  ``run_once``, and ``try-with``, ``try-acquire`` and ``try-xact``, the first three as a
+  try without a wait): print ``going PID``
   (the backend's pid), then loop FORM until interrupted, and print one JSON report:
   whether the connection is idle (no transaction left open) and still answers
   ``SELECT 1``, and the locks pgsolo's books say it holds. The ``acquire`` form's
@@ -42,6 +43,14 @@ TRY = "try-"  # ...but these, which try once: the shells' own path (a try always
 def wait_of(form: str) -> tuple[str, float | None]:
     """The form without its ``try-``, and the wait it takes."""
     return (form.removeprefix(TRY), None) if form.startswith(TRY) else (form, WAIT)
+
+
+def granted(acquired: bool) -> None:
+    """A transaction lock's key is on pgsolo's books only while its block runs, so
+    ``tracked`` cannot show one an interruption left claimed: the next try of the key,
+    which is this child's alone, would say busy instead."""
+    if not acquired:
+        raise RuntimeError("the key was busy: left claimed, or held, by an interrupted round")
 
 
 def report(
@@ -126,6 +135,9 @@ def sync_loop(conn: Any, key: pgsolo.Key, form: str) -> Callable[[], None] | Non
         if form == "with":
             with pgsolo.session_lock(conn, key, wait=wait):
                 pass
+        elif form == "xact":
+            with pgsolo.xact_lock(conn, key, wait=wait) as lock:
+                granted(lock.acquired)
         elif form == "run_job":
             pgsolo.run_job(conn, key, lambda conn: None, lifetime="session", wait=WAIT)
         else:
@@ -224,6 +236,9 @@ async def async_loop(conn: Any, key: pgsolo.Key, form: str) -> None:
         if form == "with":
             async with pgsolo.session_lock(conn, key, wait=wait):
                 pass
+        elif form == "xact":
+            async with pgsolo.xact_lock(conn, key, wait=wait) as lock:
+                granted(lock.acquired)
         elif form == "run_job":
             await pgsolo.run_job_async(conn, key, _nothing, lifetime="session", wait=WAIT)
         else:

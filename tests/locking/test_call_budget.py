@@ -63,8 +63,8 @@ BUDGETS: dict[str, int] = {
     "asyncpg/xact": 115,
     "sqlalchemy-async-psycopg/session": 210,
     "sqlalchemy-async-psycopg/xact": 134,
-    "psycopg/run_job": 134,
-    "psycopg-async/run_job": 150,
+    "psycopg/run_job": 138,
+    "psycopg-async/run_job": 154,
 }
 
 _SYNC = {kind.name: kind for kind in SYNC_KINDS}

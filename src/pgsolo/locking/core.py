@@ -20,6 +20,7 @@ they are given, and change no state.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import NoReturn
 
 from .. import sql
 from .._logging import locks_logger as logger
@@ -27,7 +28,7 @@ from ..drivers import DriverBase, TxStatus
 from ..errors import ConnectionStateError, LockLostError, UsageError
 from .events import LockEvents
 from .placement import outside_transaction
-from .plans import Plan, Wait
+from .plans import Plan, Quick, Wait
 from .spec import LockSpec
 
 __all__ = ["LockCore", "is_token", "require_no_transaction"]
@@ -96,6 +97,46 @@ class LockCore(ABC):
     def exit(self, *, failed: bool) -> Plan[None]:
         """Leave the ``with`` block: release the session lock, or end the transaction
         pgsolo opened. A failure of the block itself is never masked."""
+
+    # - the common case, without a plan: the shells send its round trips themselves -
+
+    @abstractmethod
+    def quick_acquisition(self, *, context: bool) -> Quick | Plan[bool]:
+        """The round trip that takes the lock in the common case, for the shell to send
+        itself: most locks are taken so, and a plan there costs more of pgsolo's own time
+        than the rest of the lock (docs/benchmarks.md). The shell hands the answer to
+        :meth:`quick_answer` and a failure to :meth:`quick_failed`; whatever cuts it short
+        between them goes to :meth:`let_go`. Anything else: the plan that takes it."""
+
+    @abstractmethod
+    def quick_answer(self, value: object) -> bool:
+        """What the server answered the quick acquisition: whether the lock is held."""
+
+    @abstractmethod
+    def quick_failed(self, exc: BaseException) -> Plan[NoReturn]:
+        """The quick acquisition's round trip failed or was interrupted (``exc``): put
+        right as the plan's one slice of a try would be, and the error raised."""
+
+    @abstractmethod
+    def quick_release(self, *, exiting: bool) -> Quick | Plan[None]:
+        """The round trip that gives the lock back in the common case (``exiting``: as
+        the block ends without an error), for the shell to send itself. Once the server
+        answered, the shell calls :meth:`forget` at once, then hands the answer to
+        :meth:`quick_released`, or a failure to :meth:`quick_release_failed`. Anything
+        else: the plan that releases it, or leaves the block."""
+
+    @abstractmethod
+    def forget(self) -> None:
+        """The lock is no longer held here: off the books."""
+
+    @abstractmethod
+    def quick_released(self, value: object) -> None:
+        """What the server answered the quick release (the lock is off the books)."""
+
+    @abstractmethod
+    def quick_release_failed(self, exc: BaseException) -> Plan[None]:
+        """The quick release failed or was interrupted (``exc``): put right as the plan's
+        would be; raises what ``exc`` means, or returns for the shell to raise ``exc``."""
 
     def let_go(self) -> Plan[None]:
         """An interruption (Ctrl-C) after the lock was taken and before the code that

@@ -17,7 +17,7 @@ from typing import Final, TypeVar
 
 from ..drivers import Edge
 
-__all__ = ["ROLLBACK", "WORK", "Elsewhere", "Own", "Plan", "Step", "Wait", "Work"]
+__all__ = ["ROLLBACK", "WORK", "Elsewhere", "Own", "Plan", "Quick", "Step", "Wait", "Work"]
 
 T = TypeVar("T")
 
@@ -68,3 +68,8 @@ ROLLBACK: Final = Own([], "rollback")
 
 Step = Sequence[str] | Work | Elsewhere | Wait | Own
 Plan = Generator[Step, object, T]
+
+Quick = tuple[list[str], Edge | None]
+"""A round trip of a lock's common case, which the shell sends itself, without a plan:
+its statements, and the edge of pgsolo's own transaction they are at, if any (as for
+:class:`Own`). A tuple, not a class of pgsolo's: building one costs no call."""

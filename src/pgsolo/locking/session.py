@@ -21,7 +21,7 @@ from ..errors import (
 from . import failures, holdings, placement, recovery, waits
 from .core import LockCore, is_token
 from .placement import in_savepoint, unlock_statement
-from .plans import Elsewhere, Plan
+from .plans import Elsewhere, Plan, Quick
 from .routing import Route, check_route, transaction_pooling_error
 from .spec import LockSpec
 
@@ -59,7 +59,6 @@ class SessionLockCore(LockCore):
         return self.route.guard if self.route is not None else None
 
     def forget(self) -> None:
-        """The session lock is no longer held here: off the books."""
         holdings.unclaim(self.driver.connection, self.spec.key)
         self.acquired = False
         self.token = None
@@ -163,14 +162,10 @@ class SessionLockCore(LockCore):
 
     # - the common case, without a plan -
 
-    def quick_acquisition(self, *, context: bool) -> list[str] | Plan[bool]:
-        """The statements of the common case, for the shell to send itself: a try on a
-        connection with no transaction open, for a key it does not hold, whose route was
-        checked and goes straight to the server. Most locks are taken so, and a plan
-        there costs more of pgsolo's own time than the rest of the lock (docs/benchmarks.md).
-        The shell hands the answer to :meth:`quick_answer`, a failure to
-        :meth:`quick_failed`; whatever cuts it short between them, to :meth:`let_go`.
-        Anything else: the plan that takes it, with the claim made here."""
+    def quick_acquisition(self, *, context: bool) -> Quick | Plan[bool]:
+        """The common case: a try on a connection with no transaction open, for a key it
+        does not hold, whose route was checked and goes straight to the server. Anything
+        else: the plan that takes it, with the claim made here."""
         self.begin()
         claimed = status, _, claim, route = self._claim()
         if (
@@ -184,10 +179,9 @@ class SessionLockCore(LockCore):
         self.route = route
         self.quick_claim = True
         self.started = time.perf_counter()
-        return placement.session_acquisition(self.driver, self.spec, status, None, None, None)
+        return placement.session_acquisition(self.driver, self.spec, status, None, None, None), None
 
     def quick_answer(self, value: object) -> bool:
-        """What the server answered the quick acquisition: whether the lock is held."""
         if self._busy(value):
             holdings.withdraw(self.driver.connection, self.spec.key, self)
             self.quick_claim = False
@@ -198,9 +192,7 @@ class SessionLockCore(LockCore):
         return True
 
     def quick_failed(self, exc: BaseException) -> Plan[NoReturn]:
-        """The quick acquisition's round trip failed or was interrupted (``exc``): as the
-        plan's one slice of a try, the key is let go if the server granted it, and the
-        error raised."""
+        """As the plan's one slice of a try: the key is let go if the server granted it."""
         try:
             yield from self._after_slice(exc, TxStatus.IDLE, None, None, self.started, last=True)
         finally:
@@ -355,13 +347,9 @@ class SessionLockCore(LockCore):
             )
         events.log(logging.DEBUG, "released", started)
 
-    def quick_release(self, *, exiting: bool) -> list[str] | Plan[None]:
-        """The unlock of the common case, for the shell to send itself: the only hold of
-        a key taken with a quick acquisition's conditions, on the same backend, with no
-        transaction open. The shell takes the lock off the books (:meth:`forget`) once
-        the server answered, then hands the answer to :meth:`quick_released`, a failure
-        to :meth:`quick_release_failed`. Anything else: the plan that releases it (or,
-        ``exiting`` a block that ended without an error, that leaves it)."""
+    def quick_release(self, *, exiting: bool) -> Quick | Plan[None]:
+        """The common case: the only hold of a key taken with a quick acquisition's
+        conditions, on the same backend, with no transaction open."""
         driver, route = self.driver, self.route
         if (
             self.acquired
@@ -373,15 +361,13 @@ class SessionLockCore(LockCore):
             and driver.transaction_status() is TxStatus.IDLE
         ):
             self.started = time.perf_counter()
-            return in_savepoint(driver, TxStatus.IDLE, [unlock_statement(self.spec, None)])
+            return in_savepoint(driver, TxStatus.IDLE, [unlock_statement(self.spec, None)]), None
         return self.exit(failed=False) if exiting else self.release()
 
     def quick_released(self, value: object) -> None:
         self._released(value, self.started)
 
     def quick_release_failed(self, exc: BaseException) -> Plan[None]:
-        """The quick unlock failed or was interrupted (``exc``): as the plan's would be
-        put right; the shell raises ``exc`` then."""
         return self._after_failed_release(TxStatus.IDLE, exc, self.started)
 
     def _unlock(self, status: TxStatus) -> Plan[object]:

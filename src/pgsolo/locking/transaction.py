@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+from typing import NoReturn
 
 from .. import sql
 from ..drivers import DriverBase, TxStatus
@@ -28,7 +29,7 @@ from ..errors import (
 )
 from . import failures, holdings, placement, waits
 from .core import LockCore, is_token
-from .plans import ROLLBACK, Own, Plan
+from .plans import ROLLBACK, Own, Plan, Quick
 from .recovery import connection_gone, quietly
 from .spec import LockSpec
 
@@ -44,6 +45,7 @@ class XactLockCore(LockCore):
         # verify_commit: commit pgsolo's own transaction only if it is still the one that
         # took the lock (the work may have committed it and begun another).
         self.transaction_marker: str | None = None
+        self.started = 0.0  # when the quick acquisition began
 
     @property
     def holds_anything(self) -> bool:
@@ -105,11 +107,16 @@ class XactLockCore(LockCore):
                 holdings.set_transaction_owner(conn, pid, None)
             raise
         if owns:
-            if acquired:
-                holdings.confirm(conn, key)
-            else:
-                holdings.withdraw(conn, key, self)
+            self._settle_claim(conn)
         return acquired
+
+    def _settle_claim(self, conn: object) -> None:
+        """The key claimed on ``conn`` for pgsolo's own transaction: confirmed if the lock
+        was taken, withdrawn if not."""
+        if self.acquired:
+            holdings.confirm(conn, self.spec.key)
+        else:
+            holdings.withdraw(conn, self.spec.key, self)
 
     def _acquire_claimed(self, status: TxStatus, *, owns: bool) -> Plan[bool]:
         status = self._usable_status(status)
@@ -136,34 +143,46 @@ class XactLockCore(LockCore):
             try:
                 value = yield step
             except BaseException as exc:
-                next_slice = not last and failures.timed_out(self.driver, exc)
-                # Read as the failure left the connection: ending pgsolo's own transaction
-                # through a framework may reconnect (Django does).
-                error = (
-                    None if next_slice else failures.acquisition_error(self.events, exc, started)
-                )
-                yield from self._after_failure(in_callers_transaction=joins)
-                if next_slice:
+                if (yield from self._slice_failed(exc, started, joins=joins, last=last)):
                     continue
-                if error is None:
-                    error = yield from failures.cut_short(self.events, exc, started)
-                if error is not None:
-                    raise error from exc
-                raise
             break
         if value is None:  # sql.acquire's answer on a server in recovery: nothing taken
             yield from self._abandon_own_transaction()
             raise failures.standby_refused(self.events, started)
         try:  # a Ctrl-C from here on ends pgsolo's own transaction, with the lock
-            self.acquired = self.spec.wait_ms is not None or value is True or is_token(value)
-            self.token = int(str(value)) if is_token(value) else None
-            self.backend_pid = self.driver.backend_pid() if self.acquired else None
-            self.events.log(logging.DEBUG, "acquired" if self.acquired else "busy", started)
+            return self._granted(value, started)
         except BaseException:
             self.acquired = False
             self.token = None
             yield from self._after_failure(in_callers_transaction=joins)
             raise
+
+    def _slice_failed(
+        self, exc: BaseException, started: float, *, joins: bool, last: bool
+    ) -> Plan[bool]:
+        """After a slice of the acquisition failed or was interrupted (``exc``), with
+        pgsolo's own transaction rolled back, or the slice's savepoint in the caller's:
+        True to go on with the next slice; raises otherwise."""
+        next_slice = not last and failures.timed_out(self.driver, exc)
+        # Read as the failure left the connection: ending pgsolo's own transaction
+        # through a framework may reconnect (Django does).
+        error = None if next_slice else failures.acquisition_error(self.events, exc, started)
+        yield from self._after_failure(in_callers_transaction=joins)
+        if next_slice:
+            return True
+        if error is None:
+            error = yield from failures.cut_short(self.events, exc, started)
+        if error is not None:
+            raise error from exc
+        raise exc
+
+    def _granted(self, value: object, started: float) -> bool:
+        """The server's answer to the acquisition (``value``, not a standby's): whether
+        the lock is held, and logged."""
+        self.acquired = self.spec.wait_ms is not None or value is True or is_token(value)
+        self.token = int(str(value)) if is_token(value) else None
+        self.backend_pid = self.driver.backend_pid() if self.acquired else None
+        self.events.log(logging.DEBUG, "acquired" if self.acquired else "busy", started)
         return self.acquired
 
     def _opening(self, status: TxStatus, *, owns: bool) -> list[str] | None:
@@ -218,27 +237,36 @@ class XactLockCore(LockCore):
         :class:`LockLostError` raised."""
         if not self.opened_transaction:
             return
-        self.opened_transaction = False
         try:
             yield from self._end_own_transaction(failed=failed)
         except BaseException as exc:
-            # A Ctrl-C in pgsolo's own code before the COMMIT or ROLLBACK went out (it lands
-            # at any line): the transaction, and the lock in it, must not outlive it.
-            if not isinstance(exc, Exception) and self.driver.transaction_status() in (
-                TxStatus.INTRANS,
-                TxStatus.INERROR,
-            ):
-                yield from quietly(self.driver, ROLLBACK)
+            yield from self._after_interrupted_end(exc)
             raise
         finally:
-            self.transaction_marker = None
-            conn = self.driver.connection
-            if self.acquired:
-                holdings.unclaim(conn, self.spec.key)
-            holdings.set_transaction_owner(conn, self.driver.backend_pid(), None)
+            self.forget()
+
+    def forget(self) -> None:
+        """pgsolo's own transaction has ended (or never began): the lock is no longer
+        held here."""
+        self.opened_transaction = False
+        self.transaction_marker = None
+        conn = self.driver.connection
+        if self.acquired:
+            holdings.unclaim(conn, self.spec.key)
+        holdings.set_transaction_owner(conn, self.driver.backend_pid(), None)
+
+    def _after_interrupted_end(self, exc: BaseException) -> Plan[None]:
+        """A Ctrl-C (``exc``) in pgsolo's own code before the COMMIT or ROLLBACK went out
+        (it lands at any line): the transaction, and the lock in it, must not outlive
+        it."""
+        if not isinstance(exc, Exception) and self.driver.transaction_status() in (
+            TxStatus.INTRANS,
+            TxStatus.INERROR,
+        ):
+            yield from quietly(self.driver, ROLLBACK)
 
     def _end_own_transaction(self, *, failed: bool) -> Plan[None]:
-        driver, key, events = self.driver, self.spec.key, self.events
+        driver, key = self.driver, self.spec.key
         status = driver.transaction_status()
         if status is TxStatus.IDLE:
             return  # the block ended the transaction itself
@@ -254,37 +282,119 @@ class XactLockCore(LockCore):
         if not self.acquired:
             yield ROLLBACK
             return
-        marker = self.transaction_marker
-        check = (
-            []
-            if marker is None
-            else [sql.assert_same_transaction(key, marker, shared=self.spec.shared)]
-        )
         try:
-            yield Own(check, "commit")
+            yield Own(self._commit_check(), "commit")
         except Exception as exc:
-            if connection_gone(driver, exc, self.backend_pid):
-                events.log(logging.WARNING, "lost", reason="connection-lost")
-                raise LockLostError(
-                    f"transaction lock {key} was lost with its connection before its"
-                    f" transaction committed ({' '.join(str(exc).split())}); the work's"
-                    " statements in it did not commit",
-                    key=key,
-                    reason="connection-lost",
-                ) from exc
-            if sql.meaning(driver.sqlstate(exc)) is not sql.Meaning.LOCK_GONE:
-                raise
-            yield from quietly(driver, ROLLBACK)
-            # The same cause as a job's work that ends the transaction and begins none:
-            # the work ended the locked transaction. One reason, whichever a library
-            # reports (psycopg says the transaction ended; Django and SQLAlchemy, whose
-            # books still say it is open, only let the commit check find it).
-            events.log(logging.WARNING, "lost", reason="work-ended-transaction")
+            yield from self._commit_failed(exc)
+        self.events.log(logging.DEBUG, "released")
+
+    def _commit_check(self) -> list[str]:
+        """What goes with the COMMIT: with ``verify_commit``, the check that fails it if
+        the transaction is not the one that took the lock."""
+        marker = self.transaction_marker
+        if marker is None:
+            return []
+        return [sql.assert_same_transaction(self.spec.key, marker, shared=self.spec.shared)]
+
+    def _commit_failed(self, exc: BaseException) -> Plan[NoReturn]:
+        """The COMMIT of pgsolo's own transaction failed (``exc``): raise what that means."""
+        driver, key, events = self.driver, self.spec.key, self.events
+        if not isinstance(exc, Exception):
+            raise exc
+        if connection_gone(driver, exc, self.backend_pid):
+            events.log(logging.WARNING, "lost", reason="connection-lost")
             raise LockLostError(
-                f"transaction lock {key} was no longer held when the work was about to"
-                " commit: the work ended the locked transaction (and began another); the"
-                " transaction was rolled back",
+                f"transaction lock {key} was lost with its connection before its"
+                f" transaction committed ({' '.join(str(exc).split())}); the work's"
+                " statements in it did not commit",
                 key=key,
-                reason="work-ended-transaction",
+                reason="connection-lost",
             ) from exc
-        events.log(logging.DEBUG, "released")
+        if sql.meaning(driver.sqlstate(exc)) is not sql.Meaning.LOCK_GONE:
+            raise exc
+        yield from quietly(driver, ROLLBACK)
+        # The same cause as a job's work that ends the transaction and begins none:
+        # the work ended the locked transaction. One reason, whichever a library
+        # reports (psycopg says the transaction ended; Django and SQLAlchemy, whose
+        # books still say it is open, only let the commit check find it).
+        events.log(logging.WARNING, "lost", reason="work-ended-transaction")
+        raise LockLostError(
+            f"transaction lock {key} was no longer held when the work was about to"
+            " commit: the work ended the locked transaction (and began another); the"
+            " transaction was rolled back",
+            key=key,
+            reason="work-ended-transaction",
+        ) from exc
+
+    # - the common case, without a plan -
+
+    def quick_acquisition(self, *, context: bool) -> Quick | Plan[bool]:
+        """The common case: a try as a block begins on a connection with no transaction
+        open, which opens pgsolo's own transaction with the lock (BEGIN in the same
+        message on a bare connection). Anything else, and a key this connection holds
+        already: the plan that takes it."""
+        self.begin()
+        driver, spec = self.driver, self.spec
+        status = driver.transaction_status()
+        if spec.wait_ms is not None or not self._opens_own(status, context=context):
+            return self._acquire(context=context)
+        conn, pid = driver.connection, driver.backend_pid()
+        claim, _ = holdings.claim(
+            conn, pid, spec.key, shared=spec.shared, reentrant=False, claimant=self, lifetime="xact"
+        )
+        if claim != "new":
+            return self._acquire(context=context)  # which says it is busy here
+        # From here on, whatever cuts the acquisition short ends it in let_go().
+        opening = self._opening(status, owns=True) or []
+        holdings.set_transaction_owner(conn, pid, holdings.context_token())
+        self.started = time.perf_counter()
+        acquisition = placement.xact_acquisition(spec, None, in_callers_transaction=False)
+        return [*opening, *acquisition], "begin"
+
+    def quick_answer(self, value: object) -> bool:
+        if value is None:  # a server in recovery: the shell's let_go() rolls back
+            holdings.withdraw(self.driver.connection, self.spec.key, self)
+            raise failures.standby_refused(self.events, self.started)
+        acquired = self._granted(value, self.started)
+        self._settle_claim(self.driver.connection)
+        return acquired
+
+    def quick_failed(self, exc: BaseException) -> Plan[NoReturn]:
+        try:
+            yield from self._slice_failed(exc, self.started, joins=False, last=True)
+        finally:
+            holdings.withdraw(self.driver.connection, self.spec.key, self)
+            holdings.set_transaction_owner(self.driver.connection, self.driver.backend_pid(), None)
+        raise exc  # _slice_failed raised already: a try's only slice is its last
+
+    def let_go(self) -> Plan[None]:
+        try:
+            yield from super().let_go()
+        finally:
+            if not self.acquired:  # an acquisition the shell began, cut short
+                holdings.withdraw(self.driver.connection, self.spec.key, self)
+
+    def quick_release(self, *, exiting: bool) -> Quick | Plan[None]:
+        """The common case: the block ends without an error, with pgsolo's own
+        transaction open and the lock taken in it, as :meth:`exit` would commit it."""
+        if not exiting:
+            return self.release()
+        if (
+            self.opened_transaction
+            and self.acquired
+            and self.driver.transaction_status() is TxStatus.INTRANS
+        ):
+            return self._commit_check(), "commit"
+        return self.exit(failed=False)
+
+    def quick_released(self, value: object) -> None:
+        self.events.log(logging.DEBUG, "released")
+
+    def quick_release_failed(self, exc: BaseException) -> Plan[None]:
+        try:
+            yield from self._commit_failed(exc)
+        except BaseException as failure:
+            yield from self._after_interrupted_end(failure)
+            raise
+        finally:
+            self.forget()

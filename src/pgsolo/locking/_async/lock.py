@@ -13,7 +13,6 @@ from typing import Self
 from ...drivers import AsyncDriver
 from ...errors import LockLostError, LockNotHeldError
 from ..core import LockCore
-from ..session import SessionLockCore
 from ..view import LockView
 from .drive import adrive
 from .keeper import AsyncKeeper
@@ -103,35 +102,31 @@ class AsyncLock(LockView):
             raise self._core.lost  # the block ran to its end, but not all of it under the lock
 
     async def _take(self, *, context: bool) -> bool:
-        """Take the lock: the common case of a session lock by one round trip of the
-        shell's own (SessionLockCore.quick_acquisition), anything else by its plan."""
+        """Take the lock: the common case by one round trip of the shell's own
+        (LockCore.quick_acquisition), anything else by its plan."""
         core, driver = self._core, self._driver
-        if not isinstance(core, SessionLockCore):
-            return await adrive(core.acquire(context=context), driver)
-        statements = core.quick_acquisition(context=context)
-        if not isinstance(statements, list):
-            return await adrive(statements, driver)
+        quick = core.quick_acquisition(context=context)
+        if not isinstance(quick, tuple):
+            return await adrive(quick, driver)
+        statements, edge = quick
         try:
-            value = await driver.fetch_value(statements)
+            value = await driver.fetch_value(statements, 0.0, edge)
         except BaseException as exc:
             await adrive(core.quick_failed(exc), driver, cleaning_up=not isinstance(exc, Exception))
         return core.quick_answer(value)
 
     async def _give_back(self, *, exiting: bool) -> None:
         """Release the lock (``exiting``: as the block ends without an error, so the
-        end of pgsolo's own transaction too): the common case of a session lock by one
-        round trip of the shell's own (SessionLockCore.quick_release), anything else by
-        its plan."""
+        end of pgsolo's own transaction too): the common case by one round trip of the
+        shell's own (LockCore.quick_release), anything else by its plan."""
         core, driver = self._core, self._driver
-        if not isinstance(core, SessionLockCore):
-            await adrive(core.exit(failed=False) if exiting else core.release(), driver)
+        quick = core.quick_release(exiting=exiting)
+        if not isinstance(quick, tuple):
+            await adrive(quick, driver)
             return
-        statements = core.quick_release(exiting=exiting)
-        if not isinstance(statements, list):
-            await adrive(statements, driver)
-            return
+        statements, edge = quick
         try:
-            value = await driver.fetch_value(statements)
+            value = await driver.fetch_value(statements, 0.0, edge)
             core.forget()  # off the books at once: a Ctrl-C may land at any line
         except BaseException as exc:
             cleaning_up = not isinstance(exc, Exception)

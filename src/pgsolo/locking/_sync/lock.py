@@ -14,7 +14,6 @@ from typing import Self
 from ...drivers import SyncDriver
 from ...errors import LockLostError, LockNotHeldError
 from ..core import LockCore
-from ..session import SessionLockCore
 from ..view import LockView
 from .drive import drive
 from .keeper import Keeper
@@ -104,35 +103,31 @@ class Lock(LockView):
             raise self._core.lost  # the block ran to its end, but not all of it under the lock
 
     def _take(self, *, context: bool) -> bool:
-        """Take the lock: the common case of a session lock by one round trip of the
-        shell's own (SessionLockCore.quick_acquisition), anything else by its plan."""
+        """Take the lock: the common case by one round trip of the shell's own
+        (LockCore.quick_acquisition), anything else by its plan."""
         core, driver = self._core, self._driver
-        if not isinstance(core, SessionLockCore):
-            return drive(core.acquire(context=context), driver)
-        statements = core.quick_acquisition(context=context)
-        if not isinstance(statements, list):
-            return drive(statements, driver)
+        quick = core.quick_acquisition(context=context)
+        if not isinstance(quick, tuple):
+            return drive(quick, driver)
+        statements, edge = quick
         try:
-            value = driver.fetch_value(statements)
+            value = driver.fetch_value(statements, 0.0, edge)
         except BaseException as exc:
             drive(core.quick_failed(exc), driver, cleaning_up=not isinstance(exc, Exception))
         return core.quick_answer(value)
 
     def _give_back(self, *, exiting: bool) -> None:
         """Release the lock (``exiting``: as the block ends without an error, so the
-        end of pgsolo's own transaction too): the common case of a session lock by one
-        round trip of the shell's own (SessionLockCore.quick_release), anything else by
-        its plan."""
+        end of pgsolo's own transaction too): the common case by one round trip of the
+        shell's own (LockCore.quick_release), anything else by its plan."""
         core, driver = self._core, self._driver
-        if not isinstance(core, SessionLockCore):
-            drive(core.exit(failed=False) if exiting else core.release(), driver)
+        quick = core.quick_release(exiting=exiting)
+        if not isinstance(quick, tuple):
+            drive(quick, driver)
             return
-        statements = core.quick_release(exiting=exiting)
-        if not isinstance(statements, list):
-            drive(statements, driver)
-            return
+        statements, edge = quick
         try:
-            value = driver.fetch_value(statements)
+            value = driver.fetch_value(statements, 0.0, edge)
             core.forget()  # off the books at once: a Ctrl-C may land at any line
         except BaseException as exc:
             cleaning_up = not isinstance(exc, Exception)
