@@ -1,12 +1,15 @@
 """``python -m benchmarks.paired``: pgsolo ÷ the recipe by hand (psycopg 3 sync, psycopg 3
-async, asyncpg), over a local socket, measured tightly enough to see a change of 5%.
+async, asyncpg), over a local socket, measured tightly enough to see a change of 5%; and
+next to them the floor (:mod:`benchmarks.floor`: pgsolo's own messages sent by hand), which
+splits the ratio into what pgsolo's messages cost the server and the driver (floor ÷
+recipe) and what pgsolo's own Python costs (pgsolo ÷ floor).
 
 The suite's direct-socket rows time about 25 contenders in turn, so the two sides of one
 ratio run seconds apart, and on a small virtual machine their rounds spread from 0.7x to
-1.5x: a change of pgsolo's own cost by 10% does not show. Here only the two sides run, in
-short blocks that alternate (which one goes first alternates too), and the ratio is the
+1.5x: a change of pgsolo's own cost by 10% does not show. Here only the three sides run,
+in short blocks that alternate (their order reverses every block), and a ratio is the
 median of the blocks' ratios, with its quartiles. ``--pin`` puts this process on the
-first core and the server's two backends on the others, so that neither migrates between
+first core and the server's backends on the others, so that neither migrates between
 cores mid-block (the server must run on this machine, as the embedded one does).
 
 Use it before and after a change to a lock's path, on the same machine, one after the
@@ -21,7 +24,7 @@ import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any
 
 import psycopg
 
@@ -37,30 +40,18 @@ from benchmarks.bench_locks import (
     Target,
     server,
 )
+from benchmarks.floor import AsyncpgFloor, AsyncPsycopgFloor, PsycopgFloor
 from benchmarks.frameworks import APgsoloOn, asyncpg_connection
 from benchmarks.suite import DSN_ENV
 
+_Makers = tuple[Callable[[], Any], Callable[[], Any], Callable[[], Any]]
 
-class _SyncContender(Protocol):
-    conn: psycopg.Connection
-
-    def open(self, target: Target) -> None: ...
-    def op(self) -> None: ...
-    def close(self) -> None: ...
-
-
-PAIRS: dict[str, tuple[Callable[[], _SyncContender], Callable[[], _SyncContender]]] = {
-    "session": (PsycopgRecipeSession, PgsoloSession),
-    "xact": (PsycopgRecipeXact, PgsoloXact),
+# Each pair: the recipe by hand, pgsolo, and the floor (floor.py: pgsolo's own messages by
+# hand, with nothing of pgsolo's around them).
+PAIRS: dict[str, _Makers] = {
+    "session": (PsycopgRecipeSession, PgsoloSession, lambda: PsycopgFloor("session")),
+    "xact": (PsycopgRecipeXact, PgsoloXact, lambda: PsycopgFloor("xact")),
 }
-
-
-class _AsyncContender(Protocol):
-    conn: Any
-
-    async def open(self, target: Target) -> None: ...
-    async def op(self) -> None: ...
-    async def close(self) -> None: ...
 
 
 async def _psycopg_async(target: Target) -> tuple[Any, Any]:
@@ -68,11 +59,27 @@ async def _psycopg_async(target: Target) -> tuple[Any, Any]:
     return conn, conn.close
 
 
-ASYNC_PAIRS: dict[str, tuple[Callable[[], _AsyncContender], Callable[[], _AsyncContender]]] = {
-    "async-session": (AsyncPsycopgRecipeSession, lambda: APgsoloOn("session", _psycopg_async)),
-    "async-xact": (AsyncPsycopgRecipeXact, lambda: APgsoloOn("xact", _psycopg_async)),
-    "asyncpg-session": (AsyncpgRecipeSession, lambda: APgsoloOn("session", asyncpg_connection)),
-    "asyncpg-xact": (AsyncpgRecipeXact, lambda: APgsoloOn("xact", asyncpg_connection)),
+ASYNC_PAIRS: dict[str, _Makers] = {
+    "async-session": (
+        AsyncPsycopgRecipeSession,
+        lambda: APgsoloOn("session", _psycopg_async),
+        lambda: AsyncPsycopgFloor("session"),
+    ),
+    "async-xact": (
+        AsyncPsycopgRecipeXact,
+        lambda: APgsoloOn("xact", _psycopg_async),
+        lambda: AsyncPsycopgFloor("xact"),
+    ),
+    "asyncpg-session": (
+        AsyncpgRecipeSession,
+        lambda: APgsoloOn("session", asyncpg_connection),
+        lambda: AsyncpgFloor("session"),
+    ),
+    "asyncpg-xact": (
+        AsyncpgRecipeXact,
+        lambda: APgsoloOn("xact", asyncpg_connection),
+        lambda: AsyncpgFloor("xact"),
+    ),
 }
 
 
@@ -127,40 +134,49 @@ class _Side:
 
 
 def measure(target: Target, pair: str, blocks: int, ops: int, *, pin: list[int] | None) -> str:
-    """One pair's ratio; ``pin``: the cores to keep this process (the first) and the
+    """One pair's ratios; ``pin``: the cores to keep this process (the first) and the
     server's backends (the rest) on."""
     loop = asyncio.new_event_loop() if pair in ASYNC_PAIRS else None
     makers = ASYNC_PAIRS[pair] if pair in ASYNC_PAIRS else PAIRS[pair]
-    recipe, pgsolo = (_Side(make(), loop) for make in makers)
+    sides = dict(zip(SIDES, (_Side(make(), loop) for make in makers), strict=True))
     try:
-        for side in (recipe, pgsolo):
+        for side in sides.values():
             side.open(target)
         if pin is not None:
-            _pin((recipe.contender, pgsolo.contender), pin)
-        for side in (recipe, pgsolo):  # warm up, past the drivers' prepare thresholds (5)
+            _pin(tuple(side.contender for side in sides.values()), pin)
+        for side in sides.values():  # warm up, past the drivers' prepare thresholds (5)
             side.block(300)
-        times: dict[str, list[float]] = {"recipe": [], "pgsolo": []}
+        times: dict[str, list[float]] = {name: [] for name in SIDES}
         for n in range(blocks):
-            order = (("recipe", recipe), ("pgsolo", pgsolo))
+            order = list(sides.items())
             for name, side in order if n % 2 else order[::-1]:
                 times[name].append(side.block(ops))
     finally:
-        for side in (recipe, pgsolo):
+        for side in sides.values():
             side.close()
         if loop is not None:
             loop.close()
     return _report(pair, times, blocks, ops, pinned=pin is not None)
 
 
+SIDES = ("recipe", "pgsolo", "floor")
+
+
+def _ratio(times: dict[str, list[float]], side: str, to: str) -> str:
+    ratios = [a / b for a, b in zip(times[side], times[to], strict=True)]
+    q1, median, q3 = statistics.quantiles(ratios, n=4)
+    return f"{median:.3f} (quartiles {q1:.3f}-{q3:.3f})"
+
+
 def _report(
     pair: str, times: dict[str, list[float]], blocks: int, ops: int, *, pinned: bool
 ) -> str:
-    ratios = [p / r for p, r in zip(times["pgsolo"], times["recipe"], strict=True)]
-    q1, median, q3 = statistics.quantiles(ratios, n=4)
+    per_op = ", ".join(f"{name} {statistics.median(times[name]):.1f}" for name in SIDES)
     return (
-        f"{pair}: pgsolo ÷ recipe {median:.3f} (quartiles {q1:.3f}-{q3:.3f});"
-        f" {statistics.median(times['pgsolo']):.1f} µs vs"
-        f" {statistics.median(times['recipe']):.1f} µs per op;"
+        f"{pair}: pgsolo ÷ recipe {_ratio(times, 'pgsolo', 'recipe')};"
+        f" floor ÷ recipe {_ratio(times, 'floor', 'recipe')};"
+        f" pgsolo ÷ floor {_ratio(times, 'pgsolo', 'floor')}\n"
+        f"  µs per op: {per_op};"
         f" {blocks} blocks of {ops} ops each{', pinned' if pinned else ''}"
     )
 
