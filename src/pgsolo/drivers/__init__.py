@@ -54,6 +54,7 @@ from .registry import LIBRARIES, Library
 
 __all__ = [
     "REQUEST_END_HOOKS",
+    "UNKNOWN_SERVER",
     "AsyncDriver",
     "AsyncHeartbeat",
     "BeatFailed",
@@ -124,6 +125,11 @@ class ServerInfo:
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}" if self.port is not None else self.host
+
+
+# What a driver says of a connection it never saw open (logs and errors of a lock taken
+# on an already closed one): one shared value, not a new one made with every driver.
+UNKNOWN_SERVER = ServerInfo(database="?", host="?", port=None, user="?", application_name="")
 
 
 class BeatFailed(Exception):

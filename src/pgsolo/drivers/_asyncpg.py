@@ -80,7 +80,17 @@ from psycopg.conninfo import make_conninfo
 from .. import sql
 from .._weakmap import IdentityWeakMap
 from ..errors import TransactionFailedError, UnsupportedConnectionError
-from . import AsyncDriver, AsyncHeartbeat, Edge, Lacking, ServerInfo, TxStatus, edged, prepared
+from . import (
+    UNKNOWN_SERVER,
+    AsyncDriver,
+    AsyncHeartbeat,
+    Edge,
+    Lacking,
+    ServerInfo,
+    TxStatus,
+    edged,
+    prepared,
+)
 from . import _asyncpg_private as private
 from .conninfo import scrub_secrets
 from .deadlines import host_port
@@ -141,9 +151,7 @@ class AsyncpgDriver:
         self._checkout = _checkout_of(conn)
         self._aborted_at: int | None = None  # see transaction_status
         self._last_pid = 0
-        self._last_info = ServerInfo(
-            database="?", host="?", port=None, user="?", application_name=""
-        )
+        self._last_info = UNKNOWN_SERVER
 
     @property
     def connection(self) -> object:

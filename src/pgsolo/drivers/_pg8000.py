@@ -54,7 +54,7 @@ import pg8000.legacy
 from psycopg.conninfo import make_conninfo
 
 from .._weakmap import IdentityWeakMap
-from . import Edge, Lacking, ServerInfo, SyncDriver, SyncHeartbeat, TxStatus, edged
+from . import UNKNOWN_SERVER, Edge, Lacking, ServerInfo, SyncDriver, SyncHeartbeat, TxStatus, edged
 from . import _pg8000_private as private
 from .conninfo import scrub_secrets
 from .deadlines import host_port, socket_address
@@ -98,9 +98,7 @@ class Pg8000Driver:
     def __init__(self, conn: Any) -> None:
         self._conn = conn
         self._last_pid = 0
-        self._last_info = ServerInfo(
-            database="?", host="?", port=None, user="?", application_name=""
-        )
+        self._last_info = UNKNOWN_SERVER
 
     @property
     def connection(self) -> object:

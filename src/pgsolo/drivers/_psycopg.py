@@ -36,7 +36,7 @@ from .. import sql
 from .._logging import drivers_logger as logger
 from .._weakmap import IdentityWeakMap
 from ..errors import DatabaseUnavailableError
-from . import BeatFailed, News, ServerInfo, TxStatus, prepared
+from . import UNKNOWN_SERVER, BeatFailed, News, ServerInfo, TxStatus, prepared
 from .conninfo import scrub_secrets
 from .deadlines import DEADLINES, shut_down_socket, socket_address
 
@@ -217,7 +217,7 @@ class PsycopgBase:
     # A closed connection raises on every ``info`` attribute; logs and errors about it
     # (a lost lock) then use what it said while it was open.
     _last_pid = 0
-    _last_info = ServerInfo(database="?", host="?", port=None, user="?", application_name="")
+    _last_info = UNKNOWN_SERVER
 
     def backend_pid(self) -> int:
         if not self._conn.closed:

@@ -40,7 +40,7 @@ from psycopg.conninfo import make_conninfo
 from psycopg2.extensions import connection as Connection
 
 from .. import sql
-from . import Edge, Lacking, ServerInfo, SyncDriver, SyncHeartbeat, TxStatus, edged
+from . import UNKNOWN_SERVER, Edge, Lacking, ServerInfo, SyncDriver, SyncHeartbeat, TxStatus, edged
 from ._psycopg import PROBE_ANSWER_TIMEOUT, PROBE_CONNECT_TIMEOUT
 from .conninfo import scrub_secrets
 from .deadlines import DEADLINES, shut_down_socket, socket_address
@@ -95,7 +95,7 @@ class Psycopg2Driver:
     # A closed connection has no backend pid or parameters any more; logs and errors
     # about it (a lost lock) use what it said while it was open.
     _last_pid = 0
-    _last_info = ServerInfo(database="?", host="?", port=None, user="?", application_name="")
+    _last_info = UNKNOWN_SERVER
 
     def __init__(self, conn: Connection) -> None:
         self._conn = conn

@@ -112,10 +112,11 @@ def set_route(conn: object, pid: int, route: Route) -> None:
 
 def context_token() -> tuple[int, int]:
     """Who is running: this thread, and this asyncio task if there is one."""
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:  # no event loop in this thread
-        task = None
+    # Exported by asyncio (its __all__) for code that runs with or without a loop: None
+    # without one, where current_task() raises: an exception raised and caught on every
+    # sync lock's path.
+    loop = asyncio._get_running_loop()
+    task = None if loop is None else asyncio.current_task(loop)
     return threading.get_ident(), id(task) if task is not None else 0
 
 
