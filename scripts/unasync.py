@@ -105,6 +105,8 @@ _RENAMES = {
     "is_locked_async": "is_locked",
     "lock_holders_async": "lock_holders",
     "run_once_async": "run_once",
+    "leader_async": "leader",
+    "AsyncTerm": "Term",
     # pgsolo's own pairs
     "AsyncDriver": "SyncDriver",
     "AsyncHeartbeat": "SyncHeartbeat",

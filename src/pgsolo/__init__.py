@@ -52,6 +52,7 @@ if TYPE_CHECKING:  # the same names as _ON_FIRST_USE, for type checkers
         run_job_async,
         singleton,
     )
+    from .leadership import AsyncTerm, Term, leader, leader_async
     from .locking import (
         AsyncLock,
         Keep,
@@ -83,6 +84,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AdvisoryLock",
     "AsyncLock",
+    "AsyncTerm",
     "Check",
     "ConnectionStateError",
     "DatabaseUnavailableError",
@@ -119,6 +121,7 @@ __all__ = [
     "Reason",
     "Registry",
     "ResultNotStorableError",
+    "Term",
     "TransactionFailedError",
     "UnsafeConnectionError",
     "UnsupportedConnectionError",
@@ -135,6 +138,8 @@ __all__ = [
     "idempotency_key_for",
     "is_locked",
     "is_locked_async",
+    "leader",
+    "leader_async",
     "lock_holders",
     "lock_holders_async",
     "migrate",
@@ -182,6 +187,7 @@ _ON_FIRST_USE = {
         ),
         ".locking",
     ),
+    **dict.fromkeys(("AsyncTerm", "Term", "leader", "leader_async"), ".leadership"),
     **dict.fromkeys(
         (
             "AdvisoryLock",

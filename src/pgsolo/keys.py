@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from os import PathLike
 from typing import TypeAlias
 
-from .errors import InvalidKeyError, KeyCollisionError
+from .errors import InvalidKeyError, KeyCollisionError, UsageError
 
 __all__ = [
     "Key",
@@ -24,6 +24,7 @@ __all__ = [
     "Registry",
     "advisory_keys_in",
     "as_key",
+    "checked_text",
     "decode_pg_lock",
     "derive_int32",
     "derive_int64",
@@ -160,22 +161,29 @@ def _check_int(value: object, low: int, high: int, what: str) -> None:
         raise InvalidKeyError(f"{what} must be in [{low}, {high}], got {value}")
 
 
-def _check_name(name: object) -> bytes:
-    if not isinstance(name, str):
-        raise InvalidKeyError(f"a key name must be a str, got {type(name).__name__}")
-    if not name:
-        raise InvalidKeyError("a key name must not be empty")
-    if "\0" in name:
-        raise InvalidKeyError("a key name must not contain a NUL character")
+def checked_text(
+    value: object, what: str, max_bytes: int, error: type[UsageError] = InvalidKeyError
+) -> bytes:
+    """The UTF-8 of ``value`` if it is a name pgsolo takes (``what``: "a key name", "an
+    operation key"...): a non-empty ``str`` without NUL of at most ``max_bytes`` UTF-8
+    bytes; else ``error`` saying which rule it broke."""
+    if not isinstance(value, str):
+        raise error(f"{what} must be a str, got {type(value).__name__} {value!r}")
+    if not value:
+        raise error(f"{what} must not be empty")
+    if "\0" in value:
+        raise error(f"{what} must not contain a NUL character")
     try:
-        encoded = name.encode("utf-8")
+        encoded = value.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise InvalidKeyError(f"a key name must be valid Unicode text: {exc}") from None
-    if len(encoded) > MAX_NAME_BYTES:
-        raise InvalidKeyError(
-            f"a key name must be at most {MAX_NAME_BYTES} UTF-8 bytes, got {len(encoded)}"
-        )
+        raise error(f"{what} must be valid Unicode text: {exc}") from None
+    if len(encoded) > max_bytes:
+        raise error(f"{what} must be at most {max_bytes} UTF-8 bytes, got {len(encoded)}")
     return encoded
+
+
+def _check_name(name: object) -> bytes:
+    return checked_text(name, "a key name", MAX_NAME_BYTES)
 
 
 def _digest(name: str) -> bytes:

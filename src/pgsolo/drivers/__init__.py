@@ -375,7 +375,7 @@ def adapt_sync(connection: object) -> SyncDriver:
         raise UnsupportedConnectionError(
             f"this call takes a sync connection, and {_name_of(connection)} is async: use the"
             " call's async variant where it has one (xact_lock and session_lock take both;"
-            " run_job_async, run_once_async, advisory_locks_async)"
+            " run_job_async, run_once_async, leader_async, advisory_locks_async)"
         )
     return as_sync(driver)
 
@@ -385,7 +385,7 @@ def adapt_async(connection: object) -> AsyncDriver:
     if not is_async(driver):
         raise UnsupportedConnectionError(
             f"this call takes an async connection, and {_name_of(connection)} is sync: use"
-            " the sync variant (run_job, run_once, advisory_locks)"
+            " the sync variant (run_job, run_once, leader, advisory_locks)"
         )
     return driver
 

@@ -13,7 +13,7 @@ from ..errors import (
     InvalidOperationKeyError,
     ResultNotStorableError,
 )
-from ..keys import Key, from_name
+from ..keys import Key, checked_text, from_name
 
 __all__ = [
     "MAX_OP_KEY_BYTES",
@@ -92,25 +92,8 @@ class OperationContext(Generic[C]):
 
 def validate_op_key(op_key: object) -> str:
     """``op_key`` if it is a valid operation key, else :class:`InvalidOperationKeyError`."""
-    if not isinstance(op_key, str):
-        raise InvalidOperationKeyError(
-            f"an operation key must be a str, got {type(op_key).__name__} {op_key!r}"
-        )
-    if not op_key:
-        raise InvalidOperationKeyError("an operation key must not be empty")
-    if "\0" in op_key:
-        raise InvalidOperationKeyError("an operation key must not contain a NUL character")
-    try:
-        size = len(op_key.encode("utf-8"))
-    except UnicodeEncodeError as exc:
-        raise InvalidOperationKeyError(
-            f"an operation key must be valid Unicode text: {exc}"
-        ) from None
-    if size > MAX_OP_KEY_BYTES:
-        raise InvalidOperationKeyError(
-            f"an operation key must be at most {MAX_OP_KEY_BYTES} UTF-8 bytes, got {size}"
-        )
-    return op_key
+    checked_text(op_key, "an operation key", MAX_OP_KEY_BYTES, InvalidOperationKeyError)
+    return str(op_key)
 
 
 def idempotency_key_for(op_key: str) -> str:

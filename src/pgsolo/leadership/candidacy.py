@@ -1,0 +1,92 @@
+"""What a candidate for leadership asks for, validated before anything connects: the
+leader name, the key it stands for, and how the term is watched."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..drivers import DriverBase, Lacking
+from ..errors import InvalidArgumentError, LockLostError, UsageError
+from ..keys import Key, checked_text, from_name
+from ..locking import Keep, as_keep, wait_ms_of
+
+__all__ = ["LEADER_PREFIX", "MAX_LEADER_NAME_BYTES", "Candidacy", "leader_key"]
+
+# The key of a leader name (DESIGN §2, "Leader keys"): a name of pgsolo's own.
+LEADER_PREFIX = "pgsolo:leader:"
+MAX_LEADER_NAME_BYTES = 512
+
+
+def leader_key(name: object) -> Key:
+    """The session advisory lock the leader named ``name`` holds while it leads."""
+    checked_text(name, "a leader name", MAX_LEADER_NAME_BYTES)
+    return from_name(LEADER_PREFIX + str(name))
+
+
+@dataclass(frozen=True)
+class Candidacy:
+    """A validated call of ``leader()``: the name and its key, the wait, and the keeper
+    (None: unwatched) whose ``on_lost`` also ends the term's wait (``lost``)."""
+
+    name: str
+    key: Key
+    wait: float
+    fencing: bool
+    keep: Keep | None
+
+    @classmethod
+    def define(
+        cls,
+        name: object,
+        *,
+        wait: float,
+        keep: bool | Keep,
+        fencing: bool,
+        cancel: bool,
+        lost: Callable[[LockLostError], object],
+    ) -> Candidacy:
+        """``cancel``: what ``keep=True`` does to the leader's task (async only); ``lost``:
+        called with the loss before the caller's own ``on_lost``."""
+        key = leader_key(name)
+        if wait is None:
+            raise InvalidArgumentError(
+                "a candidate waits to lead: wait= takes seconds, or math.inf (the default) to"
+                " wait for as long as it takes; to ask once whether a key is free, use"
+                " session_lock()"
+            )
+        wait_ms_of(wait)  # the same range as a lock's wait, refused the same way
+        if not isinstance(fencing, bool):
+            raise InvalidArgumentError(f"fencing must be True or False, got {fencing!r}")
+        if keep is True:
+            keep = Keep(cancel=cancel)
+        watched = as_keep(keep)
+        if watched is not None:
+            watched = dataclasses.replace(watched, on_lost=_both(lost, watched.on_lost))
+        return cls(str(name), key, float(wait), fencing, watched)
+
+    def refuse_unwatchable(self, driver: DriverBase) -> None:
+        """A watched term on a connection no keeper can share (asyncpg's, pg8000's):
+        refused before any SQL, with the two ways out."""
+        found = driver.heartbeat()
+        if self.keep is not None and isinstance(found, Lacking):
+            raise UsageError(
+                "leader() watches its term with a keeper, which cannot share this"
+                f" connection: {found.why} Pass a connection string instead (pgsolo opens a"
+                " connection of its own and watches it), or keep=False to lead unwatched"
+                " (a loss is then found only when the term ends)."
+            )
+
+
+def _both(
+    first: Callable[[LockLostError], object], then: Callable[[LockLostError], object] | None
+) -> Callable[[LockLostError], object]:
+    if then is None:
+        return first
+
+    def on_lost(error: LockLostError) -> None:
+        first(error)
+        then(error)
+
+    return on_lost
