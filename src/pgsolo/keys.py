@@ -19,6 +19,7 @@ from typing import TypeAlias
 from .errors import InvalidKeyError, KeyCollisionError, UsageError
 
 __all__ = [
+    "LEADER_PREFIX",
     "Key",
     "KeyLike",
     "Registry",
@@ -35,6 +36,9 @@ __all__ = [
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 MAX_NAME_BYTES = 1024
+# The names of pgsolo's own keys that a session's application_name can carry whole: the
+# leader of a name holds the key of LEADER_PREFIX + name (DESIGN §2, Leader keys).
+LEADER_PREFIX = "pgsolo:leader:"
 
 
 @dataclass(frozen=True, slots=True)

@@ -189,3 +189,33 @@ def test_a_connection_of_the_caller_goes_back_as_it_was_found(
     assert conn.info.transaction_status is psycopg.pq.TransactionStatus.IDLE
     assert conn.execute("SHOW application_name").fetchone() == ("mine",)
     assert not conn.closed
+
+
+def test_the_locks_view_names_the_leader_and_its_waiting_candidates(
+    db: str, connect: Connect
+) -> None:
+    """``pgsolo locks`` (advisory_locks) names a leader's key by the application_name
+    of the sessions pgsolo opened for it, its holder granted and its candidates waiting."""
+    name = unique_name("leader")
+    waiting = threading.Event()
+
+    def candidate() -> None:
+        waiting.set()
+        with pgsolo.leader(db, name, wait=20):
+            pass
+
+    with pgsolo.leader(db, name) as term:
+        thread = threading.Thread(target=candidate)
+        thread.start()
+        waiting.wait(5)
+
+        def rows() -> list[pgsolo.AdvisoryLock]:
+            found = pgsolo.advisory_locks(connect(), key=term.key)
+            return found if len(found) == 2 else []
+
+        locks = eventually(rows, "the leader and its candidate in the view")
+        assert {lock.key.name for lock in locks} == {f"pgsolo:leader:{name}"}
+        leading = [lock for lock in locks if lock.granted]
+        assert [lock.pid for lock in leading] == [term.backend_pid]
+        assert [lock.lifetime for lock in leading] == ["session"]
+    thread.join(20)

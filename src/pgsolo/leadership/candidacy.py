@@ -9,13 +9,11 @@ from dataclasses import dataclass
 
 from ..drivers import DriverBase, Lacking
 from ..errors import InvalidArgumentError, LockLostError, UsageError
-from ..keys import Key, checked_text, from_name
+from ..keys import LEADER_PREFIX, Key, checked_text, from_name
 from ..locking import Keep, as_keep, wait_ms_of
 
-__all__ = ["LEADER_PREFIX", "MAX_LEADER_NAME_BYTES", "Candidacy", "leader_key"]
+__all__ = ["MAX_LEADER_NAME_BYTES", "Candidacy", "leader_key"]
 
-# The key of a leader name (DESIGN §2, "Leader keys"): a name of pgsolo's own.
-LEADER_PREFIX = "pgsolo:leader:"
 MAX_LEADER_NAME_BYTES = 512
 
 

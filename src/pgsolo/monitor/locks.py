@@ -4,6 +4,7 @@ drives), the rows it reads (:class:`AdvisoryLock`) and :func:`wait_chains`."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -13,7 +14,16 @@ from .. import sql
 from ..drivers import DriverBase
 from ..drivers.conninfo import DEFAULT_APP_PREFIX
 from ..errors import InvalidArgumentError, PgsoloError
-from ..keys import Key, KeyLike, Registry, as_key, decode_pg_lock, derive_int32, derive_int64
+from ..keys import (
+    LEADER_PREFIX,
+    Key,
+    KeyLike,
+    Registry,
+    as_key,
+    decode_pg_lock,
+    derive_int32,
+    derive_int64,
+)
 from ..locking.plans import Plan
 from .snapshot import check_positive, parse_time, snapshot_plan
 
@@ -51,7 +61,8 @@ class AdvisoryLock:
 
     ``name`` comes from the registry, the given names, or else from the holder itself:
     a session whose ``application_name`` is pgsolo's (``pgsolo:<name>``) is named when
-    ``<name>`` derives to the key (a hash, so never a wrong guess); with
+    ``<name>`` derives to the key (a hash, so never a wrong guess), and a leader's or a
+    candidate's (``pgsolo:leader:<name>``) by that whole name, its key's; with
     ``from_ledger=True``, a key that is still unnamed gets the name of the job of
     pgsolo's ledger that last ran with it. Fields of
     ``pg_stat_activity`` are ``None`` when the server hides another
@@ -130,38 +141,42 @@ class _Namer:
             self._int64.setdefault(derive_int64(name), name)  # InvalidKeyError first
             self._int32.setdefault(derive_int32(name), name)
 
-    def name_of(self, key: Key, claimed: _Claim | None = None) -> str | None:
+    def name_of(self, key: Key, claims: tuple[_Claim, ...] = ()) -> str | None:
         if self._registry is not None and (registered := self._registry.name_of(key)):
             return registered
         if isinstance(key.value, tuple):
             given = self._int32.get(key.value[1])
-            own = claimed is not None and claimed.int32 == key.value[1]
+            own = (c.name for c in claims if c.int32 == key.value[1])
         else:
             given = self._int64.get(key.value)
-            own = claimed is not None and claimed.int64 == key.value
-        return given or (claimed.name if own and claimed is not None else None)
+            own = (c.name for c in claims if c.int64 == key.value)
+        return given or next(own, None)
 
 
 @dataclass(frozen=True, slots=True)
 class _Claim:
-    """The name a pgsolo session's ``application_name`` (``pgsolo:<name>``) says, with the
-    keys it derives to: a lock of the session is named by it only if its key matches."""
+    """A name a pgsolo session's ``application_name`` says, with the keys it derives to: a
+    lock of the session is named by it only if its key matches. ``pgsolo:<name>`` says
+    ``<name>`` (a job's); a leader's, ``pgsolo:leader:<name>``, is its key's name itself."""
 
     name: str
     int64: int
     int32: int
 
     @classmethod
-    def of(cls, application_name: object) -> _Claim | None:
+    def of(cls, application_name: object) -> tuple[_Claim, ...]:
         if not isinstance(application_name, str):
-            return None
+            return ()
         name = application_name.removeprefix(DEFAULT_APP_PREFIX)
         if name == application_name or not name or name != name.strip():
-            return None
-        try:
-            return cls(name, derive_int64(name), derive_int32(name))
-        except PgsoloError:  # not a name pgsolo could have derived a key from
-            return None
+            return ()
+        names = [application_name, name] if application_name.startswith(LEADER_PREFIX) else [name]
+        claims = []
+        for each in names:
+            # One that is not a name pgsolo could have derived a key from claims nothing.
+            with contextlib.suppress(PgsoloError):
+                claims.append(cls(each, derive_int64(each), derive_int32(each)))
+        return tuple(claims)
 
 
 @dataclass(frozen=True)
@@ -231,7 +246,7 @@ def _locks_from(snapshot: Mapping[str, Any], namer: _Namer) -> list[AdvisoryLock
     # What a holder's session says is the same for each of its locks (one session may
     # hold thousands): worked out once per pid.
     holding: dict[int | None, tuple[Any, ...]] = {}
-    claims: dict[int | None, _Claim | None] = {}
+    claims: dict[int | None, tuple[_Claim, ...]] = {}
     kept = _kept_sessions(snapshot["locks"], sessions)
     locks = []
     for pid, classid, objid, objsubid, shared, granted, waitstart, blockers in snapshot["locks"]:

@@ -15,9 +15,9 @@ from ...drivers import adapt_async
 from ...drivers._async.connect import aopen_connection
 from ...drivers.conninfo import application_name_for
 from ...errors import LockLostError, UsageError
-from ...keys import Key
+from ...keys import LEADER_PREFIX, Key
 from ...locking import AsyncLock, Keep, session_lock
-from ..candidacy import LEADER_PREFIX, Candidacy
+from ..candidacy import Candidacy
 
 if TYPE_CHECKING:
     from ...drivers.kinds import AsyncConnectionLike

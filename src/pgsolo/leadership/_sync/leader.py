@@ -16,9 +16,9 @@ from ...drivers import adapt_sync
 from ...drivers._sync.connect import open_connection
 from ...drivers.conninfo import application_name_for
 from ...errors import LockLostError, UsageError
-from ...keys import Key
+from ...keys import LEADER_PREFIX, Key
 from ...locking import Keep, Lock, session_lock
-from ..candidacy import LEADER_PREFIX, Candidacy
+from ..candidacy import Candidacy
 
 if TYPE_CHECKING:
     from ...drivers.kinds import SyncConnectionLike
