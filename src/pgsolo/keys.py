@@ -20,6 +20,7 @@ from .errors import InvalidKeyError, KeyCollisionError, UsageError
 
 __all__ = [
     "LEADER_PREFIX",
+    "MAX_LEADER_NAME_BYTES",
     "Key",
     "KeyLike",
     "Registry",
@@ -31,14 +32,16 @@ __all__ = [
     "derive_int64",
     "encode_pg_lock",
     "from_name",
+    "leader_key",
 ]
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 MAX_NAME_BYTES = 1024
-# The names of pgsolo's own keys that a session's application_name can carry whole: the
-# leader of a name holds the key of LEADER_PREFIX + name (DESIGN §2, Leader keys).
+# The leader of a name holds the key of LEADER_PREFIX + name (DESIGN §2, Leader keys); the
+# sessions pgsolo opens for it carry that whole name as their application_name.
 LEADER_PREFIX = "pgsolo:leader:"
+MAX_LEADER_NAME_BYTES = 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,6 +224,12 @@ def _derived(name: str, namespace: int | None) -> Key:
     if namespace is None:
         return Key(derive_int64(name), name)
     return Key((namespace, derive_int32(name)), name)
+
+
+def leader_key(name: object) -> Key:
+    """The session advisory lock the leader named ``name`` holds while it leads."""
+    checked_text(name, "a leader name", MAX_LEADER_NAME_BYTES)
+    return from_name(LEADER_PREFIX + str(name))
 
 
 def as_key(key: KeyLike, *, namespace: int | None = None, registry: Registry | None = None) -> Key:

@@ -28,6 +28,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+import pgsolo
 from _support import (
     MARK,
     Connect,
@@ -46,7 +47,7 @@ from _support import (
 from pgsolo.cli.run import outcome
 from pgsolo.drivers.conninfo import redact_dsn
 from pgsolo.jobs import Job
-from pgsolo.keys import Key
+from pgsolo.keys import Key, leader_key
 from pgsolo.monitor import AdvisoryLock
 from pgsolo.testing import Relay
 
@@ -1560,3 +1561,85 @@ def test_the_json_document_of_a_key_that_is_not_utf8_is_valid_json(db: str, tmp_
     json.dumps(report, ensure_ascii=False).encode("utf-8")  # no lone surrogate in it
     assert done.returncode == 2, done.stderr  # a name must be Unicode text (§2)
     assert (report["key"], report["job"]) == ("caf\\xe9-export", "caf\\xe9-export")
+
+
+# -- --leader NAME: the command-line standby ------------------------------------------------
+
+
+def test_a_standby_leader_runs_the_command_once_the_leader_is_killed(
+    migrated: str, observer: Any, tmp_path: Path, background: Callable[..., Running]
+) -> None:
+    """Every replica runs the same line: the first runs COMMAND, the second waits (for as
+    long as it takes, by default) and runs it only once the first pgsolo was SIGKILLed and
+    its COMMAND killed with it."""
+    name = f"standby-{uuid.uuid4().hex[:8]}"
+    key = leader_key(name)
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    leader = background(
+        "run", "--leader", name, "--dsn", migrated, "--", *script(WAIT_FOR_GO, first, 0)
+    )
+    wait_until((first / "ready").exists, "the leader's COMMAND to start")
+    command_pid = int((first / "pid").read_text())
+    standby = background(
+        "run", "--leader", name, "--dsn", migrated, "--json", "--", *script(MARK, second, 0)
+    )
+    wait_until(lambda: observer.waiters(key), "the standby to wait")
+    time.sleep(2.5)  # past a slice of its wait
+    assert not (second / "ran").exists()
+    assert {lock.key.name for lock in pgsolo.advisory_locks(observer.conn, key=key)} == {
+        f"pgsolo:leader:{name}"
+    }
+    leader.proc.send_signal(signal.SIGKILL)
+    leader.proc.wait(TIMEOUT)
+    while pid_exists(command_pid):  # the leader's COMMAND dies with it (parent-death signal)
+        assert not (second / "ran").exists(), "two leaders ran COMMAND at once"
+        time.sleep(0.01)
+    done = standby.finish()
+    assert done.returncode == 0, done.stderr
+    assert (second / "ran").exists()
+    report = last_json(done.stderr)
+    assert report["outcome"] == "completed"
+    assert report["key_name"] == f"pgsolo:leader:{name}"
+    assert report["application_name"] == f"pgsolo:leader:{name}"
+    assert report["lock_wait_seconds"] > 2
+    assert observer.holders(key) == set()
+
+
+def test_a_standby_leader_with_a_wait_skips_when_it_runs_out(
+    migrated: str, connect: Connect, tmp_path: Path
+) -> None:
+    name = f"standby-{uuid.uuid4().hex[:8]}"
+    holder = connect()
+    holder.execute("SELECT pg_advisory_lock(%s)", (leader_key(name).value,))
+    done = pgsolo_cli(
+        "run", "--leader", name, "--wait", "0.5", "--dsn", migrated, "--json", "--",
+        *script(MARK, tmp_path, 0),
+    )  # fmt: skip
+    assert done.returncode == 75, done.stderr
+    assert (last_json(done.stderr)["outcome"], last_json(done.stderr)["reason"]) == (
+        "skipped",
+        "busy",
+    )
+    assert not (tmp_path / "ran").exists()
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        (["--leader", ""], "a leader name must not be empty"),
+        (["--leader", "x", "--key", "y"], "not allowed with argument"),
+        (["--leader", "x", "--namespace", "3"], "apply to --key, not to --leader"),
+        (["--leader", "x", "--key-is-name"], "apply to --key, not to --leader"),
+        ([], "one of the arguments --key --leader is required"),
+    ],
+)
+def test_a_bad_leader_option_is_a_usage_error_before_connecting(
+    options: list[str], says: str
+) -> None:
+    nowhere = "postgresql://u:secret-pw-5@127.0.0.1:1/db?connect_timeout=2"
+    done = pgsolo_cli("run", *options, "--dsn", nowhere, "--", "true")
+    assert done.returncode == 2, done.stderr
+    assert says in done.stderr
+    assert "secret-pw-5" not in done.stderr

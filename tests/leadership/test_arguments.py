@@ -11,8 +11,7 @@ import psycopg
 import pytest
 
 import pgsolo
-from pgsolo.keys import from_name
-from pgsolo.leadership.candidacy import leader_key
+from pgsolo.keys import from_name, leader_key
 
 NOWHERE = "postgresql://leader:secret-pw-41@127.0.0.1:1/nowhere?connect_timeout=2"
 

@@ -22,7 +22,7 @@ from _support import (
     terminate,
     unique_name,
 )
-from pgsolo.leadership.candidacy import leader_key
+from pgsolo.keys import leader_key
 
 Observer = Any
 

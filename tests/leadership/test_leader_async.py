@@ -12,7 +12,7 @@ import pytest
 
 import pgsolo
 from _support import AConnect, aeventually, terminate, unique_name
-from pgsolo.leadership.candidacy import leader_key
+from pgsolo.keys import leader_key
 
 Observer = Any
 

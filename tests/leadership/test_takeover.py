@@ -15,7 +15,7 @@ from typing import Any
 import _leader_child
 import pgsolo
 from _support import eventually, unique_name
-from pgsolo.leadership.candidacy import leader_key
+from pgsolo.keys import leader_key
 
 CHILD = Path(_leader_child.__file__).resolve()
 DEADLINE = 20.0  # generous: a process starts, imports and connects in this time

@@ -9,18 +9,10 @@ from dataclasses import dataclass
 
 from ..drivers import DriverBase, Lacking
 from ..errors import InvalidArgumentError, LockLostError, UsageError
-from ..keys import LEADER_PREFIX, Key, checked_text, from_name
+from ..keys import Key, leader_key
 from ..locking import Keep, as_keep, wait_ms_of
 
-__all__ = ["MAX_LEADER_NAME_BYTES", "Candidacy", "leader_key"]
-
-MAX_LEADER_NAME_BYTES = 512
-
-
-def leader_key(name: object) -> Key:
-    """The session advisory lock the leader named ``name`` holds while it leads."""
-    checked_text(name, "a leader name", MAX_LEADER_NAME_BYTES)
-    return from_name(LEADER_PREFIX + str(name))
+__all__ = ["Candidacy"]
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ Where each part lives:
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from typing import TYPE_CHECKING
 
@@ -25,7 +26,7 @@ from ...errors import (
     PgsoloError,
     UsageError,
 )
-from ...keys import Key
+from ...keys import LEADER_PREFIX, Key, leader_key
 from ..common import CliError, Subparsers, add_command, database
 from ..exit_codes import EXIT_FAILED, EXIT_UNAVAILABLE, EXIT_USAGE
 from ..output import JsonDestination
@@ -43,27 +44,29 @@ def add_run_command(subparsers: Subparsers) -> None:
     parser = add_command(
         subparsers,
         "run",
-        description="Run COMMAND while this process holds a session-level advisory lock on"
-        " KEY, on one pinned connection watched for the whole run. COMMAND comes after --"
-        " (everything after it is COMMAND's, options included). KEY is a name"
-        " (daily-settlement), an int64 (123) or a pair (42:1001). Busy means skip, unless"
-        " --wait is given. Exit codes: COMMAND's own (128+N if killed by signal N; 127 not"
-        " found, 126 not executable); 75 skipped (busy, wait timed out, or already done"
-        " this period; --conflict-exit-code and --already-done-exit-code change it); 70"
-        " lock lost, or no answer within --check-timeout, while COMMAND ran (COMMAND gets"
-        " SIGTERM, then SIGKILL after --grace; with --on-lost=warn it finishes, and a"
-        " COMMAND that failed exits with its own code); 69 database unavailable;"
-        " 2 usage error, including --record or --once-per on a database where"
-        " `pgsolo migrate` has not run; 1 COMMAND succeeded"
-        " but its period could not be recorded. SIGTERM and SIGINT are forwarded to"
-        " COMMAND; one that comes before COMMAND started ends the run without starting it"
-        " (128+N, lock released). When stdin is not a terminal, COMMAND leads its own"
-        " process group and every signal reaches the whole group (what COMMAND started"
-        " too); with a terminal on stdin, only COMMAND's own process. The lock is held until"
-        " every process COMMAND started has exited (a background job, a daemon: on Linux"
-        " pgsolo is their subreaper and reaps them), unless --kill-on-exit stops them once"
-        " COMMAND exits; after a lost lock they are all stopped. If pgsolo itself is"
-        " killed, COMMAND's own process is killed with it (Linux).",
+        description="Run COMMAND while this process holds a session-level advisory lock on KEY, on "
+        "one pinned connection watched for the whole run. COMMAND comes after -- "
+        "(everything after it is COMMAND's, options included). KEY is a name "
+        "(daily-settlement), an int64 (123) or a pair (42:1001). Busy means skip, unless "
+        "--wait is given. With --leader NAME instead of --key, every replica runs the "
+        "same line as a standby: one runs COMMAND, the others wait for as long as it "
+        "lives, and one of them runs COMMAND once it is gone. Exit codes: COMMAND's own "
+        "(128+N if killed by signal N; 127 not found, 126 not executable); 75 skipped "
+        "(busy, wait timed out, or already done this period; --conflict-exit-code and "
+        "--already-done-exit-code change it); 70 lock lost, or no answer within "
+        "--check-timeout, while COMMAND ran (COMMAND gets SIGTERM, then SIGKILL after "
+        "--grace; with --on-lost=warn it finishes, and a COMMAND that failed exits with "
+        "its own code); 69 database unavailable; 2 usage error, including --record or "
+        "--once-per on a database where `pgsolo migrate` has not run; 1 COMMAND succeeded"
+        " but its period could not be recorded. SIGTERM and SIGINT are forwarded to "
+        "COMMAND; one that comes before COMMAND started ends the run without starting it "
+        "(128+N, lock released). When stdin is not a terminal, COMMAND leads its own "
+        "process group and every signal reaches the whole group (what COMMAND started "
+        "too); with a terminal on stdin, only COMMAND's own process. The lock is held "
+        "until every process COMMAND started has exited (a background job, a daemon: on "
+        "Linux pgsolo is their subreaper and reaps them), unless --kill-on-exit stops "
+        "them once COMMAND exits; after a lost lock they are all stopped. If pgsolo "
+        "itself is killed, COMMAND's own process is killed with it (Linux).",
     )
     add_run_arguments(parser)
     parser.set_defaults(handler=cmd_run)
@@ -132,22 +135,29 @@ def _key_of(args: argparse.Namespace, command: list[str], *, separated: bool) ->
             f" run: {with_separator(args, command)}",
             EXIT_USAGE,
         )
-    return Key.parse(args.key, namespace=args.namespace, name=args.key_is_name)
+    if args.leader is None:
+        return Key.parse(args.key, namespace=args.namespace, name=args.key_is_name)
+    if args.namespace is not None or args.key_is_name:
+        raise UsageError("--namespace and --key-is-name apply to --key, not to --leader")
+    return leader_key(args.leader)
 
 
 def _job_of(args: argparse.Namespace, key: Key) -> Job:
     """The job of a run: a session lock on ``key`` with the command line's options."""
     from ...jobs.definition import Job  # noqa: PLC0415 - after --json's destination
 
+    leading = args.leader is not None
     return Job.define(
         key,
         name=args.name,
         lifetime="session",
-        wait=args.wait,
+        # A standby leader waits for as long as the leader lives; its sessions carry the
+        # key's name, which is how `pgsolo locks` names a leader and its candidates.
+        wait=math.inf if leading and args.wait is None else args.wait,
         period=args.once_per,
         timezone=args.timezone,
         record=args.record,
-        application_name=args.application_name,
+        application_name=args.application_name or (key.name if leading else None),
     )
 
 
@@ -161,8 +171,9 @@ def _report_before_attempt(
         exit_code=code,
         outcome=None,
         reason=reason,
-        job=job.name if job is not None else (args.name or args.key),
-        key=key.text if key is not None else args.key,
+        job=job.name if job is not None else (args.name or args.key or args.leader),
+        # As given: a --leader NAME stands for the name its key would have.
+        key=key.text if key is not None else (args.key or f"{LEADER_PREFIX}{args.leader}"),
         key_name=key.name if key is not None else None,
         error=str(exc),
     )

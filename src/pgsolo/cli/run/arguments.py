@@ -64,7 +64,16 @@ def _add_metrics_options(parser: argparse.ArgumentParser) -> None:
 
 def _add_lock_options(parser: argparse.ArgumentParser) -> None:
     """What to lock, how long to wait for it, and the job around it."""
-    parser.add_argument("--key", required=True, metavar="KEY", help="a name, an int64 or N:R")
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--key", metavar="KEY", help="a name, an int64 or N:R")
+    what.add_argument(
+        "--leader",
+        metavar="NAME",
+        help="instead of --key: run COMMAND as the leader NAME, a standby on every replica"
+        " that runs the same line: one runs COMMAND, the others wait (forever, unless"
+        " --wait) without holding back VACUUM, and one of them starts COMMAND once the"
+        " leader's session ends; the key is the name pgsolo:leader:NAME",
+    )
     add_key_is_name_argument(parser)
     parser.add_argument(
         "--namespace",
