@@ -76,8 +76,17 @@ async def run_once(handle: AHandle, name: str, wait: float | None, work: Work) -
     await pgsolo.run_once_async(handle.conn, name, operation, wait=wait)
 
 
+async def leader(handle: AHandle, name: str, wait: float | None, work: Work) -> None:
+    # A candidate always waits: a "busy" ending is one that waits a moment. Unwatched, so
+    # that every kind leads (a keeper cannot share asyncpg's or pg8000's connection).
+    bounded = 0.05 if wait is None else wait
+    async with pgsolo.leader_async(handle.conn, name, wait=bounded, keep=False):
+        await work()
+
+
 CALLS: dict[str, Callable[[AHandle, str, float | None, Work], Awaitable[None]]] = {
     "session_lock": session_lock,
+    "leader": leader,
     "xact_lock": xact_lock,
     "run_job": run_job,
     "run_job-session": run_job_session,
@@ -90,13 +99,14 @@ OWNS_ITS_TRANSACTION = {"xact_lock", "run_job", "run_once"}
 
 def held_key(call: str, name: str) -> str:
     """The name whose lock the call takes (an operation's is derived: DESIGN §2)."""
-    return f"pgsolo:once:{name}" if call == "run_once" else name
+    prefixes = {"run_once": "pgsolo:once:", "leader": "pgsolo:leader:"}
+    return prefixes.get(call, "") + name
 
 
 # The columns of docs/connections.md's table "What each call leaves on your connection", by
 # the calls of this module they describe.
 DOCUMENTED_COLUMNS = {
-    "`session_lock`": ["session_lock"],
+    "`session_lock` and `leader`": ["session_lock", "leader"],
     "`with xact_lock` outside a transaction": ["xact_lock"],
     "`run_job`": ["run_job"],
     '`run_job(lifetime="session")`': ["run_job-session"],

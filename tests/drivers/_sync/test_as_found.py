@@ -77,8 +77,17 @@ def run_once(handle: Handle, name: str, wait: float | None, work: Work) -> None:
     pgsolo.run_once(handle.conn, name, operation, wait=wait)
 
 
+def leader(handle: Handle, name: str, wait: float | None, work: Work) -> None:
+    # A candidate always waits: a "busy" ending is one that waits a moment. Unwatched, so
+    # that every kind leads (a keeper cannot share asyncpg's or pg8000's connection).
+    bounded = 0.05 if wait is None else wait
+    with pgsolo.leader(handle.conn, name, wait=bounded, keep=False):
+        work()
+
+
 CALLS: dict[str, Callable[[Handle, str, float | None, Work], None]] = {
     "session_lock": session_lock,
+    "leader": leader,
     "xact_lock": xact_lock,
     "run_job": run_job,
     "run_job-session": run_job_session,
@@ -91,13 +100,14 @@ OWNS_ITS_TRANSACTION = {"xact_lock", "run_job", "run_once"}
 
 def held_key(call: str, name: str) -> str:
     """The name whose lock the call takes (an operation's is derived: DESIGN §2)."""
-    return f"pgsolo:once:{name}" if call == "run_once" else name
+    prefixes = {"run_once": "pgsolo:once:", "leader": "pgsolo:leader:"}
+    return prefixes.get(call, "") + name
 
 
 # The columns of docs/connections.md's table "What each call leaves on your connection", by
 # the calls of this module they describe.
 DOCUMENTED_COLUMNS = {
-    "`session_lock`": ["session_lock"],
+    "`session_lock` and `leader`": ["session_lock", "leader"],
     "`with xact_lock` outside a transaction": ["xact_lock"],
     "`run_job`": ["run_job"],
     '`run_job(lifetime="session")`': ["run_job-session"],
