@@ -36,7 +36,7 @@ class Goal:
         return ratio >= self.value
 
     def __str__(self) -> str:
-        return f"{self.op} {self.value:.3g}"
+        return f"{self.op} {self.value:.4g}"
 
 
 @dataclass(frozen=True)

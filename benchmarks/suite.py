@@ -34,6 +34,7 @@ import pgsolo
 from benchmarks import (  # noqa: F401 - each module registers its scenario
     scenario_contention,
     scenario_handoff,
+    scenario_leadership,
     scenario_listing,
     scenario_lock_loss,
     scenario_startup,

@@ -1,0 +1,122 @@
+"""Item 8: leadership takeover. The leader's process is killed with ``kill -9`` (no
+``finally`` of its own runs); how long until a waiting candidate's term begins?
+
+The leader is a process of its own (``pgsolo.leader()`` on a connection string, then a
+sleep); the candidate is a thread of this process, queued on the leader's key before the
+kill. *Killed* is taken just before ``SIGKILL`` is sent, *led* just after the candidate's
+``with pgsolo.leader(...)`` entered its block, on one clock (``time.perf_counter_ns``).
+The kill comes a random 0-500 ms after the candidate is queued, so it lands at a random
+point of the candidate's wait slice (2 s). What the interval holds: the kernel closing
+the dead leader's socket, its backend seeing the end of its client and exiting (which
+releases the lock), the server waking the queued candidate, and pgsolo's own steps to the
+block. The issue's goal: p99 under 1 s.
+
+Terms here have no fencing token (``fencing=False``): the suite's server may have no
+pgsolo tables, and a token is one more ``nextval`` in the same statement.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from typing import Any
+
+import psycopg
+
+import pgsolo
+from benchmarks.registry import Context, Goal, Ratio, Row, quantile, scenario
+from pgsolo.keys import Key, leader_key
+
+GOAL_MS = 1000.0
+QUEUED_TIMEOUT_S = 30.0  # a process starts, imports pgsolo and connects in this time
+LEADER = r"""
+import sys, time
+import pgsolo
+with pgsolo.leader(sys.argv[1], sys.argv[2], fencing=False):
+    print("leading", flush=True)
+    time.sleep(600)
+"""
+
+
+def _queued(observer: psycopg.Connection[Any], key: Key) -> bool:
+    rows = observer.execute(
+        "SELECT classid::bigint, objid::bigint, objsubid FROM pg_locks"
+        " WHERE locktype = 'advisory' AND NOT granted"
+    ).fetchall()
+    return any(pgsolo.decode_pg_lock(c, o, s) == key for c, o, s in rows)
+
+
+def _takeover(conninfo: str, observer: psycopg.Connection[Any], rng: random.Random) -> float:
+    """Milliseconds from SIGKILL of a leading process to its queued successor's term."""
+    name = f"bench-{uuid.uuid4().hex[:12]}"
+    key = leader_key(name)
+    leader = subprocess.Popen(  # noqa: S603 - our own interpreter and script, no shell
+        [sys.executable, "-c", LEADER, conninfo, name], stdout=subprocess.PIPE, text=True
+    )
+    led_at: list[int] = []
+    failure: list[BaseException] = []
+
+    def successor() -> None:
+        try:
+            with pgsolo.leader(conninfo, name, fencing=False, wait=QUEUED_TIMEOUT_S):
+                led_at.append(time.perf_counter_ns())
+        except BaseException as exc:  # reported below, with the trial
+            failure.append(exc)
+
+    try:
+        assert leader.stdout is not None
+        if leader.stdout.readline().strip() != "leading":
+            raise RuntimeError("the leader process did not lead")
+        thread = threading.Thread(target=successor)
+        thread.start()
+        deadline = time.monotonic() + QUEUED_TIMEOUT_S
+        while not _queued(observer, key):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the successor never queued")
+            time.sleep(0.005)
+        time.sleep(rng.uniform(0, 0.5))
+        killed_at = time.perf_counter_ns()
+        os.kill(leader.pid, signal.SIGKILL)
+        thread.join(QUEUED_TIMEOUT_S)
+    finally:
+        if leader.poll() is None:
+            leader.kill()
+        leader.wait()
+    if failure or not led_at:
+        raise RuntimeError(f"the successor did not lead: {failure!r}")
+    return (led_at[0] - killed_at) / 1e6
+
+
+@scenario("8", "leadership: a leader killed with kill -9, to its successor's term")
+def takeover(ctx: Context) -> list[Row]:
+    per_round = ctx.size(20, 3)
+    rng = random.Random(8)
+    conninfo = ctx.target.conninfo()
+    rounds: list[list[float]] = []
+    with psycopg.connect(conninfo, autocommit=True) as observer:
+        _takeover(conninfo, observer, rng)  # warm up: the first connections, imports
+        for _ in range(ctx.rounds):
+            rounds.append([_takeover(conninfo, observer, rng) for _ in range(per_round)])
+    pooled = [ms for samples in rounds for ms in samples]
+    rows = []
+    for label, q, goal in (("p50", 0.5, None), ("p99", 0.99, Goal("<", GOAL_MS))):
+        rows.append(
+            Row(
+                scenario="8",
+                title=f"leader: kill -9 to the successor's term, {label} in ms",
+                ratio=Ratio.of([quantile(samples, q) for samples in rounds]),
+                goal=goal,
+                detail=f"p50 {statistics.median(pooled):.1f} ms, p99"
+                f" {quantile(pooled, 0.99):.1f} ms, slowest {max(pooled):.1f} ms"
+                f" ({len(pooled)} takeovers)",
+                data={"ms": rounds, "quantile": q},
+            )
+        )
+    return rows
