@@ -228,7 +228,7 @@ class Way:
     """A sync way in. ``calls`` are the pgsolo calls an attempt through it makes."""
 
     name: ClassVar[str]
-    calls: ClassVar[tuple[str, ...]] = ("xact_lock", "session_lock", "run_once")
+    calls: ClassVar[tuple[str, ...]] = ("xact_lock", "session_lock", "run_once", "leader")
     is_async: ClassVar[bool] = False
     pooled: ClassVar[bool] = False
     placeholder: ClassVar[str] = "%s"  # how run_once's effect takes its parameters
@@ -313,7 +313,7 @@ class Psycopg(_Held):
     """psycopg 3, ``autocommit=True`` (also what ``run_job`` and ``pgsolo run`` use)."""
 
     name = "psycopg"
-    calls = ("job_xact", "job_session", "xact_lock", "session_lock", "run_once", "cli")
+    calls = ("job_xact", "job_session", "xact_lock", "session_lock", "run_once", "leader", "cli")
 
     def open(self) -> Any:
         return _psycopg_connect(self.dsn, autocommit=True)

@@ -52,6 +52,7 @@ CALL_WEIGHTS = {
     "xact_lock": 20,
     "session_lock": 15,
     "run_once": 15,
+    "leader": 10,
     "cli": 3,
 }
 OUTCOMES = (
@@ -69,6 +70,10 @@ NAMESPACE = 7140
 CLI_TIMEOUT_S = 40.0
 WORK_MAX_S = 0.015  # the work, inside the lock: long enough to overlap another run
 WAIT_S = 0.2  # one attempt in three waits this long for a busy key (a holder takes ~30 ms)
+# A candidate always waits: one that would try once waits this long, and a wait that runs
+# out is a skip. Its term is judged in a slot of its own: a leader's key is not the slot's.
+LEADER_TRY_S = 0.05
+LEADER_SLOTS = 1_000_000
 CANCEL_RATE = 0.1  # of async attempts
 CANCEL_WITHIN_S = 0.03
 # `pgsolo run`'s COMMAND: its interval by the database's clock, read while the lock is held.
@@ -198,7 +203,8 @@ class Worker:
             return outcome
         if outcome.startswith("overlap"):  # run_once's duplicate effect, written already
             return "overlap"
-        run = Run(kind, route, self.worker, slot, outcome, *([*span, None, None])[:2])
+        judged = slot + LEADER_SLOTS if call == "leader" else slot
+        run = Run(kind, route, self.worker, judged, outcome, *([*span, None, None])[:2])
         return self._record(run)
 
     def run_sync(
@@ -286,6 +292,13 @@ class Worker:
 
             result = pgsolo.run_once(conn, op_key, operation, wait=wait)
             return self._once_outcome(way, result, duplicate, op_key)
+        if call == "leader":
+            try:
+                with pgsolo.leader(conn, f"chaos-{key[1]}", wait=wait or LEADER_TRY_S, keep=False):
+                    work(conn)
+            except pgsolo.LockTimeoutError:
+                return "skipped"
+            return "completed"
         make = pgsolo.xact_lock if call == "xact_lock" else pgsolo.session_lock
         with make(conn, key, wait=wait) as lock:
             if not lock.acquired:
@@ -366,6 +379,14 @@ class Worker:
 
             result = await pgsolo.run_once_async(conn, op_key, operation, wait=wait)
             return self._once_outcome(way, result, duplicate, op_key)
+        if call == "leader":
+            name = f"chaos-{key[1]}"
+            try:
+                async with pgsolo.leader_async(conn, name, wait=wait or LEADER_TRY_S, keep=False):
+                    await work(conn)
+            except pgsolo.LockTimeoutError:
+                return "skipped"
+            return "completed"
         make = pgsolo.xact_lock if call == "xact_lock" else pgsolo.session_lock
         async with make(conn, key, wait=wait) as lock:
             if not lock.acquired:
