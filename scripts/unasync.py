@@ -107,6 +107,7 @@ _RENAMES = {
     "run_once_async": "run_once",
     "leader_async": "leader",
     "AsyncTerm": "Term",
+    "AsyncSemaphore": "Semaphore",
     # pgsolo's own pairs
     "AsyncDriver": "SyncDriver",
     "AsyncHeartbeat": "SyncHeartbeat",

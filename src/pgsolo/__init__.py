@@ -78,12 +78,14 @@ if TYPE_CHECKING:  # the same names as _ON_FIRST_USE, for type checkers
     )
     from .once import OnceResult, OperationContext, idempotency_key_for, run_once, run_once_async
     from .schema import migrate
+    from .semaphores import AsyncSemaphore, Semaphore, semaphore
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AdvisoryLock",
     "AsyncLock",
+    "AsyncSemaphore",
     "AsyncTerm",
     "Check",
     "ConnectionStateError",
@@ -121,6 +123,7 @@ __all__ = [
     "Reason",
     "Registry",
     "ResultNotStorableError",
+    "Semaphore",
     "Term",
     "TransactionFailedError",
     "UnsafeConnectionError",
@@ -148,6 +151,7 @@ __all__ = [
     "run_job_async",
     "run_once",
     "run_once_async",
+    "semaphore",
     "session_lock",
     "singleton",
     "terminate_backend",
@@ -188,6 +192,7 @@ _ON_FIRST_USE = {
         ".locking",
     ),
     **dict.fromkeys(("AsyncTerm", "Term", "leader", "leader_async"), ".leadership"),
+    **dict.fromkeys(("AsyncSemaphore", "Semaphore", "semaphore"), ".semaphores"),
     **dict.fromkeys(
         (
             "AdvisoryLock",

@@ -16,11 +16,14 @@ from dataclasses import dataclass, field
 from os import PathLike
 from typing import TypeAlias
 
-from .errors import InvalidKeyError, KeyCollisionError, UsageError
+from .errors import InvalidArgumentError, InvalidKeyError, KeyCollisionError, UsageError
 
 __all__ = [
     "LEADER_PREFIX",
     "MAX_LEADER_NAME_BYTES",
+    "MAX_SEMAPHORE_LIMIT",
+    "MAX_SEMAPHORE_NAME_BYTES",
+    "SEMAPHORE_PREFIX",
     "Key",
     "KeyLike",
     "Registry",
@@ -33,6 +36,7 @@ __all__ = [
     "encode_pg_lock",
     "from_name",
     "leader_key",
+    "semaphore_keys",
 ]
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -42,6 +46,11 @@ MAX_NAME_BYTES = 1024
 # sessions pgsolo opens for it carry that whole name as their application_name.
 LEADER_PREFIX = "pgsolo:leader:"
 MAX_LEADER_NAME_BYTES = 512
+# Slot I of the semaphore NAME is the key of SEMAPHORE_PREFIX + NAME + ":" + I (DESIGN §2,
+# Semaphore keys), for I from 0 to its limit - 1.
+SEMAPHORE_PREFIX = "pgsolo:semaphore:"
+MAX_SEMAPHORE_NAME_BYTES = 512
+MAX_SEMAPHORE_LIMIT = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,6 +239,17 @@ def leader_key(name: object) -> Key:
     """The session advisory lock the leader named ``name`` holds while it leads."""
     checked_text(name, "a leader name", MAX_LEADER_NAME_BYTES)
     return from_name(LEADER_PREFIX + str(name))
+
+
+def semaphore_keys(name: object, limit: object) -> tuple[Key, ...]:
+    """The keys of the ``limit`` slots of the semaphore named ``name``, slot 0 first."""
+    checked_text(name, "a semaphore name", MAX_SEMAPHORE_NAME_BYTES)
+    if type(limit) is not int or not 1 <= limit <= MAX_SEMAPHORE_LIMIT:
+        raise InvalidArgumentError(
+            f"limit must be an int from 1 to {MAX_SEMAPHORE_LIMIT} (how many may hold the"
+            f" semaphore at once), got {limit!r}"
+        )
+    return tuple(from_name(f"{SEMAPHORE_PREFIX}{name}:{slot}") for slot in range(limit))
 
 
 def as_key(key: KeyLike, *, namespace: int | None = None, registry: Registry | None = None) -> Key:

@@ -1,0 +1,174 @@
+""":class:`AsyncSemaphore`: at most ``limit`` holders at once, on an async connection; its
+sync twin ``Semaphore`` is generated from this file by ``scripts/unasync.py``."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import time
+from types import TracebackType
+from typing import TYPE_CHECKING, Self
+
+from ...errors import LockLostError, LockTimeoutError, PgsoloError
+from ...keys import Key
+from ...locking import AsyncLock, session_lock
+from ..spec import TURN_SECONDS, SemaphoreSpec
+
+if TYPE_CHECKING:
+    from ...drivers.kinds import AsyncConnectionLike
+
+__all__ = ["AsyncSemaphore"]
+
+
+class AsyncSemaphore:
+    """A semaphore on an async connection; see :func:`~pgsolo.semaphore`.
+
+    It holds one slot at a time: the session lock of one of its slots' keys, taken with the
+    guarantees of :func:`~pgsolo.session_lock` (bounded waits that hold back no VACUUM, the
+    keeper, the fencing token, nothing left held at any ending)."""
+
+    def __init__(self, conn: AsyncConnectionLike, spec: SemaphoreSpec) -> None:
+        self._conn = conn
+        self._spec = spec
+        self._lock: AsyncLock | None = None  # the slot's lock while this one holds it
+        self.slot: int | None = None
+        """The slot this one holds (0 to ``limit - 1``), or None."""
+
+    @property
+    def name(self) -> str:
+        return self._spec.name
+
+    @property
+    def limit(self) -> int:
+        return self._spec.limit
+
+    @property
+    def acquired(self) -> bool:
+        """Whether this one holds a slot."""
+        return self._lock is not None and self._lock.acquired
+
+    @property
+    def key(self) -> Key | None:
+        """The key of the slot held, or None."""
+        return None if self._lock is None else self._lock.key
+
+    @property
+    def token(self) -> int | None:
+        """The fencing token of this acquisition (``fencing=True``), or None."""
+        return None if self._lock is None else self._lock.token
+
+    @property
+    def lost(self) -> bool:
+        """Whether the keeper found the slot's lock gone while it was held."""
+        return self._lock is not None and self._lock.lost
+
+    @property
+    def loss(self) -> LockLostError | None:
+        return None if self._lock is None else self._lock.loss
+
+    def check(self) -> None:
+        """Raise the :class:`~pgsolo.LockLostError` the keeper found, if it found one."""
+        if self._lock is not None:
+            self._lock.check()
+
+    async def acquire(self) -> bool:
+        """Take a free slot: try every slot once (``wait=None``: then give up, False),
+        else wait for one, the first that frees, and raise
+        :class:`~pgsolo.LockTimeoutError` once ``wait`` seconds have gone by."""
+        spec = self._spec
+        order = list(range(spec.limit))
+        random.shuffle(order)  # candidates spread over the slots, not all on slot 0
+        if await self._try_every(order):
+            return True
+        if spec.wait is None:
+            return False
+        deadline = time.monotonic() + spec.wait
+        turn = 0
+        while (left := deadline - time.monotonic()) > 0:
+            # A turn waits on one slot (the server wakes it the moment that one frees),
+            # then every slot is tried again: a slot that freed meanwhile is taken within
+            # a turn, whichever it is.
+            slot = order[turn % spec.limit]
+            turn += 1
+            if await self._take(slot, wait=min(TURN_SECONDS, left)):
+                return True
+            if await self._try_every(order):
+                return True
+        raise LockTimeoutError(
+            f"semaphore {spec.name!r} had no free slot of {spec.limit} within {spec.wait:g}s",
+            key=spec.name,
+            timeout=spec.wait,
+        )
+
+    async def release(self) -> None:
+        """Give the slot back (raises the :class:`~pgsolo.LockLostError` the keeper found)."""
+        lock = self._lock
+        if lock is None:
+            return
+        try:
+            await lock.release()
+        finally:
+            self._lock, self.slot = None, None
+
+    async def __aenter__(self) -> Self:
+        try:
+            await self.acquire()
+        except BaseException:
+            await self._let_go()
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        lock = self._lock
+        if lock is None:
+            return
+        try:
+            await lock.__aexit__(exc_type, exc, tb)
+        finally:
+            self._lock, self.slot = None, None
+
+    async def _try_every(self, order: list[int]) -> bool:
+        for slot in order:
+            if await self._take(slot, wait=None):
+                break
+        else:
+            return False
+        return True
+
+    async def _take(self, slot: int, *, wait: float | None) -> bool:
+        """Try (or wait ``wait`` seconds for) one slot; whether it is this one's now. The
+        lock is kept before it is taken, so that an interruption just after its grant
+        finds it to give back (:meth:`_let_go`)."""
+        spec = self._spec
+        self._lock = lock = session_lock(
+            self._conn, spec.keys[slot], wait=wait, keep=spec.keep or False, fencing=spec.fencing
+        )
+        try:
+            await lock.__aenter__()
+        except LockTimeoutError:  # the turn ran out: nothing is held
+            self._lock = None
+            return False
+        if lock.acquired:
+            self.slot = slot
+            return True
+        self._lock = None
+        return False
+
+    async def _let_go(self) -> None:
+        """The acquisition was cut short (a cancellation, a Ctrl-C), perhaps just after a
+        slot's grant: nothing may stay held."""
+        lock, self._lock, self.slot = self._lock, None, None
+        if lock is not None and lock.acquired:
+            # What went wrong is already on its way out: a failed release (the connection
+            # died, and the lock with it) must not replace it.
+            with contextlib.suppress(PgsoloError):
+                await lock.release()
+
+    def __repr__(self) -> str:
+        state = f"slot {self.slot}" if self.acquired else "no slot"
+        return f"<{type(self).__name__} {self.name!r} limit={self.limit} {state}>"

@@ -1,0 +1,198 @@
+"""``pgsolo.semaphore()``: never more than ``limit`` holders among real concurrent
+sessions (threads and tasks, each with its own connection), a waiter that takes whichever
+slot frees first, bounded waits that hold nothing afterwards, and the connection given
+back as it was found."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import psycopg
+import pytest
+
+import pgsolo
+from _support import AConnect, Connect, unique_name
+from pgsolo.keys import semaphore_keys
+
+Observer = Any
+
+
+def held_slots(observer: Observer, name: str, limit: int) -> dict[int, set[int]]:
+    """The holders of each slot of ``name``, as the server sees them."""
+    return {slot: observer.holders(key) for slot, key in enumerate(semaphore_keys(name, limit))}
+
+
+def test_never_more_than_limit_holders_among_threads(connect: Connect, observer: Observer) -> None:
+    name, limit = unique_name("semaphore"), 3
+    guard = threading.Lock()
+    holding: list[int] = []
+    most = [0]
+    done: list[int] = []
+    errors: list[BaseException] = []
+    conns = [connect() for _ in range(7)]
+
+    def worker(me: int) -> None:
+        try:
+            for _ in range(3):
+                with pgsolo.semaphore(conns[me], name, limit=limit, wait=30) as held:
+                    assert held.acquired
+                    with guard:
+                        holding.append(me)
+                        most[0] = max(most[0], len(holding))
+                    time.sleep(0.03)
+                    with guard:
+                        holding.remove(me)
+            done.append(me)
+        except BaseException as exc:  # reported by the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(me,)) for me in range(7)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not errors
+    assert sorted(done) == list(range(7))
+    assert 1 < most[0] <= limit  # several at once, never more than the limit
+    assert all(not holders for holders in held_slots(observer, name, limit).values())
+
+
+def test_a_try_with_every_slot_taken_holds_nothing(connect: Connect, observer: Observer) -> None:
+    name = unique_name("semaphore")
+    first, second, third = connect(), connect(), connect()
+    with (
+        pgsolo.semaphore(first, name, limit=2) as a,
+        pgsolo.semaphore(second, name, limit=2) as b,
+    ):
+        assert a.acquired and b.acquired  # noqa: PT018 - the two slots, one each
+        assert {a.slot, b.slot} == {0, 1}
+        with pgsolo.semaphore(third, name, limit=2) as c:
+            assert not c.acquired
+            assert c.slot is None
+            assert c.key is None
+        assert observer.advisory(pid=third.info.backend_pid) == set()
+        assert held_slots(observer, name, 2) == {
+            a.slot: {first.info.backend_pid},
+            b.slot: {second.info.backend_pid},
+        }
+
+
+def test_a_waiter_takes_whichever_slot_frees_first(connect: Connect, observer: Observer) -> None:
+    name, limit = unique_name("semaphore"), 3
+    holders = [pgsolo.semaphore(connect(), name, limit=limit) for _ in range(limit)]
+    for holder in holders:
+        assert holder.acquire()
+    got: list[pgsolo.Semaphore] = []
+
+    def waiter() -> None:
+        held = pgsolo.semaphore(connect(), name, limit=limit, wait=30)
+        assert held.acquire()
+        got.append(held)
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    time.sleep(0.6)  # several turns: the waiter waits on each slot in turn
+    assert not got
+    # The slot the waiter is not waiting on now may be any: free each in turn until one
+    # frees the waiter; it must take it, whichever it is.
+    freed = holders.pop(1)
+    slot = freed.slot
+    freed.release()
+    thread.join(5)
+    assert got, "the waiter did not take the slot that freed"
+    assert got[0].slot == slot
+    got[0].release()
+    for holder in holders:
+        holder.release()
+
+
+def test_a_wait_that_runs_out_raises_and_holds_nothing(
+    connect: Connect, observer: Observer
+) -> None:
+    name = unique_name("semaphore")
+    with pgsolo.semaphore(connect(), name, limit=1) as held:
+        assert held.acquired
+        waiter = connect()
+        started = time.monotonic()
+        with pytest.raises(pgsolo.LockTimeoutError, match="no free slot of 1"):
+            pgsolo.semaphore(waiter, name, limit=1, wait=0.6).acquire()
+        assert time.monotonic() - started >= 0.6
+        assert observer.advisory(pid=waiter.info.backend_pid) == set()
+        assert observer.advisory(pid=waiter.info.backend_pid, granted=False) == set()
+
+
+def test_a_slot_is_watched_and_fenced_as_a_session_lock(
+    db: str, connect: Connect, observer: Observer
+) -> None:
+    name = unique_name("semaphore")
+    seen: list[pgsolo.LockLostError] = []
+    keep = pgsolo.Keep(interval=0.2, timeout=5, on_lost=seen.append)
+    conn = connect()
+    with (  # noqa: PT012 - the block's end, after the loss, is what raises
+        pytest.raises(pgsolo.LockLostError),
+        pgsolo.semaphore(conn, name, limit=2, keep=keep, fencing=True) as held,
+    ):
+        assert held.token is not None
+        observer.conn.execute("SELECT pg_terminate_backend(%s, 5000)", (conn.info.backend_pid,))
+        deadline = time.monotonic() + 20
+        while not held.lost and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert held.lost
+        assert len(seen) == 1
+
+
+def test_the_connection_goes_back_as_it_was_found(connect: Connect, observer: Observer) -> None:
+    conn: psycopg.Connection[Any] = connect()
+    name = unique_name("semaphore")
+    for _ in range(2):
+        with pgsolo.semaphore(conn, name, limit=2, wait=1) as held:
+            assert held.acquired
+        assert observer.advisory(pid=conn.info.backend_pid) == set()
+        assert conn.autocommit
+        assert conn.info.transaction_status is psycopg.pq.TransactionStatus.IDLE
+
+
+async def test_never_more_than_limit_holders_among_tasks(
+    aconnect: AConnect, observer: Observer
+) -> None:
+    name, limit = unique_name("semaphore"), 2
+    holding: list[int] = []
+    most = 0
+    conns = [await aconnect() for _ in range(5)]
+
+    async def worker(me: int) -> None:
+        nonlocal most
+        for _ in range(3):
+            async with pgsolo.semaphore(conns[me], name, limit=limit, wait=30) as held:
+                assert held.acquired
+                holding.append(me)
+                most = max(most, len(holding))
+                await asyncio.sleep(0.03)
+                holding.remove(me)
+
+    await asyncio.wait_for(asyncio.gather(*(worker(me) for me in range(5))), 60)
+    assert most == limit
+    assert all(not holders for holders in held_slots(observer, name, limit).values())
+
+
+async def test_a_cancelled_waiter_holds_nothing(aconnect: AConnect, observer: Observer) -> None:
+    name = unique_name("semaphore")
+    holder, waiter = await aconnect(), await aconnect()
+    async with pgsolo.semaphore(holder, name, limit=1) as held:
+        assert held.acquired
+
+        async def wait_for_a_slot() -> None:
+            async with pgsolo.semaphore(waiter, name, limit=1, wait=30):
+                pytest.fail("two holders of a semaphore of one")
+
+        task = asyncio.create_task(wait_for_a_slot())
+        await asyncio.sleep(0.4)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert observer.advisory(pid=waiter.info.backend_pid) == set()
+        assert observer.advisory(pid=waiter.info.backend_pid, granted=False) == set()
+        assert waiter.info.transaction_status is psycopg.pq.TransactionStatus.IDLE
