@@ -84,9 +84,16 @@ async def leader(handle: AHandle, name: str, wait: float | None, work: Work) -> 
         await work()
 
 
+async def semaphore(handle: AHandle, name: str, wait: float | None, work: Work) -> None:
+    async with pgsolo.semaphore(handle.conn, name, limit=1, wait=wait) as slot:
+        if slot.acquired:
+            await work()
+
+
 CALLS: dict[str, Callable[[AHandle, str, float | None, Work], Awaitable[None]]] = {
     "session_lock": session_lock,
     "leader": leader,
+    "semaphore": semaphore,
     "xact_lock": xact_lock,
     "run_job": run_job,
     "run_job-session": run_job_session,
@@ -99,6 +106,8 @@ OWNS_ITS_TRANSACTION = {"xact_lock", "run_job", "run_once"}
 
 def held_key(call: str, name: str) -> str:
     """The name whose lock the call takes (an operation's is derived: DESIGN §2)."""
+    if call == "semaphore":
+        return f"pgsolo:semaphore:{name}:0"  # its one slot
     prefixes = {"run_once": "pgsolo:once:", "leader": "pgsolo:leader:"}
     return prefixes.get(call, "") + name
 
@@ -106,7 +115,7 @@ def held_key(call: str, name: str) -> str:
 # The columns of docs/connections.md's table "What each call leaves on your connection", by
 # the calls of this module they describe.
 DOCUMENTED_COLUMNS = {
-    "`session_lock` and `leader`": ["session_lock", "leader"],
+    "`session_lock`, `leader`, `semaphore`": ["session_lock", "leader", "semaphore"],
     "`with xact_lock` outside a transaction": ["xact_lock"],
     "`run_job`": ["run_job"],
     '`run_job(lifetime="session")`': ["run_job-session"],

@@ -85,9 +85,16 @@ def leader(handle: Handle, name: str, wait: float | None, work: Work) -> None:
         work()
 
 
+def semaphore(handle: Handle, name: str, wait: float | None, work: Work) -> None:
+    with pgsolo.semaphore(handle.conn, name, limit=1, wait=wait) as slot:
+        if slot.acquired:
+            work()
+
+
 CALLS: dict[str, Callable[[Handle, str, float | None, Work], None]] = {
     "session_lock": session_lock,
     "leader": leader,
+    "semaphore": semaphore,
     "xact_lock": xact_lock,
     "run_job": run_job,
     "run_job-session": run_job_session,
@@ -100,6 +107,8 @@ OWNS_ITS_TRANSACTION = {"xact_lock", "run_job", "run_once"}
 
 def held_key(call: str, name: str) -> str:
     """The name whose lock the call takes (an operation's is derived: DESIGN §2)."""
+    if call == "semaphore":
+        return f"pgsolo:semaphore:{name}:0"  # its one slot
     prefixes = {"run_once": "pgsolo:once:", "leader": "pgsolo:leader:"}
     return prefixes.get(call, "") + name
 
@@ -107,7 +116,7 @@ def held_key(call: str, name: str) -> str:
 # The columns of docs/connections.md's table "What each call leaves on your connection", by
 # the calls of this module they describe.
 DOCUMENTED_COLUMNS = {
-    "`session_lock` and `leader`": ["session_lock", "leader"],
+    "`session_lock`, `leader`, `semaphore`": ["session_lock", "leader", "semaphore"],
     "`with xact_lock` outside a transaction": ["xact_lock"],
     "`run_job`": ["run_job"],
     '`run_job(lifetime="session")`': ["run_job-session"],
