@@ -228,7 +228,13 @@ class Way:
     """A sync way in. ``calls`` are the pgsolo calls an attempt through it makes."""
 
     name: ClassVar[str]
-    calls: ClassVar[tuple[str, ...]] = ("xact_lock", "session_lock", "run_once", "leader")
+    calls: ClassVar[tuple[str, ...]] = (
+        "xact_lock",
+        "session_lock",
+        "run_once",
+        "leader",
+        "semaphore",
+    )
     is_async: ClassVar[bool] = False
     pooled: ClassVar[bool] = False
     placeholder: ClassVar[str] = "%s"  # how run_once's effect takes its parameters
@@ -313,7 +319,16 @@ class Psycopg(_Held):
     """psycopg 3, ``autocommit=True`` (also what ``run_job`` and ``pgsolo run`` use)."""
 
     name = "psycopg"
-    calls = ("job_xact", "job_session", "xact_lock", "session_lock", "run_once", "leader", "cli")
+    calls = (
+        "job_xact",
+        "job_session",
+        "xact_lock",
+        "session_lock",
+        "run_once",
+        "leader",
+        "semaphore",
+        "cli",
+    )
 
     def open(self) -> Any:
         return _psycopg_connect(self.dsn, autocommit=True)

@@ -53,6 +53,7 @@ CALL_WEIGHTS = {
     "session_lock": 15,
     "run_once": 15,
     "leader": 10,
+    "semaphore": 10,
     "cli": 3,
 }
 OUTCOMES = (
@@ -74,6 +75,10 @@ WAIT_S = 0.2  # one attempt in three waits this long for a busy key (a holder ta
 # out is a skip. Its term is judged in a slot of its own: a leader's key is not the slot's.
 LEADER_TRY_S = 0.05
 LEADER_SLOTS = 1_000_000
+# A semaphore of 2 per key: its holders are judged per slot of it, where no two may
+# overlap, so that no more than 2 hold it at once.
+SEMAPHORE_LIMIT = 2
+SEMAPHORE_SLOTS = 2_000_000
 CANCEL_RATE = 0.1  # of async attempts
 CANCEL_WITHIN_S = 0.03
 # `pgsolo run`'s COMMAND: its interval by the database's clock, read while the lock is held.
@@ -119,6 +124,7 @@ class Worker:
         self.progress, self.counters, self.heartbeat, self.ready = shared
         self.rng = random.Random(plan.seed * 1_000_003 + worker * 1009 + incarnation)
         self.judge = Judge(plan.direct)
+        self.semaphore_slot: int | None = None  # the slot a semaphore attempt held
         # PgBouncer's pool is small: only the first few workers' psycopg way goes through it
         routes = [r for r in plan.dsns if r != "bouncer"]
         psycopg_routes = [*routes, *(["bouncer"] if "bouncer" in plan.dsns else [])]
@@ -185,6 +191,7 @@ class Worker:
         work_s = self.rng.uniform(0.0, WORK_MAX_S)
         wait = self.rng.choice((None, None, WAIT_S))
         span: list[datetime] = []
+        self.semaphore_slot = None
         interrupts = self.interrupts
         self.phase = "pgsolo"  # until the attempt says otherwise; kept when it fails
         try:
@@ -203,7 +210,11 @@ class Worker:
             return outcome
         if outcome.startswith("overlap"):  # run_once's duplicate effect, written already
             return "overlap"
-        judged = slot + LEADER_SLOTS if call == "leader" else slot
+        judged = slot
+        if call == "leader":
+            judged = LEADER_SLOTS + slot
+        elif call == "semaphore":
+            judged = SEMAPHORE_SLOTS + slot * SEMAPHORE_LIMIT + (self.semaphore_slot or 0)
         run = Run(kind, route, self.worker, judged, outcome, *([*span, None, None])[:2])
         return self._record(run)
 
@@ -292,17 +303,30 @@ class Worker:
 
             result = pgsolo.run_once(conn, op_key, operation, wait=wait)
             return self._once_outcome(way, result, duplicate, op_key)
-        if call == "leader":
-            try:
-                with pgsolo.leader(conn, f"chaos-{key[1]}", wait=wait or LEADER_TRY_S, keep=False):
-                    work(conn)
-            except pgsolo.LockTimeoutError:
-                return "skipped"
-            return "completed"
+        if call in ("leader", "semaphore"):
+            return self._sync_many(conn, call, f"chaos-{key[1]}", work, wait)
         make = pgsolo.xact_lock if call == "xact_lock" else pgsolo.session_lock
         with make(conn, key, wait=wait) as lock:
             if not lock.acquired:
                 return "skipped"
+            work(conn)
+        return "completed"
+
+    def _sync_many(
+        self, conn: Any, call: str, name: str, work: Callable[[Any], None], wait: float | None
+    ) -> str:
+        """A leader's term, or a semaphore's slot (the one held noted for the judge)."""
+        if call == "leader":
+            try:
+                with pgsolo.leader(conn, name, wait=wait or LEADER_TRY_S, keep=False):
+                    work(conn)
+            except pgsolo.LockTimeoutError:
+                return "skipped"
+            return "completed"
+        with pgsolo.semaphore(conn, name, limit=SEMAPHORE_LIMIT, wait=wait) as held:
+            if not held.acquired:
+                return "skipped"
+            self.semaphore_slot = held.slot
             work(conn)
         return "completed"
 
@@ -379,18 +403,35 @@ class Worker:
 
             result = await pgsolo.run_once_async(conn, op_key, operation, wait=wait)
             return self._once_outcome(way, result, duplicate, op_key)
+        if call in ("leader", "semaphore"):
+            return await self._async_many(conn, call, f"chaos-{key[1]}", work, wait)
+        make = pgsolo.xact_lock if call == "xact_lock" else pgsolo.session_lock
+        async with make(conn, key, wait=wait) as lock:
+            if not lock.acquired:
+                return "skipped"
+            await work(conn)
+        return "completed"
+
+    async def _async_many(
+        self,
+        conn: Any,
+        call: str,
+        name: str,
+        work: Callable[[Any], Awaitable[None]],
+        wait: float | None,
+    ) -> str:
+        """:meth:`_sync_many`, async."""
         if call == "leader":
-            name = f"chaos-{key[1]}"
             try:
                 async with pgsolo.leader_async(conn, name, wait=wait or LEADER_TRY_S, keep=False):
                     await work(conn)
             except pgsolo.LockTimeoutError:
                 return "skipped"
             return "completed"
-        make = pgsolo.xact_lock if call == "xact_lock" else pgsolo.session_lock
-        async with make(conn, key, wait=wait) as lock:
-            if not lock.acquired:
+        async with pgsolo.semaphore(conn, name, limit=SEMAPHORE_LIMIT, wait=wait) as held:
+            if not held.acquired:
                 return "skipped"
+            self.semaphore_slot = held.slot
             await work(conn)
         return "completed"
 
