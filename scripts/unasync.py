@@ -131,6 +131,9 @@ _RENAMES = {
     "asleep": "sleep",
     # pgsolo._acompat and pgsolo.drivers._psycopg_acompat
     "AEvent": "Event",
+    "AStop": "Stop",
+    "apause": "pause",
+    "campaign_async": "campaign",
     "AIS_ASYNC": "IS_ASYNC",
     "AWorker": "Worker",
     "acancel_worker": "cancel_worker",

@@ -52,7 +52,7 @@ if TYPE_CHECKING:  # the same names as _ON_FIRST_USE, for type checkers
         run_job_async,
         singleton,
     )
-    from .leadership import AsyncTerm, Term, leader, leader_async
+    from .leadership import AsyncTerm, Term, campaign, campaign_async, leader, leader_async
     from .locking import (
         AsyncLock,
         Keep,
@@ -134,6 +134,8 @@ __all__ = [
     "advisory_locks_async",
     "as_key",
     "async_pool_reset",
+    "campaign",
+    "campaign_async",
     "decode_pg_lock",
     "doctor",
     "held_session_locks",
@@ -191,7 +193,10 @@ _ON_FIRST_USE = {
         ),
         ".locking",
     ),
-    **dict.fromkeys(("AsyncTerm", "Term", "leader", "leader_async"), ".leadership"),
+    **dict.fromkeys(
+        ("AsyncTerm", "Term", "campaign", "campaign_async", "leader", "leader_async"),
+        ".leadership",
+    ),
     **dict.fromkeys(("AsyncSemaphore", "Semaphore", "semaphore"), ".semaphores"),
     **dict.fromkeys(
         (

@@ -19,6 +19,7 @@ import math
 import os
 import select
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from typing import Any, Final, TypeAlias, TypeVar
 
@@ -26,12 +27,15 @@ __all__ = [
     "AIS_ASYNC",
     "IS_ASYNC",
     "AEvent",
+    "AStop",
     "AWorker",
     "Event",
+    "Stop",
     "Worker",
     "acancel_worker",
     "acurrent_worker",
     "afinished",
+    "apause",
     "aresult_of",
     "arun_blocking",
     "aspawn",
@@ -42,6 +46,7 @@ __all__ = [
     "aundisturbed",
     "cancel_worker",
     "current_worker",
+    "pause",
     "result_of",
     "run_blocking",
     "spawn",
@@ -349,3 +354,28 @@ async def atry_lock(lock: asyncio.Lock) -> AsyncIterator[bool]:
         return
     async with lock:
         yield True
+
+
+# -- a pause that a caller's stop cuts short ------------------------------------------------
+
+# What a caller sets to stop a loop of pgsolo's: the event of its own flavour.
+Stop = threading.Event
+AStop = asyncio.Event
+
+
+def pause(seconds: float, stop: Stop | None) -> bool:
+    """Sleep ``seconds``, less if ``stop`` is set meanwhile; whether it is set."""
+    if stop is None:
+        time.sleep(seconds)
+        return False
+    return stop.wait(seconds)
+
+
+async def apause(seconds: float, stop: AStop | None) -> bool:
+    if stop is None:
+        await asyncio.sleep(seconds)
+        return False
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            await stop.wait()
+    return stop.is_set()

@@ -31,3 +31,17 @@ async def async_terms(dsn: str, conn: psycopg.AsyncConnection[Any]) -> None:
         assert_type(await term.wait_lost(), bool)
     async with pgsolo.leader_async(conn, "scheduler", fencing=False) as term:
         assert_type(term.since, float)
+
+
+def campaigns(dsn: str) -> None:
+    def lead(term: Term) -> None:
+        assert_type(term.token, int | None)
+
+    assert_type(pgsolo.campaign(dsn, "scheduler", lead), None)
+
+
+async def async_campaigns(dsn: str) -> None:
+    async def lead(term: AsyncTerm) -> None:
+        assert_type(await term.wait_lost(1.0), bool)
+
+    assert_type(await pgsolo.campaign_async(dsn, "scheduler", lead), None)

@@ -35,7 +35,7 @@ class Candidacy:
         keep: bool | Keep,
         fencing: bool,
         cancel: bool,
-        lost: Callable[[LockLostError], object],
+        lost: Callable[[LockLostError], object] | None = None,
     ) -> Candidacy:
         """``cancel``: what ``keep=True`` does to the leader's task (async only); ``lost``:
         called with the loss before the caller's own ``on_lost``."""
@@ -52,7 +52,7 @@ class Candidacy:
         if keep is True:
             keep = Keep(cancel=cancel)
         watched = as_keep(keep)
-        if watched is not None:
+        if watched is not None and lost is not None:
             watched = dataclasses.replace(watched, on_lost=_both(lost, watched.on_lost))
         return cls(str(name), key, float(wait), fencing, watched)
 

@@ -1,0 +1,92 @@
+"""``campaign_async``: stand for leadership for as long as a service runs, lead each time
+it wins, and stand again after a term ends, with back-off when the database is away."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from ..._acompat import AIS_ASYNC, AStop, apause
+from ...drivers._async.connect import aopen_connection
+from ...drivers.conninfo import application_name_for
+from ...errors import (
+    DatabaseUnavailableError,
+    InvalidArgumentError,
+    LockLostError,
+    LockTimeoutError,
+)
+from ...keys import LEADER_PREFIX
+from ...locking import Keep
+from ..candidacy import Candidacy
+from .leader import AsyncTerm, leader_async
+
+__all__ = ["campaign_async"]
+
+# A candidate waits this long at a time, then looks at ``stop``: the longest a stop waits
+# for a candidate, on the one connection it keeps for its whole candidacy.
+_LOOK_EVERY = 1.0
+# After a term or a failure, the next try waits a random moment of up to this much, then
+# twice as much after each failure in a row, up to _BACKOFF_MAX: replicas that lost the
+# database together do not all come back at once.
+_BACKOFF_FIRST = 0.5
+_BACKOFF_MAX = 30.0
+_JITTER = random.SystemRandom()  # not seeded alike in processes forked from one
+
+
+async def campaign_async(
+    dsn: str,
+    name: str,
+    lead: Callable[[AsyncTerm], Awaitable[Any]],
+    *,
+    stop: AStop | None = None,
+    keep: bool | Keep = True,
+    fencing: bool = True,
+) -> None:
+    """Stand for the leadership of ``name`` until ``stop`` is set: each time this replica
+    leads, ``await lead(term)`` runs for the term; when the term ends (``lead`` returned,
+    or the term was lost: its :class:`~pgsolo.LockLostError`) or the database cannot be
+    reached, it stands again after a short, random and growing pause. What else ``lead``
+    raises ends the campaign with it, and so does any other error of pgsolo's (a
+    :class:`~pgsolo.NotMigratedError`: ``fencing`` needs ``pgsolo migrate``).
+
+    The candidate keeps one connection, opened from ``dsn`` and named
+    ``pgsolo:leader:<name>``, from one term to the next, and waits on it in bounded slices
+    that hold back no VACUUM; it looks at ``stop`` between two of them (every second).
+    ``keep`` and ``fencing`` are :func:`leader_async`'s; a stopped leader's ``lead`` is not
+    stopped for it: end it when ``stop`` is set (or cancel the campaign's task, whose
+    cancellation ends a term and its wait the way it ends any lock's). Everything is
+    validated before anything connects.
+    """
+    if not callable(lead):
+        raise InvalidArgumentError(f"lead must be callable with the term, got {lead!r}")
+    if stop is not None and not callable(getattr(stop, "is_set", None)):
+        raise InvalidArgumentError(f"stop must be an event (is_set()), got {stop!r}")
+    Candidacy.define(name, wait=_LOOK_EVERY, keep=keep, fencing=fencing, cancel=AIS_ASYNC)
+    named = application_name_for(dsn, LEADER_PREFIX + name)
+    failures = 0
+    while not (stop is not None and stop.is_set()):
+        try:
+            async with aopen_connection(dsn, application_name=named) as conn:
+                failures = 0
+                while not (stop is not None and stop.is_set()):
+                    try:
+                        async with leader_async(
+                            conn, name, wait=_LOOK_EVERY, keep=keep, fencing=fencing
+                        ) as term:
+                            await lead(term)
+                    except LockTimeoutError:
+                        continue  # nobody let go meanwhile: look at stop, and wait again
+                    except LockLostError:
+                        break  # the connection went with the term: a new one
+                    if await apause(_pause(0), stop):
+                        return
+        except (DatabaseUnavailableError, LockLostError):
+            failures += 1
+        if await apause(_pause(failures), stop):
+            return
+
+
+def _pause(failures: int) -> float:
+    """A random moment of up to the back-off after ``failures`` failures in a row."""
+    return _JITTER.uniform(0.0, min(_BACKOFF_MAX, _BACKOFF_FIRST * 2**failures))
