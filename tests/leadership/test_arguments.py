@@ -7,10 +7,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import psycopg
 import pytest
 
 import pgsolo
+from _drivers import pg8000_options
 from pgsolo.keys import from_name, leader_key
 
 NOWHERE = "postgresql://leader:secret-pw-41@127.0.0.1:1/nowhere?connect_timeout=2"
@@ -95,14 +95,7 @@ def test_a_leader_name_is_the_key_of_its_prefixed_name_in_python_and_in_sql(
 
 def test_a_connection_no_keeper_can_share_is_refused_before_any_sql(dsn: str) -> None:
     dbapi = pytest.importorskip("pg8000.dbapi")
-    params = psycopg.conninfo.conninfo_to_dict(dsn)
-    conn = dbapi.connect(
-        user=params["user"],
-        password=params.get("password"),
-        host=params.get("host", "127.0.0.1"),
-        port=int(params.get("port", 5432)),
-        database=params["dbname"],
-    )
+    conn = dbapi.connect(**pg8000_options(dsn))
     conn.autocommit = True
     try:
         with (

@@ -171,12 +171,17 @@ def _report_before_attempt(
         exit_code=code,
         outcome=None,
         reason=reason,
-        job=job.name if job is not None else (args.name or args.key or args.leader),
-        # As given: a --leader NAME stands for the name its key would have.
-        key=key.text if key is not None else (args.key or f"{LEADER_PREFIX}{args.leader}"),
+        job=job.name if job is not None else (args.name or _given_key(args)),
+        key=key.text if key is not None else _given_key(args),
         key_name=key.name if key is not None else None,
         error=str(exc),
     )
+
+
+def _given_key(args: argparse.Namespace) -> str:
+    """The key as the command line gave it: ``--key``'s text, or the name the key of
+    ``--leader NAME`` would have."""
+    return str(args.key) if args.key is not None else f"{LEADER_PREFIX}{args.leader}"
 
 
 def _tell(outcome: RunReport, destination: JsonDestination | None) -> None:
