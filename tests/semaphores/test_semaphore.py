@@ -196,3 +196,18 @@ async def test_a_cancelled_waiter_holds_nothing(aconnect: AConnect, observer: Ob
         assert observer.advisory(pid=waiter.info.backend_pid) == set()
         assert observer.advisory(pid=waiter.info.backend_pid, granted=False) == set()
         assert waiter.info.transaction_status is psycopg.pq.TransactionStatus.IDLE
+
+
+def test_an_acquire_that_failed_leaves_nothing_to_release(
+    connect: Connect, observer: Observer
+) -> None:
+    """Guards a semaphore whose failed acquire() kept the slot's lock it had not taken: the
+    caller's release() in its finally then raised LockNotHeldError over the real error."""
+    conn = connect()
+    held = pgsolo.semaphore(conn, unique_name("semaphore"), limit=2, wait=5)
+    observer.conn.execute("SELECT pg_terminate_backend(%s, 5000)", (conn.info.backend_pid,))
+    with pytest.raises(pgsolo.PgsoloError):
+        held.acquire()
+    assert not held.acquired
+    assert held.slot is None
+    held.release()  # nothing to give back, and nothing raised

@@ -153,6 +153,9 @@ class AsyncSemaphore:
         except LockTimeoutError:  # the turn ran out: nothing is held
             self._lock = None
             return False
+        except BaseException:
+            self._lock = None  # a lock that raised as it was taken let itself go
+            raise
         if lock.acquired:
             self.slot = slot
             return True

@@ -154,6 +154,9 @@ class Semaphore:
         except LockTimeoutError:  # the turn ran out: nothing is held
             self._lock = None
             return False
+        except BaseException:
+            self._lock = None  # a lock that raised as it was taken let itself go
+            raise
         if lock.acquired:
             self.slot = slot
             return True
