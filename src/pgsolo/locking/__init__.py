@@ -9,11 +9,11 @@ share), :mod:`.session` and :mod:`.transaction` (one core per lifetime, owning i
 state), :mod:`.events` (a lock's log and metrics); the functions they call, which change
 no state: :mod:`.placement` (which statements, where), :mod:`.failures` (what a failure
 means), :mod:`.recovery` (putting the connection right), :mod:`.waits` (the slices of a
-wait) and :mod:`.routing` (proxies and standbys); :mod:`.holdings` (what each connection
-holds), ``_async/keeper.py`` (the keeper, and its twin) and :mod:`.watch` (what a beat
-means), :mod:`.pools` (what a pool reset does), :mod:`.handbacks` (a framework taking a
-connection back: SQLAlchemy's pool, the end of a Django request) and :mod:`.plans` (what
-a plan yields).
+wait), :mod:`.slots` (which slot of a limit to try next) and :mod:`.routing` (proxies
+and standbys); :mod:`.holdings` (what each connection holds), ``_async/keeper.py``
+(the keeper, and its twin) and :mod:`.watch` (what a beat means), :mod:`.pools` (what
+a pool reset does), :mod:`.handbacks` (a framework taking a connection back:
+SQLAlchemy's pool, the end of a Django request) and :mod:`.plans` (what a plan yields).
 
 The shells that exist in both flavours (the lock objects, the keeper, the plan loop, the
 pool hooks) are written once, async, in ``_async/``; ``scripts/unasync.py`` generates
@@ -47,6 +47,8 @@ from .placement import outside_transaction as outside_transaction
 from .recovery import connection_gone as connection_gone
 from .recovery import quietly as quietly
 from .routing import check_route as check_route
+from .slots import TURN_SECONDS as TURN_SECONDS
+from .slots import slot_attempts as slot_attempts
 from .spec import MAX_WAIT_SECONDS as MAX_WAIT_SECONDS
 from .spec import Keep
 from .spec import LockSpec as LockSpec

@@ -10,12 +10,7 @@ from ..errors import InvalidArgumentError
 from ..keys import Key, semaphore_keys
 from ..locking import Keep, as_keep, wait_ms_of
 
-__all__ = ["TURN_SECONDS", "SemaphoreSpec"]
-
-# A waiter waits on one slot for this long at most, then tries every slot again: the
-# longest a slot that frees stays free while someone waits for one. Each turn is one
-# statement, so no waiter holds a snapshot longer than this either.
-TURN_SECONDS = 0.25
+__all__ = ["SemaphoreSpec"]
 
 
 @dataclass(frozen=True)

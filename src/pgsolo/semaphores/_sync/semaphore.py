@@ -5,15 +5,13 @@ sync twin ``Semaphore`` is generated from this file by ``scripts/unasync.py``.""
 from __future__ import annotations
 
 import contextlib
-import random
-import time
 from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
 from ...errors import LockLostError, LockTimeoutError, PgsoloError
 from ...keys import Key
-from ...locking import Lock, session_lock
-from ..spec import TURN_SECONDS, SemaphoreSpec
+from ...locking import Lock, session_lock, slot_attempts
+from ..spec import SemaphoreSpec
 
 if TYPE_CHECKING:
     from ...drivers.kinds import SyncConnectionLike
@@ -77,24 +75,11 @@ class Semaphore:
         else wait for one, the first that frees, and raise
         :class:`~pgsolo.LockTimeoutError` once ``wait`` seconds have gone by."""
         spec = self._spec
-        order = list(range(spec.limit))
-        random.shuffle(order)  # candidates spread over the slots, not all on slot 0
-        if self._try_every(order):
-            return True
+        for slot, wait in slot_attempts(spec.limit, spec.wait):
+            if self._take(slot, wait=wait):
+                return True
         if spec.wait is None:
             return False
-        deadline = time.monotonic() + spec.wait
-        turn = 0
-        while (left := deadline - time.monotonic()) > 0:
-            # A turn waits on one slot (the server wakes it the moment that one frees),
-            # then every slot is tried again: a slot that freed meanwhile is taken within
-            # a turn, whichever it is.
-            slot = order[turn % spec.limit]
-            turn += 1
-            if self._take(slot, wait=min(TURN_SECONDS, left)):
-                return True
-            if self._try_every(order):
-                return True
         raise LockTimeoutError(
             f"semaphore {spec.name!r} had no free slot of {spec.limit} within {spec.wait:g}s",
             key=spec.name,
@@ -132,14 +117,6 @@ class Semaphore:
             lock.__exit__(exc_type, exc, tb)
         finally:
             self._lock, self.slot = None, None
-
-    def _try_every(self, order: list[int]) -> bool:
-        for slot in order:
-            if self._take(slot, wait=None):
-                break
-        else:
-            return False
-        return True
 
     def _take(self, slot: int, *, wait: float | None) -> bool:
         """Try (or wait ``wait`` seconds for) one slot; whether it is this one's now. The
