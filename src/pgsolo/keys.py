@@ -37,6 +37,7 @@ __all__ = [
     "from_name",
     "leader_key",
     "semaphore_keys",
+    "semaphore_session_name",
 ]
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -250,6 +251,14 @@ def semaphore_keys(name: object, limit: object) -> tuple[Key, ...]:
             f" semaphore at once), got {limit!r}"
         )
     return tuple(from_name(f"{SEMAPHORE_PREFIX}{name}:{slot}") for slot in range(limit))
+
+
+def semaphore_session_name(name: str, limit: int) -> str:
+    """The ``application_name`` of a session pgsolo opens to hold a slot of the semaphore
+    ``name`` of ``limit`` slots: ``pgsolo:semaphore:<name>/<limit>``. ``pgsolo locks``
+    reads it back (checking that the slot held derives from it) to show the semaphore
+    as one row, its holders out of ``limit``."""
+    return f"{SEMAPHORE_PREFIX}{name}/{limit}"
 
 
 def as_key(key: KeyLike, *, namespace: int | None = None, registry: Registry | None = None) -> Key:

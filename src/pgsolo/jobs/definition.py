@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeAlias, TypedDict, T
 from .._types import Lifetime, Outcome, check_period
 from ..drivers.conninfo import DEFAULT_APP_PREFIX, application_name_for
 from ..errors import InvalidArgumentError, UsageError
-from ..keys import Key, KeyLike, Registry, as_key
+from ..keys import Key, KeyLike, Registry, as_key, semaphore_keys, semaphore_session_name
 from ..locking import Keep, as_keep, wait_ms_of
 from ..reasons import FailReason, LostReason, Reason, SkipReason
 
@@ -188,6 +188,12 @@ class JobOptions(TypedDict, total=False):
     wait: float | None
     """Seconds to wait for a busy lock (``math.inf``: no end); default None: busy means
     skip."""
+    limit: int | None
+    """How many runs of the job may run at once: with a name as key, each run holds one
+    of ``limit`` slots, the keys of the semaphore of that name (DESIGN §2, Semaphore
+    keys), the ones :func:`~pgsolo.semaphore` takes too; busy means every slot is held.
+    Not with ``period=`` (once per period is one run), ``namespace=`` or ``registry=``.
+    Default None: the one key of ``key``."""
     period: str | None
     """``"day"`` (or ``daily``, ``hour``, ``"900 seconds"``, ``15m``, ``24h``...): each
     completed run is recorded durably, so a second run in the same period, by the
@@ -229,6 +235,21 @@ class Job:
     raise_errors: bool = True
     """A failed run re-raises its exception (True) or returns it in a ``failed`` result."""
 
+    semaphore: str | None = None
+    """With ``limit=``: the name its slots are derived from (the key given)."""
+    slots: tuple[Key, ...] = ()
+    """With ``limit=``: the keys of its slots, one of which a run holds (``key`` is the
+    one it holds, once it holds one; the first before)."""
+
+    @property
+    def limit(self) -> int:
+        """How many runs of the job may run at once."""
+        return len(self.slots) or 1
+
+    def holding(self, key: Key) -> Job:
+        """This job, as the run that holds ``key``, one of its slots."""
+        return self if key == self.key else dataclasses.replace(self, key=key)
+
     @classmethod
     def define(cls, key: KeyLike, **options: Unpack[JobOptions]) -> Job:
         """The job of ``key`` with ``options``, each checked: a bad value is a
@@ -243,7 +264,14 @@ class Job:
         raise_errors = options.get("raise_errors", True)
         namespace = options.get("namespace")
         registry = options.get("registry")
-        resolved = as_key(key, namespace=namespace, registry=registry)
+        limit = options.get("limit")
+        if limit is None:
+            slots: tuple[Key, ...] = ()
+            resolved = as_key(key, namespace=namespace, registry=registry)
+        else:
+            slots = _slots(key, limit, options)
+            resolved = slots[0]
+            name = str(key) if name is None else name
         if lifetime not in ("xact", "session"):
             raise UsageError(f"lifetime must be 'xact' or 'session', got {lifetime!r}")
         wait_ms_of(wait)
@@ -279,11 +307,34 @@ class Job:
             options.get("application_name"),
             keeping,
             raise_errors,
+            str(key) if slots else None,
+            slots,
         )
 
     def application_name_for(self, dsn: str) -> str:
-        """``pgsolo:<job name>`` unless the caller, the DSN or ``PGAPPNAME`` names it."""
-        return application_name_for(dsn, f"{DEFAULT_APP_PREFIX}{self.name}", self.application_name)
+        """``pgsolo:<job name>`` (with ``limit=``, the semaphore's
+        ``pgsolo:semaphore:<name>/<limit>``, which ``pgsolo locks`` reads back) unless the
+        caller, the DSN or ``PGAPPNAME`` names it."""
+        if self.semaphore is not None:
+            default = semaphore_session_name(self.semaphore, self.limit)
+        else:
+            default = f"{DEFAULT_APP_PREFIX}{self.name}"
+        return application_name_for(dsn, default, self.application_name)
+
+
+def _slots(key: KeyLike, limit: object, options: JobOptions) -> tuple[Key, ...]:
+    """The slots of a job with ``limit=``: the keys of the semaphore named ``key``."""
+    if not isinstance(key, str):
+        raise UsageError(
+            f"limit= takes a job whose key is a name (its slots are derived from it), got {key!r}"
+        )
+    for option in ("period", "namespace", "registry"):
+        if options.get(option) is not None:
+            raise UsageError(
+                f"limit= and {option}= do not go together"
+                + (": once per period is one run at a time" if option == "period" else "")
+            )
+    return semaphore_keys(key, limit)
 
 
 def refuse_unknown_options(

@@ -9,6 +9,7 @@ having let the lock go, or lets it go on.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import time
@@ -35,6 +36,7 @@ from ..locking import (
     outside_transaction,
     refuse_keeper,
     require_no_transaction,
+    slot_attempts,
     unavailable,
     wait_ms_of,
 )
@@ -166,13 +168,35 @@ class _Attempt:
         """Try, or wait up to ``wait``; busy or timed out is False, with nothing held."""
         started = time.perf_counter()
         try:
-            acquired = yield from self.core.acquire(context=True)
+            if self.job.slots:
+                acquired = yield from self._take_slot()
+            else:
+                acquired = yield from self.core.acquire(context=True)
         except LockTimeoutError:
             acquired = False
         self.lock_wait = time.perf_counter() - started
         if not acquired:
             yield from self.core.exit(failed=False)
         return acquired
+
+    def _take_slot(self) -> Plan[bool]:
+        """``limit=``: the first of the job's slots that is free, or frees while it waits
+        (:func:`~pgsolo.locking.slot_attempts`). The one core is aimed at each slot in turn,
+        let go of after each busy one, and the job is the run holding the slot it got."""
+        core, job = self.core, self.job
+        tried = False
+        for slot, wait in slot_attempts(job.limit, job.wait):
+            if tried:
+                yield from core.exit(failed=False)
+            tried = True
+            core.aim(dataclasses.replace(core.spec, key=job.slots[slot], wait_ms=wait_ms_of(wait)))
+            try:
+                if (yield from core.acquire(context=True)):
+                    self.job = job.holding(job.slots[slot])
+                    return True
+            except LockTimeoutError:
+                pass  # its turn ran out with nothing held: the next attempt
+        return False
 
     def check_period(self) -> Plan[JobResult[Any] | None]:
         """With a period: skip if it is already done, by the database's clock and with
@@ -396,8 +420,8 @@ def conclude(job: Job, result: JobResult[T]) -> JobResult[T]:
     if job.raise_errors and result.error is not None:
         if result.outcome == "lost" and isinstance(result.error, LockLostError | LockNotHeldError):
             raise LockLostError(
-                f"job {job.name!r} lost its lock {job.key} while the work ran: {result.error}",
-                key=job.key,
+                f"job {job.name!r} lost its lock {result.key} while the work ran: {result.error}",
+                key=result.key,
                 reason=lost_reason(result.error),
             ) from result.error
         raise result.error

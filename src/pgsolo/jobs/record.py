@@ -60,7 +60,7 @@ def ledger_statements(
         [
             sql.record_attempt(
                 job=job.name,
-                lock_key=job.key.text,
+                lock_key=result.key.text,  # with limit=, the slot held
                 outcome=result.outcome,
                 reason=result.reason,
                 duration_s=result.duration,

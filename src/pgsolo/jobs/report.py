@@ -36,8 +36,8 @@ def report(
     fields: dict[str, object] = {
         "job": job.name,
         "reason": result.reason,
-        "key": job.key.text,
-        "name": job.key.name,
+        "key": result.key.text,  # with limit=, the slot held
+        "name": result.key.name,
         "database": info.database,
         "server": info.address,
         "application_name": info.application_name,

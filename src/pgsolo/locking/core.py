@@ -83,6 +83,14 @@ class LockCore(ABC):
         self.token = None
         self.events.begin()
 
+    def aim(self, spec: LockSpec) -> None:
+        """Make this core the one of another lock (a job's next slot of its ``limit=``),
+        between acquisitions: never while it holds anything."""
+        if self.holds_anything:
+            raise UsageError(f"lock {self.spec.key} is held: it cannot be aimed at another key")
+        self.spec = spec
+        self.events = LockEvents(spec, self.driver)
+
     def acquire(self, *, context: bool) -> Plan[bool]:
         self.begin()
         return (yield from self._acquire(context=context))

@@ -147,9 +147,22 @@ def _job_of(args: argparse.Namespace, key: Key) -> Job:
     from ...jobs.definition import Job  # noqa: PLC0415 - after --json's destination
 
     leading = args.leader is not None
+    given: Key | str = key
+    if args.limit is not None:
+        if leading:
+            raise UsageError("--limit and --leader do not go together: a leader is one")
+        if args.namespace is not None:  # the slots' keys are the name's own (DESIGN §2)
+            raise UsageError("--limit and --namespace do not go together")
+        if key.name is None:
+            raise UsageError(
+                f"--limit needs a --key that is a name (its slots are derived from it), got"
+                f" {key.text} (--key-is-name makes a name of it)"
+            )
+        given = key.name
     return Job.define(
-        key,
+        given,
         name=args.name,
+        limit=args.limit,
         lifetime="session",
         # A standby leader waits for as long as the leader lives; its sessions carry the
         # key's name, which is how `pgsolo locks` names a leader and its candidates.

@@ -7,6 +7,7 @@ import math
 import shlex
 
 from ..._types import MAX_WAIT_SECONDS
+from ...keys import MAX_SEMAPHORE_LIMIT
 from ..common import add_dsn_argument, add_key_is_name_argument, seconds_between
 from ..exit_codes import (
     EXIT_FAILED,
@@ -90,6 +91,16 @@ def _add_lock_options(parser: argparse.ArgumentParser) -> None:
         " default: try once",
     )
     parser.add_argument(
+        "--limit",
+        type=slot_count,
+        metavar="N",
+        help="let up to N runs of the job run at once (across every host): each holds one of"
+        " N slots, the keys of the semaphore named KEY (pgsolo:semaphore:KEY:0 to"
+        " KEY:N-1, as pgsolo.semaphore() takes them); busy means every slot is held. KEY"
+        " must be a name; not with --leader, --namespace or --once-per. Default: KEY's"
+        " own lock",
+    )
+    parser.add_argument(
         "--once-per",
         metavar="PERIOD",
         help="run at most once per PERIOD by the database's clock: minute, hour, day, week,"
@@ -115,7 +126,8 @@ def _add_lock_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--application-name",
         metavar="NAME",
-        help="application_name of pgsolo's connection (default: pgsolo:<job name>)",
+        help="application_name of pgsolo's connection (default: pgsolo:<job name>; with"
+        " --limit N, pgsolo:semaphore:KEY/N)",
     )
 
 
@@ -236,6 +248,17 @@ def with_separator(args: argparse.Namespace, command: list[str]) -> str:
         shown = ["run", "--key", "KEY", "[OPTIONS]"]
     arguments = " ARG..." if len(command) > 1 else ""
     return shlex.join(["pgsolo", *shown, "--", command[0]]) + arguments
+
+
+def slot_count(text: str) -> int:
+    """``--limit``: how many runs at once, 1 to :data:`~pgsolo.keys.MAX_SEMAPHORE_LIMIT`."""
+    try:
+        count = int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if not 1 <= count <= MAX_SEMAPHORE_LIMIT:
+        raise argparse.ArgumentTypeError(f"{count} is not from 1 to {MAX_SEMAPHORE_LIMIT}")
+    return count
 
 
 def wait_seconds(text: str) -> float:

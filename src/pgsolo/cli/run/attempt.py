@@ -287,7 +287,11 @@ class _Attempt:
         from ...monitor import lock_holders  # noqa: PLC0415
 
         try:
-            holders = lock_holders(conn, self.job.key)
+            holders = [
+                lock
+                for key in self.job.slots or (self.job.key,)
+                for lock in lock_holders(conn, key)
+            ]
         except Exception as exc:
             logger.debug("pgsolo: could not read who holds %s: %s", self.job.key, self._scrub(exc))
             holders = None
@@ -326,6 +330,7 @@ class _Attempt:
     def _finish(self, result: JobResult[Any], driver: SyncDriver, exit_code: int) -> RunReport:
         self.report.outcome = result.outcome
         self.report.reason = result.reason
+        self.report.key, self.report.key_name = result.key.text, result.key.name  # --limit's slot
         self.report.lock_wait = result.lock_wait
         self.report.duration = result.duration
         self.report.exit_code = exit_code

@@ -154,7 +154,10 @@ def _lost_while_running(job: Job, ran: Ran) -> str:
 def busy(job: Job, holders: list[AdvisoryLock] | None) -> str:
     """A skip because the key is busy, and who holds it: what a person looking at a cron
     log needs to go and find it (``holders`` None: they could not be read)."""
-    line = f"skipped: {job.key} is busy"
+    if job.semaphore is not None:
+        line = f"skipped: all {job.limit} slots of {job.semaphore!r} are busy"
+    else:
+        line = f"skipped: {job.key} is busy"
     if holders is None:
         return line
     if not holders:

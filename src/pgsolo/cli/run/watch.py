@@ -106,6 +106,7 @@ class Command:
 
     def __call__(self) -> Failure | None:
         self.started = True
+        self.job = self.job.holding(self.core.spec.key)  # with --limit, the slot held
         child = Child(self.argv, own_group=not stdin_is_terminal())
         with self.signals.forwarding(child):
             if (signum := self.signals.first) is not None:
