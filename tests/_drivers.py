@@ -101,6 +101,9 @@ class Kind:
     """How its user opens a transaction, in its library's words: what pgsolo must advise
     when it refuses a transaction lock outside one (None where the library opens one by
     itself)."""
+    per_thread: bool = False
+    """Every ``open`` in one thread hands out the same connection (Django's): two holders
+    opened so in one test are one session."""
 
     def __str__(self) -> str:
         return self.name
@@ -115,6 +118,7 @@ class AKind:
     keeper: bool = True
     pooled: bool = False
     opens: str | None = None
+    per_thread: bool = False
 
     def __str__(self) -> str:
         return self.name
@@ -1029,6 +1033,7 @@ SYNC_KINDS = [
         keeper=DJANGO_DRIVER == "psycopg",  # a psycopg2 connection takes no keeper
         pooled=True,
         opens="with transaction.atomic():",
+        per_thread=True,
     ),
 ]
 

@@ -24,6 +24,7 @@ import pgsolo
 from _drivers import ASYNC_KINDS, AHandle, AKind
 from _support import WORK, Boom, Connect, aeventually, terminate, wait_until_lost, work_rows
 from pgsolo import Key
+from pgsolo.keys import leader_key, semaphore_keys
 from pgsolo.testing import Bouncer, Replicas
 
 OWNING_KINDS = [kind for kind in ASYNC_KINDS if not kind.implicit]
@@ -239,6 +240,11 @@ async def test_a_transaction_lock_taken_in_a_savepoint_goes_with_its_rollback(
 SESSION_KINDS = [kind for kind in ASYNC_KINDS if kind.session_locks]
 
 
+def apart_from(kind: AKind) -> list[AKind]:
+    """The kinds whose connections, opened while one of ``kind`` is, are other sessions."""
+    return [other for other in SESSION_KINDS if not (other.per_thread and other == kind)]
+
+
 @pytest.mark.parametrize("kind", SESSION_KINDS, ids=str)
 async def test_a_session_lock_in_a_failed_savepoint_costs_the_caller_that_savepoint_only(
     kind: AKind, db: str, observer: Any, key: Key
@@ -442,3 +448,89 @@ async def test_the_keeper_watches_a_lock_or_is_refused_before_any_sql(
         await wait_until_lost(lock, poll=aeventually)
         assert lock.loss is not None
         assert lock.loss.reason == "connection-lost"
+
+
+SESSION_KINDS = [kind for kind in ASYNC_KINDS if kind.session_locks]
+
+
+@pytest.mark.parametrize("kind", SESSION_KINDS, ids=str)
+async def test_a_leader_leads_while_a_candidate_through_every_kind_waits(
+    kind: AKind, db: str, observer: Any
+) -> None:
+    """A term through this kind (watched where a keeper can share the connection): the
+    leader's key is held by its session, a candidate through any other kind waits and
+    gives up with nothing held, each term's token is larger than the last, and the
+    connection ends as it was found."""
+    name = f"conformance-{uuid.uuid4()}"
+    tokens = []
+    async with kind.open(db) as conn:
+        pid = await conn.pid()
+        for _ in range(2):
+            async with pgsolo.leader_async(conn.conn, name, keep=kind.keeper) as term:
+                assert observer.holders(term.key) == {pid}
+                tokens.append(term.token)
+                for other in apart_from(kind):
+                    async with other.open(db) as candidate:
+                        with pytest.raises(pgsolo.LockTimeoutError):
+                            async with pgsolo.leader_async(
+                                candidate.conn, name, wait=0.2, keep=False
+                            ):
+                                pytest.fail(f"{other} led while {kind} led")
+                        assert not await candidate.in_transaction()
+            assert observer.holders(term.key) == set()
+        assert not await conn.in_transaction()
+    assert tokens[0] is not None
+    assert tokens[1] is not None
+    assert tokens[1] > tokens[0]
+
+
+@pytest.mark.parametrize("kind", SESSION_KINDS, ids=str)
+async def test_a_semaphore_admits_its_limit_through_every_kind(
+    kind: AKind, db: str, observer: Any
+) -> None:
+    """Two holders of a limit of 2, through this kind and psycopg, hold its two slots; a
+    third, through any kind, gets none (a try, then a wait that runs out) and holds nothing
+    after."""
+    name = f"conformance-{uuid.uuid4()}"
+    async with kind.open(db) as first, SESSION_KINDS[0].open(db) as second:
+        async with (
+            pgsolo.semaphore(first.conn, name, limit=2) as one,
+            pgsolo.semaphore(second.conn, name, limit=2) as two,
+        ):
+            assert one.acquired
+            assert two.acquired
+            assert {one.slot, two.slot} == {0, 1}
+            assert one.key is not None
+            assert observer.holders(one.key) == {await first.pid()}
+            for other in apart_from(kind):
+                async with other.open(db) as third:
+                    async with pgsolo.semaphore(third.conn, name, limit=2) as three:
+                        assert not three.acquired, f"{other} took a third slot of 2"
+                    with pytest.raises(pgsolo.LockTimeoutError):
+                        await pgsolo.semaphore(third.conn, name, limit=2, wait=0.3).acquire()
+                    assert not await third.in_transaction()
+        for key in semaphore_keys(name, 2):
+            assert observer.holders(key) == set()
+            assert observer.waiters(key) == set()
+        assert not await first.in_transaction()
+        assert not await second.in_transaction()
+
+
+@pytest.mark.parametrize("kind", SESSION_KINDS, ids=str)
+async def test_behind_a_transaction_pooler_no_leader_or_semaphore_is_taken(
+    kind: AKind, bouncer: Bouncer, observer: Any
+) -> None:
+    """A leader and a semaphore hold session locks: behind a transaction pooler each is
+    refused, as a session lock is, with nothing held."""
+    name = f"conformance-{uuid.uuid4()}"
+    async with kind.open(bouncer.dsn) as conn:
+        with pytest.raises(pgsolo.UnsafeConnectionError) as refused:
+            async with pgsolo.leader_async(conn.conn, name, wait=1, keep=False):
+                pytest.fail("a leader behind a transaction pooler")
+        assert refused.value.reason == "transaction-pooling"
+        with pytest.raises(pgsolo.UnsafeConnectionError):
+            async with pgsolo.semaphore(conn.conn, name, limit=2):
+                pytest.fail("a semaphore behind a transaction pooler")
+    assert observer.holders(leader_key(name)) == set()
+    for key in semaphore_keys(name, 2):
+        assert observer.holders(key) == set()
