@@ -240,6 +240,13 @@ async def test_a_transaction_lock_taken_in_a_savepoint_goes_with_its_rollback(
 SESSION_KINDS = [kind for kind in ASYNC_KINDS if kind.session_locks]
 
 
+async def lead_or_fail(conn: Any, name: str, *, wait: float) -> None:
+    """Stand for ``name`` through ``conn``, unwatched, for ``wait`` seconds: a test that
+    expects the candidacy to raise fails if it leads instead."""
+    async with pgsolo.leader_async(conn, name, wait=wait, keep=False):
+        pytest.fail(f"led {name!r} where another leads, or where no leader may")
+
+
 def apart_from(kind: AKind) -> list[AKind]:
     """The kinds whose connections, opened while one of ``kind`` is, are other sessions."""
     return [other for other in SESSION_KINDS if not (other.per_thread and other == kind)]
@@ -472,10 +479,7 @@ async def test_a_leader_leads_while_a_candidate_through_every_kind_waits(
                 for other in apart_from(kind):
                     async with other.open(db) as candidate:
                         with pytest.raises(pgsolo.LockTimeoutError):
-                            async with pgsolo.leader_async(
-                                candidate.conn, name, wait=0.2, keep=False
-                            ):
-                                pytest.fail(f"{other} led while {kind} led")
+                            await lead_or_fail(candidate.conn, name, wait=0.2)
                         assert not await candidate.in_transaction()
             assert observer.holders(term.key) == set()
         assert not await conn.in_transaction()
@@ -525,12 +529,10 @@ async def test_behind_a_transaction_pooler_no_leader_or_semaphore_is_taken(
     name = f"conformance-{uuid.uuid4()}"
     async with kind.open(bouncer.dsn) as conn:
         with pytest.raises(pgsolo.UnsafeConnectionError) as refused:
-            async with pgsolo.leader_async(conn.conn, name, wait=1, keep=False):
-                pytest.fail("a leader behind a transaction pooler")
+            await lead_or_fail(conn.conn, name, wait=1)
         assert refused.value.reason == "transaction-pooling"
         with pytest.raises(pgsolo.UnsafeConnectionError):
-            async with pgsolo.semaphore(conn.conn, name, limit=2):
-                pytest.fail("a semaphore behind a transaction pooler")
+            await pgsolo.semaphore(conn.conn, name, limit=2).acquire()
     assert observer.holders(leader_key(name)) == set()
     for key in semaphore_keys(name, 2):
         assert observer.holders(key) == set()

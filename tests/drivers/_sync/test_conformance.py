@@ -241,6 +241,13 @@ def test_a_transaction_lock_taken_in_a_savepoint_goes_with_its_rollback(
 SESSION_KINDS = [kind for kind in SYNC_KINDS if kind.session_locks]
 
 
+def lead_or_fail(conn: Any, name: str, *, wait: float) -> None:
+    """Stand for ``name`` through ``conn``, unwatched, for ``wait`` seconds: a test that
+    expects the candidacy to raise fails if it leads instead."""
+    with pgsolo.leader(conn, name, wait=wait, keep=False):
+        pytest.fail(f"led {name!r} where another leads, or where no leader may")
+
+
 def apart_from(kind: Kind) -> list[Kind]:
     """The kinds whose connections, opened while one of ``kind`` is, are other sessions."""
     return [other for other in SESSION_KINDS if not (other.per_thread and other == kind)]
@@ -473,8 +480,7 @@ def test_a_leader_leads_while_a_candidate_through_every_kind_waits(
                 for other in apart_from(kind):
                     with other.open(db) as candidate:
                         with pytest.raises(pgsolo.LockTimeoutError):
-                            with pgsolo.leader(candidate.conn, name, wait=0.2, keep=False):
-                                pytest.fail(f"{other} led while {kind} led")
+                            lead_or_fail(candidate.conn, name, wait=0.2)
                         assert not candidate.in_transaction()
             assert observer.holders(term.key) == set()
         assert not conn.in_transaction()
@@ -524,12 +530,10 @@ def test_behind_a_transaction_pooler_no_leader_or_semaphore_is_taken(
     name = f"conformance-{uuid.uuid4()}"
     with kind.open(bouncer.dsn) as conn:
         with pytest.raises(pgsolo.UnsafeConnectionError) as refused:
-            with pgsolo.leader(conn.conn, name, wait=1, keep=False):
-                pytest.fail("a leader behind a transaction pooler")
+            lead_or_fail(conn.conn, name, wait=1)
         assert refused.value.reason == "transaction-pooling"
         with pytest.raises(pgsolo.UnsafeConnectionError):
-            with pgsolo.semaphore(conn.conn, name, limit=2):
-                pytest.fail("a semaphore behind a transaction pooler")
+            pgsolo.semaphore(conn.conn, name, limit=2).acquire()
     assert observer.holders(leader_key(name)) == set()
     for key in semaphore_keys(name, 2):
         assert observer.holders(key) == set()
