@@ -5,7 +5,8 @@ from __future__ import annotations
 import psycopg
 from psycopg import sql as pgsql
 
-from _support import json_document
+import pgsolo as pgsolo_lib
+from _support import json_document, unique_name
 from _support import run_cli as pgsolo
 
 
@@ -28,3 +29,18 @@ def test_doctor_exit_code_follows_failed_checks(fresh_db: str) -> None:
     assert [c["name"] for c in failed] == ["idle-timeouts"]
     assert "idle_session_timeout=30m00s" in failed[0]["detail"]
     assert failed[0]["advice"]
+
+
+def test_doctor_names_each_leader_and_how_long_it_has_led(db: str) -> None:
+    name = unique_name("leader")
+    with pgsolo_lib.leader(db, name) as term:
+        done = pgsolo("doctor", "--dsn", db, "--json")
+        shown = pgsolo("doctor", "--dsn", db)
+    assert done.returncode in (0, 1), done.stderr  # other tests' sessions may fail checks
+    (leaders,) = [c for c in json_document(done.stdout)["checks"] if c["name"] == "leaders"]
+    assert leaders["status"] == "ok"
+    assert f"{name!r}: pid {term.backend_pid} ('pgsolo:leader:{name}'" in leaders["detail"]
+    assert "leading for " in leaders["detail"]
+    assert "at most" not in leaders["detail"]  # from its recorded start
+    assert "no candidate waiting" in leaders["detail"]
+    assert "[ok  ] leaders: " in shown.stdout

@@ -59,6 +59,7 @@ def test_a_quiet_database_passes_every_check_but_public_execute(
         "proxy",
         "public-execute",
         "visibility",
+        "leaders",
     ]
     statuses = {c.name: c.status for c in checks}
     assert statuses.pop("public-execute") == "warn"  # PostgreSQL's default

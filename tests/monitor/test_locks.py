@@ -1,10 +1,13 @@
-"""``advisory_locks()`` and ``wait_chains()``: every kind of key decoded with its mode and
-lifetime, wait chains in order (a deadlock cycle included), names from a registry, bad
-arguments refused before any SQL, and the cost of a call with 10,000 locks held.
+"""``advisory_locks()``, ``wait_chains()`` and ``semaphore_uses()``: every kind of key
+decoded with its mode and lifetime, wait chains in order (a deadlock cycle included), names
+from a registry, a semaphore's slots known from ``semaphores=`` or from its sessions'
+``application_name`` (and never from a forged one), bad arguments refused before any SQL,
+and the cost of a call with 10,000 locks held.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import replace
 from datetime import timedelta
@@ -13,6 +16,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+import pgsolo
 from _support import (
     DEADLINE,
     STATEMENT_BOUND,
@@ -20,11 +24,23 @@ from _support import (
     Connect,
     eventually,
     in_background,
+    unique_name,
 )
-from pgsolo import AdvisoryLock, Key, Registry, advisory_locks, doctor, sql, wait_chains
+from pgsolo import (
+    AdvisoryLock,
+    Key,
+    Registry,
+    SemaphoreSlot,
+    SemaphoreUse,
+    advisory_locks,
+    doctor,
+    semaphore_uses,
+    sql,
+    wait_chains,
+)
 from pgsolo.cli.locks import WIDE_COLUMNS, lock_table
 from pgsolo.errors import InvalidArgumentError, InvalidKeyError
-from pgsolo.keys import derive_int32, derive_int64
+from pgsolo.keys import derive_int32, derive_int64, semaphore_keys, semaphore_session_name
 
 
 def mine(conn: psycopg.Connection, *pids: int, key: Key | None = None) -> list[AdvisoryLock]:
@@ -193,6 +209,15 @@ def test_names_come_from_a_registry_file_and_from_given_names(
         ({"key": (1, 2**31)}, InvalidKeyError),
         ({"pid": 0}, InvalidArgumentError),
         ({"pid": "12"}, InvalidArgumentError),
+        ({"semaphores": "exports"}, InvalidArgumentError),
+        ({"semaphores": [("exports", 3)]}, InvalidArgumentError),
+        ({"semaphores": {"": 3}}, InvalidArgumentError),
+        ({"semaphores": {5: 3}}, InvalidArgumentError),
+        ({"semaphores": {"x" * 513: 3}}, InvalidArgumentError),
+        ({"semaphores": {"exports": 0}}, InvalidArgumentError),
+        ({"semaphores": {"exports": 1025}}, InvalidArgumentError),
+        ({"semaphores": {"exports": True}}, InvalidArgumentError),
+        ({"semaphores": {"exports": "3"}}, InvalidArgumentError),
     ],
 )
 def test_bad_arguments_raise_before_any_sql(
@@ -217,6 +242,125 @@ def test_an_autocommit_off_connection_is_left_idle(connect: Connect) -> None:
     advisory_locks(conn)
     assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
     conn.rollback()
+
+
+def take_slot(conn: psycopg.Connection, name: str, limit: int) -> pgsolo.Semaphore:
+    """A slot of the semaphore ``name`` held by ``conn``'s session, as an application holds
+    one (the caller releases it, or closes the connection)."""
+    held = pgsolo.semaphore(conn, name, limit=limit)
+    assert held.acquire()
+    return held
+
+
+def test_a_semaphore_given_by_its_name_and_limit_is_one_use(connect: Connect) -> None:
+    """``semaphores={name: 3}`` marks and names the slot locks of that semaphore, whatever
+    their sessions are called, and ``semaphore_uses`` reads them as one semaphore: its
+    holders (with their slots) out of 3, and who waits for a slot."""
+    name = unique_name("exports")
+    a, b, c = (connect(application_name=f"worker-{x}") for x in "abc")
+    waiter = connect(application_name="worker-w")
+    held = [take_slot(conn, name, 3) for conn in (a, b)]
+    pa, pb, pc, pw = (conn.info.backend_pid for conn in (a, b, c, waiter))
+    monitor = connect()
+
+    def mine(**kwargs: object) -> list[AdvisoryLock]:
+        return [
+            lock
+            for lock in advisory_locks(monitor, **kwargs)  # type: ignore[arg-type]
+            if lock.pid in (pa, pb, pc, pw)
+        ]
+
+    locks = mine(semaphores={name: 3})
+    slots = {a.info.backend_pid: held[0].slot, b.info.backend_pid: held[1].slot}
+    assert {(lock.pid, lock.semaphore) for lock in locks} == {
+        (pid, SemaphoreSlot(name, 3, slot)) for pid, slot in slots.items() if slot is not None
+    }
+    assert {lock.name for lock in locks} == {f"pgsolo:semaphore:{name}:{s}" for s in slots.values()}
+    assert all(lock.key.name == lock.name for lock in locks)
+    (use,) = semaphore_uses(locks)
+    assert (use.name, use.limit, use.held, use.waiting) == (name, 3, 2, ())
+    assert use.holders == tuple(sorted(((p, s) for p, s in slots.items()), key=lambda h: h[1]))
+    assert use.as_dict() == {
+        "name": name,
+        "limit": 3,
+        "held": 2,
+        "holders": [{"pid": pid, "slot": slot} for pid, slot in use.holders],
+        "waiting": [],
+    }
+    # Without it, nothing says whose slots these keys are: two unnamed keys, no semaphore.
+    plain = mine()
+    assert [(lock.name, lock.semaphore) for lock in plain] == [(None, None), (None, None)]
+    assert semaphore_uses(plain) == []
+
+    # Full, and one more waits for whichever slot frees first.
+    held.append(take_slot(c, name, 3))
+    thread = threading.Thread(target=_wait_for_a_slot, args=(waiter, name, 3))
+    thread.start()
+    try:
+
+        def waiting() -> list[SemaphoreUse]:
+            uses = semaphore_uses(mine(semaphores={name: 3}))
+            return uses if uses and uses[0].waiting else []
+
+        (use,) = eventually(waiting, "the waiter in the semaphore's use")
+        assert (use.held, use.waiting) == (3, (pw,))
+        assert {pid for pid, _slot in use.holders} == {pa, pb, pc}
+        table = lock_table(mine(semaphores={name: 3}), wide=False, width=200, semaphores=[use])
+        assert len(table) == 2  # the header and the semaphore's one line
+    finally:
+        held[0].release()
+        thread.join(DEADLINE)
+
+
+def _wait_for_a_slot(conn: psycopg.Connection, name: str, limit: int) -> None:
+    with pgsolo.semaphore(conn, name, limit=limit, wait=30) as slot:
+        assert slot.acquired
+
+
+def test_a_semaphore_is_known_from_its_sessions_application_name(connect: Connect) -> None:
+    """A session named ``pgsolo:semaphore:<name>/<limit>`` (as pgsolo names those it opens
+    for a slot) tells the semaphore and its limit, trusted because the key it holds is a
+    slot of that name: then every slot of it is known, whoever holds it."""
+    name = unique_name("imports")
+    told = connect(application_name=semaphore_session_name(name, 4))
+    assert told.execute("SHOW application_name").fetchone() == (f"pgsolo:semaphore:{name}/4",)
+    other = connect(application_name="importer")  # an application's own name
+    held = [take_slot(told, name, 4), take_slot(other, name, 4)]
+    pids = {told.info.backend_pid: held[0].slot, other.info.backend_pid: held[1].slot}
+    locks = [lock for lock in advisory_locks(connect()) if lock.pid in pids]
+    assert {(lock.pid, lock.semaphore) for lock in locks} == {
+        (pid, SemaphoreSlot(name, 4, slot)) for pid, slot in pids.items() if slot is not None
+    }
+    assert {lock.name for lock in locks} == {f"pgsolo:semaphore:{name}:{s}" for s in pids.values()}
+    (use,) = semaphore_uses(locks)
+    assert (use.name, use.limit, use.held) == (name, 4, 2)
+    # A limit given by the caller is the one shown, whatever a session says.
+    given = [lock for lock in advisory_locks(connect(), semaphores={name: 5}) if lock.pid in pids]
+    assert {lock.semaphore.limit for lock in given if lock.semaphore} == {5}
+
+
+def test_a_forged_or_cut_application_name_makes_no_semaphore(connect: Connect) -> None:
+    """A session's word is trusted only when the key it holds is a slot of the semaphore it
+    names, below the limit it names: never a key of another name, nor a slot past its
+    limit; and never a name the server may have cut (63 bytes), whose limit may have lost
+    digits."""
+    name, other = unique_name("forged"), unique_name("genuine")
+    not_its_slot = connect(application_name=semaphore_session_name(name, 3))
+    not_its_slot.execute(f"SELECT pg_advisory_lock({semaphore_keys(other, 1)[0].sql_args})")
+    past_its_limit = connect(application_name=semaphore_session_name(name, 2))
+    past_its_limit.execute(f"SELECT pg_advisory_lock({semaphore_keys(name, 3)[2].sql_args})")
+    not_a_limit = connect(application_name=f"pgsolo:semaphore:{name}/03")
+    not_a_limit.execute(f"SELECT pg_advisory_lock({semaphore_keys(name, 3)[1].sql_args})")
+    # 64 bytes, cut by the server to 63: ".../1" of a semaphore of 10 slots, holding slot 0.
+    long_name = "c" * (64 - len("pgsolo:semaphore:") - len("/10"))
+    cut = connect(application_name=semaphore_session_name(long_name, 10))
+    assert cut.execute("SHOW application_name").fetchone() == (f"pgsolo:semaphore:{long_name}/1",)
+    cut.execute(f"SELECT pg_advisory_lock({semaphore_keys(long_name, 1)[0].sql_args})")
+    pids = {conn.info.backend_pid for conn in (not_its_slot, past_its_limit, not_a_limit, cut)}
+    locks = [lock for lock in advisory_locks(connect()) if lock.pid in pids]
+    assert len(locks) == 4
+    assert [(lock.name, lock.semaphore) for lock in locks] == [(None, None)] * 4
+    assert semaphore_uses(locks) == []
 
 
 # -- found in review -----------------------------------------------------------------------

@@ -130,7 +130,9 @@ def test_a_revoked_lock_function_names_the_grant_that_gives_it_back(
         assert lock.acquired
 
 
-def test_fencing_needs_the_sequence(admin: psycopg.Connection, make_role: MakeRole) -> None:
+def test_fencing_needs_the_sequence(
+    fresh_db: str, admin: psycopg.Connection, make_role: MakeRole
+) -> None:
     pgsolo.migrate(admin)
     role, connect = make_role()
     with pytest.raises(InsufficientPrivilegeError) as denied:
@@ -145,6 +147,12 @@ def test_fencing_needs_the_sequence(admin: psycopg.Connection, make_role: MakeRo
     assert lock.acquire() is True
     assert (lock.token or 0) >= 1
     lock.release()
+    # A leader needs no more: without the privileges on pgsolo.leader_terms its term's
+    # start is simply not recorded (the monitor shows a bound).
+    with pgsolo.leader(role_dsn(fresh_db, role), "fenced") as term:
+        assert term.token is not None
+        assert not term.lost
+    assert admin.execute("SELECT count(*) FROM pgsolo.leader_terms").fetchone() == (0,)
 
 
 # -- (b) jobs, (c) operation keys: pgsolo migrate --grant-to --------------------------------
@@ -193,6 +201,9 @@ def test_migrate_grant_to_gives_exactly_the_least_privileges(
         ("operations", "INSERT"),
         ("operations", "UPDATE"),
         ("fencing_token_seq", "USAGE"),
+        ("leader_terms", "SELECT"),
+        ("leader_terms", "INSERT"),
+        ("leader_terms", "UPDATE"),
     }
     assert admin.execute("SELECT has_schema_privilege(%s, 'pgsolo', 'USAGE')", (role,)).fetchone()
     app_dsn = role_dsn(fresh_db, role)
@@ -202,6 +213,9 @@ def test_migrate_grant_to_gives_exactly_the_least_privileges(
     with pgsolo.session_lock(holder, "nightly"):  # a busy skip reads the ledger back
         assert pgsolo.run_job(app_dsn, "other", lambda c: 1, record=True).outcome == "completed"
     assert [row["job"] for row in pgsolo.history(connect())] == ["other", "nightly"]
+    with pgsolo.leader(app_dsn, "scheduler") as term:  # its term's start is recorded
+        recorded = admin.execute("SELECT pid FROM pgsolo.leader_terms WHERE name = 'scheduler'")
+        assert recorded.fetchone() == (term.backend_pid,)
     once = pgsolo.run_once(connect(), "invoice-42", lambda ctx: {"sent": True})
     assert once.outcome == "ran"
     assert pgsolo.run_once(connect(), "invoice-42", lambda ctx: 0).outcome == "already-succeeded"
@@ -369,8 +383,16 @@ def test_terminate_needs_the_same_role_or_pg_signal_backend(
     assert pgsolo.terminate_backend(connect(), theirs.info.backend_pid) is True
 
 
+def led_from_a_recorded_start(dsn: str, connect: Callable[[], psycopg.Connection]) -> bool:
+    """Whether a leader's term shows its recorded start (its lack is silent: a bound)."""
+    with pgsolo.leader(dsn, "l", fencing=False) as term:
+        (lock,) = pgsolo.advisory_locks(connect(), key=term.key)
+        return lock.since_source == "term_start"
+
+
 FEATURE_USES: dict[str, Callable[[str, Callable[[], psycopg.Connection]], object]] = {
     "fencing": lambda dsn, connect: pgsolo.session_lock(connect(), "f", fencing=True).acquire(),
+    "leader": led_from_a_recorded_start,
     "record": lambda dsn, connect: pgsolo.run_job(dsn, "r", lambda c: 1, record=True).outcome,
     "period": lambda dsn, connect: pgsolo.run_job(dsn, "p", lambda c: 1, period="day").outcome,
     "once": lambda dsn, connect: pgsolo.run_once(connect(), "o", lambda ctx: 1).outcome,
@@ -378,6 +400,7 @@ FEATURE_USES: dict[str, Callable[[str, Callable[[], psycopg.Connection]], object
 }
 FEATURE_RESULTS = {
     "fencing": True,
+    "leader": True,
     "record": "completed",
     "period": "completed",
     "once": "ran",
@@ -402,6 +425,9 @@ def test_each_feature_works_with_exactly_its_own_grants(
     assert FEATURE_USES[feature](dsn, connect) == FEATURE_RESULTS[feature]
     others = [f for f in FEATURE_USES if not needs(f) <= needs(feature)]
     for other in others:  # and the others are refused, by pgsolo
+        if other == "leader":  # a term whose start cannot be recorded: led all the same
+            assert FEATURE_USES[other](dsn, connect) is False
+            continue
         with pytest.raises(InsufficientPrivilegeError):
             FEATURE_USES[other](dsn, connect)
 

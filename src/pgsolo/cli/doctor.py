@@ -32,7 +32,8 @@ def add_doctor_command(subparsers: Subparsers) -> None:
         " old transaction or snapshot holds back VACUUM, the shared lock"
         " table's capacity, connections without an application_name, idle timeouts that"
         " end lock holders, lock_timeout, a pooling proxy, and PUBLIC's EXECUTE on the"
-        " advisory-lock functions. Exit codes: 0 no check failed (warnings allowed);"
+        " advisory-lock functions; and it names each leader, how long it has led and its"
+        " waiting candidates. Exit codes: 0 no check failed (warnings allowed);"
         " 1 at least one check failed; 69 database unavailable; 2 usage error.",
     )
     parser.add_argument(

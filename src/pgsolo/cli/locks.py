@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from ..keys import Key
@@ -16,7 +17,7 @@ from .output import emit_json
 
 if TYPE_CHECKING:
     from ..keys import Registry
-    from ..monitor import AdvisoryLock
+    from ..monitor import AdvisoryLock, SemaphoreUse
 from .common import (
     CliError,
     Subparsers,
@@ -42,8 +43,10 @@ def add_locks_command(subparsers: Subparsers) -> None:
         " (pid, application_name, client, state), how long it has been held (a bound:"
         " PostgreSQL records no grant time) or waited for, its current query (never"
         " pgsolo's keeper beat), a session whose old transaction or snapshot holds back"
-        " VACUUM (marked *), and the wait chains (pg_blocking_pids). The table fits"
-        " the terminal; --wide shows every column. Exit code 0.",
+        " VACUUM (marked *), and the wait chains (pg_blocking_pids). The slots of a"
+        " semaphore (from --semaphore, or told by its sessions' application_name"
+        " pgsolo:semaphore:NAME/N) are one row, NAME (semaphore), 'K of N held'. The"
+        " table fits the terminal; --wide shows every column. Exit code 0.",
     )
     parser.add_argument(
         "--registry", metavar="FILE", help="a TOML registry of names ([locks], [namespaces])"
@@ -55,6 +58,14 @@ def add_locks_command(subparsers: Subparsers) -> None:
         metavar="NAME",
         help="label the key NAME derives to (an int64, or N:<its int32> in any namespace);"
         " repeatable",
+    )
+    parser.add_argument(
+        "--semaphore",
+        action="append",
+        default=[],
+        metavar="NAME=N",
+        help="the semaphore NAME of N slots (pgsolo.semaphore(conn, NAME, limit=N)): its"
+        " slots are shown as one row, its holders out of N; repeatable",
     )
     parser.add_argument("--key", metavar="KEY", help="only this key: a name, an int64 or N:R")
     parser.add_argument(
@@ -95,9 +106,14 @@ QUERY_WIDTH = 60  # characters of the current query with --wide (--json has more
 KEEPER_QUERY = "(pgsolo keeper)"  # the holder's last statement is the keeper's beat
 
 
-def cmd_locks(args: argparse.Namespace) -> int:
-    from ..monitor import advisory_locks, wait_chains  # noqa: PLC0415
+SEMAPHORE_MARK = " (semaphore)"  # after a semaphore's name in LOCK (NAME with --wide)
+PID_LIST_WIDTH = 22  # a semaphore's holders' pids in the table, then +N for the rest
 
+
+def cmd_locks(args: argparse.Namespace) -> int:
+    from ..monitor import advisory_locks, semaphore_uses, wait_chains  # noqa: PLC0415
+
+    semaphores = parse_semaphores(args.semaphore)  # before connecting, as every argument
     registry = load_registry(args.registry) if args.registry else None
     key = Key.parse(args.key, name=args.key_is_name) if args.key is not None else None
     names = list(args.name)
@@ -109,9 +125,17 @@ def cmd_locks(args: argparse.Namespace) -> int:
         database(args.dsn, connect_timeout=args.connect_timeout) as db,
         connection(db, "pgsolo:locks") as conn,
     ):
-        locks = advisory_locks(conn, registry=registry, names=names, key=key, from_ledger=True)
+        locks = advisory_locks(
+            conn,
+            registry=registry,
+            names=names,
+            key=key,
+            from_ledger=True,
+            semaphores=semaphores,
+        )
         name, server = where(conn)
     chains = wait_chains(locks)
+    uses = semaphore_uses(locks)
     if args.json:
         emit_json(
             "locks",
@@ -119,15 +143,17 @@ def cmd_locks(args: argparse.Namespace) -> int:
                 "database": name,
                 "server": server,
                 "locks": [lock.as_dict() for lock in locks],
+                "semaphores": [use.as_dict() for use in uses],
                 "wait_chains": [list(chain) for chain in chains],
             },
         )
         return EXIT_OK
+    # Locks, not rows: a semaphore's row stands for each slot held and each wait.
     held = sum(1 for lock in locks if lock.granted)
     print(f"{held} held, {len(locks) - held} waiting: advisory locks in")
     print(f"  {db.label}")
     if locks:
-        print_table(lock_table(locks, wide=args.wide))
+        print_table(lock_table(locks, wide=args.wide, semaphores=uses))
     if any(_holds_back_vacuum(lock) for lock in locks):
         print(
             f"* holds back VACUUM: a transaction holding a snapshot or a transaction id for"
@@ -140,6 +166,29 @@ def cmd_locks(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def parse_semaphores(given: Sequence[str]) -> dict[str, int]:
+    """The semaphores of ``--semaphore NAME=N`` (split at the last ``=``), checked as
+    ``pgsolo.semaphore`` checks a name and a limit: else a usage error, exit 2."""
+    from ..monitor.locks import check_semaphores  # noqa: PLC0415
+
+    semaphores: dict[str, int] = {}
+    for text in given:
+        name, equals, limit = text.rpartition("=")
+        if not (equals and limit.isascii() and limit.isdigit() and len(limit) <= 9):
+            raise CliError(
+                "--semaphore takes NAME=N, a semaphore's name and its limit (such as"
+                f" exports=3), got {text!r}",
+                EXIT_USAGE,
+            )
+        if semaphores.setdefault(name, int(limit)) != int(limit):
+            raise CliError(
+                f"--semaphore gives {name!r} two limits, {semaphores[name]} and {int(limit)}",
+                EXIT_USAGE,
+            )
+    check_semaphores(semaphores, "--semaphore")
+    return semaphores
+
+
 def load_registry(path: str) -> Registry:
     from ..keys import Registry  # noqa: PLC0415
 
@@ -150,21 +199,88 @@ def load_registry(path: str) -> Registry:
 
 
 def lock_table(
-    locks: list[AdvisoryLock], *, wide: bool, width: int | None = None
+    locks: list[AdvisoryLock],
+    *,
+    wide: bool,
+    width: int | None = None,
+    semaphores: Sequence[SemaphoreUse] = (),
 ) -> list[tuple[str, ...]]:
     """The table's lines, headers first: every column with ``wide``, else the ones that
-    fit ``width`` characters (default: the terminal's, 80 when not a terminal)."""
+    fit ``width`` characters (default: the terminal's, 80 when not a terminal). The slot
+    locks of each of ``semaphores`` (:func:`~pgsolo.semaphore_uses` of ``locks``) are one
+    line, where its first slot's would be."""
+    entries = _entries(locks, semaphores)
     if wide:
-        return [WIDE_COLUMNS, *(lock_line(lock) for lock in locks)]
-    rows = [_narrow_line(lock) for lock in locks]
+        return [WIDE_COLUMNS, *(_wide_line(entry) for entry in entries)]
+    rows = [_narrow_line(entry) for entry in entries]
     headers = COLUMNS[:-1]
     widths = [max(len(line[i]) for line in (headers, *rows)) for i in range(len(headers))]
     width = width or shutil.get_terminal_size((80, 24)).columns
     room = width - sum(widths) - 2 * len(widths)
     if room < MIN_QUERY:
         return [headers, *rows]
-    queries = [_query_cell(lock, room) for lock in locks]
+    queries = [_query_cell(entry, room) for entry in entries]
     return [COLUMNS, *((*row, query) for row, query in zip(rows, queries, strict=True))]
+
+
+class _SemaphoreEntry:
+    """A semaphore's line: its use, and the slot locks it stands for."""
+
+    def __init__(self, use: SemaphoreUse) -> None:
+        self.use = use
+        self.locks: list[AdvisoryLock] = []
+
+    @property
+    def holders(self) -> list[AdvisoryLock]:
+        return sorted(
+            (lock for lock in self.locks if lock.granted),
+            key=lambda lock: (lock.semaphore.slot if lock.semaphore else 0, lock.pid or 0),
+        )
+
+    @property
+    def status(self) -> str:
+        use = self.use
+        waiting = f", {len(use.waiting)} waiting" if use.waiting else ""
+        return f"{use.held} of {use.limit} held{waiting}"
+
+    def pids(self, width: int | None) -> str:
+        """The holders' pids, each marked * when it holds back VACUUM; within ``width``
+        characters, those that fit and ``+N`` for the rest."""
+        cells = [
+            (str(lock.pid) if lock.pid is not None else "(prepared)")
+            + ("*" if _holds_back_vacuum(lock) else "")
+            for lock in self.holders
+        ]
+        shown = ",".join(cells)
+        count = len(cells)
+        while width is not None and len(shown) > width and count > 1:
+            count -= 1
+            shown = ",".join(cells[:count]) + f" +{len(cells) - count}"
+        return shown
+
+    def common(self, cell: Callable[[AdvisoryLock], str]) -> str:
+        """What every holder has in common for ``cell``, else nothing."""
+        values = {cell(lock) for lock in self.holders}
+        return values.pop() if len(values) == 1 else ""
+
+
+def _entries(
+    locks: list[AdvisoryLock], semaphores: Sequence[SemaphoreUse]
+) -> list[AdvisoryLock | _SemaphoreEntry]:
+    """The lines of the table: each lock, but the slot locks of each of ``semaphores``
+    on one line, where its first slot lock would be."""
+    uses = {(use.name, use.limit): _SemaphoreEntry(use) for use in semaphores}
+    entries: list[AdvisoryLock | _SemaphoreEntry] = []
+    for lock in locks:
+        slot = lock.semaphore
+        entry = uses.get((slot.name, slot.limit)) if slot is not None else None
+        if entry is None:
+            entries.append(lock)
+            continue
+        if not entry.locks:
+            entries.append(entry)
+        entry.locks.append(lock)
+    return entries
 
 
 def _holds_back_vacuum(lock: AdvisoryLock) -> bool:
@@ -173,7 +289,26 @@ def _holds_back_vacuum(lock: AdvisoryLock) -> bool:
     return held is not None and held > DEFAULT_SNAPSHOT_OLDER_THAN
 
 
-def _narrow_line(lock: AdvisoryLock) -> tuple[str, ...]:
+def _application(lock: AdvisoryLock) -> str:
+    return lock.application_name or ""
+
+
+def _semaphore_label(name: str, width: int | None = None) -> str:
+    """``exports (semaphore)``: the name cut (never the mark) to fit ``width``."""
+    if width is not None:
+        name = _cut(name, max(width - len(SEMAPHORE_MARK), 2))
+    return name + SEMAPHORE_MARK
+
+
+def _narrow_line(lock: AdvisoryLock | _SemaphoreEntry) -> tuple[str, ...]:
+    if isinstance(lock, _SemaphoreEntry):
+        return (
+            _semaphore_label(lock.use.name, NARROW_WIDTHS["LOCK"]),
+            lock.status,
+            lock.pids(PID_LIST_WIDTH),
+            _cut(lock.common(_application), NARROW_WIDTHS["APPLICATION"]),
+            "",
+        )
     status = "held" if lock.granted else "waiting"
     pid = str(lock.pid) if lock.pid is not None else "(prepared)"
     return (
@@ -196,12 +331,34 @@ def _age(lock: AdvisoryLock) -> str:
     return mark + format_seconds(lock.age_seconds)
 
 
-def _query_cell(lock: AdvisoryLock, width: int) -> str:
+def _query_cell(lock: AdvisoryLock | _SemaphoreEntry, width: int) -> str:
+    if isinstance(lock, _SemaphoreEntry):
+        return ""
     return _cut(KEEPER_QUERY if lock.keeper else lock.query or "", width)
 
 
 def _cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "~"
+
+
+def _wide_line(entry: AdvisoryLock | _SemaphoreEntry) -> tuple[str, ...]:
+    if not isinstance(entry, _SemaphoreEntry):
+        return lock_line(entry)
+    return (
+        "",
+        _semaphore_label(entry.use.name),
+        entry.common(lambda held: "shared" if held.shared else "exclusive"),
+        entry.common(lambda held: held.lifetime or "?"),
+        entry.status,
+        entry.pids(None),
+        entry.common(_application),
+        "",
+        "",
+        "",
+        "",
+        "",
+        "",
+    )
 
 
 def lock_line(lock: AdvisoryLock) -> tuple[str, ...]:

@@ -15,6 +15,8 @@ from ..locking import check_route, drive
 
 if TYPE_CHECKING:
     from ..drivers.kinds import SyncConnectionLike
+from ._sync.holders import advisory_locks
+from .leaders import Leadership, leaders_of
 from .snapshot import fetch_json, format_seconds, parse_time
 
 __all__ = [
@@ -79,20 +81,20 @@ def doctor(
     VACUUM for too long, whether it takes advisory locks or not. Each from 0 to 2592000
     (30 days), else :class:`~pgsolo.InvalidArgumentError` before any SQL. Sessions are
     those of this database only; the lock table's capacity is the whole server's. Reads
-    only.
+    only: a second read names the leaders and their candidates (``leaders``).
     """
     seconds = check_seconds("older_than", older_than, 0, MAX_OLDER_THAN)
     horizon = check_seconds("snapshot_older_than", snapshot_older_than, 0, MAX_OLDER_THAN)
     driver = adapt_sync(conn)
     snapshot = fetch_json(driver, [sql.CLEAR_ACTIVITY_SNAPSHOT, sql.DOCTOR])
-    return _diagnose(snapshot, seconds, horizon, proxy=_proxy_check(driver))
+    checks = _diagnose(snapshot, seconds, horizon, proxy=_proxy_check(driver))
+    return [*checks, _leaders_check(leaders_of(advisory_locks(conn)), snapshot)]
 
 
 def _diagnose(
     snapshot: Mapping[str, Any], older_than: float, snapshot_older_than: float, *, proxy: Check
 ) -> list[Check]:
-    now = parse_time(snapshot["now"])
-    assert now is not None  # noqa: S101 - the query always sets it
+    now = _now(snapshot)
     sessions = [_Session.read(row, now) for row in snapshot["sessions"]]
     settings: Mapping[str, Mapping[str, Any]] = snapshot["settings"]
     role_settings: list[Mapping[str, str]] = snapshot["role_settings"]
@@ -109,6 +111,12 @@ def _diagnose(
         _public_execute_check(snapshot["public_execute"], str(snapshot["user"])),
         _visibility_check(sessions, str(snapshot["user"])),
     ]
+
+
+def _now(snapshot: Mapping[str, Any]) -> datetime:
+    now = parse_time(snapshot["now"])
+    assert now is not None  # noqa: S101 - the query always sets it
+    return now
 
 
 @dataclass(frozen=True, slots=True)
@@ -530,3 +538,64 @@ def _proxy_check(driver: SyncDriver) -> Check:
         f" on one server session (backend {route.server_pid}): session locks are safe here",
         advice,
     )
+
+
+def _leaders_check(leaderships: Sequence[Leadership], snapshot: Mapping[str, Any]) -> Check:
+    """Each leader (``pgsolo.leader``, ``pgsolo run --leader``): who leads, for how long,
+    and who waits to lead next. Information, unless a leader's session sits idle in a
+    transaction: its candidates then wait on a session that may be stuck."""
+    if not leaderships:
+        return Check("leaders", "ok", "no leader's key is held or waited for in this database")
+    now = _now(snapshot)
+    # The session's start, for a leader whose term's start is not recorded.
+    started = {
+        int(row["pid"]): parse_time(row.get("backend_start")) for row in snapshot["sessions"]
+    }
+    stuck = [
+        one
+        for one in leaderships
+        if one.leader is not None and (one.leader.state or "").startswith("idle in transaction")
+    ]
+    detail = (
+        f"{len(leaderships)} leader name(s): "
+        + "; ".join(_leadership(one, started, now) for one in leaderships[:_LISTED])
+        + _more(leaderships)
+    )
+    if stuck:
+        return Check(
+            "leaders",
+            "warn",
+            detail,
+            f"the leader of {', '.join(repr(one.name) for one in stuck)} sits idle in a"
+            " transaction: if it is stuck, its candidates wait for it forever; end the"
+            " transaction in the application, or `pgsolo terminate PID` (a candidate then"
+            " leads)",
+        )
+    return Check("leaders", "ok", detail)
+
+
+def _leadership(one: Leadership, started: Mapping[int, datetime | None], now: datetime) -> str:
+    waiting = [str(c.pid) for c in one.candidates if c.pid is not None]
+    candidates = (
+        f"{len(waiting)} candidate(s) waiting (pid {', '.join(waiting)})"
+        if waiting
+        else "no candidate waiting"
+    )
+    leader = one.leader
+    if leader is None:
+        return f"{one.name!r}: no leader at this moment (between two terms), {candidates}"
+    app = repr(leader.application_name) if leader.application_name else "no application_name"
+    client = f" from {leader.client_addr}" if leader.client_addr else ""
+    if leader.since_source == "term_start" and leader.since is not None:
+        term = (
+            f"leading for {format_seconds(leader.age_seconds)}"
+            f" (since {leader.since.isoformat(timespec='seconds')})"
+        )
+    else:
+        session = started.get(leader.pid) if leader.pid is not None else None
+        age = None if session is None else (now - session).total_seconds()
+        term = (
+            f"leading for at most {format_seconds(age)} (its session's age: the term's start"
+            " is not recorded)"
+        )
+    return f"{one.name!r}: pid {leader.pid} ({app}{client}) {term}, {candidates}"

@@ -1,6 +1,7 @@
 """Who holds which advisory lock and who waits: the query of ``pgsolo locks`` and
 :func:`~pgsolo.advisory_locks` (:class:`LocksQuery`, whose plan ``_async/holders.py``
-drives), the rows it reads (:class:`AdvisoryLock`) and :func:`wait_chains`."""
+drives), the rows it reads (:class:`AdvisoryLock`), :func:`wait_chains`, and
+:func:`semaphore_uses` (each semaphore's slots as one :class:`SemaphoreUse`)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ from typing import Any, Literal
 from .. import sql
 from ..drivers import DriverBase
 from ..drivers.conninfo import DEFAULT_APP_PREFIX
-from ..errors import InvalidArgumentError, PgsoloError
+from ..errors import InvalidArgumentError, PgsoloError, UsageError
 from ..keys import (
     LEADER_PREFIX,
+    MAX_SEMAPHORE_LIMIT,
+    SEMAPHORE_PREFIX,
     Key,
     KeyLike,
     Registry,
@@ -23,14 +26,72 @@ from ..keys import (
     decode_pg_lock,
     derive_int32,
     derive_int64,
+    leader_key,
+    semaphore_keys,
 )
 from ..locking.plans import Plan
 from .snapshot import check_positive, parse_time, snapshot_plan
 
-__all__ = ["AdvisoryLock", "LocksQuery", "holders_query", "wait_chains"]
+__all__ = [
+    "AdvisoryLock",
+    "LocksQuery",
+    "SemaphoreSlot",
+    "SemaphoreUse",
+    "check_semaphores",
+    "holders_query",
+    "semaphore_uses",
+    "wait_chains",
+]
 
 
-SinceSource = Literal["waitstart", "query_start", "state_change", "xact_start", "backend_start"]
+SinceSource = Literal[
+    "waitstart", "query_start", "state_change", "xact_start", "backend_start", "term_start"
+]
+
+# PostgreSQL keeps an application_name to NAMEDATALEN - 1 bytes and cuts a longer one: a
+# semaphore's session name that long may have lost digits of its limit.
+_APPLICATION_NAME_BYTES = 63
+
+
+@dataclass(frozen=True, slots=True)
+class SemaphoreSlot:
+    """The semaphore (:func:`~pgsolo.semaphore`) an advisory lock is a slot of: its
+    ``name``, its ``limit`` (how many may hold it at once) and the ``slot`` (0 to
+    ``limit - 1``) whose key the lock is (DESIGN §2, Semaphore keys)."""
+
+    name: str
+    limit: int
+    slot: int
+
+
+@dataclass(frozen=True, slots=True)
+class SemaphoreUse:
+    """One semaphore as :func:`semaphore_uses` reads it from the rows of
+    :func:`~pgsolo.advisory_locks`: its ``name`` and ``limit``, who holds its slots
+    (``holders``, ``(pid, slot)`` pairs by slot; the pid is ``None`` for a prepared
+    transaction) and the pids that wait for one (``waiting``, longest waiting first),
+    as of ``observed_at`` (the server's clock)."""
+
+    name: str
+    limit: int
+    holders: tuple[tuple[int | None, int], ...]
+    waiting: tuple[int, ...]
+    observed_at: datetime
+
+    @property
+    def held(self) -> int:
+        """How many of its ``limit`` slots are held."""
+        return len({slot for _pid, slot in self.holders})
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict: an entry of ``semaphores`` in ``pgsolo locks --json``."""
+        return {
+            "name": self.name,
+            "limit": self.limit,
+            "held": self.held,
+            "holders": [{"pid": pid, "slot": slot} for pid, slot in self.holders],
+            "waiting": list(self.waiting),
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +113,11 @@ class AdvisoryLock:
     a session (``keeper`` true: its last statement is the beat of one of its keys)
     ``since`` is ``backend_start``, held *at most* since then (``pgsolo run`` opens its
     connection for the run, just before it takes the lock), and ``query`` is ``None``:
-    the beat is not the holder's work.
+    the beat is not the holder's work. A leader's term on a connection pgsolo opened
+    (``leader()`` from a connection string, ``campaign()``) is recorded as it begins
+    (``pgsolo.leader_terms``, ``pgsolo migrate``): while the session that recorded it
+    holds the key, ``since`` is that start (``"term_start"``), not its session's, which
+    may have waited as a candidate for days.
 
     ``holds_back_vacuum_since`` is the start of the session's transaction when the
     session holds a snapshot (``backend_xmin``) or a transaction id (``backend_xid``): for
@@ -67,6 +132,13 @@ class AdvisoryLock:
     pgsolo's ledger that last ran with it. Fields of
     ``pg_stat_activity`` are ``None`` when the server hides another
     role's session (without ``pg_read_all_stats``) or the backend just ended.
+
+    ``semaphore`` says which semaphore's slot the key is, when the semaphore is known:
+    given (``semaphores=``), or told by the ``application_name`` of a session that holds
+    or waits for one of its slots (``pgsolo:semaphore:<name>/<limit>``, trusted only when
+    that slot's key derives from ``<name>``). Such a lock is named after its slot,
+    ``pgsolo:semaphore:<name>:<slot>``, unless the registry or the given names name it;
+    :func:`semaphore_uses` groups the slots of each semaphore.
     """
 
     key: Key
@@ -87,6 +159,7 @@ class AdvisoryLock:
     observed_at: datetime
     keeper: bool = False
     holds_back_vacuum_since: datetime | None = None
+    semaphore: SemaphoreSlot | None = None
 
     @property
     def age_seconds(self) -> float | None:
@@ -129,9 +202,15 @@ class AdvisoryLock:
 
 class _Namer:
     """Names for keys: the registry first, then the v1 derivation of the given names
-    (an int64 key, or a pair in any namespace whose resource half is the name's int32)."""
+    (an int64 key, or a pair in any namespace whose resource half is the name's int32),
+    then the slots of the semaphores known (:meth:`slots`)."""
 
-    def __init__(self, registry: Registry | None, names: Iterable[str]) -> None:
+    def __init__(
+        self,
+        registry: Registry | None,
+        names: Iterable[str],
+        semaphores: Mapping[str, int] | None = None,
+    ) -> None:
         if isinstance(names, str):
             raise InvalidArgumentError(f"names= takes a list of names, not one str ({names!r})")
         self._registry = registry
@@ -140,8 +219,11 @@ class _Namer:
         for name in names:
             self._int64.setdefault(derive_int64(name), name)  # InvalidKeyError first
             self._int32.setdefault(derive_int32(name), name)
+        self._semaphores = check_semaphores({} if semaphores is None else semaphores)
 
-    def name_of(self, key: Key, claims: tuple[_Claim, ...] = ()) -> str | None:
+    def name_of(
+        self, key: Key, claims: tuple[_Claim, ...] = (), slot: SemaphoreSlot | None = None
+    ) -> str | None:
         if self._registry is not None and (registered := self._registry.name_of(key)):
             return registered
         if isinstance(key.value, tuple):
@@ -150,7 +232,101 @@ class _Namer:
         else:
             given = self._int64.get(key.value)
             own = (c.name for c in claims if c.int64 == key.value)
+        if given is None and slot is not None:
+            given = f"{SEMAPHORE_PREFIX}{slot.name}:{slot.slot}"
         return given or next(own, None)
+
+    def slots(
+        self, rows: Iterable[Sequence[Any]], sessions: Mapping[str, Mapping[str, Any]]
+    ) -> dict[int, SemaphoreSlot]:
+        """The int64 keys of the slots of every semaphore known, each to its slot: the
+        semaphores given (with their limits, whatever a session says), and those a
+        session holding or waiting for one of their slots names in its
+        ``application_name``, ``pgsolo:semaphore:<name>/<limit>`` (the largest limit any
+        such session says). A session's word counts only when the key it holds or waits
+        for is a slot of that name below that limit: a hash, so never a wrong guess."""
+        slot_keys = _SlotKeys()
+        told: dict[str, int] = {}
+        said: dict[int, tuple[str, int] | None] = {}
+        for pid, classid, objid, objsubid, *_ in rows:
+            if pid is None or objsubid != 1:  # a slot is an int64 key
+                continue
+            if pid not in said:
+                said[pid] = _semaphore_said(sessions.get(str(pid), {}).get("application_name"))
+            if (claim := said[pid]) is None:
+                continue
+            name, limit = claim
+            if name in self._semaphores or told.get(name, 0) >= limit:
+                continue  # nothing to learn: its slots are known already
+            value = decode_pg_lock(int(classid), int(objid), 1).value
+            if isinstance(value, int) and slot_keys.is_slot(name, limit, value):
+                told[name] = limit
+        found: dict[int, SemaphoreSlot] = {}
+        for name, values in self._semaphores.items():
+            for slot, value in enumerate(values):
+                found.setdefault(value, SemaphoreSlot(name, len(values), slot))
+        for name, limit in told.items():
+            for value, slot in slot_keys.of(name, limit).items():
+                if slot < limit:
+                    found.setdefault(value, SemaphoreSlot(name, limit, slot))
+        return found
+
+
+def check_semaphores(
+    semaphores: Mapping[str, int], what: str = "semaphores="
+) -> dict[str, tuple[int, ...]]:
+    """The int64 keys of the slots of each semaphore of ``semaphores`` (name -> limit),
+    slot 0 first, checked as :func:`~pgsolo.semaphore` checks its name and limit: else
+    :class:`~pgsolo.InvalidArgumentError` naming ``what`` was given, before any SQL."""
+    if isinstance(semaphores, str | bytes) or not isinstance(semaphores, Mapping):
+        raise InvalidArgumentError(
+            f"{what} takes a mapping of semaphore names to their limits, such as"
+            f" {{'exports': 3}}, got {type(semaphores).__name__} {semaphores!r}"
+        )
+    checked: dict[str, tuple[int, ...]] = {}
+    for name, limit in semaphores.items():
+        try:
+            keys = semaphore_keys(name, limit)
+        except UsageError as exc:
+            raise InvalidArgumentError(f"{what} {name!r}: {exc}") from None
+        checked[name] = tuple(key.value for key in keys if isinstance(key.value, int))
+    return checked
+
+
+class _SlotKeys:
+    """The int64 keys of a semaphore's slots, each derived once (within one call)."""
+
+    def __init__(self) -> None:
+        self._slots: dict[str, dict[int, int]] = {}  # name -> key -> slot
+
+    def of(self, name: str, limit: int) -> dict[int, int]:
+        """The keys of slots 0 to at least ``limit - 1`` of ``name``, each to its slot."""
+        slots = self._slots.setdefault(name, {})
+        for slot in range(len(slots), limit):
+            slots.setdefault(derive_int64(f"{SEMAPHORE_PREFIX}{name}:{slot}"), slot)
+        return slots
+
+    def is_slot(self, name: str, limit: int, value: int) -> bool:
+        """Whether ``value`` is the key of a slot of ``name`` below ``limit``."""
+        slot = self.of(name, limit).get(value)
+        return slot is not None and slot < limit
+
+
+def _semaphore_said(application_name: object) -> tuple[str, int] | None:
+    """The semaphore and limit that ``pgsolo:semaphore:<name>/<limit>`` says
+    (:func:`~pgsolo.keys.semaphore_session_name`), or None: not such a name, or one so
+    long that the server may have cut it."""
+    if not isinstance(application_name, str) or not application_name.startswith(SEMAPHORE_PREFIX):
+        return None
+    if len(application_name.encode("utf-8", "replace")) >= _APPLICATION_NAME_BYTES:
+        return None
+    name, slash, limit = application_name.removeprefix(SEMAPHORE_PREFIX).rpartition("/")
+    # The limit as pgsolo writes it: decimal digits, no sign, no leading zero.
+    if not (slash and name and limit.isascii() and limit.isdigit()) or limit != str(int(limit)):
+        return None
+    if not 1 <= int(limit) <= MAX_SEMAPHORE_LIMIT:
+        return None
+    return name, int(limit)
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,8 +372,9 @@ class LocksQuery:
         key: KeyLike | None,
         pid: int | None,
         from_ledger: bool = False,
+        semaphores: Mapping[str, int] | None = None,
     ) -> LocksQuery:
-        namer = _Namer(registry, names)
+        namer = _Namer(registry, names, semaphores)
         wanted = as_key(key, registry=registry) if key is not None else None
         if pid is not None:
             check_positive(pid, "pid")
@@ -206,7 +383,7 @@ class LocksQuery:
 
     def plan(self, driver: DriverBase) -> Plan[list[AdvisoryLock]]:
         snapshot = yield from snapshot_plan(driver, self.statements)
-        locks = _locks_from(snapshot, self.namer)
+        locks = yield from _terms_plan(driver, snapshot, _locks_from(snapshot, self.namer))
         unnamed = any(lock.name is None for lock in locks)
         if not (self.from_ledger and unnamed and snapshot.get("ledger")):
             return locks
@@ -217,6 +394,33 @@ class LocksQuery:
         """The sessions (or prepared transactions) that hold the key; not waiters."""
         locks = yield from self.plan(driver)
         return [lock for lock in locks if lock.granted]
+
+
+def _terms_plan(
+    driver: DriverBase, snapshot: Mapping[str, Any], locks: list[AdvisoryLock]
+) -> Plan[list[AdvisoryLock]]:
+    """``locks`` with each leader's ``since`` moved to its term's recorded start
+    (``since_source`` ``"term_start"``), in a second round trip made only when a leader's
+    key is held and the snapshot found the record readable: otherwise ``locks`` as they
+    are, each with the bound its session gives."""
+    if not (snapshot.get("leader_terms") and any(_leads(lock) for lock in locks)):
+        return locks
+    found = yield from snapshot_plan(driver, [sql.LEADER_TERMS])
+    starts = {}
+    for pid, name, started_at in found["terms"]:
+        # A row any role with INSERT could write: one that names no leader claims nothing.
+        with contextlib.suppress(PgsoloError):
+            starts[(pid, leader_key(name).value)] = parse_time(started_at)
+    return [
+        replace(lock, since=start, since_source="term_start")
+        if _leads(lock) and (start := starts.get((lock.pid, lock.key.value))) is not None
+        else lock
+        for lock in locks
+    ]
+
+
+def _leads(lock: AdvisoryLock) -> bool:
+    return lock.granted and (lock.name or "").startswith(LEADER_PREFIX)
 
 
 def _named_by(lock: AdvisoryLock, jobs: Mapping[str, Any]) -> AdvisoryLock:
@@ -248,13 +452,15 @@ def _locks_from(snapshot: Mapping[str, Any], namer: _Namer) -> list[AdvisoryLock
     holding: dict[int | None, tuple[Any, ...]] = {}
     claims: dict[int | None, tuple[_Claim, ...]] = {}
     kept = _kept_sessions(snapshot["locks"], sessions)
+    slots = namer.slots(snapshot["locks"], sessions)
     locks = []
     for pid, classid, objid, objsubid, shared, granted, waitstart, blockers in snapshot["locks"]:
         key = decode_pg_lock(int(classid), int(objid), int(objsubid))
         activity = sessions.get(str(pid), {}) if pid is not None else {}
         if pid not in claims:
             claims[pid] = _Claim.of(activity.get("application_name"))
-        if (name := namer.name_of(key, claims[pid])) is not None:
+        slot = slots.get(key.value) if slots and isinstance(key.value, int) else None
+        if (name := namer.name_of(key, claims[pid], slot)) is not None:
             key = Key(key.value, name)
         if granted:
             if (facts := holding.get(pid)) is None:
@@ -294,6 +500,7 @@ def _locks_from(snapshot: Mapping[str, Any], namer: _Namer) -> list[AdvisoryLock
                     if activity.get("holds_horizon")
                     else None
                 ),
+                semaphore=slot,
             )
         )
     locks.sort(key=_display_order)
@@ -415,3 +622,37 @@ def wait_chains(locks: Sequence[AdvisoryLock]) -> list[tuple[int, ...]]:
         if not any(start in chain for chain in chains):
             follow((start,))
     return chains
+
+
+def semaphore_uses(locks: Sequence[AdvisoryLock]) -> list[SemaphoreUse]:
+    """Each semaphore that ``locks`` (the rows of :func:`~pgsolo.advisory_locks`) hold or
+    wait for a slot of, as one :class:`SemaphoreUse`, by name: ``2 of 3 held, 1 waiting``
+    rather than one row per slot. A semaphore is known when ``advisory_locks`` was given
+    it (``semaphores=``) or one of its sessions says it (see
+    :attr:`AdvisoryLock.semaphore`); the slots of one nobody made known stay rows of
+    unnamed keys."""
+    grouped: dict[tuple[str, int], list[AdvisoryLock]] = {}
+    for lock in locks:
+        if lock.semaphore is not None:
+            grouped.setdefault((lock.semaphore.name, lock.semaphore.limit), []).append(lock)
+    uses = []
+    for (name, limit), slots in sorted(grouped.items()):
+        holders = [
+            (lock.pid, lock.semaphore.slot)
+            for lock in slots
+            if lock.granted and lock.semaphore is not None
+        ]
+        waiters = sorted(
+            (lock for lock in slots if not lock.granted and lock.pid is not None),
+            key=lambda lock: (lock.since is None, lock.since or lock.observed_at, lock.pid),
+        )
+        uses.append(
+            SemaphoreUse(
+                name=name,
+                limit=limit,
+                holders=tuple(sorted(holders, key=lambda held: (held[1], held[0] or 0))),
+                waiting=tuple(dict.fromkeys(lock.pid for lock in waiters if lock.pid is not None)),
+                observed_at=max(lock.observed_at for lock in slots),
+            )
+        )
+    return uses

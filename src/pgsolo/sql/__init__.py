@@ -24,7 +24,8 @@ nowhere else.
 
 from __future__ import annotations
 
-from . import ledger, locks, monitor, once, schema, states, text
+from . import leaders, ledger, locks, monitor, once, schema, states, text
+from .leaders import *  # noqa: F403
 from .ledger import *  # noqa: F403
 from .locks import *  # noqa: F403
 from .monitor import *  # noqa: F403
@@ -34,7 +35,8 @@ from .states import *  # noqa: F403
 from .text import *  # noqa: F403
 
 __all__ = (
-    ledger.__all__
+    leaders.__all__
+    + ledger.__all__
     + locks.__all__
     + monitor.__all__
     + once.__all__

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..keys import Key, encode_pg_lock
 from .locks import IN_RECOVERY
+from .schema import table_usable
 from .text import utf8
 
 __all__ = [
@@ -60,13 +61,10 @@ def advisory_locks(*, key: Key | None = None, pid: int | None = None) -> str:
         "json_build_object("
         "'seen_after', statement_timestamp(), 'now', clock_timestamp(),"
         " 'database', current_database(),"
-        # Whether pgsolo's ledger exists and may be read: it names the keys of its jobs.
-        # Schema USAGE first: without it to_regclass itself fails (permission denied for
-        # schema pgsolo), and the names are only a nicety (NULL oid: no such schema).
-        " 'ledger', CASE WHEN has_schema_privilege((SELECT oid FROM pg_namespace"
-        " WHERE nspname = 'pgsolo'), 'USAGE') THEN"
-        " coalesce(has_table_privilege(to_regclass('pgsolo.job_runs'), 'SELECT'), false)"
-        " ELSE false END,"
+        # Whether pgsolo's ledger exists and may be read (it names the keys of its jobs),
+        # and its record of leaders' terms (when they began): only niceties.
+        f" 'ledger', {table_usable('pgsolo.job_runs')},"
+        f" 'leader_terms', {table_usable('pgsolo.leader_terms')},"
         " 'locks', coalesce((SELECT json_agg(json_build_array(pid, classid, objid, objsubid,"
         " shared, granted, waitstart,"
         " CASE WHEN granted THEN NULL ELSE pg_blocking_pids(pid) END)) FROM l), '[]'::json),"
@@ -153,6 +151,7 @@ _DOCTOR_SNAPSHOT = (
     "'pid', p.pid, 'held', p.held, 'waiting', p.waiting, 'waiting_since', p.waiting_since,"
     " 'application_name', a.application_name, 'client_addr', host(a.client_addr),"
     " 'state', a.state, 'xact_start', a.xact_start, 'state_change', a.state_change,"
+    " 'backend_start', a.backend_start,"
     # A wait whose own statement sets lock_timeout (pgsolo's do) is bounded.
     " 'bounded_wait', a.query ILIKE '%lock_timeout%')"
     " ORDER BY p.pid)"

@@ -15,6 +15,7 @@ __all__ = [
     "quote_name",
     "record_migration",
     "require_privileges",
+    "table_usable",
 ]
 
 
@@ -58,6 +59,9 @@ FEATURE_PRIVILEGES: dict[str, tuple[tuple[str, str], ...]] = {
     "once": (("SELECT, INSERT, UPDATE", "TABLE pgsolo.operations"),),
     # pgsolo.history(), pgsolo history
     "history": (("SELECT", "TABLE pgsolo.job_runs"),),
+    # leader() on a connection string, campaign(): each term's start, upserted; read by
+    # pgsolo doctor and pgsolo locks (without it they show a bound, and leaders lead)
+    "leader": (("SELECT, INSERT, UPDATE", "TABLE pgsolo.leader_terms"),),
 }
 
 
@@ -114,6 +118,21 @@ def privilege_error(
         f"{what} needs a privilege that role {role!r} lacks (permission denied, SQLSTATE"
         f" 42501): {'; '.join(needs)}{migrate}",
         needs=needs,
+    )
+
+
+def table_usable(table: str, privileges: tuple[str, ...] = ("SELECT",)) -> str:
+    """An expression: whether pgsolo's ``table`` exists and the current role holds every
+    one of ``privileges`` on it; false, never an error, otherwise. For what only improves
+    with the table: naming it in a statement would fail that statement as it is parsed.
+    Schema USAGE first: without it to_regclass itself fails (permission denied for schema
+    pgsolo); a NULL oid is no such schema."""
+    held = " AND ".join(
+        f"has_table_privilege(to_regclass('{table}'), '{privilege}')" for privilege in privileges
+    )
+    return (
+        "CASE WHEN has_schema_privilege((SELECT oid FROM pg_namespace"
+        f" WHERE nspname = '{SCHEMA}'), 'USAGE') THEN coalesce({held}, false) ELSE false END"
     )
 
 

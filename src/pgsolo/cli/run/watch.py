@@ -24,7 +24,9 @@ from ..._logging import cli_logger as logger
 from ...drivers import SyncDriver
 from ...errors import LockLostError
 from ...jobs.definition import Failure, Job
-from ...locking import Keep, Keeper, LockCore
+from ...keys import LEADER_PREFIX
+from ...leadership.terms import record_term_plan
+from ...locking import Keep, Keeper, LockCore, drive
 from ...reasons import FailReason, LostReason
 from .child import EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, Child, not_found, stdin_is_terminal
 from .signals import Interrupted, RunSignals, signal_name
@@ -107,6 +109,11 @@ class Command:
     def __call__(self) -> Failure | None:
         self.started = True
         self.job = self.job.holding(self.core.spec.key)  # with --limit, the slot held
+        if (leading := self.job.key.name or "").startswith(LEADER_PREFIX):
+            # A standby may have waited for days on this connection: `pgsolo doctor` and
+            # `pgsolo locks` show the term from its start, recorded here.
+            term = record_term_plan(self.driver, leading.removeprefix(LEADER_PREFIX), None)
+            drive(term, self.driver)
         child = Child(self.argv, own_group=not stdin_is_terminal())
         with self.signals.forwarding(child):
             if (signum := self.signals.first) is not None:

@@ -19,7 +19,7 @@ from ...errors import (
 from ...keys import LEADER_PREFIX
 from ...locking import Keep
 from ..candidacy import Candidacy
-from .leader import AsyncTerm, leader_async
+from .leader import AsyncTerm, own_term
 
 __all__ = ["campaign_async"]
 
@@ -71,7 +71,7 @@ async def campaign_async(
                 failures = 0
                 while not (stop is not None and stop.is_set()):
                     try:
-                        async with leader_async(
+                        async with own_term(
                             conn, name, wait=_LOOK_EVERY, keep=keep, fencing=fencing
                         ) as term:
                             await lead(term)

@@ -16,13 +16,14 @@ from ...drivers._async.connect import aopen_connection
 from ...drivers.conninfo import application_name_for
 from ...errors import LockLostError, UsageError
 from ...keys import LEADER_PREFIX, Key
-from ...locking import AsyncLock, Keep, session_lock
+from ...locking import AsyncLock, Keep, adrive, session_lock
 from ..candidacy import Candidacy
+from ..terms import record_term_plan
 
 if TYPE_CHECKING:
     from ...drivers.kinds import AsyncConnectionLike
 
-__all__ = ["AsyncTerm", "leader_async"]
+__all__ = ["AsyncTerm", "leader_async", "own_term"]
 
 # A wait for the loss with no end is this many seconds at a time (a thread's Event takes
 # no infinite timeout).
@@ -113,27 +114,46 @@ async def leader_async(
     ``fencing``: a fencing token for each term (``term.token``), which needs ``pgsolo
     migrate``. Everything is validated before anything connects.
     """
-    ended = AEvent()
-    candidacy = Candidacy.define(
-        name, wait=wait, keep=keep, fencing=fencing, cancel=AIS_ASYNC, lost=lambda _: ended.set()
-    )
+    candidacy, ended = _stand(name, wait, keep, fencing)
     if isinstance(target, str):
         named = application_name_for(target, LEADER_PREFIX + candidacy.name)
         async with (
             aopen_connection(target, application_name=named) as conn,
-            _term(conn, candidacy, ended) as term,
+            _term(conn, candidacy, ended, own=True) as term,
         ):
             yield term
         return
-    async with _term(target, candidacy, ended) as term:
+    async with _term(target, candidacy, ended, own=False) as term:
         yield term
 
 
 @asynccontextmanager
-async def _term(
-    conn: AsyncConnectionLike, candidacy: Candidacy, ended: AEvent
+async def own_term(
+    conn: AsyncConnectionLike, name: str, *, wait: float, keep: bool | Keep, fencing: bool
 ) -> AsyncIterator[AsyncTerm]:
-    candidacy.refuse_unwatchable(adapt_async(conn))
+    """A term of :func:`leader_async` on a connection pgsolo opened itself and keeps from
+    one term to the next (a campaign's): its start is recorded, as on a connection
+    string's."""
+    candidacy, ended = _stand(name, wait, keep, fencing)
+    async with _term(conn, candidacy, ended, own=True) as term:
+        yield term
+
+
+def _stand(name: str, wait: float, keep: bool | Keep, fencing: bool) -> tuple[Candidacy, AEvent]:
+    """The candidacy, validated, and the event its keeper sets when the term is lost."""
+    ended = AEvent()
+    candidacy = Candidacy.define(
+        name, wait=wait, keep=keep, fencing=fencing, cancel=AIS_ASYNC, lost=lambda _: ended.set()
+    )
+    return candidacy, ended
+
+
+@asynccontextmanager
+async def _term(
+    conn: AsyncConnectionLike, candidacy: Candidacy, ended: AEvent, *, own: bool
+) -> AsyncIterator[AsyncTerm]:
+    driver = adapt_async(conn)
+    candidacy.refuse_unwatchable(driver)
     lock = session_lock(
         conn,
         candidacy.key,
@@ -142,4 +162,6 @@ async def _term(
         keep=candidacy.keep or False,
     )
     async with lock:
+        if own:  # a caller's connection goes back as it was found: nothing is written there
+            await adrive(record_term_plan(driver, candidacy.name, lock.token), driver)
         yield AsyncTerm(candidacy.name, lock, ended if candidacy.keep is not None else None)

@@ -20,7 +20,7 @@ from ...errors import (
 from ...keys import LEADER_PREFIX
 from ...locking import Keep
 from ..candidacy import Candidacy
-from .leader import Term, leader
+from .leader import Term, own_term
 
 __all__ = ["campaign"]
 
@@ -72,7 +72,7 @@ def campaign(
                 failures = 0
                 while not (stop is not None and stop.is_set()):
                     try:
-                        with leader(
+                        with own_term(
                             conn, name, wait=_LOOK_EVERY, keep=keep, fencing=fencing
                         ) as term:
                             lead(term)

@@ -17,13 +17,14 @@ from ...drivers._sync.connect import open_connection
 from ...drivers.conninfo import application_name_for
 from ...errors import LockLostError, UsageError
 from ...keys import LEADER_PREFIX, Key
-from ...locking import Keep, Lock, session_lock
+from ...locking import Keep, Lock, drive, session_lock
 from ..candidacy import Candidacy
+from ..terms import record_term_plan
 
 if TYPE_CHECKING:
     from ...drivers.kinds import SyncConnectionLike
 
-__all__ = ["Term", "leader"]
+__all__ = ["Term", "leader", "own_term"]
 
 # A wait for the loss with no end is this many seconds at a time (a thread's Event takes
 # no infinite timeout).
@@ -114,25 +115,46 @@ def leader(
     ``fencing``: a fencing token for each term (``term.token``), which needs ``pgsolo
     migrate``. Everything is validated before anything connects.
     """
-    ended = Event()
-    candidacy = Candidacy.define(
-        name, wait=wait, keep=keep, fencing=fencing, cancel=IS_ASYNC, lost=lambda _: ended.set()
-    )
+    candidacy, ended = _stand(name, wait, keep, fencing)
     if isinstance(target, str):
         named = application_name_for(target, LEADER_PREFIX + candidacy.name)
         with (
             open_connection(target, application_name=named) as conn,
-            _term(conn, candidacy, ended) as term,
+            _term(conn, candidacy, ended, own=True) as term,
         ):
             yield term
         return
-    with _term(target, candidacy, ended) as term:
+    with _term(target, candidacy, ended, own=False) as term:
         yield term
 
 
 @contextmanager
-def _term(conn: SyncConnectionLike, candidacy: Candidacy, ended: Event) -> Iterator[Term]:
-    candidacy.refuse_unwatchable(adapt_sync(conn))
+def own_term(
+    conn: SyncConnectionLike, name: str, *, wait: float, keep: bool | Keep, fencing: bool
+) -> Iterator[Term]:
+    """A term of :func:`leader` on a connection pgsolo opened itself and keeps from
+    one term to the next (a campaign's): its start is recorded, as on a connection
+    string's."""
+    candidacy, ended = _stand(name, wait, keep, fencing)
+    with _term(conn, candidacy, ended, own=True) as term:
+        yield term
+
+
+def _stand(name: str, wait: float, keep: bool | Keep, fencing: bool) -> tuple[Candidacy, Event]:
+    """The candidacy, validated, and the event its keeper sets when the term is lost."""
+    ended = Event()
+    candidacy = Candidacy.define(
+        name, wait=wait, keep=keep, fencing=fencing, cancel=IS_ASYNC, lost=lambda _: ended.set()
+    )
+    return candidacy, ended
+
+
+@contextmanager
+def _term(
+    conn: SyncConnectionLike, candidacy: Candidacy, ended: Event, *, own: bool
+) -> Iterator[Term]:
+    driver = adapt_sync(conn)
+    candidacy.refuse_unwatchable(driver)
     lock = session_lock(
         conn,
         candidacy.key,
@@ -141,4 +163,6 @@ def _term(conn: SyncConnectionLike, candidacy: Candidacy, ended: Event) -> Itera
         keep=candidacy.keep or False,
     )
     with lock:
+        if own:  # a caller's connection goes back as it was found: nothing is written there
+            drive(record_term_plan(driver, candidacy.name, lock.token), driver)
         yield Term(candidacy.name, lock, ended if candidacy.keep is not None else None)

@@ -8,7 +8,7 @@ takes no lock and leaves the connection as it found it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from ...drivers import adapt_async
@@ -30,16 +30,20 @@ async def advisory_locks_async(
     key: KeyLike | None = None,
     pid: int | None = None,
     from_ledger: bool = False,
+    semaphores: Mapping[str, int] | None = None,
 ) -> list[AdvisoryLock]:
     """Every advisory lock of the connection's database, held and waiting, in one round
     trip: grouped by key, holders first, waiters in the order they started waiting.
 
     ``registry`` and ``names`` name the keys; ``key`` and ``pid`` keep only that key's
     or that backend's rows; ``from_ledger`` names what is left from pgsolo's ledger, in
-    a second round trip when the ledger exists and a held key is still unnamed. Bad
+    a second round trip when the ledger exists and a held key is still unnamed.
+    ``semaphores`` (``{"exports": 3}``: a :func:`~pgsolo.semaphore`'s name and limit)
+    tells which keys are slots of which semaphore (:attr:`AdvisoryLock.semaphore`, which
+    :func:`~pgsolo.semaphore_uses` groups), besides those the holders' sessions tell. Bad
     arguments raise before any SQL is sent.
     """
-    query = LocksQuery.of(registry, names, key, pid, from_ledger)
+    query = LocksQuery.of(registry, names, key, pid, from_ledger, semaphores)
     driver = adapt_async(conn)
     return await adrive(query.plan(driver), driver)
 
