@@ -52,7 +52,16 @@ if TYPE_CHECKING:  # the same names as _ON_FIRST_USE, for type checkers
         run_job_async,
         singleton,
     )
-    from .leadership import AsyncTerm, Term, campaign, campaign_async, leader, leader_async
+    from .leadership import (
+        AsyncTerm,
+        Standing,
+        Term,
+        campaign,
+        campaign_async,
+        lead_in_background,
+        leader,
+        leader_async,
+    )
     from .locking import (
         AsyncLock,
         Keep,
@@ -129,6 +138,7 @@ __all__ = [
     "Semaphore",
     "SemaphoreSlot",
     "SemaphoreUse",
+    "Standing",
     "Term",
     "TransactionFailedError",
     "UnsafeConnectionError",
@@ -148,6 +158,7 @@ __all__ = [
     "idempotency_key_for",
     "is_locked",
     "is_locked_async",
+    "lead_in_background",
     "leader",
     "leader_async",
     "lock_holders",
@@ -200,7 +211,16 @@ _ON_FIRST_USE = {
         ".locking",
     ),
     **dict.fromkeys(
-        ("AsyncTerm", "Term", "campaign", "campaign_async", "leader", "leader_async"),
+        (
+            "AsyncTerm",
+            "Standing",
+            "Term",
+            "campaign",
+            "campaign_async",
+            "lead_in_background",
+            "leader",
+            "leader_async",
+        ),
         ".leadership",
     ),
     **dict.fromkeys(("AsyncSemaphore", "Semaphore", "semaphore"), ".semaphores"),

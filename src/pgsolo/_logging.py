@@ -28,6 +28,7 @@ __all__ = [
     "formatter",
     "jobs_logger",
     "keeper_logger",
+    "leaders_logger",
     "locks_logger",
     "log_event",
     "logger",
@@ -41,6 +42,7 @@ jobs_logger = logging.getLogger("pgsolo.jobs")  # run_job's outcomes and the led
 once_logger = logging.getLogger("pgsolo.once")  # operation keys
 cli_logger = logging.getLogger("pgsolo.cli")  # the command line (pgsolo run's COMMAND)
 drivers_logger = logging.getLogger("pgsolo.drivers")  # connection plumbing
+leaders_logger = logging.getLogger("pgsolo.leaders")  # a campaign's terms
 
 # The command line's lines, and its worker processes'.
 LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s: %(message)s"

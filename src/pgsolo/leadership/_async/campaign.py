@@ -3,11 +3,13 @@ it wins, and stand again after a term ends, with back-off when the database is a
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..._acompat import AIS_ASYNC, AStop, apause
+from ..._logging import leaders_logger, log_event
 from ...drivers._async.connect import aopen_connection
 from ...drivers.conninfo import application_name_for
 from ...errors import (
@@ -70,21 +72,55 @@ async def campaign_async(
             async with aopen_connection(dsn, application_name=named) as conn:
                 failures = 0
                 while not (stop is not None and stop.is_set()):
+                    term: AsyncTerm | None = None
                     try:
                         async with own_term(
                             conn, name, wait=_LOOK_EVERY, keep=keep, fencing=fencing
                         ) as term:
+                            _said("leading", term, logging.INFO)
                             await lead(term)
                     except LockTimeoutError:
                         continue  # nobody let go meanwhile: look at stop, and wait again
-                    except LockLostError:
+                    except LockLostError as lost:
+                        _said("lost", term or name, logging.INFO, reason=lost.reason)
                         break  # the connection went with the term: a new one
+                    _said("ended", term or name, logging.INFO)
                     if await apause(_pause(0), stop):
-                        return
-        except (DatabaseUnavailableError, LockLostError):
+                        return _said("stopped", name, logging.INFO)
+        except (DatabaseUnavailableError, LockLostError) as failed:
             failures += 1
-        if await apause(_pause(failures), stop):
-            return
+            retry = _pause(failures)
+            _said_unavailable(name, failed, retry)
+            if await apause(retry, stop):
+                return _said("stopped", name, logging.INFO)
+        else:
+            if await apause(_pause(failures), stop):
+                return _said("stopped", name, logging.INFO)
+    _said("stopped", name, logging.INFO)
+
+
+def _said(what: str, about: AsyncTerm | str, level: int, *, reason: str | None = None) -> None:
+    """One line on ``pgsolo.leaders``: a term began, ended or was lost (the lock has said
+    the loss at WARNING already: one loss, one warning), or the campaign stopped."""
+    term = about if isinstance(about, AsyncTerm) else None
+    fields = {
+        "name": term.name if term is not None else about,
+        "token": term.token if term is not None else None,
+        "backend_pid": term.backend_pid if term is not None else None,
+        "reason": reason,
+    }
+    log_event(leaders_logger, level, "leader", "event", what, fields)
+
+
+def _said_unavailable(name: str, failed: BaseException, retry: float) -> None:
+    log_event(
+        leaders_logger,
+        logging.WARNING,
+        "leader",
+        "event",
+        "unavailable",
+        {"name": name, "error": str(failed).strip(), "retry_in_s": round(retry, 3)},
+    )
 
 
 def _pause(failures: int) -> float:
