@@ -11,7 +11,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg.conninfo import make_conninfo
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from _support import (
     app_name_of,
@@ -36,6 +36,33 @@ def test_connections_a_job_opens_use_tcp_keepalives_unless_the_dsn_says_otherwis
     own = run_job(make_conninfo(db, keepalives_idle="77"), new_job(), fn).value
     assert own is not None
     assert own["keepalives_idle"] == "77"
+
+
+SERVER_SIDE = ("tcp_keepalives_idle", "tcp_keepalives_interval", "tcp_keepalives_count")
+
+
+def test_the_server_gives_a_silent_client_up_in_seconds_unless_told_otherwise(db: str) -> None:
+    """Guards the leader of a host whose network was cut: libpq's keepalives tell pgsolo
+    the server is gone, but only the server's own tell it that the client is, and with the
+    kernel's defaults it would keep the client's session locks for 2 h 11 min (measured
+    by benchmarks/scenario_leadership.py, "network cut")."""
+
+    def fn(conn: psycopg.Connection) -> list[str]:
+        shown = [
+            conn.execute(f"SHOW {name}").fetchone() for name in (*SERVER_SIDE, "tcp_user_timeout")
+        ]
+        return [str(row[0]) for row in shown if row is not None]
+
+    host = str(conninfo_to_dict(db).get("host") or "")
+    if not host or host.startswith("/"):  # CI's suite on PostgreSQL 15 connects over TCP
+        pytest.skip("keepalives are a TCP connection's: this DSN is a unix socket's")
+    idle, interval, count, user_timeout = run_job(db, new_job(), fn).value or []
+    assert (idle, interval, count) == ("5", "2", "4")  # 5 + 4 x 2 = 13 s of silence at most
+    assert user_timeout == "13000"  # ms
+    # What the connection string asks for wins.
+    options = "-c tcp_keepalives_idle=77 -c tcp_user_timeout=2000"
+    own = run_job(make_conninfo(db, options=options), new_job(), fn).value or []
+    assert own == ["77", "2", "4", "2000"]
 
 
 def test_a_long_job_name_is_cut_to_what_postgres_keeps(db: str, observer: Any) -> None:

@@ -40,6 +40,7 @@ __all__ = [
     "parse_dsn",
     "redact_dsn",
     "scrub_secrets",
+    "server_keepalives",
 ]
 
 REDACTED = "***"
@@ -218,6 +219,28 @@ def application_name_for(dsn: str, default: str, explicit: str | None = None) ->
         return explicit
     given = (_libpq_params(dsn) or {}).get("application_name")
     return str(given or os.environ.get("PGAPPNAME") or default)[:MAX_APPLICATION_NAME]
+
+
+SERVER_KEEPALIVE_PROBES = 4
+
+
+def server_keepalives(check_timeout: float = KEEPALIVE_BASIS) -> dict[str, int]:
+    """How the server's side of pgsolo's own connections gives a silent client up: about
+    1.3 x ``check_timeout`` after the last packet it sent (13 s by default), when its
+    session ends and its session locks with it. libpq's keepalives tell pgsolo that the
+    server is gone; these tell the server that pgsolo is: without them, a leader whose
+    host or network is cut keeps its lock for the kernel's default, 2 h 11 min on Linux.
+    Later than the holder's own keeper gives the lock up (a beat plus ``check_timeout``,
+    11 s by default), so that a cut leader stops before its successor starts."""
+    idle = max(1, math.ceil(check_timeout / 2))
+    interval = max(1, math.ceil(check_timeout / 5))
+    gives_up = idle + interval * SERVER_KEEPALIVE_PROBES
+    return {
+        "tcp_keepalives_idle": idle,
+        "tcp_keepalives_interval": interval,
+        "tcp_keepalives_count": SERVER_KEEPALIVE_PROBES,
+        "tcp_user_timeout": gives_up * 1000,
+    }
 
 
 def connection_settings(

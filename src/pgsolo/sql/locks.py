@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+from collections.abc import Mapping
 from typing import NamedTuple
 
 from .._types import Lifetime
@@ -50,6 +51,7 @@ __all__ = [
     "still_on_session",
     "unlock",
     "unlock_keeping_failure",
+    "watch_client",
 ]
 
 
@@ -346,6 +348,18 @@ def session_guarded(server_pid: int, statement: str) -> str:
     expression = statement.removeprefix("SELECT ")
     guarded = f"SELECT CASE WHEN pg_backend_pid() = {int(server_pid)} THEN {expression} END"
     return Truth(guarded) if isinstance(statement, Truth) else guarded
+
+
+def watch_client(settings: Mapping[str, int]) -> str:
+    """Size the server's keepalives for this session (``settings``: GUC name to integer,
+    :func:`pgsolo.drivers.conninfo.server_keepalives`), each only where nobody set it:
+    the connection string's ``options`` or the server's configuration win."""
+    wanted = ", ".join(f"('{name}', '{int(value)}')" for name, value in settings.items())
+    return (
+        "SELECT count(set_config(s.name, w.value, false))"
+        f" FROM (VALUES {wanted}) AS w(name, value) JOIN pg_settings s USING (name)"
+        " WHERE s.source = 'default'"
+    )
 
 
 def keeper_beat(key: Key, *, shared: bool) -> str:

@@ -208,6 +208,7 @@ class _Attempt:
                             application_name=self.job.application_name_for(self.dsn),
                             defaults=self._settings(),
                             answer_timeout=self.check_timeout,
+                            check_timeout=self.check_timeout,
                         )
                     )
             except Interrupted as exc:  # nothing to log against, and no sign of a ledger

@@ -9,9 +9,19 @@ from typing import Any
 
 import psycopg
 
+from ... import sql
+from ..._logging import drivers_logger as logger
 from ...dsn import DsnChoice, resolved_dsn
 from .._psycopg import bound_answers
-from ..conninfo import DEFAULT_ANSWER_TIMEOUT, connect_error, connect_error_cause, conninfo_for
+from ..conninfo import (
+    DEFAULT_ANSWER_TIMEOUT,
+    KEEPALIVE_BASIS,
+    connect_error,
+    connect_error_cause,
+    conninfo_for,
+    scrub_secrets,
+    server_keepalives,
+)
 
 __all__ = ["open_connection"]
 
@@ -23,12 +33,16 @@ def open_connection(
     application_name: str,
     defaults: Mapping[str, str] | None = None,
     answer_timeout: float = DEFAULT_ANSWER_TIMEOUT,
+    check_timeout: float = KEEPALIVE_BASIS,
 ) -> Iterator[psycopg.Connection[Any]]:
     """An autocommit connection named ``application_name``, on which each of pgsolo's
     round trips must be answered within ``answer_timeout`` seconds (plus any lock wait).
 
     ``defaults`` are libpq parameters used where the connection string does not set them
-    itself; by default :func:`~pgsolo.drivers.conninfo.connection_settings`. A connection
+    itself; by default :func:`~pgsolo.drivers.conninfo.connection_settings`. The server
+    gives the connection up once it has heard nothing of it for about 1.3 x
+    ``check_timeout`` (:func:`~pgsolo.drivers.conninfo.server_keepalives`), so that the
+    session locks of a host that was cut off do not outlive it by hours. A connection
     string that cannot be parsed raises :class:`~pgsolo.InvalidDsnError`; a server that
     cannot be reached in time, :class:`~pgsolo.DatabaseUnavailableError`.
     """
@@ -40,4 +54,10 @@ def open_connection(
             raise connect_error(exc, resolved, conninfo) from connect_error_cause(exc)
         with conn:
             bound_answers(conn, answer_timeout)
+            try:
+                conn.execute(sql.watch_client(server_keepalives(check_timeout)))
+            except psycopg.Error as exc:  # a proxy that refuses it: the locks still work
+                logger.debug(
+                    "pgsolo: the server's keepalives were not set: %s", scrub_secrets(str(exc), dsn)
+                )
             yield conn
