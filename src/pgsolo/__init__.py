@@ -89,7 +89,7 @@ if TYPE_CHECKING:  # the same names as _ON_FIRST_USE, for type checkers
         wait_chains,
     )
     from .once import OnceResult, OperationContext, idempotency_key_for, run_once, run_once_async
-    from .schema import migrate
+    from .schema import Pruned, migrate, prune
     from .semaphores import AsyncSemaphore, Semaphore, semaphore
 
 __version__ = "0.1.0"
@@ -132,6 +132,7 @@ __all__ = [
     "OperationContext",
     "Outcome",
     "PgsoloError",
+    "Pruned",
     "Reason",
     "Registry",
     "ResultNotStorableError",
@@ -165,6 +166,7 @@ __all__ = [
     "lock_holders_async",
     "migrate",
     "pool_reset",
+    "prune",
     "run_job",
     "run_job_async",
     "run_once",
@@ -247,7 +249,7 @@ _ON_FIRST_USE = {
         ("OnceResult", "OperationContext", "idempotency_key_for", "run_once", "run_once_async"),
         ".once",
     ),
-    "migrate": ".schema",
+    **dict.fromkeys(("Pruned", "migrate", "prune"), ".schema"),
 }
 
 

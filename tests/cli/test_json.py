@@ -43,6 +43,7 @@ def test_every_command_prints_one_schema_valid_document(
         ("migrate", "--dsn", migrated),
         ("doctor", "--dsn", migrated),
         ("locks", "--dsn", migrated),
+        ("prune", "--dsn", migrated, "--older-than", "36500d", "--dry-run"),
         ("key", "daily-settlement"),
     ):
         done = pgsolo_cli(*args, "--json")

@@ -60,6 +60,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         ".migrate",
         "create or upgrade pgsolo's tables (the ledger, once-per-period records)",
     ),
+    "prune": (
+        ".prune",
+        "delete pgsolo's records older than an age (the ledger, periods, operations)",
+    ),
     "run": (".run", "run a command while holding a lock: at most one at a time, anywhere"),
     "terminate": (
         ".terminate",

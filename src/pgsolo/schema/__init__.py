@@ -27,7 +27,9 @@ __all__ = [
     "LATEST_VERSION",
     "MIGRATIONS",
     "MIGRATION_KEY",
+    "Pruned",
     "migrate",
+    "prune",
     "schema_version",
     "version_plan",
 ]
@@ -168,3 +170,7 @@ def schema_version(conn: SyncConnectionLike) -> int:
     """The version of pgsolo's tables in this database (0: never migrated)."""
     driver = adapt_sync(conn)
     return drive(version_plan(driver), driver)
+
+
+# Below the definitions above: retention reads nothing of them, and is re-exported here.
+from .retention import Pruned, prune  # noqa: E402

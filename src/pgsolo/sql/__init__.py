@@ -24,12 +24,13 @@ nowhere else.
 
 from __future__ import annotations
 
-from . import leaders, ledger, locks, monitor, once, schema, states, text
+from . import leaders, ledger, locks, monitor, once, retention, schema, states, text
 from .leaders import *  # noqa: F403
 from .ledger import *  # noqa: F403
 from .locks import *  # noqa: F403
 from .monitor import *  # noqa: F403
 from .once import *  # noqa: F403
+from .retention import *  # noqa: F403
 from .schema import *  # noqa: F403
 from .states import *  # noqa: F403
 from .text import *  # noqa: F403
@@ -40,6 +41,7 @@ __all__ = (
     + locks.__all__
     + monitor.__all__
     + once.__all__
+    + retention.__all__
     + schema.__all__
     + states.__all__
     + text.__all__
