@@ -21,9 +21,11 @@ __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",
     "DSN_ENV_VARS",
     "EMBEDDED",
+    "LIBPQ_DEFAULTS",
     "DsnChoice",
     "choose_dsn",
     "libpq_dsn",
+    "libpq_environment",
     "resolved_dsn",
     "uri_scheme",
 ]
@@ -31,6 +33,10 @@ __all__ = [
 EMBEDDED = "embedded"
 DSN_ENV_VARS = ("PGSOLO_DSN", "DATABASE_URL")
 DEFAULT_CONNECT_TIMEOUT = 5  # seconds to open a connection, each host of a multi-host DSN
+LIBPQ_DEFAULTS = "libpq defaults"  # the source of an empty connection string
+
+# The variables by which libpq finds a server when the connection string names none.
+_LIBPQ_WHERE = ("PGHOST", "PGHOSTADDR", "PGPORT", "PGDATABASE", "PGUSER", "PGSERVICE")
 
 
 # A URI's scheme (RFC 3986), read up to its "://": letters, digits, '+', '-', '.' only, so it
@@ -74,7 +80,7 @@ class DsnChoice:
     """The connection string a command will use, and where it came from."""
 
     dsn: str  # "" means libpq defaults
-    source: str  # "--dsn", "PGSOLO_DSN", "DATABASE_URL" or "libpq defaults"
+    source: str  # "--dsn", "PGSOLO_DSN", "DATABASE_URL" or LIBPQ_DEFAULTS
 
     @property
     def embedded(self) -> bool:
@@ -101,7 +107,15 @@ def choose_dsn(
     for name in DSN_ENV_VARS:
         if value := env.get(name):
             return DsnChoice(value, name)
-    return DsnChoice("", "libpq defaults")
+    return DsnChoice("", LIBPQ_DEFAULTS)
+
+
+def libpq_environment(environ: Mapping[str, str] | None = None) -> list[str]:
+    """The variables set (non-empty) that tell libpq where to connect (``PGHOST``,
+    ``PGDATABASE``, ``PGSERVICE``...): none means an empty connection string would reach
+    whatever server libpq guesses (a local socket, as the OS user)."""
+    env = os.environ if environ is None else environ
+    return [name for name in _LIBPQ_WHERE if env.get(name)]
 
 
 @contextmanager

@@ -4,6 +4,9 @@ its options reach the run, and it falls back on ``PGSOLO_DSN``.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from typing import Any
 
 import psycopg
@@ -20,7 +23,7 @@ from _support import (
     new_job,
     unhold,
 )
-from pgsolo import InvalidKeyError, UsageError
+from pgsolo import DatabaseUnavailableError, InvalidKeyError, UsageError
 from pgsolo.jobs import JobResult, singleton
 
 # -- sync jobs -----------------------------------------------------------------------------
@@ -99,6 +102,49 @@ def test_singleton_uses_pgsolo_dsn_when_no_dsn_is_given(
 
     assert result.outcome == "completed"
     assert result.value == (observer.conn.info.dbname, 3)
+
+
+# Where libpq looks when a connection string names nothing (pgsolo.dsn).
+LIBPQ_WHERE = ("PGHOST", "PGHOSTADDR", "PGPORT", "PGDATABASE", "PGUSER", "PGSERVICE")
+
+
+def test_without_a_database_the_error_says_how_to_name_one_before_connecting() -> None:
+    # In a process of its own: this one may have configured Django, which adds using=.
+    source = (
+        "import pgsolo\n"
+        "@pgsolo.singleton('jobs-test:nowhere')\n"
+        "def report(conn): raise AssertionError('not run')\n"
+        "try: report()\n"
+        "except pgsolo.UsageError as exc: print(exc)\n"
+    )
+    unset = ("PGSOLO_DSN", "DATABASE_URL", *LIBPQ_WHERE)
+    env = {name: value for name, value in os.environ.items() if name not in unset}
+    done = subprocess.run(
+        [sys.executable, "-c", source],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+
+    assert "dsn='postgresql://...'" in done.stdout
+    assert "PGSOLO_DSN" in done.stdout
+    assert "using=" not in done.stdout  # no Django here
+
+
+def test_a_libpq_variable_still_says_where_to_connect(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("PGSOLO_DSN", "DATABASE_URL", *LIBPQ_WHERE):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PGHOST", "127.0.0.1")
+    monkeypatch.setenv("PGPORT", "1")  # nothing listens: the connect is tried, and fails
+
+    @singleton("jobs-test:libpq")
+    def report(conn: psycopg.Connection) -> None:
+        raise AssertionError("not run")
+
+    with pytest.raises(DatabaseUnavailableError, match="the libpq defaults"):
+        report()
 
 
 # -- async jobs ----------------------------------------------------------------------------

@@ -25,17 +25,15 @@ from typing import TYPE_CHECKING, NoReturn
 from .. import __version__
 from .._logging import configure
 from ..errors import (
-    DatabaseUnavailableError,
     NotMigratedError,
     PgsoloError,
     UnsafeConnectionError,
     UsageError,
 )
 from .exit_codes import (
-    EXIT_FAILED,
     EXIT_UNAVAILABLE,
-    EXIT_UNSAFE,
     EXIT_USAGE,
+    exit_code_of,
 )
 
 if TYPE_CHECKING:
@@ -253,12 +251,4 @@ def _missing_libpq(exc: ImportError) -> str | None:
 def _exit_code(exc: CliError | PgsoloError) -> int:
     from .common import CliError  # noqa: PLC0415
 
-    if isinstance(exc, CliError):
-        return exc.code
-    if isinstance(exc, UsageError):
-        return EXIT_USAGE
-    if isinstance(exc, UnsafeConnectionError):  # a standby, a transaction pooler
-        return EXIT_UNSAFE
-    if isinstance(exc, DatabaseUnavailableError):
-        return EXIT_UNAVAILABLE
-    return EXIT_FAILED
+    return exc.code if isinstance(exc, CliError) else exit_code_of(exc)

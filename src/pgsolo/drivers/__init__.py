@@ -45,12 +45,16 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import import_module
-from typing import ClassVar, Literal, Protocol, TypeGuard, TypeVar, cast
+from types import ModuleType
+from typing import TYPE_CHECKING, ClassVar, Literal, Protocol, TypeGuard, TypeVar, cast
 
 from .. import sql
 from .._acompat import AEvent, Event
 from ..errors import UnsupportedConnectionError, UsageError
 from .registry import LIBRARIES, Library
+
+if TYPE_CHECKING:
+    from .kinds import SyncConnectionLike
 
 __all__ = [
     "REQUEST_END_HOOKS",
@@ -70,6 +74,9 @@ __all__ = [
     "adapt_async",
     "adapt_sync",
     "as_sync",
+    "django_command_error",
+    "django_configured",
+    "django_connection",
     "driver_errors",
     "edged",
     "heartbeat_of",
@@ -358,6 +365,40 @@ def _classes(library: Library, names: Sequence[str]) -> list[type[Exception]]:
 # pgsolo.locking registers what releases the session locks still held on it. Here, so
 # that a framework's adapter (drivers/) needs nothing from the layer above it.
 REQUEST_END_HOOKS: list[Callable[[SyncDriver], None]] = []
+
+
+def django_configured() -> bool:
+    """Whether this process has configured Django's settings, found without importing
+    Django: a process that uses Django has imported it long before it asks."""
+    conf = sys.modules.get("django.conf")
+    return conf is not None and bool(conf.settings.configured)
+
+
+def django_connection(alias: str) -> SyncConnectionLike:
+    """Django's ``connections[alias]`` (``using=``), or a :class:`~pgsolo.UsageError`
+    before any SQL: an alias Django does not have, or no Django at all."""
+    connection: SyncConnectionLike = _django_module("using=").connection_of(alias)
+    return connection
+
+
+def django_command_error(message: str, returncode: int) -> Exception:
+    """Django's ``CommandError`` with ``returncode``, the exit code of ``manage.py``."""
+    error: Exception = _django_module("a management command's job").command_error(
+        message, returncode
+    )
+    return error
+
+
+def _django_module(needed_by: str) -> ModuleType:
+    """pgsolo's Django module, imported when first needed: ``needed_by`` says what asked for
+    it, when Django is not installed."""
+    try:
+        return import_module("._django", __name__)
+    except ImportError as exc:
+        raise UsageError(
+            f"{needed_by} needs Django, which cannot be imported ({exc}): pip install"
+            " 'pgsolo[django]'"
+        ) from exc
 
 
 def is_async(driver: SyncDriver | AsyncDriver) -> TypeGuard[AsyncDriver]:

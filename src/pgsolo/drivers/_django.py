@@ -22,15 +22,17 @@ import contextlib
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
+from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import request_finished
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.db import Error as DjangoError
 from django.db import connection as default_connection
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.utils import ConnectionDoesNotExist
 
 from .._acompat import Event
 from .._logging import drivers_logger as logger
-from ..errors import UnsupportedConnectionError
+from ..errors import UnsupportedConnectionError, UsageError
 from . import (
     REQUEST_END_HOOKS,
     Edge,
@@ -44,7 +46,7 @@ from . import (
     heartbeat_of,
 )
 
-__all__ = ["DjangoDriver", "adapt"]
+__all__ = ["DjangoDriver", "adapt", "command_error", "connection_of"]
 
 
 def adapt(connection: object) -> SyncDriver | None:
@@ -60,6 +62,37 @@ def adapt(connection: object) -> SyncDriver | None:
             f" {connection.alias!r} is {connection.vendor}"
         )
     return DjangoDriver(connection)
+
+
+def connection_of(alias: str) -> BaseDatabaseWrapper:
+    """``connections[alias]``, this thread's connection of the alias; an alias that
+    ``settings.DATABASES`` lacks, or settings not configured yet, is a
+    :class:`~pgsolo.UsageError` (no connection is opened: Django connects at the first
+    statement)."""
+    if not isinstance(alias, str) or not alias:
+        raise UsageError(f"using= takes an alias of Django's settings.DATABASES, got {alias!r}")
+    try:
+        return connections[alias]
+    except ConnectionDoesNotExist:
+        known = ", ".join(repr(name) for name in connections)
+        raise UsageError(
+            f"using={alias!r} is not a database of Django's settings.DATABASES (it has {known})"
+        ) from None
+    except ImproperlyConfigured as exc:
+        raise UsageError(
+            f"using={alias!r} needs Django's settings, and they are not configured"
+            f" (DJANGO_SETTINGS_MODULE, or settings.configure() then django.setup()): {exc}"
+        ) from None
+
+
+def command_error(message: str, returncode: int) -> Exception:
+    """Django's ``CommandError``: ``manage.py`` prints it on one line of stderr and exits
+    ``returncode``; ``call_command()`` raises it to its caller."""
+    # Imported here: a web process that only takes locks never loads the commands' machinery.
+    from django.core.management import CommandError  # noqa: PLC0415
+
+    error: Exception = CommandError(message, returncode=returncode)
+    return error
 
 
 class DjangoDriver:
