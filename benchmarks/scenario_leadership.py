@@ -13,25 +13,20 @@ seeing the end of its client and exiting (which releases the lock), the server w
 the queued candidate, and pgsolo's own steps to the block. The issue's goal: p99 under
 1 s.
 
-*Network cut*: the leader connects through a relay of this process (:class:`CutRelay`;
-the candidate connects straight to the server). At the cut the relay passes nothing on
-either way any more, so the leader learns nothing (its keeper's beats go unanswered, as
-over a cut cable), and it closes its socket to the server abruptly (``SO_LINGER`` 0: a
-TCP reset; over a unix socket the server reads the end of its client). That close stands
-for the moment the server gives up on the leader's host: on a real cut nothing reaches
-the server at all, and its session, with the lock, lasts until the server's TCP
-keepalive probes go unanswered, ``tcp_keepalives_idle + tcp_keepalives_interval *
-tcp_keepalives_count`` after the last packet (or, where ``tcp_user_timeout`` is set,
-once that long has passed without an answer and a probe is out). Those settings are the
-server's, per session (0: the kernel's, on Linux 7200 s + 9 * 75 s, 2 h 11 min); pgsolo
-sets keepalives on its client's socket only, which tell the leader, not the server.
-docs/benchmarks.md has a real cut's numbers, taken by hand. A user space relay cannot
-make the server's probes go unanswered (its kernel acknowledges them while the socket is
-open), so that detection is not in the measured time: the rows of the cut are the time
-from the server's giving up to the successor's term, to which a real cut adds the
-server's keepalive time. They have no goal: no keepalive setting brings a real cut under
-1 s. A user space relay needs no privileges, so the scenario runs wherever the suite
-does (dropping the packets instead needs root: ``tc`` or ``iptables``).
+*Network cut*: the leader connects through a relay of this process
+(``pgsolo.testing.Relay``; the candidate connects straight to the server), and
+:meth:`~pgsolo.testing.Relay.cut` cuts it: nothing passes either way any more, so the
+leader learns nothing (its keeper's beats go unanswered, as over a cut cable), while the
+server's side ends, standing for the moment the server gives up on the leader's host. On
+a real cut nothing reaches the server, and the session, with its lock, lasts until the
+server's TCP keepalive probes go unanswered, ``tcp_keepalives_idle +
+tcp_keepalives_interval * tcp_keepalives_count`` after the last packet: 13 s with the
+settings pgsolo gives its own connections (sized from the keeper's timeout, so that the
+old leader stops first), 2 h 11 min with the kernel's defaults. A relay in user space
+cannot leave those probes unanswered (its kernel acknowledges them while the socket is
+open), so that detection is not in the measured time: the cut's rows are the time from
+the server's giving up to the successor's term, and have no goal. docs/benchmarks.md has
+a real cut's numbers, taken by hand (dropping the packets takes root).
 
 Terms here have no fencing token (``fencing=False``): the suite's server may have no
 pgsolo tables, and a token is one more ``nextval`` in the same statement.
@@ -39,14 +34,10 @@ pgsolo tables, and a token is one more ``nextval`` in the same statement.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
-import selectors
 import signal
-import socket
 import statistics
-import struct
 import subprocess
 import sys
 import threading
@@ -60,6 +51,7 @@ import pgsolo
 from benchmarks.bench_locks import Target
 from benchmarks.registry import Context, Goal, Ratio, Row, quantile, scenario
 from pgsolo.keys import Key, leader_key
+from pgsolo.testing import Relay
 
 GOAL_MS = 1000.0
 QUEUED_TIMEOUT_S = 30.0  # a process starts, imports pgsolo and connects in this time
@@ -75,115 +67,10 @@ with pgsolo.leader(sys.argv[1], sys.argv[2], fencing=False) as term:
 KILL, TERMINATE, CUT = "kill -9", "backend terminated", "network cut"
 ENDINGS = (KILL, TERMINATE, CUT)
 # What a real cut adds to the cut's rows: the server's detection of the silent peer.
-LINUX_KEEPALIVE_S = 7200 + 9 * 75  # net.ipv4.tcp_keepalive_time + _intvl * _probes
 CUT_EXCLUDES = (
     "not counted: the server's detection of the cut, tcp_keepalives_idle +"
-    " _interval * _count (0: the kernel's, 2 h 11 min on Linux)"
+    " _interval * _count after the leader's last packet (13 s as pgsolo sets them)"
 )
-
-
-class CutRelay:
-    """A TCP relay on 127.0.0.1 to ``upstream`` (a unix socket or a TCP address) whose
-    connections :meth:`cut` ends as a cut network would look to each side once the
-    server gives up: the client hears nothing more, the server's socket is closed
-    abruptly. One thread of its own (a selector) owns every socket, so a cut never
-    races a read or a write; :meth:`cut` returns once the server's sockets are closed.
-    """
-
-    def __init__(self, upstream: str | tuple[str, int]) -> None:
-        self.upstream = upstream
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = int(self.listener.getsockname()[1])
-        self._wake, self._waker = socket.socketpair()
-        self._peers: dict[socket.socket, socket.socket | None] = {}  # None: cut off
-        self._servers: set[socket.socket] = set()
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="bench-cut-relay", daemon=True)
-        self._thread.start()
-
-    def cut(self) -> None:
-        self._done.clear()
-        self._waker.send(b"c")
-        if not self._done.wait(10):
-            raise RuntimeError("the relay did not cut its connections")
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self._waker.send(b"x")
-        self._thread.join(10)
-        for sock in (self.listener, self._wake, self._waker):
-            sock.close()
-
-    def _run(self) -> None:
-        with selectors.DefaultSelector() as selector:
-            selector.register(self.listener, selectors.EVENT_READ)
-            selector.register(self._wake, selectors.EVENT_READ)
-            while True:
-                for ready, _ in selector.select():
-                    sock = ready.fileobj
-                    assert isinstance(sock, socket.socket)
-                    if sock is self.listener:
-                        self._accept(selector)
-                    elif sock is self._wake:
-                        order = self._wake.recv(1)
-                        if order != b"c":
-                            for open_sock in list(self._peers):
-                                self._drop(selector, open_sock, abrupt=False)
-                            return
-                        for server in list(self._servers):
-                            self._drop(selector, server, abrupt=True)
-                        self._done.set()
-                    elif sock in self._peers:
-                        self._forward(selector, sock)
-
-    def _accept(self, selector: selectors.BaseSelector) -> None:
-        client, _ = self.listener.accept()
-        try:
-            if isinstance(self.upstream, str):
-                server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                server.settimeout(10)
-                server.connect(self.upstream)
-            else:
-                server = socket.create_connection(self.upstream, timeout=10)
-        except OSError:
-            client.close()
-            return
-        for sock, peer in ((client, server), (server, client)):
-            sock.setblocking(True)
-            self._peers[sock] = peer
-            selector.register(sock, selectors.EVENT_READ)
-        self._servers.add(server)
-
-    def _forward(self, selector: selectors.BaseSelector, sock: socket.socket) -> None:
-        try:
-            data = sock.recv(65536)
-        except OSError:
-            data = b""
-        peer = self._peers[sock]
-        if not data:  # an end before a cut: passed on; after a cut, the client's own
-            self._drop(selector, sock, abrupt=False)
-            if peer is not None:
-                self._drop(selector, peer, abrupt=False)
-            return
-        if peer is not None:  # cut off: what the client sends goes nowhere
-            try:
-                peer.sendall(data)
-            except OSError:
-                self._drop(selector, sock, abrupt=False)
-                self._drop(selector, peer, abrupt=False)
-
-    def _drop(self, selector: selectors.BaseSelector, sock: socket.socket, *, abrupt: bool) -> None:
-        if sock not in self._peers:
-            return
-        peer = self._peers.pop(sock)
-        if peer is not None and peer in self._peers:
-            self._peers[peer] = None  # the other side stays open, and hears nothing more
-        self._servers.discard(sock)
-        selector.unregister(sock)
-        if abrupt and sock.family != socket.AF_UNIX:  # linger 0: close sends RST, not FIN
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        sock.close()
 
 
 def _queued(observer: psycopg.Connection[Any], key: Key) -> bool:
@@ -201,13 +88,13 @@ def _takeover(
     name = f"bench-{uuid.uuid4().hex[:12]}"
     key = leader_key(name)
     conninfo = target.conninfo()
-    relay = CutRelay(target.upstream()) if ending == CUT else None
+    relay = Relay(conninfo) if ending == CUT else None
     leader = subprocess.Popen(  # noqa: S603 - our own interpreter and script, no shell
         [
             sys.executable,
             "-c",
             LEADER,
-            conninfo if relay is None else target.via("127.0.0.1", relay.port).conninfo(),
+            conninfo if relay is None else relay.dsn,
             name,
         ],
         stdout=subprocess.PIPE,

@@ -4,11 +4,14 @@ run, when the relay resets its connection; and what a blackhole holds arrives af
 
 from __future__ import annotations
 
+import select
 import threading
+from typing import Any
 
 import psycopg
 import pytest
 
+from _support import eventually
 from pgsolo.testing import Relay
 
 from .conftest import UserSuite
@@ -79,3 +82,35 @@ def test_closing_the_relay_ends_its_connections(dsn: str) -> None:
         relay.close()
         with pytest.raises(psycopg.OperationalError):
             conn.execute("SELECT 1")
+
+
+def test_a_cut_ends_the_servers_session_and_tells_the_client_nothing(
+    dsn: str, observer: Any
+) -> None:
+    """A network cut once the server gave the client up: the session, and its lock, end on
+    the server, while the client's connection stays open and silent (no end of stream, no
+    reset), and what it sends is answered by nobody."""
+    with Relay(dsn) as relay:
+        conn = psycopg.connect(relay.dsn, autocommit=True)
+        try:
+            conn.execute("SELECT pg_advisory_lock(424242)")
+            pid = conn.info.backend_pid
+            assert relay.cut() == 1
+            eventually(
+                lambda: (
+                    observer.conn.execute(
+                        "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,)
+                    ).fetchone()
+                    == (0,)
+                ),
+                "the server to end the cut session",
+            )
+            readable, _, _ = select.select([conn.fileno()], [], [], 0.5)
+            assert readable == []  # nothing arrives: not even the end of the connection
+            conn.pgconn.send_query(b"SELECT 1")  # sent, and never answered
+            conn.pgconn.flush()
+            readable, _, _ = select.select([conn.fileno()], [], [], 0.5)
+            assert readable == []
+        finally:
+            conn.pgconn.finish()  # closed here: a statement would wait for an answer
+            conn.close()

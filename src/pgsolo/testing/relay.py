@@ -14,6 +14,10 @@ To the server, a client behind the relay looks like a client behind a proxy or a
 - :meth:`Relay.reset`: every open connection ends, with a TCP RST on the client's side and
   an end of stream on the server's, so the server ends those sessions and their advisory
   locks with them.
+- :meth:`Relay.cut`: a network cut, once the server has given the client up: the server's
+  side of every open connection ends (the server ends those sessions, and their locks),
+  while the client hears nothing more, ever, and is never told: what it sends is dropped,
+  its connection stays open and silent until the client or the relay closes it.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ class _Link:
     client: socket.socket
     server: socket.socket
     frozen: threading.Event = field(default_factory=threading.Event)
+    cut: threading.Event = field(default_factory=threading.Event)
 
 
 class Relay:
@@ -120,6 +125,18 @@ class Relay:
                     sock.shutdown(socket.SHUT_RDWR)
         return len(links)
 
+    def cut(self) -> int:
+        """Cut every open connection (see the module); return how many there were. The
+        server's detection of a real cut (its TCP keepalives) is not in it: the cut is
+        the moment that detection ends."""
+        with self._lock:
+            links = list(self._links)
+        for link in links:
+            link.cut.set()
+            with suppress(OSError):
+                link.server.shutdown(socket.SHUT_RDWR)
+        return len(links)
+
     def close(self) -> None:
         """End every connection through the relay, and the relay."""
         self._closing.set()
@@ -160,8 +177,8 @@ class Relay:
                 self._links.add(link)
                 self._frozen.append(link.frozen)
             ends = threading.Barrier(2, action=functools.partial(self._closed, link))
-            self._spawn(self._pump, client, server, ends, None)
-            self._spawn(self._pump, server, client, ends, link.frozen)
+            self._spawn(self._pump, link, client, server, ends, None)
+            self._spawn(self._pump, link, server, client, ends, link.frozen)
 
     def _closed(self, link: _Link) -> None:
         with self._lock:
@@ -171,6 +188,7 @@ class Relay:
 
     def _pump(
         self,
+        link: _Link,
         source: socket.socket,
         sink: socket.socket,
         ends: threading.Barrier,
@@ -180,6 +198,8 @@ class Relay:
         try:
             while data := source.recv(65536):
                 self._flowing.wait()
+                if link.cut.is_set():
+                    continue  # a cut network: nothing passes, and nobody is told
                 if frozen is not None and self._freeze_after_login and not frozen.is_set():
                     window = seen + data
                     at = window.find(READY_AFTER_LOGIN)
@@ -194,8 +214,11 @@ class Relay:
                     sink.sendall(data)
         except OSError:
             pass
-        for sock in (source, sink):  # one side is gone: so is the other
-            with suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
+        cut = link.cut.is_set()
+        for sock in (source, sink):  # one side is gone: so is the other, unless cut off
+            if not (cut and sock is link.client and source is link.server):
+                with suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
         with suppress(threading.BrokenBarrierError):
-            ends.wait(30)
+            # A cut client's side lives until the client or the relay closes it.
+            ends.wait(None if cut else 30)
