@@ -22,6 +22,7 @@ from ..conninfo import (
     scrub_secrets,
     server_keepalives,
 )
+from .psycopg_driver import PsycopgDriver
 
 __all__ = ["open_connection"]
 
@@ -54,9 +55,14 @@ def open_connection(
             raise connect_error(exc, resolved, conninfo) from connect_error_cause(exc)
         with conn:
             bound_answers(conn, answer_timeout)
-            try:
-                conn.execute(sql.watch_client(server_keepalives(check_timeout)))
-            except psycopg.Error as exc:  # a proxy that refuses it: the locks still work
+            try:  # pgsolo's own round trip: bounded by answer_timeout like every other
+                PsycopgDriver(conn).fetch_value(
+                    [sql.watch_client(server_keepalives(check_timeout))]
+                )
+            except psycopg.Error as exc:
+                if conn.closed:  # the server went, or never answered: not a mere refusal
+                    raise
+                # A proxy that refuses it: the locks still work, watched by the keeper.
                 logger.debug(
                     "pgsolo: the server's keepalives were not set: %s", scrub_secrets(str(exc), dsn)
                 )
