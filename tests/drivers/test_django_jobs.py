@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +20,7 @@ from django.db import connection, connections
 
 import pgsolo
 from _drivers import django_settings
-from _support import WORK, Boom, Connect, hold, new_job, terminate, unhold, work_rows
+from _support import WORK, Boom, Connect, eventually, hold, new_job, terminate, unhold, work_rows
 from pgsolo.cli.exit_codes import EXIT_LOST, EXIT_SKIPPED, EXIT_USAGE
 from pgsolo.django import command_key, singleton_command
 
@@ -233,14 +232,13 @@ def manage(db: str, *args: str) -> subprocess.Popen[str]:
     )
 
 
-def ended(processes: list[subprocess.Popen[str]], count: int, within: float = 90.0) -> None:
-    deadline = time.monotonic() + within
-    while sum(p.poll() is not None for p in processes) < count:
-        if time.monotonic() > deadline:
-            for process in processes:
-                process.kill()
-            pytest.fail(f"{count} of the commands had not ended after {within}s")
-        time.sleep(0.05)
+def ended(processes: list[subprocess.Popen[str]], count: int) -> None:
+    """Wait for ``count`` of ``processes`` to end (the test's ``finally`` kills the rest)."""
+    eventually(
+        lambda: sum(p.poll() is not None for p in processes) >= count,
+        f"{count} of the commands to end",
+        timeout=90,
+    )
 
 
 def test_three_manage_py_runs_at_once_do_the_work_once(

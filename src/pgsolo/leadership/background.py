@@ -11,11 +11,10 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from .._logging import leaders_logger, log_event
-from ..errors import InvalidArgumentError
 from ..locking import Keep
 from ._async.campaign import campaign_async
 from ._async.leader import AsyncTerm
-from .candidacy import Candidacy
+from .candidacy import check_campaign
 
 __all__ = ["Standing", "lead_in_background"]
 
@@ -66,9 +65,7 @@ async def lead_in_background(
     ``fencing``) is logged at ERROR at once (nobody awaits the task) and raised again as
     the block ends. Everything is validated before the task starts.
     """
-    if not callable(lead):
-        raise InvalidArgumentError(f"lead must be callable with the term, got {lead!r}")
-    Candidacy.define(name, wait=1.0, keep=keep, fencing=fencing, cancel=True)
+    check_campaign(name, lead, keep=keep, fencing=fencing, cancel=True)
     standing = Standing(name)
 
     async def lead_and_show(term: AsyncTerm) -> None:

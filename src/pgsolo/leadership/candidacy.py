@@ -12,7 +12,11 @@ from ..errors import InvalidArgumentError, LockLostError, UsageError
 from ..keys import Key, leader_key
 from ..locking import Keep, as_keep, wait_ms_of
 
-__all__ = ["Candidacy"]
+__all__ = ["CAMPAIGN_LOOK_EVERY", "Candidacy", "check_campaign"]
+
+# A campaign's candidate waits this long at a time, then looks at its ``stop``: the longest
+# a stop waits for a candidate, on the one connection it keeps for its whole candidacy.
+CAMPAIGN_LOOK_EVERY = 1.0
 
 
 @dataclass(frozen=True)
@@ -80,3 +84,13 @@ def _both(
         then(error)
 
     return on_lost
+
+
+def check_campaign(
+    name: object, lead: object, *, keep: bool | Keep, fencing: bool, cancel: bool
+) -> None:
+    """What a campaign is given (``campaign()``, ``lead_in_background()``), checked before
+    anything connects or starts: ``lead`` callable, and the candidacy of ``name``."""
+    if not callable(lead):
+        raise InvalidArgumentError(f"lead must be callable with the term, got {lead!r}")
+    Candidacy.define(name, wait=CAMPAIGN_LOOK_EVERY, keep=keep, fencing=fencing, cancel=cancel)

@@ -20,14 +20,11 @@ from ...errors import (
 )
 from ...keys import LEADER_PREFIX
 from ...locking import Keep
-from ..candidacy import Candidacy
+from ..candidacy import CAMPAIGN_LOOK_EVERY, check_campaign
 from .leader import AsyncTerm, own_term
 
 __all__ = ["campaign_async"]
 
-# A candidate waits this long at a time, then looks at ``stop``: the longest a stop waits
-# for a candidate, on the one connection it keeps for its whole candidacy.
-_LOOK_EVERY = 1.0
 # After a term or a failure, the next try waits a random moment of up to this much, then
 # twice as much after each failure in a row, up to _BACKOFF_MAX: replicas that lost the
 # database together do not all come back at once.
@@ -60,11 +57,9 @@ async def campaign_async(
     cancellation ends a term and its wait the way it ends any lock's). Everything is
     validated before anything connects.
     """
-    if not callable(lead):
-        raise InvalidArgumentError(f"lead must be callable with the term, got {lead!r}")
+    check_campaign(name, lead, keep=keep, fencing=fencing, cancel=AIS_ASYNC)
     if stop is not None and not callable(getattr(stop, "is_set", None)):
         raise InvalidArgumentError(f"stop must be an event (is_set()), got {stop!r}")
-    Candidacy.define(name, wait=_LOOK_EVERY, keep=keep, fencing=fencing, cancel=AIS_ASYNC)
     named = application_name_for(dsn, LEADER_PREFIX + name)
     failures = 0
     while not (stop is not None and stop.is_set()):
@@ -75,7 +70,7 @@ async def campaign_async(
                     term: AsyncTerm | None = None
                     try:
                         async with own_term(
-                            conn, name, wait=_LOOK_EVERY, keep=keep, fencing=fencing
+                            conn, name, wait=CAMPAIGN_LOOK_EVERY, keep=keep, fencing=fencing
                         ) as term:
                             _said("leading", term, logging.INFO)
                             await lead(term)

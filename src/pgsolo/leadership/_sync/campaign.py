@@ -21,14 +21,11 @@ from ...errors import (
 )
 from ...keys import LEADER_PREFIX
 from ...locking import Keep
-from ..candidacy import Candidacy
+from ..candidacy import CAMPAIGN_LOOK_EVERY, check_campaign
 from .leader import Term, own_term
 
 __all__ = ["campaign"]
 
-# A candidate waits this long at a time, then looks at ``stop``: the longest a stop waits
-# for a candidate, on the one connection it keeps for its whole candidacy.
-_LOOK_EVERY = 1.0
 # After a term or a failure, the next try waits a random moment of up to this much, then
 # twice as much after each failure in a row, up to _BACKOFF_MAX: replicas that lost the
 # database together do not all come back at once.
@@ -61,11 +58,9 @@ def campaign(
     cancellation ends a term and its wait the way it ends any lock's). Everything is
     validated before anything connects.
     """
-    if not callable(lead):
-        raise InvalidArgumentError(f"lead must be callable with the term, got {lead!r}")
+    check_campaign(name, lead, keep=keep, fencing=fencing, cancel=IS_ASYNC)
     if stop is not None and not callable(getattr(stop, "is_set", None)):
         raise InvalidArgumentError(f"stop must be an event (is_set()), got {stop!r}")
-    Candidacy.define(name, wait=_LOOK_EVERY, keep=keep, fencing=fencing, cancel=IS_ASYNC)
     named = application_name_for(dsn, LEADER_PREFIX + name)
     failures = 0
     while not (stop is not None and stop.is_set()):
@@ -76,7 +71,7 @@ def campaign(
                     term: Term | None = None
                     try:
                         with own_term(
-                            conn, name, wait=_LOOK_EVERY, keep=keep, fencing=fencing
+                            conn, name, wait=CAMPAIGN_LOOK_EVERY, keep=keep, fencing=fencing
                         ) as term:
                             _said("leading", term, logging.INFO)
                             lead(term)
