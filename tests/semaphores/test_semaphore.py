@@ -16,6 +16,7 @@ import pytest
 import pgsolo
 from _support import AConnect, Connect, unique_name
 from pgsolo.keys import semaphore_keys
+from pgsolo.locking import TURN_SECONDS
 
 Observer = Any
 
@@ -122,6 +123,49 @@ def test_a_wait_that_runs_out_raises_and_holds_nothing(
         assert time.monotonic() - started >= 0.6
         assert observer.advisory(pid=waiter.info.backend_pid) == set()
         assert observer.advisory(pid=waiter.info.backend_pid, granted=False) == set()
+
+
+def test_a_waiter_sharing_a_connection_with_a_holder_waits_for_the_other_slots(
+    connect: Connect, observer: Observer
+) -> None:
+    """Regression: a waiter whose connection already held one slot raised
+    LockUnavailableError as soon as its turn came to that slot (PostgreSQL would grant it
+    again on the same session), instead of waiting for the slots held elsewhere."""
+    name, limit = unique_name("semaphore"), 2
+    shared, other = connect(), connect()
+    mine = pgsolo.semaphore(shared, name, limit=limit)
+    theirs = pgsolo.semaphore(other, name, limit=limit)
+    assert mine.acquire()
+    assert theirs.acquire()
+    # Every turn on each slot at least twice: a turn on the slot held here must be skipped.
+    with pytest.raises(pgsolo.LockTimeoutError, match="no free slot of 2"):
+        pgsolo.semaphore(shared, name, limit=limit, wait=4 * TURN_SECONDS).acquire()
+    assert observer.advisory(pid=shared.info.backend_pid) == {mine.key}
+    freeing = threading.Timer(0.3, theirs.release)
+    freeing.start()
+    second = pgsolo.semaphore(shared, name, limit=limit, wait=10)
+    assert second.acquire()
+    freeing.join()
+    assert second.slot != mine.slot
+    second.release()
+    mine.release()
+
+
+def test_a_wait_for_a_slot_when_this_connection_holds_all_of_them_is_refused(
+    connect: Connect, observer: Observer
+) -> None:
+    name = unique_name("semaphore")
+    conn = connect()
+    held = [pgsolo.semaphore(conn, name, limit=2) for _ in range(2)]
+    assert all(semaphore.acquire() for semaphore in held)
+    assert not pgsolo.semaphore(conn, name, limit=2).acquire()  # a try: busy
+    started = time.monotonic()
+    with pytest.raises(pgsolo.LockUnavailableError, match=r"every slot .* this connection"):
+        pgsolo.semaphore(conn, name, limit=2, wait=30).acquire()
+    assert time.monotonic() - started < 20  # refused, not waited out
+    assert observer.advisory(pid=conn.info.backend_pid) == {s.key for s in held}
+    for semaphore in held:
+        semaphore.release()
 
 
 def test_a_slot_is_watched_and_fenced_as_a_session_lock(

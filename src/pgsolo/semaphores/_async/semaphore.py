@@ -7,9 +7,9 @@ import contextlib
 from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
-from ...errors import LockLostError, LockTimeoutError, PgsoloError
+from ...errors import LockLostError, LockTimeoutError, LockUnavailableError, PgsoloError
 from ...keys import Key
-from ...locking import AsyncLock, session_lock, slot_attempts
+from ...locking import AsyncLock, held_session_locks, session_lock, slot_attempts
 from ..spec import SemaphoreSpec
 
 if TYPE_CHECKING:
@@ -75,6 +75,8 @@ class AsyncSemaphore:
         :class:`~pgsolo.LockTimeoutError` once ``wait`` seconds have gone by."""
         spec = self._spec
         for slot, wait in slot_attempts(spec.limit, spec.wait):
+            if wait is not None and self._held_here(slot):
+                continue  # PostgreSQL would grant it to this session again: never freed
             if await self._take(slot, wait=wait):
                 return True
         if spec.wait is None:
@@ -138,6 +140,22 @@ class AsyncSemaphore:
             return True
         self._lock = None
         return False
+
+    def _held_here(self, slot: int) -> bool:
+        """Whether this connection holds ``slot`` already (through another semaphore
+        object), so that a turn waiting on it would wait for itself. Asked on each turn:
+        what the connection holds may change between two. A wait when it holds every
+        slot is refused, as a wait for a lock it holds is."""
+        spec = self._spec
+        here = set(held_session_locks(self._conn))
+        if all(key in here for key in spec.keys):
+            raise LockUnavailableError(
+                f"every slot of semaphore {spec.name!r} ({spec.limit}) is held on this"
+                " connection already; waiting for one would never end. Use another"
+                " connection.",
+                key=spec.name,
+            )
+        return spec.keys[slot] in here
 
     async def _let_go(self) -> None:
         """The acquisition was cut short (a cancellation, a Ctrl-C), perhaps just after a
