@@ -7,6 +7,7 @@ off and no transaction open)."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import psycopg
@@ -73,3 +74,28 @@ async def test_an_async_callers_loaders_change_no_answer(
         assert observer.holders(key) == set()
         cur = await conn.execute("SELECT true AS v")
         assert await cur.fetchone() == {"v": "yes"}
+
+
+@pytest.mark.parametrize("lifetime", ["session", "xact"])
+async def test_a_notification_read_with_pgsolos_answer_reaches_the_callers_handler(
+    dsn: str, key: Key, lifetime: str
+) -> None:
+    """pgsolo reads the answers of its direct messages itself (not through psycopg's
+    generator, which costs more): a notification that came in with them must still go to
+    the handler the caller added, as it would on the caller's own statement."""
+    heard: list[str] = []
+    async with (
+        await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn,
+        await psycopg.AsyncConnection.connect(dsn, autocommit=True) as sender,
+    ):
+        conn.add_notify_handler(lambda notification: heard.append(notification.payload))
+        await conn.execute("LISTEN pgsolo_test_heard")
+        await sender.execute("NOTIFY pgsolo_test_heard, 'before the lock'")
+        # The notification is on conn's socket, unread, until a round trip reads it: wait
+        # until the server has sent it (the sender's commit is done; give the socket time).
+        await asyncio.sleep(0.2)
+        assert heard == []
+        lock = pgsolo.xact_lock if lifetime == "xact" else pgsolo.session_lock
+        async with lock(conn, key) as held:
+            assert held.acquired
+            assert heard == ["before the lock"]

@@ -163,8 +163,17 @@ async def _adirect(
     except asyncio.CancelledError:
         await _settle_direct(conn)
         raise
-    # All there: psycopg's generator reads it without a pause.
-    return await conn.wait(generators.execute(conn.pgconn))
+    # All there: read as psycopg's own generator reads it (notifications to the
+    # connection's handler, then every result), without its wait, which would cost more
+    # than the reading.
+    pgconn = conn.pgconn
+    while notification := pgconn.notifies():
+        if pgconn.notify_handler:
+            pgconn.notify_handler(notification)
+    results = []
+    while (result := pgconn.get_result()) is not None:
+        results.append(result)
+    return results
 
 
 async def _arrival(pgconn: pq.abc.PGconn, within: float | None = None) -> bool:
