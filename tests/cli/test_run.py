@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import re
 import shlex
 import shutil
 import signal
@@ -1643,3 +1644,26 @@ def test_a_bad_leader_option_is_a_usage_error_before_connecting(
     assert done.returncode == 2, done.stderr
     assert says in done.stderr
     assert "secret-pw-5" not in done.stderr
+
+
+def test_the_help_names_every_exit_code_a_run_can_end_with() -> None:
+    """Regression: ``pgsolo run --help`` listed every ending's code but 78 (an unsafe
+    connection), which docs/cli.md's table has."""
+    from pgsolo.cli import exit_codes  # noqa: PLC0415 - the contract the help must state
+
+    done = subprocess.run(
+        [sys.executable, "-m", "pgsolo", "run", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    text = " ".join(done.stdout.split())
+    codes = {
+        value
+        for name, value in vars(exit_codes).items()
+        if name.startswith("EXIT_") and isinstance(value, int) and value != exit_codes.EXIT_OK
+    }
+    assert codes == {1, 2, 69, 70, 75, 78}
+    for code in sorted(codes):
+        assert re.search(rf"[;:] {code} \w", text), code
