@@ -317,6 +317,43 @@ def in_background(conn: psycopg.Connection, statement: str) -> threading.Thread:
     return thread
 
 
+# -- roles of a test's own (the ``make_role`` fixture) --------------------------------------
+
+MakeRole = Callable[..., tuple[str, Callable[[], psycopg.Connection]]]  # the ``make_role`` fixture
+# Every role made by a test logs in with it: CI's servers ask for a password over TCP (the
+# embedded one trusts its unix socket and ignores it).
+ROLE_PASSWORD = "pgsolo-test-role-secret"  # noqa: S105 - throwaway roles' own
+
+
+def new_role() -> str:
+    return f"pgsolo_role_{uuid.uuid4().hex[:10]}"
+
+
+def role_dsn(dsn: str, role: str) -> str:
+    """``dsn``, as ``role`` (made by ``make_role``)."""
+    return psycopg.conninfo.make_conninfo(dsn, user=role, password=ROLE_PASSWORD)
+
+
+def privileges(
+    admin: psycopg.Connection, role: str, *, schema_usage: bool = False
+) -> set[tuple[str, str]]:
+    """Every (object, privilege) ``role`` has been granted in schema pgsolo; with
+    ``schema_usage``, the schema's own ``USAGE`` too, as ``("pgsolo", "USAGE")``."""
+    rows = admin.execute(
+        "SELECT table_name, privilege_type FROM information_schema.role_table_grants"
+        " WHERE grantee = %s AND table_schema = 'pgsolo'"
+        " UNION SELECT object_name, privilege_type FROM information_schema.role_usage_grants"
+        " WHERE grantee = %s AND object_schema = 'pgsolo'",
+        (role, role),
+    ).fetchall()
+    found = {(obj, priv) for obj, priv in rows}
+    if schema_usage:
+        usage = admin.execute("SELECT has_schema_privilege(%s, 'pgsolo', 'USAGE')", (role,))
+        if usage.fetchone() == (True,):
+            found.add(("pgsolo", "USAGE"))
+    return found
+
+
 SLICE = 0.3  # the slice of a wait in the tests of long waits (pgsolo waits in 2 s slices)
 HOLD = 2.0  # how long a holder keeps the key a long wait waits for: several slices
 # The oldest a waiter's snapshot or transaction may be seen: a slice, its round trips and

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import os
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import psycopg
 import pytest
@@ -22,7 +22,18 @@ from psycopg.conninfo import make_conninfo
 
 import pgsolo
 from _drivers import aengine, engine  # noqa: F401 - fixtures
-from _support import SLICE, WORK, AConnect, Connect, aclosing_all, closing_all
+from _support import (
+    ROLE_PASSWORD,
+    SLICE,
+    WORK,
+    AConnect,
+    Connect,
+    MakeRole,
+    aclosing_all,
+    closing_all,
+    new_role,
+    role_dsn,
+)
 from pgsolo.keys import Key, decode_pg_lock
 from pgsolo.locking import waits
 from pgsolo.testing import Bouncer, ReplicaPair, Replicas, bouncer_client
@@ -187,6 +198,46 @@ def fresh_db(dsn: str, observer: Observer) -> Iterator[str]:
         observer.conn.execute(
             pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name))
         )
+
+
+@pytest.fixture
+def admin(fresh_db: str) -> Iterator[psycopg.Connection]:
+    """The test's superuser, in the test's own database (``fresh_db``)."""
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        yield conn
+
+
+@pytest.fixture
+def make_role(fresh_db: str, admin: psycopg.Connection) -> Iterator[MakeRole]:
+    """``make_role(name=None)``: a new LOGIN role with no privilege of its own (password
+    ``ROLE_PASSWORD``), and a way to open autocommit connections to the test's database as
+    it; the connections are closed and the role dropped (with its grants there) afterwards."""
+    made: list[str] = []
+    opened: list[psycopg.Connection] = []
+
+    def make(name: str | None = None) -> tuple[str, Callable[[], psycopg.Connection]]:
+        role = name or new_role()
+        admin.execute(
+            pgsql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
+                pgsql.Identifier(role), pgsql.Literal(ROLE_PASSWORD)
+            )
+        )
+        made.append(role)
+
+        def connect() -> psycopg.Connection:
+            conn = psycopg.connect(role_dsn(fresh_db, role), autocommit=True)
+            opened.append(conn)
+            return conn
+
+        return role, connect
+
+    yield make
+    for conn in opened:
+        conn.close()
+    for role in made:
+        name = pgsql.Identifier(role)
+        admin.execute(pgsql.SQL("DROP OWNED BY {}").format(name))  # its grants here
+        admin.execute(pgsql.SQL("DROP ROLE {}").format(name))
 
 
 @pytest.fixture

@@ -10,8 +10,7 @@ nothing beyond PostgreSQL's defaults; jobs, operation keys and fencing need the 
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,59 +20,10 @@ from psycopg import sql as pgsql
 from psycopg.conninfo import make_conninfo
 
 import pgsolo
-from _support import json_document, pgsolo_cli
+from _support import MakeRole, json_document, pgsolo_cli, privileges, role_dsn
 from pgsolo import InsufficientPrivilegeError, InvalidArgumentError, sql
 from pgsolo.schema import schema_version
 from pgsolo.sql.schema import FEATURE_PRIVILEGES
-
-MakeRole = Callable[..., tuple[str, Callable[[], psycopg.Connection]]]
-# Every role made here logs in with it: CI's servers ask for a password over TCP (the
-# embedded one trusts its unix socket and ignores it).
-ROLE_PASSWORD = "pgsolo-test-role-secret"  # noqa: S105 - throwaway roles' own
-
-
-def role_dsn(fresh_db: str, role: str) -> str:
-    """``fresh_db``, as ``role``."""
-    return make_conninfo(fresh_db, user=role, password=ROLE_PASSWORD)
-
-
-@pytest.fixture
-def admin(fresh_db: str) -> Iterator[psycopg.Connection]:
-    """The test's superuser, in the test's own database."""
-    with psycopg.connect(fresh_db, autocommit=True) as conn:
-        yield conn
-
-
-@pytest.fixture
-def make_role(fresh_db: str, admin: psycopg.Connection) -> Iterator[MakeRole]:
-    """``make_role(name=None)``: a new LOGIN role with no privilege of its own, and a way
-    to open autocommit connections to the test's database as it (closed afterwards)."""
-    made: list[str] = []
-    opened: list[psycopg.Connection] = []
-
-    def make(name: str | None = None) -> tuple[str, Callable[[], psycopg.Connection]]:
-        role = name or f"pgsolo_role_{uuid.uuid4().hex[:10]}"
-        admin.execute(
-            pgsql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
-                pgsql.Identifier(role), pgsql.Literal(ROLE_PASSWORD)
-            )
-        )
-        made.append(role)
-
-        def connect() -> psycopg.Connection:
-            conn = psycopg.connect(role_dsn(fresh_db, role), autocommit=True)
-            opened.append(conn)
-            return conn
-
-        return role, connect
-
-    yield make
-    for conn in opened:
-        conn.close()
-    for role in made:
-        name = pgsql.Identifier(role)
-        admin.execute(pgsql.SQL("DROP OWNED BY {}").format(name))  # its grants here
-        admin.execute(pgsql.SQL("DROP ROLE {}").format(name))
 
 
 def grant(admin: psycopg.Connection, error: InsufficientPrivilegeError) -> None:
@@ -82,18 +32,6 @@ def grant(admin: psycopg.Connection, error: InsufficientPrivilegeError) -> None:
     for statement in error.needs:
         assert statement in str(error)
         admin.execute(statement.encode())
-
-
-def privileges(admin: psycopg.Connection, role: str) -> set[tuple[str, str]]:
-    """Every (object, privilege) ``role`` has been granted in schema pgsolo."""
-    rows = admin.execute(
-        "SELECT table_name, privilege_type FROM information_schema.role_table_grants"
-        " WHERE grantee = %s AND table_schema = 'pgsolo'"
-        " UNION SELECT object_name, privilege_type FROM information_schema.role_usage_grants"
-        " WHERE grantee = %s AND object_schema = 'pgsolo'",
-        (role, role),
-    ).fetchall()
-    return {(obj, priv) for obj, priv in rows}
 
 
 # -- (a) locks only -----------------------------------------------------------------------

@@ -29,6 +29,7 @@ __all__ = [
     "MIGRATION_KEY",
     "Pruned",
     "migrate",
+    "migrate_to",
     "prune",
     "schema_version",
     "version_plan",
@@ -57,12 +58,14 @@ MIGRATIONS: tuple[tuple[int, str], ...] = _load_migrations()
 LATEST_VERSION = MIGRATIONS[-1][0]
 
 
-def _migrate_plan(driver: DriverBase, grant_to: Sequence[str] = ()) -> Plan[list[int]]:
+def _migrate_plan(
+    driver: DriverBase, grant_to: Sequence[str] = (), upto: int = LATEST_VERSION
+) -> Plan[list[int]]:
     core = lock_core(driver, LockSpec(MIGRATION_KEY, "xact", MIGRATION_WAIT_SECONDS * 1000))
     yield from core.acquire(context=True)
     try:
         current = yield [sql.MIGRATIONS_TABLE, sql.SCHEMA_VERSION]
-        applied = [version for version, _ in MIGRATIONS if version > int(str(current))]
+        applied = [version for version, _ in MIGRATIONS if int(str(current)) < version <= upto]
         for version, body in MIGRATIONS:
             if version in applied:
                 yield [body, sql.record_migration(version)]
@@ -131,9 +134,18 @@ def migrate(conn: SyncConnectionLike, *, grant_to: Sequence[str] = ()) -> list[i
     ``grant_to``: roles (an application's) to grant, in the same transaction, the least
     privileges every pgsolo feature needs on these tables (docs/security.md); run it
     again with them after each upgrade, so that new tables are granted too."""
+    return migrate_to(conn, LATEST_VERSION, grant_to=grant_to)
+
+
+def migrate_to(
+    conn: SyncConnectionLike, version: int, *, grant_to: Sequence[str] = ()
+) -> list[int]:
+    """:func:`migrate`, up to ``version`` only (a database past it is left as it is):
+    Django's migrations of pgsolo's tables (:mod:`pgsolo.django`) bring them to one version
+    each, in the transaction of Django's migration when Django opened one."""
     roles = check_roles(grant_to)
     driver = adapt_sync(conn)
-    return drive(_migrate_plan(driver, roles), driver)
+    return drive(_migrate_plan(driver, roles, version), driver)
 
 
 def version_plan(driver: DriverBase, *, first: Sequence[str] = ()) -> Plan[int]:

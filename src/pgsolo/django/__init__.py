@@ -1,9 +1,11 @@
 """pgsolo with Django: every lock API takes ``django.db.connection`` or
 ``connections[alias]`` directly, and ``@pgsolo.singleton(key, using=alias)`` runs a job on
-one; this module has what a management command needs, :func:`singleton_command`.
+one; this module has what a management command needs, :func:`singleton_command`. In
+``INSTALLED_APPS``, ``"pgsolo.django"`` is also the app whose migrations make pgsolo's
+tables (:mod:`pgsolo.django.schema`).
 
 Importing it does not import Django: the decorated command does, when it runs (it runs
-where Django is set up already).
+where Django is set up already), and Django imports the app's modules.
 """
 
 from __future__ import annotations
@@ -13,12 +15,12 @@ import inspect
 from collections.abc import Callable
 from typing import Any, Concatenate, ParamSpec, TypeVar, Unpack
 
-from .cli.exit_codes import EXIT_FAILED, EXIT_LOST, EXIT_SKIPPED, exit_code_of
-from .drivers import django_command_error, django_connection
-from .errors import LockLostError, PgsoloError, UsageError
-from .jobs import JobOptions, JobResult, run_job
-from .jobs.definition import Job, refuse_unknown_options
-from .keys import KeyLike
+from ..cli.exit_codes import EXIT_FAILED, EXIT_LOST, EXIT_SKIPPED, exit_code_of
+from ..drivers import django_command_error, django_connection
+from ..errors import LockLostError, PgsoloError, UsageError
+from ..jobs import JobOptions, JobResult, run_job
+from ..jobs.definition import Job, refuse_unknown_options
+from ..keys import KeyLike
 
 __all__ = ["command_key", "singleton_command"]
 
