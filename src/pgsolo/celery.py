@@ -1,5 +1,5 @@
-"""pgsolo with Celery: task singletons, and a beat that runs in one of its replicas
-(docs/schedulers.md).
+"""pgsolo with Celery: task singletons, a beat that runs in one of its replicas, and each
+scheduled occurrence run once (docs/schedulers.md).
 
 :class:`Singleton` is a task base class (``@app.task(base=Singleton)``): at most one run
 of a task per key at a time, across every worker, the key made of the task's name and its
@@ -11,7 +11,10 @@ task's FAILURE), or a retry with ``on_duplicate = "retry"``.
 
 :class:`LeaderScheduler` is a beat scheduler (``celery beat -S
 pgsolo.celery:LeaderScheduler``): every beat replica keeps the schedule, and only the
-leader (:func:`pgsolo.campaign` on ``celery-beat:<app name>``) sends.
+leader (:func:`pgsolo.campaign` on ``celery-beat:<app name>``) sends, and each message it
+sends says which scheduled time it is for (:data:`OCCURRENCE_HEADER`,
+:func:`scheduled_time`). A Singleton task with ``once_per_occurrence=True`` runs each such
+time once through :func:`pgsolo.run_once`, however many sends of it arrive.
 
 Both find the database in the app's configuration (``pgsolo_dsn``), else in
 ``PGSOLO_DSN``. Importing this module imports Celery; ``import pgsolo`` never does.
@@ -27,18 +30,32 @@ import os
 import threading
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
+from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, Literal
 
 from celery.beat import PersistentScheduler  # type: ignore[import-untyped]
 from celery.exceptions import Reject  # type: ignore[import-untyped]
+from celery.schedules import crontab  # type: ignore[import-untyped]
+from celery.schedules import schedule as interval
 
 from celery import Task  # type: ignore[import-untyped]
 
 from .errors import InvalidArgumentError, LockUnavailableError, UsageError
 from .jobs import run_job
 from .leadership import Term, campaign
+from .once import OnceResult, run_once
+from .once.operation import validate_op_key
 
-__all__ = ["DuplicateTaskError", "LeaderScheduler", "Singleton", "beat_leader_name", "task_key"]
+__all__ = [
+    "OCCURRENCE_HEADER",
+    "DuplicateTaskError",
+    "LeaderScheduler",
+    "Singleton",
+    "beat_leader_name",
+    "occurrence_key",
+    "scheduled_time",
+    "task_key",
+]
 
 logger = logging.getLogger("pgsolo.celery")
 
@@ -103,6 +120,88 @@ def task_key(
     return f"celery:{name}:{text}"
 
 
+OCCURRENCE_HEADER = "pgsolo_occurrence"
+"""The message header in which :class:`LeaderScheduler` says which scheduled time a send
+is for (:func:`scheduled_time`), in ISO 8601 with its UTC offset:
+``2026-12-01T00:05:00+00:00``."""
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+_MINUTE = 60.0  # seconds: a crontab's times are whole minutes
+
+
+def scheduled_time(schedule: object, last_run_at: datetime, now: datetime) -> datetime | None:
+    """The scheduled time (in UTC) that a beat entry falling due at ``now`` is sent for,
+    given the entry's ``last_run_at``: the same in every beat replica that sends it, so
+    that its sends are one occurrence (:func:`occurrence_key`).
+
+    - A ``crontab``: the latest of its times at or before ``now``, from the schedule (the
+      one that fell due, or the latest missed one for a beat catching up: Celery sends a
+      backlog once). Every replica names it alike, whatever its clock says to the second.
+    - An interval, ``schedule(run_every=...)`` (a number of seconds in ``beat_schedule``):
+      the entry's latest due time at or before ``now``, floored to a window of
+      ``run_every`` counted from the Unix epoch in UTC, as ``pgsolo run --once-per``
+      counts windows. Replicas' entries fall due at their own moments; the window makes
+      their sends within one window one occurrence.
+    - Anything else (``solar``, a schedule class of your own): None, no occurrence; a
+      Singleton task runs such a send as any other.
+    """
+    if isinstance(schedule, crontab):
+        return _latest_crontab_time(schedule, last_run_at, now)
+    if isinstance(schedule, interval) and schedule.run_every.total_seconds() > 0:
+        step: timedelta = schedule.run_every
+        due: datetime = schedule.maybe_make_aware(last_run_at) + step
+        now = schedule.maybe_make_aware(now)
+        latest = due + (now - due) // step * step if now > due else due
+        return _EPOCH + (latest - _EPOCH) // step * step
+    return None
+
+
+def _latest_crontab_time(cron: Any, last_run_at: datetime, now: datetime) -> datetime:
+    def following(at: datetime) -> datetime:
+        """The crontab's first time after the minute of ``at``, by Celery's reckoning."""
+        start, delta, _now = cron.remaining_delta(at)
+        return start + delta  # type: ignore[no-any-return]
+
+    # following() never decreases; the latest time at or before now is following(at) for
+    # any ``at`` within the minute before it: bisect [last_run_at, now] down to a minute,
+    # in a few steps however long the entry went unsent.
+    now = cron.maybe_make_aware(now)
+    low, high = cron.maybe_make_aware(last_run_at), now
+    while (high - low).total_seconds() > _MINUTE:
+        middle = low + (high - low) / 2
+        if following(middle) <= now:
+            low = middle
+        else:
+            high = middle
+    return following(low).astimezone(UTC)
+
+
+def occurrence_key(key: str, at: datetime) -> str:
+    """The operation key of the run of the task whose key is ``key`` (:func:`task_key`)
+    for the scheduled time ``at``: ``<key>@<at in UTC, ISO 8601>``, its row in
+    ``pgsolo.operations``."""
+    return f"{key}@{at.astimezone(UTC).isoformat()}"
+
+
+def _occurrence_in(headers: dict[str, object] | None) -> datetime | None:
+    """The scheduled time a message's headers name, if any;
+    :class:`~pgsolo.InvalidArgumentError` for one that is not a time with its offset."""
+    text = (headers or {}).get(OCCURRENCE_HEADER)
+    if text is None:
+        return None
+    try:
+        at = datetime.fromisoformat(text) if isinstance(text, str) else None
+    except ValueError:
+        at = None
+    if at is None or at.tzinfo is None:
+        raise InvalidArgumentError(
+            f"the {OCCURRENCE_HEADER} header is a time in ISO 8601 with its UTC offset"
+            f" (2026-12-01T00:05:00+00:00), got {text!r}"
+        )
+    return at
+
+
 # While a Singleton's body holds its lock: the sends of the retries it asked for, held
 # back until the lock is let go (a retry sent at once could reach a worker while the lock
 # is still held, and be refused as a duplicate of the run that sent it).
@@ -130,10 +229,19 @@ class Singleton(Task):  # type: ignore[misc]
     runs, with the keeper watching it, and closes it. A lock lost while the body ran
     fails the run with :class:`~pgsolo.LockLostError`. A retry the body asks for is sent
     once the lock is let go, so it is never refused as a duplicate of its own run.
+
+    ``once_per_occurrence``: with ``True``, a run whose message names its scheduled time
+    (:data:`OCCURRENCE_HEADER`, as :class:`LeaderScheduler` sends) also goes through
+    :func:`pgsolo.run_once`, keyed :func:`occurrence_key` (``pgsolo migrate`` must have
+    run): it runs once to success per scheduled time, however many sends of that time
+    arrive, and one that finds it done is a duplicate, a :class:`DuplicateTaskError` that
+    is never retried. A run that failed or died is run again by the next send of that
+    time (a retry keeps the header). A run without the header runs as any other.
     """
 
     unique_on: ClassVar[Sequence[str] | None] = None
     on_duplicate: ClassVar[Literal["raise", "retry"]] = "raise"
+    once_per_occurrence: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         # Celery's @app.task makes a subclass per task, with the decorator's options as
@@ -152,17 +260,37 @@ class Singleton(Task):  # type: ignore[misc]
             raise InvalidArgumentError(
                 f"on_duplicate is 'raise' or 'retry', got {cls.on_duplicate!r}"
             )
+        if not isinstance(cls.once_per_occurrence, bool):
+            raise InvalidArgumentError(
+                f"once_per_occurrence is True or False, got {cls.once_per_occurrence!r}"
+            )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         key = task_key(self.name, self.run, args, kwargs, self.unique_on)
+        at = _occurrence_in(self.request.headers) if self.once_per_occurrence else None
         dsn = dsn_of(self.app)
+        op_key = None if at is None else validate_op_key(occurrence_key(key, at))
+        not_run: list[OnceResult] = []
+
+        def work(conn: Any) -> Any:
+            if op_key is None:
+                return self._body(args, kwargs)
+            returned: list[Any] = []
+            # The body's value is the task's result, not stored: it need not be JSON.
+            # On the connection that holds the task's key: one connection per run.
+            once = run_once(conn, op_key, lambda _ctx: returned.append(self._body(args, kwargs)))
+            if once.outcome == "ran":
+                return returned[0]
+            not_run.append(once)
+            return None
+
         held_back: list[Callable[[], object]] = []
         token = _held_back.set(held_back)
         try:
             result = run_job(
                 dsn,
                 key,
-                lambda _conn: self._body(args, kwargs),
+                work,
                 name=f"celery:{self.name}",
                 lifetime="session",
                 keep=True,
@@ -174,11 +302,20 @@ class Singleton(Task):  # type: ignore[misc]
                     send()
                 except Exception as exc:
                     raise Reject(exc, requeue=False) from exc  # as Task.retry does
-        if result.completed:
+        if result.completed and not not_run:
             return result.value
+        if not_run and not_run[0].outcome == "already-succeeded":
+            # Retrying could never run it: the duplicate fails at once, whatever on_duplicate.
+            raise DuplicateTaskError(
+                f"task {self.name}[{self.request.id}] did not run: it already ran for its"
+                f" occurrence {op_key}",
+                key=op_key,
+            )
+        held = op_key if not_run else key
         duplicate = DuplicateTaskError(
-            f"task {self.name}[{self.request.id}] did not run: another run of {key} holds its lock",
-            key=key,
+            f"task {self.name}[{self.request.id}] did not run: another run of {held} holds its"
+            " lock",
+            key=held,
         )
         if self.on_duplicate == "retry":
             return self.retry(exc=duplicate)
@@ -225,6 +362,10 @@ class LeaderScheduler(PersistentScheduler):  # type: ignore[misc]
     its next time in every replica, and is sent by the leader alone. A replica that is
     not leading, or whose term the keeper found lost, sends nothing, from the next entry
     on; one that stands by sends from the first entry that falls due after it leads.
+
+    Each message it sends carries, in the header :data:`OCCURRENCE_HEADER`, the scheduled
+    time it is for (:func:`scheduled_time`), which a :class:`Singleton` task with
+    ``once_per_occurrence=True`` runs once, whichever replica sent it and however often.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -258,10 +399,15 @@ class LeaderScheduler(PersistentScheduler):  # type: ignore[misc]
         return term is not None and not term.lost
 
     def apply_entry(self, entry: Any, producer: Any = None) -> None:
-        if self.leading:
-            super().apply_entry(entry, producer=producer)
-        else:
+        if not self.leading:
             logger.debug("beat: not leading, not sending %s (%s)", entry.name, entry.task)
+            return
+        at = scheduled_time(entry.schedule, entry.last_run_at, entry.default_now())
+        if at is not None:
+            headers = {**(entry.options.get("headers") or {}), OCCURRENCE_HEADER: at.isoformat()}
+            # A copy: the entry itself is the schedule's, and saved in its file.
+            entry = type(entry)(**dict(entry, options={**entry.options, "headers": headers}))
+        super().apply_entry(entry, producer=producer)
 
     def close(self) -> None:
         self._stopping.set()

@@ -1,12 +1,15 @@
 """``pgsolo.celery`` with real Celery processes (``_app.py``, kombu's filesystem transport
 as the broker): a ``Singleton`` task sent many times to two workers never runs twice at
-once and says each duplicate; a retry is not refused by its own run's lock; a worker
-killed with SIGKILL mid-task lets the key go at once. Two ``celery beat -S
-pgsolo.celery:LeaderScheduler`` send from one of them, and from the other once the first
-is killed or its term is lost. Bad options are refused where the task is defined."""
+once and says each duplicate; a retry is not refused by its own run's lock; a worker killed
+with SIGKILL mid-task lets the key go at once. Revokes and ``acks_late`` on a prefork
+worker. Two ``celery beat -S pgsolo.celery:LeaderScheduler`` send from one of them, and from
+the other once the first is killed or its term is lost; two beats that both send run each
+scheduled occurrence once. Bad options are refused where the task is defined."""
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import importlib
 import json
 import os
@@ -15,19 +18,25 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+from celery.schedules import BaseSchedule, crontab, schedule
 
 import pgsolo
 from _support import eventually
 from celery import Celery
 from pgsolo.celery import (
+    OCCURRENCE_HEADER,
     DuplicateTaskError,
     Singleton,
     beat_leader_name,
+    occurrence_key,
+    scheduled_time,
     task_key,
 )
 
@@ -35,8 +44,8 @@ HERE = Path(__file__).parent
 SRC = HERE.parent.parent / "src"
 
 
-@pytest.fixture
-def table(db: str) -> Iterator[str]:
+@contextlib.contextmanager
+def own_table(db: str) -> Iterator[str]:
     """A table of the test's own: one row per start and end of a run."""
     name = f"celery_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(db, autocommit=True) as conn:
@@ -49,17 +58,40 @@ def table(db: str) -> Iterator[str]:
         conn.execute(f"DROP TABLE {name}")
 
 
-@pytest.fixture
-def celery_env(db: str, table: str, tmp_path: Path) -> dict[str, str]:
-    for folder in ("broker", "results"):
-        (tmp_path / folder).mkdir()
+def environment(db: str, table: str, folder: Path) -> dict[str, str]:
+    """The environment of the Celery processes whose broker and results are in ``folder``."""
+    for part in ("broker", "processed", "results"):
+        (folder / part).mkdir()
     return {
         **os.environ,
         "PGSOLO_DSN": db,
-        "PGSOLO_CELERY_DIR": str(tmp_path),
+        "PGSOLO_CELERY_DIR": str(folder),
         "PGSOLO_CELERY_TABLE": table,
         "PYTHONPATH": os.pathsep.join([str(SRC), str(HERE)]),
     }
+
+
+@contextlib.contextmanager
+def imported_app(env: dict[str, str]) -> Iterator[Celery]:
+    """The test app, in this process, to send its tasks and read their results."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        for name in ("PGSOLO_DSN", "PGSOLO_CELERY_DIR", "PGSOLO_CELERY_TABLE"):
+            monkeypatch.setenv(name, env[name])
+        monkeypatch.syspath_prepend(str(HERE))
+        sys.modules.pop("_app", None)
+        yield importlib.import_module("_app").app
+        sys.modules.pop("_app", None)
+
+
+@pytest.fixture
+def table(db: str) -> Iterator[str]:
+    with own_table(db) as name:
+        yield name
+
+
+@pytest.fixture
+def celery_env(db: str, table: str, tmp_path: Path) -> dict[str, str]:
+    return environment(db, table, tmp_path)
 
 
 @pytest.fixture
@@ -67,7 +99,11 @@ def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
     """The Celery processes a test starts, killed at its end."""
     started: list[subprocess.Popen[bytes]] = []
     yield started
-    for process in started:
+    stop(started)
+
+
+def stop(processes: list[subprocess.Popen[bytes]]) -> None:
+    for process in processes:
         if process.poll() is None:
             process.kill()
         process.wait(timeout=10)
@@ -84,8 +120,10 @@ def celery(env: dict[str, str], *args: str) -> subprocess.Popen[bytes]:
 
 
 def start_workers(
-    env: dict[str, str], processes: list[subprocess.Popen[bytes]], count: int
+    env: dict[str, str], processes: list[subprocess.Popen[bytes]], count: int, pool: str = "solo"
 ) -> list[int]:
+    """``count`` workers, each running one task at a time: in its own process (``solo``),
+    or in a child process (``prefork``, which can terminate a task)."""
     folder = Path(env["PGSOLO_CELERY_DIR"])
     for _ in range(count):
         processes.append(
@@ -93,7 +131,9 @@ def start_workers(
                 env,
                 "worker",
                 "--pool",
-                "solo",
+                pool,
+                "--concurrency",
+                "1",
                 "--without-mingle",
                 "--without-gossip",
                 "--without-heartbeat",
@@ -108,15 +148,23 @@ def start_workers(
     return pids
 
 
+def start_beat(
+    env: dict[str, str], processes: list[subprocess.Popen[bytes]], task: str, app: str
+) -> int:
+    """A ``LeaderScheduler`` beat sending ``task`` every half second, standing for the
+    leadership of the app name ``app`` (a test's own, so that no other test's beat leads)."""
+    schedule_file = Path(env["PGSOLO_CELERY_DIR"]) / f"schedule-{uuid.uuid4().hex[:6]}"
+    beat_env = {**env, "PGSOLO_CELERY_BEAT": task, "PGSOLO_CELERY_APP": app}
+    processes.append(
+        celery(beat_env, "beat", "-S", "pgsolo.celery:LeaderScheduler", "-s", str(schedule_file))
+    )
+    return processes[-1].pid
+
+
 @pytest.fixture
-def app(celery_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[Celery]:
-    """The test app, in this process, to send its tasks and read their results."""
-    for name in ("PGSOLO_DSN", "PGSOLO_CELERY_DIR", "PGSOLO_CELERY_TABLE"):
-        monkeypatch.setenv(name, celery_env[name])
-    monkeypatch.syspath_prepend(str(HERE))
-    sys.modules.pop("_app", None)
-    yield importlib.import_module("_app").app
-    sys.modules.pop("_app", None)
+def app(celery_env: dict[str, str]) -> Iterator[Celery]:
+    with imported_app(celery_env) as imported:
+        yield imported
 
 
 def runs(db: str, table: str) -> list[tuple[str, str, int, int]]:
@@ -170,21 +218,136 @@ def test_a_retry_is_not_refused_by_the_lock_of_the_run_that_asked_for_it(
     assert [(task_id, what) for task_id, what, _, _ in retried] == [(result.id, "ran")]
 
 
+def parent_of(pid: int) -> int:
+    """The parent process of ``pid`` (Linux's ``/proc``)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat.rpartition(")")[2].split()[1])
+
+
 def test_a_worker_killed_mid_task_lets_its_key_go_at_once(
     db: str, table: str, celery_env: dict[str, str], app: Celery, processes: list[Any]
 ) -> None:
-    start_workers(celery_env, processes, 2)
+    """Prefork workers, Celery's default pool: the task runs in a child process, which dies
+    with the worker's own (Celery sets it to, by the kernel's parent-death signal).
+    ``export`` is ``acks_late``: kombu's filesystem transport takes the message's file off
+    the broker as it delivers it, so the killed run's message is gone, never redelivered."""
+    workers = start_workers(celery_env, processes, 2, pool="prefork")
     export = app.tasks["export"]
-    export.delay(3, 60)
+    killed = export.delay(3, 60)
     started = eventually(
         lambda: [row for row in runs(db, table) if row[1] == "start 3"], "the run to start"
     )
+    worker = parent_of(started[0][2])
+    assert worker in workers
     key = task_key("export", export.run, [3, 60], {}, ["tenant"])
     with psycopg.connect(db, autocommit=True) as conn:
         assert pgsolo.is_locked(conn, key)
-        os.kill(started[0][2], signal.SIGKILL)
+        os.kill(worker, signal.SIGKILL)
         eventually(lambda: not pgsolo.is_locked(conn, key), "the server to let the key go")
+    assert not list((Path(celery_env["PGSOLO_CELERY_DIR"]) / "broker").glob("*.msg"))
     assert export.delay(3, 0.1).get(timeout=60) == "exported 3"  # the other worker runs it
+    starts = [task_id for task_id, what, _, _ in runs(db, table) if what == "start 3"]
+    assert len(starts) == 2
+    assert starts[0] == killed.id != starts[1]
+    assert killed.state == "PENDING"  # no worker ever took it again, nor said how it ended
+
+
+@dataclass
+class Prefork:
+    """One prefork worker, running one task at a time in a child process, that the module's
+    tests of revokes and ``acks_late`` share (each with keys of its own)."""
+
+    app: Celery
+    db: str
+    table: str
+    broker: Path
+
+    def notes(self, task_id: str) -> list[tuple[str, int]]:
+        """What the runs of the task ``task_id`` noted, in order, and the pid of each."""
+        return [(what, pid) for ran, what, pid, _ in runs(self.db, self.table) if ran == task_id]
+
+
+@pytest.fixture(scope="module")
+def prefork(db: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prefork]:
+    started: list[subprocess.Popen[bytes]] = []
+    with own_table(db) as name:
+        env = environment(db, name, tmp_path_factory.mktemp("prefork"))
+        try:
+            start_workers(env, started, 1, pool="prefork")
+            with imported_app(env) as app:
+                yield Prefork(app, db, name, Path(env["PGSOLO_CELERY_DIR"]) / "broker")
+        finally:
+            stop(started)
+
+
+def test_a_task_revoked_before_it_starts_never_tries_its_key(prefork: Prefork) -> None:
+    """The worker discards a revoked task before it calls it: no run, and no attempt at the
+    key, which the test holds (an attempt would be a FAILURE, not REVOKED)."""
+    hold = prefork.app.tasks["hold"]
+    busy = hold.delay(10, 1.5)
+    eventually(lambda: prefork.notes(busy.id), "the worker to be busy")
+    key = task_key("hold", hold.run, [11, 0.1], {}, ["tenant"])
+    with psycopg.connect(prefork.db, autocommit=True) as holder, pgsolo.session_lock(holder, key):
+        revoked = hold.delay(11, 0.1)
+        revoked.revoke()
+        assert busy.get(timeout=60) == "held 10"
+        revoked.get(timeout=60, propagate=False)
+    assert revoked.state == "REVOKED"
+    assert prefork.notes(revoked.id) == []
+
+
+def test_a_task_terminated_mid_run_lets_its_key_go_at_once(prefork: Prefork) -> None:
+    """``revoke(terminate=True, signal="SIGKILL")`` kills the child process that runs the
+    task: the server ends its session, a session of the test's takes the key, and the next
+    run of it goes through, in the child that replaces the dead one."""
+    hold = prefork.app.tasks["hold"]
+    terminated = hold.delay(12, 60)
+    eventually(lambda: prefork.notes(terminated.id), "the run to start")
+    key = task_key("hold", hold.run, [12, 60], {}, ["tenant"])
+    with psycopg.connect(prefork.db, autocommit=True) as conn:
+        assert pgsolo.is_locked(conn, key)
+        terminated.revoke(terminate=True, signal="SIGKILL")
+        with pgsolo.session_lock(conn, key, wait=30) as lock:
+            assert lock.acquired
+    terminated.get(timeout=60, propagate=False)
+    assert terminated.state == "REVOKED"
+    assert hold.delay(12, 0.1).get(timeout=60) == "held 12"
+    assert [what for what, _ in prefork.notes(terminated.id)] == ["start 12"]
+
+
+def test_an_acks_late_duplicate_is_acknowledged_not_redelivered(prefork: Prefork) -> None:
+    """Guards against a duplicate that goes back to the queue until the key is free: with
+    ``acks_late``, the refused run is a FAILURE, and its message is acknowledged."""
+    export = prefork.app.tasks["export"]
+    key = task_key("export", export.run, [13, 0.1], {}, ["tenant"])
+    with psycopg.connect(prefork.db, autocommit=True) as holder, pgsolo.session_lock(holder, key):
+        duplicate = export.delay(13, 0.1)
+        duplicate.get(timeout=60, propagate=False)
+    assert isinstance(duplicate.result, DuplicateTaskError)
+    # The key is free now: a duplicate put back on the broker would run, before this task
+    # sent after it (one worker, one task at a time, the broker's files in order).
+    assert export.delay(14, 0.1).get(timeout=60) == "exported 14"
+    assert prefork.notes(duplicate.id) == []
+    assert duplicate.state == "FAILURE"
+    assert not list(prefork.broker.glob("*.msg"))
+
+
+def test_a_task_requeued_when_its_process_dies_takes_its_key_again(prefork: Prefork) -> None:
+    """``acks_late`` with ``reject_on_worker_lost``: the worker puts the message of a task
+    whose child process died back on the broker (the worker is alive, so any transport
+    does it, the filesystem's too); the run redelivered takes the key, which went with the
+    dead child's session."""
+    requeued = prefork.app.tasks["requeued"]
+    result = requeued.delay(15, 1.0)
+    ((_, child),) = eventually(lambda: prefork.notes(result.id), "the run to start")
+    key = task_key("requeued", requeued.run, [15, 1.0], {}, ["tenant"])
+    with psycopg.connect(prefork.db, autocommit=True) as conn:
+        os.kill(child, signal.SIGKILL)
+        eventually(lambda: not pgsolo.is_locked(conn, key), "the server to let the key go")
+    assert result.get(timeout=60) == "requeued 15"
+    notes = prefork.notes(result.id)
+    assert [what for what, _ in notes] == ["start 15", "start 15", "end 15"]
+    assert child != notes[1][1] == notes[2][1]
 
 
 def sends(celery_env: dict[str, str]) -> list[int]:
@@ -206,21 +369,18 @@ def senders(origins: list[int]) -> list[int]:
 
 
 def test_two_beats_send_from_the_leader_and_the_other_takes_over(
-    db: str, celery_env: dict[str, str], processes: list[Any], tmp_path: Path
+    db: str, celery_env: dict[str, str], processes: list[Any]
 ) -> None:
     """No worker runs: the broker's messages, and their origin, say which beat sent what."""
-    env = {**celery_env, "PGSOLO_CELERY_BEAT": "1"}
-    for n in range(2):
-        schedule = str(tmp_path / f"schedule-{n}")
-        processes.append(celery(env, "beat", "-S", "pgsolo.celery:LeaderScheduler", "-s", schedule))
-    beats = {process.pid for process in processes}
+    app_name = celery_env["PGSOLO_CELERY_TABLE"]
+    beats = {start_beat(celery_env, processes, "tick", app_name) for _ in range(2)}
 
     eventually(lambda: len(sends(celery_env)) >= 3, "the leader to send", timeout=60)
     (first,) = senders(sends(celery_env))
     assert first in beats
 
     # A leader that lost its term stops sending, and the one that waited sends instead.
-    name = "pgsolo:leader:" + beat_leader_name(Celery("pgsolo-tests"))
+    name = "pgsolo:leader:" + beat_leader_name(Celery(app_name))
     with psycopg.connect(db, autocommit=True) as conn:
         conn.execute(
             "SELECT pg_terminate_backend(l.pid) FROM pg_locks l JOIN pg_stat_activity a"
@@ -243,6 +403,166 @@ def test_two_beats_send_from_the_leader_and_the_other_takes_over(
     assert senders(sends(celery_env)) == [first, second, first]
 
 
+def results(env: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """The results the workers stored, by task id."""
+    found = {}
+    for path in (Path(env["PGSOLO_CELERY_DIR"]) / "results").iterdir():
+        try:
+            meta = json.loads(path.read_text())
+        except ValueError:  # being written
+            continue
+        found[meta["task_id"]] = meta
+    return found
+
+
+def delivered(env: dict[str, str], task: str) -> set[str]:
+    """The ids of the messages of ``task`` that the broker delivered (``store_processed``)."""
+    processed = Path(env["PGSOLO_CELERY_DIR"]) / "processed"
+    headers = [json.loads(path.read_text())["headers"] for path in processed.glob("*.msg")]
+    return {each["id"] for each in headers if each.get("task") == task}
+
+
+def test_two_beats_that_both_send_run_each_occurrence_once(
+    db: str, table: str, celery_env: dict[str, str], app: Celery, processes: list[Any]
+) -> None:
+    """Two beats that both lead (each its app name's leadership), as two beats send when a
+    failover or a skewed clock makes them both send: every occurrence of ``every`` (each
+    half second) is sent twice, and runs once. One worker takes the two sends one after
+    the other, so that the second finds the occurrence done (sends that overlap are the
+    Singleton lock's, tested above). A send by hand of an occurrence that ran is refused."""
+    for app_name in (f"{table}-a", f"{table}-b"):
+        start_beat(celery_env, processes, "every", app_name)
+    start_workers(celery_env, processes, 1)
+    eventually(lambda: len(runs(db, table)) >= 4, "four occurrences to run", timeout=60)
+    stop(processes[:2])  # the beats
+
+    broker = Path(celery_env["PGSOLO_CELERY_DIR"]) / "broker"
+    eventually(lambda: not list(broker.glob("*.msg")), "the worker to take every send")
+    found = eventually(
+        lambda: (done := results(celery_env)).keys() >= delivered(celery_env, "every") and done,
+        "every send to end",
+    )
+    occurrences = collections.Counter(what for _, what, _, _ in runs(db, table))
+    assert len(occurrences) >= 4
+    assert set(occurrences.values()) == {1}, occurrences
+    statuses = collections.Counter(meta["status"] for meta in found.values())
+    assert statuses["SUCCESS"] == len(occurrences)
+    refused = [meta["result"] for meta in found.values() if meta["status"] != "SUCCESS"]
+    assert refused, "two beats sent each occurrence, and none was refused"
+    for each in refused:
+        assert each["exc_type"] == "DuplicateTaskError"
+        assert "already ran for its occurrence" in each["exc_message"][0]
+    for each in occurrences:  # windows of half a second from the epoch, in UTC
+        at = datetime.fromisoformat(each)
+        assert at.utcoffset() == timedelta(0)
+        assert at.microsecond in (0, 500_000)
+
+    first = min(occurrences)
+    again = app.tasks["every"].apply_async((table,), headers={OCCURRENCE_HEADER: first})
+    again.get(timeout=60, propagate=False)
+    assert isinstance(again.result, DuplicateTaskError)
+    key = task_key("every", app.tasks["every"].run, [table], {}, None)
+    assert f"already ran for its occurrence {key}@{first}" in str(again.result)
+
+
+def test_the_occurrence_of_a_crontab_entry_is_its_time_in_every_beat() -> None:
+    app = Celery("occurrences")
+    every_15 = crontab(minute="*/15", app=app)
+    due = datetime(2026, 12, 1, 0, 30, tzinfo=UTC)
+    # Two beats, whose entries moved on at their own ticks, sending seconds apart.
+    in_one = scheduled_time(every_15, due - timedelta(minutes=15, microseconds=-3000), due)
+    in_other = scheduled_time(
+        every_15, due - timedelta(minutes=15, seconds=2), due + timedelta(seconds=3)
+    )
+    assert in_one == in_other == due
+    # A beat catching up after a day down sends its backlog once: for the latest time.
+    assert scheduled_time(every_15, due - timedelta(days=1), due + timedelta(minutes=7)) == due
+    # A crontab in the app's time zone: 00:05 in Paris is 23:05 UTC in winter.
+    paris = Celery("paris")
+    paris.conf.timezone = "Europe/Paris"
+    nightly = crontab(hour=0, minute=5, app=paris)
+    last = datetime(2026, 11, 29, 23, 5, tzinfo=UTC)
+    assert scheduled_time(nightly, last, last + timedelta(days=1, seconds=1)) == last + timedelta(
+        days=1
+    )
+    assert occurrence_key("celery:nightly", due.astimezone(nightly.tz)) == (
+        "celery:nightly@2026-12-01T00:30:00+00:00"
+    )
+
+
+def test_the_occurrence_of_an_interval_entry_is_a_window_of_it_from_the_epoch() -> None:
+    app = Celery("occurrences")
+    every_10s = schedule(run_every=timedelta(seconds=10), app=app)
+    window = datetime(2026, 12, 1, 0, 0, 10, tzinfo=UTC)
+    # Two beats whose entries fall due within one window: one occurrence, named by its start.
+    for last_run_at in (window - timedelta(seconds=9), window - timedelta(seconds=1)):
+        assert scheduled_time(every_10s, last_run_at, last_run_at + timedelta(seconds=10)) == window
+    # One beat's entry, due late in a window and sent in the next: each send a window of
+    # its own (its next due time is a whole interval later).
+    last = window - timedelta(milliseconds=100)
+    assert scheduled_time(every_10s, last, last + timedelta(seconds=10.05)) == window
+    last += timedelta(seconds=10.05)
+    assert scheduled_time(every_10s, last, last + timedelta(seconds=10)) == window + timedelta(
+        seconds=10
+    )
+    # A beat catching up: the window of the latest due time.
+    last = window + timedelta(seconds=3)  # due at 00:00:23, 00:00:33... 00:59:53, 01:00:03
+    late = datetime(2026, 12, 1, 1, 0, 1, tzinfo=UTC)
+    assert scheduled_time(every_10s, last, late) == datetime(2026, 12, 1, 0, 59, 50, tzinfo=UTC)
+    half_second = schedule(run_every=0.5, app=app)
+    assert scheduled_time(half_second, window, window + timedelta(seconds=0.7)) == (
+        window + timedelta(seconds=0.5)
+    )
+
+    class Custom(BaseSchedule):
+        pass
+
+    assert scheduled_time(Custom(app=app), window, window) is None
+
+
+def test_an_occurrence_runs_once_to_success_and_a_plain_send_as_any_other(db: str) -> None:
+    app = Celery("occurrences")
+    app.conf.pgsolo_dsn = db
+    calls: list[int] = []
+
+    @app.task(
+        base=Singleton, unique_on=[], once_per_occurrence=True, on_duplicate="retry", lazy=False
+    )
+    def report() -> str:
+        calls.append(len(calls))
+        if len(calls) == 1:
+            raise RuntimeError("the mail server is down")
+        return "sent"
+
+    at = datetime.now(UTC)  # an occurrence of this test's own
+    paris_time = {OCCURRENCE_HEADER: at.astimezone(timezone(timedelta(hours=1))).isoformat()}
+    failed = report.apply(headers=paris_time)
+    assert failed.state == "FAILURE"
+    assert str(failed.result) == "the mail server is down"
+    # The next send of the same time, in UTC, runs it again.
+    assert report.apply(headers={OCCURRENCE_HEADER: at.isoformat()}).get() == "sent"
+    # Then each send of it is a duplicate, never retried: it could never run.
+    duplicate = report.apply(headers=paris_time)
+    assert duplicate.state == "FAILURE"
+    assert isinstance(duplicate.result, DuplicateTaskError)
+    op_key = occurrence_key(task_key(report.name, report.run, [], {}, []), at)
+    assert op_key == f"celery:{report.name}@{at.isoformat()}"
+    assert str(duplicate.result).endswith(f"already ran for its occurrence {op_key}")
+    assert calls == [0, 1]
+    with psycopg.connect(db) as conn:
+        row = conn.execute(
+            "SELECT state, attempts FROM pgsolo.operations WHERE op_key = %s", (op_key,)
+        ).fetchone()
+    assert row == ("succeeded", 2)
+
+    assert report.apply().get() == "sent"  # no header: a plain Singleton run
+    assert calls == [0, 1, 2]
+    for wrong in ("yesterday", "2026-12-01T00:05:00", 1764547500):
+        with pytest.raises(pgsolo.InvalidArgumentError, match=OCCURRENCE_HEADER):
+            report.apply(headers={OCCURRENCE_HEADER: wrong}, throw=True)
+    assert calls == [0, 1, 2]
+
+
 def test_bad_options_are_refused_where_the_task_is_defined() -> None:
     app = Celery("bad-options")
 
@@ -253,6 +573,8 @@ def test_bad_options_are_refused_where_the_task_is_defined() -> None:
         app.task(base=Singleton, unique_on=5, lazy=False)(work)
     with pytest.raises(pgsolo.InvalidArgumentError, match="on_duplicate"):
         app.task(base=Singleton, on_duplicate="later", lazy=False)(work)
+    with pytest.raises(pgsolo.InvalidArgumentError, match="once_per_occurrence"):
+        app.task(base=Singleton, once_per_occurrence="yes", lazy=False)(work)
 
 
 def test_eager_runs_take_the_lock_and_need_a_database(
