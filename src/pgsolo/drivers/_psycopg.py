@@ -311,6 +311,12 @@ def password_of(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) ->
     return value.decode("utf-8", errors="replace") if value else None
 
 
+def over_unix_socket(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    """Whether ``conn`` reaches its server through a unix-domain socket (a directory, or an
+    abstract name after ``@``), where TCP settings mean nothing."""
+    return conn.info.host.startswith(("/", "@"))
+
+
 def sends_directly(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
     """Whether pgsolo's message may go to libpq directly, as a cursor would send it: the
     connection is open, not in pipeline mode, and psycopg would not open a transaction

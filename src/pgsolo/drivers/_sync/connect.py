@@ -12,7 +12,7 @@ import psycopg
 from ... import sql
 from ..._logging import drivers_logger as logger
 from ...dsn import DsnChoice, resolved_dsn
-from .._psycopg import bound_answers
+from .._psycopg import bound_answers, over_unix_socket
 from ..conninfo import (
     DEFAULT_ANSWER_TIMEOUT,
     KEEPALIVE_BASIS,
@@ -43,7 +43,8 @@ def open_connection(
     itself; by default :func:`~pgsolo.drivers.conninfo.connection_settings`. The server
     gives the connection up once it has heard nothing of it for about 1.3 x
     ``check_timeout`` (:func:`~pgsolo.drivers.conninfo.server_keepalives`), so that the
-    session locks of a host that was cut off do not outlive it by hours. A connection
+    session locks of a host that was cut off do not outlive it by hours (over TCP: on a
+    unix socket the server learns at once that a client died). A connection
     string that cannot be parsed raises :class:`~pgsolo.InvalidDsnError`; a server that
     cannot be reached in time, :class:`~pgsolo.DatabaseUnavailableError`.
     """
@@ -55,15 +56,19 @@ def open_connection(
             raise connect_error(exc, resolved, conninfo) from connect_error_cause(exc)
         with conn:
             bound_answers(conn, answer_timeout)
-            try:  # pgsolo's own round trip: bounded by answer_timeout like every other
-                PsycopgDriver(conn).fetch_value(
-                    [sql.watch_client(server_keepalives(check_timeout))]
-                )
-            except psycopg.Error as exc:
-                if conn.closed:  # the server went, or never answered: not a mere refusal
-                    raise
-                # A proxy that refuses it: the locks still work, watched by the keeper.
-                logger.debug(
-                    "pgsolo: the server's keepalives were not set: %s", scrub_secrets(str(exc), dsn)
-                )
+            if not over_unix_socket(conn):  # on a unix socket, no TCP for them to watch
+                _watch_client(conn, check_timeout, dsn)
             yield conn
+
+
+def _watch_client(conn: psycopg.Connection[Any], check_timeout: float, dsn: str) -> None:
+    """Size the server's keepalives for the session (:func:`server_keepalives`)."""
+    try:  # pgsolo's own round trip: bounded by answer_timeout like every other
+        PsycopgDriver(conn).fetch_value([sql.watch_client(server_keepalives(check_timeout))])
+    except psycopg.Error as exc:
+        if conn.closed:  # the server went, or never answered: not a mere refusal
+            raise
+        # A proxy that refuses it: the locks still work, watched by the keeper.
+        logger.debug(
+            "pgsolo: the server's keepalives were not set: %s", scrub_secrets(str(exc), dsn)
+        )
