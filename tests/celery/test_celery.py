@@ -25,6 +25,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from celery.exceptions import TimeLimitExceeded
 from celery.schedules import BaseSchedule, crontab, schedule
 
 import pgsolo
@@ -313,6 +314,23 @@ def test_a_task_terminated_mid_run_lets_its_key_go_at_once(prefork: Prefork) -> 
     assert terminated.state == "REVOKED"
     assert hold.delay(12, 0.1).get(timeout=60) == "held 12"
     assert [what for what, _ in prefork.notes(terminated.id)] == ["start 12"]
+
+
+def test_a_hard_time_limit_ends_the_run_and_its_key_goes_with_it(prefork: Prefork) -> None:
+    """A hard time limit is the prefork pool's SIGKILL of the child that runs the task
+    (celery-singleton's keys outlived it until their TTL): the server ends the child's
+    session, and the key is free at once, with nothing left to expire."""
+    hold = prefork.app.tasks["hold"]
+    key = task_key("hold", hold.run, [13, 60], {}, ["tenant"])
+    limited = hold.apply_async((13, 60), time_limit=2)
+    eventually(lambda: prefork.notes(limited.id), "the run to start")
+    with psycopg.connect(prefork.db, autocommit=True) as conn:
+        assert pgsolo.is_locked(conn, key)
+        with pytest.raises(TimeLimitExceeded):
+            limited.get(timeout=60)
+        with pgsolo.session_lock(conn, key, wait=10) as lock:
+            assert lock.acquired
+    assert [what for what, _ in prefork.notes(limited.id)] == ["start 13"]
 
 
 def test_an_acks_late_duplicate_is_acknowledged_not_redelivered(prefork: Prefork) -> None:
