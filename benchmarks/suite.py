@@ -32,6 +32,7 @@ import psycopg
 
 import pgsolo
 from benchmarks import (  # noqa: F401 - each module registers its scenario
+    scenario_celery,
     scenario_contention,
     scenario_handoff,
     scenario_leadership,
