@@ -34,13 +34,15 @@ broker = folder / "broker"
 
 class _WholeMessagesChannel(filesystem.Channel):  # type: ignore[misc]
     def _put(self, queue: str, payload: Any, **kwargs: Any) -> None:
-        # kombu's own name for a message file (its readers sort by it), written aside and
-        # then renamed into the broker's folder, which is atomic.
+        # kombu's own name for a message file (its readers sort by it), written under a
+        # name its readers skip (no "<queue>.msg" after the first dot) and then renamed,
+        # which is atomic. Nothing of this module's globals: kombu caches the transport
+        # class of the first app a process imported.
         name = f"{round(time.monotonic() * 1000)}_{uuid.uuid4()}.{queue}.msg"
-        staged = folder / "staging" / name
-        staged.parent.mkdir(exist_ok=True)
+        out = Path(self.data_folder_out)
+        staged = out / f".{name}.part"
         staged.write_bytes(dumps(payload).encode())
-        os.replace(staged, Path(self.data_folder_out) / name)
+        os.replace(staged, out / name)
 
 
 class WholeMessages(filesystem.Transport):  # type: ignore[misc]
