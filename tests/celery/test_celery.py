@@ -290,15 +290,15 @@ def prefork(db: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prefo
 
 def test_a_task_revoked_before_it_starts_never_tries_its_key(prefork: Prefork) -> None:
     """The worker discards a revoked task before it calls it: no run, and no attempt at the
-    key, which the test holds (an attempt would be a FAILURE, not REVOKED)."""
+    key, which the test holds (an attempt would be a FAILURE, not REVOKED). Revoked before
+    it is sent, once the worker answered that it has the id: a revoke sent while another
+    task ran once reached a loaded worker after that task ended, too late."""
     hold = prefork.app.tasks["hold"]
-    busy = hold.delay(10, 1.5)
-    eventually(lambda: prefork.notes(busy.id), "the worker to be busy")
+    task_id = str(uuid.uuid4())
+    assert prefork.app.control.revoke(task_id, reply=True, timeout=30, limit=1)
     key = task_key("hold", hold.run, [11, 0.1], {}, ["tenant"])
     with psycopg.connect(prefork.db, autocommit=True) as holder, pgsolo.session_lock(holder, key):
-        revoked = hold.delay(11, 0.1)
-        revoked.revoke()
-        assert busy.get(timeout=60) == "held 10"
+        revoked = hold.apply_async((11, 0.1), task_id=task_id)
         revoked.get(timeout=60, propagate=False)
     assert revoked.state == "REVOKED"
     assert prefork.notes(revoked.id) == []
