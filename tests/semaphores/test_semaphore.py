@@ -159,10 +159,8 @@ def test_a_wait_for_a_slot_when_this_connection_holds_all_of_them_is_refused(
     held = [pgsolo.semaphore(conn, name, limit=2) for _ in range(2)]
     assert all(semaphore.acquire() for semaphore in held)
     assert not pgsolo.semaphore(conn, name, limit=2).acquire()  # a try: busy
-    started = time.monotonic()
     with pytest.raises(pgsolo.LockUnavailableError, match=r"every slot .* this connection"):
         pgsolo.semaphore(conn, name, limit=2, wait=30).acquire()
-    assert time.monotonic() - started < 20  # refused, not waited out
     assert observer.advisory(pid=conn.info.backend_pid) == {s.key for s in held}
     for semaphore in held:
         semaphore.release()
