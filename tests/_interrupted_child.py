@@ -25,11 +25,9 @@ reports on the same connection before the round ends.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import signal
 import sys
-import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -79,6 +77,20 @@ def raised_at(exc: BaseException) -> str:
     frames = traceback.extract_tb(exc.__traceback__)
     last = frames[-1] if frames else None
     return "" if last is None else f"{last.filename}:{last.lineno} {last.name}"
+
+
+def listen_to_ctrl_c() -> None:
+    """Python's own handler, for one round's loop (a child started from a
+    non-interactive shell may inherit SIG_IGN)."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def ignore_ctrl_c() -> None:
+    """From the first interrupt's handler to the next round: a second Ctrl-C (the test
+    presses again when the child is silent for a second, as when a ``__del__`` swallowed
+    the first, and on a loaded machine the report can be that slow) would otherwise end
+    the child outside its loop."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 # - sync drivers -
@@ -158,22 +170,22 @@ def run_sync(dsn: str, driver: str, key: pgsolo.Key) -> None:
         where = ""
         try:
             # Loads pgsolo's adapter for the driver before the interrupts: loaded first
-            # in report(), it took over a second on a busy machine, and the test's next
-            # Ctrl-C (for one a __del__ swallowed) landed in report() itself.
+            # in report(), it took over a second on a busy machine.
             pgsolo.held_session_locks(conn)
+            listen_to_ctrl_c()
             print("going", pid(), flush=True)
             sync_loop(conn, key, rest[0])
         except KeyboardInterrupt as interrupt:
+            ignore_ctrl_c()
             where = raised_at(interrupt)
         except Exception as exc:
+            ignore_ctrl_c()
             if isinstance(exc.__cause__, KeyboardInterrupt):
                 # Python 3.11 wraps an exception raised in a class's creation (the first
                 # import of a module pgsolo loads when first used) in RuntimeError.
                 where = f"wrapped in {type(exc).__name__}: {raised_at(exc.__cause__)}"
             else:
                 error = exc
-                with contextlib.suppress(KeyboardInterrupt):  # an interrupt on its way
-                    time.sleep(0.2)
         was_idle = idle()
         try:
             select_one()
@@ -258,16 +270,14 @@ async def async_round(dsn: str, driver: str, key: pgsolo.Key, form: str) -> None
         print("going", pid, flush=True)
         await async_loop(conn, key, form)
     except asyncio.CancelledError as interrupt:
+        ignore_ctrl_c()
         where = raised_at(interrupt)
         task = asyncio.current_task()
         assert task is not None
         task.uncancel()  # Ctrl-C, as asyncio.run delivers it: handled here
     except Exception as exc:
+        ignore_ctrl_c()
         error = exc
-        try:  # an interrupt on its way must not land in the report
-            await asyncio.sleep(0.2)
-        except asyncio.CancelledError:
-            asyncio.current_task().uncancel()  # type: ignore[union-attr]
     was_idle = idle()
     try:
         await select_one()
@@ -283,12 +293,12 @@ def run_async(dsn: str, driver: str, key: pgsolo.Key) -> None:
     for line in sys.stdin:
         command, *rest = line.split()
         if command == "go":
+            listen_to_ctrl_c()  # before asyncio.run, which then puts its own handler in
             asyncio.run(async_round(dsn, driver, key, rest[0]))
 
 
 def main() -> None:
-    # Python's own default; a child started from a non-interactive shell may inherit SIG_IGN.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    ignore_ctrl_c()
     dsn, driver, a, b = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     key = pgsolo.Key((a, b))
     if driver in ("psycopg", "psycopg2"):
