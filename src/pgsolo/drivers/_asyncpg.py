@@ -174,7 +174,9 @@ class AsyncpgDriver:
         return TxStatus.INERROR if aborted else TxStatus.INTRANS
 
     def backend_pid(self) -> int:
-        if not self.is_closed():
+        # Not is_closed(): a connection that went back to its pool still talks to the
+        # same backend, while an aborted one has no protocol left to ask.
+        if not self._conn.is_closed():
             self._last_pid = int(self._conn.get_server_pid())
         return self._last_pid
 
