@@ -77,6 +77,28 @@ def test_scrub_secrets_cleans_driver_messages() -> None:
     assert "s3cret" not in scrub_secrets("bad s3cret", "host=h password=s3cret")
 
 
+@pytest.mark.parametrize(
+    ("password", "message", "expected"),
+    [
+        (
+            "p",
+            "connection to port 5432 refused (password p)",
+            "connection to port 5432 refused (password ***)",
+        ),
+        ("5432", "port 5432 refused; 54321 is not it", "port *** refused; 54321 is not it"),
+        ("a-b", "server said a-b, and a-bc", "server said ***, and a-bc"),
+        ("!x", "got !x and y!x", "got *** and y***"),
+    ],
+)
+def test_scrub_secrets_blanks_a_short_password_only_where_it_stands_alone(
+    password: str, message: str, expected: str
+) -> None:
+    """Regression: a one-letter password blanked every p of the message ("***ort"), so
+    the error said nothing readable. A password's letters and digits at its edges must
+    not run on into others; punctuation at an edge needs no such boundary."""
+    assert scrub_secrets(message, f"host=h password={password}") == expected
+
+
 def as_sqlalchemy_url(dsn: str, scheme: str) -> str:
     """``dsn`` (any form) spelled as a SQLAlchemy URL of ``scheme``."""
     return f"{scheme}:///?{urllib.parse.urlencode(conninfo_to_dict(dsn))}"

@@ -193,8 +193,16 @@ def scrub_secrets(message: str, dsn: str) -> str:
     if dsn and dsn in message:
         message = message.replace(dsn, redact_dsn(dsn))
     for secret in sorted((s for s in secrets if s), key=len, reverse=True):
-        message = message.replace(secret, REDACTED)
+        message = _whole(secret).sub(REDACTED, message)
     return message
+
+
+def _whole(secret: str) -> re.Pattern[str]:
+    """``secret`` wherever it stands on its own: not where its first or last letter or
+    digit runs on into another (a password ``p`` is not the p of "port")."""
+    before = r"(?<!\w)" if secret[0].isalnum() else ""
+    after = r"(?!\w)" if secret[-1].isalnum() else ""
+    return re.compile(before + re.escape(secret) + after)
 
 
 DEFAULT_APP_PREFIX = "pgsolo:"
