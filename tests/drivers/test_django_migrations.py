@@ -293,6 +293,7 @@ def test_pgsolo_grant_grants_a_role_that_came_after_the_tables(
     refused = settle(app_dsn, "invoice-8")
     assert refused.returncode == 1
     assert f"needs a privilege that role {app!r} lacks" in refused.stderr
+    assert f"python manage.py pgsolo_grant {app}" in refused.stderr  # the advice says how
 
     done = manage(fresh_db, "pgsolo_grant", app)
 

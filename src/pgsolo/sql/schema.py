@@ -110,7 +110,8 @@ def privilege_error(
         needs += tuple(grants(role, features))
     migrate = (
         f" (for pgsolo's tables, `pgsolo migrate --grant-to {role}` grants every feature's,"
-        " run by the role that ran `pgsolo migrate`)"
+        f" or `python manage.py pgsolo_grant {role}` in a Django project, run by the role"
+        " that made the tables)"
         if features
         else ""
     )
