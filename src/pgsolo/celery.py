@@ -17,7 +17,8 @@ sends says which scheduled time it is for (:data:`OCCURRENCE_HEADER`,
 time once through :func:`pgsolo.run_once`, however many sends of it arrive.
 
 Both find the database in the app's configuration (``pgsolo_dsn``), else in
-``PGSOLO_DSN``. Importing this module imports Celery; ``import pgsolo`` never does.
+``PGSOLO_DSN`` or ``DATABASE_URL``. Importing this module imports Celery; ``import
+pgsolo`` never does.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ import functools
 import inspect
 import json
 import logging
-import os
 import threading
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
@@ -40,6 +40,7 @@ from celery.schedules import schedule as interval
 
 from celery import Task  # type: ignore[import-untyped]
 
+from .dsn import choose_dsn
 from .errors import InvalidArgumentError, LockUnavailableError, UsageError
 from .jobs import run_job
 from .leadership import Term, campaign
@@ -73,13 +74,14 @@ class DuplicateTaskError(LockUnavailableError):
 
 
 def dsn_of(app: Any) -> str:
-    """The connection string of the app's configuration (``pgsolo_dsn``), else
-    ``PGSOLO_DSN``; :class:`~pgsolo.UsageError` when neither says it."""
-    dsn = app.conf.get(_DSN_SETTING) or os.environ.get("PGSOLO_DSN")
+    """The connection string of the app's configuration (``pgsolo_dsn``), else of the
+    environment as every pgsolo command reads it (``PGSOLO_DSN``, then ``DATABASE_URL``);
+    :class:`~pgsolo.UsageError` when none says it."""
+    dsn = app.conf.get(_DSN_SETTING) or choose_dsn(None).dsn
     if not dsn:
         raise UsageError(
             f"pgsolo.celery needs the database: set {_DSN_SETTING} in the Celery app's"
-            " configuration, or PGSOLO_DSN in the environment"
+            " configuration, or PGSOLO_DSN (or DATABASE_URL) in the environment"
         )
     if not isinstance(dsn, str):
         raise InvalidArgumentError(
@@ -224,7 +226,7 @@ class Singleton(Task):  # type: ignore[misc]
     ``self.retry()`` with that error, after the task's ``default_retry_delay`` and up to
     its ``max_retries`` (then the FAILURE).
 
-    Each run opens a connection from the app's ``pgsolo_dsn`` (or ``PGSOLO_DSN``), named
+    Each run opens a connection from the app's ``pgsolo_dsn`` (or the environment's), named
     ``pgsolo:celery:<task name>``, holds the key's session lock for as long as the body
     runs, with the keeper watching it, and closes it. A lock lost while the body ran
     fails the run with :class:`~pgsolo.LockLostError`. A retry the body asks for is sent
@@ -357,7 +359,7 @@ class LeaderScheduler(PersistentScheduler):  # type: ignore[misc]
 
     Each replica stands for leadership (:func:`pgsolo.campaign`, name
     :func:`beat_leader_name`) in a thread of its own, on a connection opened from the
-    app's ``pgsolo_dsn`` (or ``PGSOLO_DSN``), and keeps the schedule as Celery's own
+    app's ``pgsolo_dsn`` (or the environment's), and keeps the schedule as Celery's own
     scheduler does (its schedule file, ``-s``): each entry falls due and is moved on to
     its next time in every replica, and is sent by the leader alone. A replica that is
     not leading, or whose term the keeper found lost, sends nothing, from the next entry

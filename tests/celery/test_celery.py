@@ -608,6 +608,7 @@ def test_eager_runs_take_the_lock_and_need_a_database(
     db: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("PGSOLO_DSN", raising=False)
+    monkeypatch.delenv("DATABASE_URL", raising=False)
     app = Celery("eager")
 
     @app.task(base=Singleton, unique_on="tenant", lazy=False)
@@ -616,7 +617,10 @@ def test_eager_runs_take_the_lock_and_need_a_database(
 
     with pytest.raises(pgsolo.UsageError, match="pgsolo_dsn"):
         report.apply(args=(1,), throw=True)
-    app.conf.pgsolo_dsn = db
+    monkeypatch.setenv("DATABASE_URL", db)  # as every pgsolo command reads it
+    assert report.apply(args=(1,)).get() == "report 1 full"
+    monkeypatch.setenv("DATABASE_URL", "host=/nonexistent dbname=not-this-one")
+    app.conf.pgsolo_dsn = db  # the app's own setting first
     assert report.apply(args=(1,)).get() == "report 1 full"
     key = task_key(report.name, report.run, [1], {"detail": "short"}, ["tenant"])
     assert key == task_key(report.name, report.run, [], {"tenant": 1}, ["tenant"])
