@@ -104,20 +104,36 @@ def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
 
 
 def stop(processes: list[subprocess.Popen[bytes]]) -> None:
+    """Kill ``processes``, and print the end of what each wrote: pytest shows it when the
+    test failed (a worker that never became ready said why only there)."""
     for process in processes:
         if process.poll() is None:
             process.kill()
         process.wait(timeout=10)
+        command, log = OUTPUTS.pop(process.pid, ("", None))
+        if log is not None and log.exists():
+            tail = log.read_text(errors="replace").splitlines()[-40:]
+            print(f"--- celery {command[:100]} (pid {process.pid}, exit {process.returncode})")
+            print("\n".join(tail))
+
+
+# What each Celery process of a test runs, and where it writes its output, by pid.
+OUTPUTS: dict[int, tuple[str, Path]] = {}
 
 
 def celery(env: dict[str, str], *args: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "_app", *args, "--loglevel", "info"],
-        cwd=env["PGSOLO_CELERY_DIR"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    folder = Path(env["PGSOLO_CELERY_DIR"])
+    log = folder / f"{args[0]}-{uuid.uuid4().hex[:6]}.log"
+    with log.open("wb") as output:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "_app", *args, "--loglevel", "info"],
+            cwd=folder,
+            env=env,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
+    OUTPUTS[process.pid] = (" ".join(args), log)
+    return process
 
 
 def start_workers(
