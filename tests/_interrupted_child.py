@@ -278,6 +278,10 @@ async def async_round(dsn: str, driver: str, key: pgsolo.Key, form: str) -> None
     except Exception as exc:
         ignore_ctrl_c()
         error = exc
+        try:  # a Ctrl-C asyncio took before the line above must not land in the report
+            await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]
     was_idle = idle()
     try:
         await select_one()
