@@ -99,6 +99,8 @@ _RENAMES = {
     "AsyncSession": "Session",
     # pgsolo's public pairs
     "AsyncLock": "Lock",
+    "AsyncLocker": "Locker",
+    "AsyncLockerLock": "LockerLock",
     "async_pool_reset": "pool_reset",
     "run_job_async": "run_job",
     "advisory_locks_async": "advisory_locks",
@@ -112,6 +114,7 @@ _RENAMES = {
     "AsyncDriver": "SyncDriver",
     "AsyncHeartbeat": "SyncHeartbeat",
     "AsyncKeeper": "Keeper",
+    "AsyncPoolLike": "SyncPoolLike",
     "AsyncPsycopgDriver": "PsycopgDriver",
     "AsyncSqlAlchemyDriver": "SqlAlchemyDriver",
     "_run_async": "_run_sync",
@@ -131,6 +134,7 @@ _RENAMES = {
     "asleep": "sleep",
     # pgsolo._acompat and pgsolo.drivers._psycopg_acompat
     "AEvent": "Event",
+    "AMutex": "Mutex",
     "AStop": "Stop",
     "apause": "pause",
     "campaign_async": "campaign",

@@ -64,8 +64,12 @@ if TYPE_CHECKING:  # the same names as _ON_FIRST_USE, for type checkers
     )
     from .locking import (
         AsyncLock,
+        AsyncLocker,
+        AsyncLockerLock,
         Keep,
         Lock,
+        Locker,
+        LockerLock,
         async_pool_reset,
         held_session_locks,
         pool_reset,
@@ -97,6 +101,8 @@ __version__ = "0.1.0"
 __all__ = [
     "AdvisoryLock",
     "AsyncLock",
+    "AsyncLocker",
+    "AsyncLockerLock",
     "AsyncSemaphore",
     "AsyncTerm",
     "Check",
@@ -125,6 +131,8 @@ __all__ = [
     "LockNotHeldError",
     "LockTimeoutError",
     "LockUnavailableError",
+    "Locker",
+    "LockerLock",
     "LostReason",
     "NotMigratedError",
     "OnceOutcome",
@@ -202,8 +210,12 @@ _ON_FIRST_USE = {
     **dict.fromkeys(
         (
             "AsyncLock",
+            "AsyncLocker",
+            "AsyncLockerLock",
             "Keep",
             "Lock",
+            "Locker",
+            "LockerLock",
             "async_pool_reset",
             "held_session_locks",
             "pool_reset",

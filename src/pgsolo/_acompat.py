@@ -27,9 +27,11 @@ __all__ = [
     "AIS_ASYNC",
     "IS_ASYNC",
     "AEvent",
+    "AMutex",
     "AStop",
     "AWorker",
     "Event",
+    "Mutex",
     "Stop",
     "Worker",
     "acancel_worker",
@@ -327,6 +329,12 @@ async def arun_blocking(fn: Callable[..., T], *args: Any) -> T:
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.wait({done})
         raise
+
+
+# -- a mutual exclusion that may be held across a round trip ----------------------------
+
+Mutex = threading.Lock
+AMutex = asyncio.Lock
 
 
 # -- a lock taken only when it is free ----------------------------------------------------

@@ -30,10 +30,12 @@ from __future__ import annotations
 from ._async.drive import adrive as adrive
 from ._async.keeper import AsyncKeeper as AsyncKeeper
 from ._async.lock import AsyncLock
+from ._async.locker import AsyncLocker, AsyncLockerLock
 from ._async.pools import async_pool_reset
 from ._sync.drive import drive as drive
 from ._sync.keeper import Keeper as Keeper
 from ._sync.lock import Lock
+from ._sync.locker import Locker, LockerLock
 from ._sync.pools import pool_reset
 from .core import LockCore as LockCore
 from .core import require_no_transaction as require_no_transaction
@@ -55,11 +57,16 @@ from .spec import LockSpec as LockSpec
 from .spec import as_keep as as_keep
 from .spec import refuse_keeper as refuse_keeper
 from .spec import wait_ms_of as wait_ms_of
+from .watch import Watch as Watch
 
 __all__ = [
     "AsyncLock",
+    "AsyncLocker",
+    "AsyncLockerLock",
     "Keep",
     "Lock",
+    "Locker",
+    "LockerLock",
     "async_pool_reset",
     "held_session_locks",
     "pool_reset",

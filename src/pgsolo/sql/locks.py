@@ -19,6 +19,7 @@ __all__ = [
     "COMMIT",
     "FENCING_SEQUENCE",
     "IN_RECOVERY",
+    "KEEPER_BEAT_ALL",
     "LAST_FENCING_TOKEN",
     "REFUSE_STANDBY",
     "RESTORE_LOCK_TIMEOUT",
@@ -36,6 +37,7 @@ __all__ = [
     "acquire",
     "assert_same_transaction",
     "held_here",
+    "held_lock_text",
     "hold_savepoint",
     "is_session",
     "keeper_beat",
@@ -366,6 +368,24 @@ def keeper_beat(key: Key, *, shared: bool) -> str:
     """One heartbeat: which backend answers, whether it holds ``key``, and whether the
     server is in recovery (then the lock coordinates nothing)."""
     return f"SELECT pg_backend_pid(), {_held_here_condition(key, shared=shared)}, {IN_RECOVERY}"
+
+
+# One heartbeat of a connection that holds many locks (pgsolo.Locker): which backend
+# answers, every advisory lock it holds granted, and whether the server is in recovery.
+# Each lock reads as held_lock_text says, separated by commas.
+KEEPER_BEAT_ALL = (
+    "SELECT pg_backend_pid(), (SELECT string_agg(classid || ':' || objid || ':' || objsubid"
+    " || ':' || left(mode, 1), ',') FROM pg_locks"
+    " WHERE locktype = 'advisory' AND granted AND pid = pg_backend_pid()"
+    " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())),"
+    f" {IN_RECOVERY}"
+)
+
+
+def held_lock_text(key: Key, *, shared: bool) -> str:
+    """How :data:`KEEPER_BEAT_ALL` lists ``key`` held in that mode."""
+    classid, objid, objsubid = encode_pg_lock(key)
+    return f"{classid}:{objid}:{objsubid}:{'S' if shared else 'E'}"
 
 
 # -- the ledger and once-per-period records (created by `pgsolo migrate`) ---------------

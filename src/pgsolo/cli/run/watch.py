@@ -26,7 +26,7 @@ from ...errors import LockLostError
 from ...jobs.definition import Failure, Job
 from ...keys import LEADER_PREFIX
 from ...leadership.terms import record_term_plan
-from ...locking import Keep, Keeper, LockCore, drive
+from ...locking import Keep, Keeper, LockCore, Watch, drive
 from ...reasons import FailReason, LostReason
 from .child import EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, Child, not_found, stdin_is_terminal
 from .signals import Interrupted, RunSignals, signal_name
@@ -129,7 +129,7 @@ class Command:
                 return Failure(reason, exc)
             with _Wakeup() as wakeup:
                 keep = dataclasses.replace(self.keep, on_lost=wakeup)
-                keeper = Keeper(self.core, self.driver, keep)
+                keeper = Keeper(Watch(self.core, keep), self.driver)
                 keeper.start()
                 try:
                     self.ran = ran = self._watch(child, proc, wakeup)

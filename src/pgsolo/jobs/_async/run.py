@@ -10,7 +10,7 @@ from ..._acompat import AIS_ASYNC
 from ...drivers import adapt_async
 from ...drivers._async.connect import aopen_connection
 from ...keys import KeyLike
-from ...locking import AsyncKeeper, adrive
+from ...locking import AsyncKeeper, Watch, adrive
 from ..definition import (
     Job,
     JobOptions,
@@ -74,7 +74,7 @@ async def _run_async(
     core = core_for(job, driver)
 
     async def work() -> T:
-        keeper = AsyncKeeper(core, driver, job.keep) if job.keep is not None else None
+        keeper = AsyncKeeper(Watch(core, job.keep), driver) if job.keep is not None else None
         if keeper is not None:
             keeper.start()
         ended_with: BaseException | None = None

@@ -11,7 +11,7 @@ from ..._acompat import IS_ASYNC
 from ...drivers import adapt_sync
 from ...drivers._sync.connect import open_connection
 from ...keys import KeyLike
-from ...locking import Keeper, drive
+from ...locking import Keeper, Watch, drive
 from ..definition import (
     Job,
     JobOptions,
@@ -73,7 +73,7 @@ def _run_sync(
     core = core_for(job, driver)
 
     def work() -> T:
-        keeper = Keeper(core, driver, job.keep) if job.keep is not None else None
+        keeper = Keeper(Watch(core, job.keep), driver) if job.keep is not None else None
         if keeper is not None:
             keeper.start()
         ended_with: BaseException | None = None

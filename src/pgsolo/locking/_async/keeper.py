@@ -55,11 +55,9 @@ from ..._acompat import (
 )
 from ...drivers import AsyncDriver, heartbeat_of
 from ...errors import LockLostError
-from ..watch import Watch
 
 if TYPE_CHECKING:
-    from ..core import LockCore
-    from ..spec import Keep
+    from ..watch import Watching
 
 __all__ = ["AsyncKeeper"]
 
@@ -71,10 +69,12 @@ FIRST_PAUSE = 0.001
 
 
 class AsyncKeeper:
-    """Watches one lock on an async connection, from a worker of its own."""
+    """Watches what ``watch`` says (one lock's :class:`~pgsolo.locking.watch.Watch`, or
+    every lock a Locker holds on one connection) on an async connection, from a worker of
+    its own."""
 
-    def __init__(self, core: LockCore, driver: AsyncDriver, keep: Keep) -> None:
-        self._watch = Watch(core, keep)
+    def __init__(self, watch: Watching, driver: AsyncDriver) -> None:
+        self._watch = watch
         self._driver = driver
         self._heartbeat = heartbeat_of(driver.heartbeat())  # refused before any SQL
         self._stopping = AEvent()
@@ -84,7 +84,7 @@ class AsyncKeeper:
 
     def start(self) -> None:
         self._holder = acurrent_worker()
-        self._worker = aspawn(self._run, f"pgsolo-keeper {self._watch.key}")
+        self._worker = aspawn(self._run, f"pgsolo-keeper {self._watch.label}")
 
     def undo_cancel(self, ended_with: BaseException | None) -> LockLostError | None:
         """Once the holder's block or work is over: undo the keeper's one cancellation of
@@ -94,7 +94,7 @@ class AsyncKeeper:
         if not self.cancelled_holder:
             return None
         self.cancelled_holder = False
-        return self._watch.core.lost if auncancel_current(ended_with) else None
+        return self._watch.loss if auncancel_current(ended_with) else None
 
     def stop(self) -> None:
         """Stop beating. A task is cancelled, not awaited, so that a second cancellation
@@ -113,7 +113,7 @@ class AsyncKeeper:
         while not await self._watch_until(time.monotonic() + watch.keep.interval):
             row, failure = None, None
             try:
-                row = await self._heartbeat.beat(watch.statement, watch.keep.timeout)
+                row = await self._heartbeat.beat(watch.beat_statement(), watch.keep.timeout)
             except Exception as exc:
                 failure = exc
             if await self._judged(watch.verdict(row, failure, self._driver)):

@@ -14,6 +14,7 @@ from ...drivers import AsyncDriver
 from ...errors import LockLostError, LockNotHeldError
 from ..core import LockCore
 from ..view import LockView
+from ..watch import Watch
 from .drive import adrive
 from .keeper import AsyncKeeper
 
@@ -143,7 +144,7 @@ class AsyncLock(LockView):
     def _start_keeper(self) -> None:
         keep = self._core.spec.keep
         if keep is not None and self._core.acquired and self._keeper is None:
-            self._keeper = AsyncKeeper(self._core, self._driver, keep)
+            self._keeper = AsyncKeeper(Watch(self._core, keep), self._driver)
             self._keeper.start()
 
     def _stop_keeper(self) -> None:

@@ -56,11 +56,9 @@ from ..._acompat import (
 )
 from ...drivers import SyncDriver, heartbeat_of
 from ...errors import LockLostError
-from ..watch import Watch
 
 if TYPE_CHECKING:
-    from ..core import LockCore
-    from ..spec import Keep
+    from ..watch import Watching
 
 __all__ = ["Keeper"]
 
@@ -72,10 +70,12 @@ FIRST_PAUSE = 0.001
 
 
 class Keeper:
-    """Watches one lock on a sync connection, from a worker of its own."""
+    """Watches what ``watch`` says (one lock's :class:`~pgsolo.locking.watch.Watch`, or
+    every lock a Locker holds on one connection) on a sync connection, from a worker of
+    its own."""
 
-    def __init__(self, core: LockCore, driver: SyncDriver, keep: Keep) -> None:
-        self._watch = Watch(core, keep)
+    def __init__(self, watch: Watching, driver: SyncDriver) -> None:
+        self._watch = watch
         self._driver = driver
         self._heartbeat = heartbeat_of(driver.heartbeat())  # refused before any SQL
         self._stopping = Event()
@@ -85,7 +85,7 @@ class Keeper:
 
     def start(self) -> None:
         self._holder = current_worker()
-        self._worker = spawn(self._run, f"pgsolo-keeper {self._watch.key}")
+        self._worker = spawn(self._run, f"pgsolo-keeper {self._watch.label}")
 
     def undo_cancel(self, ended_with: BaseException | None) -> LockLostError | None:
         """Once the holder's block or work is over: undo the keeper's one cancellation of
@@ -95,7 +95,7 @@ class Keeper:
         if not self.cancelled_holder:
             return None
         self.cancelled_holder = False
-        return self._watch.core.lost if uncancel_current(ended_with) else None
+        return self._watch.loss if uncancel_current(ended_with) else None
 
     def stop(self) -> None:
         """Stop beating. A task is cancelled, not awaited, so that a second cancellation
@@ -114,7 +114,7 @@ class Keeper:
         while not self._watch_until(time.monotonic() + watch.keep.interval):
             row, failure = None, None
             try:
-                row = self._heartbeat.beat(watch.statement, watch.keep.timeout)
+                row = self._heartbeat.beat(watch.beat_statement(), watch.keep.timeout)
             except Exception as exc:
                 failure = exc
             if self._judged(watch.verdict(row, failure, self._driver)):

@@ -15,6 +15,7 @@ from ...drivers import SyncDriver
 from ...errors import LockLostError, LockNotHeldError
 from ..core import LockCore
 from ..view import LockView
+from ..watch import Watch
 from .drive import drive
 from .keeper import Keeper
 
@@ -144,7 +145,7 @@ class Lock(LockView):
     def _start_keeper(self) -> None:
         keep = self._core.spec.keep
         if keep is not None and self._core.acquired and self._keeper is None:
-            self._keeper = Keeper(self._core, self._driver, keep)
+            self._keeper = Keeper(Watch(self._core, keep), self._driver)
             self._keeper.start()
 
     def _stop_keeper(self) -> None:
