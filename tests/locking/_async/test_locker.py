@@ -1,0 +1,215 @@
+"""Many session locks over few connections: ``pgsolo.AsyncLocker``, the tests that read the
+same in both flavours.
+
+What is asserted is what ``pg_locks`` and ``pg_stat_activity`` say through the
+``observer`` session: how many backends hold the locks, that a key is never held twice,
+that a connection killed under many locks reports each of them lost, that a wait polls
+with tries (no backend waits on the server) and that a pool gets its connection back
+holding nothing. Written once, under ``_async/``: scripts/unasync.py writes the twin
+under ``_sync/``. Threads and tasks hammering one Locker, a release beside a waiter and
+a forked child are in ``tests/locking/test_locker_concurrency.py``.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from typing import Any
+
+import psycopg_pool
+import pytest
+
+import pgsolo
+from _support import OnLost, aeventually, app_name_of, asleep, terminate, unique_name
+from pgsolo import Keep, Key, LockLostError
+
+
+async def test_two_thousand_keys_are_held_at_once_by_four_backends(dsn: str, observer: Any) -> None:
+    name = unique_name("locker-many")
+    async with pgsolo.AsyncLocker(dsn, max_connections=4, application_name=name) as locker:
+        locks = [locker.session_lock(f"{name}-{i}") for i in range(2000)]
+        for lock in locks:
+            assert await lock.acquire()
+        held = observer.conn.execute(
+            "SELECT count(*), count(DISTINCT pid), array_agg(DISTINCT pid) FROM pg_locks"
+            " WHERE locktype = 'advisory' AND granted"
+            " AND pid IN (SELECT pid FROM pg_stat_activity WHERE application_name = %s)",
+            (name,),
+        ).fetchone()
+        assert held[0] == 2000
+        assert held[1] == locker.connections == 4
+        assert {lock.backend_pid for lock in locks} == set(held[2])
+        for lock in locks:
+            await lock.release()
+            assert not lock.acquired
+        for pid in held[2]:
+            assert observer.advisory(pid=pid) == set()
+
+
+async def test_a_key_held_through_the_locker_is_busy_to_its_next_asker(
+    dsn: str, observer: Any, key: Key
+) -> None:
+    async with pgsolo.AsyncLocker(dsn, max_connections=1) as locker:
+        first = locker.session_lock(key)
+        assert await first.acquire()
+        # One connection: PostgreSQL would grant the key to its session again.
+        second = locker.session_lock(key)
+        assert not await second.acquire()
+        assert not second.acquired
+        assert observer.holders(key) == {first.backend_pid}
+        await first.release()
+        assert await second.acquire()
+        assert observer.holders(key) == {second.backend_pid}
+        await second.release()
+
+
+async def test_a_wait_polls_and_takes_the_key_once_another_session_frees_it(
+    dsn: str, sync_connect: Any, observer: Any, key: Key
+) -> None:
+    holder = sync_connect(autocommit=True)
+    holder.execute(f"SELECT pg_advisory_lock({key.sql_args})")
+    timer = threading.Timer(0.3, lambda: holder.execute("SELECT pg_advisory_unlock_all()"))
+    async with pgsolo.AsyncLocker(dsn, max_connections=1) as locker:
+        lock = locker.session_lock(key, wait=10)
+        started = time.monotonic()
+        timer.start()
+        try:
+            async with lock:
+                waited = time.monotonic() - started
+                assert lock.acquired
+                assert observer.holders(key) == {lock.backend_pid}
+        finally:
+            timer.join()
+        assert waited >= 0.3
+        # Tries, not a wait on the server: the Locker's backend never queued for the key.
+        assert observer.waiters(key) == set()
+
+
+async def test_a_wait_that_runs_out_raises_lock_timeout_and_holds_nothing(
+    dsn: str, sync_connect: Any, observer: Any, key: Key
+) -> None:
+    holder = sync_connect(autocommit=True)
+    holder.execute(f"SELECT pg_advisory_lock({key.sql_args})")
+    async with pgsolo.AsyncLocker(dsn) as locker:
+        lock = locker.session_lock(key, wait=0.2)
+        with pytest.raises(pgsolo.LockTimeoutError) as raised:
+            await lock.acquire()
+        assert raised.value.key == key
+        assert raised.value.timeout == 0.2
+        assert not lock.acquired
+        assert observer.holders(key) == {holder.info.backend_pid}
+        # The connection is free for the next lock at once.
+        other = locker.session_lock(f"{key.text}-other")
+        assert await other.acquire()
+        await other.release()
+
+
+async def test_killing_a_connection_reports_each_of_its_locks_lost(dsn: str, observer: Any) -> None:
+    losses = [OnLost() for _ in range(3)]
+    async with pgsolo.AsyncLocker(dsn, max_connections=1) as locker:
+        locks = [
+            locker.session_lock(f"locker-lost-{i}", keep=Keep(interval=0.05, on_lost=losses[i]))
+            for i in range(3)
+        ]
+        for lock in locks:
+            assert await lock.acquire()
+        pids = {lock.backend_pid for lock in locks}
+        assert len(pids) == 1
+        terminate(observer, pids.pop())
+        await aeventually(lambda: all(lock.lost for lock in locks), "every lock lost")
+        for lock, on_lost in zip(locks, losses, strict=True):
+            assert lock.loss is not None
+            assert lock.loss.reason == "connection-lost"
+            assert lock.loss.key == lock.key
+            assert [error.key for error in on_lost.errors] == [lock.key]
+            with pytest.raises(LockLostError):
+                lock.check()
+            with pytest.raises(LockLostError):
+                await lock.release()
+            assert not lock.acquired
+        # A fresh connection replaces the dead one.
+        again = locker.session_lock("locker-lost-0")
+        assert await again.acquire()
+        assert observer.holders(again.key) == {again.backend_pid}
+        await again.release()
+
+
+async def test_a_key_released_behind_the_lockers_back_is_lost_alone(
+    dsn: str, observer: Any
+) -> None:
+    on_lost = OnLost()
+    async with pgsolo.AsyncLocker(dsn, max_connections=1) as locker:
+        kept = locker.session_lock("locker-kept", keep=Keep(interval=0.05))
+        gone = locker.session_lock("locker-gone", keep=Keep(interval=0.05, on_lost=on_lost))
+        assert await kept.acquire()
+        assert await gone.acquire()
+        driver = pgsolo.drivers.adapt(locker._sessions[0].conn)  # behind the Locker's back
+        await driver.fetch_value([f"SELECT pg_advisory_unlock({gone.key.sql_args})"])
+        await aeventually(lambda: gone.lost, "the released key found gone")
+        assert gone.loss is not None
+        assert gone.loss.reason == "lock-released"
+        assert [error.key for error in on_lost.errors] == [gone.key]
+        assert not kept.lost
+        assert observer.holders(kept.key) == {kept.backend_pid}
+        await kept.release()
+
+
+async def test_idle_connections_close_and_are_named(dsn: str, observer: Any) -> None:
+    async with pgsolo.AsyncLocker(
+        dsn, max_connections=2, idle_timeout=0.1, application_name="locker-test-idle"
+    ) as locker:
+        lock = locker.session_lock("locker-idle")
+        assert await lock.acquire()
+        pid = lock.backend_pid
+        assert app_name_of(observer, pid) == "locker-test-idle"
+        await lock.release()
+        await asleep(0.2)
+        other = locker.session_lock("locker-idle-2")
+        assert await other.acquire()
+        assert other.backend_pid != pid  # the idle one was closed, a new one opened
+        assert locker.connections == 1
+        await aeventually(lambda: app_name_of(observer, pid) is None, "the idle backend gone")
+        await other.release()
+
+
+async def test_a_pool_gets_its_connection_back_holding_nothing(dsn: str, observer: Any) -> None:
+    async with psycopg_pool.AsyncConnectionPool(
+        dsn, min_size=1, max_size=2, kwargs={"autocommit": True}, open=False
+    ) as pool:
+        locker = pgsolo.AsyncLocker(pool, max_connections=2)
+        held = locker.session_lock("locker-pooled")
+        assert await held.acquire()
+        pid = held.backend_pid
+        await locker.close()  # with the lock still held: closing ends it
+        assert observer.advisory(pid=pid) == set()
+        async with pool.connection() as conn:
+            assert pgsolo.held_session_locks(conn) == []
+        with pytest.raises(pgsolo.UsageError, match="closed"):
+            await locker.session_lock("locker-pooled").acquire()
+
+
+async def test_bad_arguments_are_refused_before_any_connection(dsn: str) -> None:
+    for options, error in [
+        ({"max_connections": 0}, pgsolo.InvalidArgumentError),
+        ({"max_connections": True}, pgsolo.InvalidArgumentError),
+        ({"idle_timeout": -1}, pgsolo.InvalidArgumentError),
+        ({"application_name": ""}, pgsolo.InvalidArgumentError),
+    ]:
+        with pytest.raises(error):
+            pgsolo.AsyncLocker(dsn, **options)
+    with pytest.raises(pgsolo.InvalidArgumentError, match="connection string or a connection pool"):
+        pgsolo.AsyncLocker(42)  # type: ignore[arg-type]
+    with pytest.raises(pgsolo.InvalidDsnError):
+        pgsolo.AsyncLocker("mysql://user:secret@db/x")
+    locker = pgsolo.AsyncLocker(dsn)
+    with pytest.raises(pgsolo.InvalidKeyError):
+        locker.session_lock([1, 2])  # type: ignore[arg-type]
+    with pytest.raises(pgsolo.InvalidArgumentError):
+        locker.session_lock("k", wait=-1)
+    with pytest.raises(pgsolo.UsageError):
+        locker.session_lock("k", fencing=True, shared=True)
+    with pytest.raises(pgsolo.InvalidArgumentError):
+        locker.session_lock("k", keep="yes")  # type: ignore[arg-type]
+    assert locker.connections == 0  # nothing was opened
+    assert math.isinf(locker.session_lock("k", wait=math.inf)._request.wait or 0)

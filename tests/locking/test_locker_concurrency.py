@@ -1,0 +1,179 @@
+"""One Locker shared by many threads or tasks: never two holders of a key at once, a
+release never stuck behind a waiter on the same connection, a lost connection cancelling
+the tasks that asked for it (``Keep(cancel=True)``), and a forked child refused.
+
+Real threads, tasks and a real ``fork()``; overlap is counted in the holders' own
+critical sections, and what is held afterwards is read from ``pg_locks``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import pgsolo
+from _support import aeventually, eventually, terminate
+from pgsolo import Keep, Key, LockLostError
+
+KEYS = [f"locker-hammer-{i}" for i in range(4)]
+
+
+def test_threads_sharing_a_locker_never_hold_a_key_twice(dsn: str, observer: Any) -> None:
+    inside: Counter[str] = Counter()
+    overlaps: list[str] = []
+    taken: Counter[str] = Counter()
+    guard = threading.Lock()
+
+    def worker(locker: pgsolo.Locker, seed: int) -> None:
+        chooser = random.Random(seed)
+        for _ in range(60):
+            name = chooser.choice(KEYS)
+            with locker.session_lock(name) as lock:
+                if not lock.acquired:
+                    continue
+                with guard:
+                    inside[name] += 1
+                    if inside[name] > 1:
+                        overlaps.append(name)
+                    taken[name] += 1
+                time.sleep(0.0005)
+                with guard:
+                    inside[name] -= 1
+
+    with pgsolo.Locker(dsn, max_connections=2) as locker:
+        threads = [threading.Thread(target=worker, args=(locker, i)) for i in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert locker.connections <= 2
+    assert overlaps == []
+    assert sum(taken.values()) > 0
+    assert [observer.holders(pgsolo.as_key(name)) for name in KEYS] == [set()] * len(KEYS)
+
+
+async def test_tasks_sharing_a_locker_never_hold_a_key_twice(dsn: str, observer: Any) -> None:
+    inside: Counter[str] = Counter()
+    overlaps: list[str] = []
+    taken: Counter[str] = Counter()
+
+    async def worker(locker: pgsolo.AsyncLocker, seed: int) -> None:
+        chooser = random.Random(seed)
+        for _ in range(60):
+            name = chooser.choice(KEYS)
+            async with locker.session_lock(name, wait=5) as lock:
+                inside[name] += 1
+                if inside[name] > 1:
+                    overlaps.append(name)
+                taken[name] += 1
+                await asyncio.sleep(0.0005)
+                inside[name] -= 1
+            assert not lock.acquired
+
+    async with pgsolo.AsyncLocker(dsn, max_connections=2) as locker:
+        await asyncio.gather(*(worker(locker, i) for i in range(8)))
+        assert locker.connections <= 2
+    assert overlaps == []
+    assert sum(taken.values()) == 8 * 60  # each waited its turn
+    assert [observer.holders(pgsolo.as_key(name)) for name in KEYS] == [set()] * len(KEYS)
+
+
+def test_a_release_is_never_stuck_behind_a_waiter_on_its_connection(
+    dsn: str, sync_connect: Any, observer: Any, key: Key
+) -> None:
+    holder = sync_connect(autocommit=True)
+    holder.execute(f"SELECT pg_advisory_lock({key.sql_args})")
+    outcome: list[object] = []
+    with pgsolo.Locker(dsn, max_connections=1) as locker:
+        waiter = locker.session_lock(key, wait=30)
+
+        def wait_for_it() -> None:
+            try:
+                outcome.append(waiter.acquire())
+            except BaseException as exc:  # reported to the test below
+                outcome.append(exc)
+
+        thread = threading.Thread(target=wait_for_it)
+        thread.start()
+        try:
+            # While the waiter waits, the one connection takes and gives back other keys.
+            for i in range(20):
+                other = locker.session_lock(f"locker-beside-{i}")
+                assert other.acquire()
+                other.release()
+            assert thread.is_alive()
+            assert outcome == []
+            assert locker.connections == 1
+        finally:
+            holder.execute("SELECT pg_advisory_unlock_all()")
+            thread.join()
+        assert outcome == [True]
+        assert observer.holders(key) == {waiter.backend_pid}
+        waiter.release()
+
+
+async def test_a_lost_connection_cancels_each_task_that_asked_for_it(
+    dsn: str, observer: Any
+) -> None:
+    held = asyncio.Event()
+    async with pgsolo.AsyncLocker(dsn, max_connections=1) as locker:
+
+        async def work(name: str) -> str:
+            try:
+                async with locker.session_lock(name, keep=Keep(interval=0.05, cancel=True)):
+                    held.set()
+                    await asyncio.sleep(30)
+            except LockLostError as exc:
+                return exc.reason
+            return "ran to its end"
+
+        tasks = [asyncio.create_task(work(f"locker-cancel-{i}")) for i in range(3)]
+        await aeventually(lambda: held.is_set() and len(observer.advisory()) == 3, "three held")
+        (pid,) = {s.driver.backend_pid() for s in locker._sessions}
+        terminate(observer, pid)
+        reasons = await asyncio.wait_for(asyncio.gather(*tasks), 10)
+        assert reasons == ["connection-lost"] * 3
+        assert not any(task.cancelled() for task in tasks)
+
+
+def test_a_forked_child_is_refused_the_parents_connections(dsn: str, observer: Any) -> None:
+    with pgsolo.Locker(dsn, max_connections=1) as locker:
+        lock = locker.session_lock("locker-fork")
+        assert lock.acquire()
+        child = os.fork()
+        if child == 0:  # the child: must not touch the parent's session
+            code = 1
+            try:
+                locker.session_lock("locker-fork-child").acquire()
+            except pgsolo.UsageError as exc:
+                code = 0 if "forked child" in str(exc) else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(child, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        # The parent's lock, and its connection, are untouched.
+        assert lock.is_held()
+        assert observer.holders(lock.key) == {lock.backend_pid}
+        lock.release()
+    eventually(lambda: observer.holders(lock.key) == set(), "nothing held")
+
+
+def test_shared_holders_through_one_locker_use_separate_sessions(
+    dsn: str, observer: Any, key: Key
+) -> None:
+    with pgsolo.Locker(dsn, max_connections=2) as locker:
+        first = locker.session_lock(key, shared=True)
+        second = locker.session_lock(key, shared=True)
+        third = locker.session_lock(key, shared=True)
+        assert first.acquire()
+        assert second.acquire()
+        assert first.backend_pid != second.backend_pid
+        assert not third.acquire()  # both sessions hold it; a third would be re-entrant
+        assert observer.holders(key) == {first.backend_pid, second.backend_pid}
+        first.release()
+        second.release()
