@@ -38,6 +38,7 @@ from benchmarks import (  # noqa: F401 - each module registers its scenario
     scenario_leadership,
     scenario_listing,
     scenario_lock_loss,
+    scenario_locker,
     scenario_retention,
     scenario_semaphore,
     scenario_startup,

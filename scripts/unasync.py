@@ -120,6 +120,7 @@ _RENAMES = {
     "_run_async": "_run_sync",
     "adapt_async": "adapt_sync",
     "adrive": "drive",
+    "alend_session": "lend_session",
     "as_async": "as_sync",
     "aopen_connection": "open_connection",
     "arecord_result": "record_result",

@@ -29,6 +29,7 @@ __all__ = [
     "refuse_cancel_without_tasks",
     "refuse_unknown_options",
     "replace_result",
+    "through_locker",
 ]
 
 T = TypeVar("T")
@@ -380,3 +381,16 @@ def untranslatable_name(name: str | None) -> InvalidArgumentError:
     """A job name the database cannot store or look up: its encoding (LATIN1, say) lacks
     a character of it. pgsolo sends text as UTF-8 and the server refuses to convert it."""
     return InvalidArgumentError(f"this database's encoding cannot hold the job name {name!r}")
+
+
+def through_locker(options: dict[str, Any]) -> None:
+    """A job through a Locker runs under a session lock: ``lifetime`` defaults to it, and
+    ``"xact"`` is a :class:`UsageError` before anything connects (a Locker's connections
+    are shared by its locks, and cannot carry a job's transaction)."""
+    lifetime = options.setdefault("lifetime", "session")
+    if lifetime != "session":
+        raise UsageError(
+            f"a job through a Locker runs under a session lock, not lifetime={lifetime!r}:"
+            " a Locker's connections are shared by its locks and cannot carry the job's"
+            " transaction (pass a connection or a connection string for that)"
+        )

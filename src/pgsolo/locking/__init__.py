@@ -31,11 +31,13 @@ from ._async.drive import adrive as adrive
 from ._async.keeper import AsyncKeeper as AsyncKeeper
 from ._async.lock import AsyncLock
 from ._async.locker import AsyncLocker, AsyncLockerLock
+from ._async.locker import alend_session as alend_session
 from ._async.pools import async_pool_reset
 from ._sync.drive import drive as drive
 from ._sync.keeper import Keeper as Keeper
 from ._sync.lock import Lock
 from ._sync.locker import Locker, LockerLock
+from ._sync.locker import lend_session as lend_session
 from ._sync.pools import pool_reset
 from .core import LockCore as LockCore
 from .core import require_no_transaction as require_no_transaction
@@ -45,6 +47,7 @@ from .failures import unavailable as unavailable
 from .handbacks import install as install
 from .handbacks import release_at_request_end as _release_at_request_end  # noqa: F401 - registers it
 from .holdings import held_session_locks
+from .multiplex import poll_pauses as poll_pauses
 from .placement import outside_transaction as outside_transaction
 from .recovery import connection_gone as connection_gone
 from .recovery import quietly as quietly

@@ -17,15 +17,17 @@ from __future__ import annotations
 import itertools
 import os
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar
 
 from .. import sql
 from .._types import DAY, check_seconds
 from ..drivers import BeatFailed, DriverBase
 from ..errors import InvalidArgumentError, LockLostError, LockTimeoutError, UsageError
 from ..keys import Key
+from .placement import outside_transaction
+from .plans import Plan
 from .spec import Keep, LockSpec
 from .watch import Diagnosis, Watch, crash_diagnosis, failure_diagnosis
 
@@ -41,25 +43,52 @@ __all__ = [
     "SyncPoolLike",
     "Tenant",
     "fewest_held",
+    "let_go_all",
     "poll_pauses",
+    "pool_calls",
+    "refuse_in_child",
 ]
+
+JANITOR_MIN_PERIOD = 0.05  # how often, at most, a Locker looks for idle connections
 
 FIRST_PAUSE = 0.001
 LONGEST_PAUSE = 0.05
 
 
 class SyncPoolLike(Protocol):
-    """A pool a Locker borrows its connections from (``psycopg_pool.ConnectionPool``)."""
+    """A pool a Locker borrows its connections from: ``psycopg_pool.ConnectionPool``, or
+    one of ``psycopg2.pool``'s."""
 
     def getconn(self) -> Any: ...
-    def putconn(self, conn: Any) -> None: ...
+    def putconn(self, conn: Any, /) -> Any: ...
 
 
-class AsyncPoolLike(Protocol):
-    """The same for an async Locker (``psycopg_pool.AsyncConnectionPool``)."""
+class _AsyncGetconnPool(Protocol):
+    def getconn(self) -> Awaitable[Any]: ...
+    def putconn(self, conn: Any, /) -> Awaitable[Any]: ...
 
-    async def getconn(self) -> Any: ...
-    async def putconn(self, conn: Any) -> None: ...
+
+class _AsyncAcquirePool(Protocol):
+    def acquire(self) -> Awaitable[Any]: ...
+    def release(self, conn: Any, /) -> Awaitable[Any]: ...
+
+
+# The same for an async Locker: ``psycopg_pool.AsyncConnectionPool``, or asyncpg's pool.
+AsyncPoolLike: TypeAlias = _AsyncGetconnPool | _AsyncAcquirePool
+
+
+def pool_calls(pool: object) -> tuple[Callable[[], Any], Callable[[Any], Any]]:
+    """How to borrow a connection from ``pool`` and give it back (what they return is
+    awaited by an async Locker), or :class:`~pgsolo.InvalidArgumentError`."""
+    for borrow_name, give_name in (("getconn", "putconn"), ("acquire", "release")):
+        borrow, give = getattr(pool, borrow_name, None), getattr(pool, give_name, None)
+        if callable(borrow) and callable(give):
+            return borrow, give
+    raise InvalidArgumentError(
+        "a Locker needs a connection string or a connection pool (getconn and putconn, as"
+        " psycopg_pool's and psycopg2's, or acquire and release, as asyncpg's), got"
+        f" {type(pool).__name__}"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,13 +159,21 @@ def fewest_held(tenants: Sequence[T], key: Key, limit: int) -> tuple[T | None, b
     room for another)."""
     best: T | None = None
     value = key.value
+    live = 0
     for tenant in tenants:
-        if value in tenant.keys or tenant.broken():
+        if tenant.broken():  # gone: it counts no more, and goes once its locks are let go
             continue
-        if best is None or len(tenant.keys) < len(best.keys):
+        live += 1
+        if value not in tenant.keys and (best is None or len(tenant.keys) < len(best.keys)):
             best = tenant
-    open_new = (best is None or bool(best.keys)) and len(tenants) < limit
+    open_new = (best is None or bool(best.keys)) and live < limit
     return best, open_new
+
+
+def let_go_all(driver: DriverBase) -> Plan[None]:
+    """Release every session lock on a Locker's connection as it closes, outside any
+    transaction (a pooled connection goes back holding nothing, and as it came)."""
+    yield outside_transaction(driver, [sql.UNLOCK_ALL])
 
 
 def refuse_in_child(created_in: int) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, overload
 
 from ..drivers import adapt, is_async
-from ..locking import Keep
+from ..locking import AsyncLocker, Keep, Locker
 from ._async.semaphore import AsyncSemaphore
 from ._sync.semaphore import Semaphore
 from .spec import SemaphoreSpec
@@ -29,7 +29,7 @@ __all__ = ["AsyncSemaphore", "Semaphore", "semaphore"]
 
 @overload
 def semaphore(
-    conn: AsyncConnectionLike,
+    conn: AsyncConnectionLike | AsyncLocker,
     name: str,
     *,
     limit: int,
@@ -39,7 +39,7 @@ def semaphore(
 ) -> AsyncSemaphore: ...
 @overload
 def semaphore(
-    conn: SyncConnectionLike,
+    conn: SyncConnectionLike | Locker,
     name: str,
     *,
     limit: int,
@@ -48,7 +48,7 @@ def semaphore(
     fencing: bool = False,
 ) -> Semaphore: ...
 def semaphore(
-    conn: SyncConnectionLike | AsyncConnectionLike,
+    conn: SyncConnectionLike | AsyncConnectionLike | Locker | AsyncLocker,
     name: str,
     *,
     limit: int,
@@ -60,6 +60,9 @@ def semaphore(
     semaphore(conn, "tenant-42-exports", limit=3) as slot:`` then ``slot.acquired`` says
     whether this one holds one of the 3 slots (``slot.slot``, its number).
 
+    ``conn`` may be a :class:`~pgsolo.Locker` (or :class:`~pgsolo.AsyncLocker`) instead: the
+    slot's lock is taken through it, and a wait tries the slots as a Locker's waits do.
+
     It is a session lock on one of ``limit`` keys (any connection that can keep a session
     lock: see docs/connections.md), with the same options: ``wait=None`` tries every slot
     once; ``wait=S`` waits up to S seconds for the first slot that frees, then raises
@@ -69,6 +72,10 @@ def semaphore(
     slots of its own. Everything is validated before any SQL is sent.
     """
     spec = SemaphoreSpec.define(name, limit=limit, wait=wait, keep=keep, fencing=fencing)
+    if isinstance(conn, AsyncLocker):
+        return AsyncSemaphore(conn, spec)
+    if isinstance(conn, Locker):
+        return Semaphore(conn, spec)
     if is_async(adapt(conn)):
         return AsyncSemaphore(conn, spec)  # type: ignore[arg-type]
     return Semaphore(conn, spec)  # type: ignore[arg-type]

@@ -155,21 +155,24 @@ async def test_a_key_released_behind_the_lockers_back_is_lost_alone(
         await kept.release()
 
 
-async def test_idle_connections_close_and_are_named(dsn: str, observer: Any) -> None:
+async def test_idle_connections_close_by_themselves_and_are_named(dsn: str, observer: Any) -> None:
+    name = unique_name("locker-idle")
     async with pgsolo.AsyncLocker(
-        dsn, max_connections=2, idle_timeout=0.1, application_name="locker-test-idle"
+        dsn, max_connections=2, idle_timeout=0.2, application_name=name
     ) as locker:
-        lock = locker.session_lock("locker-idle")
+        lock = locker.session_lock(f"{name}-1")
         assert await lock.acquire()
         pid = lock.backend_pid
-        assert app_name_of(observer, pid) == "locker-test-idle"
+        assert app_name_of(observer, pid) == name
+        await asleep(0.5)
+        assert app_name_of(observer, pid) == name  # holding a lock: never idle
         await lock.release()
-        await asleep(0.2)
-        other = locker.session_lock("locker-idle-2")
-        assert await other.acquire()
-        assert other.backend_pid != pid  # the idle one was closed, a new one opened
-        assert locker.connections == 1
+        # Nothing else uses the Locker: its janitor closes the idle connection.
         await aeventually(lambda: app_name_of(observer, pid) is None, "the idle backend gone")
+        assert locker.connections == 0
+        other = locker.session_lock(f"{name}-2")
+        assert await other.acquire()
+        assert other.backend_pid != pid
         await other.release()
 
 
@@ -213,3 +216,55 @@ async def test_bad_arguments_are_refused_before_any_connection(dsn: str) -> None
         locker.session_lock("k", keep="yes")  # type: ignore[arg-type]
     assert locker.connections == 0  # nothing was opened
     assert math.isinf(locker.session_lock("k", wait=math.inf)._request.wait or 0)
+
+
+async def test_semaphores_and_leaders_are_taken_through_a_locker(dsn: str, observer: Any) -> None:
+    name = unique_name("locker-sem")
+    async with pgsolo.AsyncLocker(dsn, max_connections=2) as locker:
+        holders = [pgsolo.semaphore(locker, name, limit=2) for _ in range(3)]
+        assert [await holder.acquire() for holder in holders] == [True, True, False]
+        assert {holder.slot for holder in holders[:2]} == {0, 1}
+        for holder in holders[:2]:
+            assert holder.key is not None
+            assert len(observer.holders(holder.key)) == 1
+        freed = holders[0].slot
+        await holders[0].release()
+        waiter = pgsolo.semaphore(locker, name, limit=2, wait=5)
+        assert await waiter.acquire()  # the slot the first gave back
+        assert waiter.slot == freed
+        await waiter.release()
+        await holders[1].release()
+
+        async def second_leader() -> None:
+            async with pgsolo.leader_async(locker, name, wait=0.2, fencing=False):
+                pytest.fail("a second leader through the same Locker")
+
+        async with pgsolo.leader_async(locker, name, wait=5, fencing=False) as term:
+            assert observer.holders(term.key) == {term.backend_pid}
+            assert not term.lost
+            with pytest.raises(pgsolo.LockTimeoutError):
+                await second_leader()
+        assert observer.holders(term.key) == set()
+
+
+async def test_a_lock_held_when_its_locker_closes_is_lost_and_never_touched_again(
+    dsn: str, observer: Any
+) -> None:
+    async with psycopg_pool.AsyncConnectionPool(
+        dsn, min_size=1, max_size=1, kwargs={"autocommit": True}, open=False
+    ) as pool:
+        name = unique_name("locker-closed")
+        locker = pgsolo.AsyncLocker(pool, max_connections=1)
+        lock = locker.session_lock(name)
+        assert await lock.acquire()
+        await locker.close()
+        async with pool.connection() as conn:  # the same connection, lent to another user
+            other = pgsolo.session_lock(conn, name)
+            assert await other.acquire()
+            # The Locker's lock is gone with its close, and its release touches nothing.
+            with pytest.raises(LockLostError, match="Locker was closed"):
+                await lock.release()
+            assert not lock.acquired
+            assert not await lock.is_held()
+            assert observer.holders(other.key) == {other.backend_pid}
+            await other.release()

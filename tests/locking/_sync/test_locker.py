@@ -154,21 +154,22 @@ def test_a_key_released_behind_the_lockers_back_is_lost_alone(dsn: str, observer
         kept.release()
 
 
-def test_idle_connections_close_and_are_named(dsn: str, observer: Any) -> None:
-    with pgsolo.Locker(
-        dsn, max_connections=2, idle_timeout=0.1, application_name="locker-test-idle"
-    ) as locker:
-        lock = locker.session_lock("locker-idle")
+def test_idle_connections_close_by_themselves_and_are_named(dsn: str, observer: Any) -> None:
+    name = unique_name("locker-idle")
+    with pgsolo.Locker(dsn, max_connections=2, idle_timeout=0.2, application_name=name) as locker:
+        lock = locker.session_lock(f"{name}-1")
         assert lock.acquire()
         pid = lock.backend_pid
-        assert app_name_of(observer, pid) == "locker-test-idle"
+        assert app_name_of(observer, pid) == name
+        sleep(0.5)
+        assert app_name_of(observer, pid) == name  # holding a lock: never idle
         lock.release()
-        sleep(0.2)
-        other = locker.session_lock("locker-idle-2")
-        assert other.acquire()
-        assert other.backend_pid != pid  # the idle one was closed, a new one opened
-        assert locker.connections == 1
+        # Nothing else uses the Locker: its janitor closes the idle connection.
         eventually(lambda: app_name_of(observer, pid) is None, "the idle backend gone")
+        assert locker.connections == 0
+        other = locker.session_lock(f"{name}-2")
+        assert other.acquire()
+        assert other.backend_pid != pid
         other.release()
 
 
@@ -212,3 +213,55 @@ def test_bad_arguments_are_refused_before_any_connection(dsn: str) -> None:
         locker.session_lock("k", keep="yes")  # type: ignore[arg-type]
     assert locker.connections == 0  # nothing was opened
     assert math.isinf(locker.session_lock("k", wait=math.inf)._request.wait or 0)
+
+
+def test_semaphores_and_leaders_are_taken_through_a_locker(dsn: str, observer: Any) -> None:
+    name = unique_name("locker-sem")
+    with pgsolo.Locker(dsn, max_connections=2) as locker:
+        holders = [pgsolo.semaphore(locker, name, limit=2) for _ in range(3)]
+        assert [holder.acquire() for holder in holders] == [True, True, False]
+        assert {holder.slot for holder in holders[:2]} == {0, 1}
+        for holder in holders[:2]:
+            assert holder.key is not None
+            assert len(observer.holders(holder.key)) == 1
+        freed = holders[0].slot
+        holders[0].release()
+        waiter = pgsolo.semaphore(locker, name, limit=2, wait=5)
+        assert waiter.acquire()  # the slot the first gave back
+        assert waiter.slot == freed
+        waiter.release()
+        holders[1].release()
+
+        def second_leader() -> None:
+            with pgsolo.leader(locker, name, wait=0.2, fencing=False):
+                pytest.fail("a second leader through the same Locker")
+
+        with pgsolo.leader(locker, name, wait=5, fencing=False) as term:
+            assert observer.holders(term.key) == {term.backend_pid}
+            assert not term.lost
+            with pytest.raises(pgsolo.LockTimeoutError):
+                second_leader()
+        assert observer.holders(term.key) == set()
+
+
+def test_a_lock_held_when_its_locker_closes_is_lost_and_never_touched_again(
+    dsn: str, observer: Any
+) -> None:
+    with psycopg_pool.ConnectionPool(
+        dsn, min_size=1, max_size=1, kwargs={"autocommit": True}, open=False
+    ) as pool:
+        name = unique_name("locker-closed")
+        locker = pgsolo.Locker(pool, max_connections=1)
+        lock = locker.session_lock(name)
+        assert lock.acquire()
+        locker.close()
+        with pool.connection() as conn:  # the same connection, lent to another user
+            other = pgsolo.session_lock(conn, name)
+            assert other.acquire()
+            # The Locker's lock is gone with its close, and its release touches nothing.
+            with pytest.raises(LockLostError, match="Locker was closed"):
+                lock.release()
+            assert not lock.acquired
+            assert not lock.is_held()
+            assert observer.holders(other.key) == {other.backend_pid}
+            other.release()

@@ -3,20 +3,23 @@ caller gives or one pgsolo opens from a connection string."""
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 
-from ..._acompat import AIS_ASYNC
-from ...drivers import adapt_async
+from ..._acompat import AIS_ASYNC, AMutex, apause, ato_its_end
+from ...drivers import AsyncDriver, adapt_async
 from ...drivers._async.connect import aopen_connection
 from ...keys import KeyLike
-from ...locking import AsyncKeeper, Watch, adrive
+from ...locking import AsyncKeeper, AsyncLocker, Watch, adrive, alend_session, poll_pauses
 from ..definition import (
     Job,
     JobOptions,
     JobResult,
     refuse_cancel_without_tasks,
     refuse_unknown_options,
+    through_locker,
 )
 from ..plan import attempt_plan, conclude, core_for
 from ..report import report
@@ -30,8 +33,13 @@ __all__ = ["run_job_async"]
 T = TypeVar("T")
 
 
+# How long a job's work, once over, may wait for its Locker connection back while it is
+# being cancelled: the connection's other locks each hold it for one round trip.
+RETURN_BOUND = 60.0
+
+
 async def run_job_async(
-    target: AsyncConnectionLike | str,
+    target: AsyncConnectionLike | AsyncLocker | str,
     key: KeyLike,
     fn: Callable[..., Awaitable[T]],
     *args: Any,
@@ -44,6 +52,11 @@ async def run_job_async(
     connection named ``pgsolo:<job name>`` in ``pg_stat_activity``. Busy means skip,
     unless ``wait=`` seconds are given.
 
+    ``target`` may be an :class:`~pgsolo.AsyncLocker`: the job's session lock is taken
+    through it (``lifetime`` is ``"session"``), a wait tries as a Locker's waits do, and
+    ``fn(*args)`` is called without a connection, since the Locker's are shared by its
+    locks.
+
     Keyword arguments are pgsolo's options only (:class:`JobOptions`: ``lifetime``,
     ``wait``, ``period``, ``record``, ``keep``, ...); any other raises :class:`UsageError`
     before anything connects. To give ``fn`` keyword arguments of its own, bind them
@@ -52,25 +65,33 @@ async def run_job_async(
     ``raise_errors=False``.
     """
     refuse_unknown_options("run_job_async", options)
+    if isinstance(target, AsyncLocker):
+        through_locker(options)  # type: ignore[arg-type]
     job = Job.define(key, **options)
     refuse_cancel_without_tasks(job, tasks=AIS_ASYNC)
+    if isinstance(target, AsyncLocker):
+        return await _run_through(job, target, fn, args)
     if isinstance(target, str):
         async with aopen_connection(
             target, application_name=job.application_name_for(target)
         ) as conn:
-            return await _run_async(job, conn, target, fn, args)
-    return await _run_async(job, target, None, fn, args)
+            return await _run_async(job, adapt_async(conn), target, fn, (conn, *args))
+    return await _run_async(job, adapt_async(target), None, fn, (target, *args))
 
 
 async def _run_async(
     job: Job,
-    conn: AsyncConnectionLike,
+    driver: AsyncDriver,
     dsn: str | None,
     fn: Callable[..., Awaitable[T]],
     args: tuple[Any, ...],
+    *,
+    again_if_busy: bool = False,
 ) -> JobResult[T]:
-    driver = adapt_async(conn)
-    info = driver.server_info()
+    """One attempt at ``job`` on ``driver``, ``fn(*args)`` being its work: reported,
+    recorded and concluded, unless ``again_if_busy`` and it found the key busy (the
+    caller tries again, and reports the last try)."""
+    info = driver.server_info()  # read now: a report of a loss comes after the connection
     core = core_for(job, driver)
 
     async def work() -> T:
@@ -79,7 +100,7 @@ async def _run_async(
             keeper.start()
         ended_with: BaseException | None = None
         try:
-            return await fn(conn, *args)
+            return await fn(*args)
         except BaseException as exc:
             ended_with = exc
             raise
@@ -90,7 +111,42 @@ async def _run_async(
                     raise instead from ended_with  # Keep(cancel=True) stopped the work
 
     result: JobResult[T] = await adrive(attempt_plan(job, core), driver, work)
+    if again_if_busy and _busy(result):
+        return result
     report(job, result, driver, info)
     if job.record:
         await arecord_result(job, result, driver, dsn)
     return conclude(job, result)
+
+
+async def _run_through(
+    job: Job, locker: AsyncLocker, fn: Callable[..., Awaitable[T]], args: tuple[Any, ...]
+) -> JobResult[T]:
+    """An attempt at ``job`` through ``locker``: the plan's round trips on one of its
+    connections, each with that connection to itself, and ``fn(*args)`` without it; a
+    wait is tries until ``job.wait`` runs out, and one more, which is reported."""
+    deadline = None if job.wait is None else time.monotonic() + job.wait
+    one_try = dataclasses.replace(job, wait=None)
+    pauses = poll_pauses()
+    while True:
+        last = deadline is None or time.monotonic() >= deadline
+        async with alend_session(locker, job.key) as (driver, mutex), mutex:
+            result = await _run_async(
+                one_try, driver, None, _without, (mutex, fn, args), again_if_busy=not last
+            )
+        if last or not _busy(result):
+            return result
+        await apause(min(next(pauses), max(0.0, (deadline or 0) - time.monotonic())), None)
+
+
+def _busy(result: JobResult[Any]) -> bool:
+    return result.outcome == "skipped" and result.reason == "busy"
+
+
+async def _without(mutex: AMutex, fn: Callable[..., Awaitable[T]], args: tuple[Any, ...]) -> T:
+    """``fn(*args)``, the Locker's connection left to its other locks meanwhile."""
+    mutex.release()
+    try:
+        return await fn(*args)
+    finally:
+        await ato_its_end(mutex.acquire(), RETURN_BOUND)

@@ -4,20 +4,23 @@ caller gives or one pgsolo opens from a connection string."""
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 
-from ..._acompat import IS_ASYNC
-from ...drivers import adapt_sync
+from ..._acompat import IS_ASYNC, Mutex, pause, to_its_end
+from ...drivers import SyncDriver, adapt_sync
 from ...drivers._sync.connect import open_connection
 from ...keys import KeyLike
-from ...locking import Keeper, Watch, drive
+from ...locking import Keeper, Locker, Watch, drive, lend_session, poll_pauses
 from ..definition import (
     Job,
     JobOptions,
     JobResult,
     refuse_cancel_without_tasks,
     refuse_unknown_options,
+    through_locker,
 )
 from ..plan import attempt_plan, conclude, core_for
 from ..report import report
@@ -31,8 +34,13 @@ __all__ = ["run_job"]
 T = TypeVar("T")
 
 
+# How long a job's work, once over, may wait for its Locker connection back while it is
+# being cancelled: the connection's other locks each hold it for one round trip.
+RETURN_BOUND = 60.0
+
+
 def run_job(
-    target: SyncConnectionLike | str,
+    target: SyncConnectionLike | Locker | str,
     key: KeyLike,
     fn: Callable[..., T],
     *args: Any,
@@ -45,6 +53,11 @@ def run_job(
     connection named ``pgsolo:<job name>`` in ``pg_stat_activity``. Busy means skip,
     unless ``wait=`` seconds are given.
 
+    ``target`` may be an :class:`~pgsolo.Locker`: the job's session lock is taken
+    through it (``lifetime`` is ``"session"``), a wait tries as a Locker's waits do, and
+    ``fn(*args)`` is called without a connection, since the Locker's are shared by its
+    locks.
+
     Keyword arguments are pgsolo's options only (:class:`JobOptions`: ``lifetime``,
     ``wait``, ``period``, ``record``, ``keep``, ...); any other raises :class:`UsageError`
     before anything connects. To give ``fn`` keyword arguments of its own, bind them
@@ -53,23 +66,31 @@ def run_job(
     ``raise_errors=False``.
     """
     refuse_unknown_options("run_job", options)
+    if isinstance(target, Locker):
+        through_locker(options)  # type: ignore[arg-type]
     job = Job.define(key, **options)
     refuse_cancel_without_tasks(job, tasks=IS_ASYNC)
+    if isinstance(target, Locker):
+        return _run_through(job, target, fn, args)
     if isinstance(target, str):
         with open_connection(target, application_name=job.application_name_for(target)) as conn:
-            return _run_sync(job, conn, target, fn, args)
-    return _run_sync(job, target, None, fn, args)
+            return _run_sync(job, adapt_sync(conn), target, fn, (conn, *args))
+    return _run_sync(job, adapt_sync(target), None, fn, (target, *args))
 
 
 def _run_sync(
     job: Job,
-    conn: SyncConnectionLike,
+    driver: SyncDriver,
     dsn: str | None,
     fn: Callable[..., T],
     args: tuple[Any, ...],
+    *,
+    again_if_busy: bool = False,
 ) -> JobResult[T]:
-    driver = adapt_sync(conn)
-    info = driver.server_info()
+    """One attempt at ``job`` on ``driver``, ``fn(*args)`` being its work: reported,
+    recorded and concluded, unless ``again_if_busy`` and it found the key busy (the
+    caller tries again, and reports the last try)."""
+    info = driver.server_info()  # read now: a report of a loss comes after the connection
     core = core_for(job, driver)
 
     def work() -> T:
@@ -78,7 +99,7 @@ def _run_sync(
             keeper.start()
         ended_with: BaseException | None = None
         try:
-            return fn(conn, *args)
+            return fn(*args)
         except BaseException as exc:
             ended_with = exc
             raise
@@ -89,7 +110,42 @@ def _run_sync(
                     raise instead from ended_with  # Keep(cancel=True) stopped the work
 
     result: JobResult[T] = drive(attempt_plan(job, core), driver, work)
+    if again_if_busy and _busy(result):
+        return result
     report(job, result, driver, info)
     if job.record:
         record_result(job, result, driver, dsn)
     return conclude(job, result)
+
+
+def _run_through(
+    job: Job, locker: Locker, fn: Callable[..., T], args: tuple[Any, ...]
+) -> JobResult[T]:
+    """An attempt at ``job`` through ``locker``: the plan's round trips on one of its
+    connections, each with that connection to itself, and ``fn(*args)`` without it; a
+    wait is tries until ``job.wait`` runs out, and one more, which is reported."""
+    deadline = None if job.wait is None else time.monotonic() + job.wait
+    one_try = dataclasses.replace(job, wait=None)
+    pauses = poll_pauses()
+    while True:
+        last = deadline is None or time.monotonic() >= deadline
+        with lend_session(locker, job.key) as (driver, mutex), mutex:
+            result = _run_sync(
+                one_try, driver, None, _without, (mutex, fn, args), again_if_busy=not last
+            )
+        if last or not _busy(result):
+            return result
+        pause(min(next(pauses), max(0.0, (deadline or 0) - time.monotonic())), None)
+
+
+def _busy(result: JobResult[Any]) -> bool:
+    return result.outcome == "skipped" and result.reason == "busy"
+
+
+def _without(mutex: Mutex, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+    """``fn(*args)``, the Locker's connection left to its other locks meanwhile."""
+    mutex.release()
+    try:
+        return fn(*args)
+    finally:
+        to_its_end(mutex.acquire(), RETURN_BOUND)

@@ -16,7 +16,7 @@ from ...drivers._async.connect import aopen_connection
 from ...drivers.conninfo import application_name_for
 from ...errors import LockLostError, UsageError
 from ...keys import LEADER_PREFIX, Key
-from ...locking import AsyncLock, Keep, adrive, session_lock
+from ...locking import AsyncLock, AsyncLocker, AsyncLockerLock, Keep, adrive, session_lock
 from ..candidacy import Candidacy
 from ..terms import record_term_plan
 
@@ -34,7 +34,7 @@ class AsyncTerm:
     """One term as leader: it lasts while the leader's session lock is held, and ends
     with the block, or with the loss the keeper finds first (``lost``, ``wait_lost()``)."""
 
-    def __init__(self, name: str, lock: AsyncLock, ended: AEvent | None) -> None:
+    def __init__(self, name: str, lock: AsyncLock | AsyncLockerLock, ended: AEvent | None) -> None:
         self._lock = lock
         self._ended = ended  # None: no keeper watches the term
         self.name = name
@@ -88,7 +88,7 @@ class AsyncTerm:
 
 @asynccontextmanager
 async def leader_async(
-    target: AsyncConnectionLike | str,
+    target: AsyncConnectionLike | AsyncLocker | str,
     name: str,
     *,
     wait: float = math.inf,
@@ -102,7 +102,10 @@ async def leader_async(
 
     ``target`` is an async connection that can keep a session lock, which stays the
     caller's, or a connection string from which pgsolo opens (and closes) a connection
-    named ``pgsolo:leader:<name>`` in ``pg_stat_activity``. A candidate waits without a
+    named ``pgsolo:leader:<name>`` in ``pg_stat_activity``, or an
+    :class:`~pgsolo.AsyncLocker` that takes the leader's lock beside its others (its wait
+    tries, as a Locker's waits do, and the term is not recorded for ``pgsolo locks``: the
+    connection is the Locker's). A candidate waits without a
     transaction or snapshot, in bounded slices, for ``wait`` seconds (``math.inf``, the
     default: for as long as it takes), then raises :class:`~pgsolo.LockTimeoutError`.
 
@@ -122,6 +125,16 @@ async def leader_async(
             _term(conn, candidacy, ended, own=True) as term,
         ):
             yield term
+        return
+    if isinstance(target, AsyncLocker):
+        through = target.session_lock(
+            candidacy.key,
+            wait=candidacy.wait,
+            fencing=candidacy.fencing,
+            keep=candidacy.keep or False,
+        )
+        async with through:
+            yield AsyncTerm(candidacy.name, through, ended if candidacy.keep is not None else None)
         return
     async with _term(target, candidacy, ended, own=False) as term:
         yield term

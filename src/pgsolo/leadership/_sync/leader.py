@@ -17,7 +17,7 @@ from ...drivers._sync.connect import open_connection
 from ...drivers.conninfo import application_name_for
 from ...errors import LockLostError, UsageError
 from ...keys import LEADER_PREFIX, Key
-from ...locking import Keep, Lock, drive, session_lock
+from ...locking import Keep, Lock, Locker, LockerLock, drive, session_lock
 from ..candidacy import Candidacy
 from ..terms import record_term_plan
 
@@ -35,7 +35,7 @@ class Term:
     """One term as leader: it lasts while the leader's session lock is held, and ends
     with the block, or with the loss the keeper finds first (``lost``, ``wait_lost()``)."""
 
-    def __init__(self, name: str, lock: Lock, ended: Event | None) -> None:
+    def __init__(self, name: str, lock: Lock | LockerLock, ended: Event | None) -> None:
         self._lock = lock
         self._ended = ended  # None: no keeper watches the term
         self.name = name
@@ -89,7 +89,7 @@ class Term:
 
 @contextmanager
 def leader(
-    target: SyncConnectionLike | str,
+    target: SyncConnectionLike | Locker | str,
     name: str,
     *,
     wait: float = math.inf,
@@ -103,7 +103,10 @@ def leader(
 
     ``target`` is a sync connection that can keep a session lock, which stays the
     caller's, or a connection string from which pgsolo opens (and closes) a connection
-    named ``pgsolo:leader:<name>`` in ``pg_stat_activity``. A candidate waits without a
+    named ``pgsolo:leader:<name>`` in ``pg_stat_activity``, or an
+    :class:`~pgsolo.Locker` that takes the leader's lock beside its others (its wait
+    tries, as a Locker's waits do, and the term is not recorded for ``pgsolo locks``: the
+    connection is the Locker's). A candidate waits without a
     transaction or snapshot, in bounded slices, for ``wait`` seconds (``math.inf``, the
     default: for as long as it takes), then raises :class:`~pgsolo.LockTimeoutError`.
 
@@ -123,6 +126,16 @@ def leader(
             _term(conn, candidacy, ended, own=True) as term,
         ):
             yield term
+        return
+    if isinstance(target, Locker):
+        through = target.session_lock(
+            candidacy.key,
+            wait=candidacy.wait,
+            fencing=candidacy.fencing,
+            keep=candidacy.keep or False,
+        )
+        with through:
+            yield Term(candidacy.name, through, ended if candidacy.keep is not None else None)
         return
     with _term(target, candidacy, ended, own=False) as term:
         yield term

@@ -18,18 +18,21 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
-from ... import sql
 from ..._acompat import (
     IS_ASYNC,
     Mutex,
+    Stop,
     Worker,
     cancel_worker,
     current_worker,
     pause,
+    result_of,
+    spawn,
     to_its_end,
     uncancel_current,
 )
@@ -37,7 +40,6 @@ from ...drivers import SyncDriver, adapt_sync
 from ...drivers.connect import open_connection
 from ...dsn import libpq_dsn
 from ...errors import (
-    InvalidArgumentError,
     LockLostError,
     LockNotHeldError,
     UsageError,
@@ -47,19 +49,23 @@ from .. import holdings
 from ..core import LockCore
 from ..factory import lock_core
 from ..multiplex import (
+    JANITOR_MIN_PERIOD,
     GroupWatch,
     LockerOptions,
     LockerRequest,
     SyncPoolLike,
     fewest_held,
+    let_go_all,
     poll_pauses,
+    pool_calls,
     refuse_in_child,
 )
-from ..spec import Keep, LockSpec, as_keep, wait_ms_of
+from ..spec import Keep, LockSpec, as_keep, refuse_keeper, wait_ms_of
+from .drive import drive
 from .keeper import Keeper
 from .lock import Lock
 
-__all__ = ["Locker", "LockerLock"]
+__all__ = ["Locker", "LockerLock", "lend_session"]
 
 T = TypeVar("T")
 
@@ -83,15 +89,31 @@ class _Session:
         self.idle_since = time.monotonic()
         self.watch = GroupWatch(label)
         self.keeper: Keeper | None = None
+        self.retired = False
 
     def broken(self) -> bool:
-        return self.watch.loss is not None or self.driver.is_closed()
+        return self.retired or self.watch.loss is not None or self.driver.is_closed()
+
+
+class _Retired(Exception):
+    """The session was closed, or given back to its pool, by the Locker's close()."""
 
 
 def _alone(session: _Session, step: Callable[[], T]) -> T:
-    """``step()``, with the session to itself for its round trip."""
+    """``step()``, with the session to itself for its round trip; :class:`_Retired` if the
+    Locker closed it (a pooled connection may be another's by now: never touched)."""
     with session.mutex:
+        if session.retired:
+            raise _Retired
         return step()
+
+
+def _taken(session: _Session, lock: Lock) -> bool:
+    """Take ``lock`` on ``session``; a Locker closed meanwhile refuses it."""
+    try:
+        return _alone(session, lock.acquire)
+    except _Retired:
+        raise UsageError("this Locker is closed") from None
 
 
 class Locker:
@@ -114,14 +136,8 @@ class Locker:
         self._options = LockerOptions(max_connections, idle_timeout, application_name)
         if isinstance(dsn_or_pool, str):
             libpq_dsn(dsn_or_pool)  # a scheme libpq cannot read is refused now
-        elif not (
-            callable(getattr(dsn_or_pool, "getconn", None))
-            and callable(getattr(dsn_or_pool, "putconn", None))
-        ):
-            raise InvalidArgumentError(
-                "a Locker needs a connection string or a connection pool (getconn and"
-                f" putconn, as psycopg_pool's), got {type(dsn_or_pool).__name__}"
-            )
+        else:
+            pool_calls(dsn_or_pool)  # refused now if it is no pool
         self._source = dsn_or_pool
         self._created_in = os.getpid()
         self._books = threading.Lock()  # the sessions and their counts; never held across I/O
@@ -130,11 +146,14 @@ class Locker:
         self._closers: dict[int, Callable[[], Any]] = {}
         self._opened = 0
         self._closed = False
+        self._stop_janitor = Stop()
+        self._janitor: Worker | None = None
 
     @property
     def connections(self) -> int:
         """How many connections the Locker has open now."""
-        return len(self._sessions)
+        with self._books:
+            return sum(not session.broken() for session in self._sessions)
 
     def session_lock(
         self,
@@ -176,6 +195,9 @@ class Locker:
             with self._books:
                 self._closed = True
                 sessions, self._sessions = self._sessions, []
+            # The janitor ends by itself at its next look; never cut short in the middle
+            # of closing a connection.
+            self._stop_janitor.set()
             for session in sessions:
                 self._retire(session)
 
@@ -196,9 +218,6 @@ class Locker:
         """A session to take ``key`` on, counted as in use by the caller (give it back
         with :meth:`_unseat`); None when every one holds it and no other may be opened."""
         refuse_in_child(self._created_in)
-        retired = self._retire_idle()
-        for session in retired:
-            self._retire(session)
         with self._books:
             self._refuse_closed()
             best, open_new = fewest_held(self._sessions, key, self._options.max_connections)
@@ -217,13 +236,31 @@ class Locker:
             with self._books:
                 session.keys.add(key.value)
                 self._sessions.append(session)
+            if self._janitor is None:
+                self._janitor = spawn(
+                    self._sweep, f"pgsolo-locker-janitor {self._options.application_name}"
+                )
             return session
+
+    def _any_live(self) -> _Session | None:
+        """The live session with the fewest locks, whatever it holds."""
+        with self._books:
+            live = [session for session in self._sessions if not session.broken()]
+        return min(live, key=lambda session: len(session.keys), default=None)
 
     def _unseat(self, session: _Session, key: Key) -> None:
         with self._books:
             session.keys.discard(key.value)
             if not session.keys:
                 session.idle_since = time.monotonic()
+
+    def _sweep(self) -> None:
+        """The janitor: every half ``idle_timeout``, close the connections that are idle
+        that long (or broken), until the Locker closes."""
+        period = max(JANITOR_MIN_PERIOD, self._options.idle_timeout / 2)
+        while not pause(period, self._stop_janitor):
+            for session in self._retire_idle():
+                self._retire(session)
 
     def _retire_idle(self) -> list[_Session]:
         """Take out of use the sessions that are broken, or idle for ``idle_timeout``."""
@@ -248,11 +285,12 @@ class Locker:
         label = f"{self._options.application_name}#{self._opened}"
         source = self._source
         if not isinstance(source, str):
-            conn = source.getconn()
+            borrow, give = pool_calls(source)
+            conn = result_of(borrow())
             driver = adapt_sync(conn)
 
             def give_back() -> None:
-                source.putconn(conn)
+                result_of(give(conn))
 
         else:
             opened = open_connection(source, application_name=self._options.application_name)
@@ -274,9 +312,10 @@ class Locker:
             keeper.stop()
         give_back = self._closers.pop(id(session))
         try:
-            if session.keys and not session.driver.is_closed():
-                with session.mutex:
-                    session.driver.fetch_value([sql.UNLOCK_ALL])
+            with session.mutex:
+                session.retired = True
+                if session.keys and not session.driver.is_closed():
+                    drive(let_go_all(session.driver), session.driver)
         finally:
             holdings.forget_all(session.driver.connection)
             give_back()
@@ -387,11 +426,16 @@ class LockerLock:
         session = locker._seat(self.key)
         if session is None:
             return False  # every connection holds the key already, and no other may open
+        if self._request.keep is not None:
+            try:
+                refuse_keeper(session.driver)  # a pool of a driver the keeper cannot share
+            except BaseException:
+                locker._unseat(session, self.key)
+                raise
         core = lock_core(session.driver, self._request.spec)
         lock = Lock(core, session.driver)
         try:
-            with session.mutex:
-                acquired = lock.acquire()
+            acquired = _taken(session, lock)
             if acquired:
                 self._lock, self._session, self._core = lock, session, core
                 keep = self._request.keep
@@ -426,6 +470,8 @@ class LockerLock:
         self._unwatch()
         try:
             to_its_end(_alone(session, lock.release), RELEASE_BOUND)
+        except _Retired:
+            raise self._ended_by_close() from None
         finally:
             self._settle(lock)
 
@@ -434,7 +480,10 @@ class LockerLock:
         lock, session = self._lock, self._session
         if lock is None or session is None:
             return False
-        return _alone(session, lock.is_held)
+        try:
+            return _alone(session, lock.is_held)
+        except _Retired:
+            return False
 
     def __enter__(self) -> Self:
         self.acquire()
@@ -453,10 +502,21 @@ class LockerLock:
         self._unwatch()
         try:
             to_its_end(_alone(session, lambda: lock.__exit__(exc_type, exc, tb)), RELEASE_BOUND)
+        except _Retired:
+            if exc_type is None:  # the block's own failure is never masked
+                raise self._ended_by_close() from None
         finally:
             self._settle(lock)
         if loss_for_cancel is not None:
             raise loss_for_cancel from exc  # Keep(cancel=True) ended the block
+
+    def _ended_by_close(self) -> LockLostError:
+        self._loss = LockLostError(
+            f"session lock {self.key} was lost: its Locker was closed, which ended it",
+            key=self.key,
+            reason="connection-lost",
+        )
+        return self._loss
 
     def _undo_cancel(self, ended_with: BaseException | None) -> LockLostError | None:
         """Undo the keeper's one cancellation of the holder, however the block ended;
@@ -475,12 +535,31 @@ class LockerLock:
         """After a release, or a failed one: off the Locker's books once the lock is not
         held here any more (or its connection is gone)."""
         session = self._session
-        if session is None or (lock.acquired and not session.driver.is_closed()):
+        if session is None or (lock.acquired and not session.broken()):
             keep, core = self._request.keep, self._core
             if lock.acquired and keep is not None and session is not None and core is not None:
                 # still held: still watched
                 self._ticket = self._locker._watch(session, core, keep, self._declared)
             return
-        self._loss = lock.loss
+        self._loss = self._loss or lock.loss
         self._lock = self._session = self._core = None
         self._locker._unseat(session, self.key)
+
+
+@contextmanager
+def lend_session(locker: Locker, key: Key) -> Iterator[tuple[SyncDriver, Mutex]]:
+    """One of ``locker``'s connections for a lock on ``key`` that pgsolo's own plans take
+    (a job's, ``run_job(locker, ...)``): its driver, and the mutex each of the plan's round
+    trips must hold. When every connection holds ``key`` already, one of them, where the
+    plan finds the key busy."""
+    session = locker._seat(key)
+    seated = session is not None
+    if session is None:
+        session = locker._any_live()
+    if session is None:  # every connection broke meanwhile
+        raise UsageError("this Locker has no usable connection left; try again")
+    try:
+        yield session.driver, session.mutex
+    finally:
+        if seated:
+            locker._unseat(session, key)

@@ -9,7 +9,14 @@ from typing import TYPE_CHECKING, Self
 
 from ...errors import LockLostError, LockTimeoutError, LockUnavailableError, PgsoloError
 from ...keys import Key
-from ...locking import AsyncLock, held_session_locks, session_lock, slot_attempts
+from ...locking import (
+    AsyncLock,
+    AsyncLocker,
+    AsyncLockerLock,
+    held_session_locks,
+    session_lock,
+    slot_attempts,
+)
 from ..spec import SemaphoreSpec
 
 if TYPE_CHECKING:
@@ -19,16 +26,18 @@ __all__ = ["AsyncSemaphore"]
 
 
 class AsyncSemaphore:
-    """A semaphore on an async connection; see :func:`~pgsolo.semaphore`.
+    """A semaphore on an async connection, or through an :class:`~pgsolo.AsyncLocker`; see
+    :func:`~pgsolo.semaphore`.
 
     It holds one slot at a time: the session lock of one of its slots' keys, taken with the
     guarantees of :func:`~pgsolo.session_lock` (bounded waits that hold back no VACUUM, the
     keeper, the fencing token, nothing left held at any ending)."""
 
-    def __init__(self, conn: AsyncConnectionLike, spec: SemaphoreSpec) -> None:
+    def __init__(self, conn: AsyncConnectionLike | AsyncLocker, spec: SemaphoreSpec) -> None:
         self._conn = conn
         self._spec = spec
-        self._lock: AsyncLock | None = None  # the slot's lock while this one holds it
+        # the slot's lock while this one holds it
+        self._lock: AsyncLock | AsyncLockerLock | None = None
         self.slot: int | None = None
         """The slot this one holds (0 to ``limit - 1``), or None."""
 
@@ -123,10 +132,14 @@ class AsyncSemaphore:
         """Try (or wait ``wait`` seconds for) one slot; whether it is this one's now. The
         lock is kept before it is taken, so that an interruption just after its grant
         finds it to give back (:meth:`_let_go`)."""
-        spec = self._spec
-        self._lock = lock = session_lock(
-            self._conn, spec.keys[slot], wait=wait, keep=spec.keep or False, fencing=spec.fencing
-        )
+        spec, conn = self._spec, self._conn
+        keep, key = spec.keep or False, spec.keys[slot]
+        lock: AsyncLock | AsyncLockerLock
+        if isinstance(conn, AsyncLocker):
+            lock = conn.session_lock(key, wait=wait, keep=keep, fencing=spec.fencing)
+        else:
+            lock = session_lock(conn, key, wait=wait, keep=keep, fencing=spec.fencing)
+        self._lock = lock
         try:
             await lock.__aenter__()
         except LockTimeoutError:  # the turn ran out: nothing is held
@@ -146,8 +159,10 @@ class AsyncSemaphore:
         object), so that a turn waiting on it would wait for itself. Asked on each turn:
         what the connection holds may change between two. A wait when it holds every
         slot is refused, as a wait for a lock it holds is."""
-        spec = self._spec
-        here = set(held_session_locks(self._conn))
+        spec, conn = self._spec, self._conn
+        if isinstance(conn, AsyncLocker):
+            return False  # a Locker's wait tries: a slot held through it frees like any other
+        here = set(held_session_locks(conn))
         if all(key in here for key in spec.keys):
             raise LockUnavailableError(
                 f"every slot of semaphore {spec.name!r} ({spec.limit}) is held on this"

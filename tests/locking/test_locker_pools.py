@@ -1,0 +1,63 @@
+"""A Locker that borrows its connections from the pool of another driver: psycopg2's
+``ThreadedConnectionPool`` (sync) and asyncpg's pool (async). Locks work on them as on a
+connection of that driver; ``keep=`` is refused before anything is taken (neither driver
+lets the keeper share a connection), and each connection goes back holding nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+import psycopg2.pool
+import pytest
+
+import pgsolo
+from _support import unique_name
+from pgsolo import Keep
+
+
+def test_a_psycopg2_pool_lends_the_lockers_connections(dsn: str, observer: Any) -> None:
+    pool = psycopg2.pool.ThreadedConnectionPool(1, 2, dsn)
+    try:
+        name = unique_name("locker-psycopg2")
+        with pgsolo.Locker(pool, max_connections=2) as locker:
+            locks = [locker.session_lock(f"{name}-{i}") for i in range(10)]
+            assert all(lock.acquire() for lock in locks)
+            pids = {lock.backend_pid for lock in locks}
+            assert len(pids) == 2
+            with pytest.raises(pgsolo.UsageError, match="keep"):
+                locker.session_lock(f"{name}-kept", keep=Keep()).acquire()
+            for lock in locks:
+                lock.release()
+        for pid in pids:
+            assert observer.advisory(pid=pid) == set()
+        conn = pool.getconn()  # back in the pool, and usable
+        try:
+            with conn.cursor() as cursor:
+                cursor.execute("SELECT 1")
+                assert cursor.fetchone() == (1,)
+        finally:
+            pool.putconn(conn)
+    finally:
+        pool.closeall()
+
+
+async def test_an_asyncpg_pool_lends_the_lockers_connections(dsn: str, observer: Any) -> None:
+    name = unique_name("locker-asyncpg")
+    async with asyncpg.create_pool(dsn, min_size=1, max_size=2) as pool:
+        async with pgsolo.AsyncLocker(pool, max_connections=2) as locker:
+            locks = [locker.session_lock(f"{name}-{i}") for i in range(10)]
+            for lock in locks:
+                assert await lock.acquire()
+            pids = {lock.backend_pid for lock in locks}
+            assert len(pids) == 2
+            with pytest.raises(pgsolo.UsageError, match="keep"):
+                await locker.session_lock(f"{name}-kept", keep=Keep()).acquire()
+            held = locker.session_lock(f"{name}-held")
+            assert await held.acquire()
+        # Closed with a lock still held: the pool got the connection back holding nothing.
+        for pid in pids:
+            assert observer.advisory(pid=pid) == set()
+        async with pool.acquire() as conn:
+            assert await conn.fetchval("SELECT 1") == 1
