@@ -60,6 +60,7 @@ from .spec import LockSpec as LockSpec
 from .spec import as_keep as as_keep
 from .spec import refuse_keeper as refuse_keeper
 from .spec import wait_ms_of as wait_ms_of
+from .view import InnerLockView as InnerLockView
 from .watch import Watch as Watch
 
 __all__ = [

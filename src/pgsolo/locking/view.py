@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .._types import Lifetime
 from ..errors import LockLostError, LockNotHeldError
@@ -11,7 +11,7 @@ from ..keys import Key
 if TYPE_CHECKING:
     from .core import LockCore
 
-__all__ = ["LockView"]
+__all__ = ["InnerLockView", "LockView"]
 
 
 class LockView:
@@ -79,3 +79,38 @@ class LockView:
         if self.lost:
             state = "lost"
         return f"<{type(self).__name__} {self.lifetime} {self.key} {state}>"
+
+
+class InnerLockView:
+    """What an object that holds its lock through an inner lock object shows of it, the
+    same for both flavours: a semaphore (its slot's lock) and a Locker's lock (the lock
+    on one of the Locker's connections). ``_lock`` is the inner lock while one is taken;
+    ``_loss``, what is known of a loss once it is gone."""
+
+    _lock: Any
+    _loss: LockLostError | None = None
+
+    @property
+    def acquired(self) -> bool:
+        """Whether this one holds the lock."""
+        return self._lock is not None and bool(self._lock.acquired)
+
+    @property
+    def token(self) -> int | None:
+        """The fencing token of this acquisition (``fencing=True``), or None."""
+        return None if self._lock is None else self._lock.token
+
+    @property
+    def lost(self) -> bool:
+        """Whether the keeper (``keep=``) found the lock gone while it was held."""
+        return self.loss is not None
+
+    @property
+    def loss(self) -> LockLostError | None:
+        """What the keeper found, or None."""
+        return self._loss if self._lock is None else self._lock.loss
+
+    def check(self) -> None:
+        """Raise the :class:`~pgsolo.LockLostError` the keeper found, if it found one."""
+        if (loss := self.loss) is not None:
+            raise loss

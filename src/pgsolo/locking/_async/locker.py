@@ -60,6 +60,7 @@ from ..multiplex import (
     refuse_in_child,
 )
 from ..spec import Keep, LockSpec, as_keep, refuse_keeper, wait_ms_of
+from ..view import InnerLockView
 from .drive import adrive
 from .keeper import AsyncKeeper
 from .lock import AsyncLock
@@ -336,7 +337,7 @@ class AsyncLocker:
         return ticket
 
 
-class AsyncLockerLock:
+class AsyncLockerLock(InnerLockView):
     """A session lock taken through an :class:`AsyncLocker`: the API of
     :class:`~pgsolo.AsyncLock` (``acquire``, ``release``, ``is_held``, ``async with``,
     ``acquired``, ``token``, ``lost``, ``check()``), on whichever of the Locker's
@@ -368,33 +369,9 @@ class AsyncLockerLock:
         return self._request.spec.shared
 
     @property
-    def acquired(self) -> bool:
-        """Whether this object holds the lock."""
-        return self._lock is not None and self._lock.acquired
-
-    @property
     def backend_pid(self) -> int | None:
         """The backend pid of the connection it was taken on."""
         return None if self._lock is None else self._lock.backend_pid
-
-    @property
-    def token(self) -> int | None:
-        """The fencing token of this acquisition (``fencing=True``)."""
-        return None if self._lock is None else self._lock.token
-
-    @property
-    def lost(self) -> bool:
-        """Whether the keeper (``keep=``) found the lock gone while it was held."""
-        return self.loss is not None
-
-    @property
-    def loss(self) -> LockLostError | None:
-        return self._loss if self._lock is None else self._lock.loss
-
-    def check(self) -> None:
-        """Raise :class:`~pgsolo.LockLostError` if the keeper found the lock gone."""
-        if (loss := self.loss) is not None:
-            raise loss
 
     def __repr__(self) -> str:
         state = "lost" if self.lost else "acquired" if self.acquired else "not acquired"

@@ -7,12 +7,13 @@ import contextlib
 from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
-from ...errors import LockLostError, LockTimeoutError, LockUnavailableError, PgsoloError
+from ...errors import LockTimeoutError, LockUnavailableError, PgsoloError
 from ...keys import Key
 from ...locking import (
     AsyncLock,
     AsyncLocker,
     AsyncLockerLock,
+    InnerLockView,
     held_session_locks,
     session_lock,
     slot_attempts,
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
 __all__ = ["AsyncSemaphore"]
 
 
-class AsyncSemaphore:
+class AsyncSemaphore(InnerLockView):
     """A semaphore on an async connection, or through an :class:`~pgsolo.AsyncLocker`; see
     :func:`~pgsolo.semaphore`.
 
@@ -50,33 +51,9 @@ class AsyncSemaphore:
         return self._spec.limit
 
     @property
-    def acquired(self) -> bool:
-        """Whether this one holds a slot."""
-        return self._lock is not None and self._lock.acquired
-
-    @property
     def key(self) -> Key | None:
         """The key of the slot held, or None."""
         return None if self._lock is None else self._lock.key
-
-    @property
-    def token(self) -> int | None:
-        """The fencing token of this acquisition (``fencing=True``), or None."""
-        return None if self._lock is None else self._lock.token
-
-    @property
-    def lost(self) -> bool:
-        """Whether the keeper found the slot's lock gone while it was held."""
-        return self._lock is not None and self._lock.lost
-
-    @property
-    def loss(self) -> LockLostError | None:
-        return None if self._lock is None else self._lock.loss
-
-    def check(self) -> None:
-        """Raise the :class:`~pgsolo.LockLostError` the keeper found, if it found one."""
-        if self._lock is not None:
-            self._lock.check()
 
     async def acquire(self) -> bool:
         """Take a free slot: try every slot once (``wait=None``: then give up, False),

@@ -8,9 +8,10 @@ import contextlib
 from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
-from ...errors import LockLostError, LockTimeoutError, LockUnavailableError, PgsoloError
+from ...errors import LockTimeoutError, LockUnavailableError, PgsoloError
 from ...keys import Key
 from ...locking import (
+    InnerLockView,
     Lock,
     Locker,
     LockerLock,
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 __all__ = ["Semaphore"]
 
 
-class Semaphore:
+class Semaphore(InnerLockView):
     """A semaphore on a sync connection, or through an :class:`~pgsolo.Locker`; see
     :func:`~pgsolo.semaphore`.
 
@@ -51,33 +52,9 @@ class Semaphore:
         return self._spec.limit
 
     @property
-    def acquired(self) -> bool:
-        """Whether this one holds a slot."""
-        return self._lock is not None and self._lock.acquired
-
-    @property
     def key(self) -> Key | None:
         """The key of the slot held, or None."""
         return None if self._lock is None else self._lock.key
-
-    @property
-    def token(self) -> int | None:
-        """The fencing token of this acquisition (``fencing=True``), or None."""
-        return None if self._lock is None else self._lock.token
-
-    @property
-    def lost(self) -> bool:
-        """Whether the keeper found the slot's lock gone while it was held."""
-        return self._lock is not None and self._lock.lost
-
-    @property
-    def loss(self) -> LockLostError | None:
-        return None if self._lock is None else self._lock.loss
-
-    def check(self) -> None:
-        """Raise the :class:`~pgsolo.LockLostError` the keeper found, if it found one."""
-        if self._lock is not None:
-            self._lock.check()
 
     def acquire(self) -> bool:
         """Take a free slot: try every slot once (``wait=None``: then give up, False),
