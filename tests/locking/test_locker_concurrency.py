@@ -177,3 +177,28 @@ def test_shared_holders_through_one_locker_use_separate_sessions(
         assert observer.holders(key) == {first.backend_pid, second.backend_pid}
         first.release()
         second.release()
+
+
+def test_closing_a_locker_waits_for_the_job_running_through_it(dsn: str, observer: Any) -> None:
+    started, finished = threading.Event(), threading.Event()
+    results: list[object] = []
+    name = "locker-closing-job"
+
+    def work() -> str:
+        started.set()
+        time.sleep(0.3)
+        finished.set()
+        return "finished"
+
+    locker = pgsolo.Locker(dsn, max_connections=1)
+    runner = threading.Thread(target=lambda: results.append(pgsolo.run_job(locker, name, work)))
+    runner.start()
+    assert started.wait(10)
+    locker.close()  # waits for the job: its release still has a round trip to make
+    assert finished.is_set()
+    assert observer.holders(pgsolo.as_key(name)) == set()
+    runner.join()
+    (result,) = results
+    assert isinstance(result, pgsolo.JobCompleted)
+    assert result.value == "finished"
+    assert observer.holders(pgsolo.as_key(name)) == set()

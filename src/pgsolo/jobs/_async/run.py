@@ -130,7 +130,7 @@ async def _run_through(
     pauses = poll_pauses()
     while True:
         last = deadline is None or time.monotonic() >= deadline
-        async with alend_session(locker, job.key) as (driver, mutex), mutex:
+        async with alend_session(locker, job.key) as (driver, mutex):
             result = await _run_async(
                 one_try, driver, None, _without, (mutex, fn, args), again_if_busy=not last
             )

@@ -129,7 +129,7 @@ def _run_through(
     pauses = poll_pauses()
     while True:
         last = deadline is None or time.monotonic() >= deadline
-        with lend_session(locker, job.key) as (driver, mutex), mutex:
+        with lend_session(locker, job.key) as (driver, mutex):
             result = _run_sync(
                 one_try, driver, None, _without, (mutex, fn, args), again_if_busy=not last
             )

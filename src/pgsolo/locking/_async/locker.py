@@ -72,6 +72,8 @@ T = TypeVar("T")
 # How long a release cut by a cancellation may still take before it is cut after all:
 # its round trip is bounded by the connection's answer deadline long before that.
 RELEASE_BOUND = 60.0
+# How often close() looks whether the jobs running through the Locker are over.
+LEND_LOOK_EVERY = 0.01
 
 
 class _Session:
@@ -90,6 +92,7 @@ class _Session:
         self.watch = GroupWatch(label)
         self.keeper: AsyncKeeper | None = None
         self.retired = False
+        self.lent = 0  # jobs running on it (alend_session), which close() waits for
 
     def broken(self) -> bool:
         return self.retired or self.watch.loss is not None or self.driver.is_closed()
@@ -190,10 +193,14 @@ class AsyncLocker:
 
     async def close(self) -> None:
         """Close the connections (or give them back to the pool, with nothing held).
-        Locks still held through the Locker end with them."""
+        Locks still held through the Locker end with them; a job running through it is
+        waited for (its plan still has round trips to make on its connection)."""
         async with self._opening:
             with self._books:
                 self._closed = True
+            while any(session.lent for session in self._sessions):
+                await apause(LEND_LOOK_EVERY, None)
+            with self._books:
                 sessions, self._sessions = self._sessions, []
             # The janitor ends by itself at its next look; never cut short in the middle
             # of closing a connection.
@@ -529,15 +536,27 @@ async def alend_session(locker: AsyncLocker, key: Key) -> AsyncIterator[tuple[As
     """One of ``locker``'s connections for a lock on ``key`` that pgsolo's own plans take
     (a job's, ``run_job(locker, ...)``): its driver, and the mutex each of the plan's round
     trips must hold. When every connection holds ``key`` already, one of them, where the
-    plan finds the key busy."""
+    plan finds the key busy. The mutex is held as it is given: the plan's first round trip
+    is the caller's to make."""
     session = await locker._seat(key)
     seated = session is not None
     if session is None:
         session = locker._any_live()
     if session is None:  # every connection broke meanwhile
         raise UsageError("this Locker has no usable connection left; try again")
+    with locker._books:
+        session.lent += 1
     try:
-        yield session.driver, session.mutex
+        async with session.mutex:
+            _refuse_retired(session)
+            yield session.driver, session.mutex
     finally:
+        with locker._books:
+            session.lent -= 1
         if seated:
             locker._unseat(session, key)
+
+
+def _refuse_retired(session: _Session) -> None:
+    if session.retired:
+        raise UsageError("this Locker is closed")
