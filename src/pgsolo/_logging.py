@@ -24,6 +24,7 @@ __all__ = [
     "JsonFormatter",
     "cli_logger",
     "configure",
+    "dashboard_logger",
     "drivers_logger",
     "formatter",
     "jobs_logger",
@@ -43,6 +44,7 @@ once_logger = logging.getLogger("pgsolo.once")  # operation keys
 cli_logger = logging.getLogger("pgsolo.cli")  # the command line (pgsolo run's COMMAND)
 drivers_logger = logging.getLogger("pgsolo.drivers")  # connection plumbing
 leaders_logger = logging.getLogger("pgsolo.leaders")  # a campaign's terms
+dashboard_logger = logging.getLogger("pgsolo.dashboard")  # terminations asked for in a browser
 
 # The command line's lines, and its worker processes'.
 LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s: %(message)s"

@@ -46,6 +46,10 @@ __all__ = ["COMMANDS", "build_parser", "console", "main"]
 # --help` lists. A module is imported only when its command runs (or shows its --help):
 # `pgsolo --version` loads no driver at all, and works without libpq.
 COMMANDS: dict[str, tuple[str, str]] = {
+    "dashboard": (
+        ".dashboard",
+        "serve a web dashboard of the locks, jobs, operations and doctor (pgsolo[dashboard])",
+    ),
     "demo": (".demo", "race worker processes for the daily settlement: exactly one runs it"),
     "doctor": (".doctor", "check the production checklist against a live database"),
     "history": (

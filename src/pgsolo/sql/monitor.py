@@ -13,7 +13,9 @@ __all__ = [
     "DOCTOR",
     "LEDGER_KEYS",
     "MONITOR_QUERY_CHARS",
+    "OPERATIONS_LISTED",
     "advisory_locks",
+    "operations",
     "terminate_backend",
 ]
 
@@ -183,3 +185,23 @@ DOCTOR = f"{_DOCTOR_LOCKS} SELECT {utf8(_DOCTOR_SNAPSHOT)}"
 def terminate_backend(pid: int, *, wait_ms: int) -> str:
     """End backend ``pid`` and wait up to ``wait_ms`` for it to be gone (true if it is)."""
     return f"SELECT pg_terminate_backend({int(pid)}, {int(wait_ms)})"
+
+
+OPERATIONS_LISTED = 200  # the most operations the dashboard lists: started first, then newest
+
+
+def operations(*, limit: int = OPERATIONS_LISTED) -> str:
+    """The latest operations of ``run_once`` (``pgsolo.operations``), those still
+    ``started`` first, as one JSON object with the server's ``now`` (:func:`utf8`: an
+    operation key can hold any character). An error is cut to its first 200 characters;
+    the result is left out (it may be a megabyte)."""
+    listed = (
+        "SELECT op_key, state, attempts, holder_pid, host, pid, created_at, updated_at,"
+        " finished_at, left(error, 200) AS error FROM pgsolo.operations"
+        f" ORDER BY state <> 'started', updated_at DESC LIMIT {int(limit)}"
+    )
+    snapshot = (
+        "json_build_object('now', clock_timestamp(), 'operations', coalesce(json_agg(o"
+        " ORDER BY o.state <> 'started', o.updated_at DESC), '[]'::json))"
+    )
+    return f"SELECT {utf8(snapshot)} FROM ({listed}) o"

@@ -1,0 +1,92 @@
+"""``pgsolo dashboard``: serve :func:`pgsolo.dashboard.create_app` with uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from .common import (
+    CliError,
+    Subparsers,
+    add_command,
+    add_dsn_argument,
+    connection,
+    database,
+    int_between,
+    seconds_between,
+    where,
+)
+from .exit_codes import EXIT_OK, EXIT_USAGE
+
+TOKEN_VARIABLE = "PGSOLO_DASHBOARD_TOKEN"  # noqa: S105 - where the token is, not one
+
+INSTALL = "pip install 'pgsolo[dashboard]'"
+
+
+def add_dashboard_command(subparsers: Subparsers) -> None:
+    parser = add_command(
+        subparsers,
+        "dashboard",
+        description="Serve a web dashboard of the database: every advisory lock held or"
+        " waited for (names, holders, wait chains, semaphores, leaders, leak suspects), the"
+        " ledger's jobs, run_once's operations and the doctor's checklist, each page"
+        " refreshing itself, with its JSON under /api/ and Prometheus metrics at /metrics."
+        " Read-only unless --allow-terminate, which needs the token printed at start (or"
+        f" ${TOKEN_VARIABLE}). Binds 127.0.0.1 unless --host says otherwise. Needs the"
+        f" extra: {INSTALL}. Runs until interrupted.",
+    )
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="the address to listen on (default: 127.0.0.1)"
+    )
+    parser.add_argument("--port", type=int_between(1, 65535), default=8765, help="default: 8765")
+    parser.add_argument(
+        "--allow-terminate",
+        action="store_true",
+        help="offer to terminate a lock holder, from a confirmation page, to who gives the"
+        f" token (${TOKEN_VARIABLE}, else a new one printed at start)",
+    )
+    parser.add_argument(
+        "--refresh",
+        type=seconds_between(1, 3600),
+        default=5.0,
+        metavar="SECONDS",
+        help="how often each page refreshes itself (default: 5)",
+    )
+    add_dsn_argument(parser)
+    parser.set_defaults(handler=cmd_dashboard)
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn  # noqa: PLC0415 - the extra's, only when the command runs
+
+        from ..dashboard import create_app  # noqa: PLC0415
+        from ..dashboard.guard import new_token  # noqa: PLC0415
+    except ImportError as exc:
+        raise CliError(
+            f"the dashboard needs the extra pgsolo[dashboard] ({exc.name or exc} is missing):"
+            f" {INSTALL}",
+            EXIT_USAGE,
+        ) from None
+    token = None
+    if args.allow_terminate:
+        token = os.environ.get(TOKEN_VARIABLE) or new_token()
+    with database(args.dsn, connect_timeout=args.connect_timeout) as db:
+        with connection(db, "pgsolo:dashboard") as conn:  # a wrong DSN fails now, exit 69
+            name, server = where(conn)
+        app = create_app(
+            db.dsn,
+            allow_terminate=args.allow_terminate,
+            token=token,
+            refresh_seconds=args.refresh,
+            connect_timeout=db.connect_timeout,
+        )
+        host = f"[{args.host}]" if ":" in args.host else args.host
+        print(f"pgsolo dashboard: database {name} on {server}", file=sys.stderr)
+        print(f"  http://{host}:{args.port}/", file=sys.stderr)
+        if token is not None and not os.environ.get(TOKEN_VARIABLE):
+            print(f"  terminate token: {token}", file=sys.stderr)
+        sys.stderr.flush()
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return EXIT_OK

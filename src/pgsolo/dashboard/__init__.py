@@ -1,0 +1,16 @@
+"""``pgsolo dashboard``: every advisory lock, job and operation of a database in a
+browser, with the ``pgsolo[dashboard]`` extra (Starlette, uvicorn, Jinja2).
+
+:func:`create_app` is an ASGI app: ``pgsolo dashboard`` serves it, and a Starlette or
+FastAPI app mounts it (``Mount("/pgsolo", create_app(dsn))``). Its pages are rendered on
+the server and refresh themselves (a small script of its own; a ``<meta>`` refresh
+without scripts): ``/locks``, ``/jobs``, ``/operations``, ``/doctor``, each with its JSON
+under ``/api/``, and ``/metrics`` for Prometheus. It only reads, unless started to allow
+terminating a lock holder, which then needs a token (docs/dashboard.md).
+"""
+
+from __future__ import annotations
+
+from .app import create_app
+
+__all__ = ["create_app"]

@@ -1,0 +1,370 @@
+"""What each page of the dashboard reads: one short-lived connection per read, named
+``pgsolo:dashboard``, through the monitor (locks, doctor), the ledger (jobs) and pgsolo's
+operations table; each answer as the data its HTML page and its JSON share.
+
+Every read only reads: a role that may ``SELECT`` nothing of pgsolo's still gets the
+locks and doctor pages, and a notice where the ledger or the operations would be.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from .. import sql
+from ..cli.common import Database, connection, where
+from ..cli.history import attempt_as_json
+from ..cli.output import document
+from ..drivers import adapt_sync
+from ..errors import InsufficientPrivilegeError, NotMigratedError
+from ..jobs.record import history, skip_warning
+from ..locking import outside_transaction
+from ..monitor import (
+    AdvisoryLock,
+    Check,
+    SemaphoreUse,
+    advisory_locks,
+    doctor,
+    semaphore_uses,
+    terminate_backend,
+    wait_chains,
+)
+from ..monitor.checks import DEFAULT_OLDER_THAN, DEFAULT_SNAPSHOT_OLDER_THAN
+from ..monitor.leaders import Leadership, leaders_of
+from ..monitor.snapshot import parse_time
+from ..once.operation import lock_key_for
+
+__all__ = [
+    "APPLICATION_NAME",
+    "JOB_ROWS",
+    "DoctorView",
+    "JobSummary",
+    "JobsView",
+    "LocksView",
+    "Operation",
+    "OperationsView",
+    "read_doctor",
+    "read_jobs",
+    "read_locks",
+    "read_operations",
+    "read_session",
+    "terminate",
+]
+
+APPLICATION_NAME = "pgsolo:dashboard"
+
+JOB_ROWS = 500  # the ledger's latest attempts the jobs page summarises
+
+
+def idle_in_transaction(lock: AdvisoryLock) -> bool:
+    """Its session sits in a transaction doing nothing: it keeps every lock it holds."""
+    return (lock.state or "").startswith("idle in transaction")
+
+
+def holds_back_vacuum(lock: AdvisoryLock) -> bool:
+    """Past the threshold ``pgsolo locks`` marks with ``*`` and ``pgsolo doctor`` warns at."""
+    held = lock.holds_back_vacuum_seconds
+    return held is not None and held > DEFAULT_SNAPSHOT_OLDER_THAN
+
+
+def leak_suspect(lock: AdvisoryLock) -> bool:
+    """A held lock whose session has been idle, outside any transaction, for longer than
+    ``pgsolo doctor``'s idle-session check allows: the code returned the connection
+    without unlocking (``state_change`` is the last statement's end)."""
+    age = lock.age_seconds
+    return (
+        lock.granted
+        and lock.state == "idle"
+        and lock.since_source == "state_change"
+        and age is not None
+        and age > DEFAULT_OLDER_THAN
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SemaphoreRow:
+    """A semaphore's slot locks as one row: ``K of N held``."""
+
+    use: SemaphoreUse
+    locks: tuple[AdvisoryLock, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class LocksView:
+    """``pgsolo locks`` as one page: the locks, each semaphore as one row, the wait
+    chains and the leaders."""
+
+    database: str
+    server: str
+    locks: list[AdvisoryLock]
+    semaphores: list[SemaphoreUse]
+    chains: list[tuple[int, ...]]
+    leaders: list[Leadership]
+
+    @property
+    def rows(self) -> list[AdvisoryLock | SemaphoreRow]:
+        """The table's rows: every lock, but a semaphore's slots on one row, where its
+        first slot's would be."""
+        slots: dict[tuple[str, int], list[AdvisoryLock]] = {}
+        rows: list[AdvisoryLock | tuple[str, int]] = []
+        known = {(use.name, use.limit) for use in self.semaphores}
+        for lock in self.locks:
+            slot = lock.semaphore
+            group = (slot.name, slot.limit) if slot is not None else None
+            if group is None or group not in known:
+                rows.append(lock)
+                continue
+            if group not in slots:
+                rows.append(group)
+            slots.setdefault(group, []).append(lock)
+        uses = {(use.name, use.limit): use for use in self.semaphores}
+        return [
+            row if isinstance(row, AdvisoryLock) else SemaphoreRow(uses[row], tuple(slots[row]))
+            for row in rows
+        ]
+
+    @property
+    def held(self) -> int:
+        return sum(1 for lock in self.locks if lock.granted)
+
+    def document(self) -> dict[str, Any]:
+        """The document of ``pgsolo locks --json``, field for field."""
+        return document(
+            "locks",
+            {
+                "database": self.database,
+                "server": self.server,
+                "locks": [lock.as_dict() for lock in self.locks],
+                "semaphores": [use.as_dict() for use in self.semaphores],
+                "wait_chains": [list(chain) for chain in self.chains],
+            },
+        )
+
+
+def read_locks(db: Database) -> LocksView:
+    with connection(db, APPLICATION_NAME) as conn:
+        locks = advisory_locks(conn, from_ledger=True)
+        name, server = where(conn)
+    return LocksView(
+        database=name,
+        server=server,
+        locks=locks,
+        semaphores=semaphore_uses(locks),
+        chains=wait_chains(locks),
+        leaders=leaders_of(locks),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class JobSummary:
+    """One job as its latest attempts in the ledger show it."""
+
+    job: str
+    last: Mapping[str, Any]
+    attempts: int
+    skipped: int
+    warning: str | None
+
+    @property
+    def skip_ratio(self) -> float:
+        return self.skipped / self.attempts
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "job": self.job,
+            "last": attempt_as_json(dict(self.last)),
+            "attempts": self.attempts,
+            "skipped": self.skipped,
+            "skip_ratio": self.skip_ratio,
+            "warning": self.warning,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class JobsView:
+    """The ledger's latest attempts (at most :data:`JOB_ROWS`), per job; ``notice`` says
+    why there are none to read (not migrated, or a privilege missing)."""
+
+    database: str
+    server: str
+    job: str | None
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    notice: str | None = None
+
+    @property
+    def jobs(self) -> list[JobSummary]:
+        by_job: dict[str, list[dict[str, Any]]] = {}
+        for row in self.attempts:  # newest first
+            by_job.setdefault(str(row["job"]), []).append(row)
+        return [
+            JobSummary(
+                job=job,
+                last=rows[0],
+                attempts=len(rows),
+                skipped=sum(1 for row in rows if row["outcome"] == "skipped"),
+                warning=next((w for w in self.warnings if w.startswith(f"job {job}: ")), None),
+            )
+            for job, rows in sorted(by_job.items())
+        ]
+
+    def document(self) -> dict[str, Any]:
+        return document(
+            "dashboard.jobs",
+            {
+                "database": self.database,
+                "server": self.server,
+                "notice": self.notice,
+                "jobs": [summary.as_dict() for summary in self.jobs],
+                "attempts": [attempt_as_json(row) for row in self.attempts],
+                "warnings": self.warnings,
+            },
+        )
+
+
+def read_jobs(db: Database, job: str | None = None) -> JobsView:
+    with connection(db, APPLICATION_NAME) as conn:
+        name, server = where(conn)
+        try:
+            rows = history(conn, job=job, limit=JOB_ROWS)
+        except NotMigratedError:
+            notice = "no ledger in this database: run `pgsolo migrate`, then record jobs"
+            return JobsView(name, server, job, notice=notice)
+        except InsufficientPrivilegeError as exc:
+            return JobsView(name, server, job, notice=str(exc))
+    return JobsView(name, server, job, rows, skip_warning(rows))
+
+
+@dataclass(frozen=True, slots=True)
+class Operation:
+    """A ``run_once`` operation, with whether its lock is held now: a ``started`` one
+    whose lock nobody holds was left by a holder that died (the next call takes it
+    over); one held for longer than doctor's threshold is running long."""
+
+    row: Mapping[str, Any]
+    alive: bool
+    age_seconds: float | None
+
+    @property
+    def state(self) -> str:
+        return str(self.row["state"])
+
+    @property
+    def dead(self) -> bool:
+        return self.state == "started" and not self.alive
+
+    @property
+    def running_long(self) -> bool:
+        return (
+            self.state == "started"
+            and self.alive
+            and self.age_seconds is not None
+            and self.age_seconds > DEFAULT_OLDER_THAN
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            **self.row,
+            "holder_alive": self.alive if self.state == "started" else None,
+            "age_seconds": self.age_seconds,
+            "running_long": self.running_long,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class OperationsView:
+    database: str
+    server: str
+    operations: list[Operation] = field(default_factory=list)
+    notice: str | None = None
+
+    def document(self) -> dict[str, Any]:
+        return document(
+            "dashboard.operations",
+            {
+                "database": self.database,
+                "server": self.server,
+                "notice": self.notice,
+                "operations": [operation.as_dict() for operation in self.operations],
+            },
+        )
+
+
+def read_operations(db: Database) -> OperationsView:
+    with connection(db, APPLICATION_NAME) as conn:
+        name, server = where(conn)
+        driver = adapt_sync(conn)
+        try:
+            value = driver.fetch_value(outside_transaction(driver, [sql.operations()]))
+        except Exception as exc:
+            meaning = sql.meaning(driver.sqlstate(exc))
+            if meaning is sql.Meaning.NOT_MIGRATED:
+                notice = "no operations table in this database: run `pgsolo migrate`"
+                return OperationsView(name, server, notice=notice)
+            if meaning is sql.Meaning.NO_PRIVILEGE:
+                error = sql.privilege_error(
+                    "reading the operations", driver.server_info().user, features=("once",)
+                )
+                return OperationsView(name, server, notice=str(error))
+            raise
+        held = {lock.key.value for lock in advisory_locks(conn) if lock.granted}
+    snapshot = sql.read_json(value)
+    now = parse_time(snapshot["now"])
+    return OperationsView(
+        name, server, [_operation(row, held, now) for row in snapshot["operations"]]
+    )
+
+
+def _operation(
+    row: Mapping[str, Any], held: set[int | tuple[int, int]], now: datetime | None
+) -> Operation:
+    alive = row["state"] == "started" and lock_key_for(str(row["op_key"])).value in held
+    since = parse_time(row.get("updated_at"))
+    age = None if since is None or now is None else (now - since).total_seconds()
+    return Operation(row, alive, age)
+
+
+@dataclass(frozen=True, slots=True)
+class DoctorView:
+    database: str
+    server: str
+    checks: list[Check]
+
+    @property
+    def exit_code(self) -> int:
+        """``pgsolo doctor``'s: 1 when a check failed."""
+        return 1 if any(check.status == "fail" for check in self.checks) else 0
+
+    def document(self) -> dict[str, Any]:
+        """The document of ``pgsolo doctor --json``, field for field."""
+        return document(
+            "doctor",
+            {
+                "database": self.database,
+                "server": self.server,
+                "exit_code": self.exit_code,
+                "checks": [check.as_dict() for check in self.checks],
+            },
+        )
+
+
+def read_doctor(db: Database) -> DoctorView:
+    with connection(db, APPLICATION_NAME) as conn:
+        checks = doctor(conn)
+        name, server = where(conn)
+    return DoctorView(name, server, checks)
+
+
+def read_session(db: Database, pid: int) -> list[AdvisoryLock]:
+    """The advisory locks backend ``pid`` holds or waits for: what a terminate confirms."""
+    with connection(db, APPLICATION_NAME) as conn:
+        return advisory_locks(conn, pid=pid, from_ledger=True)
+
+
+def terminate(db: Database, pid: int) -> tuple[bool, list[AdvisoryLock]]:
+    """End backend ``pid``; whether it is gone, and what it held just before."""
+    with connection(db, APPLICATION_NAME) as conn:
+        held = advisory_locks(conn, pid=pid, from_ledger=True)
+        return terminate_backend(conn, pid), held
