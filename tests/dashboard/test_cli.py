@@ -1,0 +1,32 @@
+"""``pgsolo dashboard``: its options, a database it cannot reach, and the extra missing."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from _support import main_in_process
+
+
+def test_without_the_extra_it_says_what_to_install(
+    db: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "uvicorn", None)  # what an install without it imports
+    assert main_in_process(["dashboard", "--dsn", db]) == 2
+    assert "pip install 'pgsolo[dashboard]'" in capsys.readouterr().err
+
+
+def test_a_database_it_cannot_reach_is_exit_69_before_serving(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    unreachable = "postgresql://someone:s3cret-pw-77@127.0.0.1:1/nowhere?connect_timeout=2"
+    assert main_in_process(["dashboard", "--dsn", unreachable, "--port", "1"]) == 69
+    err = capsys.readouterr().err
+    assert "database unavailable" in err
+    assert "s3cret-pw-77" not in err
+
+
+@pytest.mark.parametrize("args", [["--port", "0"], ["--refresh", "0"], ["--port", "http"]])
+def test_bad_options_are_usage_errors(args: list[str]) -> None:
+    assert main_in_process(["dashboard", *args]) == 2
