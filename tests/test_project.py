@@ -60,7 +60,7 @@ def test_ci_runs_its_checks_through_the_same_sessions() -> None:
     assert staged == CI_CHECKS
     # no second copy of a session's command in .ci/run
     for tool in ("ruff", "mypy", "lint-imports", "mkdocs", "twine"):
-        assert f".venv/bin/{tool}" not in ci, tool
+        assert f"/bin/{tool}" not in ci, tool
     assert "unasync.py --check" not in ci
     assert MYPY in read("noxfile.py").replace('", "', " ")
 
@@ -91,7 +91,7 @@ def test_every_driver_library_has_a_tested_range_and_ci_tests_both_ends() -> Non
         operators = {spec.operator for spec in Requirement(line).specifier}
         assert operators == {">=", "<"}, line
     assert "tests/drivers" in ast.literal_eval(assignments["DRIVER_TESTS"])
-    assert re.search(r"^timeout .* \.venv/bin/nox -s lowest ", read(".ci/run"), re.MULTILINE)
+    assert re.search(r'^timeout .*/bin/nox"? -s lowest ', read(".ci/run"), re.MULTILINE)
 
 
 def test_the_git_hooks_run_the_tools_of_the_development_environment() -> None:
