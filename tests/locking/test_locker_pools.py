@@ -1,5 +1,6 @@
 """A Locker that borrows its connections from the pool of another driver: psycopg2's
-``ThreadedConnectionPool`` (sync) and asyncpg's pool (async). Locks work on them as on a
+``ThreadedConnectionPool`` (sync), asyncpg's pool (async), and a SQLAlchemy engine's pool
+(both). Locks work on them as on a
 connection of that driver; ``keep=`` is refused before anything is taken (neither driver
 lets the keeper share a connection), and each connection goes back holding nothing.
 """
@@ -11,6 +12,8 @@ from typing import Any
 import asyncpg
 import psycopg2.pool
 import pytest
+import sqlalchemy
+from sqlalchemy.ext.asyncio import create_async_engine
 
 import pgsolo
 from _support import unique_name
@@ -61,3 +64,47 @@ async def test_an_asyncpg_pool_lends_the_lockers_connections(dsn: str, observer:
             assert observer.advisory(pid=pid) == set()
         async with pool.acquire() as conn:
             assert await conn.fetchval("SELECT 1") == 1
+
+
+def _sqlalchemy_url(dsn: str, driver: str) -> str:
+    return "postgresql+" + driver + "://" + dsn.split("://", 1)[1]
+
+
+def test_a_sqlalchemy_engine_lends_the_lockers_connections(dsn: str, observer: Any) -> None:
+    engine = sqlalchemy.create_engine(_sqlalchemy_url(dsn, "psycopg"), pool_size=2)
+    try:
+        name = unique_name("locker-engine")
+        with pgsolo.Locker(engine, max_connections=2) as locker:
+            locks = [locker.session_lock(f"{name}-{i}", keep=Keep()) for i in range(6)]
+            assert all(lock.acquire() for lock in locks)
+            pids = {lock.backend_pid for lock in locks}
+            assert len(pids) == 2
+            assert engine.pool.checkedout() == 2
+            held = locker.session_lock(f"{name}-held")
+            assert held.acquire()
+        # Closed with a lock still held: the engine's pool has both back, holding nothing.
+        assert engine.pool.checkedout() == 0
+        for pid in pids:
+            assert observer.advisory(pid=pid) == set()
+    finally:
+        engine.dispose()
+
+
+async def test_a_sqlalchemy_async_engine_lends_the_lockers_connections(
+    dsn: str, observer: Any
+) -> None:
+    engine = create_async_engine(_sqlalchemy_url(dsn, "psycopg"), pool_size=2)
+    try:
+        name = unique_name("locker-async-engine")
+        async with pgsolo.AsyncLocker(engine, max_connections=2) as locker:
+            locks = [locker.session_lock(f"{name}-{i}") for i in range(6)]
+            for lock in locks:
+                assert await lock.acquire()
+            pids = {lock.backend_pid for lock in locks}
+            assert len(pids) == 2
+            assert engine.pool.checkedout() == 2
+        assert engine.pool.checkedout() == 0
+        for pid in pids:
+            assert observer.advisory(pid=pid) == set()
+    finally:
+        await engine.dispose()

@@ -45,7 +45,6 @@ __all__ = [
     "fewest_held",
     "let_go_all",
     "poll_pauses",
-    "pool_calls",
     "refuse_in_child",
 ]
 
@@ -55,12 +54,18 @@ FIRST_PAUSE = 0.001
 LONGEST_PAUSE = 0.05
 
 
-class SyncPoolLike(Protocol):
-    """A pool a Locker borrows its connections from: ``psycopg_pool.ConnectionPool``, or
-    one of ``psycopg2.pool``'s."""
-
+class _GetconnPool(Protocol):
     def getconn(self) -> Any: ...
     def putconn(self, conn: Any, /) -> Any: ...
+
+
+class _Engine(Protocol):
+    def raw_connection(self) -> Any: ...
+
+
+# A pool a Locker borrows its connections from: ``psycopg_pool.ConnectionPool``, one of
+# ``psycopg2.pool``'s, or a SQLAlchemy ``Engine`` (pgsolo.drivers.lenders).
+SyncPoolLike: TypeAlias = _GetconnPool | _Engine
 
 
 class _AsyncGetconnPool(Protocol):
@@ -73,22 +78,13 @@ class _AsyncAcquirePool(Protocol):
     def release(self, conn: Any, /) -> Awaitable[Any]: ...
 
 
-# The same for an async Locker: ``psycopg_pool.AsyncConnectionPool``, or asyncpg's pool.
-AsyncPoolLike: TypeAlias = _AsyncGetconnPool | _AsyncAcquirePool
+class _AsyncEngine(Protocol):
+    def raw_connection(self) -> Awaitable[Any]: ...
 
 
-def pool_calls(pool: object) -> tuple[Callable[[], Any], Callable[[Any], Any]]:
-    """How to borrow a connection from ``pool`` and give it back (what they return is
-    awaited by an async Locker), or :class:`~pgsolo.InvalidArgumentError`."""
-    for borrow_name, give_name in (("getconn", "putconn"), ("acquire", "release")):
-        borrow, give = getattr(pool, borrow_name, None), getattr(pool, give_name, None)
-        if callable(borrow) and callable(give):
-            return borrow, give
-    raise InvalidArgumentError(
-        "a Locker needs a connection string or a connection pool (getconn and putconn, as"
-        " psycopg_pool's and psycopg2's, or acquire and release, as asyncpg's), got"
-        f" {type(pool).__name__}"
-    )
+# The same for an async Locker: ``psycopg_pool.AsyncConnectionPool``, asyncpg's pool, or a
+# SQLAlchemy ``AsyncEngine``.
+AsyncPoolLike: TypeAlias = _AsyncGetconnPool | _AsyncAcquirePool | _AsyncEngine
 
 
 @dataclass(frozen=True, slots=True)

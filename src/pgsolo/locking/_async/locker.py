@@ -37,6 +37,7 @@ from ..._acompat import (
 )
 from ...drivers import AsyncDriver, adapt_async
 from ...drivers.connect import aopen_connection
+from ...drivers.lenders import lender_of
 from ...dsn import libpq_dsn
 from ...errors import (
     LockLostError,
@@ -56,7 +57,6 @@ from ..multiplex import (
     fewest_held,
     let_go_all,
     poll_pauses,
-    pool_calls,
     refuse_in_child,
 )
 from ..spec import Keep, LockSpec, as_keep, refuse_keeper, wait_ms_of
@@ -140,7 +140,7 @@ class AsyncLocker:
         if isinstance(dsn_or_pool, str):
             libpq_dsn(dsn_or_pool)  # a scheme libpq cannot read is refused now
         else:
-            pool_calls(dsn_or_pool)  # refused now if it is no pool
+            lender_of(dsn_or_pool)  # refused now if it is no pool
         self._source = dsn_or_pool
         self._created_in = os.getpid()
         self._books = threading.Lock()  # the sessions and their counts; never held across I/O
@@ -292,12 +292,13 @@ class AsyncLocker:
         label = f"{self._options.application_name}#{self._opened}"
         source = self._source
         if not isinstance(source, str):
-            borrow, give = pool_calls(source)
-            conn = await aresult_of(borrow())
+            lender = lender_of(source)
+            loan = await aresult_of(lender.borrow())
+            conn = lender.connection_of(loan)
             driver = adapt_async(conn)
 
             async def give_back() -> None:
-                await aresult_of(give(conn))
+                await aresult_of(lender.give_back(loan))
 
         else:
             opened = aopen_connection(source, application_name=self._options.application_name)

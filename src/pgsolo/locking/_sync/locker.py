@@ -38,6 +38,7 @@ from ..._acompat import (
 )
 from ...drivers import SyncDriver, adapt_sync
 from ...drivers.connect import open_connection
+from ...drivers.lenders import lender_of
 from ...dsn import libpq_dsn
 from ...errors import (
     LockLostError,
@@ -57,7 +58,6 @@ from ..multiplex import (
     fewest_held,
     let_go_all,
     poll_pauses,
-    pool_calls,
     refuse_in_child,
 )
 from ..spec import Keep, LockSpec, as_keep, refuse_keeper, wait_ms_of
@@ -141,7 +141,7 @@ class Locker:
         if isinstance(dsn_or_pool, str):
             libpq_dsn(dsn_or_pool)  # a scheme libpq cannot read is refused now
         else:
-            pool_calls(dsn_or_pool)  # refused now if it is no pool
+            lender_of(dsn_or_pool)  # refused now if it is no pool
         self._source = dsn_or_pool
         self._created_in = os.getpid()
         self._books = threading.Lock()  # the sessions and their counts; never held across I/O
@@ -293,12 +293,13 @@ class Locker:
         label = f"{self._options.application_name}#{self._opened}"
         source = self._source
         if not isinstance(source, str):
-            borrow, give = pool_calls(source)
-            conn = result_of(borrow())
+            lender = lender_of(source)
+            loan = result_of(lender.borrow())
+            conn = lender.connection_of(loan)
             driver = adapt_sync(conn)
 
             def give_back() -> None:
-                result_of(give(conn))
+                result_of(lender.give_back(loan))
 
         else:
             opened = open_connection(source, application_name=self._options.application_name)

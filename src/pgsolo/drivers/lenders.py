@@ -1,0 +1,68 @@
+"""How a Locker borrows connections from a pool of the user's, whatever its library, and
+gives them back (:func:`lender_of`).
+
+psycopg_pool's pools and psycopg2's lend by ``getconn``/``putconn``, asyncpg's by
+``acquire``/``release``; a SQLAlchemy ``Engine`` lends a pooled DBAPI connection through
+``raw_connection()``, whose driver connection is the psycopg (or asyncpg...) connection
+pgsolo adapts, and which goes back to the engine's pool when closed; an ``AsyncEngine``'s
+close runs in SQLAlchemy's greenlet bridge, so it is awaited as the others' are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import InvalidArgumentError
+
+__all__ = ["Lender", "lender_of"]
+
+
+@dataclass(frozen=True, slots=True)
+class Lender:
+    """A pool's three calls; what they return is awaited by an async Locker when it is
+    awaitable."""
+
+    borrow: Callable[[], Any]
+    """A loan: a connection, or the handle that holds one (and may be awaitable)."""
+    connection_of: Callable[[Any], Any]
+    """The driver connection of a loan."""
+    give_back: Callable[[Any], Any]
+    """Return a loan to its pool."""
+
+
+def _same(loan: Any) -> Any:
+    return loan
+
+
+def lender_of(pool: object) -> Lender:
+    """How to borrow from ``pool``, or :class:`~pgsolo.InvalidArgumentError` before
+    anything is borrowed."""
+    for borrow_name, give_name in (("getconn", "putconn"), ("acquire", "release")):
+        borrow, give = getattr(pool, borrow_name, None), getattr(pool, give_name, None)
+        if callable(borrow) and callable(give):
+            return Lender(borrow, _same, give)
+    if type(pool).__module__.startswith("sqlalchemy.") and callable(
+        getattr(pool, "raw_connection", None)
+    ):
+        return _engine_lender(pool)
+    raise InvalidArgumentError(
+        "a Locker needs a connection string or a connection pool (psycopg_pool's or"
+        " psycopg2's getconn and putconn, asyncpg's acquire and release, or a SQLAlchemy"
+        f" engine), got {type(pool).__name__}"
+    )
+
+
+def _engine_lender(engine: Any) -> Lender:
+    from sqlalchemy.ext.asyncio import AsyncEngine  # noqa: PLC0415 - only for an engine
+    from sqlalchemy.util import greenlet_spawn  # noqa: PLC0415
+
+    def driver_connection(loan: Any) -> Any:
+        return loan.driver_connection
+
+    if isinstance(engine, AsyncEngine):
+        return Lender(
+            engine.raw_connection, driver_connection, lambda loan: greenlet_spawn(loan.close)
+        )
+    return Lender(engine.raw_connection, driver_connection, lambda loan: loan.close())
