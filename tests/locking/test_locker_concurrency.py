@@ -17,7 +17,7 @@ from collections import Counter
 from typing import Any
 
 import pgsolo
-from _support import aeventually, eventually, terminate
+from _support import SnapshotWatch, aeventually, eventually, terminate
 from pgsolo import Keep, Key, LockLostError
 
 KEYS = [f"locker-hammer-{i}" for i in range(4)]
@@ -202,3 +202,32 @@ def test_closing_a_locker_waits_for_the_job_running_through_it(dsn: str, observe
     assert isinstance(result, pgsolo.JobCompleted)
     assert result.value == "finished"
     assert observer.holders(pgsolo.as_key(name)) == set()
+
+
+def test_a_waiter_through_a_locker_holds_no_transaction_or_snapshot(
+    dsn: str, sync_connect: Any, key: Key
+) -> None:
+    """Issue 18's rule through a Locker: its wait is tries, one short statement each, so
+    its connection never holds a transaction or a snapshot for the length of the wait,
+    and never waits for the lock on the server."""
+    holding = 2.0
+    holder = sync_connect(autocommit=True)
+    holder.execute(f"SELECT pg_advisory_lock({key.sql_args})")
+    with pgsolo.Locker(dsn, max_connections=1) as locker:
+        opener = locker.session_lock("locker-snapshot-opener")
+        assert opener.acquire()
+        pid = opener.backend_pid
+        assert pid is not None
+        opener.release()
+        letting_go = threading.Timer(holding, holder.execute, ("SELECT pg_advisory_unlock_all()",))
+        with SnapshotWatch(sync_connect(autocommit=True), pid) as watch:
+            letting_go.start()
+            try:
+                with locker.session_lock(key, wait=30) as lock:
+                    assert lock.acquired
+                    assert lock.backend_pid == pid
+            finally:
+                letting_go.join()
+    assert not watch.saw_lock_wait
+    assert watch.oldest_transaction < holding / 2, f"{watch.oldest_transaction:.2f}s"
+    assert watch.oldest_snapshot < holding / 2, f"{watch.oldest_snapshot:.2f}s"
