@@ -157,6 +157,30 @@ def test_a_three_deep_wait_chain_is_shown_in_order(connect: Connect, observer: o
             thread.join(DEADLINE)
 
 
+def test_a_waiter_is_named_as_the_holder_of_its_key_is(connect: Connect, observer: object) -> None:
+    """Guards the dashboard's nameless waiting rows: the holder's ``pgsolo:<name>`` proves
+    the key's name, and the waiter's own session (plain SQL, no name of pgsolo's) is
+    waiting for that same name."""
+    name = unique_name("waited-for")
+    key = pgsolo.keys.from_name(name)
+    holder = connect(application_name=f"pgsolo:{name}")
+    waiter = connect(application_name="plain-worker", options=STATEMENT_BOUND)
+    holder.execute(f"SELECT pg_advisory_lock({key.sql_args})")
+    thread = in_background(waiter, f"SELECT pg_advisory_lock({key.sql_args})")
+    eventually(lambda: observer.waiters(key), "the waiter to wait")  # type: ignore[attr-defined]
+    try:
+        locks = mine(connect(), holder.info.backend_pid, waiter.info.backend_pid)
+        assert [(lock.granted, lock.name, lock.key.name) for lock in locks] == [
+            (True, name, name),
+            (False, name, name),
+        ]
+    finally:
+        observer.conn.execute(  # type: ignore[attr-defined]
+            "SELECT pg_terminate_backend(%s, 5000)", (waiter.info.backend_pid,)
+        )
+        thread.join(DEADLINE)
+
+
 def test_names_come_from_a_registry_file_and_from_given_names(
     connect: Connect, tmp_path: Path
 ) -> None:

@@ -503,8 +503,22 @@ def _locks_from(snapshot: Mapping[str, Any], namer: _Namer) -> list[AdvisoryLock
                 semaphore=slot,
             )
         )
+    locks = _named_alike(locks)
     locks.sort(key=_display_order)
     return locks
+
+
+def _named_alike(locks: list[AdvisoryLock]) -> list[AdvisoryLock]:
+    """``locks`` with each unnamed one named as another row of its key is: a name that
+    one session's ``application_name`` proves (it derives to the key) is the key's, so a
+    waiter whose own session says nothing waits for that name too."""
+    named = {lock.key.value: lock.key for lock in locks if lock.name is not None}
+    return [
+        replace(lock, key=key, name=key.name)
+        if lock.name is None and (key := named.get(lock.key.value)) is not None
+        else lock
+        for lock in locks
+    ]
 
 
 def _lifetime(
