@@ -1007,13 +1007,25 @@ def nothing_sent(conn: psycopg.Connection[Any], observer: Any) -> Iterator[None]
 def json_document(text: str) -> dict[str, Any]:
     """The one ``--json`` document in ``text`` (its last line), checked against the JSON
     Schema its ``schema`` field names (``pgsolo/cli/schemas/<command>.json``)."""
-    import jsonschema  # noqa: PLC0415 - only the tests of --json need it
+    return valid_document(json.loads(text.strip().splitlines()[-1]))
 
-    doc = json.loads(text.strip().splitlines()[-1])
-    command = doc["schema"].removeprefix("pgsolo.").split("/")[0]
+
+def valid_document(doc: dict[str, Any]) -> dict[str, Any]:
+    """``doc``, checked against the JSON Schema its ``schema`` field names
+    (``pgsolo.<name>/1``: ``pgsolo/cli/schemas/<name>.json``, whose ``$ref`` to another
+    of the package's schemas is followed)."""
+    import jsonschema  # noqa: PLC0415 - only the tests of --json need it
+    from referencing import Registry, Resource  # noqa: PLC0415 - jsonschema's own
+
     schemas = Path(pgsolo.__file__).parent / "cli" / "schemas"
-    schema = json.loads((schemas / f"{command}.json").read_text(encoding="utf-8"))
+    registry: Registry[Any] = Registry().with_resources(
+        (path.name, Resource.from_contents(json.loads(path.read_text(encoding="utf-8"))))
+        for path in schemas.glob("*.json")
+    )
+    name = doc["schema"].removeprefix("pgsolo.").split("/")[0]
     jsonschema.Draft202012Validator(
-        schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER
+        registry.contents(f"{name}.json"),
+        registry=registry,
+        format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER,
     ).validate(doc)
     return dict(doc)

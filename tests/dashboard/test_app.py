@@ -5,12 +5,10 @@ nothing of pgsolo's still gets every page."""
 
 from __future__ import annotations
 
-import json
 import logging
 import re
-from importlib import resources
+from datetime import datetime
 
-import jsonschema
 import psycopg
 import pytest
 from starlette.applications import Starlette
@@ -18,16 +16,10 @@ from starlette.routing import Mount
 from starlette.testclient import TestClient
 
 import pgsolo
-from _support import ROLE_PASSWORD, MakeRole, eventually, in_background, role_dsn
+from _support import ROLE_PASSWORD, MakeRole, eventually, in_background, role_dsn, valid_document
 from dashboard.conftest import TOKEN, Holder, unique
 from pgsolo.dashboard import create_app
 from pgsolo.errors import InvalidArgumentError
-
-
-def schema(command: str) -> dict[str, object]:
-    text = resources.files("pgsolo.cli").joinpath("schemas", f"{command}.json").read_text()
-    loaded: dict[str, object] = json.loads(text)
-    return loaded
 
 
 def row_of(page: str, pid: int) -> str:
@@ -95,16 +87,14 @@ def test_an_idle_in_transaction_holder_is_shown_loud(
 
 def test_the_locks_json_is_pgsolo_locks_json(client: TestClient, hold: Holder) -> None:
     conn, key = hold(unique("dashboard-json"))
-    doc = client.get("/api/locks").json()
-    jsonschema.validate(doc, schema("locks"))
+    doc = valid_document(client.get("/api/locks").json())
     assert doc["schema"] == "pgsolo.locks/1"
     (mine,) = [lock for lock in doc["locks"] if lock["pid"] == conn.info.backend_pid]
     assert (mine["key"], mine["granted"]) == (key.text, True)
 
 
 def test_the_doctor_page_and_json_are_pgsolo_doctors(client: TestClient) -> None:
-    doc = client.get("/api/doctor").json()
-    jsonschema.validate(doc, schema("doctor"))
+    doc = valid_document(client.get("/api/doctor").json())
     names = [check["name"] for check in doc["checks"]]
     assert {"idle-session-locks", "vacuum-horizon", "leaders"} <= set(names)
     page = client.get("/doctor").text
@@ -148,10 +138,47 @@ def test_jobs_show_the_ledger_and_the_skip_warning(client: TestClient, db: str) 
     assert "skipped" in row.group(0)
     assert "75%" in row.group(0)
     assert "skips outpace the schedule" in row.group(0)
-    doc = client.get("/api/jobs", params={"job": job}).json()
+    doc = valid_document(client.get("/api/jobs", params={"job": job}).json())
     (summary,) = doc["jobs"]
     assert (summary["attempts"], summary["skipped"]) == (4, 3)
     assert summary["warning"] is not None
+
+
+def test_jobs_show_when_each_period_job_is_next_expected(client: TestClient, db: str) -> None:
+    """A job done this period is next expected when the next period begins; one whose
+    last mark is an earlier period is due now; a job with periods and no ledger row is
+    listed too. By the database's clock, in the JSON and on the page."""
+    done, late = unique("dashboard-daily"), unique("dashboard-hourly")
+    pgsolo.run_job(db, done, lambda conn: None, period="day", record=True)
+    pgsolo.run_job(db, late, lambda conn: None, period="hour")  # no ledger row
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE pgsolo.job_periods SET period_start = period_start - interval '3 hours'"
+            " WHERE job = %s",
+            (late,),
+        )
+        today, tomorrow, this_hour = conn.execute(
+            "SELECT date_trunc('day', now(), 'UTC'), date_trunc('day', now(), 'UTC')"
+            " + interval '1 day', date_trunc('hour', now(), 'UTC')"
+        ).fetchone()
+    doc = valid_document(client.get("/api/jobs").json())
+    jobs = {summary["job"]: summary for summary in doc["jobs"]}
+    (daily,) = jobs[done]["periods"]
+    assert (daily["period"], daily["due"]) == ("day", False)
+    assert datetime.fromisoformat(daily["current_period_start"]) == today
+    assert datetime.fromisoformat(daily["next_expected"]) == tomorrow
+    (hourly,) = jobs[late]["periods"]
+    assert (hourly["period"], hourly["due"]) == ("hour", True)
+    assert datetime.fromisoformat(hourly["next_expected"]) == this_hour
+    assert (jobs[late]["last"], jobs[late]["attempts"], jobs[late]["skip_ratio"]) == (None, 0, None)
+    page = client.get("/jobs").text
+    row = re.search(rf'<tr data-job="{late}".*?</tr>', page, re.S)
+    assert row, "no row for the job without ledger rows"
+    assert "due: this period not done yet" in row.group(0)
+    assert "no attempt recorded" in row.group(0)
+    row = re.search(rf'<tr data-job="{done}".*?</tr>', page, re.S)
+    assert row, "no row for the daily job"
+    assert f"next period from {daily['next_expected']}" in row.group(0)
 
 
 def test_operations_single_out_a_started_one_whose_holder_is_gone(
@@ -174,7 +201,8 @@ def test_operations_single_out_a_started_one_whose_holder_is_gone(
     assert "holder gone" in gone.group(0)
     assert "succeeded" in ok.group(0)
     assert "holder gone" not in ok.group(0)
-    ops = {op["op_key"]: op for op in client.get("/api/operations").json()["operations"]}
+    doc = valid_document(client.get("/api/operations").json())
+    ops = {op["op_key"]: op for op in doc["operations"]}
     assert ops[crashed]["holder_alive"] is False
     assert ops[done]["holder_alive"] is None
 
@@ -339,8 +367,27 @@ def test_a_role_that_may_read_nothing_of_pgsolos_gets_every_page(
         jobs = client.get("/jobs")
         assert jobs.status_code == 200
         assert "GRANT SELECT ON TABLE pgsolo.job_runs" in jobs.text
-        operations = client.get("/api/operations").json()
+        operations = valid_document(client.get("/api/operations").json())
         assert "pgsolo.operations" in operations["notice"]
+
+
+def test_a_role_that_may_read_the_ledger_only_gets_a_notice_for_the_periods(
+    make_role: MakeRole, fresh_db: str, admin: psycopg.Connection
+) -> None:
+    """The periods are read apart from the ledger: a role granted what ``pgsolo history``
+    needs still sees its jobs, with the GRANT that would show their periods."""
+    pgsolo.migrate(admin)
+    job = unique("dashboard-ledger-only")
+    pgsolo.run_job(fresh_db, job, lambda conn: None, period="day", record=True)
+    role, _ = make_role()
+    for grant in pgsolo.sql.grants(role, ("history",)):
+        admin.execute(grant)
+    with TestClient(create_app(role_dsn(fresh_db, role))) as client:
+        doc = valid_document(client.get("/api/jobs").json())
+    assert doc["notice"] is None
+    assert "pgsolo.job_periods" in doc["periods_notice"]
+    (summary,) = doc["jobs"]
+    assert (summary["job"], summary["attempts"], summary["periods"]) == (job, 1, [])
 
 
 def test_a_database_without_pgsolos_tables_gets_a_notice(fresh_db: str) -> None:
@@ -348,7 +395,7 @@ def test_a_database_without_pgsolos_tables_gets_a_notice(fresh_db: str) -> None:
         jobs = client.get("/jobs")
         assert jobs.status_code == 200
         assert "pgsolo migrate" in jobs.text
-        assert "pgsolo migrate" in client.get("/api/operations").json()["notice"]
+        assert "pgsolo migrate" in valid_document(client.get("/api/operations").json())["notice"]
 
 
 def test_pages_work_without_scripts_and_refresh_themselves(client: TestClient) -> None:

@@ -191,3 +191,43 @@ def test_the_command_line_refuses_a_period_before_connecting(options: list[str])
     nowhere = "host=127.0.0.1 port=1 connect_timeout=2"  # 69 if anything connected
     done = pgsolo_cli("run", "--key", "k", "--dsn", nowhere, *options, "--", "true")
     assert done.returncode == 2, done.stderr
+
+
+@pytest.mark.parametrize(
+    "period",
+    ["minute", "hour", "day", "week", "month", "year", "900 seconds", "86400 seconds"]
+    + [
+        f"{unit} in {zone}"
+        for unit in ("day", "week", "month", "year")
+        for zone in ("Europe/Paris", "Pacific/Kiritimati", "America/Sao_Paulo")
+    ],
+)
+def test_the_next_period_starts_where_the_current_one_ends(observer: Any, period: str) -> None:
+    """What the dashboard's "next expected" reads: for instants on days whose clocks
+    change (23- and 25-hour days), at a month's and a year's turn, the next period's start
+    is the first instant that the server puts in a period after the current one."""
+    instants = [
+        datetime(2026, 3, 29, 1, 30, tzinfo=UTC),
+        datetime(2026, 10, 25, 0, 30, tzinfo=UTC),
+        datetime(2026, 10, 25, 22, 59, tzinfo=UTC),
+        datetime(2026, 2, 28, 23, 30, tzinfo=UTC),
+        datetime(2026, 12, 31, 23, 59, 59, tzinfo=UTC),
+        datetime(
+            2018, 11, 4, 2, 59, tzinfo=UTC
+        ),  # São Paulo: just before a midnight that did not exist
+    ]
+    at = [f"'{instant.isoformat()}'::timestamptz" for instant in instants]
+    columns = ", ".join(
+        f"{sql.period_start(period, at=a)}, {sql.next_period_start(period, at=a)}" for a in at
+    )
+    row = observer.conn.execute(f"SELECT {columns}").fetchone()
+    pairs = list(zip(row[0::2], row[1::2], strict=True))
+    tick = timedelta(microseconds=1)
+    ends = [instant for _, following in pairs for instant in (following - tick, following)]
+    assert starts(observer, period, ends) == [
+        value for current, following in pairs for value in (current, following)
+    ]
+    assert all(
+        current <= instant < following
+        for (current, following), instant in zip(pairs, instants, strict=True)
+    )

@@ -19,7 +19,7 @@ from ..cli.history import attempt_as_json
 from ..cli.output import document
 from ..drivers import adapt_sync
 from ..errors import InsufficientPrivilegeError, NotMigratedError
-from ..jobs.record import history, skip_warning
+from ..jobs.record import history, periods, skip_warning
 from ..locking import outside_transaction
 from ..monitor import (
     AdvisoryLock,
@@ -159,33 +159,37 @@ def read_locks(db: Database) -> LocksView:
 
 @dataclass(frozen=True, slots=True)
 class JobSummary:
-    """One job as its latest attempts in the ledger show it."""
+    """One job as its latest attempts in the ledger and its periods marked done show it
+    (``last`` is None for a job with periods but no recorded attempt)."""
 
     job: str
-    last: Mapping[str, Any]
+    last: Mapping[str, Any] | None
     attempts: int
     skipped: int
     warning: str | None
+    periods: tuple[Mapping[str, Any], ...] = ()
 
     @property
-    def skip_ratio(self) -> float:
-        return self.skipped / self.attempts
+    def skip_ratio(self) -> float | None:
+        return self.skipped / self.attempts if self.attempts else None
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "job": self.job,
-            "last": attempt_as_json(dict(self.last)),
+            "last": None if self.last is None else attempt_as_json(dict(self.last)),
             "attempts": self.attempts,
             "skipped": self.skipped,
             "skip_ratio": self.skip_ratio,
             "warning": self.warning,
+            "periods": [dict(mark) for mark in self.periods],
         }
 
 
 @dataclass(frozen=True, slots=True)
 class JobsView:
-    """The ledger's latest attempts (at most :data:`JOB_ROWS`), per job; ``notice`` says
-    why there are none to read (not migrated, or a privilege missing)."""
+    """The ledger's latest attempts (at most :data:`JOB_ROWS`) and the periods marked
+    done, per job; ``notice`` says why there are no attempts to read (not migrated, or a
+    privilege missing), ``periods_notice`` why there are no periods."""
 
     database: str
     server: str
@@ -193,22 +197,31 @@ class JobsView:
     attempts: list[dict[str, Any]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     notice: str | None = None
+    periods: list[dict[str, Any]] = field(default_factory=list)
+    periods_notice: str | None = None
 
     @property
     def jobs(self) -> list[JobSummary]:
         by_job: dict[str, list[dict[str, Any]]] = {}
         for row in self.attempts:  # newest first
             by_job.setdefault(str(row["job"]), []).append(row)
-        return [
-            JobSummary(
-                job=job,
-                last=rows[0],
-                attempts=len(rows),
-                skipped=sum(1 for row in rows if row["outcome"] == "skipped"),
-                warning=next((w for w in self.warnings if w.startswith(f"job {job}: ")), None),
+        marks: dict[str, list[dict[str, Any]]] = {}
+        for mark in self.periods:
+            marks.setdefault(str(mark["job"]), []).append(mark)
+        summaries = []
+        for job in sorted(by_job.keys() | marks.keys()):
+            rows = by_job.get(job, [])
+            summaries.append(
+                JobSummary(
+                    job=job,
+                    last=rows[0] if rows else None,
+                    attempts=len(rows),
+                    skipped=sum(1 for row in rows if row["outcome"] == "skipped"),
+                    warning=next((w for w in self.warnings if w.startswith(f"job {job}: ")), None),
+                    periods=tuple(marks.get(job, ())),
+                )
             )
-            for job, rows in sorted(by_job.items())
-        ]
+        return summaries
 
     def document(self) -> dict[str, Any]:
         return document(
@@ -217,6 +230,7 @@ class JobsView:
                 "database": self.database,
                 "server": self.server,
                 "notice": self.notice,
+                "periods_notice": self.periods_notice,
                 "jobs": [summary.as_dict() for summary in self.jobs],
                 "attempts": [attempt_as_json(row) for row in self.attempts],
                 "warnings": self.warnings,
@@ -234,7 +248,11 @@ def read_jobs(db: Database, job: str | None = None) -> JobsView:
             return JobsView(name, server, job, notice=notice)
         except InsufficientPrivilegeError as exc:
             return JobsView(name, server, job, notice=str(exc))
-    return JobsView(name, server, job, rows, skip_warning(rows))
+        try:
+            marks, marks_notice = periods(conn, job=job), None
+        except InsufficientPrivilegeError as exc:
+            marks, marks_notice = [], str(exc)
+    return JobsView(name, server, job, rows, skip_warning(rows), None, marks, marks_notice)
 
 
 @dataclass(frozen=True, slots=True)

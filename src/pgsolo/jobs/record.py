@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 from .. import sql
 from .._logging import jobs_logger as logger
-from ..drivers import DriverBase, adapt_sync
-from ..errors import NotMigratedError
+from .._types import read_period
+from ..drivers import DriverBase, SyncDriver, adapt_sync
+from ..errors import InvalidArgumentError, NotMigratedError
 from ..locking import outside_transaction
 from ..locking.plans import Plan
 from .definition import Job, JobResult, untranslatable_name
@@ -32,6 +33,7 @@ __all__ = [
     "ledger_statements",
     "log_unrecorded",
     "log_warning",
+    "periods",
     "record_plan",
     "skip_warning",
 ]
@@ -133,19 +135,60 @@ def history(
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ValueError(f"limit must be a positive int, got {limit!r}")
     driver = adapt_sync(conn)
+    statement = sql.history(job=job, limit=limit)
+    return history_rows(_read_ledger(driver, statement, "reading the ledger", "history", job))
+
+
+def periods(conn: SyncConnectionLike, *, job: str | None = None) -> list[dict[str, Any]]:
+    """Each job's latest period marked done (``period=``), per period, with when the
+    current period and the next begin by the database's clock, and whether the job is
+    due (``due``: its current period is not done yet) or when it is next expected
+    (``next_expected``: the start of the first period not done)."""
+    driver = adapt_sync(conn)
+    statement = sql.period_marks(job=job)
+    marks = sql.read_json(_read_ledger(driver, statement, "reading the periods", "period", job))
+    readable = sorted({mark["period"] for mark in marks if _is_period(mark["period"])})
+    bounds = sql.read_json(
+        driver.fetch_value(outside_transaction(driver, [sql.period_bounds(readable)]))
+    )
+    for mark in marks:
+        current, following = bounds.get(mark["period"], (None, None))
+        done = current is not None and mark["period_start"] == current
+        mark.update(
+            current_period_start=current,
+            next_period_start=following,
+            due=current is not None and not done,
+            next_expected=following if done else current,
+        )
+    return list(marks)
+
+
+def _is_period(text: object) -> bool:
+    """A period as pgsolo stores it; anything else in the table is shown, never read."""
     try:
-        rows = driver.fetch_value(outside_transaction(driver, [sql.history(job=job, limit=limit)]))
+        read_period(text)
+    except InvalidArgumentError:
+        return False
+    return True
+
+
+def _read_ledger(
+    driver: SyncDriver, statement: str, what: str, feature: str, job: str | None
+) -> object:
+    """The value ``statement`` reads from pgsolo's job tables, outside any transaction;
+    a missing table, a missing privilege or a name the database cannot hold as their
+    errors of pgsolo's."""
+    try:
+        return driver.fetch_value(outside_transaction(driver, [statement]))
     except Exception as exc:
-        if sql.meaning(driver.sqlstate(exc)) is sql.Meaning.NOT_MIGRATED:
+        meaning = sql.meaning(driver.sqlstate(exc))
+        if meaning is sql.Meaning.NOT_MIGRATED:
             raise NotMigratedError("no ledger: run `pgsolo migrate` first") from exc
-        if sql.meaning(driver.sqlstate(exc)) is sql.Meaning.NO_PRIVILEGE:
-            raise sql.privilege_error(
-                "reading the ledger", driver.server_info().user, features=("history",)
-            ) from exc
-        if sql.meaning(driver.sqlstate(exc)) is sql.Meaning.UNTRANSLATABLE:
+        if meaning is sql.Meaning.NO_PRIVILEGE:
+            raise sql.privilege_error(what, driver.server_info().user, features=(feature,)) from exc
+        if meaning is sql.Meaning.UNTRANSLATABLE:
             raise untranslatable_name(job) from exc
         raise
-    return history_rows(rows)
 
 
 def history_rows(value: object) -> list[dict[str, Any]]:

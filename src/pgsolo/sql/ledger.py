@@ -9,7 +9,10 @@ from .text import sql_text, text_or_null, utf8
 __all__ = [
     "history",
     "name_fits",
+    "next_period_start",
+    "period_bounds",
     "period_done",
+    "period_marks",
     "period_record",
     "period_start",
     "record_attempt",
@@ -39,6 +42,56 @@ def period_start(period: str, *, at: str = "now()") -> str:
         return f"date_bin(make_interval(secs => {read.seconds}), {at}, '1970-01-01 00:00:00+00')"
     zone = sql_text(read.zone) if read.zone else "'UTC'"
     return f"date_trunc('{read.unit}', {at}, {zone})"
+
+
+# A calendar period's length and a half, in interval arithmetic: added to a period's start
+# it lands inside the next period whatever the clocks do (a day in a time zone lasts 23 to
+# 25 hours; a month from its 1st, local time, is 28 to 31 days), so truncating it finds
+# the next period's start.
+_INTO_THE_NEXT = {
+    "minute": "90 seconds",
+    "hour": "90 minutes",
+    "day": "36 hours",
+    "week": "10 days 12 hours",
+    "month": "1 month 15 days",
+    "year": "1 year 6 months",
+}
+
+
+def next_period_start(period: str, *, at: str = "now()") -> str:
+    """The start of the period after the one that holds ``at`` (default: now, by the
+    database's clock)."""
+    read = read_period(period)
+    current = period_start(period, at=at)
+    if read.seconds is not None:
+        return f"{current} + make_interval(secs => {read.seconds})"
+    return period_start(period, at=f"{current} + interval '{_INTO_THE_NEXT[str(read.unit)]}'")
+
+
+def period_marks(*, job: str | None) -> str:
+    """The latest period marked done of each job and period, as one JSON array
+    (:func:`utf8`); the primary key's index serves it."""
+    where = f"WHERE job = {sql_text(job)}" if job is not None else ""
+    rows = "coalesce(json_agg(m ORDER BY m.job, m.period), '[]'::json)"
+    return (
+        f"SELECT {utf8(rows)} FROM (SELECT DISTINCT ON (job, period) job, period,"
+        " period_start, completed_at, host FROM pgsolo.job_periods"
+        f" {where} ORDER BY job, period, period_start DESC) m"
+    )
+
+
+def period_bounds(periods: list[str]) -> str:
+    """The current and the next period's start of each of ``periods`` (as stored: read
+    by :func:`~pgsolo._types.read_period` first), by the database's clock, as one JSON
+    object ``{period: [current, next]}`` (:func:`utf8`)."""
+    rows = ", ".join(
+        f"({sql_text(period)}, {period_start(period)}, {next_period_start(period)})"
+        for period in periods
+    )
+    if not periods:
+        return "SELECT " + utf8("'{}'::json")
+    bounds = f"SELECT json_object_agg(p, json_build_array(c, n)) FROM (VALUES {rows}) v(p, c, n)"
+    return f"SELECT {utf8(f'({bounds})')}"
 
 
 def period_done(job: str, period: str) -> str:
