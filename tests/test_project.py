@@ -91,7 +91,7 @@ def test_every_driver_library_has_a_tested_range_and_ci_tests_both_ends() -> Non
         operators = {spec.operator for spec in Requirement(line).specifier}
         assert operators == {">=", "<"}, line
     assert "tests/drivers" in ast.literal_eval(assignments["DRIVER_TESTS"])
-    assert re.search(r'^timeout .*/bin/nox"? -s lowest ', read(".ci/run"), re.MULTILINE)
+    assert re.search(r'^\s*timeout .*/bin/nox"? -s lowest ', read(".ci/run"), re.MULTILINE)
 
 
 def test_the_git_hooks_run_the_tools_of_the_development_environment() -> None:
