@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import re
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import psycopg
 import pytest
@@ -148,8 +148,9 @@ def test_jobs_show_when_each_period_job_is_next_expected(client: TestClient, db:
     """A job done this period is next expected when the next period begins; one whose
     last mark is an earlier period is due now; a job with periods and no ledger row is
     listed too. By the database's clock, in the JSON and on the page."""
-    done, late = unique("dashboard-daily"), unique("dashboard-hourly")
-    pgsolo.run_job(db, done, lambda conn: None, period="day", record=True)
+    done, late = unique("dashboard-yearly"), unique("dashboard-hourly")
+    # A year: the test cannot straddle the turn of its period (but once a year, for a second).
+    pgsolo.run_job(db, done, lambda conn: None, period="year", record=True)
     pgsolo.run_job(db, late, lambda conn: None, period="hour")  # no ledger row
     with psycopg.connect(db, autocommit=True) as conn:
         conn.execute(
@@ -157,19 +158,23 @@ def test_jobs_show_when_each_period_job_is_next_expected(client: TestClient, db:
             " WHERE job = %s",
             (late,),
         )
-        today, tomorrow, this_hour = conn.execute(
-            "SELECT date_trunc('day', now(), 'UTC'), date_trunc('day', now(), 'UTC')"
-            " + interval '1 day', date_trunc('hour', now(), 'UTC')"
+        this_year, next_year, this_hour = conn.execute(
+            "SELECT date_trunc('year', now(), 'UTC'), date_trunc('year', now(), 'UTC')"
+            " + interval '1 year', date_trunc('hour', now(), 'UTC')"
         ).fetchone()
     doc = valid_document(client.get("/api/jobs").json())
     jobs = {summary["job"]: summary for summary in doc["jobs"]}
-    (daily,) = jobs[done]["periods"]
-    assert (daily["period"], daily["due"]) == ("day", False)
-    assert datetime.fromisoformat(daily["current_period_start"]) == today
-    assert datetime.fromisoformat(daily["next_expected"]) == tomorrow
+    (yearly,) = jobs[done]["periods"]
+    assert (yearly["period"], yearly["due"]) == ("year", False)
+    assert datetime.fromisoformat(yearly["current_period_start"]) == this_year
+    assert datetime.fromisoformat(yearly["next_expected"]) == next_year
     (hourly,) = jobs[late]["periods"]
     assert (hourly["period"], hourly["due"]) == ("hour", True)
-    assert datetime.fromisoformat(hourly["next_expected"]) == this_hour
+    # Due: expected in the period under way (whichever hour the read fell in).
+    assert hourly["next_expected"] == hourly["current_period_start"]
+    due_since = datetime.fromisoformat(hourly["next_expected"])
+    assert due_since.timestamp() % 3600 == 0
+    assert this_hour <= due_since <= this_hour + timedelta(hours=1)
     assert (jobs[late]["last"], jobs[late]["attempts"], jobs[late]["skip_ratio"]) == (None, 0, None)
     page = client.get("/jobs").text
     row = re.search(rf'<tr data-job="{late}".*?</tr>', page, re.S)
@@ -177,8 +182,8 @@ def test_jobs_show_when_each_period_job_is_next_expected(client: TestClient, db:
     assert "due: this period not done yet" in row.group(0)
     assert "no attempt recorded" in row.group(0)
     row = re.search(rf'<tr data-job="{done}".*?</tr>', page, re.S)
-    assert row, "no row for the daily job"
-    assert f"next period from {daily['next_expected']}" in row.group(0)
+    assert row, "no row for the yearly job"
+    assert f"next period from {yearly['next_expected']}" in row.group(0)
 
 
 def test_operations_single_out_a_started_one_whose_holder_is_gone(

@@ -67,10 +67,10 @@ def chromium(*args: str) -> subprocess.CompletedProcess[str]:
 @pytest.fixture
 def seeded(fresh_db: str, hold: Holder, admin: psycopg.Connection) -> Iterator[str]:
     """A database with something on every page: jobs in the ledger (one that mostly
-    skips), operations (one left by a dead holder), a named lock, a waiter behind it, an
-    idle transaction holding one, and a semaphore's slots."""
+    skips, one done for the day), operations (one left by a dead holder), a named lock, a
+    waiter behind it, an idle transaction holding one, and a semaphore's slots."""
     pgsolo.migrate(admin)
-    pgsolo.run_job(fresh_db, "nightly-report", lambda conn: None, record=True)
+    pgsolo.run_job(fresh_db, "nightly-report", lambda conn: None, record=True, period="day")
     with psycopg.connect(fresh_db, autocommit=True) as blocker:
         blocker.execute(f"SELECT pg_advisory_lock({pgsolo.keys.from_name('hourly-sync').sql_args})")
         for _ in range(4):
@@ -163,3 +163,5 @@ def test_each_page_in_a_laptop_and_a_phone_screenshot(
     dom = chromium("--dump-dom", f"{base}/{page}").stdout
     assert 'data-js="on"' in dom
     assert "did not answer" not in dom
+    if page == "jobs":
+        assert 'data-period="day"' in dom  # nightly-report's next expected day
