@@ -129,7 +129,8 @@ class AdvisoryLock:
     ``<name>`` derives to the key (a hash, so never a wrong guess), and a leader's or a
     candidate's (``pgsolo:leader:<name>``) by that whole name, its key's; with
     ``from_ledger=True``, a key that is still unnamed gets the name of the job of
-    pgsolo's ledger that last ran with it. Fields of
+    pgsolo's ledger that last ran with it. A name found for one row of a key names its
+    every row (a waiter's session may say nothing of the key it waits for). Fields of
     ``pg_stat_activity`` are ``None`` when the server hides another
     role's session (without ``pg_read_all_stats``) or the backend just ended.
 
