@@ -1029,3 +1029,27 @@ def valid_document(doc: dict[str, Any]) -> dict[str, Any]:
         format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER,
     ).validate(doc)
     return dict(doc)
+
+
+DJANGO_PROJECT = Path(__file__).parent / "django_project"
+
+
+def manage_py(dsn: str, *args: str, **env: str) -> dict[str, Any]:
+    """How to start ``python manage.py ARGS`` of the test project (``tests/django_project``)
+    on the database at ``dsn``: the keyword arguments of ``subprocess.run`` or ``Popen``;
+    ``env`` adds to its environment (the project's settings read it)."""
+    src = Path(pgsolo.__file__).parents[1]
+    return {
+        "args": [sys.executable, "manage.py", *args],
+        "cwd": DJANGO_PROJECT,
+        "env": {**os.environ, "PGSOLO_TEST_DSN": dsn, "PYTHONPATH": str(src), **env},
+        "stdin": subprocess.DEVNULL,
+        "text": True,
+    }
+
+
+def manage(dsn: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``python manage.py ARGS`` (:func:`manage_py`), run to its end."""
+    return subprocess.run(
+        **manage_py(dsn, *args, **env), capture_output=True, timeout=120, check=False
+    )

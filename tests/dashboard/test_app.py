@@ -5,9 +5,12 @@ nothing of pgsolo's still gets every page."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
+import uuid
 from datetime import datetime, timedelta
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -118,6 +121,38 @@ def test_a_semaphore_is_one_row_k_of_n(client: TestClient, dsn: str) -> None:
         assert "2 of 3 held" in row.group(0)
         uses = client.get("/api/locks").json()["semaphores"]
         assert [(u["held"], u["limit"]) for u in uses if u["name"] == name] == [(2, 3)]
+
+
+def test_keys_are_named_by_a_registry_given_names_and_semaphores(
+    db: str, dsn: str, tmp_path: Path
+) -> None:
+    """What ``pgsolo locks --registry/--name/--semaphore`` names, the dashboard names:
+    sessions that say nothing of pgsolo's (plain SQL) hold a registry's pair, a given
+    name's key and two slots of a semaphore given by its name and limit."""
+    registered, given, exports = unique("dash-reg"), unique("dash-given"), unique("dash-sem")
+    resource = 1_000 + uuid.uuid4().int % 1_000_000
+    registry_file = tmp_path / "locks.toml"
+    registry_file.write_text(f'[locks]\n"{registered}" = [4711, {resource}]\n')
+    registry = pgsolo.Registry.from_toml(registry_file)
+    slots = pgsolo.keys.semaphore_keys(exports, 3)
+    keys = [registry.resolve(registered), pgsolo.keys.from_name(given), slots[0], slots[2]]
+    app = create_app(db, registry=registry, names=[given], semaphores={exports: 3})
+    with TestClient(app) as client, contextlib.ExitStack() as stack:
+        for key in keys:
+            conn = stack.enter_context(psycopg.connect(dsn, autocommit=True))
+            conn.execute(f"SELECT pg_advisory_lock({key.sql_args})")
+        doc = valid_document(client.get("/api/locks").json())
+        names = {lock["key"]: lock["name"] for lock in doc["locks"]}
+        assert names[keys[0].text] == registered
+        assert names[keys[1].text] == given
+        uses = [(u["held"], u["limit"]) for u in doc["semaphores"] if u["name"] == exports]
+        assert uses == [(2, 3)]
+        page = client.get("/locks").text
+        assert registered in page
+        assert given in page
+        row = re.search(rf'<tr class="semaphore" data-semaphore="{exports}">.*?</tr>', page, re.S)
+        assert row, "no semaphore row"
+        assert "2 of 3 held" in row.group(0)
 
 
 def test_jobs_show_the_ledger_and_the_skip_warning(client: TestClient, db: str) -> None:
@@ -426,6 +461,9 @@ def test_it_mounts_under_a_prefix(db: str) -> None:
         ({"allow_terminate": True}, "needs a token"),
         ({"refresh_seconds": 0}, "refresh_seconds"),
         ({"refresh_seconds": float("nan")}, "refresh_seconds"),
+        ({"names": "one-name"}, "a list of names"),
+        ({"semaphores": {"exports": 0}}, "semaphores="),
+        ({"registry": "locks.toml"}, "pgsolo.Registry"),
     ],
 )
 def test_bad_arguments_are_refused_before_anything_connects(

@@ -27,6 +27,18 @@ def test_a_database_it_cannot_reach_is_exit_69_before_serving(
     assert "s3cret-pw-77" not in err
 
 
-@pytest.mark.parametrize("args", [["--port", "0"], ["--refresh", "0"], ["--port", "http"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--port", "0"],
+        ["--refresh", "0"],
+        ["--port", "http"],
+        ["--semaphore", "exports"],
+        ["--semaphore", "exports=0"],
+        ["--registry", "/nonexistent/locks.toml"],
+    ],
+)
 def test_bad_options_are_usage_errors(args: list[str]) -> None:
-    assert main_in_process(["dashboard", *args]) == 2
+    """Refused before anything connects: the DSN given reaches no server."""
+    unreachable = "postgresql://nobody@127.0.0.1:1/nowhere?connect_timeout=2"
+    assert main_in_process(["dashboard", "--dsn", unreachable, *args]) == 2

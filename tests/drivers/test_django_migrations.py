@@ -17,10 +17,9 @@ import psycopg
 import pytest
 
 import pgsolo
-from _support import MakeRole, new_role, pgsolo_cli, privileges, role_dsn
+from _support import MakeRole, manage, new_role, pgsolo_cli, privileges, role_dsn
 from pgsolo.schema import LATEST_VERSION, migrate_to, schema_version
 
-PROJECT = Path(__file__).parents[1] / "django_project"
 # pgsolo's own migrations, NNNN_what.sql: the Django app has one of each name.
 VERSIONS = sorted(
     entry.name.removesuffix(".sql")
@@ -28,22 +27,6 @@ VERSIONS = sorted(
     if entry.name.endswith(".sql")
 )
 SETTLE = "django:jobsapp:settle"  # the ledger's name of the project's settle command
-
-
-def manage(dsn: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    """``python manage.py ARGS`` of the test project on the database at ``dsn``, run to
-    its end; ``env`` adds to its environment (the project's settings read it)."""
-    src = Path(pgsolo.__file__).parents[1]
-    return subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=PROJECT,
-        env={**os.environ, "PGSOLO_TEST_DSN": dsn, "PYTHONPATH": str(src), **env},
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
 
 
 def migrated(dsn: str, *args: str, **env: str) -> str:

@@ -28,6 +28,8 @@ from .exit_codes import (
 if TYPE_CHECKING:
     import psycopg
 
+    from ..drivers.kinds import SyncConnectionLike
+
 # The driver (psycopg, and libpq under it) is imported by the functions that connect, not
 # with this module: `pgsolo --help`, `pgsolo key` and `pgsolo --version` never load it, and
 # a host without libpq gets a hint rather than an ImportError (cli.main).
@@ -230,7 +232,7 @@ def connection(db: Database, default_name: str) -> Iterator[psycopg.Connection[A
         yield conn
 
 
-def where(conn: psycopg.Connection[Any]) -> tuple[str, str]:
+def where(conn: SyncConnectionLike) -> tuple[str, str]:
     """The database's name and the server's address (``host:port``; a unix socket's
     directory as the host), as every ``--json`` document and pgsolo's log lines give
     them: never a connection string, so never a password."""

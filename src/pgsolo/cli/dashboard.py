@@ -18,6 +18,7 @@ from .common import (
     where,
 )
 from .exit_codes import EXIT_OK, EXIT_USAGE
+from .locks import add_naming_arguments, naming_arguments
 
 TOKEN_VARIABLE = "PGSOLO_DASHBOARD_TOKEN"  # noqa: S105 - where the token is, not one
 
@@ -32,6 +33,7 @@ def add_dashboard_command(subparsers: Subparsers) -> None:
         " waited for (names, holders, wait chains, semaphores, leaders, leak suspects), the"
         " ledger's jobs, run_once's operations and the doctor's checklist, each page"
         " refreshing itself, with its JSON under /api/ and Prometheus metrics at /metrics."
+        " Keys are named as pgsolo locks names them (--registry, --name, --semaphore)."
         " Read-only unless --allow-terminate, which needs the token printed at start (or"
         f" ${TOKEN_VARIABLE}). Binds 127.0.0.1 unless --host says otherwise. Needs the"
         f" extra: {INSTALL}. Runs until interrupted.",
@@ -53,6 +55,7 @@ def add_dashboard_command(subparsers: Subparsers) -> None:
         metavar="SECONDS",
         help="how often each page refreshes itself (default: 5)",
     )
+    add_naming_arguments(parser)
     add_dsn_argument(parser)
     parser.set_defaults(handler=cmd_dashboard)
 
@@ -63,12 +66,15 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 
         from ..dashboard import create_app  # noqa: PLC0415
         from ..dashboard.guard import new_token  # noqa: PLC0415
+        from ..dashboard.reads import Naming  # noqa: PLC0415
     except ImportError as exc:
         raise CliError(
             f"the dashboard needs the extra pgsolo[dashboard] ({exc.name or exc} is missing):"
             f" {INSTALL}",
             EXIT_USAGE,
         ) from None
+    registry, names, semaphores = naming_arguments(args)
+    Naming.of(registry, names, semaphores)  # a name that is no key's: before connecting
     token = None
     if args.allow_terminate:
         token = os.environ.get(TOKEN_VARIABLE) or new_token()
@@ -81,6 +87,9 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
             token=token,
             refresh_seconds=args.refresh,
             connect_timeout=db.connect_timeout,
+            registry=registry,
+            names=names,
+            semaphores=semaphores,
         )
         host = f"[{args.host}]" if ":" in args.host else args.host
         print(f"pgsolo dashboard: database {name} on {server}", file=sys.stderr)

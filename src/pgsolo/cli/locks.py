@@ -48,6 +48,23 @@ def add_locks_command(subparsers: Subparsers) -> None:
         " pgsolo:semaphore:NAME/N) are one row, NAME (semaphore), 'K of N held'. The"
         " table fits the terminal; --wide shows every column. Exit code 0.",
     )
+    add_naming_arguments(parser)
+    parser.add_argument("--key", metavar="KEY", help="only this key: a name, an int64 or N:R")
+    parser.add_argument(
+        "--wide",
+        action="store_true",
+        help="every column (mode, lifetime, client, state, blockers) and longer queries;"
+        " by default the table fits the terminal's width",
+    )
+    add_key_is_name_argument(parser)
+    add_dsn_argument(parser)
+    add_json_argument(parser)
+    parser.set_defaults(handler=cmd_locks)
+
+
+def add_naming_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--registry``, ``--name`` and ``--semaphore``: what names the keys besides
+    pgsolo's own records (``pgsolo locks``, ``pgsolo dashboard``)."""
     parser.add_argument(
         "--registry", metavar="FILE", help="a TOML registry of names ([locks], [namespaces])"
     )
@@ -67,17 +84,14 @@ def add_locks_command(subparsers: Subparsers) -> None:
         help="the semaphore NAME of N slots (pgsolo.semaphore(conn, NAME, limit=N)): its"
         " slots are shown as one row, its holders out of N; repeatable",
     )
-    parser.add_argument("--key", metavar="KEY", help="only this key: a name, an int64 or N:R")
-    parser.add_argument(
-        "--wide",
-        action="store_true",
-        help="every column (mode, lifetime, client, state, blockers) and longer queries;"
-        " by default the table fits the terminal's width",
-    )
-    add_key_is_name_argument(parser)
-    add_dsn_argument(parser)
-    add_json_argument(parser)
-    parser.set_defaults(handler=cmd_locks)
+
+
+def naming_arguments(args: argparse.Namespace) -> tuple[Registry | None, list[str], dict[str, int]]:
+    """The registry, names and semaphores :func:`add_naming_arguments` took, checked
+    before anything connects (a usage error, exit 2)."""
+    semaphores = parse_semaphores(args.semaphore)
+    registry = load_registry(args.registry) if args.registry else None
+    return registry, list(args.name), semaphores
 
 
 WIDE_COLUMNS = (
@@ -113,10 +127,8 @@ PID_LIST_WIDTH = 22  # a semaphore's holders' pids in the table, then +N for the
 def cmd_locks(args: argparse.Namespace) -> int:
     from ..monitor import advisory_locks, semaphore_uses, wait_chains  # noqa: PLC0415
 
-    semaphores = parse_semaphores(args.semaphore)  # before connecting, as every argument
-    registry = load_registry(args.registry) if args.registry else None
+    registry, names, semaphores = naming_arguments(args)  # before connecting, as every one
     key = Key.parse(args.key, name=args.key_is_name) if args.key is not None else None
-    names = list(args.name)
     if key is not None and key.name is not None:
         names.append(key.name)  # the rows --key NAME selects are labelled with it
     if registry is not None and key is not None and key.name is not None:

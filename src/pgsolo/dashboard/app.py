@@ -1,4 +1,5 @@
-"""The dashboard as an ASGI app (:func:`create_app`): its routes, its pages and their JSON.
+"""The dashboard as an ASGI app (:func:`create_app`): the routes to its pages
+(:mod:`.pages`) and their JSON, and the terminate route when it is allowed.
 
 Each request opens a connection of its own, for one read, in a worker thread (the
 monitor's calls are synchronous): nothing is kept between requests, so a dashboard left
@@ -9,11 +10,11 @@ says what went wrong with every secret of the connection string scrubbed from it
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from functools import partial
+from typing import Any, Concatenate, ParamSpec, TypeVar
 from urllib.parse import parse_qsl
 
-import jinja2
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -26,32 +27,34 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .._logging import dashboard_logger as logger
 from .._types import check_seconds
-from ..cli.common import Database
-from ..cli.locks import WIDE_COLUMNS, lock_line
-from ..cli.output import error_document
-from ..drivers import driver_errors
-from ..drivers.conninfo import scrub_secrets
-from ..errors import InvalidArgumentError, PgsoloError
-from ..monitor import AdvisoryLock, format_seconds
+from ..cli.common import Database, connection
+from ..errors import InvalidArgumentError
+from ..keys import Registry
 from . import reads
 from .exposition import CONTENT_TYPE, exposition
 from .guard import CSRF_FIELD, TOKEN_FIELD, Guard
+from .pages import (
+    HEADERS,
+    PAGES,
+    REFRESH_SECONDS,
+    Reader,
+    ReadFailed,
+    environment,
+    failure_document,
+    read_page,
+)
+from .reads import Connect, Naming
 
 __all__ = ["MAX_REFRESH_SECONDS", "create_app"]
 
+P = ParamSpec("P")
 T = TypeVar("T")
 
 MAX_REFRESH_SECONDS = 3600.0
 
-# Every response: never framed by another site (the terminate form must not be clicked
-# through an overlay), no script or style but the dashboard's own, nothing cached.
-_HEADERS = (
-    (b"content-security-policy", b"default-src 'self'; frame-ancestors 'none'; form-action 'self'"),
-    (b"x-frame-options", b"DENY"),
-    (b"x-content-type-options", b"nosniff"),
-    (b"referrer-policy", b"same-origin"),
-    (b"cache-control", b"no-store"),
-)
+_HEADERS = [(name.encode(), value.encode()) for name, value in HEADERS.items()]
+
+Endpoint = Callable[[Request], Awaitable[Response]]
 
 
 def create_app(
@@ -59,8 +62,11 @@ def create_app(
     *,
     allow_terminate: bool = False,
     token: str | None = None,
-    refresh_seconds: float = 5.0,
+    refresh_seconds: float = REFRESH_SECONDS,
     connect_timeout: float | None = None,
+    registry: Registry | None = None,
+    names: Iterable[str] = (),
+    semaphores: Mapping[str, int] | None = None,
 ) -> Starlette:
     """The dashboard of the database at ``dsn``: an ASGI app to serve (``pgsolo
     dashboard`` runs it with uvicorn) or to mount in a Starlette or FastAPI app.
@@ -69,29 +75,32 @@ def create_app(
     advisory locks can be ended from its confirmation page (``/terminate/PID``) by who
     knows the token. Pages refresh every ``refresh_seconds`` (from 1 to 3600).
     ``connect_timeout`` bounds each connect (default: the DSN's, the environment's, or
-    pgsolo's). Bad arguments raise :class:`~pgsolo.InvalidArgumentError` before anything
+    pgsolo's). ``registry``, ``names`` and ``semaphores`` name the keys as
+    :func:`~pgsolo.advisory_locks` takes them (``pgsolo locks``'s ``--registry``,
+    ``--name`` and ``--semaphore``), besides the names pgsolo's own records give. Bad
+    arguments raise :class:`~pgsolo.InvalidArgumentError` before anything
     connects; the DSN is first read at the first request.
     """
     refresh = check_seconds("refresh_seconds", refresh_seconds, 1, MAX_REFRESH_SECONDS)
+    naming = Naming.of(registry, names, semaphores)
     if allow_terminate and not token:
         raise InvalidArgumentError(
             "allow_terminate=True needs a token= (pgsolo dashboard prints one, or reads"
             " $PGSOLO_DASHBOARD_TOKEN): who knows it may end backends"
         )
-    dashboard = _Dashboard(
-        Database(dsn, "", connect_timeout), Guard(token) if allow_terminate and token else None
+    connect: Connect = partial(
+        connection, Database(dsn, "", connect_timeout), reads.APPLICATION_NAME
     )
-    dashboard.templates.env.globals.update(refresh=refresh, allow_terminate=allow_terminate)
+    dashboard = _Dashboard(
+        Reader(connect, dsn),
+        naming,
+        Jinja2Templates(env=environment(refresh=refresh, allow_terminate=allow_terminate)),
+        Guard(token) if allow_terminate and token else None,
+    )
     routes = [
         Route("/", dashboard.home, name="home"),
-        Route("/locks", dashboard.locks_page, name="locks"),
-        Route("/jobs", dashboard.jobs_page, name="jobs"),
-        Route("/operations", dashboard.operations_page, name="operations"),
-        Route("/doctor", dashboard.doctor_page, name="doctor"),
-        Route("/api/locks", dashboard.locks_api, name="api_locks"),
-        Route("/api/jobs", dashboard.jobs_api, name="api_jobs"),
-        Route("/api/operations", dashboard.operations_api, name="api_operations"),
-        Route("/api/doctor", dashboard.doctor_api, name="api_doctor"),
+        *(Route(f"/{page}", dashboard.page(page), name=page) for page in PAGES),
+        *(Route(f"/api/{page}", dashboard.api(page), name=f"api_{page}") for page in PAGES),
         Route("/metrics", dashboard.metrics, name="metrics"),
         Mount("/static", StaticFiles(packages=[("pgsolo.dashboard", "static")]), name="static"),
     ]
@@ -106,53 +115,32 @@ def create_app(
         )
     app = Starlette(
         routes=routes,
-        exception_handlers={_ReadFailed: dashboard.read_failed},
+        exception_handlers={ReadFailed: dashboard.read_failed},
     )
     app.add_middleware(_SecurityHeaders)
     return app
 
 
-class _ReadFailed(Exception):
-    """A read the database refused or could not answer, its message scrubbed."""
-
-    def __init__(self, message: str, status: int) -> None:
-        super().__init__(message)
-        self.status = status
-
-
 class _Dashboard:
-    """The handlers of one app: where it reads, and who may terminate (None: nobody)."""
+    """The handlers of one app: where it reads, how it renders, and who may terminate
+    (None: nobody)."""
 
-    def __init__(self, db: Database, guard: Guard | None) -> None:
-        self.db = db
+    def __init__(
+        self, reader: Reader, naming: Naming, templates: Jinja2Templates, guard: Guard | None
+    ) -> None:
+        self.reader = reader
+        self.naming = naming
+        self.templates = templates
         self.guard = guard
-        env = jinja2.Environment(
-            loader=jinja2.PackageLoader("pgsolo.dashboard", "templates"),
-            autoescape=True,
-            undefined=jinja2.StrictUndefined,
-        )
-        env.filters["seconds"] = format_seconds
-        env.globals.update(
-            cells=_cells,
-            idle_in_transaction=reads.idle_in_transaction,
-            holds_back_vacuum=reads.holds_back_vacuum,
-            leak_suspect=reads.leak_suspect,
-            is_semaphore=lambda row: isinstance(row, reads.SemaphoreRow),
-        )
-        self.templates = Jinja2Templates(env=env)
 
-    async def read(self, read: Callable[..., T], *args: Any) -> T:
-        """``read(self.db, *args)`` in a worker thread; a database's refusal or absence
-        as :class:`_ReadFailed`, never a traceback or a secret."""
-        failures: tuple[type[Exception], ...] = (PgsoloError, *driver_errors())
-        try:
-            return await run_in_threadpool(read, self.db, *args)
-        except failures as exc:
-            message = scrub_secrets(str(exc).strip(), self.db.dsn)
-            status = 400 if isinstance(exc, InvalidArgumentError) else 503
-            raise _ReadFailed(message, status) from None
+    async def read(
+        self, read: Callable[Concatenate[Connect, P], T], *args: P.args, **kwargs: P.kwargs
+    ) -> T:
+        """The read in a worker thread (the monitor's calls are synchronous); a failure
+        raises :class:`~.pages.ReadFailed`, which :meth:`read_failed` shows."""
+        return await run_in_threadpool(lambda: self.reader(read, *args, **kwargs))
 
-    def page(
+    def render(
         self, request: Request, name: str, context: dict[str, Any], status: int = 200
     ) -> Response:
         return self.templates.TemplateResponse(
@@ -162,35 +150,24 @@ class _Dashboard:
     async def home(self, request: Request) -> Response:
         return RedirectResponse(request.url_for("locks"), status_code=303)
 
-    async def locks_page(self, request: Request) -> Response:
-        return self.page(request, "locks.html", {"view": await self.read(reads.read_locks)})
+    def page(self, name: str) -> Endpoint:
+        async def endpoint(request: Request) -> Response:
+            job = request.query_params.get("job") or None
+            view = await self.read(read_page, name, job, self.naming)
+            return self.render(request, f"{name}.html", {"view": view})
 
-    async def locks_api(self, request: Request) -> Response:
-        return JSONResponse((await self.read(reads.read_locks)).document())
+        return endpoint
 
-    async def jobs_page(self, request: Request) -> Response:
-        view = await self.read(reads.read_jobs, request.query_params.get("job") or None)
-        return self.page(request, "jobs.html", {"view": view})
+    def api(self, name: str) -> Endpoint:
+        async def endpoint(request: Request) -> Response:
+            job = request.query_params.get("job") or None
+            view = await self.read(read_page, name, job, self.naming)
+            return JSONResponse(view.document())
 
-    async def jobs_api(self, request: Request) -> Response:
-        view = await self.read(reads.read_jobs, request.query_params.get("job") or None)
-        return JSONResponse(view.document())
-
-    async def operations_page(self, request: Request) -> Response:
-        view = await self.read(reads.read_operations)
-        return self.page(request, "operations.html", {"view": view})
-
-    async def operations_api(self, request: Request) -> Response:
-        return JSONResponse((await self.read(reads.read_operations)).document())
-
-    async def doctor_page(self, request: Request) -> Response:
-        return self.page(request, "doctor.html", {"view": await self.read(reads.read_doctor)})
-
-    async def doctor_api(self, request: Request) -> Response:
-        return JSONResponse((await self.read(reads.read_doctor)).document())
+        return endpoint
 
     async def metrics(self, request: Request) -> Response:
-        view = await self.read(reads.read_locks)
+        view = await self.read(reads.read_locks, self.naming)
         return PlainTextResponse(exposition(view.locks), media_type=CONTENT_TYPE)
 
     async def terminate(self, request: Request) -> Response:
@@ -198,10 +175,10 @@ class _Dashboard:
         if self.guard is None:  # the route exists only with a guard
             raise HTTPException(404)
         if request.method == "GET":
-            held = await self.read(reads.read_session, pid)
+            held = await self.read(reads.read_session, self.naming, pid)
             csrf = self.guard.csrf_for(pid)
             context = {"pid": pid, "held": held, "csrf": csrf, "csrf_field": CSRF_FIELD}
-            return self.page(request, "terminate.html", {**context, "token_field": TOKEN_FIELD})
+            return self.render(request, "terminate.html", {**context, "token_field": TOKEN_FIELD})
         form = await _form(request)
         client = request.client.host if request.client else "?"
         if (refusal := self.guard.refusal(request, pid, form)) is not None:
@@ -212,12 +189,12 @@ class _Dashboard:
                 refusal,
             )
             context = {"pid": pid, "refusal": refusal, "ended": False, "held": []}
-            return self.page(request, "terminated.html", context, status=403)
-        if not await self.read(reads.read_session, pid):
+            return self.render(request, "terminated.html", context, status=403)
+        if not await self.read(reads.read_session, self.naming, pid):
             refusal = "it holds and waits for no advisory lock (pgsolo terminate --force can)"
             context = {"pid": pid, "refusal": refusal, "ended": False, "held": []}
-            return self.page(request, "terminated.html", context, status=409)
-        ended, held = await self.read(reads.terminate, pid)
+            return self.render(request, "terminated.html", context, status=409)
+        ended, held = await self.read(reads.terminate, self.naming, pid)
         logger.warning(
             "pgsolo dashboard: terminated backend %d (%s), asked from %s: %s",
             pid,
@@ -226,20 +203,14 @@ class _Dashboard:
             ", ".join(lock.name or lock.key.text for lock in held) or "no advisory lock",
         )
         context = {"pid": pid, "refusal": None, "ended": ended, "held": held}
-        return self.page(request, "terminated.html", context)
+        return self.render(request, "terminated.html", context)
 
     async def read_failed(self, request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, _ReadFailed)  # noqa: S101 - the only class it handles
+        assert isinstance(exc, ReadFailed)  # noqa: S101 - the only class it handles
         path = request.url.path
         if "/api/" in path or path.endswith("/metrics"):
-            doc = error_document("dashboard", 69, str(exc), "database-unavailable")
-            return JSONResponse(doc, status_code=exc.status)
-        return self.page(request, "error.html", {"message": str(exc)}, status=exc.status)
-
-
-def _cells(lock: AdvisoryLock) -> dict[str, str]:
-    """The cells of ``lock``'s row, as ``pgsolo locks --wide`` shows them."""
-    return dict(zip(WIDE_COLUMNS, lock_line(lock), strict=True))
+            return JSONResponse(failure_document(exc), status_code=exc.status)
+        return self.render(request, "error.html", {"message": str(exc)}, status=exc.status)
 
 
 async def _form(request: Request) -> dict[str, str]:
@@ -257,7 +228,7 @@ async def _form(request: Request) -> dict[str, str]:
 
 
 class _SecurityHeaders:
-    """Adds :data:`_HEADERS` to every response of the app."""
+    """Adds :data:`~.pages.HEADERS` to every response of the app."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app

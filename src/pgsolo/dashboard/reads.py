@@ -1,6 +1,7 @@
-"""What each page of the dashboard reads: one short-lived connection per read, named
-``pgsolo:dashboard``, through the monitor (locks, doctor), the ledger (jobs) and pgsolo's
-operations table; each answer as the data its HTML page and its JSON share.
+"""What each page of the dashboard reads, through the monitor (locks, doctor), the ledger
+(jobs) and pgsolo's operations table; each answer as the data its HTML page and its JSON
+share. Each read takes its connection from a :data:`Connect`: the ASGI app's opens one of
+its own per read, named ``pgsolo:dashboard``; the Django include's lends Django's.
 
 Every read only reads: a role that may ``SELECT`` nothing of pgsolo's still gets the
 locks and doctor pages, and a notice where the ledger or the operations would be.
@@ -8,18 +9,20 @@ locks and doctor pages, and a notice where the ledger or the operations would be
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from .. import sql
-from ..cli.common import Database, connection, where
+from ..cli.common import where
 from ..cli.history import attempt_as_json
 from ..cli.output import document
 from ..drivers import adapt_sync
-from ..errors import InsufficientPrivilegeError, NotMigratedError
+from ..errors import InsufficientPrivilegeError, InvalidArgumentError, NotMigratedError
 from ..jobs.record import history, periods, skip_warning
+from ..keys import Registry
 from ..locking import outside_transaction
 from ..monitor import (
     AdvisoryLock,
@@ -33,16 +36,22 @@ from ..monitor import (
 )
 from ..monitor.checks import DEFAULT_OLDER_THAN, DEFAULT_SNAPSHOT_OLDER_THAN
 from ..monitor.leaders import Leadership, leaders_of
+from ..monitor.locks import LocksQuery
 from ..monitor.snapshot import parse_time
 from ..once.operation import lock_key_for
+
+if TYPE_CHECKING:
+    from ..drivers.kinds import SyncConnectionLike
 
 __all__ = [
     "APPLICATION_NAME",
     "JOB_ROWS",
+    "Connect",
     "DoctorView",
     "JobSummary",
     "JobsView",
     "LocksView",
+    "Naming",
     "Operation",
     "OperationsView",
     "read_doctor",
@@ -56,6 +65,50 @@ __all__ = [
 APPLICATION_NAME = "pgsolo:dashboard"
 
 JOB_ROWS = 500  # the ledger's latest attempts the jobs page summarises
+
+Connect: TypeAlias = Callable[[], AbstractContextManager["SyncConnectionLike"]]
+"""How a read gets its connection: a context manager for the read, which gives the
+connection back afterwards as its owner wants it (closed, or as it was found)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Naming:
+    """What names the keys besides pgsolo's own records (holders' ``application_name``,
+    the ledger): ``pgsolo locks``'s ``--registry``, ``--name`` and ``--semaphore``."""
+
+    registry: Registry | None = None
+    names: tuple[str, ...] = ()
+    semaphores: Mapping[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def of(
+        cls,
+        registry: Registry | None = None,
+        names: Iterable[str] = (),
+        semaphores: Mapping[str, int] | None = None,
+    ) -> Naming:
+        """Checked as :func:`~pgsolo.advisory_locks` checks them, before any SQL:
+        :class:`~pgsolo.InvalidArgumentError` (or InvalidKeyError for a name)."""
+        if registry is not None and not isinstance(registry, Registry):
+            raise InvalidArgumentError(
+                f"registry= takes a pgsolo.Registry (Registry.from_toml(path)), got {registry!r}"
+            )
+        if isinstance(names, str):  # else its characters, each taken for a name
+            raise InvalidArgumentError(f"names= takes a list of names, not one str ({names!r})")
+        naming = cls(registry, tuple(names), dict(semaphores or {}))
+        LocksQuery.of(naming.registry, naming.names, None, None, semaphores=naming.semaphores)
+        return naming
+
+    def locks(self, conn: SyncConnectionLike, *, pid: int | None = None) -> list[AdvisoryLock]:
+        """The advisory locks (``pid``'s only, if given), named."""
+        return advisory_locks(
+            conn,
+            registry=self.registry,
+            names=self.names,
+            pid=pid,
+            from_ledger=True,
+            semaphores=self.semaphores,
+        )
 
 
 def idle_in_transaction(lock: AdvisoryLock) -> bool:
@@ -143,9 +196,9 @@ class LocksView:
         )
 
 
-def read_locks(db: Database) -> LocksView:
-    with connection(db, APPLICATION_NAME) as conn:
-        locks = advisory_locks(conn, from_ledger=True)
+def read_locks(connect: Connect, naming: Naming) -> LocksView:
+    with connect() as conn:
+        locks = naming.locks(conn)
         name, server = where(conn)
     return LocksView(
         database=name,
@@ -238,8 +291,8 @@ class JobsView:
         )
 
 
-def read_jobs(db: Database, job: str | None = None) -> JobsView:
-    with connection(db, APPLICATION_NAME) as conn:
+def read_jobs(connect: Connect, job: str | None = None) -> JobsView:
+    with connect() as conn:
         name, server = where(conn)
         try:
             rows = history(conn, job=job, limit=JOB_ROWS)
@@ -310,8 +363,8 @@ class OperationsView:
         )
 
 
-def read_operations(db: Database) -> OperationsView:
-    with connection(db, APPLICATION_NAME) as conn:
+def read_operations(connect: Connect) -> OperationsView:
+    with connect() as conn:
         name, server = where(conn)
         driver = adapt_sync(conn)
         try:
@@ -368,21 +421,21 @@ class DoctorView:
         )
 
 
-def read_doctor(db: Database) -> DoctorView:
-    with connection(db, APPLICATION_NAME) as conn:
+def read_doctor(connect: Connect) -> DoctorView:
+    with connect() as conn:
         checks = doctor(conn)
         name, server = where(conn)
     return DoctorView(name, server, checks)
 
 
-def read_session(db: Database, pid: int) -> list[AdvisoryLock]:
+def read_session(connect: Connect, naming: Naming, pid: int) -> list[AdvisoryLock]:
     """The advisory locks backend ``pid`` holds or waits for: what a terminate confirms."""
-    with connection(db, APPLICATION_NAME) as conn:
-        return advisory_locks(conn, pid=pid, from_ledger=True)
+    with connect() as conn:
+        return naming.locks(conn, pid=pid)
 
 
-def terminate(db: Database, pid: int) -> tuple[bool, list[AdvisoryLock]]:
+def terminate(connect: Connect, naming: Naming, pid: int) -> tuple[bool, list[AdvisoryLock]]:
     """End backend ``pid``; whether it is gone, and what it held just before."""
-    with connection(db, APPLICATION_NAME) as conn:
-        held = advisory_locks(conn, pid=pid, from_ledger=True)
+    with connect() as conn:
+        held = naming.locks(conn, pid=pid)
         return terminate_backend(conn, pid), held
