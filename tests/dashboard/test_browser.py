@@ -104,12 +104,13 @@ def seeded(fresh_db: str, hold: Holder, admin: psycopg.Connection) -> Iterator[s
 
 @pytest.fixture
 def served(seeded: str) -> Iterator[tuple[str, psycopg.Connection]]:
-    """``pgsolo dashboard`` on a free port, refreshing every second: its base URL."""
+    """``pgsolo dashboard`` on a free port, refreshing every second, naming the key the
+    idle transaction holds by plain SQL (``--name``): its base URL."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     server = subprocess.Popen(
         [sys.executable, "-m", "pgsolo", "dashboard", "--dsn", seeded, "--port", str(port),
-         "--refresh", "1"],
+         "--refresh", "1", "--name", "cache-warm"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
@@ -143,6 +144,7 @@ def test_the_rendered_locks_page_after_its_script_ran(
     assert 'data-refreshes="' in dom  # and refreshed the table in place
     assert "daily-settlement" in dom
     assert "IDLE IN TRANSACTION" in dom
+    assert "cache-warm" in dom  # named by --name, its holder saying nothing of it
     assert "2 of 3 held" in dom
     assert " → " in dom  # the wait chain
 
