@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import threading
 import uuid
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -19,7 +20,15 @@ from starlette.routing import Mount
 from starlette.testclient import TestClient
 
 import pgsolo
-from _support import ROLE_PASSWORD, MakeRole, eventually, in_background, role_dsn, valid_document
+from _support import (
+    DEADLINE,
+    ROLE_PASSWORD,
+    MakeRole,
+    eventually,
+    in_background,
+    role_dsn,
+    valid_document,
+)
 from dashboard.conftest import TOKEN, Holder, unique
 from pgsolo.dashboard import create_app
 from pgsolo.errors import InvalidArgumentError
@@ -153,6 +162,40 @@ def test_keys_are_named_by_a_registry_given_names_and_semaphores(
         row = re.search(rf'<tr class="semaphore" data-semaphore="{exports}">.*?</tr>', page, re.S)
         assert row, "no semaphore row"
         assert "2 of 3 held" in row.group(0)
+
+
+def test_a_leader_and_its_waiting_candidate_are_shown(client: TestClient, db: str) -> None:
+    """A real leader (``leader()`` on a connection string, its session named by pgsolo)
+    and a second candidate waiting in a thread: the leaders list names the leader, its
+    pid and the candidate's."""
+    name = unique("dashboard-scheduler")
+    with pgsolo.leader(db, name, keep=False) as term:
+        candidate_pids: list[int] = []
+
+        def stand() -> None:
+            with pgsolo.leader(db, name, keep=False, wait=60) as later:
+                candidate_pids.append(later.backend_pid)
+
+        thread = threading.Thread(target=stand)
+        thread.start()
+        try:
+            eventually(
+                lambda: any(
+                    one["name"] == f"pgsolo:leader:{name}" and not one["granted"]
+                    for one in client.get("/api/locks").json()["locks"]
+                ),
+                "the candidate to wait",
+            )
+            page = client.get("/locks").text
+        finally:
+            term_pid = term.backend_pid
+    thread.join(DEADLINE)
+    assert not thread.is_alive()
+    leaders = re.search(r'<ul id="leaders">.*?</ul>', page, re.S)
+    assert leaders, "no leaders list"
+    (item,) = [li for li in re.findall(r"<li>.*?</li>", leaders.group(0), re.S) if name in li]
+    assert f"pid {term_pid} leads" in item
+    assert f"1 candidate(s) waiting (pid {candidate_pids[0]})" in item
 
 
 def test_jobs_show_the_ledger_and_the_skip_warning(client: TestClient, db: str) -> None:
