@@ -222,6 +222,31 @@ def test_jobs_show_the_ledger_and_the_skip_warning(client: TestClient, db: str) 
     assert summary["warning"] is not None
 
 
+def test_the_history_filters_by_outcome_and_the_summary_weighs_every_attempt(
+    client: TestClient, db: str
+) -> None:
+    job = unique("dashboard-filtered")
+    pgsolo.run_job(db, job, lambda conn: None, record=True)
+    with psycopg.connect(db, autocommit=True) as holder:
+        holder.execute(f"SELECT pg_advisory_lock({pgsolo.keys.from_name(job).sql_args})")
+        pgsolo.run_job(db, job, lambda conn: None, record=True)  # skipped: busy
+    doc = valid_document(client.get("/api/jobs", params={"job": job, "outcome": "skipped"}).json())
+    assert (doc["job"], doc["outcome"]) == (job, "skipped")
+    assert [row["outcome"] for row in doc["attempts"]] == ["skipped"]
+    (summary,) = doc["jobs"]
+    assert (summary["attempts"], summary["skipped"]) == (2, 1)  # both attempts weighed
+    page = client.get("/jobs", params={"job": job, "outcome": "completed"}).text
+    history = re.search(r'<table id="history">.*?</table>', page, re.S)
+    assert history, "no history table"
+    assert "completed" in history.group(0)
+    assert "skipped" not in history.group(0)
+    assert "<option selected>completed</option>" in page
+    refused = client.get("/api/jobs", params={"outcome": "maybe"})
+    assert refused.status_code == 400
+    error = valid_document(refused.json())["error"]
+    assert (error["code"], "outcome is one of" in error["message"]) == ("usage-error", True)
+
+
 def test_jobs_show_when_each_period_job_is_next_expected(client: TestClient, db: str) -> None:
     """A job done this period is next expected when the next period begins; one whose
     last mark is an earlier period is due now; a job with periods and no ledger row is

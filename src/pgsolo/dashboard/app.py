@@ -152,16 +152,16 @@ class _Dashboard:
 
     def page(self, name: str) -> Endpoint:
         async def endpoint(request: Request) -> Response:
-            job = request.query_params.get("job") or None
-            view = await self.read(read_page, name, job, self.naming)
+            query = request.query_params
+            view = await self.read(read_page, name, query, self.naming)
             return self.render(request, f"{name}.html", {"view": view})
 
         return endpoint
 
     def api(self, name: str) -> Endpoint:
         async def endpoint(request: Request) -> Response:
-            job = request.query_params.get("job") or None
-            view = await self.read(read_page, name, job, self.naming)
+            query = request.query_params
+            view = await self.read(read_page, name, query, self.naming)
             return JSONResponse(view.document())
 
         return endpoint

@@ -7,13 +7,14 @@ same HTML and JSON; importing this module needs Jinja2 alone.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Concatenate, ParamSpec, TypeAlias, TypeVar
 
 import jinja2
 
 from ..cli.locks import WIDE_COLUMNS, lock_line
+from ..cli.exit_codes import EXIT_UNAVAILABLE, EXIT_USAGE
 from ..cli.output import error_document
 from ..drivers import driver_errors
 from ..drivers.conninfo import scrub_secrets
@@ -67,12 +68,12 @@ _READS: dict[str, Callable[[Connect], View]] = {
 
 
 def read_page(
-    connect: Connect, page: str, job: str | None = None, naming: Naming | None = None
+    connect: Connect, page: str, query: Mapping[str, str], naming: Naming | None = None
 ) -> View:
-    """What ``page`` (one of :data:`PAGES`) shows, and its JSON; ``job`` filters the
-    jobs page's history, ``naming`` names the locks page's keys."""
+    """What ``page`` (one of :data:`PAGES`) shows, and its JSON; the request's ``query``
+    filters the jobs page (``job``, ``outcome``), ``naming`` names the locks page's keys."""
     if page == "jobs":
-        return reads.read_jobs(connect, job)
+        return reads.read_jobs(connect, query.get("job") or None, query.get("outcome") or None)
     if page == "locks":
         return reads.read_locks(connect, naming or Naming())
     return _READS[page](connect)
@@ -111,7 +112,9 @@ class Reader:
 
 def failure_document(failed: ReadFailed) -> dict[str, Any]:
     """The JSON of an ``/api/`` page or ``/metrics`` whose read failed."""
-    return error_document("dashboard", 69, str(failed), "database-unavailable")
+    if failed.status == 400:  # the request's own argument: no database asked
+        return error_document("dashboard", EXIT_USAGE, str(failed), "usage-error")
+    return error_document("dashboard", EXIT_UNAVAILABLE, str(failed), "database-unavailable")
 
 
 def environment(**globals: object) -> jinja2.Environment:
@@ -130,6 +133,7 @@ def environment(**globals: object) -> jinja2.Environment:
         holds_back_vacuum=reads.holds_back_vacuum,
         leak_suspect=reads.leak_suspect,
         is_semaphore=lambda row: isinstance(row, reads.SemaphoreRow),
+        outcomes=reads.OUTCOMES,
         **globals,
     )
     return env

@@ -13,9 +13,10 @@ from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias, get_args
 
 from .. import sql
+from .._types import Outcome
 from ..cli.common import where
 from ..cli.history import attempt_as_json
 from ..cli.output import document
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
 __all__ = [
     "APPLICATION_NAME",
     "JOB_ROWS",
+    "OUTCOMES",
     "Connect",
     "DoctorView",
     "JobSummary",
@@ -240,18 +242,26 @@ class JobSummary:
 
 @dataclass(frozen=True, slots=True)
 class JobsView:
-    """The ledger's latest attempts (at most :data:`JOB_ROWS`) and the periods marked
-    done, per job; ``notice`` says why there are no attempts to read (not migrated, or a
+    """The ledger's latest attempts (at most :data:`JOB_ROWS`; of ``job`` only, if given)
+    and the periods marked done, per job, and the history of one ``outcome`` (None:
+    every one); ``notice`` says why there are no attempts to read (not migrated, or a
     privilege missing), ``periods_notice`` why there are no periods."""
 
     database: str
     server: str
     job: str | None
+    outcome: str | None
     attempts: list[dict[str, Any]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     notice: str | None = None
     periods: list[dict[str, Any]] = field(default_factory=list)
     periods_notice: str | None = None
+
+    @property
+    def history(self) -> list[dict[str, Any]]:
+        """The attempts of the history table: of :attr:`outcome` only, if given (the
+        summaries weigh every attempt read)."""
+        return [row for row in self.attempts if self.outcome in (None, row["outcome"])]
 
     @property
     def jobs(self) -> list[JobSummary]:
@@ -282,30 +292,42 @@ class JobsView:
             {
                 "database": self.database,
                 "server": self.server,
+                "job": self.job,
+                "outcome": self.outcome,
                 "notice": self.notice,
                 "periods_notice": self.periods_notice,
                 "jobs": [summary.as_dict() for summary in self.jobs],
-                "attempts": [attempt_as_json(row) for row in self.attempts],
+                "attempts": [attempt_as_json(row) for row in self.history],
                 "warnings": self.warnings,
             },
         )
 
 
-def read_jobs(connect: Connect, job: str | None = None) -> JobsView:
+OUTCOMES: tuple[str, ...] = get_args(Outcome)  # a job's, as the ledger checks them
+
+
+def read_jobs(connect: Connect, job: str | None = None, outcome: str | None = None) -> JobsView:
+    """The jobs page: every job's summary from the latest attempts (of ``job`` only, if
+    given), and their history, of one ``outcome`` only if given (one of
+    :data:`OUTCOMES`, else :class:`~pgsolo.InvalidArgumentError` before connecting)."""
+    if outcome is not None and outcome not in OUTCOMES:
+        raise InvalidArgumentError(
+            f"outcome is one of {', '.join(OUTCOMES)} (or none for all), got {outcome!r}"
+        )
     with connect() as conn:
         name, server = where(conn)
         try:
             rows = history(conn, job=job, limit=JOB_ROWS)
         except NotMigratedError:
             notice = "no ledger in this database: run `pgsolo migrate`, then record jobs"
-            return JobsView(name, server, job, notice=notice)
+            return JobsView(name, server, job, outcome, notice=notice)
         except InsufficientPrivilegeError as exc:
-            return JobsView(name, server, job, notice=str(exc))
+            return JobsView(name, server, job, outcome, notice=str(exc))
         try:
             marks, marks_notice = periods(conn, job=job), None
         except InsufficientPrivilegeError as exc:
             marks, marks_notice = [], str(exc)
-    return JobsView(name, server, job, rows, skip_warning(rows), None, marks, marks_notice)
+    return JobsView(name, server, job, outcome, rows, skip_warning(rows), None, marks, marks_notice)
 
 
 @dataclass(frozen=True, slots=True)

@@ -155,7 +155,7 @@ def _home(request: HttpRequest) -> HttpResponse:
 def _page(name: str) -> Handler:
     def page(request: HttpRequest) -> HttpResponse:
         try:
-            view = _reader()(read_page, name, request.GET.get("job") or None, _naming())
+            view = _reader()(read_page, name, request.GET, _naming())
         except ReadFailed as failed:
             return _render(request, "error.html", {"message": str(failed)}, failed.status)
         return _render(request, f"{name}.html", {"view": view})
@@ -166,7 +166,7 @@ def _page(name: str) -> Handler:
 def _api(name: str) -> Handler:
     def api(request: HttpRequest) -> HttpResponse:
         try:
-            view = _reader()(read_page, name, request.GET.get("job") or None, _naming())
+            view = _reader()(read_page, name, request.GET, _naming())
         except ReadFailed as failed:
             return JsonResponse(failure_document(failed), status=failed.status)
         return JsonResponse(view.document())
