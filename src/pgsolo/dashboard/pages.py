@@ -13,8 +13,8 @@ from typing import Any, Concatenate, ParamSpec, TypeAlias, TypeVar
 
 import jinja2
 
-from ..cli.locks import WIDE_COLUMNS, lock_line
 from ..cli.exit_codes import EXIT_UNAVAILABLE, EXIT_USAGE
+from ..cli.locks import WIDE_COLUMNS, lock_line
 from ..cli.output import error_document
 from ..drivers import driver_errors
 from ..drivers.conninfo import scrub_secrets
