@@ -111,6 +111,8 @@ FOUND = [
     ("host=127.0.0.1 port=1 password=Xq7Wv4Zk2\udce9", "Xq7Wv4Zk2\udce9"),
     # a NUL: libpq stops there and connects with its defaults; the rest was quoted
     ("\x00Xq7Wv4Zk2", "Xq7Wv4Zk2"),
+    # a password with a '?' before its '@', which looked like the start of the query
+    ("postgresql://u:Xq7?Wv4@Zk2@127.0.0.1:1/d?hostaddr=127.0.0.1&port=1", "Xq7?Wv4@Zk2"),
 ]
 
 

@@ -169,12 +169,17 @@ def _split_userinfo(rest: str) -> tuple[str, str] | None:
     """(user info, the rest) of a URI after its ``scheme://``, or None without one.
 
     libpq's user info runs up to the first '@' before any '/' ('?' included). A password
-    written without percent-encoding may hold '@' or '/' too, and libpq then reads its
-    pieces as a host, a port or a database name: so the user info is taken up to the
-    last '@' before the query, when that is further, as the user meant it.
+    written without percent-encoding may hold '@', '/' or '?' too, and libpq then reads
+    its pieces as a host, a port or a database name: so the user info is taken up to the
+    last '@' before the query, when that is further, as the user meant it. The query is
+    the first '?' after the path's '/' that follows the first '@' (a '?' before it is the
+    password's), or the first '?' when no '/' follows an '@'.
     """
     libpq = re.match(r"[^@/]*@", rest)
-    at = max(libpq.end() - 1 if libpq else -1, rest.partition("?")[0].rfind("@"))
+    first_at = rest.find("@")
+    path = rest.find("/", first_at) if first_at >= 0 else -1
+    query = rest.find("?", path) if path >= 0 else rest.find("?")
+    at = max(libpq.end() - 1 if libpq else -1, rest[: query if query >= 0 else None].rfind("@"))
     return None if at < 0 else (rest[:at], rest[at + 1 :])
 
 
