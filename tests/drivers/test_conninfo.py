@@ -1,6 +1,8 @@
 """Connection strings: ``redact_dsn`` hides the password and keeps the rest,
 ``scrub_secrets`` cleans the driver's messages, and a URI may name its driver the way
-SQLAlchemy writes ``DATABASE_URL`` (``postgresql+psycopg2://``).
+SQLAlchemy writes ``DATABASE_URL`` (``postgresql+psycopg2://``). libpq's reading of a
+string is kept for the next run that reads it (a job opening a connection per run), and
+that changes nothing a caller sees.
 """
 
 from __future__ import annotations
@@ -12,8 +14,8 @@ from psycopg.conninfo import conninfo_to_dict
 
 import pgsolo
 from _support import pgsolo_cli, unique_name
-from pgsolo.drivers.conninfo import parse_dsn, redact_dsn, scrub_secrets
-from pgsolo.dsn import libpq_dsn
+from pgsolo.drivers.conninfo import conninfo_for, parse_dsn, redact_dsn, scrub_secrets
+from pgsolo.dsn import DEFAULT_CONNECT_TIMEOUT, libpq_dsn
 
 
 @pytest.mark.parametrize(
@@ -165,3 +167,38 @@ def test_the_command_line_refuses_another_database_as_a_usage_error() -> None:
     assert "invalid connection string in DATABASE_URL" in done.stderr
     assert "mysql:// URI" in done.stderr
     assert "Hunter2pw" not in done.stderr + done.stdout
+
+
+def test_a_parsed_string_is_the_callers_own_to_change() -> None:
+    """Guards the cache of libpq's readings: a caller that changes what it was given (the
+    test clusters do) does not change what the next reader of the string gets."""
+    secret = unique_name("pw")
+    dsn = f"host=h dbname={unique_name('db')} password={secret}"
+    first = parse_dsn(dsn)
+    first["host"] = "elsewhere"
+    del first["password"]
+    again = parse_dsn(dsn)
+    assert again["host"] == "h"
+    assert again["password"] == secret
+
+
+def test_a_bad_string_is_refused_each_time_it_is_read() -> None:
+    with pytest.raises(pgsolo.InvalidDsnError):
+        parse_dsn("host='unclosed")
+    with pytest.raises(pgsolo.InvalidDsnError):
+        parse_dsn("host='unclosed")
+
+
+def test_the_defaults_follow_the_environment_between_connections(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Guards the cache of pgsolo's connection strings: the defaults are read at each
+    connection, so PGCONNECT_TIMEOUT set between two runs of one job is honoured."""
+    dsn = f"host=h dbname={unique_name('db')}"
+    monkeypatch.delenv("PGCONNECT_TIMEOUT", raising=False)
+    assert conninfo_to_dict(conninfo_for(dsn, "job"))["connect_timeout"] == str(
+        DEFAULT_CONNECT_TIMEOUT
+    )
+    monkeypatch.setenv("PGCONNECT_TIMEOUT", "3")
+    assert "connect_timeout" not in conninfo_to_dict(conninfo_for(dsn, "job"))
+    assert conninfo_to_dict(conninfo_for(dsn, "other job"))["application_name"] == "other job"

@@ -9,6 +9,7 @@ never override what the connection string says.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -63,6 +64,14 @@ def _libpq_params(dsn: str) -> ConnDict | None:
     or text that is not valid Unicode (a lone surrogate, which is what an undecodable
     byte of a command line or of the environment becomes in Python) and so cannot even
     be handed to libpq."""
+    read = _read_by_libpq(dsn)
+    return None if read is None else dict(read)  # the caller's own copy to change
+
+
+# libpq's parse costs about 60 us and reads nothing but the string, and a job or task
+# that opens a connection per run reads the same string several times a run.
+@functools.lru_cache(maxsize=64)
+def _read_by_libpq(dsn: str) -> ConnDict | None:
     import psycopg  # noqa: PLC0415 - see the top of this module
     from psycopg.conninfo import conninfo_to_dict  # noqa: PLC0415
 
@@ -283,10 +292,17 @@ def connection_settings(
 def conninfo_for(dsn: str, application_name: str, defaults: Mapping[str, str] | None = None) -> str:
     """``dsn`` with pgsolo's name for the connection and the ``defaults`` it leaves
     unset (what it says itself wins)."""
-    given = parse_dsn(dsn)
     if defaults is None:
-        defaults = connection_settings()
-    extra = {k: v for k, v in defaults.items() if given.get(k) in (None, "")}
+        defaults = connection_settings()  # read now: it follows the environment
+    return _conninfo(dsn, application_name, tuple(defaults.items()))
+
+
+# Three parses of libpq's (about 0.25 ms), the same for every run of a job or task that
+# opens a connection per run from one connection string.
+@functools.lru_cache(maxsize=64)
+def _conninfo(dsn: str, application_name: str, defaults: tuple[tuple[str, str], ...]) -> str:
+    given = parse_dsn(dsn)
+    extra = {k: v for k, v in defaults if given.get(k) in (None, "")}
     extra["application_name"] = application_name[:MAX_APPLICATION_NAME]
     return make_dsn(dsn, **extra)
 
