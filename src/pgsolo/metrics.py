@@ -18,6 +18,7 @@ This module sits below locking (DESIGN §3): locks count themselves here, and jo
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from dataclasses import dataclass, fields
@@ -152,11 +153,11 @@ class _State:
             return cached
         with self.mutex:
             try:
-                from prometheus_client import REGISTRY  # noqa: PLC0415
+                default = _global_registry()
             except ImportError:
                 self.unavailable = True
                 return None
-            target = self.registry if self.registry is not None else REGISTRY
+            target = self.registry if self.registry is not None else default
             known = self.instruments.get(id(target))
             if known is None:
                 known = (target, _Instruments.create(target))
@@ -166,6 +167,23 @@ class _State:
 
 
 _state = _State()
+
+
+def _global_registry() -> CollectorRegistry:
+    """prometheus_client's global registry, imported if need be. An import cut short (a
+    Ctrl-C landing in it) leaves behind the modules it finished, the registry among them,
+    holding what the unfinished ones registered: the next try would run those again and
+    refuse the duplicate names forever after. So a try that fails takes every module it
+    added with it, and the next starts clean."""
+    before = set(sys.modules)
+    try:
+        from prometheus_client import REGISTRY  # noqa: PLC0415
+    except BaseException:
+        for name in set(sys.modules) - before:
+            if name == "prometheus_client" or name.startswith("prometheus_client."):
+                del sys.modules[name]
+        raise
+    return REGISTRY
 
 
 def prepare() -> None:
@@ -224,10 +242,10 @@ def count_apart() -> Callable[[], None]:
 def registry() -> CollectorRegistry:
     """The registry pgsolo counts in (UsageError without prometheus_client)."""
     try:
-        from prometheus_client import REGISTRY  # noqa: PLC0415
+        default = _global_registry()
     except ImportError:
         raise UsageError(f"metrics need prometheus_client: {_INSTALL}") from None
-    return _state.registry if _state.registry is not None else REGISTRY
+    return _state.registry if _state.registry is not None else default
 
 
 def lock_label(name: str | None) -> str:

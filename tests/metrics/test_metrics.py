@@ -239,3 +239,56 @@ sys.exit(main(["run", "--key", "k", "--dsn", {dsn!r}, "--metrics-textfile",
     assert "usage: metrics need prometheus_client" in done.stdout
     assert "pgsolo[prometheus]" in done.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_ctrl_c_inside_the_import_of_prometheus_client_leaves_the_next_lock_counted(
+    dsn: str,
+) -> None:
+    """Guards a Ctrl-C landing inside prometheus_client's first import, which a lock makes
+    before it sends anything (CI's random SIGINTs found it): the modules that import had
+    finished kept the global registry, with ``python_info`` registered by the one cut
+    short, so every later lock's import ran that one again and raised DuplicateTimeseries.
+    Here the interruption comes exactly there, from a trace function, in a fresh process."""
+    program = f"""
+import sys
+import psycopg, pgsolo, pgsolo.metrics
+assert "prometheus_client" not in sys.modules
+
+def interrupt_after_registering(frame, event, arg):
+    if frame.f_code.co_name != "__init__" or not frame.f_code.co_filename.endswith(
+        "platform_collector.py"
+    ):
+        return None
+    def at_return(frame, event, arg):
+        if event == "return":
+            sys.settrace(None)
+            raise KeyboardInterrupt
+        return at_return
+    return at_return
+
+with psycopg.connect({dsn!r}, autocommit=True) as conn:
+    sys.settrace(interrupt_after_registering)
+    try:
+        with pgsolo.session_lock(conn, "pgsolo-import-cut-short"):
+            print("not interrupted")
+    except KeyboardInterrupt:
+        print("interrupted")
+    sys.settrace(None)
+    with pgsolo.session_lock(conn, "pgsolo-import-cut-short") as lock:
+        assert lock.acquired
+    held = conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+                        " AND pid = pg_backend_pid()").fetchone()[0]
+    print("held", held)
+from prometheus_client import REGISTRY, generate_latest
+print(generate_latest(REGISTRY).decode())
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("interrupted\nheld 0\n")
+    assert (
+        'pgsolo_lock_acquisitions_total{lifetime="session",lock="pgsolo-import-cut-short",'
+        'outcome="acquired"} 1.0'
+    ) in done.stdout
+    assert "python_info{" in done.stdout
