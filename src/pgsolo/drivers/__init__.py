@@ -46,7 +46,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import import_module
 from types import ModuleType
-from typing import TYPE_CHECKING, ClassVar, Literal, Protocol, TypeGuard, TypeVar, cast
+from typing import TYPE_CHECKING, ClassVar, Literal, Protocol, TypeVar, cast
 
 from .. import sql
 from .._acompat import AEvent, Event
@@ -54,6 +54,9 @@ from ..errors import UnsupportedConnectionError, UsageError
 from .registry import LIBRARIES, Library
 
 if TYPE_CHECKING:
+    # Type checkers know typing_extensions: no runtime dependency for an annotation.
+    from typing_extensions import TypeIs
+
     from .kinds import SyncConnectionLike
 
 __all__ = [
@@ -401,12 +404,13 @@ def _django_module(needed_by: str) -> ModuleType:
         ) from exc
 
 
-def is_async(driver: SyncDriver | AsyncDriver) -> TypeGuard[AsyncDriver]:
+def is_async(driver: SyncDriver | AsyncDriver) -> TypeIs[AsyncDriver]:
     return driver.is_async
 
 
 def as_sync(driver: SyncDriver | AsyncDriver) -> SyncDriver:
-    """``driver`` once :func:`is_async` said no (a TypeGuard narrows one branch only)."""
+    """``driver`` as a sync one, where :func:`is_async` was not asked (the sync twin of
+    code written for async drivers)."""
     return cast(SyncDriver, driver)
 
 
@@ -418,7 +422,7 @@ def adapt_sync(connection: object) -> SyncDriver:
             " call's async variant where it has one (xact_lock and session_lock take both;"
             " run_job_async, run_once_async, leader_async, advisory_locks_async)"
         )
-    return as_sync(driver)
+    return driver
 
 
 def adapt_async(connection: object) -> AsyncDriver:

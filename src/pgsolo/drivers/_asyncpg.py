@@ -149,13 +149,12 @@ class AsyncpgDriver:
     def __init__(self, conn: Any) -> None:
         self._conn = conn
         self._checkout = _checkout_of(conn)
+        # What pgsolo tracks held locks by: this checkout of the connection (an attribute,
+        # not a property, since every lock reads it a few times).
+        self.connection: object = self._checkout
         self._aborted_at: int | None = None  # see transaction_status
         self._last_pid = 0
         self._last_info = UNKNOWN_SERVER
-
-    @property
-    def connection(self) -> object:
-        return self._checkout
 
     @property
     def begins_implicitly(self) -> bool:
@@ -199,7 +198,9 @@ class AsyncpgDriver:
         return _sqlstate(exc)
 
     def is_closed(self) -> bool:
-        return bool(self._conn.is_closed()) or self._released()
+        # Or the pooled connection went back to its pool since this driver was made.
+        conn = self._conn
+        return bool(conn.is_closed()) or private.releases(conn) != self._checkout.number
 
     def error_detail(self, exc: BaseException) -> str | None:
         if isinstance(exc, asyncpg.PostgresError):
@@ -223,7 +224,7 @@ class AsyncpgDriver:
     async def fetch_value(
         self, statements: Sequence[str], wait: float = 0.0, edge: Edge | None = None
     ) -> object:
-        sent = edged(statements, edge, begins_implicitly=False)
+        sent = statements if edge is None else edged(statements, edge, begins_implicitly=False)
         if not sent:
             return None
         try:
@@ -290,10 +291,6 @@ class AsyncpgDriver:
             except asyncpg.PostgresError as exc:
                 if sql.meaning(self.sqlstate(exc)) is sql.Meaning.TRANSACTION_FAILED:
                     self._aborted_at = self._queries()
-
-    def _released(self) -> bool:
-        """The pooled connection went back to its pool since this driver was made."""
-        return private.releases(self._conn) != self._checkout.number
 
     def _password(self) -> str | None:
         password = private.parameters(self._conn).password
@@ -371,18 +368,18 @@ async def _lock_call(conn: Any, call: sql.LockCall) -> tuple[str, object]:
     transaction-pooling proxy)."""
     form = call.prepared
     if not conn.is_in_transaction() and private.caches_statements(conn):
-        how = prepared.how(conn, form.name, PREPARE_AFTER)
+        statement: Any
+        how, statement = prepared.how(conn, form.name, PREPARE_AFTER)
         if how is prepared.How.PREPARE:
             try:
                 made = await conn.prepare(form.template.decode("ascii"))
             except asyncpg.PostgresError as exc:
-                how = prepared.made(conn, form.name, _sqlstate(exc))
+                how, statement = prepared.made(conn, form.name, _sqlstate(exc))
             else:
-                how = prepared.made(conn, form.name, None, made)
+                how, statement = prepared.made(conn, form.name, None, made)
         if how is prepared.How.BY_NAME:
-            statement: Any = prepared.handle(conn, form.name)
             try:
-                value = await statement.fetchval(*(int(p) for p in form.params))
+                value = await statement.fetchval(*map(int, form.params))
             except asyncpg.PostgresError as exc:
                 if not prepared.forget(conn, _sqlstate(exc)):
                     raise

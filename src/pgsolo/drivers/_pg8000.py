@@ -96,13 +96,9 @@ class Pg8000Driver:
     ending_advice: ClassVar[str] = "commit or roll it back first (conn.commit() / conn.rollback())"
 
     def __init__(self, conn: Any) -> None:
-        self._conn = conn
+        self._conn = self.connection = conn  # what pgsolo tracks held locks by
         self._last_pid = 0
         self._last_info = UNKNOWN_SERVER
-
-    @property
-    def connection(self) -> object:
-        return self._conn
 
     @property
     def begins_implicitly(self) -> bool:

@@ -186,15 +186,14 @@ class PsycopgBase:
     """What both adapters do the same: everything but the round trips."""
 
     _conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]
+    # The wrapped connection (what pgsolo tracks held locks by): an attribute, not a
+    # property, since every lock reads it a few times.
+    connection: object
     session_locks_refused: ClassVar[str | None] = None
     ending_advice: ClassVar[str] = (
         "commit or roll it back first (conn.commit() / conn.rollback()), or call it outside"
         " `with conn.transaction():`"
     )
-
-    @property
-    def connection(self) -> object:
-        return self._conn
 
     @property
     def begins_implicitly(self) -> bool:
@@ -397,10 +396,10 @@ def by_name(
     sends each one, is sent its results, and returns the call's. Prepared once it ran as
     many times as the connection's ``prepare_threshold``, as psycopg does its caller's."""
     pgconn = conn.pgconn
-    how = prepared.how(conn, form.name, conn.prepare_threshold or 0)  # None: not preparable
+    how, _ = prepared.how(conn, form.name, conn.prepare_threshold or 0)  # None: not preparable
     if how is prepared.How.PREPARE:
         results = yield functools.partial(pgconn.send_prepare, form.name, form.template)
-        how = prepared.made(conn, form.name, failure_of(results))
+        how, _ = prepared.made(conn, form.name, failure_of(results))
     if how is prepared.How.BY_NAME:
         # A list: psycopg 3.2 (its binary implementation) takes no other sequence here.
         params = list(form.params)

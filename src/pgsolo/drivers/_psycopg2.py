@@ -98,11 +98,7 @@ class Psycopg2Driver:
     _last_info = UNKNOWN_SERVER
 
     def __init__(self, conn: Connection) -> None:
-        self._conn = conn
-
-    @property
-    def connection(self) -> object:
-        return self._conn
+        self._conn = self.connection = conn  # what pgsolo tracks held locks by
 
     @property
     def begins_implicitly(self) -> bool:

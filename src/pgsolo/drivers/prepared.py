@@ -18,7 +18,7 @@ import enum
 from .._weakmap import IdentityWeakMap
 from ..sql import SQLSTATE_DUPLICATE_PREPARED, SQLSTATE_NO_PREPARED
 
-__all__ = ["How", "forget", "handle", "how", "made"]
+__all__ = ["How", "forget", "how", "made"]
 
 
 class How(enum.Enum):
@@ -42,35 +42,32 @@ class _Ready:
 _SEEN: IdentityWeakMap[object, dict[bytes, int | _Ready]] = IdentityWeakMap()
 
 
-def how(conn: object, name: bytes, threshold: int) -> How:
-    """How to send the lock call ``name`` on ``conn`` this time, counting it."""
+def how(conn: object, name: bytes, threshold: int) -> tuple[How, object]:
+    """How to send the lock call ``name`` on ``conn`` this time, counting it; with
+    ``BY_NAME``, the driver's handle of the statement (None where it keeps none)."""
     seen = _seen(conn)
     runs = seen.get(name, 0)
     if isinstance(runs, _Ready):
-        return How.BY_NAME
+        return How.BY_NAME, runs.handle
     if runs >= threshold:
-        return How.PREPARE
+        return How.PREPARE, None
     seen[name] = runs + 1
-    return How.AS_WRITTEN
+    return How.AS_WRITTEN, None
 
 
-def made(conn: object, name: bytes, sqlstate: str | None, handle: object = None) -> How:
+def made(
+    conn: object, name: bytes, sqlstate: str | None, handle: object = None
+) -> tuple[How, object]:
     """After pgsolo prepared ``name`` on ``conn``, which failed with ``sqlstate`` (None: it
-    did not fail; ``handle``: the driver's handle of it): how to send the call now. A
-    duplicate is pgsolo's own (the name is a digest of the text); any other failure leaves
-    the call as written, and counted again from nothing."""
+    did not fail; ``handle``: the driver's handle of it): how to send the call now, as
+    :func:`how` says it. A duplicate is pgsolo's own (the name is a digest of the text);
+    any other failure leaves the call as written, and counted again from nothing."""
     seen = _seen(conn)
     if sqlstate is None or sqlstate == SQLSTATE_DUPLICATE_PREPARED:
         seen[name] = _Ready(handle)
-        return How.BY_NAME
+        return How.BY_NAME, handle
     seen[name] = 0
-    return How.AS_WRITTEN
-
-
-def handle(conn: object, name: bytes) -> object:
-    """The driver's handle of the statement ``name`` that :func:`how` said ``conn`` has."""
-    ready = _seen(conn).get(name)
-    return ready.handle if isinstance(ready, _Ready) else None
+    return How.AS_WRITTEN, None
 
 
 def forget(conn: object, sqlstate: str | None) -> bool:

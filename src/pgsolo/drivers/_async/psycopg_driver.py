@@ -33,7 +33,7 @@ class AsyncPsycopgDriver(PsycopgBase):
     _conn: psycopg.AsyncConnection[Any]
 
     def __init__(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        self._conn = conn
+        self._conn = self.connection = conn
 
     async def fetch_value(
         self, statements: Sequence[str], wait: float = 0.0, edge: Edge | None = None

@@ -34,7 +34,7 @@ class PsycopgDriver(PsycopgBase):
     _conn: psycopg.Connection[Any]
 
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
-        self._conn = conn
+        self._conn = self.connection = conn
 
     def fetch_value(
         self, statements: Sequence[str], wait: float = 0.0, edge: Edge | None = None
