@@ -190,7 +190,8 @@ def prepare() -> None:
     """Import prometheus_client and register the instruments now, once per registry: a
     lock calls this before it sends anything, so that nothing between the server's grant
     and the lock's books can take the time of an import (where a Ctrl-C would land)."""
-    _state.current()
+    if _state.cached is None:  # once they exist, no call: every lock comes here
+        _state.current()
 
 
 def use_registry(registry: CollectorRegistry | None, *, lock_names: bool = True) -> None:
@@ -265,10 +266,10 @@ _LOCK_CHILDREN: dict[tuple[int, str, str, str], tuple[Any, Any]] = {}
 
 def observe_lock(name: str | None, lifetime: str, outcome: str, wait: float) -> None:
     """Count an attempt to take a lock (``outcome`` of LOCK_OUTCOMES), ``wait`` seconds."""
-    instruments = _state.current()
+    instruments = _state.cached or _state.current()  # no call once they exist
     if instruments is None:
         return
-    label = lock_label(name)
+    label = "" if name is None else lock_label(name)
     labels = (id(instruments), label, lifetime, outcome)
     children = _LOCK_CHILDREN.get(labels)
     if children is None:

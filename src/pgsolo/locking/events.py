@@ -40,7 +40,8 @@ class LockEvents:
     def log(self, level: int, event: str, started: float | None = None, **extra: object) -> None:
         """Log an event of this lock (``started``: when what it ends began), and count
         it in the metrics."""
-        self._count(event, started, extra.get("reason"))
+        if not self._outcome_counted or event == "lost":  # else nothing to count
+            self._count(event, started, extra.get("reason"))
         if not logger.isEnabledFor(level):
             return
         spec, info = self.spec, self.driver.server_info()

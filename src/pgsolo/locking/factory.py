@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, overload
 
 from .._types import Lifetime
-from ..drivers import DriverBase, adapt, as_sync, is_async
+from ..drivers import DriverBase, adapt, is_async
 from ..errors import UsageError
 from ..keys import KeyLike, Registry, as_key
 from ._async.lock import AsyncLock
@@ -45,7 +45,8 @@ def _make(
 ) -> Lock | AsyncLock:
     # Validate everything before touching the connection.
     resolved = as_key(key, namespace=namespace, registry=registry)
-    wait_ms = wait_ms_of(wait)
+    # The defaults without a call: every lock comes here.
+    wait_ms = None if wait is None else wait_ms_of(wait)
     for flag, label in ((shared, "shared"), (reentrant, "reentrant"), (fencing, "fencing")):
         if not isinstance(flag, bool):
             raise UsageError(f"{label} must be True or False, got {flag!r}")
@@ -54,7 +55,7 @@ def _make(
             "fencing tokens order exclusive holders one after another; a shared or"
             " re-entrant lock has several holders at once"
         )
-    keeping = as_keep(keep)
+    keeping = None if keep is None or keep is False else as_keep(keep)
     driver = adapt(conn)
     if keeping is not None:
         refuse_keeper(driver)
@@ -72,7 +73,7 @@ def _make(
     core = lock_core(driver, spec)
     if is_async(driver):
         return AsyncLock(core, driver)
-    return Lock(core, as_sync(driver))
+    return Lock(core, driver)
 
 
 @overload

@@ -29,6 +29,7 @@ __all__ = [
     "claim",
     "confirm",
     "context_token",
+    "end_transaction",
     "forget_all",
     "held_session_locks",
     "hold_of",
@@ -173,15 +174,31 @@ def withdraw(conn: object, key: Key, claimant: object) -> None:
 def unclaim(conn: object, key: Key) -> int:
     """Drop one hold of ``key``; return how many remain on this connection."""
     with _HOLDINGS_LOCK:
+        return _unclaim(_HOLDINGS.get(conn), key)
+
+
+def end_transaction(conn: object, pid: int, key: Key | None) -> None:
+    """pgsolo's own transaction on ``conn`` (backend ``pid``) ended: the key it took
+    (``key``; None if it took none) is let go, and nobody owns a transaction there any
+    more. One step, as every transaction lock ends so."""
+    with _HOLDINGS_LOCK:
         holdings = _HOLDINGS.get(conn)
-        held = holdings.keys.get(key.value) if holdings else None
-        if holdings is None or held is None:
-            return 0
-        held.count -= 1
-        if held.count <= 0:
-            del holdings.keys[key.value]
-            return 0
-        return held.count
+        if key is not None:
+            _unclaim(holdings, key)
+        if holdings is None or holdings.pid != pid:
+            holdings = _HOLDINGS[conn] = _Holdings(pid, {})
+        holdings.transaction_owner = None
+
+
+def _unclaim(holdings: _Holdings | None, key: Key) -> int:
+    held = holdings.keys.get(key.value) if holdings else None
+    if holdings is None or held is None:
+        return 0
+    held.count -= 1
+    if held.count <= 0:
+        del holdings.keys[key.value]
+        return 0
+    return held.count
 
 
 def forget_all(conn: object) -> list[Key]:

@@ -30,13 +30,16 @@ __all__ = [
 ]
 
 
-def outside_transaction(driver: DriverBase, statements: list[str]) -> list[str]:
-    """Statements that must not leave a transaction open behind them.
+def outside_transaction(
+    driver: DriverBase, statements: list[str], status: TxStatus | None = None
+) -> list[str]:
+    """Statements that must not leave a transaction open behind them (``status``: the
+    connection's, if the caller has just read it).
 
     A driver that opens transactions by itself would leave the session "idle in
     transaction" for as long as a session lock is held; close what it opened.
     """
-    if driver.begins_implicitly and driver.transaction_status() is TxStatus.IDLE:
+    if driver.begins_implicitly and (status or driver.transaction_status()) is TxStatus.IDLE:
         return [*statements, sql.COMMIT]
     return statements
 
@@ -116,7 +119,7 @@ def session_acquisition(
             sql.SAVEPOINT_RELEASE,
         ]
     if lock_timeout_ms is None:
-        return outside_transaction(driver, [acquire])
+        return outside_transaction(driver, [acquire], status)
     # SET LOCAL dies with this short transaction; the session lock outlives it.
     opening = [] if driver.begins_implicitly else [sql.BEGIN]
     return [*opening, sql.set_local_lock_timeout(lock_timeout_ms), acquire, sql.COMMIT]

@@ -361,7 +361,8 @@ class SessionLockCore(LockCore):
             and driver.transaction_status() is TxStatus.IDLE
         ):
             self.started = time.perf_counter()
-            return in_savepoint(driver, TxStatus.IDLE, [unlock_statement(self.spec, None)]), None
+            unlock = [unlock_statement(self.spec, None)]
+            return placement.outside_transaction(driver, unlock, TxStatus.IDLE), None
         return self.exit(failed=False) if exiting else self.release()
 
     def quick_released(self, value: object) -> None:

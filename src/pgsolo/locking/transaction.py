@@ -250,10 +250,8 @@ class XactLockCore(LockCore):
         held here."""
         self.opened_transaction = False
         self.transaction_marker = None
-        conn = self.driver.connection
-        if self.acquired:
-            holdings.unclaim(conn, self.spec.key)
-        holdings.set_transaction_owner(conn, self.driver.backend_pid(), None)
+        taken = self.spec.key if self.acquired else None
+        holdings.end_transaction(self.driver.connection, self.driver.backend_pid(), taken)
 
     def _after_interrupted_end(self, exc: BaseException) -> Plan[None]:
         """A Ctrl-C (``exc``) in pgsolo's own code before the COMMIT or ROLLBACK went out

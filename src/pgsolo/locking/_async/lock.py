@@ -65,7 +65,8 @@ class AsyncLock(LockView):
     async def __aenter__(self) -> Self:
         try:
             await self._take(context=True)
-            self._start_keeper()
+            if self._core.spec.keep is not None:  # a call less for every other lock
+                self._start_keeper()
         except BaseException:
             await self._let_go()
             raise
@@ -79,7 +80,8 @@ class AsyncLock(LockView):
     ) -> None:
         keeper = self._keeper
         try:
-            self._stop_keeper()
+            if keeper is not None:
+                self._stop_keeper()
             loss_for_cancel = keeper.undo_cancel(exc) if keeper is not None else None
             if exc_type is None:
                 await self._give_back(exiting=True)

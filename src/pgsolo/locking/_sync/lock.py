@@ -66,7 +66,8 @@ class Lock(LockView):
     def __enter__(self) -> Self:
         try:
             self._take(context=True)
-            self._start_keeper()
+            if self._core.spec.keep is not None:  # a call less for every other lock
+                self._start_keeper()
         except BaseException:
             self._let_go()
             raise
@@ -80,7 +81,8 @@ class Lock(LockView):
     ) -> None:
         keeper = self._keeper
         try:
-            self._stop_keeper()
+            if keeper is not None:
+                self._stop_keeper()
             loss_for_cancel = keeper.undo_cancel(exc) if keeper is not None else None
             if exc_type is None:
                 self._give_back(exiting=True)
