@@ -82,8 +82,6 @@ def acquisition_error(
         return _timeout_error(events)
     if spec.wait_ms is not None and meaning is sql.Meaning.CANCELED:
         return None
-    if meaning is sql.Meaning.IN_RECOVERY:
-        return standby_refused(events, started)
     events.log(logging.WARNING, "error", started, error=repr(exc))
     return _refusal(events, exc, meaning) or connection_failed(events, exc)
 

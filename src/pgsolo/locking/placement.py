@@ -131,20 +131,15 @@ def xact_acquisition(
     """The statements that take a transaction lock, waiting up to
     ``lock_timeout_ms`` (one slice of a wait; None: a try), after those that open
     pgsolo's own transaction if it opens one (:mod:`pgsolo.locking.transaction`)."""
-    acquire = _acquire(spec)
     if lock_timeout_ms is None:
-        return [acquire]
+        return [_acquire(spec)]
     # The bound is for the wait only: the protected statements that follow run with the
-    # connection's own lock_timeout, put back in the same round trip.
+    # connection's own lock_timeout, which the waiting statement puts back.
     statements = [
         sql.SAVE_LOCK_TIMEOUT,
-        sql.REFUSE_STANDBY,
         sql.set_local_lock_timeout(lock_timeout_ms),
-        acquire,
-        sql.RESTORE_LOCK_TIMEOUT,
+        sql.xact_wait(spec.key, shared=spec.shared, fencing=spec.fencing),
     ]
-    if spec.fencing:  # the restore's row came last
-        statements.append(sql.LAST_FENCING_TOKEN)
     if in_callers_transaction:
         # A savepoint keeps the caller's transaction usable if the slice times out (or the
         # server turns out to be a standby), and every statement is inside it: one that

@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 from .._types import Lifetime
 from ..keys import Key, encode_pg_lock, from_name
-from .states import SQLSTATE_IN_RECOVERY, SQLSTATE_LOCK_GONE, UNLOCK_ANSWERS
+from .states import SQLSTATE_LOCK_GONE, UNLOCK_ANSWERS
 from .text import Truth, sql_literal, utf8
 
 __all__ = [
@@ -20,9 +20,6 @@ __all__ = [
     "FENCING_SEQUENCE",
     "IN_RECOVERY",
     "KEEPER_BEAT_ALL",
-    "LAST_FENCING_TOKEN",
-    "REFUSE_STANDBY",
-    "RESTORE_LOCK_TIMEOUT",
     "ROLLBACK",
     "SAVEPOINT",
     "SAVEPOINT_RELEASE",
@@ -54,6 +51,7 @@ __all__ = [
     "unlock",
     "unlock_keeping_failure",
     "watch_client",
+    "xact_wait",
 ]
 
 
@@ -109,8 +107,10 @@ def rollback_to_savepoint(name: str) -> str:
 SAVE_LOCK_TIMEOUT = (
     "SELECT set_config('pgsolo.lock_timeout_before_wait', current_setting('lock_timeout'), true)"
 )
-RESTORE_LOCK_TIMEOUT = (
-    "SELECT set_config('lock_timeout', current_setting('pgsolo.lock_timeout_before_wait'), true)"
+# Puts back what SAVE_LOCK_TIMEOUT saved, as an expression of the statement that waits
+# (xact_wait): it is never NULL.
+_RESTORE_LOCK_TIMEOUT = (
+    "set_config('lock_timeout', current_setting('pgsolo.lock_timeout_before_wait'), true)"
 )
 
 
@@ -136,18 +136,9 @@ def lock_function(lifetime: Lifetime, *, wait: bool, shared: bool) -> str:
 # statement that takes it.
 
 IN_RECOVERY = "pg_is_in_recovery()"
-REFUSE_STANDBY = (
-    f"DO $pgsolo$BEGIN IF {IN_RECOVERY} THEN RAISE EXCEPTION USING"
-    f" ERRCODE = '{SQLSTATE_IN_RECOVERY}',"
-    " MESSAGE = 'pgsolo: this server is in recovery (a standby): no advisory lock here';"
-    " END IF; END$pgsolo$"
-)
 
 
 FENCING_SEQUENCE = "pgsolo.fencing_token_seq"
-# The token this session's last acquisition took, for a message whose last row is not
-# the acquisition's own.
-LAST_FENCING_TOKEN = f"SELECT currval('{FENCING_SEQUENCE}')"
 
 
 # -- prepared once per session ----------------------------------------------------------
@@ -211,7 +202,7 @@ def acquire(
     ``refuse_standby`` (tries only): NULL instead of taking the lock on a server in
     recovery. CASE tests its conditions in order, so the lock function is not called
     there; the check costs no round trip and leaves the caller's transaction usable.
-    A wait is refused by :data:`REFUSE_STANDBY` before it instead."""
+    A transaction lock's wait is :func:`xact_wait`."""
     call = f"{lock_function(lifetime, wait=wait, shared=shared)}({key.sql_args})"
     token = f"nextval('{FENCING_SEQUENCE}')"
     if wait:  # the waiting functions return void: as a subquery, a row once granted
@@ -224,6 +215,33 @@ def acquire(
     if refuse_standby:
         return Truth(f"SELECT CASE {standby}ELSE {call} END")
     return _lock_call(lock_function(lifetime, wait=False, shared=shared), key)
+
+
+@functools.lru_cache(maxsize=1024)
+def xact_wait(key: Key, *, shared: bool, fencing: bool) -> str:
+    """One slice of a transaction lock's wait, in one statement, after
+    :data:`SAVE_LOCK_TIMEOUT` and the slice's ``SET LOCAL lock_timeout``: on a server in
+    recovery NULL, with nothing taken; otherwise the lock, waited for, then the
+    connection's own ``lock_timeout`` put back for the statements that follow in the
+    transaction, then true (with ``fencing``: the token). Its value is the message's last,
+    which every driver reads.
+
+    CASE tests its conditions in order, evaluates only the branch it takes, and reads
+    ``pg_is_in_recovery()`` once, so a server promoted meanwhile cannot make it answer for
+    a lock it did not take. Plain SQL, where a ``DO`` block raising an error of pgsolo's
+    cost the server a third of the wait's round trip to compile on every acquisition
+    (docs/benchmarks.md)."""
+    call = f"{lock_function('xact', wait=True, shared=shared)}({key.sql_args})"
+    granted = f"nextval('{FENCING_SEQUENCE}')" if fencing else "true"
+    none = "NULL::bigint" if fencing else "NULL::boolean"  # typed: every branch is one type
+    # The lock function returns void and set_config text: neither is ever NULL, so each
+    # test only makes it run, in its turn.
+    statement = (
+        f"SELECT CASE WHEN {IN_RECOVERY} THEN CASE WHEN {_RESTORE_LOCK_TIMEOUT} IS NULL"
+        f" THEN {none} ELSE {none} END ELSE CASE WHEN {call} IS NULL THEN {none}"
+        f" WHEN {_RESTORE_LOCK_TIMEOUT} IS NULL THEN {none} ELSE {granted} END END"
+    )
+    return statement if fencing else Truth(statement)
 
 
 @functools.lru_cache(maxsize=1024)

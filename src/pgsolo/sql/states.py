@@ -15,7 +15,6 @@ __all__ = [
     "SQLSTATE_DUPLICATE_PREPARED",
     "SQLSTATE_INSUFFICIENT_PRIVILEGE",
     "SQLSTATE_INVALID_SCHEMA_NAME",
-    "SQLSTATE_IN_RECOVERY",
     "SQLSTATE_LOCK_GONE",
     "SQLSTATE_LOCK_NOT_AVAILABLE",
     "SQLSTATE_NO_PREPARED",
@@ -34,7 +33,6 @@ SQLSTATE_INVALID_SCHEMA_NAME = "3F000"
 SQLSTATE_INSUFFICIENT_PRIVILEGE = "42501"  # permission denied: a GRANT is missing
 SQLSTATE_UNDEFINED_OBJECT = "42704"  # in pgsolo migrate --grant-to: no such role
 SQLSTATE_UNTRANSLATABLE = "22P05"  # text the database's encoding cannot hold
-SQLSTATE_IN_RECOVERY = "PGSRC"  # raised by sql.locks.REFUSE_STANDBY
 SQLSTATE_LOCK_GONE = "PGSLG"  # raised by sql.locks.assert_same_transaction
 SQLSTATE_ATTEMPT_SUPERSEDED = "PGSLS"  # raised by sql.once.once_succeed
 SQLSTATE_SAVEPOINT_GONE = "3B001"  # no savepoint of that name in this transaction
@@ -53,7 +51,6 @@ class Meaning(enum.Enum):
     CANCELED = "the server cancelled the statement (statement_timeout, pg_cancel_backend)"
     DEADLOCK = "PostgreSQL broke a deadlock by failing this wait"
     NOT_MIGRATED = "pgsolo's tables are missing: pgsolo migrate has not run"
-    IN_RECOVERY = "the server is in recovery (a standby)"
     LOCK_GONE = "a transaction-level lock was no longer held at commit"
     SUPERSEDED = "another caller took an operation over"
     UNTRANSLATABLE = "the database's encoding cannot hold a character of the text"
@@ -70,7 +67,6 @@ _MEANINGS: dict[str, Meaning] = {
     SQLSTATE_DEADLOCK: Meaning.DEADLOCK,
     SQLSTATE_UNDEFINED_TABLE: Meaning.NOT_MIGRATED,
     SQLSTATE_INVALID_SCHEMA_NAME: Meaning.NOT_MIGRATED,
-    SQLSTATE_IN_RECOVERY: Meaning.IN_RECOVERY,
     SQLSTATE_LOCK_GONE: Meaning.LOCK_GONE,
     SQLSTATE_ATTEMPT_SUPERSEDED: Meaning.SUPERSEDED,
     SQLSTATE_UNTRANSLATABLE: Meaning.UNTRANSLATABLE,
