@@ -158,16 +158,19 @@ def test_every_lock_on_a_standby_is_refused_and_nothing_is_held(
 ) -> None:
     """A lock on a server in recovery would be the standby's own, unseen by the primary:
     every kind is refused with ``server-in-recovery`` and none is left held, not even
-    inside the caller's still-open transaction."""
+    inside the caller's still-open transaction, whose ``lock_timeout`` a wait's slice
+    set and had to put back (sql.xact_wait does it on a standby too)."""
     conn = on_standby(autocommit=not attempt.in_callers_transaction)
     if attempt.in_callers_transaction:
-        conn.execute("SELECT 1")  # the caller's transaction is open
+        conn.execute("SET LOCAL lock_timeout = '4321ms'")  # the caller's transaction is open
     lock = attempt.lock(conn, key)
     with pytest.raises(pgsolo.UnsafeConnectionError) as refused:
         attempt.take(lock)
     assert_refused(refused.value)
     assert standby_observer.advisory(pid=conn.info.backend_pid) == set()
     assert standby_observer.holders(key) == set()
+    if attempt.in_callers_transaction:
+        assert conn.execute("SHOW lock_timeout").fetchone() == ("4321ms",)
 
 
 @pytest.mark.parametrize("attempt", ATTEMPTS, ids=str)
