@@ -216,6 +216,16 @@ class PsycopgRecipeXactStandbyCheck(PsycopgRecipeXact):
         conn.execute("COMMIT")
 
 
+class PsycopgRecipeXactWait(PsycopgRecipeXact):
+    """The article's job in one transaction with a waiting lock: BEGIN, wait, COMMIT."""
+
+    def op(self) -> None:
+        conn = self.conn
+        conn.execute("BEGIN")
+        conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", KEY)
+        conn.execute("COMMIT")
+
+
 class PsycopgRecipeSession:
     """The article's session lock: try, work, unlock in finally."""
 
@@ -239,14 +249,15 @@ class PsycopgRecipeSession:
 class PgsoloXact:
     conn: psycopg.Connection[Any]
 
-    def __init__(self, *, autocommit: bool = True) -> None:
+    def __init__(self, *, autocommit: bool = True, wait: float | None = None) -> None:
         self.autocommit = autocommit
+        self.wait = wait
 
     def open(self, target: Target) -> None:
         self.conn = psycopg.connect(target.conninfo(), autocommit=self.autocommit)
 
     def op(self) -> None:
-        with pgsolo.xact_lock(self.conn, KEY) as lock:
+        with pgsolo.xact_lock(self.conn, KEY, wait=self.wait) as lock:
             if not lock.acquired:
                 raise NotAcquiredError("the lock was busy")
         if not self.autocommit:  # the lock joined psycopg's transaction: the caller ends it

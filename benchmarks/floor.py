@@ -13,7 +13,10 @@ The statements come from :mod:`pgsolo.sql`, so they stay the ones pgsolo sends:
   after the driver's threshold), by name with the key as text parameters;
 - a transaction lock: ``BEGIN`` and the try (which refuses a standby) in one simple
   query, then ``COMMIT``; on asyncpg, the try's answer read from the row count of its
-  rewrite, as pgsolo reads it there (:func:`pgsolo.sql.truth_by_count`).
+  rewrite, as pgsolo reads it there (:func:`pgsolo.sql.truth_by_count`);
+- a transaction lock's wait (``xact-wait``, psycopg 3 sync): ``BEGIN`` and one slice of
+  the wait (the saved ``lock_timeout``, the slice's, and :func:`pgsolo.sql.xact_wait`) in
+  one simple query, then ``COMMIT``.
 """
 
 from __future__ import annotations
@@ -42,6 +45,15 @@ _TRY = _prepared(sql.acquire(_KEY, "session", wait=False, shared=False))
 _UNLOCK = _prepared(sql.unlock(_KEY, shared=False))
 _XACT_TRY = sql.acquire(_KEY, "xact", wait=False, shared=False, refuse_standby=True)
 _XACT = f"BEGIN; {_XACT_TRY}".encode()
+_WAIT_SLICE_MS = 2000  # a first slice of a wait (pgsolo.locking.waits)
+_XACT_WAIT = "; ".join(
+    [
+        "BEGIN",
+        sql.SAVE_LOCK_TIMEOUT,
+        sql.set_local_lock_timeout(_WAIT_SLICE_MS),
+        sql.xact_wait(_KEY, shared=False, fencing=False),
+    ]
+).encode()
 
 
 def _granted(results: list[pq.abc.PGresult]) -> None:
@@ -68,8 +80,10 @@ class PsycopgFloor:
 
     def op(self) -> None:
         pgconn = self.conn.pgconn
-        if self.lifetime == "xact":
-            _granted(self._send(pgconn.send_query, _XACT))
+        if self.lifetime in ("xact", "xact-wait"):
+            _granted(
+                self._send(pgconn.send_query, _XACT if self.lifetime == "xact" else _XACT_WAIT)
+            )
             self._send(pgconn.send_query, b"COMMIT")
             return
         _granted(self._send(pgconn.send_query_prepared, _TRY.name, list(_TRY.params)))

@@ -37,12 +37,16 @@ from benchmarks.bench_locks import (
     PgsoloXact,
     PsycopgRecipeSession,
     PsycopgRecipeXact,
+    PsycopgRecipeXactWait,
     Target,
     server,
 )
 from benchmarks.floor import AsyncpgFloor, AsyncPsycopgFloor, PsycopgFloor
 from benchmarks.frameworks import APgsoloOn, asyncpg_connection
 from benchmarks.suite import DSN_ENV
+
+# A wait that is never contended here: the cost of a waiting lock's messages, one slice.
+WAIT_SECONDS = 60.0
 
 _Makers = tuple[Callable[[], Any], Callable[[], Any], Callable[[], Any]]
 
@@ -51,6 +55,11 @@ _Makers = tuple[Callable[[], Any], Callable[[], Any], Callable[[], Any]]
 PAIRS: dict[str, _Makers] = {
     "session": (PsycopgRecipeSession, PgsoloSession, lambda: PsycopgFloor("session")),
     "xact": (PsycopgRecipeXact, PgsoloXact, lambda: PsycopgFloor("xact")),
+    "xact-wait": (
+        PsycopgRecipeXactWait,
+        lambda: PgsoloXact(wait=WAIT_SECONDS),
+        lambda: PsycopgFloor("xact-wait"),
+    ),
 }
 
 
