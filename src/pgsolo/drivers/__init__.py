@@ -156,6 +156,12 @@ class DriverBase(Protocol):
     is_async: ClassVar[bool]
     """True for drivers whose ``fetch_value`` is a coroutine function."""
 
+    ends_by_message: ClassVar[bool]
+    """True when pgsolo's own transaction ends by a COMMIT or ROLLBACK sent in the same
+    message as its last statements (a bare connection, :func:`edged`): if one of those
+    fails, the transaction stays open, failed. False where a framework's API ends it
+    (Django, SQLAlchemy), which rolls it back then."""
+
     @property
     def connection(self) -> object:
         """The wrapped connection object (what pgsolo tracks held session locks by)."""

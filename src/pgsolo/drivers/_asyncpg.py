@@ -142,6 +142,7 @@ class AsyncpgDriver:
     """pgsolo's driver protocol on an asyncpg connection; see the module docstring."""
 
     is_async: ClassVar[bool] = True
+    ends_by_message: ClassVar[bool] = True
     session_locks_refused: ClassVar[str | None] = None
     transaction_hint: ClassVar[str] = "async with conn.transaction():"
     ending_advice: ClassVar[str] = "call it outside `async with conn.transaction():`"

@@ -101,6 +101,7 @@ class DjangoDriver:
     held locks by; the DBAPI connection under it changes when Django reconnects."""
 
     is_async: ClassVar[bool] = False
+    ends_by_message: ClassVar[bool] = False
 
     def __init__(self, wrapper: BaseDatabaseWrapper) -> None:
         self._wrapper = wrapper

@@ -91,6 +91,7 @@ class Pg8000Driver:
     """pgsolo's driver protocol on a pg8000 DB-API connection; see the module docstring."""
 
     is_async: ClassVar[bool] = False
+    ends_by_message: ClassVar[bool] = True
     session_locks_refused: ClassVar[str | None] = None
     transaction_hint: ClassVar[str] = "conn.autocommit = False"
     ending_advice: ClassVar[str] = "commit or roll it back first (conn.commit() / conn.rollback())"

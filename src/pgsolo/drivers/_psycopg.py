@@ -189,6 +189,7 @@ class PsycopgBase:
     # The wrapped connection (what pgsolo tracks held locks by): an attribute, not a
     # property, since every lock reads it a few times.
     connection: object
+    ends_by_message: ClassVar[bool] = True
     session_locks_refused: ClassVar[str | None] = None
     ending_advice: ClassVar[str] = (
         "commit or roll it back first (conn.commit() / conn.rollback()), or call it outside"

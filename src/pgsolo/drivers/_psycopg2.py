@@ -86,6 +86,7 @@ class Psycopg2Driver:
     connection."""
 
     is_async: ClassVar[bool] = False
+    ends_by_message: ClassVar[bool] = True
     session_locks_refused: ClassVar[str | None] = None
     # psycopg2 has no transaction block of its own: with autocommit off it opens one at
     # the first statement (the caller then commits).

@@ -32,7 +32,7 @@ import asyncio
 import contextlib
 import inspect
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
@@ -87,6 +87,9 @@ class SqlAlchemyBase:
     _core: Connection | Session
     _inner: SyncDriver | AsyncDriver | None
     _inner_of: object  # the Session transaction _inner was bound in
+    # SQLAlchemy ends pgsolo's own transaction, and rolls it back when the statements
+    # before its end fail.
+    ends_by_message: ClassVar[bool] = False
 
     def _setup(self, owner: Any, core: Connection | Session | None) -> None:
         if core is None:

@@ -283,7 +283,12 @@ class XactLockCore(LockCore):
         try:
             yield Own(self._commit_check(), "commit")
         except Exception as exc:
-            yield from self._commit_failed(exc)
+            if not self._marker_gone(exc):
+                yield from self._commit_failed(exc)
+            try:  # the work ran RESET ALL, or ended the transaction: pg_locks says which
+                yield Own(sql.held_at_commit(key, shared=self.spec.shared), "commit")
+            except Exception as again:
+                yield from self._commit_failed(again)
         self.events.log(logging.DEBUG, "released")
 
     def _commit_check(self) -> list[str]:
@@ -292,7 +297,23 @@ class XactLockCore(LockCore):
         marker = self.transaction_marker
         if marker is None:
             return []
+        if self.driver.ends_by_message:
+            return sql.same_transaction(marker)
         return [sql.assert_same_transaction(self.spec.key, marker, shared=self.spec.shared)]
+
+    def _marker_gone(self, exc: Exception) -> bool:
+        """Whether the COMMIT failed (``exc``) because the check that went with it on a
+        bare connection (:func:`~pgsolo.sql.same_transaction`) found the transaction's
+        marker gone: the COMMIT did not run, and the transaction is still open (failed, in
+        the check's savepoint) for :func:`~pgsolo.sql.held_at_commit` to ask again. A
+        failed COMMIT would have ended it."""
+        driver = self.driver
+        return (
+            self.transaction_marker is not None
+            and driver.ends_by_message
+            and sql.meaning(driver.sqlstate(exc)) is sql.Meaning.UNDEFINED_OBJECT
+            and driver.transaction_status() is TxStatus.INERROR
+        )
 
     def _commit_failed(self, exc: BaseException) -> Plan[NoReturn]:
         """The COMMIT of pgsolo's own transaction failed (``exc``): raise what that means."""
@@ -378,11 +399,12 @@ class XactLockCore(LockCore):
         if not exiting:
             return self.release()
         if (
-            self.opened_transaction
+            self.transaction_marker is None
+            and self.opened_transaction
             and self.acquired
             and self.driver.transaction_status() is TxStatus.INTRANS
         ):
-            return self._commit_check(), "commit"
+            return [], "commit"
         return self.exit(failed=False)
 
     def quick_released(self, value: object) -> None:
