@@ -262,6 +262,8 @@ def lock_label(name: str | None) -> str:
 # one up through prometheus_client takes a lock and a few calls, on every lock's path.
 # Bounded as prometheus_client's own children are (a child per label values).
 _LOCK_CHILDREN: dict[tuple[int, str, str, str], tuple[Any, Any]] = {}
+# The same for a job's four, by (instruments, job, outcome, reason).
+_JOB_CHILDREN: dict[tuple[int, str, str, str | None], tuple[Any, Any, Any, Any]] = {}
 
 
 def observe_lock(name: str | None, lifetime: str, outcome: str, wait: float) -> None:
@@ -293,17 +295,28 @@ def observe_job(
     job: str, outcome: str, reason: str | None, lock_wait: float, duration: float
 ) -> None:
     """Count one attempt at a job; a completed one is the job's last success."""
-    instruments = _state.current()
+    instruments = _state.cached or _state.current()  # no call once they exist
     if instruments is None:
         return
-    # A reason is a code from the fixed vocabulary of pgsolo.reasons (never a message),
-    # so as a label it makes a bounded number of series.
-    instruments.job_attempts.labels(job, outcome, reason or "").inc()
-    instruments.job_lock_wait.labels(job).observe(lock_wait)
-    if outcome != "skipped":
-        instruments.job_duration.labels(job, outcome).observe(duration)
-    if outcome == "completed":
-        instruments.job_last_success.labels(job).set(time.time())
+    labels = (id(instruments), job, outcome, reason)
+    children = _JOB_CHILDREN.get(labels)
+    if children is None:
+        # A reason is a code from the fixed vocabulary of pgsolo.reasons (never a
+        # message), so as a label it makes a bounded number of series.
+        children = (
+            instruments.job_attempts.labels(job, outcome, reason or ""),
+            instruments.job_lock_wait.labels(job),
+            None if outcome == "skipped" else instruments.job_duration.labels(job, outcome),
+            instruments.job_last_success.labels(job) if outcome == "completed" else None,
+        )
+        _JOB_CHILDREN[labels] = children
+    attempts, lock_waits, durations, last_success = children
+    attempts.inc()
+    lock_waits.observe(lock_wait)
+    if durations is not None:
+        durations.observe(duration)
+    if last_success is not None:
+        last_success.set(time.time())
 
 
 class _Present:
