@@ -9,7 +9,8 @@ come apart from the others, every 0.2-1 s, from a thread of their own),
 ``server_restart`` (``pg_ctl restart -m fast``), ``relay_blackhole`` (the relay passes
 nothing on for 1-4 s), ``relay_reset`` (the relay resets its connections) and
 ``server_sigstop`` (SIGSTOP of the postmaster for under 2 s, then SIGCONT). The first
-faults are every available kind once, in a seeded order, so that a short run sees each.
+faults are every available kind once, in a seeded order, and the workers go on past their
+quotas until each has happened (``every_kind_done``), so that a short run sees each.
 """
 
 from __future__ import annotations
@@ -85,7 +86,9 @@ class Injector(threading.Thread):
 
     @property
     def every_kind_done(self) -> bool:
-        return all(self.counts[k] for k in self.available)
+        """Every kind this run injects happened at least once (a Ctrl-C too, if any)."""
+        kinds = [*self.available, "sigint_worker"] if self.max_interrupts else self.available
+        return all(self.counts[k] for k in kinds)
 
     def _interrupt(self) -> None:
         rng = random.Random(self.rng.random())

@@ -153,6 +153,10 @@ class Fleet:
         self.counters = self.spawn.Array("q", size, lock=False)
         self.heartbeat = self.spawn.Array("d", workers, lock=False)
         self.ready = self.spawn.Array("b", workers, lock=False)  # it takes SIGINT now
+        # Set while the injector has not yet done every kind of fault: the workers go on
+        # past their quota (until the deadline), so that a short run on a fast machine,
+        # whose quotas are done in seconds, still meets every fault.
+        self.faults_pending = self.spawn.Array("b", 1, lock=False)
         self.procs: list[Any] = [None] * workers
         self.incarnations = [0] * workers
         self.hangs = 0
@@ -161,7 +165,7 @@ class Fleet:
     def start(self, n: int) -> None:
         self.heartbeat[n] = time.time()
         self.ready[n] = 0
-        shared = (self.progress, self.counters, self.heartbeat, self.ready)
+        shared = (self.progress, self.counters, self.heartbeat, self.ready, self.faults_pending)
         proc = self.spawn.Process(
             target=worker.main, args=(n, self.incarnations[n], self.plan, shared)
         )
@@ -188,7 +192,7 @@ class Fleet:
         return True
 
     def done(self, n: int) -> bool:
-        return self.progress[n] >= self.plan.quota or time.time() >= self.plan.deadline
+        return worker.finished(self.plan, self.progress[n], self.faults_pending)
 
     def watch(self) -> bool:
         """Restart the killed, kill the hung; True once every worker is finished."""
@@ -335,6 +339,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             control=args.control,
         )
         fleet = Fleet(plan, args.workers)
+        fleet.faults_pending[0] = not args.control  # a control run injects none
         for n in range(args.workers):
             fleet.start(n)
         injector = Injector(
@@ -351,6 +356,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         injector.start()
         try:
             while not fleet.watch() and time.time() < plan.deadline + STOP_GRACE_S:
+                if fleet.faults_pending[0] and injector.every_kind_done:
+                    fleet.faults_pending[0] = 0
                 time.sleep(0.2)
         except BaseException:
             fleet.reap(time.time())  # interrupted: no worker outlives the driver

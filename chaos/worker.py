@@ -113,6 +113,15 @@ def counter_index(worker: int, combo: tuple[str, str], outcome: str) -> int:
     return (worker * len(COMBOS) + COMBOS.index(combo)) * len(OUTCOMES) + OUTCOMES.index(outcome)
 
 
+def finished(plan: Plan, progress: int, faults_pending: Any) -> bool:
+    """Whether a worker that made ``progress`` attempts is done: its quota made and every
+    kind of fault injected (``faults_pending[0]`` cleared by the driver), or the deadline
+    passed."""
+    if time.time() >= plan.deadline:
+        return True
+    return progress >= plan.quota and not faults_pending[0]
+
+
 def _die_with_parent() -> None:  # in the child, before exec: SIGKILL when the worker dies
     ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
@@ -121,7 +130,7 @@ class Worker:
     def __init__(self, worker: int, incarnation: int, plan: Plan, shared: Any) -> None:
         self.worker = worker
         self.plan = plan
-        self.progress, self.counters, self.heartbeat, self.ready = shared
+        self.progress, self.counters, self.heartbeat, self.ready, self.faults_pending = shared
         self.rng = random.Random(plan.seed * 1_000_003 + worker * 1009 + incarnation)
         self.judge = Judge(plan.direct)
         self.semaphore_slot: int | None = None  # the slot a semaphore attempt held
@@ -156,7 +165,7 @@ class Worker:
             raise KeyboardInterrupt
 
     def loop_forever(self) -> None:
-        while self.progress[self.worker] < self.plan.quota and time.time() < self.plan.deadline:
+        while not finished(self.plan, self.progress[self.worker], self.faults_pending):
             self.heartbeat[self.worker] = time.time()
             way = self.ways[self.rng.choice(self.plan.ways)]
             if way.name not in self.fresh and not self.record_fresh(way):
