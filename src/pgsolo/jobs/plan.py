@@ -9,7 +9,6 @@ having let the lock go, or lets it go on.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import socket
 import time
@@ -189,7 +188,7 @@ class _Attempt:
             if tried:
                 yield from core.exit(failed=False)
             tried = True
-            core.aim(dataclasses.replace(core.spec, key=job.slots[slot], wait_ms=wait_ms_of(wait)))
+            core.aim(core.spec._replace(key=job.slots[slot], wait_ms=wait_ms_of(wait)))
             try:
                 if (yield from core.acquire(context=True)):
                     self.job = job.holding(job.slots[slot])

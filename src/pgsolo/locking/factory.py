@@ -47,14 +47,8 @@ def _make(
     resolved = as_key(key, namespace=namespace, registry=registry)
     # The defaults without a call: every lock comes here.
     wait_ms = None if wait is None else wait_ms_of(wait)
-    for flag, label in ((shared, "shared"), (reentrant, "reentrant"), (fencing, "fencing")):
-        if not isinstance(flag, bool):
-            raise UsageError(f"{label} must be True or False, got {flag!r}")
-    if fencing and (shared or reentrant):
-        raise UsageError(
-            "fencing tokens order exclusive holders one after another; a shared or"
-            " re-entrant lock has several holders at once"
-        )
+    if shared is not False or reentrant is not False or fencing is not False:
+        _check_flags(shared=shared, reentrant=reentrant, fencing=fencing)
     keeping = None if keep is None or keep is False else as_keep(keep)
     driver = adapt(conn)
     if keeping is not None:
@@ -74,6 +68,18 @@ def _make(
     if is_async(driver):
         return AsyncLock(core, driver)
     return Lock(core, driver)
+
+
+def _check_flags(*, shared: bool, reentrant: bool, fencing: bool) -> None:
+    """Flags other than all False (the common case, checked without this call)."""
+    for flag, label in ((shared, "shared"), (reentrant, "reentrant"), (fencing, "fencing")):
+        if not isinstance(flag, bool):
+            raise UsageError(f"{label} must be True or False, got {flag!r}")
+    if fencing and (shared or reentrant):
+        raise UsageError(
+            "fencing tokens order exclusive holders one after another; a shared or"
+            " re-entrant lock has several holders at once"
+        )
 
 
 @overload

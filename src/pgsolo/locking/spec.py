@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from .._types import DAY, MAX_WAIT_SECONDS, Lifetime, check_seconds
 from ..drivers import DriverBase, heartbeat_of
@@ -81,12 +82,15 @@ def wait_ms_of(wait: float | None) -> float | None:
     return max(1, math.ceil(seconds * 1000))
 
 
-@dataclass(frozen=True, slots=True)
-class LockSpec:
+class LockSpec(NamedTuple):
     """One lock as asked for; nothing in it changes while the lock is taken and given
     back. ``wait_ms``: None for a try (see :func:`wait_ms_of`). ``verify_commit`` (a
     transaction lock of a job): pgsolo's own transaction commits only if it is still the
-    one that took the lock. ``keep``: the keeper a held session lock gets."""
+    one that took the lock. ``keep``: the keeper a held session lock gets.
+
+    A named tuple, not a frozen dataclass: every lock makes one, and a frozen dataclass's
+    ``__init__`` sets each field through ``object.__setattr__``, which costs twice the
+    tuple's whole construction."""
 
     key: Key
     lifetime: Lifetime
