@@ -41,10 +41,13 @@ from .conninfo import scrub_secrets
 from .deadlines import DEADLINES, shut_down_socket, socket_address
 
 __all__ = [
+    "ANSWER_WITHIN",
+    "Bound",
     "Deadline",
     "PsycopgBase",
     "bound_answers",
     "by_name",
+    "dropped",
     "exchange_beat",
     "failure_of",
     "first_value",
@@ -54,7 +57,6 @@ __all__ = [
     "row_value",
     "sends_directly",
     "shut_down",
-    "start_deadline",
     "watched_socket",
 ]
 
@@ -80,12 +82,12 @@ _STATUS: dict[int, TxStatus] = {
 # socket is shut down, the driver's read fails at once, and DatabaseUnavailableError
 # says why. The caller's own connections are never shut down by pgsolo this way.
 @dataclass(frozen=True, slots=True)
-class _Bound:
+class Bound:
     seconds: float
     address: str  # for the error: a connection that was shut down no longer says it
 
 
-_ANSWER_WITHIN: IdentityWeakMap[psycopg.Connection[Any] | psycopg.AsyncConnection[Any], _Bound] = (
+ANSWER_WITHIN: IdentityWeakMap[psycopg.Connection[Any] | psycopg.AsyncConnection[Any], Bound] = (
     IdentityWeakMap()
 )
 
@@ -93,7 +95,7 @@ _ANSWER_WITHIN: IdentityWeakMap[psycopg.Connection[Any] | psycopg.AsyncConnectio
 def bound_answers(
     conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], seconds: float
 ) -> None:
-    _ANSWER_WITHIN[conn] = _Bound(seconds, f"{conn.info.host}:{conn.info.port}")
+    ANSWER_WITHIN[conn] = Bound(seconds, f"{conn.info.host}:{conn.info.port}")
 
 
 class Deadline:
@@ -102,7 +104,7 @@ class Deadline:
     def __init__(
         self,
         conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
-        bound: _Bound,
+        bound: Bound,
         wait: float,
     ) -> None:
         self.conn = conn
@@ -125,16 +127,6 @@ class Deadline:
                 " so pgsolo shut its connection down",
                 unresponsive=True,
             ) from failure
-
-
-def start_deadline(
-    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], wait: float
-) -> Deadline | None:
-    """The hard deadline of one round trip on ``conn`` (with ``wait`` seconds of lock wait
-    in it), armed now, if pgsolo opened ``conn`` itself (:func:`bound_answers`); None on
-    the caller's own connections, which pgsolo never cuts."""
-    bound = _ANSWER_WITHIN.get(conn)
-    return None if bound is None else Deadline(conn, bound, wait)
 
 
 # Connections on which a keeper's beat is in flight. The beat is one statement sent only
@@ -186,6 +178,9 @@ class PsycopgBase:
     """What both adapters do the same: everything but the round trips."""
 
     _conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]
+    # How soon the server must answer, on a connection pgsolo opened (ANSWER_WITHIN): looked
+    # up once per driver, as the driver is made, not on each round trip.
+    _bound: Bound | None
     # The wrapped connection (what pgsolo tracks held locks by): an attribute, not a
     # property, since every lock reads it a few times.
     connection: object
@@ -276,7 +271,7 @@ class PsycopgBase:
 
     def _answer_within(self) -> float:
         """How long a second connection of pgsolo's to the same place may take to answer."""
-        bound = _ANSWER_WITHIN.get(self._conn)
+        bound = self._bound
         return bound.seconds if bound is not None else PROBE_ANSWER_TIMEOUT
 
     @contextlib.contextmanager
@@ -334,19 +329,31 @@ def sends_directly(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any])
 # than the rest of the reading, and which a loader the caller registered for bool would
 # turn into something else than True or False.
 _BOOL_OID = 16
+_TUPLES_OK = pq.ExecStatus.TUPLES_OK
+_COMMAND_OK = pq.ExecStatus.COMMAND_OK
 
 
 def first_value(
     conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], results: Sequence[pq.abc.PGresult]
 ) -> object:
-    """The first column of the first row of the last result with rows (:func:`row_value`);
-    the first error raised as psycopg raises it."""
+    """The first column of the first row of the last result with rows: a boolean as
+    Python's, anything else loaded by the connection's adapters as a cursor would; the
+    first error raised as psycopg raises it."""
     value: object = None
     for result in results:
         status = result.status
-        if status == pq.ExecStatus.TUPLES_OK:
-            value = row_value(conn, result, value)
-        elif status != pq.ExecStatus.COMMAND_OK:
+        if status == _TUPLES_OK:
+            if not result.ntuples:
+                continue
+            # A boolean read here, not in a function of its own: every lock comes here.
+            if result.ftype(0) == _BOOL_OID:
+                text = result.get_value(0, 0)
+                value = None if text is None else text == b"t"
+            else:
+                loading = Transformer(conn)
+                loading.set_pgresult(result)
+                value = loading.load_row(0, tuple)[0]
+        elif status != _COMMAND_OK:
             if status == pq.ExecStatus.FATAL_ERROR:
                 raise psycopg.errors.error_from_result(result, encoding=conn.info.encoding)
             raise psycopg.InterfaceError(f"unexpected result status from the server: {status}")
@@ -358,17 +365,11 @@ def row_value(
     result: pq.abc.PGresult | None,
     otherwise: object,
 ) -> object:
-    """The first column of ``result``'s first row, ``otherwise`` if it has no row: a
-    boolean as Python's, anything else loaded by the connection's adapters as a cursor
-    would."""
-    if result is None or result.status != pq.ExecStatus.TUPLES_OK or not result.ntuples:
+    """The first column of ``result``'s first row (:func:`first_value`), ``otherwise``
+    if it has no row."""
+    if result is None or result.status != _TUPLES_OK or not result.ntuples:
         return otherwise
-    if result.ftype(0) == _BOOL_OID:
-        text = result.get_value(0, 0)
-        return None if text is None else text == b"t"
-    loading = Transformer(conn)
-    loading.set_pgresult(result)
-    return loading.load_row(0, tuple)[0]
+    return first_value(conn, (result,))
 
 
 def preparable(
@@ -392,12 +393,15 @@ def by_name(
     conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
     form: sql.Prepared,
     statements: Sequence[str],
+    how: prepared.How,
 ) -> Sending:
-    """The messages of a lock call that may be prepared (:func:`preparable`): yields what
-    sends each one, is sent its results, and returns the call's. Prepared once it ran as
-    many times as the connection's ``prepare_threshold``, as psycopg does its caller's."""
+    """The messages of a lock call that may be prepared (:func:`preparable`), to be sent
+    ``how`` (as :func:`pgsolo.drivers.prepared.how` said): yields what sends each one, is
+    sent its results, and returns the call's. Prepared once it ran as many times as the
+    connection's ``prepare_threshold``, as psycopg does its caller's. The common case, a
+    run by name of a statement the session has, the caller sends itself (a generator
+    costs more than the rest of the sending), then asks :func:`dropped`."""
     pgconn = conn.pgconn
-    how, _ = prepared.how(conn, form.name, conn.prepare_threshold or 0)  # None: not preparable
     if how is prepared.How.PREPARE:
         results = yield functools.partial(pgconn.send_prepare, form.name, form.template)
         how, _ = prepared.made(conn, form.name, failure_of(results))
@@ -405,10 +409,20 @@ def by_name(
         # A list: psycopg 3.2 (its binary implementation) takes no other sequence here.
         params = list(form.params)
         results = yield functools.partial(pgconn.send_query_prepared, form.name, params)
-        failure = failure_of(results)
-        if failure is None or not prepared.forget(conn, failure):
+        if not dropped(conn, results):
             return results
     return (yield functools.partial(pgconn.send_query, message(statements)))
+
+
+def dropped(
+    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
+    results: Sequence[pq.abc.PGresult],
+) -> bool:
+    """Whether a run by name failed (``results``) because the session no longer has the
+    statement: the caller dropped all of them. They are forgotten, to be prepared again,
+    and the call goes as written."""
+    failure = failure_of(results)
+    return failure is not None and prepared.forget(conn, failure)
 
 
 def failure_of(results: Sequence[pq.abc.PGresult]) -> str | None:

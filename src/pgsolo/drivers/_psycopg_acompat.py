@@ -18,15 +18,18 @@ from psycopg import generators, pq
 from .._acompat import aundisturbed
 from .._logging import drivers_logger as logger
 from ..sql import LockCall
+from . import prepared
 from ._psycopg import (
+    Bound,
+    Deadline,
     Sending,
     by_name,
+    dropped,
     finish_interrupted,
     first_value,
     message,
     preparable,
     sends_directly,
-    start_deadline,
 )
 
 __all__ = ["around_trip", "round_trip"]
@@ -44,16 +47,41 @@ def round_trip(
     wait: float,
     statements: Sequence[str],
     by_cursor: Callable[[Sequence[str]], object],
+    bound: Bound | None,
 ) -> object:
     """The value ``statements`` answer on ``conn``, in one round trip that may wait
-    ``wait`` seconds for a lock, within its deadline on a connection pgsolo opened
-    (:func:`start_deadline`). The driver's lowest-cost path where the connection allows
+    ``wait`` seconds for a lock, within its :class:`Deadline` on a connection pgsolo
+    opened (``bound``: its own, of ``ANSWER_WITHIN``; None on the caller's connections,
+    which pgsolo never cuts). The driver's lowest-cost path where the connection allows
     it (:func:`sends_directly`): libpq's own message, read by psycopg's own generator under
     psycopg's lock, as a cursor would, without a cursor's bookkeeping; ``by_cursor``
     otherwise."""
-    deadline = start_deadline(conn, wait)
+    deadline = None if bound is None else Deadline(conn, bound, wait)
     try:
-        value = _fetch(conn, statements, by_cursor)
+        with conn.lock:
+            direct = sends_directly(conn)
+            if (
+                direct
+                and len(statements) == 1
+                and type(call := statements[0]) is LockCall
+                and (form := preparable(conn, call))
+            ):
+                how, _ = prepared.how(conn, form.name, conn.prepare_threshold or 0)
+                if how is prepared.How.BY_NAME:  # the common case: sent here (by_name)
+                    pgconn = conn.pgconn
+                    pgconn.send_query_prepared(form.name, list(form.params))
+                    results = conn.wait(generators.execute(pgconn))
+                    if dropped(conn, results):  # then as written
+                        pgconn.send_query(message(statements))
+                        results = conn.wait(generators.execute(pgconn))
+                else:
+                    results = _sent(conn, by_name(conn, form, statements, how))
+                value = first_value(conn, results)
+            elif direct:
+                conn.pgconn.send_query(message(statements))
+                value = first_value(conn, conn.wait(generators.execute(conn.pgconn)))
+        if not direct:  # a cursor takes the connection's lock itself
+            value = by_cursor(statements)
     except BaseException as exc:
         if not isinstance(exc, Exception):
             finish_interrupted(conn)
@@ -63,24 +91,6 @@ def round_trip(
     if deadline is not None:
         deadline.end()
     return value
-
-
-def _fetch(
-    conn: psycopg.Connection[Any],
-    statements: Sequence[str],
-    by_cursor: Callable[[Sequence[str]], object],
-) -> object:
-    with conn.lock:
-        if sends_directly(conn):
-            if (
-                len(statements) == 1
-                and type(call := statements[0]) is LockCall
-                and (form := preparable(conn, call))
-            ):
-                return first_value(conn, _sent(conn, by_name(conn, form, statements)))
-            conn.pgconn.send_query(message(statements))
-            return first_value(conn, conn.wait(generators.execute(conn.pgconn)))
-    return by_cursor(statements)
 
 
 def _sent(conn: psycopg.Connection[Any], sending: Sending) -> list[pq.abc.PGresult]:
@@ -101,6 +111,7 @@ async def around_trip(
     wait: float,
     statements: Sequence[str],
     by_cursor: Callable[[Sequence[str]], Awaitable[object]],
+    bound: Bound | None,
 ) -> object:
     """The same round trip, safe to cancel.
 
@@ -112,7 +123,7 @@ async def around_trip(
     (repeating the request until it takes), lets the round trip finish, and only then
     does the cancellation go on. A round trip by cursor, or one that must first wait for
     the connection, runs shielded in a task of its own instead (:func:`_shielded`)."""
-    deadline = start_deadline(conn, wait)
+    deadline = None if bound is None else Deadline(conn, bound, wait)
     try:
         if conn.lock.locked() or not sends_directly(conn):
             value = await _shielded(conn, by_cursor, statements)
@@ -123,7 +134,18 @@ async def around_trip(
                     and type(call := statements[0]) is LockCall
                     and (form := preparable(conn, call))
                 ):
-                    value = first_value(conn, await _asent(conn, by_name(conn, form, statements)))
+                    how, _ = prepared.how(conn, form.name, conn.prepare_threshold or 0)
+                    if how is prepared.How.BY_NAME:  # the common case: sent here (by_name)
+                        send = functools.partial(
+                            conn.pgconn.send_query_prepared, form.name, list(form.params)
+                        )
+                        results = await _adirect(conn, send)
+                        if dropped(conn, results):  # then as written
+                            send = functools.partial(conn.pgconn.send_query, message(statements))
+                            results = await _adirect(conn, send)
+                    else:
+                        results = await _asent(conn, by_name(conn, form, statements, how))
+                    value = first_value(conn, results)
                 else:
                     send = functools.partial(conn.pgconn.send_query, message(statements))
                     value = first_value(conn, await _adirect(conn, send))

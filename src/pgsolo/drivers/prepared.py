@@ -45,7 +45,9 @@ _SEEN: IdentityWeakMap[object, dict[bytes, int | _Ready]] = IdentityWeakMap()
 def how(conn: object, name: bytes, threshold: int) -> tuple[How, object]:
     """How to send the lock call ``name`` on ``conn`` this time, counting it; with
     ``BY_NAME``, the driver's handle of the statement (None where it keeps none)."""
-    seen = _seen(conn)
+    seen = _SEEN.get(conn)  # as _seen() does, without its call: every lock comes here
+    if seen is None:
+        seen = _SEEN[conn] = {}
     runs = seen.get(name, 0)
     if isinstance(runs, _Ready):
         return How.BY_NAME, runs.handle

@@ -11,6 +11,7 @@ from psycopg.rows import tuple_row
 from ..._acompat import AIS_ASYNC, AEvent, arun_blocking, atry_lock
 from .. import AsyncHeartbeat, Edge, Lacking, News, edged
 from .._psycopg import (
+    ANSWER_WITHIN,
     PsycopgBase,
     bound_answers,
     exchange_beat,
@@ -34,6 +35,7 @@ class AsyncPsycopgDriver(PsycopgBase):
 
     def __init__(self, conn: psycopg.AsyncConnection[Any]) -> None:
         self._conn = self.connection = conn
+        self._bound = ANSWER_WITHIN.get(conn)
 
     async def fetch_value(
         self, statements: Sequence[str], wait: float = 0.0, edge: Edge | None = None
@@ -43,7 +45,7 @@ class AsyncPsycopgDriver(PsycopgBase):
             sent = edged(statements, edge, begins_implicitly=self.begins_implicitly)
         if not sent:  # an edge a transaction that begins by itself needs no statement for
             return None
-        return await around_trip(self._conn, wait, sent, self._fetch_by_cursor)
+        return await around_trip(self._conn, wait, sent, self._fetch_by_cursor, self._bound)
 
     async def _fetch_by_cursor(self, statements: Sequence[str]) -> object:
         # The caller's connection may have any row factory and loaders: pgsolo reads each

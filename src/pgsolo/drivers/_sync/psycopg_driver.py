@@ -12,6 +12,7 @@ from psycopg.rows import tuple_row
 from ..._acompat import IS_ASYNC, Event, run_blocking, try_lock
 from .. import Edge, Lacking, News, SyncHeartbeat, edged
 from .._psycopg import (
+    ANSWER_WITHIN,
     PsycopgBase,
     bound_answers,
     exchange_beat,
@@ -35,6 +36,7 @@ class PsycopgDriver(PsycopgBase):
 
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
         self._conn = self.connection = conn
+        self._bound = ANSWER_WITHIN.get(conn)
 
     def fetch_value(
         self, statements: Sequence[str], wait: float = 0.0, edge: Edge | None = None
@@ -44,7 +46,7 @@ class PsycopgDriver(PsycopgBase):
             sent = edged(statements, edge, begins_implicitly=self.begins_implicitly)
         if not sent:  # an edge a transaction that begins by itself needs no statement for
             return None
-        return round_trip(self._conn, wait, sent, self._fetch_by_cursor)
+        return round_trip(self._conn, wait, sent, self._fetch_by_cursor, self._bound)
 
     def _fetch_by_cursor(self, statements: Sequence[str]) -> object:
         # The caller's connection may have any row factory and loaders: pgsolo reads each
