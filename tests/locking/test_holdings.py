@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import threading
+import weakref
 from typing import Any
 
 import psycopg
@@ -40,6 +42,30 @@ from pgsolo import (
 )
 
 # -- sync connections ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("lifetime", ["session", "xact"])
+def test_a_connection_dropped_after_its_locks_is_freed_at_once(
+    dsn: str, connect: Connect, key: Key, lifetime: str
+) -> None:
+    """Guards against a reference cycle between a lock and the books it keeps its key in:
+    a connection its caller let go of would live on, its server session and its locks
+    with it, until Python's cycle collector happened to run."""
+    make = pgsolo.session_lock if lifetime == "session" else pgsolo.xact_lock
+    holder = connect()
+    gc.disable()
+    try:
+        conn = psycopg.connect(dsn, autocommit=True)
+        with make(conn, key) as lock:
+            assert lock.acquired
+        with make(holder, key) as held, make(conn, key) as busy:
+            assert held.acquired
+            assert not busy.acquired
+        gone = weakref.ref(conn)
+        del conn, lock, busy
+        assert gone() is None
+    finally:
+        gc.enable()
 
 
 def test_second_thread_on_same_connection_is_refused(

@@ -26,6 +26,7 @@ from .. import sql
 from .._logging import locks_logger as logger
 from ..drivers import DriverBase, TxStatus
 from ..errors import ConnectionStateError, LockLostError, UsageError
+from . import holdings
 from .events import LockEvents
 from .placement import outside_transaction
 from .plans import Plan, Quick, Wait
@@ -62,6 +63,7 @@ class LockCore(ABC):
         self.backend_pid: int | None = None
         self.token: int | None = None  # the fencing token of this acquisition
         self.lost: LockLostError | None = None  # set by the keeper
+        self.held: holdings.Held | None = None  # the key on the books, once claimed
 
     @property
     def server_pid(self) -> int | None:
@@ -81,6 +83,7 @@ class LockCore(ABC):
         if self.acquired:
             raise UsageError(f"lock {self.spec.key} is already acquired by this Lock object")
         self.token = None
+        self.held = None  # until this acquisition claims the key
         self.events.begin()
 
     def aim(self, spec: LockSpec) -> None:

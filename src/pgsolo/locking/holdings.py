@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from .._types import Lifetime
@@ -26,9 +26,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Claim",
+    "Held",
     "claim",
     "confirm",
     "context_token",
+    "drop",
     "end_transaction",
     "forget_all",
     "held_session_locks",
@@ -43,13 +45,18 @@ __all__ = [
 ]
 
 
-@dataclass
-class _Held:
+@dataclass(eq=False)
+class Held:
+    """One key on the books of one connection. A lock that claimed it keeps it, and
+    confirms and drops it here without looking its connection up again (every lock
+    does both)."""
+
     key: Key
     shared: bool
     count: int
     pending: bool  # the first acquisition is still on its way to the server
     claimant: object  # who made the first hold (its LockCore): see withdraw
+    books: _Holdings = field(repr=False)  # whose keys it is among, while it is
     lifetime: Lifetime = "session"
     # The hold (pgsolo.sql.hold_savepoint) of a session lock taken in a transaction, for
     # whichever Lock lets go of the key last.
@@ -61,7 +68,7 @@ class _Holdings:
     pid: int
     # By the key's value, which is what tells keys apart, and which hashes without a call
     # of Python (every lock looks its key up here a few times).
-    keys: dict[int | tuple[int, int], _Held]
+    keys: dict[int | tuple[int, int], Held]
     # The thread or task whose pgsolo-opened transaction is open on this connection:
     # another one must not join it (it would get the keys of that transaction too).
     transaction_owner: tuple[int, int] | None = None
@@ -87,21 +94,23 @@ def claim(
     reentrant: bool,
     claimant: object,
     lifetime: Lifetime = "session",
-) -> tuple[Claim, Route | None]:
+) -> tuple[Claim, Route | None, Held | None]:
     """Claim ``key`` on ``conn`` (as it is on backend ``pid``); with the claim, what
-    answers the connection, if that was found before (:func:`set_route`)."""
+    answers the connection, if that was found before (:func:`set_route`), and the key's
+    :class:`Held` unless it is busy."""
     with _HOLDINGS_LOCK:
         holdings = _HOLDINGS.get(conn)
         if holdings is None or holdings.pid != pid:
             holdings = _HOLDINGS[conn] = _Holdings(pid, {})
         held = holdings.keys.get(key.value)
         if held is None:
-            holdings.keys[key.value] = _Held(key, shared, 1, True, claimant, lifetime=lifetime)
-            return "new", holdings.route
+            held = Held(key, shared, 1, True, claimant, holdings, lifetime=lifetime)
+            holdings.keys[key.value] = held
+            return "new", holdings.route, held
         if reentrant and (held.lifetime, held.shared) == (lifetime, shared) and not held.pending:
             held.count += 1
-            return "reentered", holdings.route
-        return "busy", holdings.route
+            return "reentered", holdings.route, held
+        return "busy", holdings.route, None
 
 
 def set_route(conn: object, pid: int, route: Route) -> None:
@@ -150,11 +159,12 @@ def is_claimed(conn: object, pid: int, key: Key) -> bool:
         return holdings is not None and holdings.pid == pid and key.value in holdings.keys
 
 
-def confirm(conn: object, key: Key, hold: str | None = None) -> None:
+def confirm(held: Held, hold: str | None = None) -> None:
+    """The server granted the key ``held`` claims (``hold``: the savepoint that holds its
+    session-lock block, if any)."""
     with _HOLDINGS_LOCK:
-        if (holdings := _HOLDINGS.get(conn)) and (held := holdings.keys.get(key.value)):
-            held.pending = False
-            held.hold = hold
+        held.pending = False
+        held.hold = hold
 
 
 def withdraw(conn: object, key: Key, claimant: object) -> None:
@@ -165,10 +175,8 @@ def withdraw(conn: object, key: Key, claimant: object) -> None:
     with _HOLDINGS_LOCK:
         holdings = _HOLDINGS.get(conn)
         held = holdings.keys.get(key.value) if holdings else None
-        if holdings is not None and held is not None and held.claimant is claimant:
-            held.count -= 1
-            if held.count <= 0:
-                del holdings.keys[key.value]
+        if held is not None and held.claimant is claimant:
+            _drop(held)
 
 
 def unclaim(conn: object, key: Key) -> int:
@@ -177,14 +185,20 @@ def unclaim(conn: object, key: Key) -> int:
         return _unclaim(_HOLDINGS.get(conn), key)
 
 
-def end_transaction(conn: object, pid: int, key: Key | None) -> None:
+def drop(held: Held) -> int:
+    """Drop one hold of ``held``'s key; return how many remain."""
+    with _HOLDINGS_LOCK:
+        return _drop(held)
+
+
+def end_transaction(conn: object, pid: int, taken: Held | None) -> None:
     """pgsolo's own transaction on ``conn`` (backend ``pid``) ended: the key it took
-    (``key``; None if it took none) is let go, and nobody owns a transaction there any
+    (``taken``; None if it took none) is let go, and nobody owns a transaction there any
     more. One step, as every transaction lock ends so."""
     with _HOLDINGS_LOCK:
         holdings = _HOLDINGS.get(conn)
-        if key is not None:
-            _unclaim(holdings, key)
+        if taken is not None:
+            _drop(taken)
         if holdings is None or holdings.pid != pid:
             holdings = _HOLDINGS[conn] = _Holdings(pid, {})
         holdings.transaction_owner = None
@@ -192,19 +206,30 @@ def end_transaction(conn: object, pid: int, key: Key | None) -> None:
 
 def _unclaim(holdings: _Holdings | None, key: Key) -> int:
     held = holdings.keys.get(key.value) if holdings else None
-    if holdings is None or held is None:
-        return 0
+    return 0 if held is None else _drop(held)
+
+
+def _drop(held: Held) -> int:
+    # No check of the count first: a drop that an interruption (a Ctrl-C lands at any line)
+    # cut short after the count went down is finished by the next.
     held.count -= 1
-    if held.count <= 0:
-        del holdings.keys[key.value]
-        return 0
-    return held.count
+    if held.count > 0:
+        return held.count
+    if held.books.keys.get(held.key.value) is held:
+        del held.books.keys[held.key.value]
+    held.claimant = None  # off the books: the claimant (which keeps it) is free to go
+    return 0
 
 
 def forget_all(conn: object) -> list[Key]:
     with _HOLDINGS_LOCK:
         holdings = _HOLDINGS.pop(conn)
-    return [held.key for held in holdings.keys.values()] if holdings else []
+        if holdings is None:
+            return []
+        for held in holdings.keys.values():
+            held.count = 0  # off the books: a lock that kept it holds nothing here
+            held.claimant = None
+    return [held.key for held in holdings.keys.values()]
 
 
 def held_session_locks(conn: SyncConnectionLike | AsyncConnectionLike) -> list[Key]:

@@ -44,6 +44,7 @@ class SessionLockCore(LockCore):
         # the answer yet: whatever cuts it short asks the server (let_go).
         self.quick_claim = False
         self.started = 0.0  # when the quick acquisition or release began
+        self.claimed_on = 0  # the backend pid the quick acquisition claimed the key on
 
     @property
     def server_pid(self) -> int | None:
@@ -59,7 +60,8 @@ class SessionLockCore(LockCore):
         return self.route.guard if self.route is not None else None
 
     def forget(self) -> None:
-        holdings.unclaim(self.driver.connection, self.spec.key)
+        if self.held is not None:
+            holdings.drop(self.held)
         self.acquired = False
         self.token = None
         self.hold = None
@@ -88,7 +90,7 @@ class SessionLockCore(LockCore):
             self._usable_status(status)
         pid = driver.backend_pid()
         conn = driver.connection
-        claim, route = holdings.claim(
+        claim, route, self.held = holdings.claim(
             conn,
             pid,
             spec.key,
@@ -154,8 +156,9 @@ class SessionLockCore(LockCore):
 
     def _confirm(self, value: object, pid: int, started: float, note: dict[str, object]) -> None:
         """The server granted the lock (``value``): on the books, and logged."""
-        self.token = int(str(value)) if is_token(value) else None
-        holdings.confirm(self.driver.connection, self.spec.key, self.hold)
+        self.token = int(str(value)) if value is not True and is_token(value) else None
+        if self.held is not None:
+            holdings.confirm(self.held, self.hold)
         self.acquired, self.backend_pid = True, pid
         self.lost = None
         self.events.log(logging.DEBUG, "acquired", started, **note)
@@ -167,7 +170,7 @@ class SessionLockCore(LockCore):
         does not hold, whose route was checked and goes straight to the server. Anything
         else: the plan that takes it, with the claim made here."""
         self.begin()
-        claimed = status, _, claim, route = self._claim()
+        claimed = status, pid, claim, route = self._claim()
         if (
             claim != "new"
             or status is not TxStatus.IDLE
@@ -178,6 +181,7 @@ class SessionLockCore(LockCore):
             return self._acquire(context=context, claimed=claimed)
         self.route = route
         self.quick_claim = True
+        self.claimed_on = pid
         self.started = time.perf_counter()
         return placement.session_acquisition(self.driver, self.spec, status, None, None, None), None
 
@@ -187,7 +191,7 @@ class SessionLockCore(LockCore):
             self.quick_claim = False
             self.events.log(logging.DEBUG, "busy", self.started)
             return False
-        self._confirm(value, self.driver.backend_pid(), self.started, {})
+        self._confirm(value, self.claimed_on, self.started, {})
         self.quick_claim = False
         return True
 
@@ -355,7 +359,8 @@ class SessionLockCore(LockCore):
             self.acquired
             and route is not None
             and route.direct
-            and holdings.hold_of(driver.connection, self.spec.key)[0] == 1
+            and (held := self.held) is not None
+            and held.count == 1  # no other hold of the key: an unlock lets it go
             and not driver.is_closed()
             and driver.backend_pid() == self.backend_pid
             and driver.transaction_status() is TxStatus.IDLE

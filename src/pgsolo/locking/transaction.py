@@ -46,6 +46,7 @@ class XactLockCore(LockCore):
         # took the lock (the work may have committed it and begun another).
         self.transaction_marker: str | None = None
         self.started = 0.0  # when the quick acquisition began
+        self.claimed_on = 0  # the backend pid the quick acquisition claimed the key on
 
     @property
     def holds_anything(self) -> bool:
@@ -87,7 +88,7 @@ class XactLockCore(LockCore):
         claimed = False
         try:  # from the claim on, it is withdrawn at any exception (a Ctrl-C at any line)
             if owns:
-                claim, _route = holdings.claim(
+                claim, _route, self.held = holdings.claim(
                     conn,
                     pid,
                     key,
@@ -113,10 +114,10 @@ class XactLockCore(LockCore):
     def _settle_claim(self, conn: object) -> None:
         """The key claimed on ``conn`` for pgsolo's own transaction: confirmed if the lock
         was taken, withdrawn if not."""
-        if self.acquired:
-            holdings.confirm(conn, self.spec.key)
-        else:
+        if not self.acquired:
             holdings.withdraw(conn, self.spec.key, self)
+        elif self.held is not None:  # claimed, as every lock that opens its own is
+            holdings.confirm(self.held)
 
     def _acquire_claimed(self, status: TxStatus, *, owns: bool) -> Plan[bool]:
         status = self._usable_status(status)
@@ -150,7 +151,7 @@ class XactLockCore(LockCore):
             yield from self._abandon_own_transaction()
             raise failures.standby_refused(self.events, started)
         try:  # a Ctrl-C from here on ends pgsolo's own transaction, with the lock
-            return self._granted(value, started)
+            return self._granted(value, started, self.driver.backend_pid())
         except BaseException:
             self.acquired = False
             self.token = None
@@ -176,12 +177,12 @@ class XactLockCore(LockCore):
             raise error from exc
         raise exc
 
-    def _granted(self, value: object, started: float) -> bool:
-        """The server's answer to the acquisition (``value``, not a standby's): whether
-        the lock is held, and logged."""
+    def _granted(self, value: object, started: float, pid: int) -> bool:
+        """The server's answer to the acquisition (``value``, not a standby's) on backend
+        ``pid``: whether the lock is held, and logged."""
         self.acquired = self.spec.wait_ms is not None or value is True or is_token(value)
-        self.token = int(str(value)) if is_token(value) else None
-        self.backend_pid = self.driver.backend_pid() if self.acquired else None
+        self.token = int(str(value)) if value is not True and is_token(value) else None
+        self.backend_pid = pid if self.acquired else None
         self.events.log(logging.DEBUG, "acquired" if self.acquired else "busy", started)
         return self.acquired
 
@@ -250,7 +251,7 @@ class XactLockCore(LockCore):
         held here."""
         self.opened_transaction = False
         self.transaction_marker = None
-        taken = self.spec.key if self.acquired else None
+        taken = self.held if self.acquired else None
         holdings.end_transaction(self.driver.connection, self.driver.backend_pid(), taken)
 
     def _after_interrupted_end(self, exc: BaseException) -> Plan[None]:
@@ -358,7 +359,7 @@ class XactLockCore(LockCore):
         if spec.wait_ms is not None or not self._opens_own(status, context=context):
             return self._acquire(context=context)
         conn, pid = driver.connection, driver.backend_pid()
-        claim, _ = holdings.claim(
+        claim, _, self.held = holdings.claim(
             conn, pid, spec.key, shared=spec.shared, reentrant=False, claimant=self, lifetime="xact"
         )
         if claim != "new":
@@ -366,6 +367,7 @@ class XactLockCore(LockCore):
         # From here on, whatever cuts the acquisition short ends it in let_go().
         opening = self._opening(status, owns=True) or []
         holdings.set_transaction_owner(conn, pid, holdings.context_token())
+        self.claimed_on = pid
         self.started = time.perf_counter()
         acquisition = placement.xact_acquisition(spec, None, in_callers_transaction=False)
         return [*opening, *acquisition], "begin"
@@ -374,7 +376,7 @@ class XactLockCore(LockCore):
         if value is None:  # a server in recovery: the shell's let_go() rolls back
             holdings.withdraw(self.driver.connection, self.spec.key, self)
             raise failures.standby_refused(self.events, self.started)
-        acquired = self._granted(value, self.started)
+        acquired = self._granted(value, self.started, self.claimed_on)
         self._settle_claim(self.driver.connection)
         return acquired
 
