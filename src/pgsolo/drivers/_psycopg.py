@@ -66,6 +66,17 @@ PROBE_CONNECT_TIMEOUT = 10
 PROBE_ANSWER_TIMEOUT = 30.0
 _CANCEL_TIMEOUT = 5.0
 
+# libpq's statuses that a round trip compares with, as names of this module: looking a
+# member up in its enum costs 55 ns on Python 3.11 (the __getattr__ of Enum's metaclass
+# slows every class attribute), a module's name 7, and a lock compares about a dozen.
+_OK = pq.ConnStatus.OK
+_PIPELINE_OFF = pq.PipelineStatus.OFF
+_IDLE = pq.TransactionStatus.IDLE
+_ACTIVE = pq.TransactionStatus.ACTIVE
+_TUPLES_OK = pq.ExecStatus.TUPLES_OK
+_COMMAND_OK = pq.ExecStatus.COMMAND_OK
+_FATAL_ERROR = pq.ExecStatus.FATAL_ERROR
+
 _STATUS: dict[int, TxStatus] = {
     pq.TransactionStatus.IDLE: TxStatus.IDLE,
     pq.TransactionStatus.ACTIVE: TxStatus.ACTIVE,
@@ -145,7 +156,7 @@ def finish_interrupted(conn: psycopg.Connection[Any]) -> None:
     connection is usable and pgsolo can ask the server what it holds; close it if that
     fails, rather than hand back a connection that can do nothing."""
     pgconn = conn.pgconn
-    if conn.closed or pgconn.transaction_status != pq.TransactionStatus.ACTIVE:
+    if conn.closed or pgconn.transaction_status != _ACTIVE:
         return
     try:
         # Bounded (libpq 17): the old request waits for as long as the server is silent.
@@ -155,7 +166,7 @@ def finish_interrupted(conn: psycopg.Connection[Any]) -> None:
     except Exception as exc:
         logger.warning("pgsolo: finishing an interrupted statement failed: %r", exc)
     finally:  # also when a second Ctrl-C cuts this short: never handed back ACTIVE
-        if pgconn.transaction_status == pq.TransactionStatus.ACTIVE:
+        if pgconn.transaction_status == _ACTIVE:
             conn.close()
 
 
@@ -199,7 +210,7 @@ class PsycopgBase:
         # libpq's own number, not psycopg's ``info``, which builds an object and an enum;
         # UNKNOWN on a closed or broken connection.
         status = self._conn.pgconn.transaction_status
-        if status == pq.TransactionStatus.ACTIVE:
+        if status == _ACTIVE:
             if id(self._conn) in _BEATING:
                 return TxStatus.IDLE
             if isinstance(self._conn, psycopg.Connection):
@@ -289,10 +300,7 @@ class PsycopgBase:
         pgconn = self._conn.pgconn
         # In pipeline mode psycopg does not hold its lock between statements, and libpq
         # refuses a plain query: the caller is using the connection.
-        return (
-            pgconn.transaction_status == pq.TransactionStatus.IDLE
-            and pgconn.pipeline_status == pq.PipelineStatus.OFF
-        )
+        return pgconn.transaction_status == _IDLE and pgconn.pipeline_status == _PIPELINE_OFF
 
 
 def _text(value: bytes | None) -> str:
@@ -318,9 +326,9 @@ def sends_directly(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any])
     first (autocommit, or one is open). Otherwise a cursor sends it, and does that."""
     pgconn = conn.pgconn
     return (
-        pgconn.status == pq.ConnStatus.OK
-        and pgconn.pipeline_status == pq.PipelineStatus.OFF
-        and (conn.autocommit or pgconn.transaction_status != pq.TransactionStatus.IDLE)
+        pgconn.status == _OK
+        and pgconn.pipeline_status == _PIPELINE_OFF
+        and (conn.autocommit or pgconn.transaction_status != _IDLE)
     )
 
 
@@ -329,8 +337,6 @@ def sends_directly(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any])
 # than the rest of the reading, and which a loader the caller registered for bool would
 # turn into something else than True or False.
 _BOOL_OID = 16
-_TUPLES_OK = pq.ExecStatus.TUPLES_OK
-_COMMAND_OK = pq.ExecStatus.COMMAND_OK
 
 
 def first_value(
@@ -354,7 +360,7 @@ def first_value(
                 loading.set_pgresult(result)
                 value = loading.load_row(0, tuple)[0]
         elif status != _COMMAND_OK:
-            if status == pq.ExecStatus.FATAL_ERROR:
+            if status == _FATAL_ERROR:
                 raise psycopg.errors.error_from_result(result, encoding=conn.info.encoding)
             raise psycopg.InterfaceError(f"unexpected result status from the server: {status}")
     return value
@@ -381,7 +387,7 @@ def preparable(
     psycopg's documentation prescribes it for) gets no prepared statement of pgsolo's."""
     if conn.prepare_threshold is None:
         return None
-    if conn.pgconn.transaction_status != pq.TransactionStatus.IDLE:
+    if conn.pgconn.transaction_status != _IDLE:
         return None
     return call.prepared
 
@@ -402,10 +408,10 @@ def by_name(
     run by name of a statement the session has, the caller sends itself (a generator
     costs more than the rest of the sending), then asks :func:`dropped`."""
     pgconn = conn.pgconn
-    if how is prepared.How.PREPARE:
+    if how is prepared.PREPARE:
         results = yield functools.partial(pgconn.send_prepare, form.name, form.template)
         how, _ = prepared.made(conn, form.name, failure_of(results))
-    if how is prepared.How.BY_NAME:
+    if how is prepared.BY_NAME:
         # A list: psycopg 3.2 (its binary implementation) takes no other sequence here.
         params = list(form.params)
         results = yield functools.partial(pgconn.send_query_prepared, form.name, params)
@@ -428,7 +434,7 @@ def dropped(
 def failure_of(results: Sequence[pq.abc.PGresult]) -> str | None:
     """The SQLSTATE of the error among ``results``, None if there is none."""
     for result in results:
-        if result.status == pq.ExecStatus.FATAL_ERROR:
+        if result.status == _FATAL_ERROR:
             state = result.error_field(pq.DiagnosticField.SQLSTATE)
             return state.decode("ascii") if state else ""
     return None
@@ -470,12 +476,12 @@ def exchange_beat(pgconn: pq.abc.PGconn, statement: str, timeout: float) -> list
             _break(pgconn, sock)
             raise
         while (result := pgconn.get_result()) is not None:
-            if result.status == pq.ExecStatus.TUPLES_OK and result.ntuples:
+            if result.status == _TUPLES_OK and result.ntuples:
                 row = [
                     None if (v := result.get_value(0, i)) is None else bytes(v).decode()
                     for i in range(result.nfields)
                 ]
-            elif result.status == pq.ExecStatus.FATAL_ERROR:
+            elif result.status == _FATAL_ERROR:
                 said = (result.error_message or b"").decode(errors="replace")
                 error = " ".join(said.split())  # libpq's messages span lines
         _hand_on_notifications(pgconn)
@@ -484,7 +490,7 @@ def exchange_beat(pgconn: pq.abc.PGconn, statement: str, timeout: float) -> list
     finally:
         sock.close()
     if error is not None or row is None:
-        if pgconn.status != pq.ConnStatus.OK:
+        if pgconn.status != _OK:
             raise BeatFailed(f"the connection failed: {error}")
         raise BeatFailed(f"the heartbeat statement failed: {error}", unresponsive=False)
     return row
@@ -512,7 +518,7 @@ def read_news(pgconn: pq.abc.PGconn) -> News:
         _hand_on_notifications(pgconn)
     except (psycopg.Error, OSError, ValueError) as exc:
         raise BeatFailed(f"the connection failed: {' '.join(str(exc).split())}") from exc
-    if pgconn.status != pq.ConnStatus.OK:
+    if pgconn.status != _OK:
         raise BeatFailed("the connection failed: the server closed it")
     return "read"
 

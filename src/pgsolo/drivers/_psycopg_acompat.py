@@ -67,7 +67,7 @@ def round_trip(
                 and (form := preparable(conn, call))
             ):
                 how, _ = prepared.how(conn, form.name, conn.prepare_threshold or 0)
-                if how is prepared.How.BY_NAME:  # the common case: sent here (by_name)
+                if how is prepared.BY_NAME:  # the common case: sent here (by_name)
                     pgconn = conn.pgconn
                     pgconn.send_query_prepared(form.name, list(form.params))
                     results = conn.wait(generators.execute(pgconn))
@@ -135,7 +135,7 @@ async def around_trip(
                     and (form := preparable(conn, call))
                 ):
                     how, _ = prepared.how(conn, form.name, conn.prepare_threshold or 0)
-                    if how is prepared.How.BY_NAME:  # the common case: sent here (by_name)
+                    if how is prepared.BY_NAME:  # the common case: sent here (by_name)
                         send = functools.partial(
                             conn.pgconn.send_query_prepared, form.name, list(form.params)
                         )
