@@ -146,20 +146,21 @@ class AsyncpgDriver:
     session_locks_refused: ClassVar[str | None] = None
     transaction_hint: ClassVar[str] = "async with conn.transaction():"
     ending_advice: ClassVar[str] = "call it outside `async with conn.transaction():`"
+    # Never: outside conn.transaction() asyncpg runs in autocommit. An attribute, not a
+    # property: every lock reads it.
+    begins_implicitly = False
 
     def __init__(self, conn: Any) -> None:
         self._conn = conn
         self._checkout = _checkout_of(conn)
+        # Fixed when the connection was made (statement_cache_size=): read once per driver.
+        self._caches_statements = private.caches_statements(conn)
         # What pgsolo tracks held locks by: this checkout of the connection (an attribute,
         # not a property, since every lock reads it a few times).
         self.connection: object = self._checkout
         self._aborted_at: int | None = None  # see transaction_status
         self._last_pid = 0
         self._last_info = UNKNOWN_SERVER
-
-    @property
-    def begins_implicitly(self) -> bool:
-        return False
 
     def transaction_status(self) -> TxStatus:
         if self.is_closed():
@@ -228,8 +229,19 @@ class AsyncpgDriver:
         sent = statements if edge is None else edged(statements, edge, begins_implicitly=False)
         if not sent:
             return None
+        # One simple-query message (module docstring). A lock call alone (a session lock's
+        # try or unlock) is asyncpg's own round trip (_lock_call). Anything else runs
+        # shielded in a task of its own (_shielded): it may begin or end a transaction, and
+        # asyncpg's own cancellation hands the cancellation on before the server answered,
+        # while asyncpg still reports the transaction as it was (a Ctrl-C left run_once's
+        # open, once in a thousand interruptions); it may wait for a lock, and asyncpg asks
+        # the server once to cancel it; it may read a COPY, whose waiter asyncpg's protocol
+        # can break.
         try:
-            tag, value = await _exchange(self._conn, sent, wait)
+            if not wait and len(sent) == 1 and type(call := sent[0]) is sql.LockCall:
+                tag, value = await _lock_call(self._conn, call, self._caches_statements)
+            else:
+                tag, value = await _shielded(self._conn, _exchange_once(self._conn, sent))
         except asyncio.CancelledError:
             await self._find_out_if_aborted()
             raise
@@ -343,42 +355,26 @@ def _checkout_of(conn: Any) -> Checkout:
     return checkout
 
 
-async def _exchange(conn: Any, statements: Sequence[str], wait: float) -> tuple[str, object]:
-    """Send ``statements`` as one simple-query message; return the status of the last one
-    and the first value of the last one that returns a row (module docstring).
-
-    A lock call alone (a session lock's try or unlock: :class:`pgsolo.sql.LockCall`) is
-    asyncpg's own round trip (:func:`_lock_call`). Anything else runs shielded in a task of
-    its own (:func:`_shielded`): it may begin or end a transaction, and asyncpg's own
-    cancellation hands the cancellation on before the server answered, while asyncpg
-    still reports the transaction as it was (a Ctrl-C left ``run_once``'s open, once in a
-    thousand interruptions); it may wait for a lock, and asyncpg asks the server once to
-    cancel it; it may read a COPY, whose waiter asyncpg's protocol can break."""
-    if not wait and len(statements) == 1 and type(call := statements[0]) is sql.LockCall:
-        return await _lock_call(conn, call)
-    return await _shielded(conn, _exchange_once(conn, statements))
-
-
-async def _lock_call(conn: Any, call: sql.LockCall) -> tuple[str, object]:
+async def _lock_call(conn: Any, call: sql.LockCall, caches_statements: bool) -> tuple[str, object]:
     """A lock call alone, which changes no transaction and ends on the server at once: a
     cancellation is asyncpg's to handle (it asks the server to cancel the statement, and
     its next operation waits until the server answered: pgsolo's recovery then finds out
     what the call did). Outside a transaction, once it ran :data:`PREPARE_AFTER` times
     on the connection, it is prepared there (:mod:`pgsolo.drivers.prepared`) unless the
-    caller turned asyncpg's statement cache off (``statement_cache_size=0``, as behind a
-    transaction-pooling proxy)."""
+    caller turned asyncpg's statement cache off (``caches_statements`` False:
+    ``statement_cache_size=0``, as behind a transaction-pooling proxy)."""
     form = call.prepared
-    if not conn.is_in_transaction() and private.caches_statements(conn):
+    if caches_statements and not conn.is_in_transaction():
         statement: Any
         how, statement = prepared.how(conn, form.name, PREPARE_AFTER)
-        if how is prepared.How.PREPARE:
+        if how is prepared.PREPARE:
             try:
                 made = await conn.prepare(form.template.decode("ascii"))
             except asyncpg.PostgresError as exc:
                 how, statement = prepared.made(conn, form.name, _sqlstate(exc))
             else:
                 how, statement = prepared.made(conn, form.name, None, made)
-        if how is prepared.How.BY_NAME:
+        if how is prepared.BY_NAME:
             try:
                 value = await statement.fetchval(*map(int, form.params))
             except asyncpg.PostgresError as exc:
