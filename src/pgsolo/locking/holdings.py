@@ -185,10 +185,10 @@ def unclaim(conn: object, key: Key) -> int:
         return _unclaim(_HOLDINGS.get(conn), key)
 
 
-def drop(held: Held) -> int:
-    """Drop one hold of ``held``'s key; return how many remain."""
+def drop(held: Held) -> None:
+    """Drop one hold of ``held``'s key."""
     with _HOLDINGS_LOCK:
-        return _drop(held)
+        _drop(held)
 
 
 def end_transaction(conn: object, pid: int, taken: Held | None) -> None:
