@@ -23,6 +23,7 @@ import os
 import select
 import socket
 import time
+import weakref
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -43,7 +44,6 @@ from .deadlines import DEADLINES, shut_down_socket, socket_address
 __all__ = [
     "ANSWER_WITHIN",
     "Bound",
-    "Deadline",
     "PsycopgBase",
     "bound_answers",
     "by_name",
@@ -52,6 +52,7 @@ __all__ = [
     "failure_of",
     "first_value",
     "message",
+    "past_deadline",
     "preparable",
     "read_news",
     "row_value",
@@ -96,6 +97,9 @@ _STATUS: dict[int, TxStatus] = {
 class Bound:
     seconds: float
     address: str  # for the error: a connection that was shut down no longer says it
+    # What a round trip past its deadline does (DEADLINES.arm). The connection by a weak
+    # reference: its bound lives in ANSWER_WITHIN as long as the connection does.
+    shut_down: Callable[[], None]
 
 
 ANSWER_WITHIN: IdentityWeakMap[psycopg.Connection[Any] | psycopg.AsyncConnection[Any], Bound] = (
@@ -106,38 +110,26 @@ ANSWER_WITHIN: IdentityWeakMap[psycopg.Connection[Any] | psycopg.AsyncConnection
 def bound_answers(
     conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], seconds: float
 ) -> None:
-    ANSWER_WITHIN[conn] = Bound(seconds, f"{conn.info.host}:{conn.info.port}")
+    address = f"{conn.info.host}:{conn.info.port}"
+    ANSWER_WITHIN[conn] = Bound(seconds, address, functools.partial(_shut_down, weakref.ref(conn)))
 
 
-class Deadline:
-    """A hard deadline for one round trip on one of pgsolo's own connections."""
+def _shut_down(ref: weakref.ref[psycopg.Connection[Any] | psycopg.AsyncConnection[Any]]) -> None:
+    conn = ref()
+    if conn is not None:
+        shut_down(conn)
 
-    def __init__(
-        self,
-        conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
-        bound: Bound,
-        wait: float,
-    ) -> None:
-        self.conn = conn
-        self.address = bound.address
-        self.seconds = bound.seconds + wait
-        self.expired = False
-        self._ident = DEADLINES.arm(self.seconds, self._expire)
 
-    def _expire(self) -> None:
-        self.expired = True
-        shut_down(self.conn)
-
-    def end(self, failure: BaseException | None = None) -> None:
-        """The round trip is over: disarm, and turn its failure into
-        :class:`DatabaseUnavailableError` if the deadline caused it."""
-        DEADLINES.disarm(self._ident)
-        if self.expired and isinstance(failure, psycopg.Error):
-            raise DatabaseUnavailableError(
-                f"the database at {self.address} gave no answer within {self.seconds:g}s,"
-                " so pgsolo shut its connection down",
-                unresponsive=True,
-            ) from failure
+def past_deadline(bound: Bound, ident: int, wait: float, failure: BaseException) -> None:
+    """A round trip under a deadline (``ident``, armed for ``bound`` and ``wait``) failed:
+    disarm it, and raise :class:`DatabaseUnavailableError` if the deadline caused the
+    failure. (A round trip that ended well only disarms: ``DEADLINES.disarm(ident)``.)"""
+    if DEADLINES.disarm(ident) and isinstance(failure, psycopg.Error):
+        raise DatabaseUnavailableError(
+            f"the database at {bound.address} gave no answer within"
+            f" {bound.seconds + wait:g}s, so pgsolo shut its connection down",
+            unresponsive=True,
+        ) from failure
 
 
 # Connections on which a keeper's beat is in flight. The beat is one statement sent only

@@ -21,16 +21,17 @@ from ..sql import LockCall
 from . import prepared
 from ._psycopg import (
     Bound,
-    Deadline,
     Sending,
     by_name,
     dropped,
     finish_interrupted,
     first_value,
     message,
+    past_deadline,
     preparable,
     sends_directly,
 )
+from .deadlines import DEADLINES
 
 __all__ = ["around_trip", "round_trip"]
 
@@ -50,13 +51,13 @@ def round_trip(
     bound: Bound | None,
 ) -> object:
     """The value ``statements`` answer on ``conn``, in one round trip that may wait
-    ``wait`` seconds for a lock, within its :class:`Deadline` on a connection pgsolo
-    opened (``bound``: its own, of ``ANSWER_WITHIN``; None on the caller's connections,
-    which pgsolo never cuts). The driver's lowest-cost path where the connection allows
+    ``wait`` seconds for a lock, within its deadline on a connection pgsolo opened
+    (``bound``: its own, of ``ANSWER_WITHIN``; None on the caller's connections, which
+    pgsolo never cuts). The driver's lowest-cost path where the connection allows
     it (:func:`sends_directly`): libpq's own message, read by psycopg's own generator under
     psycopg's lock, as a cursor would, without a cursor's bookkeeping; ``by_cursor``
     otherwise."""
-    deadline = None if bound is None else Deadline(conn, bound, wait)
+    deadline = 0 if bound is None else DEADLINES.arm(bound.seconds + wait, bound.shut_down)
     try:
         with conn.lock:
             direct = sends_directly(conn)
@@ -85,11 +86,11 @@ def round_trip(
     except BaseException as exc:
         if not isinstance(exc, Exception):
             finish_interrupted(conn)
-        if deadline is not None:
-            deadline.end(exc)
+        if bound is not None:
+            past_deadline(bound, deadline, wait, exc)
         raise
-    if deadline is not None:
-        deadline.end()
+    if bound is not None:
+        DEADLINES.disarm(deadline)
     return value
 
 
@@ -123,7 +124,7 @@ async def around_trip(
     (repeating the request until it takes), lets the round trip finish, and only then
     does the cancellation go on. A round trip by cursor, or one that must first wait for
     the connection, runs shielded in a task of its own instead (:func:`_shielded`)."""
-    deadline = None if bound is None else Deadline(conn, bound, wait)
+    deadline = 0 if bound is None else DEADLINES.arm(bound.seconds + wait, bound.shut_down)
     try:
         if conn.lock.locked() or not sends_directly(conn):
             value = await _shielded(conn, by_cursor, statements)
@@ -150,15 +151,15 @@ async def around_trip(
                     send = functools.partial(conn.pgconn.send_query, message(statements))
                     value = first_value(conn, await _adirect(conn, send))
     except asyncio.CancelledError:
-        if deadline is not None:
-            deadline.end()
+        if bound is not None:
+            DEADLINES.disarm(deadline)
         raise
     except BaseException as exc:
-        if deadline is not None:
-            deadline.end(exc)
+        if bound is not None:
+            past_deadline(bound, deadline, wait, exc)
         raise
-    if deadline is not None:
-        deadline.end()
+    if bound is not None:
+        DEADLINES.disarm(deadline)
     return value
 
 

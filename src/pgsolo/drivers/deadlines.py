@@ -30,7 +30,11 @@ class Deadlines:
     a dict operation, not a thread per round trip."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
+        # A plain lock, taken by arm() and disarm() on every round trip: entered in C,
+        # where a Condition's own lock (an RLock by default) is entered through two Python
+        # calls. The timer thread sleeps on a condition over the same lock.
+        self._mutex = threading.Lock()
+        self._cond = threading.Condition(self._mutex)
         self._heap: list[tuple[float, int]] = []
         self._actions: dict[int, Callable[[], None]] = {}
         self._ids = itertools.count()
@@ -38,7 +42,7 @@ class Deadlines:
 
     def arm(self, seconds: float, action: Callable[[], None]) -> int:
         due = time.monotonic() + seconds
-        with self._cond:
+        with self._mutex:
             ident = next(self._ids)
             self._actions[ident] = action
             if len(self._heap) > 2 * len(self._actions) + 1000:  # mostly disarmed ones
@@ -56,10 +60,10 @@ class Deadlines:
                 self._cond.notify()
             return ident
 
-    def disarm(self, ident: int) -> None:
-        """After this returns the action has run, or never will."""
-        with self._cond:
-            self._actions.pop(ident, None)
+    def disarm(self, ident: int) -> bool:
+        """Whether the action ran: after this returns it has, or it never will."""
+        with self._mutex:
+            return self._actions.pop(ident, None) is None
 
     def _run(self) -> None:
         with self._cond:
