@@ -13,7 +13,7 @@ from ._async.lock import AsyncLock
 from ._sync.lock import Lock
 from .core import LockCore
 from .session import SessionLockCore
-from .spec import Keep, LockSpec, as_keep, refuse_keeper, wait_ms_of
+from .spec import Keep, LockSpec, as_keep, check_flags, refuse_keeper, wait_ms_of
 from .transaction import XactLockCore
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ def _make(
     # The defaults without a call: every lock comes here.
     wait_ms = None if wait is None else wait_ms_of(wait)
     if shared is not False or reentrant is not False or fencing is not False:
-        _check_flags(shared=shared, reentrant=reentrant, fencing=fencing)
+        check_flags(shared=shared, reentrant=reentrant, fencing=fencing)
     keeping = None if keep is None or keep is False else as_keep(keep)
     driver = adapt(conn)
     if keeping is not None:
@@ -68,18 +68,6 @@ def _make(
     if is_async(driver):
         return AsyncLock(core, driver)
     return Lock(core, driver)
-
-
-def _check_flags(*, shared: bool, reentrant: bool, fencing: bool) -> None:
-    """Flags other than all False (the common case, checked without this call)."""
-    for flag, label in ((shared, "shared"), (reentrant, "reentrant"), (fencing, "fencing")):
-        if not isinstance(flag, bool):
-            raise UsageError(f"{label} must be True or False, got {flag!r}")
-    if fencing and (shared or reentrant):
-        raise UsageError(
-            "fencing tokens order exclusive holders one after another; a shared or"
-            " re-entrant lock has several holders at once"
-        )
 
 
 @overload

@@ -11,10 +11,18 @@ from typing import NamedTuple
 
 from .._types import DAY, MAX_WAIT_SECONDS, Lifetime, check_seconds
 from ..drivers import DriverBase, heartbeat_of
-from ..errors import InvalidArgumentError, LockLostError
+from ..errors import InvalidArgumentError, LockLostError, UsageError
 from ..keys import Key
 
-__all__ = ["MAX_WAIT_SECONDS", "Keep", "LockSpec", "as_keep", "refuse_keeper", "wait_ms_of"]
+__all__ = [
+    "MAX_WAIT_SECONDS",
+    "Keep",
+    "LockSpec",
+    "as_keep",
+    "check_flags",
+    "refuse_keeper",
+    "wait_ms_of",
+]
 
 MIN_INTERVAL = 0.01
 MAX_INTERVAL = DAY  # for interval and timeout alike: a longer one watches nothing
@@ -56,6 +64,20 @@ def as_keep(keep: bool | Keep | None) -> Keep | None:
     if isinstance(keep, Keep):
         return keep
     raise InvalidArgumentError(f"keep must be True, False or a pgsolo.Keep, got {keep!r}")
+
+
+def check_flags(*, shared: bool, reentrant: bool, fencing: bool) -> None:
+    """Flags other than all False. The common case is left out by the caller, without a
+    call: every lock is made with its flags checked."""
+    for flag, label in ((shared, "shared"), (reentrant, "reentrant"), (fencing, "fencing")):
+        if not isinstance(flag, bool):
+            raise UsageError(f"{label} must be True or False, got {flag!r}")
+    if fencing and (shared or reentrant):
+        several = "a shared lock" if shared else "a re-entrant lock"
+        raise UsageError(
+            f"fencing tokens order exclusive holders one after another; {several} has"
+            " several holders at once"
+        )
 
 
 def refuse_keeper(driver: DriverBase) -> None:

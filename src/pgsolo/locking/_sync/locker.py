@@ -60,7 +60,7 @@ from ..multiplex import (
     poll_pauses,
     refuse_in_child,
 )
-from ..spec import Keep, LockSpec, as_keep, refuse_keeper, wait_ms_of
+from ..spec import Keep, LockSpec, as_keep, check_flags, refuse_keeper, wait_ms_of
 from ..view import InnerLockView
 from .drive import drive
 from .keeper import Keeper
@@ -176,16 +176,11 @@ class Locker:
         :class:`~pgsolo.LockTimeoutError`; a second lock on a key already held through
         this Locker is busy until the first is released."""
         resolved = as_key(key, namespace=namespace, registry=registry)
-        wait_ms = wait_ms_of(wait)  # the checks of session_lock's wait
-        for flag, label in ((shared, "shared"), (fencing, "fencing")):
-            if not isinstance(flag, bool):
-                raise UsageError(f"{label} must be True or False, got {flag!r}")
-        if fencing and shared:
-            raise UsageError(
-                "fencing tokens order exclusive holders one after another; a shared lock"
-                " has several holders at once"
-            )
-        keeping = as_keep(keep)
+        # session_lock's checks, the defaults without a call.
+        wait_ms = None if wait is None else wait_ms_of(wait)
+        if shared is not False or fencing is not False:
+            check_flags(shared=shared, reentrant=False, fencing=fencing)
+        keeping = None if keep is False else as_keep(keep)
         if keeping is not None and keeping.cancel and not IS_ASYNC:
             raise UsageError("Keep(cancel=True) cancels an asyncio task: it needs a sync Locker")
         spec = LockSpec(resolved, "session", None, shared=shared, fencing=fencing)
@@ -396,13 +391,14 @@ class LockerLock(InnerLockView):
         request = self._request
         self._loss = None
         deadline = None if request.wait is None else time.monotonic() + request.wait
-        pauses = poll_pauses()
+        pauses = None  # made at the first busy try of a wait: most tries are not
         while not self._try():
             if deadline is None:
                 return False
             left = deadline - time.monotonic()
             if left <= 0:
                 raise request.timeout_error()
+            pauses = pauses or poll_pauses()
             pause(min(next(pauses), left), None)
         return True
 
