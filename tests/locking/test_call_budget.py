@@ -47,24 +47,24 @@ RECORD = Path(__file__).with_name("call_budget.json")
 # (drivers/prepared.py): 10 calls that save the server 30 µs per lock and unlock.
 BUDGETS: dict[str, int] = {
     "psycopg/session": 75,
-    "psycopg/xact": 69,
+    "psycopg/xact": 68,
     "psycopg-implicit/session": 73,
-    "psycopg2-autocommit/session": 74,
-    "psycopg2-autocommit/xact": 71,
-    "pg8000-autocommit/session": 100,
-    "pg8000-autocommit/xact": 96,
+    "psycopg2-autocommit/session": 72,
+    "psycopg2-autocommit/xact": 70,
+    "pg8000-autocommit/session": 98,
+    "pg8000-autocommit/xact": 95,
     "sqlalchemy-psycopg/session": 148,
     "sqlalchemy-psycopg/xact": 101,
     "django/session": 100,
     "django/xact": 90,
     "psycopg-async/session": 95,
-    "psycopg-async/xact": 90,
+    "psycopg-async/xact": 89,
     "asyncpg/session": 71,
     "asyncpg/xact": 79,
     "sqlalchemy-async-psycopg/session": 178,
     "sqlalchemy-async-psycopg/xact": 111,
-    "psycopg/run_job": 115,
-    "psycopg-async/run_job": 136,
+    "psycopg/run_job": 114,
+    "psycopg-async/run_job": 135,
 }
 
 _SYNC = {kind.name: kind for kind in SYNC_KINDS}

@@ -19,7 +19,7 @@ import os
 import threading
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeAlias, TypeVar
 
 from .. import sql
 from .._types import DAY, check_seconds
@@ -109,10 +109,11 @@ class LockerOptions:
             )
 
 
-@dataclass(frozen=True, slots=True)
-class LockerRequest:
+class LockerRequest(NamedTuple):
     """One lock asked of a Locker: ``spec`` is a try (each try of a wait is one), ``wait``
-    the seconds to keep trying (None: once; ``math.inf``: for as long as it takes)."""
+    the seconds to keep trying (None: once; ``math.inf``: for as long as it takes). A
+    named tuple, as :class:`~pgsolo.locking.spec.LockSpec` is: one is made for every lock
+    a Locker hands out, and a frozen dataclass costs twice as much to make."""
 
     spec: LockSpec
     wait: float | None

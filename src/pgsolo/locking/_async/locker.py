@@ -447,7 +447,8 @@ class AsyncLockerLock(InnerLockView):
             raise LockNotHeldError(
                 f"session lock {self.key} is not held by this lock object", key=self.key
             )
-        self._unwatch()
+        if self._ticket is not None:
+            self._unwatch()
         try:
             await ato_its_end(_alone(session, lock.release), RELEASE_BOUND)
         except _Retired:

@@ -38,7 +38,8 @@ class Lock(LockView):
         """
         try:
             acquired = self._take(context=False)
-            self._start_keeper()
+            if self._core.spec.keep is not None:  # a call less for every other lock
+                self._start_keeper()
         except BaseException:
             self._let_go()
             raise
@@ -47,7 +48,8 @@ class Lock(LockView):
     def release(self) -> None:
         """Release a session lock on the connection it was taken on. Raises the
         :class:`~pgsolo.LockLostError` the keeper found, if it found one."""
-        self._stop_keeper()
+        if self._keeper is not None:
+            self._stop_keeper()
         try:
             self._give_back(exiting=False)
         except (LockLostError, LockNotHeldError) as exc:

@@ -448,7 +448,8 @@ class LockerLock(InnerLockView):
             raise LockNotHeldError(
                 f"session lock {self.key} is not held by this lock object", key=self.key
             )
-        self._unwatch()
+        if self._ticket is not None:
+            self._unwatch()
         try:
             to_its_end(_alone(session, lock.release), RELEASE_BOUND)
         except _Retired:
