@@ -337,25 +337,26 @@ def first_value(
     """The first column of the first row of the last result with rows: a boolean as
     Python's, anything else loaded by the connection's adapters as a cursor would; the
     first error raised as psycopg raises it."""
-    value: object = None
+    last = None
     for result in results:
         status = result.status
         if status == _TUPLES_OK:
-            if not result.ntuples:
-                continue
-            # A boolean read here, not in a function of its own: every lock comes here.
-            if result.ftype(0) == _BOOL_OID:
-                text = result.get_value(0, 0)
-                value = None if text is None else text == b"t"
-            else:
-                loading = Transformer(conn)
-                loading.set_pgresult(result)
-                value = loading.load_row(0, tuple)[0]
+            if result.ntuples:
+                last = result
         elif status != _COMMAND_OK:
             if status == _FATAL_ERROR:
                 raise psycopg.errors.error_from_result(result, encoding=conn.info.encoding)
             raise psycopg.InterfaceError(f"unexpected result status from the server: {status}")
-    return value
+    if last is None:
+        return None
+    # Only the last is read: a wait's message answers the saved lock_timeout's text first.
+    # A boolean is read here, not in a function of its own: every lock comes here.
+    if last.ftype(0) == _BOOL_OID:
+        text = last.get_value(0, 0)
+        return None if text is None else text == b"t"
+    loading = Transformer(conn)
+    loading.set_pgresult(last)
+    return loading.load_row(0, tuple)[0]
 
 
 def row_value(

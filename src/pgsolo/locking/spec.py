@@ -92,6 +92,10 @@ def wait_ms_of(wait: float | None) -> float | None:
     (``wait=math.inf``), or None for a try."""
     if wait is None:
         return None
+    # The common case without check_seconds' calls: a number of seconds in range (a bool
+    # is neither type, and NaN fails both comparisons).
+    if (type(wait) is float or type(wait) is int) and 0 < wait <= MAX_WAIT_SECONDS:
+        return max(1, math.ceil(wait * 1000))
     if isinstance(wait, float) and wait == math.inf:
         return math.inf
     try:
