@@ -132,6 +132,14 @@ def past_deadline(bound: Bound, ident: int, wait: float, failure: BaseException)
         ) from failure
 
 
+# What server_info() said of each connection, and the application_name it said it with:
+# the rest is fixed for the connection's life (psycopg never reconnects one), and every
+# job reads it, before its run, for its report.
+_SERVERS: IdentityWeakMap[
+    psycopg.Connection[Any] | psycopg.AsyncConnection[Any], tuple[bytes | None, ServerInfo]
+] = IdentityWeakMap()
+
+
 # Connections on which a keeper's beat is in flight. The beat is one statement sent only
 # when no transaction is open, and the connection is idle again when it ends; meanwhile
 # libpq says ACTIVE, but for anyone else the connection is idle with its lock taken (they
@@ -223,21 +231,27 @@ class PsycopgBase:
         return self._last_pid
 
     def server_info(self) -> ServerInfo:
-        if self._conn.closed:
+        conn = self._conn
+        if conn.closed:
             return self._last_info
         # From libpq's bytes, not psycopg's ``info`` strings, which decode with the
         # client_encoding: under SQL_ASCII a database or role named "grüße" would raise.
         # The connection parameters are the UTF-8 the caller gave; application_name is
         # ASCII (the server escapes the rest).
-        pgconn = self._conn.pgconn
-        self._last_info = ServerInfo(
-            database=_text(pgconn.db),
-            host=_text(pgconn.host),
-            port=self._conn.info.port,
-            user=_text(pgconn.user),
-            application_name=_text(pgconn.parameter_status(b"application_name")),
-        )
-        return self._last_info
+        pgconn = conn.pgconn
+        application_name = pgconn.parameter_status(b"application_name")
+        seen = _SERVERS.get(conn)
+        if seen is None or seen[0] != application_name:
+            info = ServerInfo(
+                database=_text(pgconn.db),
+                host=_text(pgconn.host),
+                port=conn.info.port,
+                user=_text(pgconn.user),
+                application_name=_text(application_name),
+            )
+            seen = _SERVERS[conn] = (application_name, info)
+        self._last_info = seen[1]
+        return seen[1]
 
     def sqlstate(self, exc: BaseException) -> str | None:
         return exc.sqlstate if isinstance(exc, psycopg.Error) else None

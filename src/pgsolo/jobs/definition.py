@@ -338,6 +338,10 @@ def _slots(key: KeyLike, limit: object, options: JobOptions) -> tuple[Key, ...]:
     return semaphore_keys(key, limit)
 
 
+# The names of JobOptions, as a set: every run_job checks its keyword arguments.
+_OPTIONS = frozenset(JobOptions.__optional_keys__)
+
+
 def refuse_unknown_options(
     caller: str, options: Mapping[str, object], *, decorator: bool = False
 ) -> None:
@@ -345,10 +349,10 @@ def refuse_unknown_options(
     (:class:`JobOptions`), never the function's: one that is not an option is a
     :class:`UsageError`, before anything connects, naming the option it was likely meant
     to be (``wiat=`` -> ``wait``), else the way to pass it to the function instead."""
-    known = sorted(JobOptions.__optional_keys__)
-    unknown = sorted(set(options) - set(known))
-    if not unknown:
+    if options.keys() <= _OPTIONS:  # the common case, without sorting anything
         return
+    known = sorted(_OPTIONS)
+    unknown = sorted(set(options) - _OPTIONS)
     meant = {n: difflib.get_close_matches(n, known, n=1) for n in unknown}
     if all(meant.values()):
         hint = "did you mean " + ", ".join(f"{m[0]}= for {n}=" for n, m in meant.items())
