@@ -15,8 +15,8 @@ The statements come from :mod:`pgsolo.sql`, so they stay the ones pgsolo sends:
   query, then ``COMMIT``; on asyncpg, the try's answer read from the row count of its
   rewrite, as pgsolo reads it there (:func:`pgsolo.sql.truth_by_count`);
 - a transaction lock's wait (``xact-wait``, psycopg 3 sync): ``BEGIN`` and one slice of
-  the wait (the saved ``lock_timeout``, the slice's, and :func:`pgsolo.sql.xact_wait`) in
-  one simple query, then ``COMMIT``.
+  the wait (:func:`pgsolo.sql.xact_wait`, which sets the slice's ``lock_timeout`` and puts
+  the connection's back) in one simple query, then ``COMMIT``.
 """
 
 from __future__ import annotations
@@ -46,14 +46,7 @@ _UNLOCK = _prepared(sql.unlock(_KEY, shared=False))
 _XACT_TRY = sql.acquire(_KEY, "xact", wait=False, shared=False, refuse_standby=True)
 _XACT = f"BEGIN; {_XACT_TRY}".encode()
 _WAIT_SLICE_MS = 2000  # a first slice of a wait (pgsolo.locking.waits)
-_XACT_WAIT = "; ".join(
-    [
-        "BEGIN",
-        sql.SAVE_LOCK_TIMEOUT,
-        sql.set_local_lock_timeout(_WAIT_SLICE_MS),
-        sql.xact_wait(_KEY, shared=False, fencing=False),
-    ]
-).encode()
+_XACT_WAIT = f"BEGIN; {sql.xact_wait(_KEY, _WAIT_SLICE_MS, shared=False, fencing=False)}".encode()
 
 
 def _granted(results: list[pq.abc.PGresult]) -> None:

@@ -41,8 +41,8 @@ lock lives only while its connection is checked out. A driver belongs to one che
 (asyncpg counts releases, ``_pool_release_ctr``): once the connection went back to the pool
 it reports itself closed, so releasing a lock taken before is a
 :class:`~pgsolo.LockLostError`, and pgsolo keeps its books per checkout (:class:`Checkout`),
-so the next one can take those keys again. Waits are bounded with ``SET LOCAL`` in their own
-statements, which ``RESET ALL`` cannot undo.
+so the next one can take those keys again. Waits bound themselves with a ``lock_timeout``
+for their transaction only, which ``RESET ALL`` cannot undo.
 
 **Cancellation.** A cancelled task never reaches asyncpg's COPY-out exchange, or a
 message that may wait for a lock: those run shielded. asyncpg's COPY-out can set a result

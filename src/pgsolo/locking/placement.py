@@ -135,18 +135,14 @@ def xact_acquisition(
         return [_acquire(spec)]
     # The bound is for the wait only: the protected statements that follow run with the
     # connection's own lock_timeout, which the waiting statement puts back.
-    statements = [
-        sql.SAVE_LOCK_TIMEOUT,
-        sql.set_local_lock_timeout(lock_timeout_ms),
-        sql.xact_wait(spec.key, shared=spec.shared, fencing=spec.fencing),
-    ]
+    wait = sql.xact_wait(spec.key, lock_timeout_ms, shared=spec.shared, fencing=spec.fencing)
     if in_callers_transaction:
         # A savepoint keeps the caller's transaction usable if the slice times out (or the
-        # server turns out to be a standby), and every statement is inside it: one that
-        # an interruption cancels fails in the savepoint, never in the caller's
-        # transaction (what the statements set outlives the savepoint's release).
-        return [sql.SAVEPOINT, *statements, sql.SAVEPOINT_RELEASE]
-    return statements
+        # server turns out to be a standby), and the statement is inside it: one that an
+        # interruption cancels fails in the savepoint, never in the caller's transaction
+        # (what the statement set outlives the savepoint's release).
+        return [sql.SAVEPOINT, wait, sql.SAVEPOINT_RELEASE]
+    return [wait]
 
 
 def _acquire(spec: LockSpec) -> str:

@@ -420,8 +420,8 @@ def _lock_timeout_check(
     waiters = [s for s in sessions if s.waiting and not s.bounded_wait]
     advice = (
         "bound blocking waits: ALTER ROLE app SET lock_timeout = '10s' (pgsolo's own waits"
-        " set a SET LOCAL lock_timeout; others call pg_try_* or SET LOCAL lock_timeout"
-        " before pg_advisory_lock)"
+        " bound each slice with a lock_timeout for their transaction; others call pg_try_*"
+        " or SET LOCAL lock_timeout before pg_advisory_lock)"
     )
     long = [s for s in waiters if (s.waited or 0) > older_than]
     if long:

@@ -25,7 +25,6 @@ __all__ = [
     "SAVEPOINT",
     "SAVEPOINT_RELEASE",
     "SAVEPOINT_UNDO",
-    "SAVE_LOCK_TIMEOUT",
     "SESSION_STAMP_SETTING",
     "STATEMENT_TIMEOUT_MS",
     "UNLOCK_ALL",
@@ -107,11 +106,12 @@ def rollback_to_savepoint(name: str) -> str:
     return f"ROLLBACK TO SAVEPOINT {_savepoint_name(name)}"
 
 
-SAVE_LOCK_TIMEOUT = (
-    "SELECT set_config('pgsolo.lock_timeout_before_wait', current_setting('lock_timeout'), true)"
+# The connection's own lock_timeout, saved for the transaction before a wait's slice sets
+# its own, and put back once the lock is granted: expressions of the statement that waits
+# (xact_wait), each never NULL.
+_SAVE_LOCK_TIMEOUT = (
+    "set_config('pgsolo.lock_timeout_before_wait', current_setting('lock_timeout'), true)"
 )
-# Puts back what SAVE_LOCK_TIMEOUT saved, as an expression of the statement that waits
-# (xact_wait): it is never NULL.
 _RESTORE_LOCK_TIMEOUT = (
     "set_config('lock_timeout', current_setting('pgsolo.lock_timeout_before_wait'), true)"
 )
@@ -220,31 +220,45 @@ def acquire(
     return _lock_call(lock_function(lifetime, wait=False, shared=shared), key)
 
 
-@functools.lru_cache(maxsize=1024)
-def xact_wait(key: Key, *, shared: bool, fencing: bool) -> str:
-    """One slice of a transaction lock's wait, in one statement, after
-    :data:`SAVE_LOCK_TIMEOUT` and the slice's ``SET LOCAL lock_timeout``: on a server in
-    recovery NULL, with nothing taken; otherwise the lock, waited for, then the
-    connection's own ``lock_timeout`` put back for the statements that follow in the
-    transaction, then true (with ``fencing``: the token). Its value is the message's last,
-    which every driver reads.
+def xact_wait(key: Key, lock_timeout_ms: int, *, shared: bool, fencing: bool) -> str:
+    """One slice of a transaction lock's wait, in one statement: on a server in recovery
+    NULL, with nothing taken or set; otherwise the connection's own ``lock_timeout`` saved
+    for the transaction, the slice's (``lock_timeout_ms``) set for it (``SET LOCAL``'s
+    function, which takes effect at once, for the wait in this same statement), the lock,
+    waited for, then the connection's own ``lock_timeout`` put back for the statements
+    that follow in the transaction, then true (with ``fencing``: the token). A slice that
+    runs out fails with SQLSTATE 55P03, and what it set goes with the transaction (or the
+    savepoint) it fails. Its value is the message's last, which every driver reads.
 
     CASE tests its conditions in order, evaluates only the branch it takes, and reads
     ``pg_is_in_recovery()`` once, so a server promoted meanwhile cannot make it answer for
     a lock it did not take. Plain SQL, where a ``DO`` block raising an error of pgsolo's
-    cost the server a third of the wait's round trip to compile on every acquisition
-    (docs/benchmarks.md)."""
+    cost the server a third of the wait's round trip to compile on every acquisition; and
+    one statement, where a statement each to save and to set ``lock_timeout`` cost the
+    server a parse, a plan and a portal each (docs/benchmarks.md)."""
+    before, after = _xact_wait_around(key, shared=shared, fencing=fencing)
+    statement = f"{before}{_milliseconds(lock_timeout_ms)}{after}"
+    return statement if fencing else Truth(statement)
+
+
+# Built once per key and choice; only the slice's milliseconds go between the two halves.
+@functools.lru_cache(maxsize=1024)
+def _xact_wait_around(key: Key, *, shared: bool, fencing: bool) -> tuple[str, str]:
     call = f"{lock_function('xact', wait=True, shared=shared)}({key.sql_args})"
     granted = f"nextval('{FENCING_SEQUENCE}')" if fencing else "true"
     none = "NULL::bigint" if fencing else "NULL::boolean"  # typed: every branch is one type
     # The lock function returns void and set_config text: neither is ever NULL, so each
     # test only makes it run, in its turn.
-    statement = (
-        f"SELECT CASE WHEN {IN_RECOVERY} THEN CASE WHEN {_RESTORE_LOCK_TIMEOUT} IS NULL"
-        f" THEN {none} ELSE {none} END ELSE CASE WHEN {call} IS NULL THEN {none}"
-        f" WHEN {_RESTORE_LOCK_TIMEOUT} IS NULL THEN {none} ELSE {granted} END END"
+    before = (
+        f"SELECT CASE WHEN {IN_RECOVERY} THEN {none}"
+        f" WHEN {_SAVE_LOCK_TIMEOUT} IS NULL THEN {none}"
+        " WHEN set_config('lock_timeout', '"
     )
-    return statement if fencing else Truth(statement)
+    after = (
+        f"ms', true) IS NULL THEN {none} WHEN {call} IS NULL THEN {none}"
+        f" WHEN {_RESTORE_LOCK_TIMEOUT} IS NULL THEN {none} ELSE {granted} END"
+    )
+    return before, after
 
 
 @functools.lru_cache(maxsize=1024)
@@ -270,9 +284,14 @@ def unlock_keeping_failure(unlock_statement: str) -> str:
 
 
 def set_local_lock_timeout(milliseconds: int) -> str:
+    return f"SET LOCAL lock_timeout = '{_milliseconds(milliseconds)}ms'"
+
+
+def _milliseconds(milliseconds: int) -> int:
+    """A slice's ``lock_timeout``, checked before it is spliced into a statement."""
     if isinstance(milliseconds, bool) or not isinstance(milliseconds, int) or milliseconds < 1:
         raise ValueError(f"lock_timeout must be a positive number of ms, got {milliseconds!r}")
-    return f"SET LOCAL lock_timeout = '{milliseconds}ms'"
+    return milliseconds
 
 
 XACT_MARKER_SETTING = "pgsolo.xact_lock_marker"
