@@ -20,7 +20,6 @@ they are given, and change no state.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import NoReturn
 
 from .. import sql
 from .._logging import locks_logger as logger
@@ -124,9 +123,10 @@ class LockCore(ABC):
         """What the server answered the quick acquisition: whether the lock is held."""
 
     @abstractmethod
-    def quick_failed(self, exc: BaseException) -> Plan[NoReturn]:
+    def quick_failed(self, exc: BaseException) -> Plan[bool]:
         """The quick acquisition's round trip failed or was interrupted (``exc``): put
-        right as the plan's one slice of a try would be, and the error raised."""
+        right as the plan's slice would be, and the error raised; or, for the first slice
+        of a wait that ran out, the rest of the wait, and whether it took the lock."""
 
     @abstractmethod
     def quick_release(self, *, exiting: bool) -> Quick | Plan[None]:

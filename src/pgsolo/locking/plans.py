@@ -69,7 +69,8 @@ ROLLBACK: Final = Own([], "rollback")
 Step = Sequence[str] | Work | Elsewhere | Wait | Own
 Plan = Generator[Step, object, T]
 
-Quick = tuple[list[str], Edge | None]
+Quick = tuple[list[str], Edge | None, float]
 """A round trip of a lock's common case, which the shell sends itself, without a plan:
-its statements, and the edge of pgsolo's own transaction they are at, if any (as for
-:class:`Own`). A tuple, not a class of pgsolo's: building one costs no call."""
+its statements, the edge of pgsolo's own transaction they are at, if any, and the seconds
+they may wait for a lock on the server (as for :class:`Own`). A tuple, not a class of
+pgsolo's: building one costs no call."""

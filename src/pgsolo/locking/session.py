@@ -183,7 +183,8 @@ class SessionLockCore(LockCore):
         self.quick_claim = True
         self.claimed_on = pid
         self.started = time.perf_counter()
-        return placement.session_acquisition(self.driver, self.spec, status, None, None, None), None
+        statements = placement.session_acquisition(self.driver, self.spec, status, None, None, None)
+        return statements, None, 0.0
 
     def quick_answer(self, value: object) -> bool:
         if self._busy(value):
@@ -367,7 +368,7 @@ class SessionLockCore(LockCore):
         ):
             self.started = time.perf_counter()
             unlock = [unlock_statement(self.spec, None)]
-            return placement.outside_transaction(driver, unlock, TxStatus.IDLE), None
+            return placement.outside_transaction(driver, unlock, TxStatus.IDLE), None, 0.0
         return self.exit(failed=False) if exiting else self.release()
 
     def quick_released(self, value: object) -> None:

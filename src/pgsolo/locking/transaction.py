@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+from collections.abc import Iterator
 from typing import NoReturn
 
 from .. import sql
@@ -47,6 +48,10 @@ class XactLockCore(LockCore):
         self.transaction_marker: str | None = None
         self.started = 0.0  # when the quick acquisition began
         self.claimed_on = 0  # the backend pid the quick acquisition claimed the key on
+        # The slices of a quick acquisition's wait after its first, and whether the first
+        # was the last (always, for a try).
+        self.later_slices: Iterator[waits.Slice] = iter(())
+        self.last_slice = True
 
     @property
     def holds_anything(self) -> bool:
@@ -101,7 +106,19 @@ class XactLockCore(LockCore):
                     return failures.busy_here(self.events, pid)
                 claimed = True
                 holdings.set_transaction_owner(conn, pid, holdings.context_token())
-            acquired = yield from self._acquire_claimed(status, owns=owns)
+            status = self._usable_status(status)
+            # The caller's transaction: one already open, or the one a driver that begins
+            # by itself is about to open (psycopg with autocommit=False: the caller commits
+            # or rolls back, never pgsolo).
+            joins = not owns and (
+                status is TxStatus.INTRANS
+                or (status is TxStatus.IDLE and self.driver.begins_implicitly)
+            )
+            slices = waits.slices(self.spec.wait_ms)
+            started = time.perf_counter()
+            acquired = yield from self._slices(
+                slices, status, owns=owns, joins=joins, started=started
+            )
         except BaseException:
             holdings.withdraw(conn, key, self)
             if claimed:
@@ -119,19 +136,20 @@ class XactLockCore(LockCore):
         elif self.held is not None:  # claimed, as every lock that opens its own is
             holdings.confirm(self.held)
 
-    def _acquire_claimed(self, status: TxStatus, *, owns: bool) -> Plan[bool]:
-        status = self._usable_status(status)
-        # The caller's transaction: one already open, or the one a driver that begins by
-        # itself is about to open (psycopg with autocommit=False: the caller commits or
-        # rolls back, never pgsolo).
-        joins = not owns and (
-            status is TxStatus.INTRANS
-            or (status is TxStatus.IDLE and self.driver.begins_implicitly)
-        )
-        started = time.perf_counter()
+    def _slices(
+        self,
+        slices: Iterator[waits.Slice],
+        status: TxStatus,
+        *,
+        owns: bool,
+        joins: bool,
+        started: float,
+    ) -> Plan[bool]:
+        """Take the lock in ``slices``, one after another until one takes it or the last
+        runs out; then whether it is held, and logged."""
         # Each slice of a wait in a transaction of its own (pgsolo's, opened again) or a
         # savepoint of the caller's, rolled back when the slice runs out (waits.py).
-        for lock_timeout, last in waits.slices(self.spec.wait_ms):
+        for lock_timeout, last in slices:
             opening = self._opening(status, owns=owns)
             statements = placement.xact_acquisition(
                 self.spec, lock_timeout, in_callers_transaction=joins
@@ -349,14 +367,14 @@ class XactLockCore(LockCore):
     # - the common case, without a plan -
 
     def quick_acquisition(self, *, context: bool) -> Quick | Plan[bool]:
-        """The common case: a try as a block begins on a connection with no transaction
-        open, which opens pgsolo's own transaction with the lock (BEGIN in the same
-        message on a bare connection). Anything else, and a key this connection holds
-        already: the plan that takes it."""
+        """The common case: a try, or a wait's first slice, as a block begins on a
+        connection with no transaction open, which opens pgsolo's own transaction with the
+        lock (BEGIN in the same message on a bare connection). Anything else, and a key
+        this connection holds already: the plan that takes it."""
         self.begin()
         driver, spec = self.driver, self.spec
         status = driver.transaction_status()
-        if spec.wait_ms is not None or not self._opens_own(status, context=context):
+        if not self._opens_own(status, context=context):
             return self._acquire(context=context)
         conn, pid = driver.connection, driver.backend_pid()
         claim, _, self.held = holdings.claim(
@@ -369,8 +387,15 @@ class XactLockCore(LockCore):
         holdings.set_transaction_owner(conn, pid, holdings.context_token())
         self.claimed_on = pid
         self.started = time.perf_counter()
-        acquisition = placement.xact_acquisition(spec, None, in_callers_transaction=False)
-        return [*opening, *acquisition], "begin"
+        if spec.wait_ms is None:
+            acquisition = placement.xact_acquisition(spec, None, in_callers_transaction=False)
+            return [*opening, *acquisition], "begin", 0.0
+        # A wait: its first slice here; if that runs out, the others are quick_failed's.
+        self.later_slices = slices = waits.slices(spec.wait_ms)
+        lock_timeout, self.last_slice = next(slices)
+        assert lock_timeout is not None  # noqa: S101 - a wait's slices all wait
+        acquisition = placement.xact_acquisition(spec, lock_timeout, in_callers_transaction=False)
+        return [*opening, *acquisition], "begin", lock_timeout / 1000
 
     def quick_answer(self, value: object) -> bool:
         if value is None:  # a server in recovery: the shell's let_go() rolls back
@@ -380,13 +405,20 @@ class XactLockCore(LockCore):
         self._settle_claim(self.driver.connection)
         return acquired
 
-    def quick_failed(self, exc: BaseException) -> Plan[NoReturn]:
+    def quick_failed(self, exc: BaseException) -> Plan[bool]:
+        conn, started = self.driver.connection, self.started
         try:
-            yield from self._slice_failed(exc, self.started, joins=False, last=True)
-        finally:
-            holdings.withdraw(self.driver.connection, self.spec.key, self)
-            holdings.set_transaction_owner(self.driver.connection, self.driver.backend_pid(), None)
-        raise exc  # _slice_failed raised already: a try's only slice is its last
+            # Raises, unless the slice ran out and a next one follows.
+            yield from self._slice_failed(exc, started, joins=False, last=self.last_slice)
+            acquired = yield from self._slices(
+                self.later_slices, TxStatus.IDLE, owns=True, joins=False, started=started
+            )
+        except BaseException:
+            holdings.withdraw(conn, self.spec.key, self)
+            holdings.set_transaction_owner(conn, self.driver.backend_pid(), None)
+            raise
+        self._settle_claim(conn)
+        return acquired
 
     def let_go(self) -> Plan[None]:
         try:
@@ -406,7 +438,7 @@ class XactLockCore(LockCore):
             and self.acquired
             and self.driver.transaction_status() is TxStatus.INTRANS
         ):
-            return [], "commit"
+            return [], "commit", 0.0
         return self.exit(failed=False)
 
     def quick_released(self, value: object) -> None:

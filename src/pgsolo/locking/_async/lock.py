@@ -113,11 +113,12 @@ class AsyncLock(LockView):
         quick = core.quick_acquisition(context=context)
         if not isinstance(quick, tuple):
             return await adrive(quick, driver)
-        statements, edge = quick
+        statements, edge, seconds = quick
         try:
-            value = await driver.fetch_value(statements, 0.0, edge)
+            value = await driver.fetch_value(statements, seconds, edge)
         except BaseException as exc:
-            await adrive(core.quick_failed(exc), driver, cleaning_up=not isinstance(exc, Exception))
+            cleaning_up = not isinstance(exc, Exception)
+            return await adrive(core.quick_failed(exc), driver, cleaning_up=cleaning_up)
         return core.quick_answer(value)
 
     async def _give_back(self, *, exiting: bool) -> None:
@@ -129,9 +130,9 @@ class AsyncLock(LockView):
         if not isinstance(quick, tuple):
             await adrive(quick, driver)
             return
-        statements, edge = quick
+        statements, edge, seconds = quick
         try:
-            value = await driver.fetch_value(statements, 0.0, edge)
+            value = await driver.fetch_value(statements, seconds, edge)
             core.forget()  # off the books at once: a Ctrl-C may land at any line
         except BaseException as exc:
             cleaning_up = not isinstance(exc, Exception)

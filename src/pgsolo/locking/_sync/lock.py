@@ -114,11 +114,12 @@ class Lock(LockView):
         quick = core.quick_acquisition(context=context)
         if not isinstance(quick, tuple):
             return drive(quick, driver)
-        statements, edge = quick
+        statements, edge, seconds = quick
         try:
-            value = driver.fetch_value(statements, 0.0, edge)
+            value = driver.fetch_value(statements, seconds, edge)
         except BaseException as exc:
-            drive(core.quick_failed(exc), driver, cleaning_up=not isinstance(exc, Exception))
+            cleaning_up = not isinstance(exc, Exception)
+            return drive(core.quick_failed(exc), driver, cleaning_up=cleaning_up)
         return core.quick_answer(value)
 
     def _give_back(self, *, exiting: bool) -> None:
@@ -130,9 +131,9 @@ class Lock(LockView):
         if not isinstance(quick, tuple):
             drive(quick, driver)
             return
-        statements, edge = quick
+        statements, edge, seconds = quick
         try:
-            value = driver.fetch_value(statements, 0.0, edge)
+            value = driver.fetch_value(statements, seconds, edge)
             core.forget()  # off the books at once: a Ctrl-C may land at any line
         except BaseException as exc:
             cleaning_up = not isinstance(exc, Exception)
