@@ -285,11 +285,13 @@ def heartbeat_of(found: _Beating | Lacking) -> _Beating:
     return found
 
 
-def edged(statements: Sequence[str], edge: Edge | None, *, begins_implicitly: bool) -> list[str]:
+def edged(statements: Sequence[str], edge: Edge | None, driver: DriverBase) -> list[str]:
     """``statements`` with the edge of pgsolo's own transaction as statements of the same
-    message, for a bare connection (one no framework keeps books on)."""
+    message, for a bare connection (one no framework keeps books on) of ``driver``, asked
+    whether it begins by itself only for a BEGIN (on psycopg, a property that reads
+    another: every transaction lock's COMMIT would pay for it)."""
     if edge == "begin":
-        return list(statements) if begins_implicitly else [sql.BEGIN, *statements]
+        return list(statements) if driver.begins_implicitly else [sql.BEGIN, *statements]
     if edge is not None:
         return [*statements, sql.COMMIT if edge == "commit" else sql.ROLLBACK]
     return list(statements)

@@ -226,7 +226,7 @@ class AsyncpgDriver:
     async def fetch_value(
         self, statements: Sequence[str], wait: float = 0.0, edge: Edge | None = None
     ) -> object:
-        sent = statements if edge is None else edged(statements, edge, begins_implicitly=False)
+        sent = statements if edge is None else edged(statements, edge, self)
         if not sent:
             return None
         # One simple-query message (module docstring). A lock call alone (a session lock's

@@ -160,7 +160,7 @@ class Pg8000Driver:
     def fetch_value(
         self, statements: Sequence[str], wait: float = 0.0, edge: Edge | None = None
     ) -> object:
-        sent = edged(statements, edge, begins_implicitly=edge == "begin" and self.begins_implicitly)
+        sent = edged(statements, edge, self)
         try:
             return _exchange(self._conn, sent) if sent else None
         except OSError:  # pg8000 lets some through as they are (a reset while reading)

@@ -363,8 +363,8 @@ def first_value(
             raise psycopg.InterfaceError(f"unexpected result status from the server: {status}")
     if last is None:
         return None
-    # Only the last is read: a wait's message answers the saved lock_timeout's text first.
-    # A boolean is read here, not in a function of its own: every lock comes here.
+    # Only the last is read: a job's message answers its transaction's marker (text) before
+    # the lock. A boolean is read here, not in a function of its own: every lock comes here.
     if last.ftype(0) == _BOOL_OID:
         text = last.get_value(0, 0)
         return None if text is None else text == b"t"

@@ -152,7 +152,7 @@ class Psycopg2Driver:
     def fetch_value(
         self, statements: Sequence[str], wait: float = 0.0, edge: Edge | None = None
     ) -> object:
-        sent = edged(statements, edge, begins_implicitly=edge == "begin" and self.begins_implicitly)
+        sent = edged(statements, edge, self)
         # psycopg2 keeps its own book of the transaction it began, and sends BEGIN only
         # when that book says none is open: a COMMIT sent as a statement would leave the
         # book open, and the next statements would run outside any transaction. The

@@ -42,9 +42,7 @@ class AsyncPsycopgDriver(PsycopgBase):
     ) -> object:
         sent = statements
         if edge is not None:
-            sent = edged(
-                statements, edge, begins_implicitly=edge == "begin" and self.begins_implicitly
-            )
+            sent = edged(statements, edge, self)
         if not sent:  # an edge a transaction that begins by itself needs no statement for
             return None
         return await around_trip(self._conn, wait, sent, self._fetch_by_cursor, self._bound)
