@@ -36,6 +36,9 @@ from .spec import LockSpec
 
 __all__ = ["XactLockCore"]
 
+# No slices left: what a transaction lock's core holds when no wait of its is under way.
+_NO_SLICES: Iterator[waits.Slice] = iter(())
+
 
 class XactLockCore(LockCore):
     """A transaction lock: held until the transaction that took it ends."""
@@ -49,8 +52,9 @@ class XactLockCore(LockCore):
         self.started = 0.0  # when the quick acquisition began
         self.claimed_on = 0  # the backend pid the quick acquisition claimed the key on
         # The slices of a quick acquisition's wait after its first, and whether the first
-        # was the last (always, for a try).
-        self.later_slices: Iterator[waits.Slice] = iter(())
+        # was the last (always, for a try). Let go of as the acquisition ends: a wait's is
+        # a suspended generator, which would otherwise be closed whenever the lock dies.
+        self.later_slices: Iterator[waits.Slice] = _NO_SLICES
         self.last_slice = True
 
     @property
@@ -398,6 +402,7 @@ class XactLockCore(LockCore):
         return [*opening, *acquisition], "begin", lock_timeout / 1000
 
     def quick_answer(self, value: object) -> bool:
+        self.later_slices = _NO_SLICES
         if value is None:  # a server in recovery: the shell's let_go() rolls back
             holdings.withdraw(self.driver.connection, self.spec.key, self)
             raise failures.standby_refused(self.events, self.started)
@@ -407,11 +412,12 @@ class XactLockCore(LockCore):
 
     def quick_failed(self, exc: BaseException) -> Plan[bool]:
         conn, started = self.driver.connection, self.started
+        slices, self.later_slices = self.later_slices, _NO_SLICES
         try:
             # Raises, unless the slice ran out and a next one follows.
             yield from self._slice_failed(exc, started, joins=False, last=self.last_slice)
             acquired = yield from self._slices(
-                self.later_slices, TxStatus.IDLE, owns=True, joins=False, started=started
+                slices, TxStatus.IDLE, owns=True, joins=False, started=started
             )
         except BaseException:
             holdings.withdraw(conn, self.spec.key, self)
@@ -424,6 +430,7 @@ class XactLockCore(LockCore):
         try:
             yield from super().let_go()
         finally:
+            self.later_slices = _NO_SLICES
             if not self.acquired:  # an acquisition the shell began, cut short
                 holdings.withdraw(self.driver.connection, self.spec.key, self)
 
