@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Generator
 from typing import NoReturn
 
 from .. import sql
@@ -36,8 +36,13 @@ from .spec import LockSpec
 
 __all__ = ["XactLockCore"]
 
+
 # No slices left: what a transaction lock's core holds when no wait of its is under way.
-_NO_SLICES: Iterator[waits.Slice] = iter(())
+def _none_left() -> Generator[waits.Slice, None, None]:
+    yield from ()
+
+
+_NO_SLICES = _none_left()
 
 
 class XactLockCore(LockCore):
@@ -54,7 +59,7 @@ class XactLockCore(LockCore):
         # The slices of a quick acquisition's wait after its first, and whether the first
         # was the last (always, for a try). Let go of as the acquisition ends: a wait's is
         # a suspended generator, which would otherwise be closed whenever the lock dies.
-        self.later_slices: Iterator[waits.Slice] = _NO_SLICES
+        self.later_slices: Generator[waits.Slice, None, None] = _NO_SLICES
         self.last_slice = True
 
     @property
@@ -142,7 +147,7 @@ class XactLockCore(LockCore):
 
     def _slices(
         self,
-        slices: Iterator[waits.Slice],
+        slices: Generator[waits.Slice, None, None],
         status: TxStatus,
         *,
         owns: bool,
@@ -153,22 +158,27 @@ class XactLockCore(LockCore):
         runs out; then whether it is held, and logged."""
         # Each slice of a wait in a transaction of its own (pgsolo's, opened again) or a
         # savepoint of the caller's, rolled back when the slice runs out (waits.py).
-        for lock_timeout, last in slices:
-            opening = self._opening(status, owns=owns)
-            statements = placement.xact_acquisition(
-                self.spec, lock_timeout, in_callers_transaction=joins
-            )
-            step = (
-                self._waiting(statements, lock_timeout)
-                if opening is None
-                else Own([*opening, *statements], "begin", (lock_timeout or 0) / 1000)
-            )
-            try:
-                value = yield step
-            except BaseException as exc:
-                if (yield from self._slice_failed(exc, started, joins=joins, last=last)):
-                    continue
-            break
+        # Closed as the loop ends, not whenever this frame dies: one a traceback keeps dies
+        # at the cyclic GC's moment, and closing the slices runs pgsolo's code there.
+        try:
+            for lock_timeout, last in slices:
+                opening = self._opening(status, owns=owns)
+                statements = placement.xact_acquisition(
+                    self.spec, lock_timeout, in_callers_transaction=joins
+                )
+                step = (
+                    self._waiting(statements, lock_timeout)
+                    if opening is None
+                    else Own([*opening, *statements], "begin", (lock_timeout or 0) / 1000)
+                )
+                try:
+                    value = yield step
+                except BaseException as exc:
+                    if (yield from self._slice_failed(exc, started, joins=joins, last=last)):
+                        continue
+                break
+        finally:
+            slices.close()
         if value is None:  # sql.acquire's answer on a server in recovery: nothing taken
             yield from self._abandon_own_transaction()
             raise failures.standby_refused(self.events, started)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Generator
 
 __all__ = ["WAIT_SLICE_SECONDS", "Slice", "slices"]
 
@@ -37,7 +37,7 @@ Slice = tuple[int | None, bool]
 is the last slice of the wait."""
 
 
-def slices(wait_ms: float | None) -> Iterator[Slice]:
+def slices(wait_ms: float | None) -> Generator[Slice, None, None]:
     """The slices of a wait of ``wait_ms`` (``math.inf``: no end; None: a try, one slice
     that does not wait), each computed when it begins, from what is left of the wait."""
     if wait_ms is None:
