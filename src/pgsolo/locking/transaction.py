@@ -37,14 +37,6 @@ from .spec import LockSpec
 __all__ = ["XactLockCore"]
 
 
-# No slices left: what a transaction lock's core holds when no wait of its is under way.
-def _none_left() -> Generator[waits.Slice, None, None]:
-    yield from ()
-
-
-_NO_SLICES = _none_left()
-
-
 class XactLockCore(LockCore):
     """A transaction lock: held until the transaction that took it ends."""
 
@@ -56,10 +48,10 @@ class XactLockCore(LockCore):
         self.transaction_marker: str | None = None
         self.started = 0.0  # when the quick acquisition began
         self.claimed_on = 0  # the backend pid the quick acquisition claimed the key on
-        # The slices of a quick acquisition's wait after its first, and whether the first
-        # was the last (always, for a try). Let go of as the acquisition ends: a wait's is
-        # a suspended generator, which would otherwise be closed whenever the lock dies.
-        self.later_slices: Generator[waits.Slice, None, None] = _NO_SLICES
+        # A quick acquisition's wait: when it ends (time.monotonic()), and whether its first
+        # slice was the last (always, for a try). Numbers, not the slices' generator: one
+        # that outlived its acquisition would be closed whenever the lock died.
+        self.deadline = 0.0
         self.last_slice = True
 
     @property
@@ -405,14 +397,11 @@ class XactLockCore(LockCore):
             acquisition = placement.xact_acquisition(spec, None, in_callers_transaction=False)
             return [*opening, *acquisition], "begin", 0.0
         # A wait: its first slice here; if that runs out, the others are quick_failed's.
-        self.later_slices = slices = waits.slices(spec.wait_ms)
-        lock_timeout, self.last_slice = next(slices)
-        assert lock_timeout is not None  # noqa: S101 - a wait's slices all wait
+        lock_timeout, self.last_slice, self.deadline = waits.first_slice(spec.wait_ms)
         acquisition = placement.xact_acquisition(spec, lock_timeout, in_callers_transaction=False)
         return [*opening, *acquisition], "begin", lock_timeout / 1000
 
     def quick_answer(self, value: object) -> bool:
-        self.later_slices = _NO_SLICES
         if value is None:  # a server in recovery: the shell's let_go() rolls back
             holdings.withdraw(self.driver.connection, self.spec.key, self)
             raise failures.standby_refused(self.events, self.started)
@@ -422,12 +411,15 @@ class XactLockCore(LockCore):
 
     def quick_failed(self, exc: BaseException) -> Plan[bool]:
         conn, started = self.driver.connection, self.started
-        slices, self.later_slices = self.later_slices, _NO_SLICES
         try:
             # Raises, unless the slice ran out and a next one follows.
             yield from self._slice_failed(exc, started, joins=False, last=self.last_slice)
             acquired = yield from self._slices(
-                slices, TxStatus.IDLE, owns=True, joins=False, started=started
+                waits.slices_until(self.deadline),
+                TxStatus.IDLE,
+                owns=True,
+                joins=False,
+                started=started,
             )
         except BaseException:
             holdings.withdraw(conn, self.spec.key, self)
@@ -440,7 +432,6 @@ class XactLockCore(LockCore):
         try:
             yield from super().let_go()
         finally:
-            self.later_slices = _NO_SLICES
             if not self.acquired:  # an acquisition the shell began, cut short
                 holdings.withdraw(self.driver.connection, self.spec.key, self)
 

@@ -26,7 +26,7 @@ import math
 import time
 from collections.abc import Generator
 
-__all__ = ["WAIT_SLICE_SECONDS", "Slice", "slices"]
+__all__ = ["WAIT_SLICE_SECONDS", "Slice", "first_slice", "slices", "slices_until"]
 
 WAIT_SLICE_SECONDS = 2.0
 """The longest a waiter waits in one statement (its oldest snapshot, give or take a round
@@ -43,11 +43,32 @@ def slices(wait_ms: float | None) -> Generator[Slice, None, None]:
     if wait_ms is None:
         yield None, True
         return
+    yield from slices_until(time.monotonic() + wait_ms / 1000)
+
+
+def first_slice(wait_ms: float) -> tuple[int, bool, float]:
+    """The first slice of a wait of ``wait_ms``, without a generator to hold: its
+    ``lock_timeout`` in ms, whether it is the last, and the wait's deadline
+    (``time.monotonic()``), from which :func:`slices_until` gives the others."""
     deadline = time.monotonic() + wait_ms / 1000
+    lock_timeout, last = _slice(deadline)
+    return lock_timeout, last, deadline
+
+
+def slices_until(deadline: float) -> Generator[tuple[int, bool], None, None]:
+    """The slices of a wait that ends at ``deadline`` (``time.monotonic()``; ``math.inf``:
+    no end), each computed when it begins."""
     while True:
-        slice_ms = max(1, math.ceil(WAIT_SLICE_SECONDS * 1000))
-        left_ms = (deadline - time.monotonic()) * 1000
-        if left_ms <= slice_ms:
-            yield max(1, math.ceil(left_ms)), True
+        lock_timeout, last = _slice(deadline)
+        yield lock_timeout, last
+        if last:
             return
-        yield slice_ms, False
+
+
+def _slice(deadline: float) -> tuple[int, bool]:
+    """The slice that begins now, of a wait that ends at ``deadline``."""
+    slice_ms = max(1, math.ceil(WAIT_SLICE_SECONDS * 1000))
+    left_ms = (deadline - time.monotonic()) * 1000
+    if left_ms <= slice_ms:
+        return max(1, math.ceil(left_ms)), True
+    return slice_ms, False
