@@ -376,7 +376,7 @@ async def _lock_call(conn: Any, call: sql.LockCall, caches_statements: bool) -> 
                 how, statement = prepared.made(conn, form.name, None, made)
         if how is prepared.BY_NAME:
             try:
-                value = await statement.fetchval(*map(int, form.params))
+                value = await statement.fetchval(*form.values)
             except asyncpg.PostgresError as exc:
                 if not prepared.forget(conn, _sqlstate(exc)):
                     raise

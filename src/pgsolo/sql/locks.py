@@ -155,7 +155,8 @@ FENCING_SEQUENCE = "pgsolo.fencing_token_seq"
 
 class Prepared(NamedTuple):
     """A lock call as a prepared statement: ``template`` with ``$1`` (and ``$2``) for the
-    key, ``params`` the key as text. ``name`` is a digest of the template: the same for
+    key, ``params`` the key as text (``values``: as numbers, for a driver that sends
+    them so). ``name`` is a digest of the template: the same for
     every key of that shape, so a session prepares a handful at most, and a statement of
     that name left on a pooled session by another version of pgsolo is never taken for
     this one."""
@@ -163,6 +164,7 @@ class Prepared(NamedTuple):
     name: bytes
     template: bytes
     params: tuple[bytes, ...]
+    values: tuple[int, ...]
 
 
 class LockCall(Truth):
@@ -182,6 +184,7 @@ def _lock_call(function: str, key: Key) -> LockCall:
         f"pgsolo_{digest}".encode("ascii"),
         template.encode("ascii"),
         tuple(str(part).encode("ascii") for part in parts),
+        parts,
     )
     return call
 
