@@ -314,6 +314,18 @@ async def test_the_transaction_pgsolo_opens_ends_with_the_block(
 
 
 @pytest.mark.parametrize("kind", ASYNC_KINDS, ids=str)
+async def test_a_lock_names_the_backend_that_holds_it(
+    kind: AKind, db: str, observer: Any, key: Key
+) -> None:
+    """Guards lock.backend_pid on a connection that reaches a backend only as the lock is
+    taken (an ORM session with nothing checked out): it was read before, and said 0."""
+    async with kind.open(db) as conn:
+        for lock in locks_of(kind, conn, key):
+            async with lock:
+                assert observer.holders(key) == {lock.backend_pid} == {await conn.pid()}
+
+
+@pytest.mark.parametrize("kind", ASYNC_KINDS, ids=str)
 async def test_fencing_tokens_only_go_up(kind: AKind, db: str, key: Key) -> None:
     async with kind.open(db) as conn:
         first_lock = pgsolo.session_lock if kind.session_locks else pgsolo.xact_lock
