@@ -5,9 +5,10 @@ own handler) stops it, then say what its connection looks like.
 Usage: ``python _interrupted_child.py DSN DRIVER KEY_A KEY_B`` (DRIVER: ``psycopg``,
 ``psycopg2``, ``psycopg-async``, ``asyncpg``). The test drives it line by line on stdin:
 
-- ``go FORM`` (``with``, ``acquire``, ``xact`` (``with xact_lock``), ``run_job``,
-  ``run_once``, and ``try-with``, ``try-acquire`` and ``try-xact``, the first three as a
-  try without a wait): print ``going PID``
+- ``go FORM`` (``with``, ``acquire``, ``xact`` (``with xact_lock``), ``run_job`` (a
+  session lock), ``run_job-xact`` (a transaction lock), ``run_once``, and ``try-with``,
+  ``try-acquire``, ``try-xact`` and ``try-run_job``, the first four as a try without a
+  wait): print ``going PID``
   (the backend's pid), then loop FORM until interrupted, and print one JSON report:
   whether the connection is idle (no transaction left open) and still answers
   ``SELECT 1``, and the locks pgsolo's books say it holds. The ``acquire`` form's
@@ -44,9 +45,9 @@ def wait_of(form: str) -> tuple[str, float | None]:
 
 
 def granted(acquired: bool) -> None:
-    """A transaction lock's key is on pgsolo's books only while its block runs, so
-    ``tracked`` cannot show one an interruption left claimed: the next try of the key,
-    which is this child's alone, would say busy instead."""
+    """A transaction lock's key is on pgsolo's books only while its block runs (a job's,
+    while it runs), so ``tracked`` cannot show one an interruption left claimed: the next
+    try of the key, which is this child's alone, would say busy instead."""
     if not acquired:
         raise RuntimeError("the key was busy: left claimed, or held, by an interrupted round")
 
@@ -151,7 +152,11 @@ def sync_loop(conn: Any, key: pgsolo.Key, form: str) -> Callable[[], None] | Non
             with pgsolo.xact_lock(conn, key, wait=wait) as lock:
                 granted(lock.acquired)
         elif form == "run_job":
-            pgsolo.run_job(conn, key, lambda conn: None, lifetime="session", wait=WAIT)
+            job = pgsolo.run_job(conn, key, lambda conn: None, lifetime="session", wait=wait)
+            granted(job.outcome == "completed")
+        elif form == "run_job-xact":
+            job = pgsolo.run_job(conn, key, lambda conn: None, lifetime="xact", wait=wait)
+            granted(job.outcome == "completed")
         else:
             pgsolo.run_once(conn, f"interrupted:{key.text}:{n}", lambda ctx: None, wait=WAIT)
 
@@ -252,7 +257,11 @@ async def async_loop(conn: Any, key: pgsolo.Key, form: str) -> None:
             async with pgsolo.xact_lock(conn, key, wait=wait) as lock:
                 granted(lock.acquired)
         elif form == "run_job":
-            await pgsolo.run_job_async(conn, key, _nothing, lifetime="session", wait=WAIT)
+            job = await pgsolo.run_job_async(conn, key, _nothing, lifetime="session", wait=wait)
+            granted(job.outcome == "completed")
+        elif form == "run_job-xact":
+            job = await pgsolo.run_job_async(conn, key, _nothing, lifetime="xact", wait=wait)
+            granted(job.outcome == "completed")
         else:
             await pgsolo.run_once_async(conn, f"interrupted:{key.text}:{n}", _nothing, wait=WAIT)
 

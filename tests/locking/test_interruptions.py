@@ -379,7 +379,18 @@ def test_second_interruption_during_acquire_cleanup_leaves_no_stale_claim(
 # - Ctrl-C at random moments -
 
 INTERRUPTED_CHILD = Path(_interrupted_child.__file__).read_text(encoding="utf-8")
-FORMS = ("with", "acquire", "xact", "try-with", "try-acquire", "try-xact", "run_job", "run_once")
+FORMS = (
+    "with",
+    "acquire",
+    "xact",
+    "try-with",
+    "try-acquire",
+    "try-xact",
+    "run_job",
+    "try-run_job",
+    "run_job-xact",
+    "run_once",
+)
 # How long each driver's campaign runs; PGSOLO_INTERRUPT_SECONDS runs a longer one.
 CAMPAIGN_SECONDS = float(os.environ.get("PGSOLO_INTERRUPT_SECONDS", "20"))
 # The signal lands at a random delay after the loop starts: a few of its cycles (a lock
@@ -414,13 +425,15 @@ def test_ctrl_c_at_random_moments_leaves_nothing_behind(
     """A real SIGINT, at a random moment, to a process taking and letting go of a lock in
     a loop (``with session_lock(...)``, ``acquire()``/``release()`` and ``with
     xact_lock(...)``, each waiting and as a try, which the shells send without a plan;
-    ``run_job`` with ``lifetime="session"``, ``run_once``), hundreds of times: once its handler has
-    run, its backend holds no advisory lock (pg_locks, seen from another session), pgsolo's
-    books hold nothing, and its connection is idle and answers ``SELECT 1``. Guards the
-    windows in pgsolo's own code after the server granted the lock and before its state
-    said so (logging, metrics, the holdings book, the drive loop, the shells), a claim
-    left pending, run_once's transaction left open, psycopg's prepared-statement count,
-    a psycopg 3 connection left ACTIVE by an interrupted round trip, and an asyncpg
+    ``run_job`` with a session lock, waiting and as a try, and with a transaction lock;
+    ``run_once``), hundreds of times: once its handler has run, its backend holds no
+    advisory lock (pg_locks, seen from another session), pgsolo's books hold nothing, and
+    its connection is idle and answers ``SELECT 1``. Guards the windows in pgsolo's own
+    code after the server granted the lock and before its state said so (logging,
+    metrics, the holdings book, the drive loop, the shells), a claim left pending, a job's
+    transaction lock left on the books by a Ctrl-C as it let go after its COMMIT,
+    run_once's transaction left open, psycopg's prepared-statement count, a psycopg 3
+    connection left ACTIVE by an interrupted round trip, and an asyncpg
     connection closed by a cancellation in its COPY-out exchange."""
     assert isinstance(key.value, tuple)
     child = children(INTERRUPTED_CHILD, db, driver, *key.value)

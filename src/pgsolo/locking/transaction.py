@@ -271,11 +271,12 @@ class XactLockCore(LockCore):
 
     def forget(self) -> None:
         """pgsolo's own transaction has ended (or never began): the lock is no longer
-        held here."""
-        self.opened_transaction = False
-        self.transaction_marker = None
+        held here. The books first: a Ctrl-C that cuts this short leaves
+        ``opened_transaction`` set, so that ``let_go()`` comes here again."""
         taken = self.held if self.acquired else None
         holdings.end_transaction(self.driver.connection, self.driver.backend_pid(), taken)
+        self.opened_transaction = False
+        self.transaction_marker = None
 
     def _after_interrupted_end(self, exc: BaseException) -> Plan[None]:
         """A Ctrl-C (``exc``) in pgsolo's own code before the COMMIT or ROLLBACK went out
