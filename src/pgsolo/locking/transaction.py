@@ -47,6 +47,7 @@ class XactLockCore(LockCore):
         # took the lock (the work may have committed it and begun another).
         self.transaction_marker: str | None = None
         self.started = 0.0  # when the quick acquisition began
+        self.claimed_on = 0  # the backend pid the quick acquisition claimed the key on
         # A quick acquisition's wait: when it ends (time.monotonic()), and whether its first
         # slice was the last (always, for a try). Numbers, not the slices' generator: one
         # that outlived its acquisition would be closed whenever the lock died.
@@ -391,6 +392,7 @@ class XactLockCore(LockCore):
         # From here on, whatever cuts the acquisition short ends it in let_go().
         opening = self._opening(status, owns=True) or []
         holdings.set_transaction_owner(conn, pid, holdings.context_token())
+        self.claimed_on = pid
         self.started = time.perf_counter()
         if spec.wait_ms is None:
             acquisition = placement.xact_acquisition(spec, None, in_callers_transaction=False)
@@ -404,9 +406,10 @@ class XactLockCore(LockCore):
         if value is None:  # a server in recovery: the shell's let_go() rolls back
             holdings.withdraw(self.driver.connection, self.spec.key, self)
             raise failures.standby_refused(self.events, self.started)
-        # The backend as the lock was taken: an ORM session reaches one only with the
-        # lock's own BEGIN, so the one the key was claimed on may be none (pid 0).
-        acquired = self._granted(value, self.started, self.driver.backend_pid())
+        # The backend the key was claimed on; an ORM session with nothing checked out
+        # reaches one only with the lock's own BEGIN (none was known then: pid 0).
+        pid = self.claimed_on or self.driver.backend_pid()
+        acquired = self._granted(value, self.started, pid)
         self._settle_claim(self.driver.connection)
         return acquired
 
