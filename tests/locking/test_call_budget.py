@@ -63,8 +63,8 @@ BUDGETS: dict[str, int] = {
     "asyncpg/xact": 79,
     "sqlalchemy-async-psycopg/session": 178,
     "sqlalchemy-async-psycopg/xact": 111,
-    "psycopg/run_job": 110,
-    "psycopg-async/run_job": 131,
+    "psycopg/run_job": 107,
+    "psycopg-async/run_job": 128,
 }
 
 _SYNC = {kind.name: kind for kind in SYNC_KINDS}

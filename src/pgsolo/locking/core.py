@@ -28,7 +28,7 @@ from ..errors import ConnectionStateError, LockLostError, UsageError
 from . import holdings
 from .events import LockEvents
 from .placement import outside_transaction
-from .plans import Plan, Quick, Wait
+from .plans import Own, Plan, Quick, Wait
 from .spec import LockSpec
 
 __all__ = ["LockCore", "is_token", "require_no_transaction"]
@@ -94,8 +94,26 @@ class LockCore(ABC):
         self.events = LockEvents(spec, self.driver)
 
     def acquire(self, *, context: bool) -> Plan[bool]:
-        self.begin()
-        return (yield from self._acquire(context=context))
+        """Take the lock within a plan of the caller's (a job's, a call of ``once``'s):
+        the common case by :meth:`quick_acquisition`'s round trip, yielded as one step, and
+        put right as a shell puts it right (:meth:`quick_failed`, then :meth:`let_go` for
+        whatever cut it short); anything else by the plan that takes it."""
+        quick = self.quick_acquisition(context=context)
+        if not isinstance(quick, tuple):
+            return (yield from quick)
+        statements, edge, seconds = quick
+        try:
+            try:
+                if edge is not None:
+                    value = yield Own(statements, edge, seconds)
+                else:
+                    value = yield statements if not seconds else Wait(statements, seconds)
+            except BaseException as exc:
+                return (yield from self.quick_failed(exc))
+            return self.quick_answer(value)
+        except BaseException:
+            yield from self.let_go()
+            raise
 
     @abstractmethod
     def _acquire(self, *, context: bool) -> Plan[bool]: ...
