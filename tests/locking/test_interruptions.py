@@ -41,6 +41,7 @@ from pgsolo import (
     LockNotHeldError,
 )
 from pgsolo.drivers._sync.psycopg_driver import PsycopgDriver
+from pgsolo.locking import holdings
 from pgsolo.sql import hold_savepoint, lock_function
 
 INERROR = psycopg.pq.TransactionStatus.INERROR
@@ -510,3 +511,29 @@ def test_a_callers_statement_left_active_by_ctrl_c_does_not_keep_the_lock(
     assert observer.holders(key) == set()
     assert conn.info.transaction_status is psycopg.pq.TransactionStatus.IDLE
     assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_a_reentrant_hold_interrupted_as_it_was_claimed_does_not_keep_the_key(
+    connect: Connect, observer: Any, key: Key, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Guards a re-entrant key kept for good: a Ctrl-C just after the inner lock's hold
+    went on the books, before the lock knew it had one, left the books' count one too
+    high, so the outer lock's release only counted down and the key stayed held."""
+    conn = connect()
+    real_claim = holdings.claim
+
+    def claimed_then_interrupted(*args: Any, **kwargs: Any) -> Any:
+        claimed = real_claim(*args, **kwargs)
+        if claimed[0] == "reentered":
+            raise KeyboardInterrupt
+        return claimed
+
+    with pgsolo.session_lock(conn, key, reentrant=True) as outer:
+        monkeypatch.setattr(holdings, "claim", claimed_then_interrupted)
+        with pytest.raises(KeyboardInterrupt), pgsolo.session_lock(conn, key, reentrant=True):
+            pytest.fail("the inner lock was interrupted as it was claimed")
+        monkeypatch.undo()
+        assert outer.acquired
+        assert observer.holders(key) == {pid_of(conn)}
+    assert observer.holders(key) == set()
+    assert pgsolo.held_session_locks(conn) == []

@@ -59,8 +59,7 @@ def request_end_plan(driver: SyncDriver) -> Plan[None]:
             " it; releasing it",
             key,
         )
-        while holdings.unclaim(conn, key) > 0:
-            pass
+        holdings.drop_all(conn, key)
     status = driver.transaction_status()
     if driver.is_closed() or status not in (TxStatus.IDLE, TxStatus.INTRANS):
         return

@@ -1,9 +1,10 @@
-"""What each connection holds, by pgsolo's own count.
+"""What each connection holds, and which lock holds it.
 
 PostgreSQL lets one session take the same key any number of times, so two threads or
-tasks sharing a connection would both "get" a lock. pgsolo keeps its own count per
-connection object (and the backend pid it counted on) and refuses a second holder unless
-re-entrancy was asked for. A transaction pgsolo opened for an xact lock is tracked here
+tasks sharing a connection would both "get" a lock. pgsolo keeps its own books per
+connection object (and the backend pid it counted on): the locks that hold each key, each
+of which drops only its own hold. A second holder is refused unless re-entrancy was asked
+for. A transaction pgsolo opened for an xact lock is tracked here
 too, so that another thread or task cannot join it, and so is what answers the connection
 (the route of :mod:`pgsolo.locking.routing`), found before its first session lock.
 """
@@ -31,6 +32,7 @@ __all__ = [
     "confirm",
     "context_token",
     "drop",
+    "drop_all",
     "end_transaction",
     "forget_all",
     "held_session_locks",
@@ -40,7 +42,6 @@ __all__ = [
     "set_route",
     "set_transaction_owner",
     "transaction_owner",
-    "unclaim",
     "withdraw",
 ]
 
@@ -53,14 +54,21 @@ class Held:
 
     key: Key
     shared: bool
-    count: int
+    # Who holds it (their LockCores, the first claimant first): each hold is its holder's,
+    # so the one an interrupted acquisition or release made is the one it drops (a count
+    # could not tell whose hold a re-entrant claim cut short had added).
+    holders: list[object] = field(repr=False)
     pending: bool  # the first acquisition is still on its way to the server
-    claimant: object  # who made the first hold (its LockCore): see withdraw
     books: _Holdings = field(repr=False)  # whose keys it is among, while it is
     lifetime: Lifetime = "session"
     # The hold (pgsolo.sql.hold_savepoint) of a session lock taken in a transaction, for
     # whichever Lock lets go of the key last.
     hold: str | None = None
+
+    @property
+    def count(self) -> int:
+        """How many holds of the key the connection has."""
+        return len(self.holders)
 
 
 @dataclass
@@ -104,11 +112,11 @@ def claim(
             holdings = _HOLDINGS[conn] = _Holdings(pid, {})
         held = holdings.keys.get(key.value)
         if held is None:
-            held = Held(key, shared, 1, True, claimant, holdings, lifetime=lifetime)
+            held = Held(key, shared, [claimant], True, holdings, lifetime=lifetime)
             holdings.keys[key.value] = held
             return "new", holdings.route, held
         if reentrant and (held.lifetime, held.shared) == (lifetime, shared) and not held.pending:
-            held.count += 1
+            held.holders.append(claimant)  # one step: on the books as the claimant's, or not
             return "reentered", holdings.route, held
         return "busy", holdings.route, None
 
@@ -175,49 +183,51 @@ def withdraw(conn: object, key: Key, claimant: object) -> None:
     with _HOLDINGS_LOCK:
         holdings = _HOLDINGS.get(conn)
         held = holdings.keys.get(key.value) if holdings else None
-        if held is not None and held.claimant is claimant:
-            _drop(held)
+        if held is not None:
+            _drop(held, claimant)
 
 
-def unclaim(conn: object, key: Key) -> int:
-    """Drop one hold of ``key``; return how many remain on this connection."""
+def drop_all(conn: object, key: Key) -> None:
+    """Drop every hold of ``key`` on ``conn``: the session that held it let it go."""
     with _HOLDINGS_LOCK:
-        return _unclaim(_HOLDINGS.get(conn), key)
+        holdings = _HOLDINGS.get(conn)
+        held = holdings.keys.get(key.value) if holdings else None
+        if held is not None:
+            held.holders.clear()
+            _drop(held, None)
 
 
-def drop(held: Held) -> None:
-    """Drop one hold of ``held``'s key."""
+def drop(held: Held, holder: object) -> None:
+    """Drop ``holder``'s hold of ``held``'s key."""
     with _HOLDINGS_LOCK:
-        _drop(held)
+        _drop(held, holder)
 
 
-def end_transaction(conn: object, pid: int, taken: Held | None) -> None:
-    """pgsolo's own transaction on ``conn`` (backend ``pid``) ended: the key it took
-    (``taken``; None if it took none) is let go, and nobody owns a transaction there any
-    more. One step, as every transaction lock ends so."""
+def end_transaction(conn: object, pid: int, holder: object, taken: Held | None) -> None:
+    """pgsolo's own transaction on ``conn`` (backend ``pid``) ended: the key it took for
+    ``holder`` (``taken``; None if it took none) is let go, and nobody owns a transaction
+    there any more. One step, as every transaction lock ends so."""
     with _HOLDINGS_LOCK:
         holdings = _HOLDINGS.get(conn)
         if taken is not None:
-            _drop(taken)
+            _drop(taken, holder)
         if holdings is None or holdings.pid != pid:
             holdings = _HOLDINGS[conn] = _Holdings(pid, {})
         holdings.transaction_owner = None
 
 
-def _unclaim(holdings: _Holdings | None, key: Key) -> int:
-    held = holdings.keys.get(key.value) if holdings else None
-    return 0 if held is None else _drop(held)
-
-
-def _drop(held: Held) -> int:
-    # No check of the count first: a drop that an interruption (a Ctrl-C lands at any line)
-    # cut short after the count went down is finished by the next.
-    held.count -= 1
-    if held.count > 0:
-        return held.count
+def _drop(held: Held, holder: object) -> int:
+    """Drop ``holder``'s hold, if it has one; how many holds remain. A drop that an
+    interruption (a Ctrl-C lands at any line) cut short is finished by the holder's next,
+    and once no one holds the key it goes off the books (whoever kept the Held is free to
+    go: it no longer refers to them)."""
+    holders = held.holders
+    if holder in holders:
+        holders.remove(holder)
+    if holders:
+        return len(holders)
     if held.books.keys.get(held.key.value) is held:
         del held.books.keys[held.key.value]
-    held.claimant = None  # off the books: the claimant (which keeps it) is free to go
     return 0
 
 
@@ -227,8 +237,7 @@ def forget_all(conn: object) -> list[Key]:
         if holdings is None:
             return []
         for held in holdings.keys.values():
-            held.count = 0  # off the books: a lock that kept it holds nothing here
-            held.claimant = None
+            held.holders.clear()  # off the books: a lock that kept it holds nothing here
     return [held.key for held in holdings.keys.values()]
 
 

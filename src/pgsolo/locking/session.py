@@ -61,7 +61,7 @@ class SessionLockCore(LockCore):
 
     def forget(self) -> None:
         if self.held is not None:
-            holdings.drop(self.held)
+            holdings.drop(self.held, self)
         self.acquired = False
         self.token = None
         self.hold = None
@@ -298,7 +298,8 @@ class SessionLockCore(LockCore):
         conn = driver.connection
         count, hold = holdings.hold_of(conn, key)
         if count > 1:
-            holdings.unclaim(conn, key)
+            if self.held is not None:  # always, for a lock that holds its key
+                holdings.drop(self.held, self)
             self.acquired = False
             events.log(logging.DEBUG, "released", note="re-entrant hold remains")
             return
@@ -361,7 +362,7 @@ class SessionLockCore(LockCore):
             and route is not None
             and route.direct
             and (held := self.held) is not None
-            and held.count == 1  # no other hold of the key: an unlock lets it go
+            and len(held.holders) == 1  # no other hold of the key: an unlock lets it go
             and not driver.is_closed()
             and driver.backend_pid() == self.backend_pid
             and driver.transaction_status() is TxStatus.IDLE

@@ -275,7 +275,7 @@ class XactLockCore(LockCore):
         held here. The books first: a Ctrl-C that cuts this short leaves
         ``opened_transaction`` set, so that ``let_go()`` comes here again."""
         taken = self.held if self.acquired else None
-        holdings.end_transaction(self.driver.connection, self.driver.backend_pid(), taken)
+        holdings.end_transaction(self.driver.connection, self.driver.backend_pid(), self, taken)
         self.opened_transaction = False
         self.transaction_marker = None
 
