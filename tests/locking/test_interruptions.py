@@ -513,6 +513,39 @@ def test_a_callers_statement_left_active_by_ctrl_c_does_not_keep_the_lock(
     assert conn.execute("SELECT 1").fetchone() == (1,)
 
 
+def test_a_locker_lock_interrupted_on_its_way_to_the_lock_exit_lets_it_go(
+    db: str, observer: Any, key: Key, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Guards a Locker's connection keeping a key for good: a Ctrl-C that lands as the
+    Locker's lock calls the lock's own ``__exit__`` (at its first instruction, before the
+    code there that lets go of the lock on an interruption) left it held on the Locker's
+    connection, and on its books, after the block was gone."""
+    real_exit = Lock.__exit__
+    interrupted: list[bool] = []
+
+    def interrupted_once(self: Lock, *exc_info: Any) -> None:
+        if not interrupted:
+            interrupted.append(True)
+            raise KeyboardInterrupt
+        real_exit(self, *exc_info)
+
+    with pgsolo.Locker(db, max_connections=1) as locker:
+
+        def block() -> None:
+            with locker.session_lock(key) as lock:
+                assert lock.acquired
+                assert observer.holders(key) != set()
+
+        monkeypatch.setattr(Lock, "__exit__", interrupted_once)
+        with pytest.raises(KeyboardInterrupt):
+            block()
+        monkeypatch.undo()
+        assert interrupted == [True]
+        assert observer.holders(key) == set()
+        with locker.session_lock(key) as again:  # free on the Locker's books too
+            assert again.acquired
+
+
 def test_a_reentrant_hold_interrupted_as_it_was_claimed_does_not_keep_the_key(
     connect: Connect, observer: Any, key: Key, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -477,17 +477,24 @@ class AsyncLockerLock(InnerLockView):
         tb: TracebackType | None,
     ) -> None:
         lock, session = self._lock, self._session
-        loss_for_cancel = self._undo_cancel(exc)
         if lock is None or session is None:
+            self._undo_cancel(exc)
             return
-        self._unwatch()
-        try:
+        try:  # from its first call: a Ctrl-C anywhere before the lock's own exit lands here
+            loss_for_cancel = self._undo_cancel(exc)
+            self._unwatch()
             await ato_its_end(
                 _alone(session, lambda: lock.__aexit__(exc_type, exc, tb)), RELEASE_BOUND
             )
         except _Retired:
             if exc_type is None:  # the block's own failure is never masked
                 raise self._ended_by_close() from None
+        except BaseException as failure:
+            if not isinstance(failure, Exception) and lock.acquired:
+                # A Ctrl-C on the way to the lock's own __exit__, which lets go of the lock
+                # when one reaches it there: the Locker's connection must not keep it.
+                await ato_its_end(_alone(session, lock._let_go), RELEASE_BOUND)
+            raise
         finally:
             self._settle(lock)
         if loss_for_cancel is not None:
