@@ -14,6 +14,7 @@ says why), and one keeper per connection watches every lock on it that asked for
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -492,8 +493,10 @@ class AsyncLockerLock(InnerLockView):
         except BaseException as failure:
             if not isinstance(failure, Exception) and lock.acquired:
                 # A Ctrl-C on the way to the lock's own __exit__, which lets go of the lock
-                # when one reaches it there: the Locker's connection must not keep it.
-                await ato_its_end(_alone(session, lock._let_go), RELEASE_BOUND)
+                # when one reaches it there: the Locker's connection must not keep it (a
+                # Locker closed meanwhile ended it already).
+                with contextlib.suppress(_Retired):
+                    await ato_its_end(_alone(session, lock._let_go), RELEASE_BOUND)
             raise
         finally:
             self._settle(lock)
