@@ -65,11 +65,6 @@ class Held:
     # whichever Lock lets go of the key last.
     hold: str | None = None
 
-    @property
-    def count(self) -> int:
-        """How many holds of the key the connection has."""
-        return len(self.holders)
-
 
 @dataclass
 class _Holdings:
@@ -158,7 +153,7 @@ def hold_of(conn: object, key: Key) -> tuple[int, str | None]:
     with _HOLDINGS_LOCK:
         holdings = _HOLDINGS.get(conn)
         held = holdings.keys.get(key.value) if holdings else None
-        return (held.count, held.hold) if held else (0, None)
+        return (len(held.holders), held.hold) if held else (0, None)
 
 
 def is_claimed(conn: object, pid: int, key: Key) -> bool:
