@@ -10,7 +10,8 @@ code; one above it is not.
 
 The statements come from :mod:`pgsolo.sql`, so they stay the ones pgsolo sends:
 - a session lock: its try and unlock, prepared on the connection (pgsolo prepares them
-  after the driver's threshold), by name with the key as text parameters;
+  after the driver's threshold), by name with the key as parameters; on asyncpg, run
+  through its protocol as pgsolo runs them (``_asyncpg_private.run_prepared``);
 - a transaction lock: ``BEGIN`` and the try (which refuses a standby) in one simple
   query, then ``COMMIT``; on asyncpg, the try's answer read from the row count of its
   rewrite, as pgsolo reads it there (:func:`pgsolo.sql.truth_by_count`);
@@ -29,6 +30,7 @@ from psycopg import generators, pq
 
 from benchmarks.bench_locks import KEY, NotAcquiredError, Target
 from pgsolo import sql
+from pgsolo.drivers._asyncpg_private import run_prepared
 from pgsolo.keys import as_key
 
 __all__ = ["AsyncPsycopgFloor", "AsyncpgFloor", "PsycopgFloor"]
@@ -131,8 +133,8 @@ class AsyncPsycopgFloor:
 
 
 class AsyncpgFloor:
-    """asyncpg: its own prepared statements for a session lock's calls; its simple query
-    for a transaction lock's two messages."""
+    """asyncpg: its own prepared statements for a session lock's calls, run by its
+    protocol; its simple query for a transaction lock's two messages."""
 
     conn: Any
 
@@ -156,9 +158,10 @@ class AsyncpgFloor:
                 raise NotAcquiredError("the lock was busy")
             await self.conn.execute("COMMIT")
             return
-        if await self._lock.fetchval(*self._key) is not True:
+        conn = self.conn
+        if (await run_prepared(conn, self._lock, self._key))[0][0] is not True:
             raise NotAcquiredError("the lock was busy")
-        await self._unlock.fetchval(*self._key)
+        await run_prepared(conn, self._unlock, self._key)
 
     async def close(self) -> None:
         await self.conn.close()

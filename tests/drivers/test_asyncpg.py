@@ -166,6 +166,27 @@ async def test_a_session_locks_calls_are_prepared_after_a_few_runs_and_survive_a
     assert await _pgsolos_prepared(uncached) == []
 
 
+async def test_a_pooled_connections_prepared_lock_calls_serve_every_checkout(
+    pool: Any, apg: Any, observer: Any, key: Key
+) -> None:
+    """Guards the prepared lock calls across a pool's checkouts of one connection: the
+    server session keeps them, and asyncpg's ``PreparedStatement`` refuses to run once
+    the pool took the connection back (every session lock of a later checkout raised
+    InterfaceError, from the third checkout on)."""
+    from pgsolo.drivers._asyncpg import PREPARE_AFTER  # noqa: PLC0415 - the adapter's
+
+    other = await apg()
+    for _ in range(4):
+        async with pool.acquire() as conn:
+            for _ in range(PREPARE_AFTER + 1):
+                async with pgsolo.session_lock(conn, key) as lock:
+                    assert lock.acquired
+                    async with pgsolo.session_lock(other, key) as busy:
+                        assert not busy.acquired
+                assert observer.holders(key) == set()
+            assert len(await _pgsolos_prepared(conn)) == 2
+
+
 async def test_unsupported_objects_are_refused_by_name(apg: Any, pool: Any) -> None:
     record = await (await apg()).fetchrow("SELECT 1 AS a")
     with pytest.raises(UnsupportedConnectionError, match=r"supported|takes"):

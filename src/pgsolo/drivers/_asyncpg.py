@@ -376,12 +376,12 @@ async def _lock_call(conn: Any, call: sql.LockCall, caches_statements: bool) -> 
                 how, statement = prepared.made(conn, form.name, None, made)
         if how is prepared.BY_NAME:
             try:
-                value = await statement.fetchval(*form.values)
+                rows = await private.run_prepared(conn, statement, form.values)
             except asyncpg.PostgresError as exc:
                 if not prepared.forget(conn, _sqlstate(exc)):
                     raise
             else:
-                return "SELECT 1", value
+                return "SELECT 1", rows[0][0]
     tag = str(await conn.execute(sql.truth_by_count(call)))
     return tag, sql.TRUTH_BY_COUNT[int(tag.rpartition(" ")[2])]
 

@@ -20,6 +20,9 @@ release is checked against this module before the upper bound moves.
 - :func:`caches_statements`: whether the caller left asyncpg's statement cache on (off,
   ``statement_cache_size=0``, says prepared statements would not survive the way to the
   server: a transaction-pooling proxy), which pgsolo's own prepared lock calls follow.
+- :func:`run_prepared`: a prepared statement's run by the protocol, which works in
+  every checkout of a pooled connection (``PreparedStatement`` refuses one made in an
+  earlier checkout) and costs a lock and unlock 4 µs less.
 - :func:`cancel_statement`: asyncpg's own cancel request, with a future that says when it
   was delivered (the public way, ``asyncio`` cancellation, may close the connection).
 """
@@ -27,7 +30,7 @@ release is checked against this module before the upper bound moves.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 __all__ = [
@@ -40,6 +43,7 @@ __all__ = [
     "parameters",
     "queries_sent",
     "releases",
+    "run_prepared",
 ]
 
 
@@ -82,6 +86,20 @@ def cancel_statement(conn: Any, delivered: asyncio.Future[None]) -> None:
     """Ask the server to cancel the running statement; ``delivered`` is done once the
     request has been sent."""
     conn._cancel_current_command(delivered)
+
+
+def run_prepared(conn: Any, statement: Any, args: Sequence[object]) -> Awaitable[list[Any]]:
+    """Run ``statement`` (a ``PreparedStatement`` of ``conn``) with ``args``; its rows.
+
+    The protocol's own call, as ``fetchval()`` makes it under three coroutines of its
+    own, less what pgsolo must not inherit: ``fetchval()`` refuses a statement prepared
+    before the pool last took ``conn`` back, while the server session, which has the
+    statement, is the same (pgsolo's lock calls are prepared once per session). What
+    ``conn.fetchval()`` checks first, that ``conn`` is open, is checked here too."""
+    conn._check_open()
+    return conn._protocol.bind_execute(  # type: ignore[no-any-return]
+        statement._state, args, "", 1, False, None
+    )
 
 
 def caches_statements(conn: Any) -> bool:
