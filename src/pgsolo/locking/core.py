@@ -63,6 +63,8 @@ class LockCore(ABC):
         self.token: int | None = None  # the fencing token of this acquisition
         self.lost: LockLostError | None = None  # set by the keeper
         self.held: holdings.Held | None = None  # the key on the books, once claimed
+        self.started = 0.0  # when the quick acquisition (or a session lock's release) began
+        self.claimed_on = 0  # the backend pid the quick acquisition claimed the key on
 
     @property
     def server_pid(self) -> int | None:

@@ -211,19 +211,16 @@ def end_transaction(conn: object, pid: int, holder: object, taken: Held | None) 
         holdings.transaction_owner = None
 
 
-def _drop(held: Held, holder: object) -> int:
-    """Drop ``holder``'s hold, if it has one; how many holds remain. A drop that an
-    interruption (a Ctrl-C lands at any line) cut short is finished by the holder's next,
-    and once no one holds the key it goes off the books (whoever kept the Held is free to
-    go: it no longer refers to them)."""
+def _drop(held: Held, holder: object) -> None:
+    """Drop ``holder``'s hold, if it has one. A drop that an interruption (a Ctrl-C lands
+    at any line) cut short is finished by the holder's next, and once no one holds the key
+    it goes off the books (whoever kept the Held is free to go: it no longer refers to
+    them)."""
     holders = held.holders
     if holder in holders:
         holders.remove(holder)
-    if holders:
-        return len(holders)
-    if held.books.keys.get(held.key.value) is held:
+    if not holders and held.books.keys.get(held.key.value) is held:
         del held.books.keys[held.key.value]
-    return 0
 
 
 def forget_all(conn: object) -> list[Key]:

@@ -43,8 +43,6 @@ class SessionLockCore(LockCore):
         # A quick acquisition (quick_acquisition) sent its statement and has not taken
         # the answer yet: whatever cuts it short asks the server (let_go).
         self.quick_claim = False
-        self.started = 0.0  # when the quick acquisition or release began
-        self.claimed_on = 0  # the backend pid the quick acquisition claimed the key on
 
     @property
     def server_pid(self) -> int | None:

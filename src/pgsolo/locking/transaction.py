@@ -46,8 +46,6 @@ class XactLockCore(LockCore):
         # verify_commit: commit pgsolo's own transaction only if it is still the one that
         # took the lock (the work may have committed it and begun another).
         self.transaction_marker: str | None = None
-        self.started = 0.0  # when the quick acquisition began
-        self.claimed_on = 0  # the backend pid the quick acquisition claimed the key on
         # A quick acquisition's wait: when it ends (time.monotonic()), and whether its first
         # slice was the last (always, for a try). Numbers, not the slices' generator: one
         # that outlived its acquisition would be closed whenever the lock died.
