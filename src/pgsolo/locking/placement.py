@@ -11,6 +11,7 @@ proxy, the lock's hold); sending them and reading the answers is the lock core's
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from .. import sql
@@ -22,6 +23,8 @@ if TYPE_CHECKING:
 __all__ = [
     "in_savepoint",
     "outside_transaction",
+    "quick_try",
+    "quick_unlock",
     "release_failed_hold",
     "release_hold",
     "session_acquisition",
@@ -42,6 +45,48 @@ def outside_transaction(
     if driver.begins_implicitly and (status or driver.transaction_status()) is TxStatus.IDLE:
         return [*statements, sql.COMMIT]
     return statements
+
+
+# The common case's statements, by the plain values they are made of: a lock of a key is
+# taken again and again, and a lookup by them costs a third of building the statements
+# again through sql's caches, which hash a Key by a call of Python. Emptied when full:
+# a process that locks ever new keys (a tenant's id) must not keep them all.
+_QUICK: dict[tuple[object, ...], tuple[str, ...]] = {}
+_QUICK_MAX = 4096
+
+
+def quick_try(driver: DriverBase, spec: LockSpec) -> Sequence[str]:
+    """The try of ``spec`` (a try: ``wait_ms`` is None) on a connection with no
+    transaction open, for a session lock whose route goes straight to the server, or a
+    transaction lock after what opens pgsolo's own transaction: what
+    :func:`session_acquisition` and :func:`xact_acquisition` build then."""
+    implicit = spec.lifetime == "session" and driver.begins_implicitly
+    shape = (spec.key.value, spec.lifetime, spec.shared, spec.fencing, implicit)
+    statements = _QUICK.get(shape)
+    if statements is None:
+        statements = (_acquire(spec), sql.COMMIT) if implicit else (_acquire(spec),)
+        _remember(shape, statements)
+    return statements
+
+
+def quick_unlock(driver: DriverBase, spec: LockSpec) -> Sequence[str]:
+    """The unlock of a session lock on a connection with no transaction open, whose
+    route goes straight to the server."""
+    implicit = driver.begins_implicitly
+    shape = (spec.key.value, "unlock", spec.shared, implicit)
+    statements = _QUICK.get(shape)
+    if statements is None:
+        statements = tuple(
+            outside_transaction(driver, [unlock_statement(spec, None)], TxStatus.IDLE)
+        )
+        _remember(shape, statements)
+    return statements
+
+
+def _remember(shape: tuple[object, ...], statements: tuple[str, ...]) -> None:
+    if len(_QUICK) >= _QUICK_MAX:
+        _QUICK.clear()
+    _QUICK[shape] = statements
 
 
 def in_savepoint(driver: DriverBase, status: TxStatus, statements: list[str]) -> list[str]:

@@ -69,7 +69,7 @@ ROLLBACK: Final = Own([], "rollback")
 Step = Sequence[str] | Work | Elsewhere | Wait | Own
 Plan = Generator[Step, object, T]
 
-Quick = tuple[list[str], Edge | None, float]
+Quick = tuple[Sequence[str], Edge | None, float]
 """A round trip of a lock's common case, which the shell sends itself, without a plan:
 its statements, the edge of pgsolo's own transaction they are at, if any, and the seconds
 they may wait for a lock on the server (as for :class:`Own`). A tuple, not a class of

@@ -181,8 +181,7 @@ class SessionLockCore(LockCore):
         self.quick_claim = True
         self.claimed_on = pid
         self.started = time.perf_counter()
-        statements = placement.session_acquisition(self.driver, self.spec, status, None, None, None)
-        return statements, None, 0.0
+        return placement.quick_try(self.driver, self.spec), None, 0.0
 
     def quick_answer(self, value: object) -> bool:
         if self._busy(value):
@@ -366,8 +365,7 @@ class SessionLockCore(LockCore):
             and driver.transaction_status() is TxStatus.IDLE
         ):
             self.started = time.perf_counter()
-            unlock = [unlock_statement(self.spec, None)]
-            return placement.outside_transaction(driver, unlock, TxStatus.IDLE), None, 0.0
+            return placement.quick_unlock(driver, self.spec), None, 0.0
         return self.exit(failed=False) if exiting else self.release()
 
     def quick_released(self, value: object) -> None:
