@@ -103,6 +103,7 @@ PROBE_CONNECT_TIMEOUT = 10.0
 PROBE_ANSWER_TIMEOUT = 30.0
 
 _SETTLE_SECONDS = 5.0
+Rows = Sequence[Sequence[object]]
 # How many times a lock call runs as written on a connection before pgsolo prepares it
 # there: psycopg's default prepare_threshold (asyncpg has no such setting), so that a
 # connection that takes a lock once, `pgsolo run`'s, never pays the Parse round trip.
@@ -153,8 +154,6 @@ class AsyncpgDriver:
     def __init__(self, conn: Any) -> None:
         self._conn = conn
         self._checkout = _checkout_of(conn)
-        # Fixed when the connection was made (statement_cache_size=): read once per driver.
-        self._caches_statements = private.caches_statements(conn)
         # What pgsolo tracks held locks by: this checkout of the connection (an attribute,
         # not a property, since every lock reads it a few times).
         self.connection: object = self._checkout
@@ -237,15 +236,21 @@ class AsyncpgDriver:
         # open, once in a thousand interruptions); it may wait for a lock, and asyncpg asks
         # the server once to cancel it; it may read a COPY, whose waiter asyncpg's protocol
         # can break.
+        call = sent[0] if not wait and len(sent) == 1 else None
         try:
-            if not wait and len(sent) == 1 and type(call := sent[0]) is sql.LockCall:
-                tag, value = await _lock_call(self._conn, call, self._caches_statements)
+            if type(call) is sql.LockCall:
+                rows = await _lock_call(self._conn, call, self._checkout.caches_statements)
+                tag, value = "", rows[0][0]
             else:
                 tag, value = await _shielded(self._conn, _exchange_once(self._conn, sent))
         except asyncio.CancelledError:
             await self._find_out_if_aborted()
             raise
         except asyncpg.PostgresError as exc:
+            if type(call) is sql.LockCall and prepared.forget(self._conn, _sqlstate(exc)):
+                # The caller dropped pgsolo's prepared statements (DISCARD ALL), which
+                # aborted nothing outside a transaction: sent again, as written.
+                return await self.fetch_value(statements, wait, edge)
             # An error inside a transaction block aborts it. A connection asyncpg aborted
             # meanwhile (pool.release() of it, a timeout) has no protocol left to ask.
             in_transaction = not self.is_closed() and self._conn.is_in_transaction()
@@ -338,10 +343,12 @@ class Checkout:
     ``pg_advisory_unlock_all()``, so what an earlier checkout held is gone: the next one
     starts with clean books, and a lock of the earlier one can no longer touch them."""
 
-    __slots__ = ("__weakref__", "number")
+    __slots__ = ("__weakref__", "caches_statements", "number")
 
-    def __init__(self, number: int) -> None:
+    def __init__(self, number: int, caches_statements: bool) -> None:
         self.number = number
+        # Fixed when the connection was made (statement_cache_size=): read once.
+        self.caches_statements = caches_statements
 
 
 _CHECKOUTS: IdentityWeakMap[Any, Checkout] = IdentityWeakMap()
@@ -351,39 +358,49 @@ def _checkout_of(conn: Any) -> Checkout:
     number = private.releases(conn)  # asyncpg counts releases
     checkout = _CHECKOUTS.get(conn)
     if checkout is None or checkout.number != number:
-        checkout = _CHECKOUTS[conn] = Checkout(number)
+        checkout = _CHECKOUTS[conn] = Checkout(number, private.caches_statements(conn))
     return checkout
 
 
-async def _lock_call(conn: Any, call: sql.LockCall, caches_statements: bool) -> tuple[str, object]:
-    """A lock call alone, which changes no transaction and ends on the server at once: a
-    cancellation is asyncpg's to handle (it asks the server to cancel the statement, and
-    its next operation waits until the server answered: pgsolo's recovery then finds out
-    what the call did). Outside a transaction, once it ran :data:`PREPARE_AFTER` times
-    on the connection, it is prepared there (:mod:`pgsolo.drivers.prepared`) unless the
-    caller turned asyncpg's statement cache off (``caches_statements`` False:
-    ``statement_cache_size=0``, as behind a transaction-pooling proxy)."""
-    form = call.prepared
+def _lock_call(conn: Any, call: sql.LockCall, caches_statements: bool) -> Awaitable[Rows]:
+    """A lock call alone, which changes no transaction and ends on the server at once; the
+    rows it answers (one, of one value). A cancellation is asyncpg's to handle (it asks
+    the server to cancel the statement, and its next operation waits until the server
+    answered: pgsolo's recovery then finds out what the call did). Outside a transaction,
+    once it ran :data:`PREPARE_AFTER` times on the connection, it is prepared there
+    (:mod:`pgsolo.drivers.prepared`) unless the caller turned asyncpg's statement cache
+    off (``caches_statements`` False: ``statement_cache_size=0``, as behind a
+    transaction-pooling proxy). Prepared, it is asyncpg's own round trip, awaited with no
+    coroutine of pgsolo's around it; if the session no longer has it, the caller
+    (:meth:`AsyncpgDriver.fetch_value`) sends it again."""
     if caches_statements and not conn.is_in_transaction():
-        statement: Any
+        form = call.prepared
         how, statement = prepared.how(conn, form.name, PREPARE_AFTER)
-        if how is prepared.PREPARE:
-            try:
-                made = await conn.prepare(form.template.decode("ascii"))
-            except asyncpg.PostgresError as exc:
-                how, statement = prepared.made(conn, form.name, _sqlstate(exc))
-            else:
-                how, statement = prepared.made(conn, form.name, None, made)
         if how is prepared.BY_NAME:
-            try:
-                rows = await private.run_prepared(conn, statement, form.values)
-            except asyncpg.PostgresError as exc:
-                if not prepared.forget(conn, _sqlstate(exc)):
-                    raise
-            else:
-                return "SELECT 1", rows[0][0]
+            return private.run_prepared(conn, statement, form.values)
+        if how is prepared.PREPARE:
+            return _prepared_call(conn, call)
+    return _call_as_written(conn, call)
+
+
+async def _prepared_call(conn: Any, call: sql.LockCall) -> Rows:
+    """Prepare ``call`` on the session, then run it by name (as written if that failed)."""
+    form = call.prepared
+    try:
+        made = await conn.prepare(form.template.decode("ascii"))
+    except asyncpg.PostgresError as exc:
+        how, statement = prepared.made(conn, form.name, _sqlstate(exc))
+    else:
+        how, statement = prepared.made(conn, form.name, None, made)
+    if how is prepared.BY_NAME:
+        return await private.run_prepared(conn, statement, form.values)
+    return await _call_as_written(conn, call)
+
+
+async def _call_as_written(conn: Any, call: sql.LockCall) -> Rows:
+    """``call`` as a simple query, its answer read from the row count of its rewrite."""
     tag = str(await conn.execute(sql.truth_by_count(call)))
-    return tag, sql.TRUTH_BY_COUNT[int(tag.rpartition(" ")[2])]
+    return [(sql.TRUTH_BY_COUNT[int(tag.rpartition(" ")[2])],)]
 
 
 async def _shielded(conn: Any, exchange: Awaitable[T]) -> T:
