@@ -434,6 +434,8 @@ def dropped(
     """Whether a run by name failed (``results``) because the session no longer has the
     statement: the caller dropped all of them. They are forgotten, to be prepared again,
     and the call goes as written."""
+    if results and results[-1].status == _TUPLES_OK:  # the common case: it answered
+        return False
     failure = failure_of(results)
     return failure is not None and prepared.forget(conn, failure)
 

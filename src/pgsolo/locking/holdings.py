@@ -46,7 +46,7 @@ __all__ = [
 ]
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Held:
     """One key on the books of one connection. A lock that claimed it keeps it, and
     confirms and drops it here without looking its connection up again (every lock
