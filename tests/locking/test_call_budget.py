@@ -44,31 +44,31 @@ RECORD = Path(__file__).with_name("call_budget.json")
 # around nothing, on a connection with no transaction open (the first lock on a
 # connection checks its route once, outside the budget), and one run_job. A psycopg session
 # lock's budget includes the calls that choose and send its prepared statements
-# (drivers/prepared.py): 10 calls that save the server 30 µs per lock and unlock. An
+# (drivers/prepared.py): 8 calls that save the server 30 µs per lock and unlock. An
 # asyncpg session lock runs its prepared calls through asyncpg's protocol, written in C
 # (_asyncpg_private.run_prepared): the 4 calls the protocol makes into asyncio from there
 # (a future, a transport's write, for each call) count as pgsolo's, since their caller's
 # frame is pgsolo's; they replace 20 of asyncpg's own, 4 µs per lock and unlock.
 BUDGETS: dict[str, int] = {
-    "psycopg/session": 75,
-    "psycopg/xact": 68,
-    "psycopg-implicit/session": 73,
-    "psycopg2-autocommit/session": 72,
-    "psycopg2-autocommit/xact": 70,
-    "pg8000-autocommit/session": 98,
-    "pg8000-autocommit/xact": 95,
-    "sqlalchemy-psycopg/session": 148,
-    "sqlalchemy-psycopg/xact": 101,
-    "django/session": 100,
-    "django/xact": 90,
-    "psycopg-async/session": 95,
-    "psycopg-async/xact": 89,
-    "asyncpg/session": 77,
-    "asyncpg/xact": 79,
-    "sqlalchemy-async-psycopg/session": 178,
-    "sqlalchemy-async-psycopg/xact": 111,
-    "psycopg/run_job": 107,
-    "psycopg-async/run_job": 128,
+    "psycopg/session": 68,
+    "psycopg/xact": 66,
+    "psycopg-implicit/session": 68,
+    "psycopg2-autocommit/session": 67,
+    "psycopg2-autocommit/xact": 68,
+    "pg8000-autocommit/session": 93,
+    "pg8000-autocommit/xact": 93,
+    "sqlalchemy-psycopg/session": 141,
+    "sqlalchemy-psycopg/xact": 99,
+    "django/session": 95,
+    "django/xact": 88,
+    "psycopg-async/session": 88,
+    "psycopg-async/xact": 87,
+    "asyncpg/session": 67,
+    "asyncpg/xact": 73,
+    "sqlalchemy-async-psycopg/session": 171,
+    "sqlalchemy-async-psycopg/xact": 109,
+    "psycopg/run_job": 105,
+    "psycopg-async/run_job": 126,
 }
 
 _SYNC = {kind.name: kind for kind in SYNC_KINDS}
