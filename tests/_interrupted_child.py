@@ -11,7 +11,8 @@ Usage: ``python _interrupted_child.py DSN DRIVER KEY_A KEY_B`` (DRIVER: ``psycop
   wait): print ``going PID``
   (the backend's pid), then loop FORM until interrupted, and print one JSON report:
   whether the connection is idle (no transaction left open) and still answers
-  ``SELECT 1``, and the locks pgsolo's books say it holds. The ``acquire`` form's
+  ``SELECT 1``, the locks pgsolo's books say it holds, and whether they say a
+  transaction pgsolo opened there has an owner. The ``acquire`` form's
   handler does what the docs ask of a caller: release the lock if ``lock.acquired``
   says it is held.
 - then the test looks at ``pg_locks`` from its own session, and answers ``next`` (keep
@@ -34,6 +35,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pgsolo
+from pgsolo.drivers import adapt
+from pgsolo.locking import holdings
 
 WAIT = 5.0  # every form waits (the key is this child's alone, so it never has to)...
 TRY = "try-"  # ...but these, which try once: the shells' own path (a try always succeeds)
@@ -66,11 +69,20 @@ def report(
                 "idle": idle,
                 "usable": usable,
                 "tracked": [k.text for k in pgsolo.held_session_locks(conn)],
+                "owned": owned(conn),
                 "error": None if error is None else repr(error),
             }
         ),
         flush=True,
     )
+
+
+def owned(conn: Any) -> bool:
+    """Whether pgsolo's books say a thread or task owns a transaction pgsolo opened on
+    ``conn``: with none open, an owner left there refuses every other thread's
+    transaction lock in its own transaction on this connection."""
+    driver = adapt(conn)
+    return holdings.transaction_owner(driver.connection, driver.backend_pid()) is not None
 
 
 def raised_at(exc: BaseException) -> str:

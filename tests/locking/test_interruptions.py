@@ -13,6 +13,7 @@ import json
 import os
 import random
 import signal
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -42,6 +43,7 @@ from pgsolo import (
 )
 from pgsolo.drivers._sync.psycopg_driver import PsycopgDriver
 from pgsolo.locking import holdings
+from pgsolo.locking.transaction import XactLockCore
 from pgsolo.sql import hold_savepoint, lock_function
 
 INERROR = psycopg.pq.TransactionStatus.INERROR
@@ -377,6 +379,46 @@ def test_second_interruption_during_acquire_cleanup_leaves_no_stale_claim(
     assert pgsolo.held_session_locks(conn) == []
 
 
+def test_a_transaction_lock_interrupted_as_it_opens_its_transaction_leaves_no_owner(
+    connect: Connect, observer: Any, key: Key, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression guard for the claim that makes a thread the owner of the transaction
+    pgsolo opens (one step, holdings.claim): a Ctrl-C as ``with xact_lock(...)`` marks
+    that transaction as pgsolo's, before anything is sent, must not leave this thread the
+    owner of a transaction that never opened, which would refuse every other thread's
+    transaction lock in its own transaction on this connection."""
+    conn = connect()
+    real_opening = XactLockCore._opening
+    calls = iter([True])
+
+    def interrupted_opening(core: XactLockCore, status: Any, *, owns: bool) -> list[str] | None:
+        if next(calls, False):
+            raise KeyboardInterrupt
+        return real_opening(core, status, owns=owns)
+
+    monkeypatch.setattr(XactLockCore, "_opening", interrupted_opening)
+    with pytest.raises(KeyboardInterrupt), pgsolo.xact_lock(conn, key):
+        pytest.fail("the block ran")
+    monkeypatch.undo()
+    assert conn.info.transaction_status is IDLE
+    assert observer.holders(key) == set()
+
+    refusals: list[BaseException] = []
+
+    def another_thread() -> None:
+        with conn.transaction():
+            try:
+                assert pgsolo.xact_lock(conn, key).acquire() is True
+            except BaseException as exc:
+                refusals.append(exc)
+
+    thread = threading.Thread(target=another_thread)
+    thread.start()
+    thread.join(30)
+    assert refusals == []
+    assert observer.holders(key) == set()  # the other thread's transaction ended
+
+
 # - Ctrl-C at random moments -
 
 INTERRUPTED_CHILD = Path(_interrupted_child.__file__).read_text(encoding="utf-8")
@@ -428,8 +470,9 @@ def test_ctrl_c_at_random_moments_leaves_nothing_behind(
     xact_lock(...)``, each waiting and as a try, which the shells send without a plan;
     ``run_job`` with a session lock, waiting and as a try, and with a transaction lock;
     ``run_once``), hundreds of times: once its handler has run, its backend holds no
-    advisory lock (pg_locks, seen from another session), pgsolo's books hold nothing, and
-    its connection is idle and answers ``SELECT 1``. Guards the windows in pgsolo's own
+    advisory lock (pg_locks, seen from another session), pgsolo's books hold nothing (no
+    key, no owner of a transaction pgsolo opened), and its connection is idle and answers
+    ``SELECT 1``. Guards the windows in pgsolo's own
     code after the server granted the lock and before its state said so (logging,
     metrics, the holdings book, the drive loop, the shells), a claim left pending, a job's
     transaction lock left on the books by a Ctrl-C as it let go after its COMMIT,
@@ -468,6 +511,7 @@ def test_ctrl_c_at_random_moments_leaves_nothing_behind(
                     ("unusable", report["usable"] is not True and not report["closed"]),
                     ("closed", report["closed"]),
                     ("still tracked", report["tracked"]),
+                    ("transaction owner left", report["owned"] and report["idle"]),
                     ("error", report["error"] and not report["closed"]),
                 ]
                 if seen

@@ -97,10 +97,13 @@ def claim(
     reentrant: bool,
     claimant: object,
     lifetime: Lifetime = "session",
+    owner: tuple[int, int] | None = None,
 ) -> tuple[Claim, Route | None, Held | None]:
     """Claim ``key`` on ``conn`` (as it is on backend ``pid``); with the claim, what
     answers the connection, if that was found before (:func:`set_route`), and the key's
-    :class:`Held` unless it is busy."""
+    :class:`Held` unless it is busy. A new claim with an ``owner`` (:func:`context_token`)
+    makes it the owner of the transaction pgsolo opens on ``conn`` too, in the same step
+    (:func:`set_transaction_owner`)."""
     with _HOLDINGS_LOCK:
         holdings = _HOLDINGS.get(conn)
         if holdings is None or holdings.pid != pid:
@@ -109,6 +112,8 @@ def claim(
         if held is None:
             held = Held(key, shared, [claimant], True, holdings, lifetime=lifetime)
             holdings.keys[key.value] = held
+            if owner is not None:
+                holdings.transaction_owner = owner
             return "new", holdings.route, held
         if reentrant and (held.lifetime, held.shared) == (lifetime, shared) and not held.pending:
             held.holders.append(claimant)  # one step: on the books as the claimant's, or not

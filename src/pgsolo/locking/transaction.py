@@ -382,14 +382,23 @@ class XactLockCore(LockCore):
         if not self._opens_own(status, context=context):
             return self._acquire(context=context)
         conn, pid = driver.connection, driver.backend_pid()
-        claim, _, self.held = holdings.claim(
-            conn, pid, spec.key, shared=spec.shared, reentrant=False, claimant=self, lifetime="xact"
-        )
-        if claim != "new":
-            return self._acquire(context=context)  # which says it is busy here
-        # From here on, whatever cuts the acquisition short ends it in let_go().
+        # Marked as pgsolo's own first: whatever cuts the acquisition short from here on
+        # ends it in let_go(), which lets go of the claim and its ownership together.
         opening = self._opening(status, owns=True) or []
-        holdings.set_transaction_owner(conn, pid, holdings.context_token())
+        claim, _, self.held = holdings.claim(
+            conn,
+            pid,
+            spec.key,
+            shared=spec.shared,
+            reentrant=False,
+            claimant=self,
+            lifetime="xact",
+            owner=holdings.context_token(),
+        )
+        if claim != "new":  # on this connection's books already: nothing was opened yet
+            self.opened_transaction = False
+            self.transaction_marker = None
+            return self._acquire(context=context)  # which says it is busy here
         self.claimed_on = pid
         self.started = time.perf_counter()
         if spec.wait_ms is None:
