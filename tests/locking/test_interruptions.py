@@ -415,6 +415,7 @@ def test_a_transaction_lock_interrupted_as_it_opens_its_transaction_leaves_no_ow
     thread = threading.Thread(target=another_thread)
     thread.start()
     thread.join(30)
+    assert not thread.is_alive()
     assert refusals == []
     assert observer.holders(key) == set()  # the other thread's transaction ended
 

@@ -60,11 +60,17 @@ def quick_try(driver: DriverBase, spec: LockSpec) -> Sequence[str]:
     transaction open, for a session lock whose route goes straight to the server, or a
     transaction lock after what opens pgsolo's own transaction: what
     :func:`session_acquisition` and :func:`xact_acquisition` build then."""
-    implicit = spec.lifetime == "session" and driver.begins_implicitly
+    session = spec.lifetime == "session"
+    implicit = session and driver.begins_implicitly
     shape = (spec.key.value, spec.lifetime, spec.shared, spec.fencing, implicit)
     statements = _QUICK.get(shape)
     if statements is None:
-        statements = (_acquire(spec), sql.COMMIT) if implicit else (_acquire(spec),)
+        built = (
+            session_acquisition(driver, spec, TxStatus.IDLE, None, None, None)
+            if session
+            else xact_acquisition(spec, None, in_callers_transaction=False)
+        )
+        statements = tuple(built)
         _remember(shape, statements)
     return statements
 
