@@ -55,20 +55,24 @@ _QUICK: dict[tuple[object, ...], tuple[str, ...]] = {}
 _QUICK_MAX = 4096
 
 
-def quick_try(driver: DriverBase, spec: LockSpec) -> Sequence[str]:
-    """The try of ``spec`` (a try: ``wait_ms`` is None) on a connection with no
-    transaction open, for a session lock whose route goes straight to the server, or a
-    transaction lock after what opens pgsolo's own transaction: what
-    :func:`session_acquisition` and :func:`xact_acquisition` build then."""
+def quick_try(
+    driver: DriverBase, spec: LockSpec, lock_timeout_ms: int | None = None
+) -> Sequence[str]:
+    """The try of ``spec`` (or the slice of its wait that waits up to
+    ``lock_timeout_ms``) on a connection with no transaction open, for a session lock
+    whose route goes straight to the server, or a transaction lock after what opens
+    pgsolo's own transaction: what :func:`session_acquisition` and
+    :func:`xact_acquisition` build then. A wait of 2 s or more always begins with a
+    slice of the same length, so its first slice is as common as a try."""
     session = spec.lifetime == "session"
     implicit = session and driver.begins_implicitly
-    shape = (spec.key.value, spec.lifetime, spec.shared, spec.fencing, implicit)
+    shape = (spec.key.value, spec.lifetime, spec.shared, spec.fencing, implicit, lock_timeout_ms)
     statements = _QUICK.get(shape)
     if statements is None:
         built = (
-            session_acquisition(driver, spec, TxStatus.IDLE, None, None, None)
+            session_acquisition(driver, spec, TxStatus.IDLE, None, None, lock_timeout_ms)
             if session
-            else xact_acquisition(spec, None, in_callers_transaction=False)
+            else xact_acquisition(spec, lock_timeout_ms, in_callers_transaction=False)
         )
         statements = tuple(built)
         _remember(shape, statements)

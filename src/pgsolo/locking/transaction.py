@@ -405,7 +405,7 @@ class XactLockCore(LockCore):
             return [*opening, *placement.quick_try(self.driver, spec)], "begin", 0.0
         # A wait: its first slice here; if that runs out, the others are quick_failed's.
         lock_timeout, self.last_slice, self.deadline = waits.first_slice(spec.wait_ms)
-        acquisition = placement.xact_acquisition(spec, lock_timeout, in_callers_transaction=False)
+        acquisition = placement.quick_try(driver, spec, lock_timeout)
         return [*opening, *acquisition], "begin", lock_timeout / 1000
 
     def quick_answer(self, value: object) -> bool:
