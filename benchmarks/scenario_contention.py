@@ -12,12 +12,21 @@ pgsolo (``run_job(..., wait=...)``, a transaction-level job, and the bare
 ``with xact_lock(conn, key, wait=...)``) is compared with the article's recipe written
 by hand with a waiting lock (``BEGIN``; ``pg_advisory_xact_lock``; the work;
 ``COMMIT``), under the same contention.
+
+Each also has its floor, as in ``paired.py`` (``benchmarks/floor.py``): pgsolo's own
+messages sent by hand through psycopg's lowest-cost path (libpq's message, read by
+psycopg's generator), with nothing of pgsolo's around them. For the job, the marker of its
+transaction with the lock, and the marker's check before the COMMIT. The statements come
+from :mod:`pgsolo.sql`, so they stay the ones pgsolo sends. Floor ÷ recipe is what the
+messages, psycopg and the server cost under this contention; pgsolo ÷ floor is pgsolo's
+own Python, which 16 threads of one interpreter pay for together.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import random
+import secrets
 import statistics
 import threading
 import time
@@ -26,15 +35,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+from psycopg import generators
 
 import pgsolo
 from benchmarks.intervals import OVERLAP_ERRORS, interval_table
 from benchmarks.registry import Context, Goal, Ratio, Row, scenario
+from pgsolo import sql
+from pgsolo.keys import as_key
 
 WORKERS = 16
 KEYS = 4
 NAMESPACE = 42
 FIRST_RESOURCE = 3000  # keys (42, 3000) .. (42, 3003)
+WARM_SLOT = KEYS  # each worker's warm-up, before the clock: (42, 3004), not counted
 WAIT_S = 60.0
 JOIN_TIMEOUT_S = 300.0
 TABLE = "pgsolo_bench_intervals"
@@ -87,6 +100,47 @@ def _with_recipe(conn: psycopg.Connection[Any], slot: int) -> str:
     return "completed"
 
 
+_ANSWERED = (psycopg.pq.ExecStatus.TUPLES_OK, psycopg.pq.ExecStatus.COMMAND_OK)
+_WAIT_SLICE_MS = 2000  # the first slice of a wait of WAIT_S (pgsolo.locking.waits)
+_WAITS = [
+    sql.xact_wait(
+        as_key((NAMESPACE, FIRST_RESOURCE + slot)), _WAIT_SLICE_MS, shared=False, fencing=False
+    )
+    for slot in range(KEYS + 1)
+]
+
+
+def _send(conn: psycopg.Connection[Any], statements: list[str]) -> None:
+    """One simple-query message, as pgsolo sends it on a bare psycopg connection."""
+    conn.pgconn.send_query("; ".join(statements).encode("ascii"))
+    last = conn.wait(generators.execute(conn.pgconn))[-1]
+    if last.status not in _ANSWERED:
+        raise RuntimeError(f"the floor's message failed: {last.error_message!r}")
+
+
+def _floor_xact_lock(conn: psycopg.Connection[Any], slot: int) -> str:
+    _send(conn, [sql.BEGIN, _WAITS[slot]])
+    try:
+        _work(conn, slot)
+    except OVERLAP_ERRORS:
+        _send(conn, [sql.ROLLBACK])
+        return "overlap"
+    _send(conn, [sql.COMMIT])
+    return "completed"
+
+
+def _floor_run_job(conn: psycopg.Connection[Any], slot: int) -> str:
+    marker = secrets.token_hex(8)
+    _send(conn, [sql.BEGIN, sql.mark_transaction(marker), _WAITS[slot]])
+    try:
+        _work(conn, slot)
+    except OVERLAP_ERRORS:
+        _send(conn, [sql.ROLLBACK])
+        return "overlap"
+    _send(conn, [*sql.same_transaction(marker), sql.COMMIT])
+    return "completed"
+
+
 def _without_lock(conn: psycopg.Connection[Any], slot: int) -> str:
     try:
         _work(conn, slot)
@@ -99,6 +153,8 @@ DESIGNS: dict[str, Callable[[psycopg.Connection[Any], int], str]] = {
     "pgsolo run_job": _with_pgsolo,
     "pgsolo xact_lock": _with_xact_lock,
     "recipe": _with_recipe,
+    "floor run_job": _floor_run_job,
+    "floor xact_lock": _floor_xact_lock,
     "no lock (control)": _without_lock,
 }
 
@@ -115,7 +171,11 @@ def _worker(conninfo: str, design: str, seed: int, attempts: int, barrier: Any) 
     rng = random.Random(seed)
     outcomes: dict[str, int] = {}
     with psycopg.connect(conninfo, autocommit=True) as conn:
-        conn.execute(START)  # connected and warm before the clock starts
+        # Connected and warm before the clock starts: one attempt on a key of its own,
+        # not counted. The clock times acquisitions, not what a process or a connection
+        # does once (pgsolo's first lock imports prometheus_client, and its first on a
+        # connection checks where it goes).
+        attempt(conn, WARM_SLOT)
         barrier.wait(JOIN_TIMEOUT_S)
         started = time.monotonic_ns()
         for _ in range(attempts):
@@ -187,11 +247,12 @@ def _summary(tallies: list[Tally]) -> tuple[float, dict[str, int]]:
 
 
 def _count_rows(conn: psycopg.Connection[Any]) -> int:
-    row = conn.execute(f"SELECT count(*) FROM {TABLE}").fetchone()
+    row = conn.execute(f"SELECT count(*) FROM {TABLE} WHERE slot < {KEYS}").fetchone()
     return int(row[0]) if row else 0
 
 
-LOCKED = ["pgsolo run_job", "pgsolo xact_lock", "recipe"]
+LOCKED = ["pgsolo run_job", "pgsolo xact_lock", "recipe", "floor run_job", "floor xact_lock"]
+_FLOORS = {"pgsolo run_job": "floor run_job", "pgsolo xact_lock": "floor xact_lock"}
 # Time per acquisition over the recipe's, 16 threads of one process (the performance
 # issue's goals): a job keeps a ledger row, so it may cost more than a bare lock.
 THREAD_GOALS = {"pgsolo run_job": Goal("<=", 1.30), "pgsolo xact_lock": Goal("<=", 1.10)}
@@ -251,8 +312,9 @@ def _row(
     ours: str,
     goal: Goal | None,
 ) -> Row:
+    floor = _FLOORS[ours]
     problems = []
-    for design in (ours, "recipe"):
+    for design in (ours, "recipe", floor):
         outcomes = totals[design]
         if outcomes.get("overlap"):
             problems.append(f"{design}: {outcomes['overlap']} overlaps")
@@ -269,11 +331,13 @@ def _row(
         detail=f"{statistics.median(rates[ours]):,.0f} vs"
         f" {statistics.median(rates['recipe']):,.0f} acquisitions/s;"
         f" overlaps {totals[ours].get('overlap', 0)} and {totals['recipe'].get('overlap', 0)}"
-        f" of {sum(totals[ours].values())} each",
+        f" of {sum(totals[ours].values())} each; pgsolo's messages by hand (the floor)"
+        f" ÷ recipe {Ratio.paired(rates['recipe'], rates[floor]).median:.2f},"
+        f" pgsolo ÷ floor {Ratio.paired(rates[floor], rates[ours]).median:.2f}",
         problems=problems,
         data={
-            "rates_per_s": {d: rates[d] for d in (ours, "recipe")},
-            "outcomes": {d: totals[d] for d in (ours, "recipe")},
-            "intervals_recorded": {d: recorded[d] for d in (ours, "recipe")},
+            "rates_per_s": {d: rates[d] for d in (ours, "recipe", floor)},
+            "outcomes": {d: totals[d] for d in (ours, "recipe", floor)},
+            "intervals_recorded": {d: recorded[d] for d in (ours, "recipe", floor)},
         },
     )
