@@ -402,7 +402,7 @@ class XactLockCore(LockCore):
         self.claimed_on = pid
         self.started = time.perf_counter()
         if spec.wait_ms is None:
-            return [*opening, *placement.quick_try(self.driver, spec)], "begin", 0.0
+            return [*opening, *placement.quick_try(driver, spec)], "begin", 0.0
         # A wait: its first slice here; if that runs out, the others are quick_failed's.
         lock_timeout, self.last_slice, self.deadline = waits.first_slice(spec.wait_ms)
         acquisition = placement.quick_try(driver, spec, lock_timeout)
