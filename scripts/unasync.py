@@ -141,6 +141,7 @@ _RENAMES = {
     "campaign_async": "campaign",
     "AIS_ASYNC": "IS_ASYNC",
     "AWorker": "Worker",
+    "ASpawned": "Spawned",
     "acancel_worker": "cancel_worker",
     "acurrent_worker": "current_worker",
     "aresult_of": "result_of",

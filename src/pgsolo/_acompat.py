@@ -23,15 +23,19 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from typing import Any, Final, TypeAlias, TypeVar
 
+from . import _threads
+
 __all__ = [
     "AIS_ASYNC",
     "IS_ASYNC",
     "AEvent",
     "AMutex",
+    "ASpawned",
     "AStop",
     "AWorker",
     "Event",
     "Mutex",
+    "Spawned",
     "Stop",
     "Worker",
     "acancel_worker",
@@ -69,16 +73,20 @@ AIS_ASYNC: Final = True
 
 Worker: TypeAlias = threading.Thread
 AWorker: TypeAlias = asyncio.Task[Any]
+"""Who runs the code at hand: it may hold a lock, and a task can be cancelled."""
+
+Spawned: TypeAlias = _threads.Spawned
+ASpawned: TypeAlias = asyncio.Task[Any]
+"""Background work that pgsolo started (:func:`spawn`), to be stopped."""
 
 
-def spawn(run: Callable[[], object], name: str) -> Worker:
-    """Run ``run()`` in a new daemon thread called ``name``."""
-    worker = threading.Thread(target=run, name=name, daemon=True)
-    worker.start()
-    return worker
+def spawn(run: Callable[[], object], name: str) -> Spawned:
+    """Run ``run()`` in a daemon thread called ``name`` while it runs (a thread kept from
+    an earlier run if one is idle: :mod:`pgsolo._threads`)."""
+    return _threads.spawn_thread(run, name)
 
 
-def aspawn(run: Callable[[], Coroutine[Any, Any, object]], name: str) -> AWorker:
+def aspawn(run: Callable[[], Coroutine[Any, Any, object]], name: str) -> ASpawned:
     """Run ``run()`` in a new task called ``name``."""
     return asyncio.create_task(run(), name=name)
 
@@ -91,14 +99,14 @@ def acurrent_worker() -> AWorker | None:
     return asyncio.current_task()
 
 
-def stop_worker(worker: Worker, join_within: float) -> None:
+def stop_worker(worker: Spawned, join_within: float) -> None:
     """Wait up to ``join_within`` seconds for ``worker`` to end (not from inside it: a
     worker stopping itself just goes on to its end)."""
-    if worker is not threading.current_thread() and worker.is_alive():
+    if not worker.runs_here():
         worker.join(join_within)
 
 
-def astop_worker(worker: AWorker, join_within: float) -> None:
+def astop_worker(worker: ASpawned, join_within: float) -> None:
     """Cancel ``worker`` (not from inside it) without awaiting it, so that a second
     cancellation of the caller cannot land here; ``join_within`` is for a thread."""
     if worker is not asyncio.current_task():

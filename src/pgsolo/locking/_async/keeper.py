@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING
 
 from ..._acompat import (
     AEvent,
+    ASpawned,
     AWorker,
     acancel_worker,
     acurrent_worker,
@@ -78,7 +79,7 @@ class AsyncKeeper:
         self._driver = driver
         self._heartbeat = heartbeat_of(driver.heartbeat())  # refused before any SQL
         self._stopping = AEvent()
-        self._worker: AWorker | None = None
+        self._worker: ASpawned | None = None
         self._holder: AWorker | None = None
         self.cancelled_holder = False
 

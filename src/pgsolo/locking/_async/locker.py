@@ -26,6 +26,7 @@ from typing import Any, Self, TypeVar
 from ..._acompat import (
     AIS_ASYNC,
     AMutex,
+    ASpawned,
     AStop,
     AWorker,
     acancel_worker,
@@ -151,7 +152,7 @@ class AsyncLocker:
         self._opened = 0
         self._closed = False
         self._stop_janitor = AStop()
-        self._janitor: AWorker | None = None
+        self._janitor: ASpawned | None = None
 
     @property
     def connections(self) -> int:

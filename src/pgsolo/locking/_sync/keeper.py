@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING
 
 from ..._acompat import (
     Event,
+    Spawned,
     Worker,
     cancel_worker,
     current_worker,
@@ -79,7 +80,7 @@ class Keeper:
         self._driver = driver
         self._heartbeat = heartbeat_of(driver.heartbeat())  # refused before any SQL
         self._stopping = Event()
-        self._worker: Worker | None = None
+        self._worker: Spawned | None = None
         self._holder: Worker | None = None
         self.cancelled_holder = False
 

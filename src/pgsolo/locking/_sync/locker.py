@@ -27,6 +27,7 @@ from typing import Any, Self, TypeVar
 from ..._acompat import (
     IS_ASYNC,
     Mutex,
+    Spawned,
     Stop,
     Worker,
     cancel_worker,
@@ -152,7 +153,7 @@ class Locker:
         self._opened = 0
         self._closed = False
         self._stop_janitor = Stop()
-        self._janitor: Worker | None = None
+        self._janitor: Spawned | None = None
 
     @property
     def connections(self) -> int:
