@@ -14,8 +14,9 @@ first result to its last (the results' ``date_done``, the worker's clock), so th
 idle worker's polling is not in it. Each run of a Singleton opens a connection of its own, and that
 dominates: a new backend and its authentication (SCRAM, over TCP) cost more than
 everything else the task does. What pgsolo adds over the recipe, which opens one too:
-two round trips (the server's keepalives for the session, the route check's stamp) and
-the keeper's thread. The goal, Singleton ÷ recipe <= 1.25, gives them a quarter of what
+two round trips (the server's keepalives for the session, over TCP only; the route
+check's stamp) and the keeper, whose thread is handed on from run to run
+(:mod:`pgsolo._threads`). The goal, Singleton ÷ recipe <= 1.25, gives them a quarter of what
 the recipe costs.
 
 *Beat takeover.* Two ``celery beat -S pgsolo.celery:LeaderScheduler`` processes, an entry
