@@ -5,9 +5,12 @@ starts would leave a lock unwatched)."""
 from __future__ import annotations
 
 import contextvars
+import functools
+import gc
 import os
 import threading
 import warnings
+import weakref
 from typing import Any
 
 import pytest
@@ -83,6 +86,24 @@ def test_runs_at_once_each_get_a_thread() -> None:
         ),
         "the threads beyond max_idle to end",
     )
+
+
+class _Held:
+    """What a run holds on to: a keeper's run holds its lock's connection."""
+
+
+def test_an_idle_thread_holds_nothing_of_its_last_run() -> None:
+    threads = Threads()
+    held = _Held()
+    gone = weakref.ref(held)
+    spawned = threads.spawn(functools.partial(id, held), "pgsolo-test holding")
+    spawned.join(WITHIN)
+    thread = spawned.thread
+    del held, spawned
+    gc.collect()
+    assert thread is not None
+    assert thread.is_alive()  # idle, waiting for the next run
+    assert gone() is None  # a connection the run held is not kept alive by the thread
 
 
 def test_each_run_starts_with_a_fresh_context() -> None:

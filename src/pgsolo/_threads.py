@@ -39,6 +39,10 @@ MAX_IDLE = 16
 _Inbox = queue.SimpleQueue["Spawned"]
 
 
+def _taken() -> None:
+    """What a handle keeps once its thread has taken the run."""
+
+
 class Spawned:
     """One run handed to a thread by :func:`spawn_thread`."""
 
@@ -60,8 +64,11 @@ class Spawned:
         return self.thread is threading.current_thread() and self.is_alive()
 
     def run_in(self, thread: threading.Thread) -> None:
+        # Let go of the run as it starts: a keeper's run holds its lock's connection, which
+        # an idle thread (or a handle kept after the stop) must not keep alive.
+        run, self._run = self._run, _taken
         try:
-            contextvars.Context().run(self._run)
+            contextvars.Context().run(run)
         except BaseException as exc:  # what a thread of its own does with it
             threading.excepthook(
                 threading.ExceptHookArgs((type(exc), exc, exc.__traceback__, thread))
