@@ -18,12 +18,12 @@ This module sits below locking (DESIGN §3): locks count themselves here, and jo
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
+from ._interrupts import ctrl_c_held
 from .errors import UsageError
 
 if TYPE_CHECKING:
@@ -68,7 +68,9 @@ class _Instruments:
     @classmethod
     def create(cls, registry: CollectorRegistry) -> _Instruments:
         """Register them all, or none: one left registered by a try that failed halfway (a
-        name taken, a Ctrl-C) would make every later try refuse a duplicate name."""
+        name taken) would make every later try refuse a duplicate name. The caller holds
+        Ctrl-C back: one landing inside ``register`` would leave a name there that no
+        ``unregister`` can take back."""
         instruments = cls._unregistered()
         registered = []
         try:
@@ -151,7 +153,7 @@ class _State:
         cached = self.cached  # every lock comes here: no mutex once they exist
         if cached is not None or self.unavailable:
             return cached
-        with self.mutex:
+        with self.mutex, ctrl_c_held():
             try:
                 default = _global_registry()
             except ImportError:
@@ -170,19 +172,12 @@ _state = _State()
 
 
 def _global_registry() -> CollectorRegistry:
-    """prometheus_client's global registry, imported if need be. An import cut short (a
-    Ctrl-C landing in it) leaves behind the modules it finished, the registry among them,
-    holding what the unfinished ones registered: the next try would run those again and
-    refuse the duplicate names forever after. So a try that fails takes every module it
-    added with it, and the next starts clean."""
-    before = set(sys.modules)
-    try:
+    """prometheus_client's global registry, imported if need be. The import holds Ctrl-C
+    back: one cut short leaves behind the modules it finished, the registry among them,
+    holding what the unfinished ones registered, and the next try would run those again
+    and refuse the duplicate names forever after."""
+    with ctrl_c_held():
         from prometheus_client import REGISTRY  # noqa: PLC0415
-    except BaseException:
-        for name in set(sys.modules) - before:
-            if name == "prometheus_client" or name.startswith("prometheus_client."):
-                del sys.modules[name]
-        raise
     return REGISTRY
 
 

@@ -241,40 +241,69 @@ sys.exit(main(["run", "--key", "k", "--dsn", {dsn!r}, "--metrics-textfile",
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_ctrl_c_inside_the_import_of_prometheus_client_leaves_the_next_lock_counted(
-    dsn: str,
+# Where a real SIGINT lands, in the first lock's import of prometheus_client and in its
+# registration of pgsolo's metrics: a trace function raises it there.
+_CUT_SHORT = {
+    # the import: as a module (platform_collector) returns from registering python_info
+    "import": """
+def cut_here(frame, event, arg):
+    return (
+        event == "return"
+        and frame.f_code.co_name == "__init__"
+        and frame.f_code.co_filename.endswith("platform_collector.py")
+    )
+""",
+    # the registration: with some of a metric's names recorded, and not the rest
+    "register": """
+def cut_here(frame, event, arg):
+    if frame.f_code.co_name != "register" or not frame.f_code.co_filename.endswith(
+        "registry.py"
+    ):
+        return False
+    registry, collector = frame.f_locals["self"], frame.f_locals.get("collector")
+    recorded = [c for c in registry._names_to_collectors.values() if c is collector]
+    return (
+        getattr(collector, "_name", "") == "pgsolo_lock_acquisitions"
+        and bool(recorded)
+        and collector not in registry._collector_to_names
+    )
+""",
+}
+
+
+@pytest.mark.parametrize("where", sorted(_CUT_SHORT))
+def test_a_ctrl_c_in_the_first_lock_s_metrics_leaves_the_next_lock_counted(
+    dsn: str, where: str
 ) -> None:
-    """Guards a Ctrl-C landing inside prometheus_client's first import, which a lock makes
-    before it sends anything (CI's random SIGINTs found it): the modules that import had
-    finished kept the global registry, with ``python_info`` registered by the one cut
-    short, so every later lock's import ran that one again and raised DuplicateTimeseries.
-    Here the interruption comes exactly there, from a trace function, in a fresh process."""
+    """Guards a Ctrl-C landing where a lock first prepares its metrics, before it sends
+    anything (CI's random SIGINTs found both): inside prometheus_client's first import,
+    whose finished modules kept the global registry with ``python_info`` registered by
+    the one cut short, and inside ``CollectorRegistry.register``, which had recorded one
+    of ``pgsolo_lock_acquisitions``'s names and not the others. Either way every later
+    lock raised DuplicateTimeseries. Here a real SIGINT comes exactly there, in a fresh
+    process: the first lock is interrupted, before it took anything, and the next one is
+    taken and counted."""
     program = f"""
-import sys
+import signal, sys
 import psycopg, pgsolo, pgsolo.metrics
 assert "prometheus_client" not in sys.modules
-
-def interrupt_after_registering(frame, event, arg):
-    if frame.f_code.co_name != "__init__" or not frame.f_code.co_filename.endswith(
-        "platform_collector.py"
-    ):
+{_CUT_SHORT[where]}
+def interrupt(frame, event, arg):
+    if cut_here(frame, event, arg):
+        sys.settrace(None)
+        signal.raise_signal(signal.SIGINT)
         return None
-    def at_return(frame, event, arg):
-        if event == "return":
-            sys.settrace(None)
-            raise KeyboardInterrupt
-        return at_return
-    return at_return
+    return interrupt
 
 with psycopg.connect({dsn!r}, autocommit=True) as conn:
-    sys.settrace(interrupt_after_registering)
+    sys.settrace(interrupt)
     try:
-        with pgsolo.session_lock(conn, "pgsolo-import-cut-short"):
+        with pgsolo.session_lock(conn, "pgsolo-metrics-cut-short"):
             print("not interrupted")
     except KeyboardInterrupt:
         print("interrupted")
     sys.settrace(None)
-    with pgsolo.session_lock(conn, "pgsolo-import-cut-short") as lock:
+    with pgsolo.session_lock(conn, "pgsolo-metrics-cut-short") as lock:
         assert lock.acquired
     held = conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
                         " AND pid = pg_backend_pid()").fetchone()[0]
@@ -288,7 +317,7 @@ print(generate_latest(REGISTRY).decode())
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("interrupted\nheld 0\n")
     assert (
-        'pgsolo_lock_acquisitions_total{lifetime="session",lock="pgsolo-import-cut-short",'
+        'pgsolo_lock_acquisitions_total{lifetime="session",lock="pgsolo-metrics-cut-short",'
         'outcome="acquired"} 1.0'
     ) in done.stdout
     assert "python_info{" in done.stdout
