@@ -148,9 +148,11 @@ def measure(target: Target, pair: str, blocks: int, ops: int, *, pin: list[int] 
     loop = asyncio.new_event_loop() if pair in ASYNC_PAIRS else None
     makers = ASYNC_PAIRS[pair] if pair in ASYNC_PAIRS else PAIRS[pair]
     sides = dict(zip(SIDES, (_Side(make(), loop) for make in makers), strict=True))
+    opened: list[_Side] = []  # a side that failed to open has nothing to close
     try:
         for side in sides.values():
             side.open(target)
+            opened.append(side)
         if pin is not None:
             _pin(tuple(side.contender for side in sides.values()), pin)
         for side in sides.values():  # warm up, past the drivers' prepare thresholds (5)
@@ -161,7 +163,7 @@ def measure(target: Target, pair: str, blocks: int, ops: int, *, pin: list[int] 
             for name, side in order if n % 2 else order[::-1]:
                 times[name].append(side.block(ops))
     finally:
-        for side in sides.values():
+        for side in opened:
             side.close()
         if loop is not None:
             loop.close()
