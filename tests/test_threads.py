@@ -7,10 +7,14 @@ from __future__ import annotations
 import contextvars
 import functools
 import gc
+import linecache
 import os
+import signal
+import sys
 import threading
 import warnings
 import weakref
+from types import FrameType
 from typing import Any
 
 import pytest
@@ -153,6 +157,42 @@ def test_an_idle_thread_ends_after_idle_seconds() -> None:
     again.join(WITHIN)
     assert not again.is_alive()
     assert again.thread is not thread
+
+
+def test_a_ctrl_c_as_a_run_is_handed_over_leaves_no_thread_waiting_for_ever() -> None:
+    """Guards a Ctrl-C in ``spawn`` after it took an idle thread off the list and before
+    it put the run in that thread's inbox: the thread, off the list, waited on its inbox
+    for ever once its idle time was up. Here a real SIGINT comes exactly there."""
+    threads = Threads(idle_seconds=0.05)
+    first = threads.spawn(lambda: None, "pgsolo-test first")
+    first.join(WITHIN)
+    idle = first.thread
+    assert idle is not None
+
+    def at_the_hand_over(frame: FrameType, event: str, arg: object) -> Any:
+        if frame.f_code is not Threads.spawn.__code__:
+            return None
+
+        def in_spawn(frame: FrameType, event: str, arg: object) -> Any:
+            line = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
+            if event == "line" and "inbox.put(" in line:
+                sys.settrace(None)
+                signal.raise_signal(signal.SIGINT)
+            return in_spawn
+
+        return in_spawn
+
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        eventually(lambda: len(threads._idle) == 1, "the first thread to wait idle")
+        sys.settrace(at_the_hand_over)
+        with pytest.raises(KeyboardInterrupt):
+            threads.spawn(lambda: None, "pgsolo-test cut short")
+    finally:
+        sys.settrace(None)
+        signal.signal(signal.SIGINT, before)
+    assert not threads._idle  # taken off the list, its run never handed over
+    eventually(lambda: not idle.is_alive(), "the thread left with nothing to end")
 
 
 def test_a_stop_from_inside_the_run_does_not_wait_for_itself() -> None:

@@ -145,7 +145,13 @@ class Threads:
                 if idle in self._idle:  # nobody handed it a run meanwhile
                     self._idle.remove(idle)
                     return None
-            return inbox.get()  # one was handed to it just as the wait ended
+        # A spawn took it off the list just as the wait ended, and puts the run in its
+        # inbox at once; a Ctrl-C between the two puts nothing there, and then the
+        # thread ends instead of waiting for ever.
+        try:
+            return inbox.get(timeout=self._idle_seconds)
+        except queue.Empty:
+            return None
 
     def forget_parent(self) -> None:
         """In a forked child: the parent's threads are not here."""
