@@ -23,6 +23,7 @@ __all__ = [
     "MAX_LEADER_NAME_BYTES",
     "MAX_SEMAPHORE_LIMIT",
     "MAX_SEMAPHORE_NAME_BYTES",
+    "ONCE_PREFIX",
     "SEMAPHORE_PREFIX",
     "Key",
     "KeyLike",
@@ -50,6 +51,8 @@ MAX_LEADER_NAME_BYTES = 512
 # Slot I of the semaphore NAME is the key of SEMAPHORE_PREFIX + NAME + ":" + I (DESIGN §2,
 # Semaphore keys), for I from 0 to its limit - 1.
 SEMAPHORE_PREFIX = "pgsolo:semaphore:"
+# A live attempt at run_once's operation OP_KEY holds the key of ONCE_PREFIX + OP_KEY.
+ONCE_PREFIX = "pgsolo:once:"
 MAX_SEMAPHORE_NAME_BYTES = 512
 MAX_SEMAPHORE_LIMIT = 1024
 

@@ -32,6 +32,8 @@ from _support import (
 from dashboard.conftest import TOKEN, Holder, unique
 from pgsolo.dashboard import create_app
 from pgsolo.errors import InvalidArgumentError
+from pgsolo.once.operation import lock_key_for as op_lock
+from pgsolo.sql import OPERATIONS_LISTED
 
 
 def row_of(page: str, pid: int) -> str:
@@ -289,19 +291,23 @@ def test_jobs_show_when_each_period_job_is_next_expected(client: TestClient, db:
     assert f"next period from {yearly['next_expected']}" in row.group(0)
 
 
-def test_operations_single_out_a_started_one_whose_holder_is_gone(
-    client: TestClient, db: str
-) -> None:
+def test_operations_single_out_a_started_one_whose_holder_is_gone(fresh_db: str) -> None:
+    """In a database of its own: the operations other tests leave started come first, and
+    enough of them would fill the list before the one that succeeded."""
     done, crashed = unique("dashboard-op"), unique("dashboard-op-crashed")
-    pgsolo.run_once(db, done, lambda ctx: "ok")
-    with psycopg.connect(db, autocommit=True) as conn:
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        pgsolo.migrate(conn)
+    pgsolo.run_once(fresh_db, done, lambda ctx: "ok")
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
         # What a worker that died mid-operation leaves: its row started, its lock gone.
         conn.execute(
             "INSERT INTO pgsolo.operations (op_key, state, idempotency_key, attempts)"
             " VALUES (%s, 'started', %s, 1)",
             (crashed, pgsolo.idempotency_key_for(crashed)),
         )
-    page = client.get("/operations").text
+    with TestClient(create_app(fresh_db)) as client:
+        page = client.get("/operations").text
+        doc = valid_document(client.get("/api/operations").json())
     gone = re.search(rf'<tr data-op="{crashed}".*?</tr>', page, re.S)
     ok = re.search(rf'<tr data-op="{done}".*?</tr>', page, re.S)
     assert gone
@@ -309,10 +315,42 @@ def test_operations_single_out_a_started_one_whose_holder_is_gone(
     assert "holder gone" in gone.group(0)
     assert "succeeded" in ok.group(0)
     assert "holder gone" not in ok.group(0)
-    doc = valid_document(client.get("/api/operations").json())
     ops = {op["op_key"]: op for op in doc["operations"]}
     assert ops[crashed]["holder_alive"] is False
     assert ops[done]["holder_alive"] is None
+
+
+def test_operations_cut_at_the_limit_keep_those_whose_holder_is_gone(fresh_db: str) -> None:
+    """Guards the list cut at ``OPERATIONS_LISTED``: its started operations came newest
+    first, so with more of them started than that, the one a holder that died left a day
+    ago, the one to act on, was cut. The started ones whose holder is gone come first."""
+    listed = OPERATIONS_LISTED
+    gone = "dashboard-op-gone"
+    running = [f"dashboard-op-running-{n}" for n in range(listed + 10)]
+    with psycopg.connect(fresh_db, autocommit=True) as holder:
+        pgsolo.migrate(holder)
+        started = (
+            "INSERT INTO pgsolo.operations (op_key, state, idempotency_key, attempts,"
+            " updated_at) VALUES (%s, 'started', %s, 1, now() - %s::interval)"
+        )
+        holder.execute(started, (gone, pgsolo.idempotency_key_for(gone), "1 day"))
+        with holder.cursor() as cursor:
+            cursor.executemany(
+                started, [(op, pgsolo.idempotency_key_for(op), "0 s") for op in running]
+            )
+        # Their holders are alive: this session holds each one's lock.
+        for op in running:
+            holder.execute(f"SELECT pg_advisory_lock({op_lock(op).sql_args})")
+        with TestClient(create_app(fresh_db)) as client:
+            doc = valid_document(client.get("/api/operations").json())
+            page = client.get("/operations").text
+    ops = doc["operations"]
+    assert len(ops) == listed
+    assert (ops[0]["op_key"], ops[0]["holder_alive"]) == (gone, False)
+    assert all(op["holder_alive"] is True for op in ops[1:])
+    row = re.search(rf'<tr data-op="{gone}".*?</tr>', page, re.S)
+    assert row
+    assert "holder gone" in row.group(0)
 
 
 def test_metrics_count_the_locks_by_state(fresh_db: str, hold: Holder) -> None:

@@ -39,7 +39,6 @@ from ..monitor.checks import DEFAULT_OLDER_THAN, DEFAULT_SNAPSHOT_OLDER_THAN
 from ..monitor.leaders import Leadership, leaders_of
 from ..monitor.locks import LocksQuery
 from ..monitor.snapshot import parse_time
-from ..once.operation import lock_key_for
 
 if TYPE_CHECKING:
     from ..drivers.kinds import SyncConnectionLike
@@ -402,21 +401,15 @@ def read_operations(connect: Connect) -> OperationsView:
                 )
                 return OperationsView(name, server, notice=str(error))
             raise
-        held = {lock.key.value for lock in advisory_locks(conn) if lock.granted}
     snapshot = sql.read_json(value)
     now = parse_time(snapshot["now"])
-    return OperationsView(
-        name, server, [_operation(row, held, now) for row in snapshot["operations"]]
-    )
+    return OperationsView(name, server, [_operation(row, now) for row in snapshot["operations"]])
 
 
-def _operation(
-    row: Mapping[str, Any], held: set[int | tuple[int, int]], now: datetime | None
-) -> Operation:
-    alive = row["state"] == "started" and lock_key_for(str(row["op_key"])).value in held
+def _operation(row: Mapping[str, Any], now: datetime | None) -> Operation:
     since = parse_time(row.get("updated_at"))
     age = None if since is None or now is None else (now - since).total_seconds()
-    return Operation(row, alive, age)
+    return Operation(row, row.get("holder_alive") is True, age)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ from ..errors import (
     InvalidOperationKeyError,
     ResultNotStorableError,
 )
-from ..keys import Key, checked_text, from_name
+from ..keys import ONCE_PREFIX, Key, checked_text, from_name
 
 __all__ = [
     "MAX_OP_KEY_BYTES",
@@ -30,9 +30,6 @@ MAX_OP_KEY_BYTES = 512
 
 
 MAX_RESULT_BYTES = 1024 * 1024  # of compact UTF-8 JSON
-
-
-LOCK_PREFIX = "pgsolo:once:"
 
 
 IDEMPOTENCY_PREFIX = "pgsolo-"
@@ -109,7 +106,7 @@ def idempotency_key_for(op_key: str) -> str:
 
 def lock_key_for(op_key: str) -> Key:
     """The advisory-lock key that a live attempt at ``op_key`` holds."""
-    return from_name(LOCK_PREFIX + validate_op_key(op_key))
+    return from_name(ONCE_PREFIX + validate_op_key(op_key))
 
 
 def storable_result(value: object) -> str:

@@ -33,6 +33,7 @@ __all__ = [
     "Prepared",
     "acquire",
     "assert_same_transaction",
+    "derived_int64",
     "held_at_commit",
     "held_here",
     "held_lock_text",
@@ -489,7 +490,16 @@ def name_to_sql(name: str, *, namespace: int | None = None) -> str:
     """The SQL expression that derives the same key on the server, for use from psql."""
     from_name(name, namespace=namespace)  # the checks of the key itself
     literal = sql_literal(name)
-    digest = f"encode(sha256(convert_to({literal}, 'UTF8')), 'hex')"
     if namespace is None:
-        return f"('x' || substr({digest}, 1, 16))::bit(64)::bigint"
-    return f"{namespace}, ('x' || substr({digest}, 1, 8))::bit(32)::int"
+        return derived_int64(literal)
+    return f"{namespace}, ('x' || substr({_name_digest(literal)}, 1, 8))::bit(32)::int"
+
+
+def derived_int64(text: str) -> str:
+    """The int64 key derived from the name that the SQL expression ``text`` gives (DESIGN
+    §2), as SQL."""
+    return f"('x' || substr({_name_digest(text)}, 1, 16))::bit(64)::bigint"
+
+
+def _name_digest(text: str) -> str:
+    return f"encode(sha256(convert_to({text}, 'UTF8')), 'hex')"

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from ..keys import Key, encode_pg_lock
-from .locks import IN_RECOVERY
+from ..keys import ONCE_PREFIX, Key, encode_pg_lock
+from .locks import IN_RECOVERY, derived_int64
 from .schema import table_usable
-from .text import utf8
+from .text import sql_literal, utf8
 
 __all__ = [
     "ADVISORY_LOCK_FUNCTIONS_PATTERN",
@@ -187,21 +187,36 @@ def terminate_backend(pid: int, *, wait_ms: int) -> str:
     return f"SELECT pg_terminate_backend({int(pid)}, {int(wait_ms)})"
 
 
-OPERATIONS_LISTED = 200  # the most operations the dashboard lists: started first, then newest
+OPERATIONS_LISTED = 200  # the most operations the dashboard lists (the order: operations())
+
+# The int64 keys of the advisory locks granted in this database, as pg_locks splits them.
+_HELD_INT64_KEYS = (
+    "SELECT (l.classid::bigint << 32) | l.objid::bigint FROM pg_locks l"
+    " WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1"
+    " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+)
 
 
 def operations(*, limit: int = OPERATIONS_LISTED) -> str:
-    """The latest operations of ``run_once`` (``pgsolo.operations``), those still
-    ``started`` first, as one JSON object with the server's ``now`` (:func:`utf8`: an
-    operation key can hold any character). An error is cut to its first 200 characters;
-    the result is left out (it may be a megabyte)."""
+    """The latest operations of ``run_once`` (``pgsolo.operations``) as one JSON object
+    with the server's ``now`` (:func:`utf8`: an operation key can hold any character).
+    A ``started`` one says whether its holder is alive (``holder_alive``: its lock is
+    held). The ``started`` ones come first, and of those first the ones whose holder is
+    gone, which a list cut at ``limit`` must not leave out; then the newest. An error is
+    cut to its first 200 characters; the result is left out (it may be a megabyte)."""
+    alive = (
+        "CASE WHEN state = 'started' THEN"
+        f" {derived_int64(sql_literal(ONCE_PREFIX) + ' || op_key')} IN ({_HELD_INT64_KEYS})"
+        " END"
+    )
     listed = (
         "SELECT op_key, state, attempts, holder_pid, host, pid, created_at, updated_at,"
-        " finished_at, left(error, 200) AS error FROM pgsolo.operations"
-        f" ORDER BY state <> 'started', updated_at DESC LIMIT {int(limit)}"
+        f" finished_at, left(error, 200) AS error, {alive} AS holder_alive"
+        " FROM pgsolo.operations"
     )
+    order = "state <> 'started', holder_alive, updated_at DESC"
     snapshot = (
         "json_build_object('now', clock_timestamp(), 'operations', coalesce(json_agg(o"
-        " ORDER BY o.state <> 'started', o.updated_at DESC), '[]'::json))"
+        f" ORDER BY {order}), '[]'::json))"
     )
-    return f"SELECT {utf8(snapshot)} FROM ({listed}) o"
+    return f"SELECT {utf8(snapshot)} FROM ({listed} ORDER BY {order} LIMIT {int(limit)}) o"
