@@ -38,14 +38,11 @@ messages) and the socket: they are private attributes, read in
 from __future__ import annotations
 
 import contextlib
-import signal
 import socket
 import ssl
 import struct
-import threading
 import weakref
 from collections.abc import Iterator, Sequence
-from types import FrameType
 from typing import Any, ClassVar
 
 import pg8000.dbapi
@@ -53,6 +50,7 @@ import pg8000.exceptions
 import pg8000.legacy
 from psycopg.conninfo import make_conninfo
 
+from .._interrupts import ctrl_c_held
 from .._weakmap import IdentityWeakMap
 from . import UNKNOWN_SERVER, Edge, Lacking, ServerInfo, SyncDriver, SyncHeartbeat, TxStatus, edged
 from . import _pg8000_private as private
@@ -235,7 +233,7 @@ def _autocommit(conn: Any, *, on: bool) -> Iterator[None]:
 def _exchange(conn: Any, statements: Sequence[str]) -> object:
     """Send ``statements`` as one message; the first value of the last row that came back
     (module doc), with a SIGINT held until the exchange is over."""
-    with _interrupts_held():
+    with ctrl_c_held():  # pg8000 can neither cancel nor be cut off mid-message
         cursor = conn.cursor()  # a DB-API cursor is no context manager in pg8000
         try:
             cursor.execute("; ".join(statements))
@@ -245,28 +243,6 @@ def _exchange(conn: Any, statements: Sequence[str]) -> object:
             return rows[-1][0] if rows else None
         finally:
             cursor.close()
-
-
-@contextlib.contextmanager
-def _interrupts_held() -> Iterator[None]:
-    """Hold a SIGINT that arrives while pg8000 talks to the server (which it cannot
-    cancel, and cannot be interrupted in the middle of), and raise it after (module doc).
-    Python handles signals in the main thread only: elsewhere there is nothing to hold."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    handler = signal.getsignal(signal.SIGINT)
-    if not callable(handler):  # ignored, or the default action: no Python code runs
-        yield
-        return
-    held: list[FrameType | None] = []
-    signal.signal(signal.SIGINT, lambda _signum, frame: held.append(frame))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, handler)
-        if held:
-            handler(signal.SIGINT, held[0])
 
 
 def _fields(exc: BaseException) -> dict[str, Any]:
