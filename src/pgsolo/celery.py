@@ -112,6 +112,8 @@ def task_key(
             f"task {name} called with arguments it does not take: {exc}"
         ) from None
     bound.apply_defaults()
+    if unique_on is not None:
+        _refuse_unknown_names(name, bound.signature, unique_on)
     chosen = bound.arguments if unique_on is None else {n: bound.arguments[n] for n in unique_on}
     try:
         text = json.dumps(chosen, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
@@ -120,6 +122,46 @@ def task_key(
             f"task {name}'s key is made of its arguments {sorted(chosen)}, as JSON: {exc}"
         ) from None
     return f"celery:{name}:{text}"
+
+
+def _refuse_unknown_names(
+    name: str, signature: inspect.Signature, unique_on: Sequence[str]
+) -> None:
+    """:class:`~pgsolo.InvalidArgumentError` for a name of ``unique_on`` that is not a named
+    parameter of the task's (``*args`` and ``**kwargs`` have no single value to key on)."""
+    named = [
+        p.name
+        for p in signature.parameters.values()
+        if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    ]
+    unknown = [n for n in unique_on if n not in named]
+    if unknown:
+        raise InvalidArgumentError(
+            f"unique_on of task {name} names {', '.join(map(repr, unknown))}, which it has no"
+            f" parameter of; its parameters: {', '.join(named) or 'none'}"
+        )
+
+
+def _body_signature(cls: type) -> inspect.Signature | None:
+    """The signature of a task class's body as a run of it is called (``self.run``): a
+    function task's (``@app.task``: a static method, or with ``bind=True`` a method that
+    takes the task first) or a class task's ``run`` method, without the task itself.
+    None for a body pgsolo cannot read without calling it."""
+    body = inspect.getattr_static(cls, "run", None)
+    if isinstance(body, staticmethod):
+        function, takes_the_task = body.__func__, False
+    elif inspect.isfunction(body):
+        function, takes_the_task = body, True
+    else:
+        return None
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        return None
+    if takes_the_task:
+        parameters = list(signature.parameters.values())[1:]
+        signature = signature.replace(parameters=parameters)
+    return signature
 
 
 OCCURRENCE_HEADER = "pgsolo_occurrence"
@@ -258,6 +300,9 @@ class Singleton(Task):  # type: ignore[misc]
             raise InvalidArgumentError(
                 f"unique_on takes the names of the task's arguments, got {unique_on!r}"
             )
+        signature = _body_signature(cls) if unique_on and "run" in vars(cls) else None
+        if signature is not None and unique_on is not None:
+            _refuse_unknown_names(str(getattr(cls, "name", cls.__name__)), signature, unique_on)
         if cls.on_duplicate not in ("raise", "retry"):
             raise InvalidArgumentError(
                 f"on_duplicate is 'raise' or 'retry', got {cls.on_duplicate!r}"

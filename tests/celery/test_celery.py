@@ -620,6 +620,43 @@ def test_bad_options_are_refused_where_the_task_is_defined() -> None:
         app.task(base=Singleton, once_per_occurrence="yes", lazy=False)(work)
 
 
+def test_a_unique_on_name_the_task_has_no_parameter_of_is_refused_where_it_is_defined() -> None:
+    """Guards against a typo in unique_on ("tenant" for "tenant_id") that every run of the
+    task then failed with a bare KeyError."""
+    app = Celery("unknown-names")
+
+    def export(tenant_id: int, **options: object) -> None:
+        pass
+
+    def bound(self: object, tenant_id: int) -> None:
+        pass
+
+    with pytest.raises(pgsolo.InvalidArgumentError, match=r"'tenant'.*parameters: tenant_id$"):
+        app.task(base=Singleton, unique_on=["tenant"], lazy=False)(export)
+    with pytest.raises(pgsolo.InvalidArgumentError, match="'options'"):  # no single value
+        app.task(base=Singleton, unique_on=["options"], lazy=False)(export)
+    with pytest.raises(pgsolo.InvalidArgumentError, match="'self'"):  # the task, not an argument
+        app.task(base=Singleton, unique_on=["self"], bind=True, lazy=False)(bound)
+    task = app.task(base=Singleton, unique_on=["tenant_id"], bind=True, lazy=False)(bound)
+    assert task_key("t", task.run, [7], {}, ["tenant_id"]) == 'celery:t:{"tenant_id":7}'
+    with pytest.raises(pgsolo.InvalidArgumentError, match="'nope'"):
+        task_key("t", task.run, [7], {}, ["nope"])
+
+    class ClassTask(Singleton):  # type: ignore[misc]
+        unique_on = ("tenant_id",)
+
+        def run(self, tenant_id: int) -> None:
+            pass
+
+    with pytest.raises(pgsolo.InvalidArgumentError, match="'tenant'"):
+
+        class Misnamed(Singleton):  # type: ignore[misc]
+            unique_on = ("tenant",)
+
+            def run(self, tenant_id: int) -> None:
+                pass
+
+
 def test_eager_runs_take_the_lock_and_need_a_database(
     db: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
