@@ -17,7 +17,10 @@ from _support import (
     app_name_of,
     new_job,
 )
+from pgsolo import Keep
+from pgsolo.drivers.conninfo import server_keepalives
 from pgsolo.jobs import run_job
+from pgsolo.locking import keepalive_basis
 
 
 def test_connections_a_job_opens_use_tcp_keepalives_unless_the_dsn_says_otherwise(
@@ -63,6 +66,40 @@ def test_the_server_gives_a_silent_client_up_in_seconds_unless_told_otherwise(db
     options = "-c tcp_keepalives_idle=77 -c tcp_user_timeout=2000"
     own = run_job(make_conninfo(db, options=options), new_job(), fn).value or []
     assert own == ["77", "2", "4", "2000"]
+
+
+@pytest.mark.parametrize(
+    "keep",
+    [Keep(), Keep(interval=5, timeout=30), Keep(interval=0.2, timeout=1), Keep(interval=60)],
+    ids=["defaults", "lax", "quick", "rare-beats"],
+)
+def test_the_server_gives_a_silent_holder_up_only_after_its_keeper_did(keep: Keep) -> None:
+    """Guards a leader (or `pgsolo run`, or a session job) with a keeper of its own whose
+    host was cut off: the server's keepalives were sized for the default keeper's 11 s
+    whatever the Keep, so with Keep(interval=5, timeout=30) the server let a successor in
+    at 13 s while the cut-off holder's keeper held on for up to 35 s."""
+    settings = server_keepalives(keepalive_basis(keep))
+    silence = settings["tcp_keepalives_idle"] + (
+        settings["tcp_keepalives_interval"] * settings["tcp_keepalives_count"]
+    )
+    assert silence > keep.interval + keep.timeout
+    assert settings["tcp_user_timeout"] == silence * 1000
+    assert server_keepalives(keepalive_basis(None)) == server_keepalives()  # unwatched
+
+
+def test_a_session_job_with_a_keeper_of_its_own_sizes_the_servers_keepalives_from_it(
+    db: str,
+) -> None:
+    def fn(conn: psycopg.Connection) -> list[int]:
+        shown = [conn.execute(f"SHOW {name}").fetchone() for name in SERVER_SIDE]
+        return [int(row[0]) for row in shown if row is not None]
+
+    host = str(conninfo_to_dict(db).get("host") or "")
+    if not host or host.startswith("/"):
+        pytest.skip("keepalives are a TCP connection's: this DSN is a unix socket's")
+    keep = Keep(interval=5, timeout=30)
+    idle, interval, count = run_job(db, new_job(), fn, lifetime="session", keep=keep).value or []
+    assert idle + interval * count > keep.interval + keep.timeout
 
 
 def test_on_a_unix_socket_no_round_trip_sets_keepalives(db: str) -> None:

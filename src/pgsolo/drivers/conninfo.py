@@ -265,6 +265,15 @@ def server_keepalives(check_timeout: float = KEEPALIVE_BASIS) -> dict[str, int]:
     }
 
 
+def keepalive_basis_outlasting(seconds: float) -> float:
+    """The ``check_timeout`` whose :func:`server_keepalives` give a silent client up later
+    than ``seconds`` after the last packet the server heard from it (they give up after
+    at least 1.3 x ``check_timeout``): for a holder whose keeper gives its lock up within
+    ``seconds``, so that a holder cut off stops before the server lets another in.
+    KEEPALIVE_BASIS for the 11 s of the keeper's defaults."""
+    return seconds / 1.2
+
+
 def connection_settings(
     check_timeout: float = KEEPALIVE_BASIS, *, connect_timeout: float | None = None
 ) -> dict[str, str]:

@@ -58,6 +58,7 @@ from .spec import MAX_WAIT_SECONDS as MAX_WAIT_SECONDS
 from .spec import Keep
 from .spec import LockSpec as LockSpec
 from .spec import as_keep as as_keep
+from .spec import keepalive_basis as keepalive_basis
 from .spec import refuse_keeper as refuse_keeper
 from .spec import wait_ms_of as wait_ms_of
 from .view import InnerLockView as InnerLockView

@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 from .._types import DAY, MAX_WAIT_SECONDS, Lifetime, check_seconds
 from ..drivers import DriverBase, heartbeat_of
+from ..drivers.conninfo import KEEPALIVE_BASIS, keepalive_basis_outlasting
 from ..errors import InvalidArgumentError, LockLostError, UsageError
 from ..keys import Key
 
@@ -20,6 +21,7 @@ __all__ = [
     "LockSpec",
     "as_keep",
     "check_flags",
+    "keepalive_basis",
     "refuse_keeper",
     "wait_ms_of",
 ]
@@ -54,6 +56,16 @@ class Keep:
             raise InvalidArgumentError(f"on_lost must be callable, got {self.on_lost!r}")
         if not isinstance(self.cancel, bool):
             raise InvalidArgumentError(f"cancel must be True or False, got {self.cancel!r}")
+
+
+def keepalive_basis(keep: Keep | None) -> float:
+    """The ``check_timeout`` of a connection pgsolo opens to hold a lock that ``keep``
+    watches: its server keepalives give a silent client up only after the keeper gave
+    the lock up, at most ``interval`` + ``timeout`` after the last beat the server heard
+    (a beat's wait, then its timeout). Unwatched: KEEPALIVE_BASIS."""
+    if keep is None:
+        return KEEPALIVE_BASIS
+    return keepalive_basis_outlasting(keep.interval + keep.timeout)
 
 
 def as_keep(keep: bool | Keep | None) -> Keep | None:

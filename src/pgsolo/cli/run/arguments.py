@@ -147,7 +147,8 @@ def _add_watch_options(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="a check (any exchange with the database once the lock is held) that gets no"
         " answer within S seconds drops the connection and counts as a lost lock; TCP"
-        " keepalives and tcp_user_timeout are sized from it too (default: 10)",
+        " keepalives and tcp_user_timeout are sized from it too, and the server gives the"
+        " connection up after more than --check-interval plus S of silence (default: 10)",
     )
     parser.add_argument(
         "--grace",

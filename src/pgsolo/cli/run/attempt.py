@@ -96,7 +96,7 @@ from ...jobs._sync.record import record_result
 from ...jobs.definition import Job, JobResult, job_result
 from ...jobs.plan import attempt_plan, core_for
 from ...jobs.report import report
-from ...locking import Keep, LockCore, drive
+from ...locking import Keep, LockCore, drive, keepalive_basis
 from ...reasons import Reason
 from ..common import CliError
 from ..exit_codes import EXIT_FAILED, EXIT_UNAVAILABLE, EXIT_UNSAFE, EXIT_USAGE
@@ -208,7 +208,7 @@ class _Attempt:
                             application_name=self.job.application_name_for(self.dsn),
                             defaults=self._settings(),
                             answer_timeout=self.check_timeout,
-                            check_timeout=self.check_timeout,
+                            check_timeout=keepalive_basis(self._keep()),
                         )
                     )
             except Interrupted as exc:  # nothing to log against, and no sign of a ledger
@@ -227,7 +227,7 @@ class _Attempt:
         self.report.database, self.report.server = info.database, info.address
         self.report.application_name = info.application_name
         core = core_for(self.job, driver)
-        keep = Keep(interval=self.check_interval, timeout=self.check_timeout)
+        keep = self._keep()
         command = Command(
             self.job,
             self.command,
@@ -297,6 +297,11 @@ class _Attempt:
             logger.debug("pgsolo: could not read who holds %s: %s", self.job.key, self._scrub(exc))
             holders = None
         return outcome.busy(self.job, holders)
+
+    def _keep(self) -> Keep:
+        """The keeper of COMMAND's lock: a beat every --check-interval, answered within
+        --check-timeout."""
+        return Keep(interval=self.check_interval, timeout=self.check_timeout)
 
     def _settings(self) -> dict[str, str]:
         return connection_settings(self.check_timeout, connect_timeout=self.connect_timeout)

@@ -12,7 +12,15 @@ from ..._acompat import AIS_ASYNC, AMutex, apause, ato_its_end
 from ...drivers import AsyncDriver, adapt_async
 from ...drivers._async.connect import aopen_connection
 from ...keys import KeyLike
-from ...locking import AsyncKeeper, AsyncLocker, Watch, adrive, alend_session, poll_pauses
+from ...locking import (
+    AsyncKeeper,
+    AsyncLocker,
+    Watch,
+    adrive,
+    alend_session,
+    keepalive_basis,
+    poll_pauses,
+)
 from ..definition import (
     Job,
     JobOptions,
@@ -73,7 +81,9 @@ async def run_job_async(
         return await _run_through(job, target, fn, args)
     if isinstance(target, str):
         async with aopen_connection(
-            target, application_name=job.application_name_for(target)
+            target,
+            application_name=job.application_name_for(target),
+            check_timeout=keepalive_basis(job.keep),
         ) as conn:
             return await _run_async(job, adapt_async(conn), target, fn, (conn, *args))
     return await _run_async(job, adapt_async(target), None, fn, (target, *args))

@@ -13,7 +13,15 @@ from ..._acompat import IS_ASYNC, Mutex, pause, to_its_end
 from ...drivers import SyncDriver, adapt_sync
 from ...drivers._sync.connect import open_connection
 from ...keys import KeyLike
-from ...locking import Keeper, Locker, Watch, drive, lend_session, poll_pauses
+from ...locking import (
+    Keeper,
+    Locker,
+    Watch,
+    drive,
+    keepalive_basis,
+    lend_session,
+    poll_pauses,
+)
 from ..definition import (
     Job,
     JobOptions,
@@ -73,7 +81,11 @@ def run_job(
     if isinstance(target, Locker):
         return _run_through(job, target, fn, args)
     if isinstance(target, str):
-        with open_connection(target, application_name=job.application_name_for(target)) as conn:
+        with open_connection(
+            target,
+            application_name=job.application_name_for(target),
+            check_timeout=keepalive_basis(job.keep),
+        ) as conn:
             return _run_sync(job, adapt_sync(conn), target, fn, (conn, *args))
     return _run_sync(job, adapt_sync(target), None, fn, (target, *args))
 

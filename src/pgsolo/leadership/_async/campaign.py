@@ -19,7 +19,7 @@ from ...errors import (
     LockTimeoutError,
 )
 from ...keys import LEADER_PREFIX
-from ...locking import Keep
+from ...locking import Keep, as_keep, keepalive_basis
 from ..candidacy import CAMPAIGN_LOOK_EVERY, check_campaign
 from .leader import AsyncTerm, own_term
 
@@ -64,7 +64,9 @@ async def campaign_async(
     failures = 0
     while not (stop is not None and stop.is_set()):
         try:
-            async with aopen_connection(dsn, application_name=named) as conn:
+            async with aopen_connection(
+                dsn, application_name=named, check_timeout=keepalive_basis(as_keep(keep))
+            ) as conn:
                 failures = 0
                 while not (stop is not None and stop.is_set()):
                     term: AsyncTerm | None = None

@@ -16,7 +16,15 @@ from ...drivers._async.connect import aopen_connection
 from ...drivers.conninfo import application_name_for
 from ...errors import LockLostError, UsageError
 from ...keys import LEADER_PREFIX, Key
-from ...locking import AsyncLock, AsyncLocker, AsyncLockerLock, Keep, adrive, session_lock
+from ...locking import (
+    AsyncLock,
+    AsyncLocker,
+    AsyncLockerLock,
+    Keep,
+    adrive,
+    keepalive_basis,
+    session_lock,
+)
 from ..candidacy import Candidacy
 from ..terms import record_term_plan
 
@@ -121,7 +129,9 @@ async def leader_async(
     if isinstance(target, str):
         named = application_name_for(target, LEADER_PREFIX + candidacy.name)
         async with (
-            aopen_connection(target, application_name=named) as conn,
+            aopen_connection(
+                target, application_name=named, check_timeout=keepalive_basis(candidacy.keep)
+            ) as conn,
             _term(conn, candidacy, ended, own=True) as term,
         ):
             yield term

@@ -20,7 +20,7 @@ from ...errors import (
     LockTimeoutError,
 )
 from ...keys import LEADER_PREFIX
-from ...locking import Keep
+from ...locking import Keep, as_keep, keepalive_basis
 from ..candidacy import CAMPAIGN_LOOK_EVERY, check_campaign
 from .leader import Term, own_term
 
@@ -65,7 +65,9 @@ def campaign(
     failures = 0
     while not (stop is not None and stop.is_set()):
         try:
-            with open_connection(dsn, application_name=named) as conn:
+            with open_connection(
+                dsn, application_name=named, check_timeout=keepalive_basis(as_keep(keep))
+            ) as conn:
                 failures = 0
                 while not (stop is not None and stop.is_set()):
                     term: Term | None = None

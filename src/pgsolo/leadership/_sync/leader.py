@@ -17,7 +17,15 @@ from ...drivers._sync.connect import open_connection
 from ...drivers.conninfo import application_name_for
 from ...errors import LockLostError, UsageError
 from ...keys import LEADER_PREFIX, Key
-from ...locking import Keep, Lock, Locker, LockerLock, drive, session_lock
+from ...locking import (
+    Keep,
+    Lock,
+    Locker,
+    LockerLock,
+    drive,
+    keepalive_basis,
+    session_lock,
+)
 from ..candidacy import Candidacy
 from ..terms import record_term_plan
 
@@ -122,7 +130,9 @@ def leader(
     if isinstance(target, str):
         named = application_name_for(target, LEADER_PREFIX + candidacy.name)
         with (
-            open_connection(target, application_name=named) as conn,
+            open_connection(
+                target, application_name=named, check_timeout=keepalive_basis(candidacy.keep)
+            ) as conn,
             _term(conn, candidacy, ended, own=True) as term,
         ):
             yield term
