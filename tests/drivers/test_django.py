@@ -16,7 +16,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from django.core.signals import request_finished
+from django.core.signals import request_finished, request_started
 from django.db import (
     DatabaseError,
     OperationalError,
@@ -324,9 +324,16 @@ def test_request_end_releases_session_locks_of_a_persistent_connection(
     assert conn.connection is not None  # persistent: still open
     assert observer.holders(key) == set()
     assert any("end of the request" in r.getMessage() for r in caplog.records)
+    # The next request takes the key on the same session: the late release must not
+    # unlock it (it did, and a third session took a key that request believed it held).
+    request_started.send(sender=None)
+    again = session_lock(conn, key)
+    assert again.acquire()
     with pytest.raises(pgsolo.LockNotHeldError):
         lock.release()
     assert conn.connection.info.backend_pid == pid
+    assert observer.holders(key) == {pid}
+    again.release()
 
 
 def test_request_end_of_a_closing_connection_reports_the_lock_lost(

@@ -54,6 +54,52 @@ def test_pool_reset_hook_releases_leaked_session_lock(
     assert warnings, "the reset hook should warn about the leaked lock"
 
 
+def test_a_late_release_of_a_lock_the_reset_let_go_never_touches_the_next_borrowers(
+    dsn: str, observer: Any, key: Key
+) -> None:
+    """Guards mutual exclusion across borrowers of one pooled session: the reset let the
+    first borrower's lock go (with a warning), the next borrower took the same key on
+    the same session, and the first one's late release() unlocked it, so that a third
+    session took a key the next borrower still believed it held."""
+    with ConnectionPool(
+        dsn, min_size=1, max_size=1, reset=pgsolo.pool_reset, kwargs={"autocommit": True}
+    ) as pool:
+        with pool.connection(timeout=DEADLINE) as first:
+            stale = pgsolo.session_lock(first, key)
+            assert stale.acquire() is True  # and never released before the check-in
+        with pool.connection(timeout=DEADLINE) as second:
+            assert second is first  # the same connection object, the same session
+            mine = pgsolo.session_lock(second, key)
+            assert mine.acquire() is True
+            assert stale.is_held() is False  # its session let it go: nothing is asked
+            with pytest.raises(pgsolo.LockNotHeldError, match="went back to its pool"):
+                stale.release()
+            assert observer.holders(key) == {pid_of(second)}
+            mine.release()
+    assert observer.holders(key) == set()
+
+
+def test_the_late_end_of_a_transaction_lock_the_reset_rolled_back_commits_nothing_of_anyones(
+    dsn: str, observer: Any, key: Key
+) -> None:
+    """Guards the next borrower's transaction: the block of a transaction lock left open
+    across the check-in ended later, and its COMMIT ended the next borrower's
+    transaction, which held the connection then."""
+    with ConnectionPool(
+        dsn, min_size=1, max_size=1, reset=pgsolo.pool_reset, kwargs={"autocommit": True}
+    ) as pool:
+        with pool.connection(timeout=DEADLINE) as first:
+            stale = pgsolo.xact_lock(first, key)
+            stale.__enter__()  # a block left open as the connection goes back
+        with pool.connection(timeout=DEADLINE) as second, second.transaction():
+            second.execute("CREATE TEMP TABLE pgsolo_borrower (n int)")
+            with pytest.raises(pgsolo.LockLostError, match="nothing of the block committed"):
+                stale.__exit__(None, None, None)
+            assert second.info.transaction_status is pq.TransactionStatus.INTRANS
+            assert observer.holders(key) == set()
+            stale.__exit__(RuntimeError, RuntimeError("the block failed"), None)  # quietly
+
+
 def test_pool_without_reset_hook_leaks_session_lock(dsn: str, observer: Any, key: Key) -> None:
     with ConnectionPool(
         dsn, min_size=1, max_size=1, kwargs={"autocommit": True}, open=True

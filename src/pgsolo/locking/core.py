@@ -181,8 +181,8 @@ class LockCore(ABC):
 
     def is_held(self) -> Plan[bool]:
         """Ask the server (``pg_locks``) whether this backend holds the key right now."""
-        if self.driver.is_closed():
-            return False
+        if self.driver.is_closed() or holdings.let_go_elsewhere(self.held):
+            return False  # the session this lock was taken on let it go
         if self.driver.transaction_status() is TxStatus.INERROR:
             raise ConnectionStateError("the connection's transaction has failed; roll back first")
         held_here = sql.held_here(self.spec.key, shared=self.spec.shared)

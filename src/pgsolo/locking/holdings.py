@@ -38,6 +38,7 @@ __all__ = [
     "held_session_locks",
     "hold_of",
     "is_claimed",
+    "let_go_elsewhere",
     "session_keys",
     "set_route",
     "set_transaction_owner",
@@ -64,6 +65,8 @@ class Held:
     # The hold (pgsolo.sql.hold_savepoint) of a session lock taken in a transaction, for
     # whichever Lock lets go of the key last.
     hold: str | None = None
+    # The session let the key go for its holders (drop_all, forget_all): see let_go_elsewhere.
+    let_go: bool = False
 
 
 @dataclass
@@ -77,6 +80,9 @@ class _Holdings:
     transaction_owner: tuple[int, int] | None = None
     # What answers this connection (pgsolo.locking.routing), found before its first session lock.
     route: Route | None = None
+    # The books were closed (forget_all): the connection went back to its pool, whose
+    # reset let go of everything its session held and rolled back its transaction.
+    closed: bool = False
 
 
 _HOLDINGS: IdentityWeakMap[object, _Holdings] = IdentityWeakMap()
@@ -194,6 +200,7 @@ def drop_all(conn: object, key: Key) -> None:
         held = holdings.keys.get(key.value) if holdings else None
         if held is not None:
             held.holders.clear()
+            held.let_go = True
             _drop(held, None)
 
 
@@ -228,14 +235,26 @@ def _drop(held: Held, holder: object) -> None:
         del held.books.keys[held.key.value]
 
 
-def forget_all(conn: object) -> list[Key]:
+def forget_all(conn: object) -> list[Held]:
+    """Close ``conn``'s books: its session lets go of everything (a pool's reset, a
+    Locker's close). What was on them, each off the books."""
     with _HOLDINGS_LOCK:
         holdings = _HOLDINGS.pop(conn)
         if holdings is None:
             return []
+        holdings.closed = True
         for held in holdings.keys.values():
             held.holders.clear()  # off the books: a lock that kept it holds nothing here
-    return [held.key for held in holdings.keys.values()]
+            held.let_go = True
+    return list(holdings.keys.values())
+
+
+def let_go_elsewhere(held: Held | None) -> bool:
+    """Whether the session let go of the key ``held`` claims for its holders, by a pool's
+    reset, a request's end or a Locker's close, and not by one of them. Their lock must
+    send nothing more on the connection, which may be another's by now: the next
+    borrower's key or transaction would be the one it released or committed."""
+    return held is not None and (held.let_go or held.books.closed)
 
 
 def held_session_locks(conn: SyncConnectionLike | AsyncConnectionLike) -> list[Key]:

@@ -16,15 +16,22 @@ __all__ = ["reset_plan"]
 
 
 def reset_plan(driver: DriverBase) -> Plan[None]:
-    keys = holdings.forget_all(driver.connection)
+    forgotten = holdings.forget_all(driver.connection)
     if driver.is_closed():
         return  # its locks went with it: off the books, nothing to release or warn of
-    for key in keys:
-        logger.warning(
-            "pgsolo: session lock %s was still held when its connection went back to the"
-            " pool; releasing it",
-            key,
-        )
+    for held in forgotten:
+        if held.lifetime == "xact":
+            logger.warning(
+                "pgsolo: transaction lock %s was still held when its connection went back"
+                " to the pool; rolling its transaction back",
+                held.key,
+            )
+        else:
+            logger.warning(
+                "pgsolo: session lock %s was still held when its connection went back to"
+                " the pool; releasing it",
+                held.key,
+            )
     status = driver.transaction_status()
     statements = [sql.UNLOCK_ALL]
     if status in (TxStatus.INTRANS, TxStatus.INERROR):

@@ -292,6 +292,15 @@ class SessionLockCore(LockCore):
             events.log(logging.WARNING, "release-not-held")
             raise LockNotHeldError(f"session lock {key} is not held by this Lock object", key=key)
         driver = self.driver
+        if holdings.let_go_elsewhere(self.held) and not driver.is_closed():
+            self.forget()
+            events.log(logging.DEBUG, "lost", reason="lock-released")  # warned of then
+            raise LockNotHeldError(
+                f"session lock {key} was released when its connection went back to its pool"
+                " (or its request ended, or its Locker closed), as a warning said then;"
+                " nothing was sent, since the connection may be another's by now",
+                key=key,
+            )
         conn = driver.connection
         count, hold = holdings.hold_of(conn, key)
         if count > 1:

@@ -260,6 +260,11 @@ class XactLockCore(LockCore):
         :class:`LockLostError` raised."""
         if not self.opened_transaction:
             return
+        if (held := self.held) is not None and held.books.closed:
+            # A pool's reset closed the books the key was claimed on (a claim withdrawn
+            # when the try found it busy too): it rolled pgsolo's transaction back.
+            self._ended_elsewhere(failed=failed)  # raises, unless the block failed
+            return
         try:
             yield from self._end_own_transaction(failed=failed)
         except BaseException as exc:
@@ -267,6 +272,26 @@ class XactLockCore(LockCore):
             raise
         finally:
             self.forget()
+
+    def _ended_elsewhere(self, *, failed: bool) -> None:
+        """pgsolo's own transaction was rolled back by the reset of the pool the connection
+        went back to (a warning said so then): nothing is sent, since the connection may
+        be another's by now, its COMMIT the next borrower's. A block that ended without an
+        error learns that nothing of it committed."""
+        self.opened_transaction = False
+        self.transaction_marker = None
+        self.acquired = False
+        if failed:
+            return
+        key = self.spec.key
+        self.events.log(logging.WARNING, "lost", reason="lock-released")
+        raise LockLostError(
+            f"transaction lock {key} was lost: its connection went back to its pool before"
+            " the block ended, and the pool's reset rolled its transaction back; nothing of"
+            " the block committed",
+            key=key,
+            reason="lock-released",
+        )
 
     def forget(self) -> None:
         """pgsolo's own transaction has ended (or never began): the lock is no longer
@@ -455,6 +480,8 @@ class XactLockCore(LockCore):
             and self.opened_transaction
             and self.acquired
             and self.driver.transaction_status() is TxStatus.INTRANS
+            and (held := self.held) is not None
+            and not held.books.closed
         ):
             return [], "commit", 0.0
         return self.exit(failed=False)
