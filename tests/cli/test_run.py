@@ -46,6 +46,7 @@ from _support import (
     script,
 )
 from pgsolo.cli.run import outcome
+from pgsolo.cli.run.signals import FORWARDED_SIGNALS, signal_name
 from pgsolo.drivers.conninfo import redact_dsn
 from pgsolo.jobs import Job
 from pgsolo.keys import Key, leader_key
@@ -97,8 +98,8 @@ def on_signal(signum, frame):
 if sys.argv[3:] == ["ignore"]:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 else:
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2"):
+        signal.signal(getattr(signal, name), on_signal)
 (d / "pid").write_text(str(os.getpid()))
 (d / "ready").touch()
 deadline = time.monotonic() + 60
@@ -571,7 +572,7 @@ def test_a_failed_run_does_not_use_up_its_period(
     assert len((tmp_path / "ran").read_text().split()) == 2
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("signum", FORWARDED_SIGNALS, ids=signal_name)
 def test_a_signal_to_pgsolo_is_forwarded_and_pgsolo_waits_for_the_command(
     migrated: str,
     observer: Any,
@@ -803,7 +804,7 @@ def test_the_command_has_its_own_process_group_unless_stdin_is_a_terminal(
     assert group == (proc.pid if terminal else pid)
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("signum", FORWARDED_SIGNALS, ids=signal_name)
 def test_a_signal_while_waiting_for_the_lock_ends_the_wait(
     migrated: str,
     connect: Connect,
@@ -1372,6 +1373,26 @@ def test_a_background_job_that_ignores_a_forwarded_sigint_keeps_the_lock(
     first.proc.send_signal(signal.SIGINT)
     done = assert_key_busy_until_the_worker_ends(db, key, tmp_path, first)
     assert done.returncode == 128 + signal.SIGINT, done.stderr
+    assert only_json(done.stderr)["lingering_processes"] == 1
+    assert not (tmp_path / "worker-signal").exists()  # it ran to its end
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a child subreaper")
+def test_a_sighup_to_pgsolo_keeps_the_lock_while_a_nohup_worker_runs(
+    db: str, key: Key, tmp_path: Path, background: Callable[..., Running]
+) -> None:
+    """Guards the key of a run whose terminal or ssh session closed: SIGHUP killed pgsolo
+    at once (its default action), the server let the key go while the worker ran on, and
+    a second run of the key started beside it, with no outcome written."""
+    (tmp_path / "second").mkdir()
+    worker = shlex.join(["nohup", PY, "-c", WORKER, str(tmp_path)])
+    first = background(
+        *run_args(key.text, db), "--json", "--", "bash", "-c", f"{worker} >/dev/null & wait"
+    )
+    wait_until((tmp_path / "worker-ready").exists, "the worker to start")
+    first.proc.send_signal(signal.SIGHUP)
+    done = assert_key_busy_until_the_worker_ends(db, key, tmp_path, first)
+    assert done.returncode == 128 + signal.SIGHUP, done.stderr  # bash died of it
     assert only_json(done.stderr)["lingering_processes"] == 1
     assert not (tmp_path / "worker-signal").exists()  # it ran to its end
 

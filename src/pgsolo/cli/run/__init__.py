@@ -8,7 +8,8 @@ Where each part lives:
 - :mod:`.watch`: COMMAND as that work: started, watched with the keeper while it runs,
   stopped when the lock is lost;
 - :mod:`.child`: COMMAND's process, its process group and every process it started;
-- :mod:`.signals`: SIGTERM and SIGINT, ending a wait before COMMAND, forwarded while it runs;
+- :mod:`.signals`: SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2, ending a wait
+  before COMMAND, forwarded while it runs;
 - :mod:`.outcome`: what each ending means: the exit code and the error line;
 - :mod:`.report`: the ``--json`` object.
 """
@@ -61,7 +62,8 @@ def add_run_command(subparsers: Subparsers) -> None:
         "connection moved to another backend; 69 database unavailable; 2 usage error, "
         "including --record or "
         "--once-per on a database where `pgsolo migrate` has not run; 1 COMMAND succeeded"
-        " but its period could not be recorded. SIGTERM and SIGINT are forwarded to "
+        " but its period could not be recorded. SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1"
+        " and SIGUSR2 are forwarded to "
         "COMMAND; one that comes before COMMAND started ends the run without starting it "
         "(128+N, lock released). When stdin is not a terminal, COMMAND leads its own "
         "process group and every signal reaches the whole group (what COMMAND started "
@@ -95,7 +97,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     job: Job | None = None
     publisher = Publisher(args)
     # From here on every ending prints its error and, with --json, one JSON object (where
-    # JsonDestination says); SIGTERM and SIGINT are handled before anything connects.
+    # JsonDestination says); the signals of .signals are handled before anything connects.
     with RunSignals().installed() as signals:
         try:
             # Everything is validated before anything connects (UsageError: exit 2).

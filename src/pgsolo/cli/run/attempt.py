@@ -29,7 +29,8 @@ COMMAND as the work (:mod:`.watch`), and records through the same ledger code
    connection when the pinned one died). :mod:`.outcome` says what each ending means
    on the command line.
 
-Signals (:mod:`.signals`). SIGTERM and SIGINT are handled from before pgsolo connects
+Signals (:mod:`.signals`). SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 (each
+of which would kill pgsolo by default) are handled from before pgsolo connects
 until it is done: one that arrives while pgsolo connects, or while the plan works before
 COMMAND starts (waiting for the lock included), ends that (psycopg cancels the
 statement), and one that arrives before COMMAND exists keeps it from being started;
@@ -38,12 +39,12 @@ and the attempt recorded. While COMMAND runs they are forwarded to it.
 
 Process groups (:mod:`.child`). When stdin is not a terminal (cron, systemd,
 Kubernetes), COMMAND leads a process group of its own and every signal pgsolo sends
-(SIGTERM/SIGKILL after a lost lock, a forwarded SIGTERM or SIGINT) goes to the whole
+(SIGTERM/SIGKILL after a lost lock, a forwarded signal) goes to the whole
 group, so what COMMAND started stops with it; after a lost lock the group gets the same
 ``--grace`` as COMMAND, then SIGKILL. When stdin is a terminal, COMMAND stays in
 pgsolo's group, the terminal's foreground group, so that it can read the terminal and a
 Ctrl-C reaches all of it directly; pgsolo then signals COMMAND's own process only, and
-forwards a SIGINT only when COMMAND is not in the terminal's foreground group, so it
+forwards a SIGINT or SIGQUIT only when COMMAND is not in the terminal's foreground group, so it
 never sees one keystroke twice (``kill -INT`` aimed at a pgsolo in the foreground of a
 terminal is therefore not forwarded). The parent-death signal that kills COMMAND if
 pgsolo itself is killed reaches COMMAND's own process only.

@@ -15,7 +15,7 @@ from functools import cache
 from pathlib import Path
 
 from ..._logging import cli_logger as logger
-from .signals import signal_name
+from .signals import TERMINAL_SIGNALS, signal_name
 
 __all__ = ["EXIT_CANNOT_EXECUTE", "EXIT_NOT_FOUND", "Child", "not_found", "stdin_is_terminal"]
 
@@ -179,7 +179,7 @@ class Child:
             self.signal_all(signum)
             self.forwarded.append(signum)
             return
-        if signum == signal.SIGINT and _terminal_sent_it_too(proc.pid):
+        if signum in TERMINAL_SIGNALS and _terminal_sent_it_too(proc.pid):
             return
         # A signal handler must not log or print: the main thread may be halfway
         # through a write to the same stream.
@@ -288,7 +288,7 @@ def _send(proc: subprocess.Popen[bytes], signum: int) -> None:
 
 def _terminal_sent_it_too(pid: int) -> bool:
     """Whether ``pid`` is in the foreground process group of our terminal: then a Ctrl-C
-    typed there reached it already, and forwarding would deliver it twice."""
+    (or Ctrl-\\) typed there reached it already, and forwarding would deliver it twice."""
     try:
         group = os.getpgid(pid)
     except OSError:

@@ -1,5 +1,7 @@
-"""SIGTERM and SIGINT for the whole of one ``pgsolo run``: forwarded to COMMAND while it
-runs, ending a wait before it starts."""
+"""The signals that would end ``pgsolo run`` by default (SIGTERM, SIGINT, SIGHUP, SIGQUIT,
+SIGUSR1, SIGUSR2), for the whole of one run: forwarded to COMMAND while it runs, ending a
+wait before it starts. Left to their default action, they killed pgsolo at once: the key
+was let go while what COMMAND started ran on, and no outcome was written."""
 
 from __future__ import annotations
 
@@ -10,10 +12,19 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any, Protocol
 
-__all__ = ["FORWARDED_SIGNALS", "Interrupted", "RunSignals", "signal_name"]
+__all__ = ["FORWARDED_SIGNALS", "TERMINAL_SIGNALS", "Interrupted", "RunSignals", "signal_name"]
 
 
-FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+FORWARDED_SIGNALS = (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGHUP,  # a terminal or an ssh session that closed
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+)
+# What a terminal sends its foreground process group itself (Ctrl-C, Ctrl-\).
+TERMINAL_SIGNALS = (signal.SIGINT, signal.SIGQUIT)
 
 
 class Forwarding(Protocol):
@@ -23,7 +34,7 @@ class Forwarding(Protocol):
 
 
 class Interrupted(KeyboardInterrupt):
-    """SIGTERM or SIGINT before COMMAND started.
+    """One of FORWARDED_SIGNALS before COMMAND started.
 
     :class:`RunSignals` raises it from its handler to end a wait; being a
     ``KeyboardInterrupt``, psycopg cancels the statement in flight before passing it on.
@@ -35,7 +46,7 @@ class Interrupted(KeyboardInterrupt):
 
 
 class RunSignals:
-    """SIGTERM and SIGINT for the whole of one ``pgsolo run`` (main thread only).
+    """FORWARDED_SIGNALS for the whole of one ``pgsolo run`` (main thread only).
 
     Installed (:meth:`installed`) before anything connects, so that no signal kills pgsolo
     outright. Inside :meth:`interruptible` (connecting; then everything the job plan does
