@@ -133,3 +133,34 @@ def test_a_password_that_is_also_another_options_value_is_never_shown(dsn: str) 
         done = pgsolo(*args)
         assert done.returncode in (2, 69), done.stderr
         assert "verify-full" not in done.stderr + done.stdout, done.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        # An abbreviation of --dsn, and COMMAND without `--`: the corrected line and the
+        # JSON document showed the abbreviation's value.
+        [
+            "run",
+            "--json",
+            "--ds",
+            "postgresql://app:Hunter2pw@127.0.0.1:1/app",
+            "--key",
+            "k",
+            "true",
+        ],
+        ["run", "--json", "--ds=postgresql://app:Hunter2pw@127.0.0.1:1/app", "--key", "k", "true"],
+        # An unquoted key=value DSN: argparse's "unrecognized arguments" echoed its words.
+        ["locks", "--dsn", "host=127.0.0.1", "password=Hunter2pw", "dbname=app"],
+        ["doctor", "--json", "--dsn", "host=127.0.0.1", "password=Hunter2pw"],
+        # ... and pgsolo run took them for COMMAND, whose name the corrected line shows.
+        ["run", "--key", "k", "--dsn", "host=127.0.0.1", "password=Hunter2pw", "--", "true"],
+        # A value argparse refuses, echoed in its message.
+        ["run", "--key", "k", "--check-timeout", "password=Hunter2pw", "--", "true"],
+    ],
+    ids=["abbreviated", "abbreviated=", "unquoted", "unquoted-json", "unquoted-run", "refused"],
+)
+def test_a_usage_error_never_shows_a_password_of_the_command_line(args: list[str]) -> None:
+    done = pgsolo(*args)
+    assert done.returncode == 2, done.stderr
+    assert "Hunter2pw" not in done.stderr + done.stdout, done.stderr

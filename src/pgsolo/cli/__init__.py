@@ -15,12 +15,14 @@ to a person goes through :func:`~pgsolo.dsn.redact_dsn`: no password is ever pri
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import io
 import logging
 import sys
+from collections.abc import Sequence
 from importlib import import_module
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, NoReturn, cast
 
 from .. import __version__
 from .._logging import configure
@@ -74,18 +76,26 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def build_parser(command: str | None = "") -> argparse.ArgumentParser:
+def build_parser(command: str | None = "", given: Sequence[str] = ()) -> argparse.ArgumentParser:
     """The ``pgsolo`` parser, with every command's options (``command=""``), only
-    ``command``'s, or none (None): the others are listed by name and help line only."""
-    from .common import COMMON  # noqa: PLC0415 - after --version, which needs nothing
+    ``command``'s, or none (None): the others are listed by name and help line only.
+    ``given``: the command line it parses, whose passwords its errors blank out."""
+    from .common import COMMON, Parser  # noqa: PLC0415 - after --version, which needs nothing
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="pgsolo",
         description="Run a piece of work at most once at a time, with PostgreSQL advisory locks.",
         parents=[COMMON],
+        given=given,
     )
     parser.add_argument("--version", action="version", version=f"pgsolo {__version__}")
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    subparsers = parser.add_subparsers(
+        dest="command",
+        metavar="COMMAND",
+        required=True,
+        # Each command's parser gets the command line too (a class, for typeshed).
+        parser_class=cast("type[Parser]", functools.partial(Parser, given=given)),
+    )
     for name, (module, line) in COMMANDS.items():
         if command in ("", name):
             register = getattr(import_module(module, __name__), f"add_{name}_command")
@@ -156,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     command = _command_word(given)
     args: argparse.Namespace | None = None
     try:
-        parser = build_parser(command)
+        parser = build_parser(command, given)
         try:
             args = parser.parse_args(given)
         except SystemExit as exc:  # --help, --version, usage errors (2)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias
 
 from .._logging import LOG_FORMATS
 from .._types import check_seconds
@@ -36,6 +36,35 @@ if TYPE_CHECKING:
 
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser for pgsolo's commands: ``given``, the command line, is what its
+    usage errors blank every password of, since argparse echoes what it refused
+    (``unrecognized arguments: password=...``, an unquoted key=value DSN); and no option
+    is taken by an abbreviation of its name (``--ds`` for ``--dsn``), whose value the
+    messages that blank ``--dsn``'s would not know for a DSN."""
+
+    def __init__(self, *args: Any, given: Sequence[str] = (), **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+        self.given = tuple(given)
+
+    def error(self, message: str) -> NoReturn:
+        super().error(without_secrets(message, self.given))
+
+
+def without_secrets(text: str, words: Iterable[str]) -> str:
+    """``text`` with every password that a word of ``words`` (a command line) holds
+    blanked out: a connection string's, whole (``--dsn=postgresql://u:pw@h``) or in
+    pieces (``password=pw``, the words of an unquoted key=value string)."""
+    from ..drivers.conninfo import scrub_secrets  # noqa: PLC0415 - see the top of this module
+
+    for word in words:
+        value = word.partition("=")[2] if word.startswith("-") else word
+        if "://" in value or "password" in value.lower():
+            text = scrub_secrets(text, value)
+    return text
 
 
 Handler: TypeAlias = Callable[[argparse.Namespace], int]

@@ -8,7 +8,12 @@ import shlex
 
 from ..._types import MAX_WAIT_SECONDS
 from ...keys import MAX_SEMAPHORE_LIMIT
-from ..common import add_dsn_argument, add_key_is_name_argument, seconds_between
+from ..common import (
+    add_dsn_argument,
+    add_key_is_name_argument,
+    seconds_between,
+    without_secrets,
+)
 from ..exit_codes import (
     EXIT_FAILED,
     EXIT_LOST,
@@ -248,7 +253,9 @@ def with_separator(args: argparse.Namespace, command: list[str]) -> str:
     if not options:
         shown = ["run", "--key", "KEY", "[OPTIONS]"]
     arguments = " ARG..." if len(command) > 1 else ""
-    return shlex.join(["pgsolo", *shown, "--", command[0]]) + arguments
+    # COMMAND's name may be the rest of an unquoted DSN (--dsn host=h password=pw ...).
+    line = shlex.join(["pgsolo", *shown, "--", command[0]]) + arguments
+    return without_secrets(line, given)
 
 
 def slot_count(text: str) -> int:
