@@ -497,6 +497,39 @@ def test_wait_runs_the_command_once_the_holder_lets_go(
     assert observer.waiters(key) == set()
 
 
+@pytest.mark.parametrize(
+    ("ending", "exit_code", "outcome"), [("busy", 75, "skipped"), ("not-found", 127, "failed")]
+)
+def test_a_stderr_whose_reader_is_gone_changes_neither_the_exit_code_nor_the_document(
+    db: str, connect: Connect, key: Key, tmp_path: Path, ending: str, exit_code: int, outcome: str
+) -> None:
+    """Guards a run whose log shipper died (stderr a pipe nobody reads): writing the
+    ending's line raised BrokenPipeError, and every ending became exit 1, with no
+    --json-file document."""
+    if ending == "busy":
+        connect().execute(raw_lock_sql(key.text))
+    document = tmp_path / "run.json"
+    command = script(MARK, tmp_path, 0) if ending == "busy" else ["/nonexistent/command"]
+    argv = [*run_args(key.text, db), "--json-file", str(document), "--", *command]
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "pgsolo", *argv],
+            stdin=subprocess.DEVNULL,
+            stderr=write,
+            env=cli_env(),
+            timeout=60,
+            check=False,
+        )
+    finally:
+        os.close(write)
+    assert done.returncode == exit_code
+    report = json.loads(document.read_text())
+    assert (report["outcome"], report["exit_code"]) == (outcome, exit_code)
+    assert not (tmp_path / "ran").exists()
+
+
 def test_wait_that_times_out_skips(
     migrated: str, connect: Connect, observer: Any, key: Key, job: str, tmp_path: Path
 ) -> None:

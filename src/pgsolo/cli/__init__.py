@@ -15,6 +15,7 @@ to a person goes through :func:`~pgsolo.dsn.redact_dsn`: no password is ever pri
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import gc
 import io
@@ -22,7 +23,7 @@ import logging
 import sys
 from collections.abc import Sequence
 from importlib import import_module
-from typing import TYPE_CHECKING, NoReturn, cast
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO, cast
 
 from .. import __version__
 from .._logging import configure
@@ -144,6 +145,29 @@ def _escape_what_cannot_be_shown() -> None:
             stream.reconfigure(errors="backslashreplace")
 
 
+class _StderrThatNeverBreaks:
+    """The process's stderr, whose reader may be gone (a log shipper that died: a broken
+    pipe). What pgsolo says there is lost then, but saying it must not end the command
+    with a traceback and exit 1: the exit code, and a ``--json-file`` document, still say
+    how it ended."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError:
+            return len(text)
+
+    def flush(self) -> None:
+        with contextlib.suppress(OSError):
+            self._stream.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 def console() -> NoReturn:
     """The ``pgsolo`` command: :func:`main`, then exit with its code.
 
@@ -151,6 +175,8 @@ def console() -> NoReturn:
     the interpreter's last collections at exit would walk every object psycopg and pgsolo
     made, a sixth of a whole ``pgsolo run -- true``, to free memory the exit frees anyway.
     Nothing else is skipped: every ``finally`` has run, and atexit handlers still run."""
+    if sys.stderr is not None:  # None: started with fd 2 closed (2>&-)
+        sys.stderr = _StderrThatNeverBreaks(sys.stderr)
     code = main()
     gc.freeze()
     sys.exit(code)
