@@ -1618,6 +1618,29 @@ def test_the_json_document_of_a_key_that_is_not_utf8_is_valid_json(db: str, tmp_
     assert (report["key"], report["job"]) == ("caf\\xe9-export", "caf\\xe9-export")
 
 
+@pytest.mark.parametrize("via", ["--application-name", "PGAPPNAME"])
+def test_an_application_name_that_is_not_utf8_is_a_usage_error(
+    db: str, observer: Any, key: Key, tmp_path: Path, via: str
+) -> None:
+    """Guards a name libpq cannot send: its lone surrogates made psycopg raise
+    UnicodeEncodeError as pgsolo connected, a traceback and exit 1 with no document."""
+    given = [b"--application-name", b"n\xff-worker"] if via == "--application-name" else []
+    env = {**cli_env(), "PGAPPNAME": "n\udcff-worker"} if via == "PGAPPNAME" else cli_env()
+    done = subprocess.run(
+        [PY.encode(), b"-m", b"pgsolo", b"run", b"--key", key.text.encode(), b"--dsn",
+         db.encode(), *given, b"--json-file", str(tmp_path / "report.json").encode(),
+         b"--", *(word.encode() for word in script(MARK, tmp_path, 0))],
+        stdin=subprocess.DEVNULL, capture_output=True, env=env, timeout=TIMEOUT, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert b"must be valid Unicode text" in done.stderr
+    assert b"Traceback" not in done.stderr
+    report = json_document((tmp_path / "report.json").read_text(encoding="utf-8"))
+    assert (report["reason"], report["exit_code"]) == ("usage-error", 2)
+    assert not (tmp_path / "ran").exists()
+    assert observer.holders(key) == set()
+
+
 # -- --leader NAME: the command-line standby ------------------------------------------------
 
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
 from ..dsn import DEFAULT_CONNECT_TIMEOUT, EMBEDDED, libpq_dsn, uri_scheme
-from ..errors import DatabaseUnavailableError, InvalidDsnError, PgsoloError
+from ..errors import DatabaseUnavailableError, InvalidArgumentError, InvalidDsnError, PgsoloError
 
 if TYPE_CHECKING:
     import psycopg
@@ -238,9 +238,28 @@ def application_name_for(dsn: str, default: str, explicit: str | None = None) ->
     """The name a connection shows in ``pg_stat_activity``: an explicit one, else one
     already in the DSN or in ``PGAPPNAME``, else pgsolo's default."""
     if explicit:
-        return explicit
+        return _sendable(explicit, "the application name (application_name=, --application-name)")
     given = (_libpq_params(dsn) or {}).get("application_name")
-    return str(given or os.environ.get("PGAPPNAME") or default)[:MAX_APPLICATION_NAME]
+    if given:
+        return _sendable(str(given), "the connection string's application_name")[
+            :MAX_APPLICATION_NAME
+        ]
+    if from_environment := os.environ.get("PGAPPNAME"):
+        return _sendable(from_environment, "PGAPPNAME")[:MAX_APPLICATION_NAME]
+    return default[:MAX_APPLICATION_NAME]
+
+
+def _sendable(name: str, what: str) -> str:
+    """``name``, if libpq can send it: text of Unicode (not the bytes of another encoding,
+    which arrive as lone surrogates) without NUL; otherwise InvalidArgumentError."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = name.encode("utf-8", "surrogateescape").decode("ascii", "backslashreplace")
+        raise InvalidArgumentError(f"{what} must be valid Unicode text, got {shown!r}") from None
+    if "\0" in name:
+        raise InvalidArgumentError(f"{what} must not contain NUL")
+    return name
 
 
 SERVER_KEEPALIVE_PROBES = 4
