@@ -256,6 +256,21 @@ def test_cli_run_json_says_a_missing_privilege_where_its_document_goes(
     assert doc["database"] is not None  # it connected before it was refused
 
 
+@pytest.mark.parametrize("command", [["history"], ["migrate"], ["prune", "--older-than", "1d"]])
+def test_every_commands_json_error_says_a_missing_privilege_by_its_code(
+    fresh_db: str, make_role: MakeRole, command: list[str]
+) -> None:
+    """Guards docs/cli.md's `error.code` vocabulary: `history` and `migrate` said
+    `failed` for a privilege the role lacks (only `prune` said
+    `insufficient-privilege`)."""
+    role, _ = make_role()
+    assert pgsolo_cli("migrate", "--dsn", fresh_db).returncode == 0
+    refused = pgsolo_cli(*command, "--dsn", role_dsn(fresh_db, role), "--json")
+    assert refused.returncode == 1, refused.stderr
+    doc = json_document(refused.stdout)
+    assert (doc["schema"], doc["error"]["code"]) == ("pgsolo.error/1", "insufficient-privilege")
+
+
 # -- (d) the monitor, (e) terminate ---------------------------------------------------------
 
 

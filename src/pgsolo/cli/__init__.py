@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TextIO, cast
 from .. import __version__
 from .._logging import configure
 from ..errors import (
+    InsufficientPrivilegeError,
     NotMigratedError,
     PgsoloError,
     UnsafeConnectionError,
@@ -270,6 +271,8 @@ def _error_reason(exc: CliError | PgsoloError) -> str | None:
         return exc.reason
     if isinstance(exc, NotMigratedError):
         return "not-migrated"
+    if isinstance(exc, InsufficientPrivilegeError):
+        return "insufficient-privilege"
     if isinstance(exc, UnsafeConnectionError):
         return exc.reason
     return None
