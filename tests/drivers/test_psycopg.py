@@ -1,6 +1,8 @@
 """psycopg 3 connections as their owners set them up: pgsolo reads the server's answers
 itself, so that what a caller registered on a connection for its own queries (a loader, a
-row factory) never changes what a lock hears. Guards the direct reading of a boolean
+row factory) never changes what a lock hears; and the transaction pgsolo begins on an
+autocommit connection has the connection's isolation level, read-only and deferrable
+settings, as ``conn.transaction()``'s would. Guards the direct reading of a boolean
 answer (the cost of a Transformer per round trip was most of reading one), on both of
 pgsolo's paths: a message sent to libpq directly, and one sent by a cursor (autocommit
 off and no transaction open)."""
@@ -8,6 +10,7 @@ off and no transaction open)."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 from typing import Any
 
 import psycopg
@@ -16,7 +19,7 @@ from psycopg.adapt import Loader
 from psycopg.rows import dict_row
 
 import pgsolo
-from _support import Connect
+from _support import AConnect, Connect
 from pgsolo import Key
 
 
@@ -99,3 +102,55 @@ async def test_a_notification_read_with_pgsolos_answer_reaches_the_callers_handl
         async with lock(conn, key) as held:
             assert held.acquired
             assert heard == ["before the lock"]
+
+
+CHARACTERISTICS = (
+    "SELECT current_setting('transaction_isolation'), current_setting('transaction_read_only'),"
+    " current_setting('transaction_deferrable')"
+)
+
+
+def test_pgsolos_own_transaction_has_the_connections_characteristics(
+    connect: Connect, key: Key
+) -> None:
+    """Guards a read-only connection's promise: pgsolo's own transaction (a transaction
+    lock on an autocommit connection, run_job's) began with a plain BEGIN, at read
+    committed and read-write, where psycopg's own would have been serializable and read
+    only, so a write the caller's connection forbids committed."""
+    conn = connect()
+    table = f"pgsolo_ro_{uuid.uuid4().hex[:12]}"  # not a temporary table: those take writes
+    conn.execute(f"CREATE TABLE {table} (n int)")
+    try:
+        conn.isolation_level = psycopg.IsolationLevel.SERIALIZABLE
+        conn.read_only, conn.deferrable = True, True
+        with conn.transaction():
+            expected = conn.execute(CHARACTERISTICS).fetchone()
+        assert expected == ("serializable", "on", "on")
+        with pgsolo.xact_lock(conn, key) as lock:
+            assert lock.acquired
+            assert conn.execute(CHARACTERISTICS).fetchone() == expected
+        with pytest.raises(psycopg.errors.ReadOnlySqlTransaction), pgsolo.xact_lock(conn, key):
+            conn.execute(f"INSERT INTO {table} VALUES (1)")
+        ran = pgsolo.run_job(conn, key, lambda c: c.execute(CHARACTERISTICS).fetchone())
+        assert ran.value == expected
+        conn.read_only = None  # the server's default again: read-write
+        with pgsolo.xact_lock(conn, key):
+            conn.execute(f"INSERT INTO {table} VALUES (2)")
+        assert conn.execute(f"SELECT n FROM {table}").fetchall() == [(2,)]
+    finally:
+        conn.read_only = None
+        conn.execute(f"DROP TABLE {table}")
+
+
+async def test_pgsolos_own_async_transaction_has_the_connections_characteristics(
+    aconnect: AConnect, key: Key
+) -> None:
+    conn = await aconnect()
+    await conn.set_isolation_level(psycopg.IsolationLevel.REPEATABLE_READ)
+    await conn.set_read_only(True)
+    async with conn.transaction():
+        expected = await (await conn.execute(CHARACTERISTICS)).fetchone()
+    assert expected == ("repeatable read", "on", "off")
+    async with pgsolo.xact_lock(conn, key) as lock:
+        assert lock.acquired
+        assert await (await conn.execute(CHARACTERISTICS)).fetchone() == expected

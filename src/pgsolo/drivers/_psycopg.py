@@ -449,6 +449,16 @@ def failure_of(results: Sequence[pq.abc.PGresult]) -> str | None:
     return None
 
 
+def transaction_start(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> str:
+    """The BEGIN that ``conn.transaction()`` sends on an autocommit connection: with the
+    connection's ``isolation_level``, ``read_only`` and ``deferrable``, so that pgsolo's own
+    transaction is the one the caller would have had (a write in it on a read-only
+    connection is refused, as it is in psycopg's)."""
+    level = conn.isolation_level
+    isolation = None if level is None else level.name.replace("_", " ")
+    return sql.begin_with(isolation, conn.read_only, conn.deferrable)
+
+
 def message(statements: Sequence[str]) -> bytes:
     """``statements`` as one simple-query message."""
     # Statements come from pgsolo.sql only: fixed text and validated values. Bytes skip

@@ -33,6 +33,7 @@ __all__ = [
     "Prepared",
     "acquire",
     "assert_same_transaction",
+    "begin_with",
     "derived_int64",
     "held_at_commit",
     "held_here",
@@ -59,6 +60,25 @@ __all__ = [
 
 
 BEGIN = "BEGIN"
+
+
+def begin_with(isolation: str | None, read_only: bool | None, deferrable: bool | None) -> str:
+    """BEGIN with the transaction's characteristics (None: the session's default), as a
+    driver's own transaction would begin on the caller's connection: ``isolation`` is one
+    of PostgreSQL's isolation levels, spelled as in SQL (``REPEATABLE READ``)."""
+    if isolation is not None and isolation not in _ISOLATION_LEVELS:
+        raise ValueError(f"not an isolation level: {isolation!r}")
+    parts = [BEGIN]
+    if isolation is not None:
+        parts.append(f"ISOLATION LEVEL {isolation}")
+    if read_only is not None:
+        parts.append("READ ONLY" if read_only else "READ WRITE")
+    if deferrable is not None:
+        parts.append("DEFERRABLE" if deferrable else "NOT DEFERRABLE")
+    return " ".join(parts)
+
+
+_ISOLATION_LEVELS = ("READ UNCOMMITTED", "READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE")
 COMMIT = "COMMIT"
 ROLLBACK = "ROLLBACK"
 UNLOCK_ALL = "SELECT pg_advisory_unlock_all()"

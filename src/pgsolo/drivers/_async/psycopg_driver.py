@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 import psycopg
 from psycopg.rows import tuple_row
 
+from ... import sql
 from ..._acompat import AIS_ASYNC, AEvent, arun_blocking, atry_lock
 from .. import AsyncHeartbeat, Edge, Lacking, News, edged
 from .._psycopg import (
@@ -18,6 +19,7 @@ from .._psycopg import (
     message,
     read_news,
     row_value,
+    transaction_start,
     watched_socket,
 )
 from .._psycopg_acompat import around_trip
@@ -43,6 +45,13 @@ class AsyncPsycopgDriver(PsycopgBase):
         sent = statements
         if edge is not None:
             sent = edged(statements, edge, self)
+            conn = self._conn
+            if edge == "begin" and (
+                conn.isolation_level is not None
+                or conn.read_only is not None
+                or conn.deferrable is not None
+            ):  # pgsolo's BEGIN (autocommit): as the caller's own transaction would begin
+                sent = [transaction_start(conn) if s == sql.BEGIN else s for s in sent]
         if not sent:  # an edge a transaction that begins by itself needs no statement for
             return None
         return await around_trip(self._conn, wait, sent, self._fetch_by_cursor, self._bound)

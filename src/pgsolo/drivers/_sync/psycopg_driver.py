@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 import psycopg
 from psycopg.rows import tuple_row
 
+from ... import sql
 from ..._acompat import IS_ASYNC, Event, run_blocking, try_lock
 from .. import Edge, Lacking, News, SyncHeartbeat, edged
 from .._psycopg import (
@@ -19,6 +20,7 @@ from .._psycopg import (
     message,
     read_news,
     row_value,
+    transaction_start,
     watched_socket,
 )
 from .._psycopg_acompat import round_trip
@@ -44,6 +46,13 @@ class PsycopgDriver(PsycopgBase):
         sent = statements
         if edge is not None:
             sent = edged(statements, edge, self)
+            conn = self._conn
+            if edge == "begin" and (
+                conn.isolation_level is not None
+                or conn.read_only is not None
+                or conn.deferrable is not None
+            ):  # pgsolo's BEGIN (autocommit): as the caller's own transaction would begin
+                sent = [transaction_start(conn) if s == sql.BEGIN else s for s in sent]
         if not sent:  # an edge a transaction that begins by itself needs no statement for
             return None
         return round_trip(self._conn, wait, sent, self._fetch_by_cursor, self._bound)
