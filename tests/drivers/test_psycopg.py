@@ -154,3 +154,31 @@ async def test_pgsolos_own_async_transaction_has_the_connections_characteristics
     async with pgsolo.xact_lock(conn, key) as lock:
         assert lock.acquired
         assert await (await conn.execute(CHARACTERISTICS)).fetchone() == expected
+
+
+def test_a_lock_in_pipeline_mode_is_refused_before_any_sql_and_never_left_behind(
+    connect: Connect, observer: Any, key: Key
+) -> None:
+    """Guards pipeline mode, whose answers come only at the pipeline's sync: a lock there
+    read a missing answer as NULL ("the server is a standby") while its BEGIN and lock
+    went out, a release there hung for ever waiting for an answer, or said "not held"
+    and left the lock held on the session."""
+    conn = connect()
+    with conn.pipeline():
+        with pytest.raises(pgsolo.ConnectionStateError, match="pipeline mode"):
+            pgsolo.xact_lock(conn, key).__enter__()
+        with pytest.raises(pgsolo.ConnectionStateError, match="pipeline mode"):
+            pgsolo.session_lock(conn, key).acquire()
+    assert observer.holders(key) == set()
+    lock = pgsolo.session_lock(conn, key)
+    assert lock.acquire()
+    for pending in (False, True):
+        with conn.pipeline():
+            if pending:
+                conn.execute("SELECT 1")  # an answer the pipeline's sync will bring
+            with pytest.raises(pgsolo.ConnectionStateError, match="released there"):
+                lock.release()
+        assert lock.acquired  # still on the books, and held, for a release outside
+        assert observer.holders(key) == {conn.info.backend_pid}
+    lock.release()
+    assert observer.holders(key) == set()

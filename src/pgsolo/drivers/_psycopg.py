@@ -36,7 +36,7 @@ from psycopg.conninfo import make_conninfo
 from .. import sql
 from .._logging import drivers_logger as logger
 from .._weakmap import IdentityWeakMap
-from ..errors import DatabaseUnavailableError
+from ..errors import ConnectionStateError, DatabaseUnavailableError
 from . import UNKNOWN_SERVER, BeatFailed, News, ServerInfo, TxStatus, prepared
 from .conninfo import scrub_secrets
 from .deadlines import DEADLINES, shut_down_socket, socket_address
@@ -213,6 +213,8 @@ class PsycopgBase:
         if status == _ACTIVE:
             if id(self._conn) in _BEATING:
                 return TxStatus.IDLE
+            if self._conn.pgconn.pipeline_status:  # its answers wait for the pipeline's sync
+                raise in_pipeline_mode()
             if isinstance(self._conn, psycopg.Connection):
                 settle_interrupted(self._conn)
                 if self._conn.closed:
@@ -457,6 +459,19 @@ def transaction_start(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[An
     level = conn.isolation_level
     isolation = None if level is None else level.name.replace("_", " ")
     return sql.begin_with(isolation, conn.read_only, conn.deferrable)
+
+
+def in_pipeline_mode() -> ConnectionStateError:
+    """The refusal of a connection in pipeline mode, before any SQL: its results arrive only
+    at the pipeline's sync, while every step of a lock needs the server's answer before
+    the next (was it granted? is the server a standby?)."""
+    return ConnectionStateError(
+        "this psycopg connection is in pipeline mode (inside `with conn.pipeline():`), where"
+        " the server's answers come only at the pipeline's sync, and a lock needs each"
+        " answer at once: take and release the lock outside the pipeline block (run the"
+        " pipeline inside the lock's). Nothing was sent: a lock held stays held until"
+        " released there"
+    )
 
 
 def message(statements: Sequence[str]) -> bytes:

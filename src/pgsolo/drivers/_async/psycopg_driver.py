@@ -16,6 +16,7 @@ from .._psycopg import (
     PsycopgBase,
     bound_answers,
     exchange_beat,
+    in_pipeline_mode,
     message,
     read_news,
     row_value,
@@ -36,12 +37,16 @@ class AsyncPsycopgDriver(PsycopgBase):
     _conn: psycopg.AsyncConnection[Any]
 
     def __init__(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        if conn.pgconn.pipeline_status:  # before any SQL; a read of libpq's, no call
+            raise in_pipeline_mode()
         self._conn = self.connection = conn
         self._bound = ANSWER_WITHIN.get(conn)
 
     async def fetch_value(
         self, statements: Sequence[str], wait: float = 0.0, edge: Edge | None = None
     ) -> object:
+        if self._conn.pgconn.pipeline_status:  # entered since the lock was taken
+            raise in_pipeline_mode()
         sent = statements
         if edge is not None:
             sent = edged(statements, edge, self)

@@ -17,6 +17,7 @@ from .._psycopg import (
     PsycopgBase,
     bound_answers,
     exchange_beat,
+    in_pipeline_mode,
     message,
     read_news,
     row_value,
@@ -37,12 +38,16 @@ class PsycopgDriver(PsycopgBase):
     _conn: psycopg.Connection[Any]
 
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        if conn.pgconn.pipeline_status:  # before any SQL; a read of libpq's, no call
+            raise in_pipeline_mode()
         self._conn = self.connection = conn
         self._bound = ANSWER_WITHIN.get(conn)
 
     def fetch_value(
         self, statements: Sequence[str], wait: float = 0.0, edge: Edge | None = None
     ) -> object:
+        if self._conn.pgconn.pipeline_status:  # entered since the lock was taken
+            raise in_pipeline_mode()
         sent = statements
         if edge is not None:
             sent = edged(statements, edge, self)
