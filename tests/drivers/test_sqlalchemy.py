@@ -692,3 +692,30 @@ def test_a_connection_given_back_with_autocommit_still_switched_on_is_switched_b
             assert not conn.in_transaction()
     finally:
         made.dispose()
+
+
+def test_under_autocommit_a_transaction_lock_leaves_sqlalchemys_books_as_found(
+    engine: Engine, observer: Any, key: pgsolo.Key
+) -> None:
+    """Guards a Connection at isolation_level AUTOCOMMIT whose transaction SQLAlchemy had
+    begun already (any statement autobegins one): pgsolo's own transaction went through
+    conn.begin(), which SQLAlchemy refuses then (a raw InvalidRequestError), and the
+    failure ended the caller's transaction on SQLAlchemy's books. Under AUTOCOMMIT that
+    transaction opens none at the server: pgsolo's goes to the driver connection alone."""
+    with engine.connect() as conn:
+        conn.execution_options(isolation_level="AUTOCOMMIT")
+        conn.execute(text("SELECT 1"))  # autobegun
+        assert conn.in_transaction()
+        for wait in (None, 5.0):
+            with pgsolo.xact_lock(conn, key, wait=wait) as lock:
+                assert lock.acquired
+                assert observer.holders(key) == {sqlalchemy_pid(conn)}
+                assert raw_status(conn) == "intrans"  # pgsolo's own, at the server
+            assert observer.holders(key) == set()
+            assert conn.in_transaction()  # the caller's, as it was
+            assert raw_status(conn) == "idle"
+        # conn.begin() opens nothing at the server here: a plain acquire() is refused, and
+        # the advice says how to open a transaction that holds the lock.
+        with pytest.raises(ConnectionStateError, match="READ COMMITTED"):
+            pgsolo.xact_lock(conn, key).acquire()
+        assert observer.holders(key) == set()

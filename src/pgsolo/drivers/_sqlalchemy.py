@@ -102,6 +102,9 @@ class SqlAlchemyBase:
         self._inner = None
         self._inner_of = None
         self._trans: Any = None  # the transaction pgsolo opened through SQLAlchemy
+        # pgsolo's own transaction went to the driver connection alone, SQLAlchemy's books
+        # left as they were (AUTOCOMMIT with its transaction already begun: see fetch_value)
+        self._books_left = False
         if isinstance(core, Connection):
             self._inner = self._adapt_driver(driver_connection_of(core))
 

@@ -44,6 +44,11 @@ class SqlAlchemyDriver(SqlAlchemyBase):
     @property
     def transaction_hint(self) -> str:
         if isinstance(self._core, Connection):
+            if self._sqlalchemy_autocommit():  # where conn.begin() opens none at the server
+                return (
+                    'conn.execution_options(isolation_level="READ COMMITTED")`, then'
+                    " `with conn.begin():"
+                )
             return "with conn.begin():"
         return "with session.begin():"
 
@@ -71,7 +76,12 @@ class SqlAlchemyDriver(SqlAlchemyBase):
         if edge is not None and edge != "begin":
             return self._end(statements, wait, edge)
         if edge == "begin":
-            self._trans = self._owner.begin()
+            # Under AUTOCOMMIT SQLAlchemy's transaction opens none at the server, and one it
+            # began already (autobegun) refuses a second begin(): pgsolo's goes to the
+            # driver connection alone, and SQLAlchemy's books stay as the caller left them.
+            self._books_left = self._owner.in_transaction() and self._sqlalchemy_autocommit()
+            if not self._books_left:
+                self._trans = self._owner.begin()
         inner, conn = self._bound()
         try:
             return self._send(inner, conn, statements, wait, edge)
@@ -139,6 +149,9 @@ class SqlAlchemyDriver(SqlAlchemyBase):
         SQLAlchemy, exactly once, whatever happens (also when the connection died: the
         transaction object must not stay open on SQLAlchemy's books)."""
         trans, self._trans = self._trans, None
+        if self._books_left:  # SQLAlchemy's transaction is the caller's: not pgsolo's to end
+            self._books_left = False
+            return self._last_statements(statements, wait, edge)
         try:
             value = self._last_statements(statements, wait, edge)
         except BaseException:
