@@ -963,6 +963,9 @@ UNREACHABLE = "postgresql://alice:hunter2@127.0.0.1:1/db"
         (["--key", "k", "--already-done-exit-code", "1", "--", "true"], "--already-done"),
         (["--key", "k", "--already-done-exit-code", "x", "--", "true"], "--already-done"),
         (["--key", "k", "--on-lost", "ignore", "--", "true"], "--on-lost"),
+        # In the command line's words, not the Python API's (timezone=, period=).
+        (["--key", "k", "--timezone", "UTC", "--", "true"], "--timezone is the time zone of"),
+        (["--key", "k", "--limit", "2", "--once-per", "day", "--", "true"], "--limit and --once"),
     ],
 )
 def test_usage_errors_exit_2_before_connecting(args: list[str], message: str) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 from typing import TYPE_CHECKING
 
@@ -166,19 +167,36 @@ def _job_of(args: argparse.Namespace, key: Key) -> Job:
                 f" {key.text} (--key-is-name makes a name of it)"
             )
         given = key.name
-    return Job.define(
-        given,
-        name=args.name,
-        limit=args.limit,
-        lifetime="session",
-        # A standby leader waits for as long as the leader lives; its sessions carry the
-        # key's name, which is how `pgsolo locks` names a leader and its candidates.
-        wait=math.inf if leading and args.wait is None else args.wait,
-        period=args.once_per,
-        timezone=args.timezone,
-        record=args.record,
-        application_name=args.application_name or (key.name if leading else None),
-    )
+    try:
+        return Job.define(
+            given,
+            name=args.name,
+            limit=args.limit,
+            lifetime="session",
+            # A standby leader waits for as long as the leader lives; its sessions carry
+            # the key's name, which is how `pgsolo locks` names a leader and its candidates.
+            wait=math.inf if leading and args.wait is None else args.wait,
+            period=args.once_per,
+            timezone=args.timezone,
+            record=args.record,
+            application_name=args.application_name or (key.name if leading else None),
+        )
+    except UsageError as exc:  # said in the command line's words, not the Python API's
+        exc.args = (_PYTHON_OPTION.sub(lambda m: _CLI_OPTIONS[m[1]], str(exc)),)
+        raise
+
+
+# Job.define's parameters, as its errors spell them (``period=``), and their options.
+_CLI_OPTIONS = {
+    "period": "--once-per",
+    "timezone": "--timezone",
+    "limit": "--limit",
+    "wait": "--wait",
+    "record": "--record",
+    "application_name": "--application-name",
+    "name": "--name",
+}
+_PYTHON_OPTION = re.compile(r"(?<![\w-])(" + "|".join(_CLI_OPTIONS) + r")=(?!\w)")
 
 
 def _report_before_attempt(
