@@ -47,3 +47,23 @@ def test_singleton_refuses_a_keyword_that_is_no_option_when_it_decorates() -> No
 def test_job_names_must_be_text_the_database_can_store(name: str) -> None:
     with pytest.raises(pgsolo.UsageError):
         run_job(CLOSED_PORT_DSN, 1, lambda c: None, name=name)
+
+
+def test_run_job_refuses_an_async_function_before_connecting(db: str, observer: Any) -> None:
+    """Guards a job that never ran: run_job() called an `async def` work, got a coroutine
+    it never awaited, and reported `completed`, its period used up for the day."""
+    job = new_job("async-work")
+    ran: list[int] = []
+
+    async def work(conn: Any) -> None:
+        ran.append(1)
+
+    for fn in (work, functools.partial(work)):
+        with pytest.raises(UsageError, match="run_job_async"):
+            run_job(db, job, fn, record=True, period="day")
+    assert ran == []
+    assert observer.conn.execute(
+        "SELECT count(*) FROM pgsolo.job_runs WHERE job = %s", (job,)
+    ).fetchone() == (0,)
+    with pytest.raises(UsageError, match="must be a callable"):
+        pgsolo.singleton(job, dsn=db)(None)  # type: ignore[call-overload]

@@ -22,7 +22,13 @@ from ..errors import UsageError
 from ..keys import KeyLike
 from ._async.run import run_job_async
 from ._sync.run import run_job
-from .definition import Job, JobOptions, JobResult, refuse_unknown_options
+from .definition import (
+    Job,
+    JobOptions,
+    JobResult,
+    refuse_unknown_options,
+    refuse_unrunnable_work,
+)
 
 if TYPE_CHECKING:
     import psycopg
@@ -75,6 +81,7 @@ def singleton(
         raise UsageError("singleton() takes dsn= or using= (a Django database alias), not both")
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        refuse_unrunnable_work(fn, awaits=True)  # each flavour gets the runner it needs
         if using is not None:
             return _on_django(fn, using, key, options)
         if inspect.iscoroutinefunction(fn):

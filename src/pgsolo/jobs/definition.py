@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeAlias, TypedDict, TypeVar, Unpack
@@ -379,6 +380,24 @@ def refuse_cancel_without_tasks(job: Job, *, tasks: bool) -> None:
     before anything connects."""
     if not tasks and job.keep is not None and job.keep.cancel:
         raise UsageError("Keep(cancel=True) cancels an asyncio task: use run_job_async")
+
+
+def refuse_unrunnable_work(fn: object, *, awaits: bool) -> None:
+    """The job's work, checked before anything connects: a callable, and for code that
+    does not await it (``awaits`` False: :func:`run_job`) not an ``async def`` function,
+    whose call would only make a coroutine: the job would report ``completed`` (and use up
+    its period) without its work ever running."""
+    if not callable(fn):
+        raise UsageError(f"the job's work must be a callable, got {fn!r}")
+    if not awaits and inspect.iscoroutinefunction(fn):
+        raise UsageError(
+            f"run_job() cannot run an async function ({_name_of(fn)}): it would never be"
+            " awaited; use run_job_async()"
+        )
+
+
+def _name_of(fn: object) -> str:
+    return str(getattr(fn, "__qualname__", None) or repr(fn))
 
 
 def untranslatable_name(name: str | None) -> InvalidArgumentError:

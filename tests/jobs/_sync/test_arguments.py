@@ -118,3 +118,17 @@ def test_bad_arguments_fail_before_connecting(
 
     assert not isinstance(raised.value, psycopg.Error)
     assert calls == []
+
+
+@pytest.mark.parametrize("work", [None, "settle", 42], ids=["None", "str", "int"])
+def test_work_that_is_not_callable_is_refused_before_connecting(
+    work: Any, observer: Any, db: str
+) -> None:
+    """Guards the ledger: the lock was taken and a `failed` row written before the call
+    of a work that is not callable raised a bare TypeError."""
+    job = new_job("not-callable")
+    with pytest.raises(UsageError, match="must be a callable"):
+        run_job(db, job, work, record=True)
+    assert observer.conn.execute(
+        "SELECT count(*) FROM pgsolo.job_runs WHERE job = %s", (job,)
+    ).fetchone() == (0,)

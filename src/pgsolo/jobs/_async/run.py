@@ -27,6 +27,7 @@ from ..definition import (
     JobResult,
     refuse_cancel_without_tasks,
     refuse_unknown_options,
+    refuse_unrunnable_work,
     through_locker,
 )
 from ..plan import attempt_plan, conclude, core_for
@@ -73,6 +74,7 @@ async def run_job_async(
     ``raise_errors=False``.
     """
     refuse_unknown_options("run_job_async", options)
+    refuse_unrunnable_work(fn, awaits=AIS_ASYNC)
     if isinstance(target, AsyncLocker):
         through_locker(options)  # type: ignore[arg-type]
     job = Job.define(key, **options)

@@ -28,6 +28,7 @@ from ..definition import (
     JobResult,
     refuse_cancel_without_tasks,
     refuse_unknown_options,
+    refuse_unrunnable_work,
     through_locker,
 )
 from ..plan import attempt_plan, conclude, core_for
@@ -74,6 +75,7 @@ def run_job(
     ``raise_errors=False``.
     """
     refuse_unknown_options("run_job", options)
+    refuse_unrunnable_work(fn, awaits=IS_ASYNC)
     if isinstance(target, Locker):
         through_locker(options)  # type: ignore[arg-type]
     job = Job.define(key, **options)
