@@ -67,8 +67,8 @@ BUDGETS: dict[str, int] = {
     "asyncpg/xact": 71,
     "sqlalchemy-async-psycopg/session": 171,
     "sqlalchemy-async-psycopg/xact": 107,
-    "psycopg/run_job": 103,
-    "psycopg-async/run_job": 124,
+    "psycopg/run_job": 105,
+    "psycopg-async/run_job": 125,
 }
 
 _SYNC = {kind.name: kind for kind in SYNC_KINDS}
