@@ -10,6 +10,8 @@ a killed process, a release after a loss) are in ``tests/locking/test_session.py
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -91,3 +93,28 @@ async def test_session_lock_on_non_autocommit_connection_stays_idle(
     async with pgsolo.session_lock(other, key):
         assert await pgsolo.session_lock(conn, key).acquire() is False
         assert conn.info.transaction_status is IDLE
+
+
+@pytest.mark.parametrize("lifetime", ["session", "xact"])
+async def test_acquiring_a_held_lock_again_is_refused_and_leaves_it_held(
+    aconnect: AConnect, observer: Any, key: Key, lifetime: str
+) -> None:
+    """Guards the hold a refusal must not touch: a second acquire() of a held Lock raised
+    UsageError and, on its way out, let the first acquisition's lock go."""
+    conn = await aconnect()
+    lock = pgsolo.session_lock(conn, key) if lifetime == "session" else pgsolo.xact_lock(conn, key)
+    async with conn.transaction() if lifetime == "xact" else _nothing():
+        assert await lock.acquire()
+        for again in (lock.acquire, lock.__aenter__):
+            with pytest.raises(pgsolo.UsageError, match="already acquired"):
+                await again()
+            assert lock.acquired
+            assert observer.holders(key) == {pid_of(conn)}
+        if lifetime == "session":
+            await lock.release()
+    assert observer.holders(key) == set()
+
+
+@contextlib.asynccontextmanager
+async def _nothing() -> AsyncIterator[None]:
+    yield

@@ -11,6 +11,8 @@ a killed process, a release after a loss) are in ``tests/locking/test_session.py
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -92,3 +94,28 @@ def test_session_lock_on_non_autocommit_connection_stays_idle(
     with pgsolo.session_lock(other, key):
         assert pgsolo.session_lock(conn, key).acquire() is False
         assert conn.info.transaction_status is IDLE
+
+
+@pytest.mark.parametrize("lifetime", ["session", "xact"])
+def test_acquiring_a_held_lock_again_is_refused_and_leaves_it_held(
+    connect: Connect, observer: Any, key: Key, lifetime: str
+) -> None:
+    """Guards the hold a refusal must not touch: a second acquire() of a held Lock raised
+    UsageError and, on its way out, let the first acquisition's lock go."""
+    conn = connect()
+    lock = pgsolo.session_lock(conn, key) if lifetime == "session" else pgsolo.xact_lock(conn, key)
+    with conn.transaction() if lifetime == "xact" else _nothing():
+        assert lock.acquire()
+        for again in (lock.acquire, lock.__enter__):
+            with pytest.raises(pgsolo.UsageError, match="already acquired"):
+                again()
+            assert lock.acquired
+            assert observer.holders(key) == {pid_of(conn)}
+        if lifetime == "session":
+            lock.release()
+    assert observer.holders(key) == set()
+
+
+@contextlib.contextmanager
+def _nothing() -> Iterator[None]:
+    yield

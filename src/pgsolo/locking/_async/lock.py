@@ -35,6 +35,8 @@ class AsyncLock(LockView):
 
         A wait that runs out raises :class:`~pgsolo.LockTimeoutError`.
         """
+        if self._core.acquired:
+            self._core.begin()  # refused, outside the try: the hold it has stays
         try:
             acquired = await self._take(context=False)
             if self._core.spec.keep is not None:  # a call less for every other lock
@@ -65,6 +67,8 @@ class AsyncLock(LockView):
         return await adrive(self._core.is_held(), self._driver)
 
     async def __aenter__(self) -> Self:
+        if self._core.acquired:
+            self._core.begin()  # refused, outside the try: the hold it has stays
         try:
             await self._take(context=True)
             if self._core.spec.keep is not None:  # a call less for every other lock

@@ -36,6 +36,8 @@ class Lock(LockView):
 
         A wait that runs out raises :class:`~pgsolo.LockTimeoutError`.
         """
+        if self._core.acquired:
+            self._core.begin()  # refused, outside the try: the hold it has stays
         try:
             acquired = self._take(context=False)
             if self._core.spec.keep is not None:  # a call less for every other lock
@@ -66,6 +68,8 @@ class Lock(LockView):
         return drive(self._core.is_held(), self._driver)
 
     def __enter__(self) -> Self:
+        if self._core.acquired:
+            self._core.begin()  # refused, outside the try: the hold it has stays
         try:
             self._take(context=True)
             if self._core.spec.keep is not None:  # a call less for every other lock
