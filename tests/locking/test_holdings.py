@@ -382,6 +382,39 @@ async def test_reentrant_needs_the_first_acquisition_to_have_completed(
     await assert_clean(conn, observer)
 
 
+async def test_reentrant_never_joins_a_hold_whose_unlock_is_in_flight(
+    aconnect: AConnect, connect: Any, observer: Any, key: Key
+) -> None:
+    """Guards mutual exclusion on a shared connection: task B re-entered the key while
+    task A's release, the last hold's, was sending its unlock; B then believed it held a
+    key the server had let go (another session took it), and B's release raised
+    LockNotHeldError. The same as for the first acquisition: B is busy meanwhile."""
+    conn, other = await aconnect(), connect()
+    first = pgsolo.session_lock(conn, key, reentrant=True)
+    assert await first.acquire()
+    second = pgsolo.session_lock(conn, key, reentrant=True)
+    # The second starts while the first's unlock is on its way to the server.
+    _, joined = await asyncio.gather(first.release(), second.acquire())
+    assert joined is False
+    assert observer.holders(key) == set()
+    for _ in range(20):  # and never, however the two interleave
+        assert await first.acquire()
+
+        async def reenter() -> bool:
+            await asyncio.sleep(0)
+            again = pgsolo.session_lock(conn, key, reentrant=True)
+            if not await again.acquire():
+                return False
+            held_elsewhere = pgsolo.session_lock(other, key)
+            assert not held_elsewhere.acquire(), "another session took a key held here"
+            await again.release()
+            return True
+
+        await asyncio.gather(first.release(), reenter())
+        assert observer.holders(key) == set()
+    await assert_clean(conn, observer)
+
+
 async def test_second_task_cannot_join_an_xact_block_for_another_key(
     aconnect: AConnect, observer: Any, key: Key
 ) -> None:

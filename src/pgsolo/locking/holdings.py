@@ -36,8 +36,9 @@ __all__ = [
     "end_transaction",
     "forget_all",
     "held_session_locks",
-    "hold_of",
     "is_claimed",
+    "kept",
+    "last_hold",
     "let_go_elsewhere",
     "session_keys",
     "set_route",
@@ -158,13 +159,24 @@ def transaction_owner(conn: object, pid: int) -> tuple[int, int] | None:
         return holdings.transaction_owner if holdings and holdings.pid == pid else None
 
 
-def hold_of(conn: object, key: Key) -> tuple[int, str | None]:
-    """How many holds of ``key`` ``conn`` has, and the savepoint that holds its
-    session-lock block, if any."""
+def last_hold(held: Held, holder: object) -> bool:
+    """Whether ``holder``'s is the only hold of ``held``'s key, its release the one that
+    unlocks it. If so, the key is on its way to the server again (``pending``) until it
+    goes off the books or the unlock failed (:func:`kept`): a re-entrant claim that came
+    meanwhile would share a hold whose unlock is in flight, and believe it held a key
+    the server let go, so it is refused as busy, as during the first acquisition."""
     with _HOLDINGS_LOCK:
-        holdings = _HOLDINGS.get(conn)
-        held = holdings.keys.get(key.value) if holdings else None
-        return (len(held.holders), held.hold) if held else (0, None)
+        if len(held.holders) == 1 and held.holders[0] is holder:
+            held.pending = True
+            return True
+        return False
+
+
+def kept(held: Held) -> None:
+    """The unlock of the last hold failed, and the key stays held on the books: a
+    re-entrant claim may join it again."""
+    with _HOLDINGS_LOCK:
+        held.pending = False
 
 
 def is_claimed(conn: object, pid: int, key: Key) -> bool:

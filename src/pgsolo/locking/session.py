@@ -301,14 +301,21 @@ class SessionLockCore(LockCore):
                 " nothing was sent, since the connection may be another's by now",
                 key=key,
             )
-        conn = driver.connection
-        count, hold = holdings.hold_of(conn, key)
-        if count > 1:
-            if self.held is not None:  # always, for a lock that holds its key
-                holdings.drop(self.held, self)
+        held = self.held  # always set, for a lock that holds its key
+        if held is not None and not holdings.last_hold(held, self):
+            holdings.drop(held, self)
             self.acquired = False
             events.log(logging.DEBUG, "released", note="re-entrant hold remains")
             return
+        try:
+            yield from self._release_last(held)
+        finally:
+            if self.acquired and held is not None:
+                holdings.kept(held)
+
+    def _release_last(self, held: holdings.Held | None) -> Plan[None]:
+        """Release the last hold of the key (``held``, marked on its way out)."""
+        key, events, driver = self.spec.key, self.events, self.driver
         if driver.is_closed():
             self.forget()
             # Already reported by the keeper, if it was watching.
@@ -329,6 +336,7 @@ class SessionLockCore(LockCore):
             )
         status = driver.transaction_status()
         # The hold ended with the transaction it was opened in, if that ended in the block.
+        hold = held.hold if held is not None else None
         self.hold = hold if status is not TxStatus.IDLE else None
         started = time.perf_counter()
         try:
@@ -368,10 +376,10 @@ class SessionLockCore(LockCore):
             and route is not None
             and route.direct
             and (held := self.held) is not None
-            and len(held.holders) == 1  # no other hold of the key: an unlock lets it go
             and not driver.is_closed()
             and driver.backend_pid() == self.backend_pid
             and driver.transaction_status() is TxStatus.IDLE
+            and holdings.last_hold(held, self)  # no other hold: an unlock lets it go
         ):
             self.started = time.perf_counter()
             return placement.quick_unlock(driver, self.spec), None, 0.0
@@ -381,7 +389,11 @@ class SessionLockCore(LockCore):
         self._released(value, self.started)
 
     def quick_release_failed(self, exc: BaseException) -> Plan[None]:
-        return self._after_failed_release(TxStatus.IDLE, exc, self.started)
+        try:
+            yield from self._after_failed_release(TxStatus.IDLE, exc, self.started)
+        finally:
+            if self.acquired and self.held is not None:  # still held: re-entry open again
+                holdings.kept(self.held)
 
     def _unlock(self, status: TxStatus) -> Plan[object]:
         """Unlock on a connection in ``status``; the unlock's answer. In the caller's
