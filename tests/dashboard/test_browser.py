@@ -167,3 +167,22 @@ def test_each_page_in_a_laptop_and_a_phone_screenshot(
     assert "did not answer" not in dom
     if page == "jobs":
         assert 'data-period="day"' in dom  # nightly-report's next expected day
+
+
+def test_a_site_that_rebinds_its_name_to_this_machine_cannot_read_the_dashboard(
+    served: tuple[str, psycopg.Connection],
+) -> None:
+    """Guards DNS rebinding: a page of another site whose name resolves to 127.0.0.1 is
+    same-origin with the dashboard in the browser, and read every page (every session's
+    pid, application name and query) and the terminate form's CSRF token. The dashboard
+    now answers only the Host names it is reached by on its address."""
+    base, _ = served
+    port = base.rsplit(":", 1)[1]
+    attacker = f"http://rebind.attacker.test:{port}/api/locks"
+    page = chromium(
+        "--host-resolver-rules=MAP rebind.attacker.test 127.0.0.1", "--dump-dom", attacker
+    )
+    assert "Invalid host header" in page.stdout, page.stdout[:300]
+    assert "pgsolo.locks/1" not in page.stdout
+    for own in (f"{base}/api/locks", f"http://localhost:{port}/api/locks"):
+        assert "pgsolo.locks/1" in get(own)

@@ -42,3 +42,22 @@ def test_bad_options_are_usage_errors(args: list[str]) -> None:
     """Refused before anything connects: the DSN given reaches no server."""
     unreachable = "postgresql://nobody@127.0.0.1:1/nowhere?connect_timeout=2"
     assert main_in_process(["dashboard", "--dsn", unreachable, *args]) == 2
+
+
+@pytest.mark.parametrize(
+    ("host", "given", "allowed"),
+    [
+        ("127.0.0.1", [], ["127.0.0.1", "localhost", "::1", "[::1]"]),
+        ("::1", ["box"], ["::1", "[::1]", "box", "localhost", "127.0.0.1"]),
+        ("192.0.2.7", [], ["192.0.2.7"]),
+        ("dash.internal", ["*.example.com"], ["dash.internal", "*.example.com"]),
+        ("0.0.0.0", [], None),  # noqa: S104 - reached by names pgsolo cannot know
+        ("0.0.0.0", ["dash.example.com"], ["dash.example.com"]),  # noqa: S104
+    ],
+)
+def test_the_host_names_the_dashboard_answers(
+    host: str, given: list[str], allowed: list[str] | None
+) -> None:
+    from pgsolo.cli.dashboard import allowed_hosts  # noqa: PLC0415 - needs no extra
+
+    assert allowed_hosts(host, given) == allowed

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import sys
 
@@ -41,6 +42,17 @@ def add_dashboard_command(subparsers: Subparsers) -> None:
     parser.add_argument(
         "--host", default="127.0.0.1", help="the address to listen on (default: 127.0.0.1)"
     )
+    parser.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a host name requests may be addressed to (their Host header), besides the"
+        " address of --host (and localhost, on a loopback address); any other is refused,"
+        " so that no other site can read the dashboard through DNS rebinding. Repeat for"
+        " several; *.example.com for a domain's. With --host 0.0.0.0 (or ::) and none"
+        " given, any",
+    )
     parser.add_argument("--port", type=int_between(1, 65535), default=8765, help="default: 8765")
     parser.add_argument(
         "--allow-terminate",
@@ -58,6 +70,25 @@ def add_dashboard_command(subparsers: Subparsers) -> None:
     add_naming_arguments(parser)
     add_dsn_argument(parser)
     parser.set_defaults(handler=cmd_dashboard)
+
+
+_LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1", "[::1]")
+
+
+def allowed_hosts(host: str, given: list[str]) -> list[str] | None:
+    """The Host headers the dashboard bound to ``host`` answers: ``host`` itself, the
+    names of this machine's loopback when it is one, and those ``given``. None (any) only
+    for a wildcard address without any given: it is reached by names pgsolo cannot know."""
+    try:
+        address = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:  # a name: the one it is reached by
+        return [host, *given]
+    if address.is_unspecified:
+        return given or None
+    names = [host, f"[{address}]" if address.version == 6 else str(address), *given]
+    if address.is_loopback:
+        names += _LOOPBACK_NAMES
+    return list(dict.fromkeys(names))
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
@@ -83,6 +114,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
             name, server = where(conn)
         app = create_app(
             db.dsn,
+            allowed_hosts=allowed_hosts(args.host, args.allowed_host),
             allow_terminate=args.allow_terminate,
             token=token,
             refresh_seconds=args.refresh,

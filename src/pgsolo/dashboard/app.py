@@ -10,7 +10,7 @@ says what went wrong with every secret of the connection string scrubbed from it
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from functools import partial
 from typing import Any, Concatenate, ParamSpec, TypeVar
 from urllib.parse import parse_qsl
@@ -18,6 +18,7 @@ from urllib.parse import parse_qsl
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
@@ -67,6 +68,7 @@ def create_app(
     registry: Registry | None = None,
     names: Iterable[str] = (),
     semaphores: Mapping[str, int] | None = None,
+    allowed_hosts: Sequence[str] | None = None,
 ) -> Starlette:
     """The dashboard of the database at ``dsn``: an ASGI app to serve (``pgsolo
     dashboard`` runs it with uvicorn) or to mount in a Starlette or FastAPI app.
@@ -77,9 +79,14 @@ def create_app(
     ``connect_timeout`` bounds each connect (default: the DSN's, the environment's, or
     pgsolo's). ``registry``, ``names`` and ``semaphores`` name the keys as
     :func:`~pgsolo.advisory_locks` takes them (``pgsolo locks``'s ``--registry``,
-    ``--name`` and ``--semaphore``), besides the names pgsolo's own records give. Bad
-    arguments raise :class:`~pgsolo.InvalidArgumentError` before anything
-    connects; the DSN is first read at the first request.
+    ``--name`` and ``--semaphore``), besides the names pgsolo's own records give.
+    ``allowed_hosts``: the host names a request may be addressed to (its ``Host``
+    header; ``*.example.com`` for a domain's), any other answered 400, as Starlette's
+    ``TrustedHostMiddleware`` does: without it, a page of another site whose name
+    resolves to this machine (DNS rebinding) can read the dashboard. None (the default)
+    lets the app that mounts it decide. Bad arguments raise
+    :class:`~pgsolo.InvalidArgumentError` before anything connects; the DSN is first read
+    at the first request.
     """
     refresh = check_seconds("refresh_seconds", refresh_seconds, 1, MAX_REFRESH_SECONDS)
     naming = Naming.of(registry, names, semaphores)
@@ -118,6 +125,12 @@ def create_app(
         exception_handlers={ReadFailed: dashboard.read_failed},
     )
     app.add_middleware(_SecurityHeaders)
+    if allowed_hosts is not None:
+        if isinstance(allowed_hosts, str) or not all(isinstance(h, str) for h in allowed_hosts):
+            raise InvalidArgumentError(
+                f"allowed_hosts is a list of host names, got {allowed_hosts!r}"
+            )
+        app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))
     return app
 
 
