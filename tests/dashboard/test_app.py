@@ -247,6 +247,13 @@ def test_the_history_filters_by_outcome_and_the_summary_weighs_every_attempt(
     assert refused.status_code == 400
     error = valid_document(refused.json())["error"]
     assert (error["code"], "outcome is one of" in error["message"]) == ("usage-error", True)
+    # A job name the database cannot hold (NUL) is the caller's mistake, said as one: it
+    # was an Internal Server Error and a traceback.
+    for path in ("/api/jobs", "/jobs"):
+        nul = client.get(path, params={"job": "a\0b"})
+        assert nul.status_code == 400, nul.text
+    nul_error = valid_document(client.get("/api/jobs", params={"job": "\0"}).json())["error"]
+    assert nul_error["code"] == "usage-error"
 
 
 def test_jobs_show_when_each_period_job_is_next_expected(client: TestClient, db: str) -> None:

@@ -24,7 +24,7 @@ from _support import (
     unhold,
 )
 from pgsolo.jobs import run_job
-from pgsolo.jobs.record import skip_warning
+from pgsolo.jobs.record import periods, skip_warning
 from pgsolo.schema import LATEST_VERSION, schema_version
 
 
@@ -144,3 +144,22 @@ def test_ledger_reads_leave_a_non_autocommit_connection_idle(
         "SELECT state FROM pg_stat_activity WHERE pid = %s", (pid,)
     ).fetchone()
     assert row == ("idle",)
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"limit": 0}, "limit"),
+        ({"limit": 2**63}, "limit"),  # sent, the server refused it as out of range
+        ({"limit": True}, "limit"),
+        ({"job": 5}, "job"),
+        ({"job": "a\0b"}, "job"),  # a bare ValueError of pgsolo's SQL text
+    ],
+)
+def test_history_refuses_bad_arguments_before_any_sql(
+    observer: Any, options: dict[str, Any], match: str
+) -> None:
+    with pytest.raises(pgsolo.InvalidArgumentError, match=match):
+        pgsolo.history(observer.conn, **options)
+    with pytest.raises(pgsolo.InvalidArgumentError, match="job"):
+        periods(observer.conn, job=object())  # type: ignore[arg-type]

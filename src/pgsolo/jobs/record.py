@@ -131,9 +131,14 @@ def record_plan(
 def history(
     conn: SyncConnectionLike, *, job: str | None = None, limit: int = 20
 ) -> list[dict[str, Any]]:
-    """The latest recorded attempts, newest first."""
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise ValueError(f"limit must be a positive int, got {limit!r}")
+    """The latest recorded attempts, newest first (``job``: of that job only; ``limit``:
+    at most that many). Bad arguments raise :class:`~pgsolo.InvalidArgumentError` before
+    any SQL."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= _MAX_ROWS:
+        raise InvalidArgumentError(
+            f"limit must be a whole number from 1 to {_MAX_ROWS}, got {limit!r}"
+        )
+    _check_job_filter(job)
     driver = adapt_sync(conn)
     statement = sql.history(job=job, limit=limit)
     return history_rows(_read_ledger(driver, statement, "reading the ledger", "history", job))
@@ -144,6 +149,7 @@ def periods(conn: SyncConnectionLike, *, job: str | None = None) -> list[dict[st
     current period and the next begin by the database's clock, and whether the job is
     due (``due``: its current period is not done yet) or when it is next expected
     (``next_expected``: the start of the first period not done)."""
+    _check_job_filter(job)
     driver = adapt_sync(conn)
     statement = sql.period_marks(job=job)
     marks = sql.read_json(_read_ledger(driver, statement, "reading the periods", "period", job))
@@ -161,6 +167,17 @@ def periods(conn: SyncConnectionLike, *, job: str | None = None) -> list[dict[st
             next_expected=following if done else current,
         )
     return list(marks)
+
+
+_MAX_ROWS = 2**63 - 1  # what LIMIT takes (a bigint)
+
+
+def _check_job_filter(job: object) -> None:
+    """A job name to filter the ledger by: text the database can hold (no NUL), or None."""
+    if job is not None and (not isinstance(job, str) or "\0" in job):
+        raise InvalidArgumentError(
+            f"job must be a job's name (text without NUL) or None, got {job!r}"
+        )
 
 
 def _is_period(text: object) -> bool:
