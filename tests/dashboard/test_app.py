@@ -470,7 +470,7 @@ def test_the_token_may_come_in_a_header(guarded: TestClient, hold: Holder) -> No
 
 
 def test_a_backend_holding_no_advisory_lock_is_not_terminated(
-    guarded: TestClient, hold: Holder
+    guarded: TestClient, hold: Holder, caplog: pytest.LogCaptureFixture
 ) -> None:
     conn, key = hold(unique("dashboard-let-go"))
     pid = conn.info.backend_pid
@@ -482,9 +482,12 @@ def test_a_backend_holding_no_advisory_lock_is_not_terminated(
     assert 'id="confirm"' not in page
     # The form served while it held the lock, both tokens right: still not ended, as
     # pgsolo terminate refuses a PID that holds nothing without --force.
-    late = guarded.post(f"/terminate/{pid}", data={"csrf": csrf.group(1), "token": TOKEN})
+    with caplog.at_level(logging.WARNING, logger="pgsolo.dashboard"):
+        late = guarded.post(f"/terminate/{pid}", data={"csrf": csrf.group(1), "token": TOKEN})
     assert late.status_code == 409
     conn.execute("SELECT 1")
+    # Every refusal is logged, this one too (it was not).
+    assert any(f"refused to terminate backend {pid}" in r.getMessage() for r in caplog.records)
 
 
 def test_no_password_appears_on_any_page(make_role: MakeRole, fresh_db: str) -> None:

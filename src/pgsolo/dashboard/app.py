@@ -183,6 +183,19 @@ class _Dashboard:
         view = await self.read(reads.read_locks, self.naming)
         return PlainTextResponse(exposition(view.locks), media_type=CONTENT_TYPE)
 
+    def _refused(
+        self, request: Request, pid: int, client: str, refusal: str, status: int
+    ) -> Response:
+        """A terminate refused (``status``), logged as every refusal is."""
+        logger.warning(
+            "pgsolo dashboard: refused to terminate backend %d, asked from %s: %s",
+            pid,
+            client,
+            refusal,
+        )
+        context = {"pid": pid, "refusal": refusal, "ended": False, "held": []}
+        return self.render(request, "terminated.html", context, status=status)
+
     async def terminate(self, request: Request) -> Response:
         pid: int = request.path_params["pid"]
         if self.guard is None:  # the route exists only with a guard
@@ -195,18 +208,10 @@ class _Dashboard:
         form = await _form(request)
         client = request.client.host if request.client else "?"
         if (refusal := self.guard.refusal(request, pid, form)) is not None:
-            logger.warning(
-                "pgsolo dashboard: refused to terminate backend %d, asked from %s: %s",
-                pid,
-                client,
-                refusal,
-            )
-            context = {"pid": pid, "refusal": refusal, "ended": False, "held": []}
-            return self.render(request, "terminated.html", context, status=403)
+            return self._refused(request, pid, client, refusal, 403)
         if not await self.read(reads.read_session, self.naming, pid):
             refusal = "it holds and waits for no advisory lock (pgsolo terminate --force can)"
-            context = {"pid": pid, "refusal": refusal, "ended": False, "held": []}
-            return self.render(request, "terminated.html", context, status=409)
+            return self._refused(request, pid, client, refusal, 409)
         ended, held = await self.read(reads.terminate, self.naming, pid)
         logger.warning(
             "pgsolo dashboard: terminated backend %d (%s), asked from %s: %s",
