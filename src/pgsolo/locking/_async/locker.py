@@ -191,7 +191,11 @@ class AsyncLocker:
     async def close(self) -> None:
         """Close the connections (or give them back to the pool, with nothing held).
         Locks still held through the Locker end with them; a job running through it is
-        waited for (its plan still has round trips to make on its connection)."""
+        waited for (its plan still has round trips to make on its connection). In a child
+        of ``fork()`` it does nothing: the connections are the parent's sessions, and
+        closing one would end the parent's locks."""
+        if os.getpid() != self._created_in:
+            return
         async with self._opening:
             with self._books:
                 self._closed = True
@@ -449,6 +453,7 @@ class AsyncLockerLock(InnerLockView):
             raise LockNotHeldError(
                 f"session lock {self.key} is not held by this lock object", key=self.key
             )
+        refuse_in_child(self._locker._created_in)  # the parent's lock, on its session
         if self._ticket is not None:
             self._unwatch()
         try:
@@ -463,6 +468,7 @@ class AsyncLockerLock(InnerLockView):
         lock, session = self._lock, self._session
         if lock is None or session is None:
             return False
+        refuse_in_child(self._locker._created_in)
         try:
             return await _alone(session, lock.is_held)
         except _Retired:
@@ -482,6 +488,7 @@ class AsyncLockerLock(InnerLockView):
         if lock is None or session is None:
             self._undo_cancel(exc)
             return
+        refuse_in_child(self._locker._created_in)
         try:  # from its first call: a Ctrl-C anywhere before the lock's own exit lands here
             loss_for_cancel = self._undo_cancel(exc)
             self._unwatch()
