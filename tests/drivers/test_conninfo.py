@@ -79,6 +79,16 @@ def test_scrub_secrets_cleans_driver_messages() -> None:
     assert "s3cret" not in scrub_secrets("bad s3cret", "host=h password=s3cret")
 
 
+def test_scrub_secrets_blanks_the_pieces_of_a_password_libpq_cut_at_an_at_sign() -> None:
+    """Guards a password with an unencoded '@': libpq keeps what comes before it, and
+    reads the rest as the host, which the driver's message then quotes."""
+    dsn = "postgresql://pgsolo:Se@CrEtC@127.0.0.1:5432/app"
+    message = "failed to resolve host 'CrEtC@127.0.0.1': Name or service not known"
+    scrubbed = scrub_secrets(message, dsn)
+    assert "CrEtC" not in scrubbed
+    assert scrubbed == "failed to resolve host '***@127.0.0.1': Name or service not known"
+
+
 @pytest.mark.parametrize(
     ("password", "message", "expected"),
     [

@@ -204,6 +204,9 @@ def scrub_secrets(message: str, dsn: str) -> str:
         if split and ":" in split[0]:
             password = split[0].partition(":")[2]
             secrets.update({password, unquote(password)})
+            # libpq cuts a password holding '@' unencoded at the first one and reads the
+            # rest as the host: a driver's message about that host quotes the pieces.
+            secrets.update(piece for piece in password.split("@") if piece)
     if dsn and dsn in message:
         message = message.replace(dsn, redact_dsn(dsn))
     for secret in sorted((s for s in secrets if s), key=len, reverse=True):
