@@ -57,6 +57,15 @@ MAX_SEMAPHORE_NAME_BYTES = 512
 MAX_SEMAPHORE_LIMIT = 1024
 
 
+def _exact(number: object) -> object:
+    """The plain int an int subclass (an ``IntEnum``) holds, whatever its methods say, so
+    that the value checked is the one the SQL and the books use; anything else as it is
+    (the checks that follow refuse it)."""
+    if isinstance(number, int) and not isinstance(number, bool):
+        return int.__index__(number)
+    return number
+
+
 @dataclass(frozen=True, slots=True)
 class Key:
     """A validated advisory-lock key: an int64, or a (namespace, resource) pair of int32.
@@ -77,11 +86,15 @@ class Key:
         if isinstance(self.value, tuple):
             if len(self.value) != 2:
                 raise InvalidKeyError(f"a pair key has exactly two parts, got {self.value!r}")
+            if type(self.value) is not tuple or any(type(p) is not int for p in self.value):
+                object.__setattr__(self, "value", tuple(_exact(p) for p in self.value))
             for part in self.value:
                 _check_int(part, INT32_MIN, INT32_MAX, "each half of a pair key")
         elif isinstance(self.value, bool) or not isinstance(self.value, int):
             raise InvalidKeyError(_not_a_key(self.value))
         else:
+            if type(self.value) is not int:
+                object.__setattr__(self, "value", _exact(self.value))
             _check_int(self.value, INT64_MIN, INT64_MAX, "an int64 key")
         if self.name is not None:
             _check_name(self.name)
@@ -271,6 +284,10 @@ def as_key(key: KeyLike, *, namespace: int | None = None, registry: Registry | N
     checked against the registry's keys, so a derived key can never silently collide
     with a registered one).
     """
+    if registry is not None and not isinstance(registry, Registry):
+        raise InvalidArgumentError(
+            f"registry must be a pgsolo.Registry (Registry.from_toml(path)), got {registry!r}"
+        )
     if isinstance(key, Key):
         if namespace is not None:
             raise InvalidKeyError("namespace= applies to names only; a Key is used as given")

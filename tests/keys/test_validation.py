@@ -154,7 +154,8 @@ def test_a_numeric_key_used_again_is_the_same_key_and_a_refusal_stays_a_refusal(
         pass
 
     assert as_key(Tenant(7)) == as_key(7)  # an int subclass is still an int key...
-    assert type(as_key(Tenant(7)).value) is Tenant  # ...validated as given, not looked up
+    assert as_key(Tenant(7)) is not as_key(7)  # ...validated as given, not looked up,
+    assert type(as_key(Tenant(7)).value) is int  # and held as the plain int it holds
     for _ in range(2):
         with pytest.raises(InvalidKeyError):
             as_key((7, INT32_MAX + 1))
@@ -232,3 +233,41 @@ def test_namespace_with_a_numeric_key_is_rejected(numeric: object) -> None:
 def test_bad_namespace_for_a_name_is_rejected(namespace: object) -> None:
     with pytest.raises(InvalidKeyError, match="namespace"):
         as_key("daily-settlement", namespace=namespace)  # type: ignore[arg-type]
+
+
+class _Lying(int):
+    """An int whose own methods say another number than the one it holds."""
+
+    def __int__(self) -> int:
+        return 2**70
+
+    def __index__(self) -> int:
+        return 2**70
+
+    def __lt__(self, other: object) -> bool:
+        return False
+
+    def __gt__(self, other: object) -> bool:
+        return False
+
+
+def test_an_int_subclass_key_is_the_plain_int_it_holds() -> None:
+    """Guards the statements cached by key: an int subclass checked by its own methods
+    went into the SQL by its __int__ (an out-of-range number the server refused), and the
+    statement cached for its value then failed every later lock of the plain int."""
+    key = pgsolo.as_key(_Lying(5))
+    assert type(key.value) is int
+    assert key.value == 5
+    assert key.sql_args == "5"
+    pair = Key((_Lying(42), _Lying(7)))
+    assert [type(part) for part in pair.value] == [int, int]  # type: ignore[union-attr]
+    assert pair.sql_args == "42, 7"
+    with pytest.raises(InvalidKeyError):
+        Key(_Lying(2**70))  # the number it holds is checked, not what it says of itself
+
+
+@pytest.mark.parametrize("registry", ["locks.toml", {}, 5])
+def test_a_registry_that_is_not_one_is_refused(registry: object) -> None:
+    """Guards the typed error: an AttributeError of `.resolve` came out of every lock."""
+    with pytest.raises(pgsolo.InvalidArgumentError, match="Registry"):
+        as_key("daily-settlement", registry=registry)  # type: ignore[arg-type]
