@@ -228,6 +228,8 @@ def test_names_come_from_a_registry_file_and_from_given_names(
     ("kwargs", "error"),
     [
         ({"names": "daily-settlement"}, InvalidArgumentError),
+        ({"names": None}, InvalidArgumentError),  # a bare TypeError, until a review
+        ({"registry": "locks.toml"}, InvalidArgumentError),  # an AttributeError, until then
         ({"names": [""]}, InvalidKeyError),
         ({"key": True}, InvalidKeyError),
         ({"key": (1, 2**31)}, InvalidKeyError),

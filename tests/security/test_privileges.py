@@ -192,6 +192,13 @@ def test_grant_to_a_name_that_cannot_be_a_role_is_refused_before_any_sql(name: s
         pgsolo.migrate(object(), grant_to=[name])  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("grant_to", [None, 5])
+def test_grant_to_that_is_no_list_of_roles_is_refused_before_any_sql(grant_to: object) -> None:
+    """Guards the typed error: a bare TypeError (None is not iterable) came out."""
+    with pytest.raises(InvalidArgumentError, match="grant_to"):
+        pgsolo.migrate(object(), grant_to=grant_to)  # type: ignore[arg-type]
+
+
 def test_grant_to_any_role_name_is_quoted(admin: psycopg.Connection, make_role: MakeRole) -> None:
     role, connect = make_role('app "röle"; DROP TABLE x --')
     pgsolo.migrate(admin, grant_to=[role])

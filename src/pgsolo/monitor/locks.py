@@ -214,6 +214,10 @@ class _Namer:
     ) -> None:
         if isinstance(names, str):
             raise InvalidArgumentError(f"names= takes a list of names, not one str ({names!r})")
+        if not isinstance(names, Iterable):
+            raise InvalidArgumentError(f"names= takes a list of names, got {names!r}")
+        if registry is not None and not isinstance(registry, Registry):
+            raise InvalidArgumentError(f"registry must be a pgsolo.Registry, got {registry!r}")
         self._registry = registry
         self._int64: dict[int, str] = {}
         self._int32: dict[int, str] = {}

@@ -9,7 +9,7 @@ transaction that holds an advisory lock of its own, and recorded in
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from importlib import resources
 from typing import TYPE_CHECKING
 
@@ -112,6 +112,8 @@ def check_roles(grant_to: Sequence[str]) -> tuple[str, ...]:
     """``grant_to`` as a tuple of role names, each checked before any SQL is sent."""
     if isinstance(grant_to, str):
         grant_to = (grant_to,)
+    if not isinstance(grant_to, Iterable):
+        raise InvalidArgumentError(f"grant_to takes role names, got {grant_to!r}")
     for role in grant_to:
         if not isinstance(role, str) or not role or "\0" in role:
             raise InvalidArgumentError(f"grant_to: a role name is non-empty text, got {role!r}")
