@@ -403,3 +403,47 @@ def test_an_error_message_that_is_not_valid_unicode_is_still_recorded(
     assert row["outcome"] == "failed"
     assert "No such file" in row["error"]
     assert "\\udcff" in row["error"]  # the undecodable byte, escaped rather than lost
+
+
+@pytest.fixture
+def sql_ascii_db(dsn: str, observer: Any) -> Iterator[str]:
+    """A database whose server encoding is SQL_ASCII, migrated: its text may hold any bytes."""
+    name = f"pgsolo_ascii_{uuid.uuid4().hex[:8]}"
+    observer.conn.execute(
+        pgsql.SQL(
+            "CREATE DATABASE {} ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0"
+        ).format(pgsql.Identifier(name))
+    )
+    try:
+        place = make_conninfo(dsn, dbname=name)
+        with psycopg.connect(place, autocommit=True) as conn:
+            pgsolo.migrate(conn)
+        yield place
+    finally:
+        observer.conn.execute(
+            pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name))
+        )
+
+
+def test_another_sessions_bytes_that_are_not_utf8_are_shown_not_fatal(sql_ascii_db: str) -> None:
+    """Guards `pgsolo locks`, `doctor` and the dashboard on a SQL_ASCII database: one
+    session whose query held a byte that is not UTF-8 made every snapshot fail ("invalid
+    byte sequence for encoding UTF8"), called "database unavailable". The bytes are shown,
+    each that is not UTF-8 replaced."""
+    with (
+        psycopg.connect(sql_ascii_db, autocommit=True) as holder,
+        psycopg.connect(sql_ascii_db, autocommit=True) as looker,
+    ):
+        holder.execute("SET client_encoding TO SQL_ASCII")
+        holder.execute(b"SELECT pg_advisory_lock(91), '\xff\xfe caf\xc3\xa9' AS junk")
+        (row,) = pgsolo.advisory_locks(looker)
+        assert row.pid == holder.info.backend_pid
+        assert row.query is not None
+        assert "\ufffd\ufffd caf\u00e9" in row.query  # replaced; the UTF-8 kept
+        assert {check.name for check in pgsolo.doctor(looker)}  # it answers
+        done = subprocess.run(
+            [sys.executable, "-m", "pgsolo", "locks", "--dsn", sql_ascii_db, "--json"],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["locks"][0]["pid"] == holder.info.backend_pid

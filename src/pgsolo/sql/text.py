@@ -98,8 +98,16 @@ def utf8(expression: str) -> str:
     """``expression`` (text, or anything with a text form such as json) as the ``bytea``
     of its UTF-8 bytes: the server sends those bytes as they are (hex digits, or escapes,
     in ASCII) whatever the connection's ``client_encoding``. Read it with
-    :func:`read_text` or :func:`read_json`."""
-    return f"convert_to(({expression})::text, 'UTF8')"
+    :func:`read_text` or :func:`read_json`. In a SQL_ASCII database, whose text may hold
+    any bytes (another session's query...), the bytes as stored: a conversion to UTF-8
+    would refuse a byte that is not UTF-8, and :func:`read_text` replaces it instead."""
+    return f"convert_to(({expression})::text, {_STORED_AS})"
+
+
+# The encoding utf8() asks for: UTF-8, but for a SQL_ASCII database, whose bytes go as they are.
+_STORED_AS = (
+    "CASE current_setting('server_encoding') WHEN 'SQL_ASCII' THEN 'SQL_ASCII' ELSE 'UTF8' END"
+)
 
 
 def read_text(value: object) -> str | None:
