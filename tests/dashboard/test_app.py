@@ -507,7 +507,19 @@ def test_no_password_appears_on_any_page(make_role: MakeRole, fresh_db: str) -> 
             response = client.get(page)
             assert response.status_code == 503
             assert "s3cret-pw-77" not in response.text
+            # No connection string either, not even redacted (DESIGN, Dashboard): the
+            # error pages showed postgresql://someone:***@127.0.0.1:1/nowhere.
+            assert "postgresql://" not in response.text
+            assert "someone" not in response.text
         assert "did not answer" in client.get("/doctor").text
+        assert client.get("/api/doctor").json()["error"]["code"] == "database-unavailable"
+    with TestClient(create_app(with_password)) as client:
+        # The request's own mistake is said as one, not as a database that did not answer.
+        refused = client.get("/jobs", params={"outcome": "maybe"})
+        assert refused.status_code == 400
+        assert "The request is not one the dashboard takes" in refused.text
+        assert "did not answer" not in refused.text
+        assert "tries again" not in refused.text
 
 
 def test_a_role_that_may_read_nothing_of_pgsolos_gets_every_page(

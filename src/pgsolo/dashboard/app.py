@@ -228,7 +228,7 @@ class _Dashboard:
         path = request.url.path
         if "/api/" in path or path.endswith("/metrics"):
             return JSONResponse(failure_document(exc), status_code=exc.status)
-        return self.render(request, "error.html", {"message": str(exc)}, status=exc.status)
+        return self.render(request, "error.html", {"failed": exc}, status=exc.status)
 
 
 async def _form(request: Request) -> dict[str, str]:

@@ -13,12 +13,12 @@ from typing import Any, Concatenate, ParamSpec, TypeAlias, TypeVar
 
 import jinja2
 
-from ..cli.exit_codes import EXIT_UNAVAILABLE, EXIT_USAGE
+from ..cli.exit_codes import EXIT_FAILED, EXIT_UNAVAILABLE, EXIT_USAGE
 from ..cli.locks import WIDE_COLUMNS, lock_line
 from ..cli.output import error_document
-from ..drivers import driver_errors
-from ..drivers.conninfo import scrub_secrets
-from ..errors import InvalidArgumentError, PgsoloError
+from ..drivers import driver_errors, is_unavailable
+from ..drivers.conninfo import redact_dsn, scrub_secrets
+from ..errors import DatabaseUnavailableError, InvalidArgumentError, PgsoloError
 from ..monitor import AdvisoryLock, format_seconds
 from . import reads
 from .reads import Connect, DoctorView, JobsView, LocksView, Naming, OperationsView
@@ -81,11 +81,24 @@ def read_page(
 
 class ReadFailed(Exception):
     """A read the database refused or could not answer, its message scrubbed; ``status``
-    is the response's (400 for an argument out of range, else 503)."""
+    is the response's: 400 for the request's own argument, 503 for a database that did
+    not answer, 502 for one that refused the read (what ``FAILURES`` says of each)."""
 
     def __init__(self, message: str, status: int) -> None:
         super().__init__(message)
         self.status = status
+
+    @property
+    def heading(self) -> str:
+        return FAILURES[self.status][2]
+
+
+# Each failure's status: its exit code and error.code in the JSON, and the page's heading.
+FAILURES: dict[int, tuple[int, str, str]] = {
+    400: (EXIT_USAGE, "usage-error", "The request is not one the dashboard takes"),
+    502: (EXIT_FAILED, "database-error", "The database refused the read"),
+    503: (EXIT_UNAVAILABLE, "database-unavailable", "The database did not answer"),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,16 +118,23 @@ class Reader:
         try:
             return read(self.connect, *args, **kwargs)
         except failures as exc:
+            # Where it connects, said without the connection string (not even redacted).
+            shown = redact_dsn(self.dsn)
             message = scrub_secrets(str(exc).strip(), self.dsn)
-            status = 400 if isinstance(exc, InvalidArgumentError) else 503
+            message = message.replace(shown, "the database") if shown else message
+            if isinstance(exc, InvalidArgumentError):
+                status = 400
+            elif isinstance(exc, DatabaseUnavailableError) or is_unavailable(exc):
+                status = 503
+            else:
+                status = 502
             raise ReadFailed(message, status) from None
 
 
 def failure_document(failed: ReadFailed) -> dict[str, Any]:
     """The JSON of an ``/api/`` page or ``/metrics`` whose read failed."""
-    if failed.status == 400:  # the request's own argument: no database asked
-        return error_document("dashboard", EXIT_USAGE, str(failed), "usage-error")
-    return error_document("dashboard", EXIT_UNAVAILABLE, str(failed), "database-unavailable")
+    exit_code, code, _ = FAILURES[failed.status]
+    return error_document("dashboard", exit_code, str(failed), code)
 
 
 def environment(**globals: object) -> jinja2.Environment:

@@ -157,7 +157,7 @@ def _page(name: str) -> Handler:
         try:
             view = _reader()(read_page, name, request.GET, _naming())
         except ReadFailed as failed:
-            return _render(request, "error.html", {"message": str(failed)}, failed.status)
+            return _render(request, "error.html", {"failed": failed}, failed.status)
         return _render(request, f"{name}.html", {"view": view})
 
     return page
