@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import sys
 
 import pytest
@@ -61,3 +62,15 @@ def test_the_host_names_the_dashboard_answers(
     from pgsolo.cli.dashboard import allowed_hosts  # noqa: PLC0415 - needs no extra
 
     assert allowed_hosts(host, given) == allowed
+
+
+def test_a_port_it_cannot_serve_on_is_exit_1_said_plainly(
+    db: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Guards the documented exit codes: uvicorn's own exit, 3, came out as it was."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        assert main_in_process(["dashboard", "--dsn", db, "--port", port]) == 1
+    assert "could not serve on 127.0.0.1:" in capsys.readouterr().err

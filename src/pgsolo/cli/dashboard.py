@@ -18,7 +18,7 @@ from .common import (
     seconds_between,
     where,
 )
-from .exit_codes import EXIT_OK, EXIT_USAGE
+from .exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from .locks import add_naming_arguments, naming_arguments
 
 TOKEN_VARIABLE = "PGSOLO_DASHBOARD_TOKEN"  # noqa: S105 - where the token is, not one
@@ -128,6 +128,31 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         print(f"  http://{host}:{args.port}/", file=sys.stderr)
         if token is not None and not os.environ.get(TOKEN_VARIABLE):
             print(f"  terminate token: {token}", file=sys.stderr)
+        if token is not None and not _loopback(args.host):
+            print(
+                f"pgsolo dashboard: warning: --allow-terminate on {args.host}: the token and"
+                " the pages travel as plain HTTP to whoever reaches this address; serve it"
+                " behind a proxy with TLS and a login",
+                file=sys.stderr,
+            )
         sys.stderr.flush()
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+        try:
+            uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+        except SystemExit as exc:  # uvicorn's own exit: it could not start serving
+            if exc.code in (0, None):
+                raise
+            raise CliError(
+                f"could not serve on {host}:{args.port} (the port is taken, or this machine"
+                " has no such address)",
+                EXIT_FAILED,
+            ) from None
     return EXIT_OK
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
