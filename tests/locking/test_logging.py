@@ -14,7 +14,7 @@ from psycopg import sql as pgsql
 from psycopg.conninfo import make_conninfo
 
 import pgsolo
-from _support import Connect, pid_of
+from _support import Connect, pid_of, terminate
 from pgsolo import (
     Key,
     LockNotHeldError,
@@ -62,6 +62,21 @@ def test_acquisition_is_logged_with_context(
     busy = by_event["busy"]
     assert busy.pgsolo["backend_pid"] == pid_of(other)  # type: ignore[attr-defined]
     assert busy.pgsolo["name"] == name  # type: ignore[attr-defined]
+
+
+def test_a_connections_first_session_lock_that_fails_is_logged_and_counted(
+    connect: Connect, observer: Any, key: Key, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Guards the logging policy for `pgsolo run` and Django's commands, whose one session
+    lock is their connection's first: its failure, in the check of the route, was raised
+    without the WARNING `error` event every other failed acquisition logs."""
+    caplog.set_level(logging.WARNING, logger="pgsolo")
+    conn = connect()
+    terminate(observer, pid_of(conn))
+    with pytest.raises(pgsolo.DatabaseUnavailableError):
+        pgsolo.session_lock(conn, key).acquire()
+    (record,) = [r for r in pgsolo_records(caplog) if r.levelno == logging.WARNING]
+    assert (record.pgsolo["event"], record.pgsolo["key"]) == ("error", key.text)  # type: ignore[attr-defined]
 
 
 def test_password_never_logged_or_in_errors(

@@ -270,6 +270,7 @@ class SessionLockCore(LockCore):
         """What answers this connection, checked on its first session lock
         (pgsolo.locking.routing)."""
         driver = self.driver
+        started = time.perf_counter()
         try:
             route = yield from check_route(driver, status)
         except BaseException as exc:
@@ -278,6 +279,12 @@ class SessionLockCore(LockCore):
                 TxStatus.INERROR,
             ):  # the driver's own BEGIN, before an interrupted check
                 yield from recovery.quietly(driver, [sql.ROLLBACK])
+            # Logged and counted as any acquisition that failed (a connection's first
+            # session lock fails here: pgsolo run's, a Django command's).
+            if isinstance(exc, UnsafeConnectionError):
+                self.events.log(logging.WARNING, "refused", started, reason=exc.reason)
+            elif isinstance(exc, Exception):
+                self.events.log(logging.WARNING, "error", started, error=repr(exc))
             if (error := failures.connection_failed(self.events, exc)) is not None:
                 raise error from exc
             raise
