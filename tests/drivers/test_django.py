@@ -349,6 +349,33 @@ def test_request_end_of_a_closing_connection_reports_the_lock_lost(
         lock.release()
 
 
+def test_a_database_django_cannot_reach_is_database_unavailable_for_every_call(
+    conn: Any, observer: Any, key: Key
+) -> None:
+    """Guards the words pgsolo fails in: Django connects at pgsolo's first statement, and
+    its OperationalError came out of every call as it was (a singleton_command printed a
+    traceback and exited 1, not 69)."""
+    conn.close()
+    port, password = conn.settings_dict["PORT"], conn.settings_dict["PASSWORD"]
+    conn.settings_dict["PORT"] = "1"  # nothing listens there
+    try:
+        calls = (
+            lambda: pgsolo.session_lock(conn, key).acquire(),
+            lambda: pgsolo.xact_lock(conn, key).__enter__(),
+            lambda: pgsolo.run_job(conn, key, lambda c: None),
+        )
+        for call in calls:
+            with pytest.raises(
+                pgsolo.DatabaseUnavailableError, match="could not connect"
+            ) as raised:
+                call()
+            assert not password or password not in str(raised.value)
+            assert conn.connection is None  # left closed, as it was handed
+    finally:
+        conn.settings_dict["PORT"] = port
+    assert observer.holders(key) == set()
+
+
 def test_keep_on_django_watches_the_lock(conn: Any, key: Key) -> None:
     with session_lock(conn, key, keep=pgsolo.Keep(interval=0.05)) as lock:
         lock.check()

@@ -32,7 +32,7 @@ from django.db.utils import ConnectionDoesNotExist
 
 from .._acompat import Event
 from .._logging import drivers_logger as logger
-from ..errors import UnsupportedConnectionError, UsageError
+from ..errors import DatabaseUnavailableError, UnsupportedConnectionError, UsageError
 from . import (
     REQUEST_END_HOOKS,
     Edge,
@@ -149,9 +149,19 @@ class DjangoDriver:
         wrapper = self._wrapper
         try:
             wrapper.ensure_connection()
-        except BaseException:
+        except BaseException as exc:
             self._close_half_made()
+            if isinstance(exc, DjangoError):  # as pgsolo, never as the driver (module doc)
+                raise DatabaseUnavailableError(
+                    f"Django could not connect to its database {wrapper.alias!r}"
+                    f" ({self._without_password(' '.join(str(exc).split()))}); nothing is held"
+                ) from exc
             raise
+
+    def _without_password(self, text: str) -> str:
+        """``text`` with the password of Django's settings for the database blanked out."""
+        password = str(self._wrapper.settings_dict.get("PASSWORD") or "")
+        return text.replace(password, "***") if password else text
 
     def _close_half_made(self) -> None:
         """Close the connection a connect of pgsolo's opened and did not finish making."""
