@@ -323,7 +323,8 @@ def test_request_end_releases_session_locks_of_a_persistent_connection(
         request_finished.send(sender=None)
     assert conn.connection is not None  # persistent: still open
     assert observer.holders(key) == set()
-    assert any("end of the request" in r.getMessage() for r in caplog.records)
+    (warned,) = [r for r in caplog.records if "end of the request" in r.getMessage()]
+    assert warned.pgsolo["event"] == "released-at-request-end"  # type: ignore[attr-defined]
     # The next request takes the key on the same session: the late release must not
     # unlock it (it did, and a third session took a key that request believed it held).
     request_started.send(sender=None)

@@ -52,6 +52,13 @@ def test_pool_reset_hook_releases_leaked_session_lock(
         r for r in caplog.records if r.name == "pgsolo.locks" and key.text in r.getMessage()
     ]
     assert warnings, "the reset hook should warn about the leaked lock"
+    # With its fields, as every lock event (for --log-format json): it had none.
+    assert warnings[0].pgsolo == {  # type: ignore[attr-defined]
+        "event": "released-at-check-in",
+        "key": key.text,
+        "name": key.name,
+        "lifetime": "session",
+    }
 
 
 def test_a_late_release_of_a_lock_the_reset_let_go_never_touches_the_next_borrowers(

@@ -11,9 +11,10 @@ from .._logging import locks_logger as logger
 from .._logging import log_event
 from ..drivers import DriverBase
 from ..errors import LockLostError
+from ..keys import Key
 from .spec import LockSpec
 
-__all__ = ["LockEvents"]
+__all__ = ["LockEvents", "let_go_for_its_holder"]
 
 # Events of the log that end an acquisition, as the metrics' outcomes name them.
 _OUTCOMES = {"reentered": "acquired", "refused": "error"}
@@ -76,3 +77,10 @@ class LockEvents:
             self._loss_counted = outcome != "acquired"  # only a held lock can be lost
             wait = 0.0 if started is None else time.perf_counter() - started
             metrics.observe_lock(spec.key.name, spec.lifetime, outcome, wait)
+
+
+def let_go_for_its_holder(key: Key, lifetime: str, event: str) -> dict[str, object]:
+    """The ``extra`` of the warning that a lock still held was let go for its holder
+    (``event``: ``released-at-check-in`` by a pool's reset, ``released-at-request-end`` by
+    Django's): its fields in ``record.pgsolo``, as every lock event has them."""
+    return {"pgsolo": {"event": event, "key": key.text, "name": key.name, "lifetime": lifetime}}

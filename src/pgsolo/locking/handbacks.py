@@ -18,6 +18,7 @@ from ..drivers import REQUEST_END_HOOKS, SyncDriver, TxStatus, adapt, as_sync, i
 from . import holdings
 from ._async.drive import adrive
 from ._sync.drive import drive
+from .events import let_go_for_its_holder
 from .placement import in_savepoint
 from .plans import Plan
 from .pools import reset_plan
@@ -58,6 +59,7 @@ def request_end_plan(driver: SyncDriver) -> Plan[None]:
             "pgsolo: session lock %s was still held at the end of the request that took"
             " it; releasing it",
             key,
+            extra=let_go_for_its_holder(key, "session", "released-at-request-end"),
         )
         holdings.drop_all(conn, key)
     status = driver.transaction_status()

@@ -9,6 +9,7 @@ from .. import sql
 from .._logging import locks_logger as logger
 from ..drivers import DriverBase, TxStatus
 from . import holdings
+from .events import let_go_for_its_holder
 from .placement import outside_transaction
 from .plans import Plan
 
@@ -20,17 +21,20 @@ def reset_plan(driver: DriverBase) -> Plan[None]:
     if driver.is_closed():
         return  # its locks went with it: off the books, nothing to release or warn of
     for held in forgotten:
+        extra = let_go_for_its_holder(held.key, held.lifetime, "released-at-check-in")
         if held.lifetime == "xact":
             logger.warning(
                 "pgsolo: transaction lock %s was still held when its connection went back"
                 " to the pool; rolling its transaction back",
                 held.key,
+                extra=extra,
             )
         else:
             logger.warning(
                 "pgsolo: session lock %s was still held when its connection went back to"
                 " the pool; releasing it",
                 held.key,
+                extra=extra,
             )
     status = driver.transaction_status()
     statements = [sql.UNLOCK_ALL]
