@@ -147,6 +147,7 @@ class _Attempt:
         self.duration = 0.0  # seconds the work ran
         self.value: Any = None  # what the work returned
         self.failure: Failure | None = None  # the work ran to its end and failed
+        self.period_start = 0  # with a period: the start of the one checked (epoch seconds)
 
     def result(self, outcome: Outcome, **kwargs: Any) -> JobResult[Any]:
         return job_result(
@@ -204,10 +205,11 @@ class _Attempt:
         if job.period is None:
             return None
         try:
-            done = yield self._outside([sql.period_done(job.name, job.period)])
+            start = yield self._outside([sql.period_done(job.name, job.period)])
         except BaseException as exc:
             return (yield from self._failed(exc, in_work=False))
-        if done is not True:
+        if start is not None:  # not done: the period this run marks, if its work succeeds
+            self.period_start = int(str(start))
             return None
         try:
             yield from self.core.exit(failed=False)
@@ -257,8 +259,10 @@ class _Attempt:
         job = self.job
         if job.period is None or self.failure is not None:
             return None
+        # The period checked before the work, not the one the work ended in: a run that
+        # crossed a boundary must not use the next period up.
         statement = sql.period_record(
-            job.name, job.period, host=socket.gethostname(), pid=os.getpid()
+            job.name, job.period, self.period_start, host=socket.gethostname(), pid=os.getpid()
         )
         try:
             marked = yield self._outside([statement])

@@ -95,18 +95,25 @@ def period_bounds(periods: list[str]) -> str:
 
 
 def period_done(job: str, period: str) -> str:
+    """NULL if the current period is done already; otherwise its start, in whole seconds
+    since the epoch (every period starts on a whole second): the one a run that finds it
+    not done marks (:func:`period_record`) once its work succeeded, in whichever period
+    that work ends."""
+    start = period_start(period)
     return (
-        "SELECT EXISTS (SELECT 1 FROM pgsolo.job_periods"
+        "SELECT CASE WHEN EXISTS (SELECT 1 FROM pgsolo.job_periods"
         f" WHERE job = {sql_text(job)} AND period = {sql_text(period)}"
-        f" AND period_start = {period_start(period)})"
+        f" AND period_start = {start}) THEN NULL"
+        f" ELSE extract(epoch FROM {start})::bigint END"
     )
 
 
-def period_record(job: str, period: str, *, host: str, pid: int) -> str:
-    """Mark this period done; returns true, or nothing if it was already marked."""
+def period_record(job: str, period: str, start: int, *, host: str, pid: int) -> str:
+    """Mark the period that starts at ``start`` (seconds since the epoch, as
+    :func:`period_done` read it) done; returns true, or nothing if it was already marked."""
     return (
         "INSERT INTO pgsolo.job_periods (job, period, period_start, host, pid)"
-        f" VALUES ({sql_text(job)}, {sql_text(period)}, {period_start(period)},"
+        f" VALUES ({sql_text(job)}, {sql_text(period)}, to_timestamp({int(start)}),"
         f" {sql_text(host)}, {int(pid)})"
         " ON CONFLICT DO NOTHING RETURNING true"
     )

@@ -18,6 +18,7 @@ import pytest
 from _support import (
     Boom,
     SyncConnect,
+    asleep,
     insert_work,
     key_of,
     new_job,
@@ -125,3 +126,36 @@ async def test_a_run_that_sneaks_in_without_the_lock_wins_and_the_xact_work_roll
     assert work_rows(observer, job) == []  # the job's transaction was rolled back
     assert period_rows(observer, job) == [("day", None, None, True)]  # the sneak's row
     assert observer.holders(key_of(job)) == set()
+
+
+@pytest.mark.parametrize("lifetime", ["xact", "session"])
+async def test_a_run_that_crosses_a_boundary_marks_the_period_it_checked(
+    db: str, observer: Any, lifetime: Lifetime
+) -> None:
+    """Guards the next period's run: a session job marked the period its work ended in
+    (each statement its own transaction, now() read again), so the run of that next
+    period, which no work had started in, was skipped as already done."""
+    job = new_job("jobs-async-test")
+    period = "2 seconds"
+
+    async def cross(conn: psycopg.AsyncConnection[Any]) -> None:
+        # Until the database's clock is past the end of the period this run began in.
+        (left,) = observer.conn.execute(
+            "SELECT extract(epoch FROM date_bin('2 seconds', clock_timestamp(),"
+            " '1970-01-01 00:00:00+00') + interval '2 seconds' - clock_timestamp())"
+        ).fetchone()
+        await asleep(float(left) + 0.2)
+
+    first = await run_job_async(db, job, cross, period=period, lifetime=lifetime)
+    assert first.outcome == "completed"
+    second = await run_job_async(db, job, lambda conn: _done(), period=period, lifetime=lifetime)
+    # The second may land later still, in a third period: either way it ran.
+    assert second.outcome == "completed", second
+    starts = observer.conn.execute(
+        "SELECT period_start FROM pgsolo.job_periods WHERE job = %s", (job,)
+    ).fetchall()
+    assert len(set(starts)) == 2
+
+
+async def _done() -> str:
+    return "done"

@@ -24,6 +24,7 @@ from _support import (
     new_job,
     period_rows,
     record_period,
+    sleep,
     work_rows,
 )
 from pgsolo._types import Lifetime
@@ -122,3 +123,36 @@ def test_a_run_that_sneaks_in_without_the_lock_wins_and_the_xact_work_rolls_back
     assert work_rows(observer, job) == []  # the job's transaction was rolled back
     assert period_rows(observer, job) == [("day", None, None, True)]  # the sneak's row
     assert observer.holders(key_of(job)) == set()
+
+
+@pytest.mark.parametrize("lifetime", ["xact", "session"])
+def test_a_run_that_crosses_a_boundary_marks_the_period_it_checked(
+    db: str, observer: Any, lifetime: Lifetime
+) -> None:
+    """Guards the next period's run: a session job marked the period its work ended in
+    (each statement its own transaction, now() read again), so the run of that next
+    period, which no work had started in, was skipped as already done."""
+    job = new_job("jobs-sync-test")
+    period = "2 seconds"
+
+    def cross(conn: psycopg.Connection[Any]) -> None:
+        # Until the database's clock is past the end of the period this run began in.
+        (left,) = observer.conn.execute(
+            "SELECT extract(epoch FROM date_bin('2 seconds', clock_timestamp(),"
+            " '1970-01-01 00:00:00+00') + interval '2 seconds' - clock_timestamp())"
+        ).fetchone()
+        sleep(float(left) + 0.2)
+
+    first = run_job(db, job, cross, period=period, lifetime=lifetime)
+    assert first.outcome == "completed"
+    second = run_job(db, job, lambda conn: _done(), period=period, lifetime=lifetime)
+    # The second may land later still, in a third period: either way it ran.
+    assert second.outcome == "completed", second
+    starts = observer.conn.execute(
+        "SELECT period_start FROM pgsolo.job_periods WHERE job = %s", (job,)
+    ).fetchall()
+    assert len(set(starts)) == 2
+
+
+def _done() -> str:
+    return "done"
