@@ -6,6 +6,7 @@ any SQL; a role without DELETE refused with what to do."""
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -14,7 +15,7 @@ import psycopg
 import pytest
 
 import pgsolo
-from _support import Connect, json_document, pgsolo_cli
+from _support import Connect, eventually, json_document, pgsolo_cli
 
 NOWHERE = "postgresql://u:pw@127.0.0.1:1/db?connect_timeout=1"
 
@@ -93,6 +94,48 @@ def test_a_pruned_operation_key_runs_again(aged: psycopg.Connection[Any]) -> Non
     second = pgsolo.run_once(aged, "report@59", lambda ctx: ran.append(1) or "again")
     assert second.outcome == "ran"
     assert ran == [1]
+
+
+def test_an_operation_taken_over_while_prune_chose_it_is_never_deleted(
+    aged: psycopg.Connection[Any], fresh_db: str, observer: Any
+) -> None:
+    """Guards a running attempt: prune chose an old failed (here, finished) operation,
+    waited for its row while a retry took it over (`started`), then deleted it, because
+    `state <> 'started'` was checked in the subquery that chose the batch, which
+    PostgreSQL does not read again for the row it waited for. The running attempt could
+    not record its success, and the next call ran the operation again as attempt 1."""
+    takeover = psycopg.connect(fresh_db)  # a transaction: it holds the row until it commits
+    try:
+        takeover.execute(
+            "UPDATE pgsolo.operations SET state = 'started', finished_at = NULL, result = NULL,"
+            " attempts = attempts + 1 WHERE op_key = 'report@59'"
+        )
+        done: list[object] = []
+        with psycopg.connect(fresh_db, autocommit=True) as pruner:
+            pid = pruner.info.backend_pid
+            thread = threading.Thread(
+                target=lambda: done.append(pgsolo.prune(pruner, DAYS_40, operations=True))
+            )
+            thread.start()
+            eventually(
+                lambda: (
+                    observer.conn.execute(
+                        "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)
+                    ).fetchone()
+                    == ("Lock",)
+                ),
+                "prune to wait for the row the takeover holds",
+            )
+            takeover.commit()
+            thread.join(timeout=60)
+        (pruned,) = done
+        assert pruned.operations == 19  # type: ignore[attr-defined]  # every other old one
+        row = aged.execute(
+            "SELECT state, attempts FROM pgsolo.operations WHERE op_key = 'report@59'"
+        ).fetchone()
+        assert row == ("started", 2)
+    finally:
+        takeover.close()
 
 
 def test_the_command_line_prunes_and_says_how_much(aged: psycopg.Connection[Any]) -> None:

@@ -44,7 +44,11 @@ def prune_batch(what: str, older_than_s: float, batch: int, *, dry_run: bool = F
     if dry_run:
         return f"SELECT count(*) {where}"
     chosen = f"SELECT t.{row_id} {where} ORDER BY {age} LIMIT {int(batch)}"
+    # The condition again on the DELETE's own rows: a row changed since the batch was
+    # chosen (a failed operation taken over, started again) is read again there, and only
+    # there (PostgreSQL re-checks a DELETE's own WHERE, not its subquery's).
+    again = condition.format(cutoff=cutoff)
     return (
-        f"WITH gone AS (DELETE FROM {table} WHERE {row_id} IN ({chosen}) RETURNING 1)"
-        " SELECT count(*) FROM gone"
+        f"WITH gone AS (DELETE FROM {table} t WHERE t.{row_id} IN ({chosen}) AND {again}"
+        " RETURNING 1) SELECT count(*) FROM gone"
     )
