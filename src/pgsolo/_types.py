@@ -127,7 +127,15 @@ _ZONED = re.compile(r"(?P<unit>[a-z]+) in (?P<zone>.+)", re.ASCII | re.DOTALL)
 _ZONE_NAME = re.compile(r"[A-Za-z0-9_+\-]+(?:/[A-Za-z0-9_+\-]+)*", re.ASCII)
 
 
-_UTC = ("UTC", "Etc/UTC")
+# The names tzdata gives UTC (and GMT, the same offset for ever): every one of them is the
+# plain period's, so that a change of spelling never starts a second record of one day.
+_UTC = frozenset(
+    {
+        *("UTC", "UCT", "Universal", "Zulu", "GMT", "GMT0", "GMT+0", "GMT-0", "Greenwich"),
+        *("Etc/UTC", "Etc/UCT", "Etc/Universal", "Etc/Zulu", "Etc/GMT", "Etc/GMT0"),
+        *("Etc/GMT+0", "Etc/GMT-0", "Etc/Greenwich"),
+    }
+)
 
 
 _SPELLINGS = (

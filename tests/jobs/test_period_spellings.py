@@ -41,6 +41,11 @@ from pgsolo._types import check_period
         ("day in Europe/Paris", "Europe/Paris", "day in Europe/Paris"),
         ("daily", "UTC", "day"),
         ("24h", "UTC", "86400 seconds"),
+        # Every name tzdata gives UTC: each made a record of its own ("day in Zulu").
+        ("daily", "Zulu", "day"),
+        ("day in Etc/Universal", None, "day"),
+        ("month", "GMT", "month"),
+        ("year", "Etc/GMT+0", "year"),
     ],
 )
 def test_every_spelling_of_a_period_is_recorded_under_one(
