@@ -89,6 +89,10 @@ def test_mostly_skipped_attempts_bring_a_warning(
     assert len(warnings) == 1
     assert "slower than its schedule" in warnings[0]
     assert job in warnings[0]
+    # Weighed on the job's own attempts, as a run weighs them, not on the rows shown:
+    # with --limit 2 it said "2 of its last 2", where the run had said "3 of its last 3".
+    shown = pgsolo_cli("history", "--dsn", migrated, "--job", job, "--limit", "2")
+    assert f"warning: job {job}: 3 of its last 3 occurrences" in shown.stderr
 
 
 def test_without_migrate_ledger_features_say_run_migrate_first(

@@ -49,7 +49,7 @@ HISTORY_COLUMNS = ("started_at", "job", "outcome", "reason", "duration", "host",
 
 def cmd_history(args: argparse.Namespace) -> int:
     from ..errors import NotMigratedError  # noqa: PLC0415
-    from ..jobs.record import history, skip_warning  # noqa: PLC0415
+    from ..jobs.record import history, skip_warnings_of  # noqa: PLC0415
 
     with (
         database(args.dsn, connect_timeout=args.connect_timeout) as db,
@@ -62,7 +62,7 @@ def cmd_history(args: argparse.Namespace) -> int:
                 f"no ledger in {db.label}: run pgsolo migrate first", EXIT_USAGE, "not-migrated"
             ) from exc
         name, server = where(conn)
-    warnings = skip_warning(rows)
+        warnings = skip_warnings_of(conn, (str(row["job"]) for row in rows))
     if args.json:
         emit_json(
             "history",

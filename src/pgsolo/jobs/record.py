@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -225,6 +225,16 @@ hosts racing for one tick of a schedule (clock skew, start-up), not a later tick
 _LEDGER_ROWS_READ = SKIP_WARNING_WINDOW * 10  # enough for 10 occurrences of ~10 racers
 
 _HELD = ("completed", "failed", "lost")  # attempts that held the lock
+
+
+def skip_warnings_of(conn: SyncConnectionLike, jobs: Iterable[str]) -> list[str]:
+    """The skip warnings of ``jobs``, each weighed on its own recent attempts, as a run of
+    it weighs them (not on the rows a listing happens to show)."""
+    return [
+        warning
+        for job in dict.fromkeys(jobs)
+        for warning in skip_warning(history(conn, job=job, limit=_LEDGER_ROWS_READ))
+    ]
 
 
 def skip_warning(rows: Sequence[Mapping[str, Any]]) -> list[str]:
