@@ -112,6 +112,32 @@ def test_body_error_wins_over_the_loss_at_exit(connect: Connect, observer: Any, 
     assert lock.loss.reason == "connection-lost"
 
 
+def test_a_loss_met_by_the_holders_own_statement_is_declared_all_the_same(
+    connect: Connect, observer: Any, key: Key
+) -> None:
+    """Guards on_lost: the session ended while the holder's statement had the connection
+    (no beat runs then, and the socket is the statement's); the statement raised the
+    driver's error, and the lock was never marked lost nor on_lost called."""
+    conn = connect()
+    on_lost = OnLost()
+    lock = pgsolo.session_lock(conn, key, keep=Keep(interval=WATCHED_INTERVAL, on_lost=on_lost))
+
+    def block() -> None:
+        with lock:
+            pid = lock.backend_pid
+            assert pid is not None
+            threading.Timer(0.3, terminate, (observer, pid)).start()
+            conn.execute("SELECT pg_sleep(5)")  # ended under it
+
+    with pytest.raises(psycopg.OperationalError):
+        block()
+    loss = lock.loss
+    assert loss is not None
+    assert loss.reason == "connection-lost"
+    assert on_lost.errors == [loss]  # once
+    assert observer.holders(key) == set()
+
+
 # -- no false alarms, no disturbance ---------------------------------------------------
 
 

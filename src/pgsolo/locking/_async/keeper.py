@@ -54,7 +54,7 @@ from ..._acompat import (
     astop_worker,
     auncancel_current,
 )
-from ...drivers import AsyncDriver, heartbeat_of
+from ...drivers import AsyncDriver, BeatFailed, heartbeat_of
 from ...errors import LockLostError
 
 if TYPE_CHECKING:
@@ -108,6 +108,18 @@ class AsyncKeeper:
         worker, self._worker = self._worker, None
         if worker is not None:
             astop_worker(worker, self._watch.keep.timeout + 1)
+        self._declare_if_gone()
+
+    def _declare_if_gone(self) -> None:
+        """The session ended while the holder's own statement had the connection, where no
+        beat runs and the socket is the statement's to read: said as the keeper says a
+        loss (``lock.lost``, the log, ``on_lost``), once, as it stops; the release that
+        follows finds the lock gone and says no more."""
+        watch, driver = self._watch, self._driver
+        if watch.loss is None and driver.is_closed():
+            ended = BeatFailed("the session ended while the holder used the connection")
+            if (error := watch.verdict(None, ended, driver)) is not None:
+                watch.declare(error)
 
     async def _run(self) -> None:
         watch = self._watch

@@ -55,7 +55,7 @@ from ..._acompat import (
     stop_worker,
     uncancel_current,
 )
-from ...drivers import SyncDriver, heartbeat_of
+from ...drivers import BeatFailed, SyncDriver, heartbeat_of
 from ...errors import LockLostError
 
 if TYPE_CHECKING:
@@ -109,6 +109,18 @@ class Keeper:
         worker, self._worker = self._worker, None
         if worker is not None:
             stop_worker(worker, self._watch.keep.timeout + 1)
+        self._declare_if_gone()
+
+    def _declare_if_gone(self) -> None:
+        """The session ended while the holder's own statement had the connection, where no
+        beat runs and the socket is the statement's to read: said as the keeper says a
+        loss (``lock.lost``, the log, ``on_lost``), once, as it stops; the release that
+        follows finds the lock gone and says no more."""
+        watch, driver = self._watch, self._driver
+        if watch.loss is None and driver.is_closed():
+            ended = BeatFailed("the session ended while the holder used the connection")
+            if (error := watch.verdict(None, ended, driver)) is not None:
+                watch.declare(error)
 
     def _run(self) -> None:
         watch = self._watch
