@@ -327,16 +327,51 @@ def run_blocking(fn: Callable[..., T], *args: Any) -> T:
 
 
 async def arun_blocking(fn: Callable[..., T], *args: Any) -> T:
-    """``fn(*args)`` in a worker thread, so that the event loop goes on meanwhile. If the
-    caller is cancelled, the call still runs to its end before the cancellation goes on
-    (whatever ``fn`` holds, say a connection, stays held until then)."""
-    done = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    """``fn(*args)`` in a thread of pgsolo's own (:mod:`pgsolo._threads`), so that the
+    event loop goes on meanwhile. Not the loop's default executor: the application's
+    ``to_thread`` calls may fill it, and a keeper's beat queued there, holding the
+    connection's lock, made the holder's own statements wait seconds and the beat's
+    deadline run late. If the caller is cancelled, the call still runs to its end before
+    the cancellation goes on (whatever ``fn`` holds, say a connection, stays held until
+    then)."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[T] = loop.create_future()
+
+    def run() -> None:
+        try:
+            result = fn(*args)
+        except BaseException as exc:  # handed to the awaiting task, as to_thread does
+            _settle_soon(loop, done, None, exc)
+        else:
+            _settle_soon(loop, done, result, None)
+
+    _threads.spawn_thread(run, "pgsolo blocking call")
     try:
         return await asyncio.shield(done)
     except asyncio.CancelledError:
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.wait({done})
         raise
+
+
+def _settle_soon(
+    loop: asyncio.AbstractEventLoop,
+    future: asyncio.Future[T],
+    result: T | None,
+    error: BaseException | None,
+) -> None:
+    """Settle ``future`` from another thread, in its loop (closed meanwhile: no one waits)."""
+
+    def settle() -> None:
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)  # type: ignore[arg-type]
+
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(settle)
 
 
 # -- a mutual exclusion that may be held across a round trip ----------------------------

@@ -15,9 +15,11 @@ block.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import gc
 import logging
+import threading
 import uuid
 from typing import Any
 
@@ -91,6 +93,32 @@ async def test_terminated_backend_is_lost_in_an_async_with_block(
 
 
 # -- no false alarms, no disturbance ---------------------------------------------------
+
+
+async def test_the_keeper_beats_while_the_loops_default_executor_is_full(
+    aconnect: AConnect, observer: Any, key: Key
+) -> None:
+    """Guards the holder's statements and the keeper's deadline: a beat's blocking call
+    went to the loop's default executor, which the application's to_thread calls had
+    filled; queued there, the beat held the connection's lock, so the holder's own
+    statements waited for a worker too, and a loss was found seconds late."""
+    conn = await aconnect()
+    loop = asyncio.get_running_loop()
+    executor = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    loop.set_default_executor(executor)
+    gate = threading.Event()
+    busy = asyncio.ensure_future(asyncio.to_thread(gate.wait, DEADLINE))  # the only worker
+    try:
+        async with session_lock(conn, key, keep=Keep(interval=INTERVAL)) as lock:
+            assert lock.backend_pid is not None
+            await conn.execute("SELECT 1")
+            await wait_for_beat(observer, lock.backend_pid, key, poll=aeventually)
+            await conn.execute("SELECT 2")  # its own statement, between beats
+            assert not busy.done()  # the default executor was full all along
+    finally:
+        gate.set()
+        await busy
+        executor.shutdown()
 
 
 @pytest.mark.parametrize("autocommit", [True, False], ids=["autocommit", "implicit-xact"])
