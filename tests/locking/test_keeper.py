@@ -138,6 +138,31 @@ def test_a_loss_met_by_the_holders_own_statement_is_declared_all_the_same(
     assert observer.holders(key) == set()
 
 
+@pytest.mark.parametrize("how", ["terminated", "idle_in_transaction_session_timeout"])
+def test_a_session_ended_while_idle_in_a_transaction_is_seen_at_once(
+    connect: Connect, observer: Any, key: Key, how: str
+) -> None:
+    """Guards the watch between beats: idle in a transaction (psycopg's autocommit off,
+    once a statement ran), the keeper left the socket unread, so a session the server
+    ended there went unnoticed until the holder's next statement. No beat comes here
+    (an interval longer than the test): the end is seen on the socket."""
+    conn = connect(autocommit=False)
+    lock = pgsolo.session_lock(conn, key, keep=Keep(interval=WATCHED_INTERVAL))
+    lock.acquire()
+    conn.commit()  # pgsolo's own statement left nothing open; now the holder's transaction:
+    conn.execute("SELECT 1")
+    assert conn.info.transaction_status == pq.TransactionStatus.INTRANS
+    if how == "terminated":
+        terminate(observer, lock.backend_pid)
+    else:
+        conn.execute("SET idle_in_transaction_session_timeout = '200ms'")
+    wait_until_lost(lock)
+    assert lock.loss is not None
+    assert lock.loss.reason == "connection-lost"
+    with pytest.raises(LockLostError):
+        lock.release()
+
+
 # -- no false alarms, no disturbance ---------------------------------------------------
 
 

@@ -303,12 +303,21 @@ class PsycopgBase:
             _BEATING.discard(id(self._conn))
 
     def _beat_ready(self) -> bool:
+        """Whether a beat may be sent now: no statement in flight and no transaction open
+        (a beat must never run inside the caller's transaction)."""
+        return self._news_ready() and self._conn.pgconn.transaction_status == _IDLE
+
+    def _news_ready(self) -> bool:
+        """Whether what came on the socket may be read now: no statement of the caller's in
+        flight, whose answer it would be. Idle in a transaction, only what the server says
+        unasked can come (a notice, the error and the end of a session it ended): read,
+        the end is seen at once there too."""
         if self._conn.closed:
             raise BeatFailed("the connection is closed")
         pgconn = self._conn.pgconn
         # In pipeline mode psycopg does not hold its lock between statements, and libpq
         # refuses a plain query: the caller is using the connection.
-        return pgconn.transaction_status == _IDLE and pgconn.pipeline_status == _PIPELINE_OFF
+        return pgconn.transaction_status != _ACTIVE and pgconn.pipeline_status == _PIPELINE_OFF
 
 
 def _text(value: bytes | None) -> str:

@@ -109,6 +109,6 @@ class AsyncPsycopgDriver(PsycopgBase):
         finally:
             sock.close()
         async with atry_lock(self._conn.lock) as taken:
-            if not taken or not self._beat_ready():
+            if not taken or not self._news_ready():
                 return "busy"
             return read_news(self._conn.pgconn)

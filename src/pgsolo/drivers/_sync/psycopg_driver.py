@@ -108,6 +108,6 @@ class PsycopgDriver(PsycopgBase):
         finally:
             sock.close()
         with try_lock(self._conn.lock) as taken:
-            if not taken or not self._beat_ready():
+            if not taken or not self._news_ready():
                 return "busy"
             return read_news(self._conn.pgconn)

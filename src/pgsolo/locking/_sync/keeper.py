@@ -20,9 +20,10 @@ Between beats. When the server terminates a backend or shuts down, it sends an e
 closes the socket at once. So between beats the keeper waits on the connection's socket
 (a duplicate of its descriptor; poll(2) in the keeper's thread, the event loop's reader
 for a task), with the beat as its timeout. When it turns readable, the input is read
-(libpq's ``consume_input``) under the same conditions as a beat, psycopg's lock taken
-without waiting and no transaction open: otherwise the bytes are the answer to the
-caller's statement, and only the caller reads them. Read on an idle connection, a
+(libpq's ``consume_input``) with psycopg's lock taken without waiting and no statement
+of the caller's in flight (otherwise the bytes are its answer, and only the caller reads
+them); idle in the caller's transaction it is read too, where only what the server says
+unasked can come, its ending of the session included. Read on an idle connection, a
 notification stays for the caller's ``notifies()`` and a notice or a parameter change
 goes to its handler: no loss. The end of the stream is: the lock is lost at once
 (``connection-lost``), without waiting for the next beat. A network that fails silently
