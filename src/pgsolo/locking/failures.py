@@ -18,6 +18,7 @@ error, raised as it is.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import TYPE_CHECKING
 
@@ -192,11 +193,12 @@ def cut_short(events: LockEvents, exc: BaseException, started: float) -> Plan[Ba
     events.log(logging.DEBUG, "timeout", started, limit="statement_timeout")
     limit = limit_ms / 1000
     info = driver.server_info()
+    its_wait = "with no end" if math.isinf(spec.wait_seconds) else f"of {spec.wait_seconds:g}s"
     return LockTimeoutError(
         f"the connection's statement_timeout ({limit:g}s) ended the wait for"
         f" {spec.lifetime} lock {spec.key} on database {info.database!r} at"
-        f" {info.address} before its wait of {spec.wait_seconds:g}s ran out: the shorter"
-        " limit wins (raise statement_timeout, or wait less)",
+        f" {info.address} before its wait {its_wait} ran out: the shorter limit wins (raise"
+        " statement_timeout, or wait less)",
         key=spec.key,
         timeout=limit,
     )
