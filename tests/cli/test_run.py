@@ -756,6 +756,45 @@ def test_a_connection_that_stops_answering_is_a_lost_lock(
         )
 
 
+# Touches argv[1]/ready, then waits (60 s at most) for argv[1]/go and exits 0.
+READY_THEN_GO = r"""
+import sys, time
+from pathlib import Path
+d = Path(sys.argv[1])
+(d / "ready").touch()
+deadline = time.monotonic() + 60
+while not (d / "go").exists() and time.monotonic() < deadline:
+    time.sleep(0.02)
+"""
+
+
+def test_a_release_that_gets_no_answer_is_said_unresponsive_everywhere(
+    migrated: str,
+    observer: Any,
+    key: Key,
+    job: str,
+    tmp_path: Path,
+    background: Callable[..., Running],
+) -> None:
+    """Guards one reason for one ending: the release after COMMAND got no answer within
+    --check-timeout; the JSON said connection-unresponsive, the lock's log line
+    connection-lost. No beat comes in the test (--check-interval): the release finds it."""
+    with Relay(migrated) as proxy:
+        running = background(
+            *run_args(key.text, proxy.dsn, job=job), "--json", "--check-interval", "3600",
+            "--check-timeout", "2", "--", sys.executable, "-c", READY_THEN_GO, str(tmp_path),
+        )  # fmt: skip
+        wait_until((tmp_path / "ready").exists, "the command to start")
+        proxy.freeze()
+        (tmp_path / "go").touch()  # COMMAND ends well; its release gets no answer
+        done = running.finish(timeout=30)
+    assert done.returncode == 70, done.stderr
+    report = only_json(done.stderr)
+    assert (report["outcome"], report["reason"]) == ("lost", "connection-unresponsive")
+    assert "reason=connection-unresponsive" in done.stderr  # the lock's own log line
+    assert "reason=connection-lost" not in done.stderr
+
+
 @pytest.mark.parametrize(
     ("trigger", "grandchild_mode"),
     [("lost", "exits-on-sigterm"), ("lost", "ignores-sigterm"), ("sigterm", "exits-on-sigterm")],

@@ -19,7 +19,6 @@ from .._logging import jobs_logger as logger
 from .._types import Outcome
 from ..drivers import DriverBase, TxStatus
 from ..errors import (
-    DatabaseUnavailableError,
     InsufficientPrivilegeError,
     LockLostError,
     LockNotHeldError,
@@ -37,6 +36,7 @@ from ..locking import (
     require_no_transaction,
     slot_attempts,
     unavailable,
+    unresponsive,
     wait_ms_of,
 )
 from ..locking.plans import WORK, Plan
@@ -387,16 +387,6 @@ class _Attempt:
 
     def _scrub(self, exc: BaseException) -> str:
         return self.driver.scrub(str(exc).strip())
-
-
-def unresponsive(error: BaseException | None) -> bool:
-    """Whether ``error``, or one of its causes, says that a deadline shut the connection
-    down (:class:`~pgsolo.DatabaseUnavailableError` with ``unresponsive``)."""
-    while error is not None:
-        if isinstance(error, DatabaseUnavailableError) and error.unresponsive:
-            return True
-        error = error.__cause__
-    return False
 
 
 def _gone(driver: DriverBase, error: BaseException, backend_pid: int) -> LostReason | None:

@@ -44,6 +44,7 @@ from .core import require_no_transaction as require_no_transaction
 from .factory import lock_core as lock_core
 from .factory import session_lock, xact_lock
 from .failures import unavailable as unavailable
+from .failures import unresponsive as unresponsive
 from .handbacks import install as install
 from .handbacks import release_at_request_end as _release_at_request_end  # noqa: F401 - registers it
 from .holdings import held_session_locks

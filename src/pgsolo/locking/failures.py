@@ -124,6 +124,16 @@ def _refusal(
     return None
 
 
+def unresponsive(error: BaseException | None) -> bool:
+    """Whether ``error``, or one of its causes, says that a deadline shut the connection
+    down (:class:`~pgsolo.DatabaseUnavailableError` with ``unresponsive``)."""
+    while error is not None:
+        if isinstance(error, DatabaseUnavailableError) and error.unresponsive:
+            return True
+        error = error.__cause__
+    return False
+
+
 def connection_failed(events: LockEvents, exc: BaseException) -> DatabaseUnavailableError | None:
     """The error for a connection that ``exc`` found dead under one of pgsolo's
     statements for the lock (see :func:`unavailable`)."""

@@ -18,6 +18,7 @@ from ..errors import (
     UnsafeConnectionError,
     UnsupportedConnectionError,
 )
+from ..reasons import LostReason
 from . import failures, holdings, placement, recovery, waits
 from .core import LockCore, is_token
 from .placement import in_savepoint, unlock_statement
@@ -450,11 +451,16 @@ class SessionLockCore(LockCore):
         driver, spec, events = self.driver, self.spec, self.events
         if driver.is_closed():
             self.forget()
-            events.log(logging.WARNING, "lost", started, reason="connection-lost")
+            # As the keeper and pgsolo run's report say it: a deadline that shut the
+            # connection down is an unresponsive one, not a lost one.
+            reason: LostReason = (
+                "connection-unresponsive" if failures.unresponsive(exc) else "connection-lost"
+            )
+            events.log(logging.WARNING, "lost", started, reason=reason)
             raise LockLostError(
                 f"session lock {spec.key} was lost: the connection failed ({exc})",
                 key=spec.key,
-                reason="connection-lost",
+                reason=reason,
             ) from exc
         if status is TxStatus.INERROR and self.hold is not None:
             # The caller's failed transaction is not pgsolo's to end, and nothing can be

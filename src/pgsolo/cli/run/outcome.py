@@ -22,7 +22,7 @@ from ...errors import (
     PeriodUnconfirmedError,
 )
 from ...jobs.definition import Job, JobResult, replace_result
-from ...jobs.plan import unresponsive
+from ...locking import unresponsive
 from ...schema import LATEST_VERSION
 from ..exit_codes import EXIT_FAILED, EXIT_LOST, EXIT_OK, EXIT_SKIPPED, EXIT_UNSAFE
 from .child import EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND
