@@ -121,6 +121,9 @@ def test_an_operation_that_fails_is_a_warning_on_pgsolo_once(
 
     failed = [r for r in caplog.records if r.getMessage().startswith("operation failed")]
     assert [(r.name, r.levelno) for r in failed] == [("pgsolo.once", logging.WARNING)]
+    # With its fields, for --log-format json; an attempt's event, not a call's outcome.
+    assert failed[0].pgsolo["event"] == "failed"  # type: ignore[attr-defined]
+    assert failed[0].pgsolo["op_key"] == op_key  # type: ignore[attr-defined]
     assert events(caplog, "outcome") == [("pgsolo.once", "ran", logging.INFO)]
     assert errors(caplog) == []
 

@@ -229,7 +229,7 @@ def _run_attempt(
             # WARNING, not ERROR, and no traceback: the exception goes back to the caller,
             # whose own report shows it (a traceback would repeat the unscrubbed message).
             fields = {"op_key": op.op_key, "attempt": attempt.number, "error": error}
-            log_event(logger, logging.WARNING, "operation", "outcome", "failed", fields)
+            log_event(logger, logging.WARNING, "operation", "event", "failed", fields)
         if superseded:
             raise LockLostError(
                 f"operation {op.op_key!r}: attempt {attempt.number} lost its lock and another"
