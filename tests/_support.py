@@ -892,6 +892,19 @@ sys.exit(int(sys.argv[2]))
 """
 
 
+# A COMMAND (script()): touches argv[1]/ready, then waits (60 s at most) for
+# argv[1]/go and exits 0.
+READY_THEN_GO = r"""
+import sys, time
+from pathlib import Path
+d = Path(sys.argv[1])
+(d / "ready").touch()
+deadline = time.monotonic() + 60
+while not (d / "go").exists() and time.monotonic() < deadline:
+    time.sleep(0.02)
+"""
+
+
 def script(source: str, directory: Path, *args: object) -> list[str]:
     """A COMMAND for ``pgsolo run``: Python ``source`` given ``directory`` (to report
     through) and ``args``."""

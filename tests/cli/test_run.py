@@ -32,6 +32,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 import pgsolo
 from _support import (
     MARK,
+    READY_THEN_GO,
     Connect,
     app_name_of,
     cli_env,
@@ -754,18 +755,6 @@ def test_a_connection_that_stops_answering_is_a_lost_lock(
             "connection-unresponsive",
             70,
         )
-
-
-# Touches argv[1]/ready, then waits (60 s at most) for argv[1]/go and exits 0.
-READY_THEN_GO = r"""
-import sys, time
-from pathlib import Path
-d = Path(sys.argv[1])
-(d / "ready").touch()
-deadline = time.monotonic() + 60
-while not (d / "go").exists() and time.monotonic() < deadline:
-    time.sleep(0.02)
-"""
 
 
 def test_a_release_that_gets_no_answer_is_said_unresponsive_everywhere(

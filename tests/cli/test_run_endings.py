@@ -17,7 +17,14 @@ from typing import Any
 import psycopg
 import pytest
 
-from _support import CliRun, eventually, pgsolo_cli, pgsolo_in_background, touching
+from _support import (
+    READY_THEN_GO,
+    CliRun,
+    eventually,
+    pgsolo_cli,
+    pgsolo_in_background,
+    touching,
+)
 from pgsolo import Key, NotMigratedError, migrate, run_job, sql
 from pgsolo.schema import LATEST_VERSION, MIGRATIONS
 
@@ -209,18 +216,6 @@ def test_a_database_lost_before_the_command_started_exits_69(
     assert not marker.exists()
     assert ledger(admin, "cut") == []
     assert advisory_locks(admin) == 0
-
-
-# Touches argv[1]/ready, then waits (60 s at most) for argv[1]/go and exits 0.
-READY_THEN_GO = r"""
-import sys, time
-from pathlib import Path
-d = Path(sys.argv[1])
-(d / "ready").touch()
-deadline = time.monotonic() + 60
-while not (d / "go").exists() and time.monotonic() < deadline:
-    time.sleep(0.02)
-"""
 
 
 def test_a_period_write_that_gets_no_answer_may_have_been_recorded(
