@@ -321,12 +321,23 @@ def _adapter_for(package: str) -> Adapter | None:
 # The ``adapt`` of each package seen so far: import_module runs importlib's Python on
 # every call, even for a module already imported.
 _ADAPTERS: dict[str, Adapter] = {}
+# The same by the connection's type, which every lock looks up first: one dict lookup,
+# where its package's name costs an attribute, a split and a cached call. Emptied when
+# full, so that types made on the fly (a subclass per test) are not kept forever.
+_BY_TYPE: dict[type, Adapter] = {}
+_BY_TYPE_MAX = 64
 
 
 def adapt(connection: object) -> SyncDriver | AsyncDriver:
     """The adapter for ``connection``, chosen by its type. Anything else raises
     :class:`~pgsolo.UnsupportedConnectionError` naming what is supported."""
-    adapter = _adapter_for(type(connection).__module__.partition(".")[0])
+    adapter = _BY_TYPE.get(type(connection))
+    if adapter is None:
+        adapter = _adapter_for(type(connection).__module__.partition(".")[0])
+        if adapter is not None:
+            if len(_BY_TYPE) >= _BY_TYPE_MAX:
+                _BY_TYPE.clear()
+            _BY_TYPE[type(connection)] = adapter
     driver = adapter(connection) if adapter is not None else None
     if driver is None:
         raise UnsupportedConnectionError(
