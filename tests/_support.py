@@ -297,6 +297,14 @@ def terminate(observer: Any, pid: int) -> None:
     assert row == (True,)
 
 
+def backends_named(observer: Any, name: str) -> set[int]:
+    """The pids of the sessions whose application_name is ``name``."""
+    rows = observer.conn.execute(
+        "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (name,)
+    ).fetchall()
+    return {int(pid) for (pid,) in rows}
+
+
 def app_name_of(observer: Any, pid: int) -> str | None:
     row = observer.conn.execute(
         "SELECT application_name FROM pg_stat_activity WHERE pid = %s", (pid,)

@@ -9,6 +9,7 @@ critical sections, and what is held afterwards is read from ``pg_locks``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import threading
@@ -16,8 +17,18 @@ import time
 from collections import Counter
 from typing import Any
 
+import pytest
+
 import pgsolo
-from _support import SnapshotWatch, aeventually, eventually, terminate
+from _support import (
+    SnapshotWatch,
+    aeventually,
+    backends_named,
+    eventually,
+    interrupted,
+    terminate,
+    unique_name,
+)
 from pgsolo import Keep, Key, LockLostError
 
 KEYS = [f"locker-hammer-{i}" for i in range(4)]
@@ -243,3 +254,51 @@ def test_a_waiter_through_a_locker_holds_no_transaction_or_snapshot(
     assert not watch.saw_lock_wait
     assert watch.oldest_transaction < holding / 2, f"{watch.oldest_transaction:.2f}s"
     assert watch.oldest_snapshot < holding / 2, f"{watch.oldest_snapshot:.2f}s"
+
+
+@pytest.mark.parametrize("turns", [1, 3, 6])
+async def test_a_close_interrupted_midway_still_ends_every_connection(
+    dsn: str, observer: Any, turns: int
+) -> None:
+    """Guards a close() cut short (a cancelled task, a Ctrl-C) that left the connections
+    it had not reached open and holding their locks, out of the Locker's books, so that
+    a second close() did nothing."""
+    name = unique_name("locker-close-cut")
+    locker = pgsolo.AsyncLocker(dsn, max_connections=3, application_name=name)
+    locks = [locker.session_lock(f"{name}-{i}") for i in range(9)]
+    for lock in locks:
+        assert await lock.acquire()
+    assert len(backends_named(observer, name)) == 3
+    closing = asyncio.ensure_future(locker.close())
+    for _ in range(turns):
+        await asyncio.sleep(0)
+    closing.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await closing
+    await locker.close()  # what a caller does after an interrupted one
+    await aeventually(lambda: not backends_named(observer, name), "every backend gone")
+    assert observer.advisory() & {lock.key for lock in locks} == set()
+    assert locker.connections == 0
+
+
+def test_a_close_cut_short_by_ctrl_c_is_finished_by_the_next(dsn: str, observer: Any) -> None:
+    """The sync side of the guard above: a real SIGINT lands in close() (retried until
+    one lands while connections are left to close), and the next close() ends them."""
+    cut_short = 0
+    for attempt in range(30):
+        name = unique_name(f"locker-ctrl-c-{attempt}")
+        # Enough connections that closing them takes longer than a signal takes to land.
+        locker = pgsolo.Locker(dsn, max_connections=40, application_name=name)
+        locks = [locker.session_lock(f"{name}-{i}") for i in range(40)]
+        for lock in locks:
+            assert lock.acquire()
+        assert len(backends_named(observer, name)) == 40
+        ended = interrupted(locker.close, lambda locker=locker: locker._closed)
+        if isinstance(ended, KeyboardInterrupt) and backends_named(observer, name):
+            cut_short += 1
+        locker.close()
+        eventually(lambda name=name: not backends_named(observer, name), "every backend gone")
+        assert observer.advisory() & {lock.key for lock in locks} == set()
+        if cut_short >= 3:
+            break
+    assert cut_short >= 1, "no SIGINT landed while connections were left to close"

@@ -2,7 +2,8 @@
 ``ThreadedConnectionPool`` (sync), asyncpg's pool (async), and a SQLAlchemy engine's pool
 (both). Locks work on them as on a
 connection of that driver; ``keep=`` is refused before anything is taken (neither driver
-lets the keeper share a connection), and each connection goes back holding nothing.
+lets the keeper share a connection), and each connection goes back holding nothing. A pool
+of the other flavour (sync for an AsyncLocker) is refused as the Locker is made.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 
 import asyncpg
 import psycopg2.pool
+import psycopg_pool
 import pytest
 import sqlalchemy
 from sqlalchemy.ext.asyncio import create_async_engine
@@ -108,3 +110,22 @@ async def test_a_sqlalchemy_async_engine_lends_the_lockers_connections(
             assert observer.advisory(pid=pid) == set()
     finally:
         await engine.dispose()
+
+
+async def test_a_pool_of_the_other_flavour_is_refused_before_anything_is_borrowed(
+    dsn: str,
+) -> None:
+    """Guards an AsyncLocker over a sync pool (and a Locker over an async one): each lock
+    borrowed a connection (blocking the event loop), was refused, and never gave it back,
+    until the pool had none left."""
+    sync_pool = psycopg_pool.ConnectionPool(dsn, min_size=1, max_size=2, open=False)
+    async_pool = psycopg_pool.AsyncConnectionPool(dsn, min_size=1, max_size=2, open=False)
+    with pytest.raises(pgsolo.InvalidArgumentError, match="an AsyncLocker needs an async pool"):
+        pgsolo.AsyncLocker(sync_pool)  # type: ignore[arg-type]
+    with pytest.raises(pgsolo.InvalidArgumentError, match="a Locker needs a sync pool"):
+        pgsolo.Locker(async_pool)  # type: ignore[arg-type]
+
+
+def test_keep_cancel_on_a_sync_locker_names_the_async_one(dsn: str) -> None:
+    with pytest.raises(pgsolo.UsageError, match="it needs an AsyncLocker"):
+        pgsolo.Locker(dsn).session_lock("k", keep=pgsolo.Keep(cancel=True))

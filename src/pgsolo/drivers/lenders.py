@@ -10,6 +10,7 @@ close runs in SQLAlchemy's greenlet bridge, so it is awaited as the others' are.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -30,19 +31,39 @@ class Lender:
     """The driver connection of a loan."""
     give_back: Callable[[Any], Any]
     """Return a loan to its pool."""
+    is_async: bool
+    """Whether it lends to async code (its loans are awaited)."""
 
 
 def _same(loan: Any) -> Any:
     return loan
 
 
-def lender_of(pool: object) -> Lender:
-    """How to borrow from ``pool``, or :class:`~pgsolo.InvalidArgumentError` before
-    anything is borrowed."""
+def lender_of(pool: object, *, is_async: bool) -> Lender:
+    """How to borrow from ``pool`` for sync or async code (``is_async``), or
+    :class:`~pgsolo.InvalidArgumentError` before anything is borrowed: a pool of the other
+    flavour would block the event loop in each loan, or hand a thread a coroutine, and
+    its connection would not be one the Locker can use."""
+    lender = _lender_of(pool)
+    if lender.is_async != is_async:
+        have, need = ("an async", "a sync") if lender.is_async else ("a sync", "an async")
+        user, other = ("an AsyncLocker", "Locker") if is_async else ("a Locker", "AsyncLocker")
+        raise InvalidArgumentError(
+            f"{user} needs {need} pool, got {have} one ({type(pool).__name__}): pass"
+            f" {need} pool, or use {other}"
+        )
+    return lender
+
+
+def _lender_of(pool: object) -> Lender:
     for borrow_name, give_name in (("getconn", "putconn"), ("acquire", "release")):
         borrow, give = getattr(pool, borrow_name, None), getattr(pool, give_name, None)
         if callable(borrow) and callable(give):
-            return Lender(borrow, _same, give)
+            # asyncpg's acquire() returns an awaitable context, not a coroutine.
+            lends_async = inspect.iscoroutinefunction(borrow) or type(pool).__module__.startswith(
+                "asyncpg."
+            )
+            return Lender(borrow, _same, give, lends_async)
     if type(pool).__module__.startswith("sqlalchemy.") and callable(
         getattr(pool, "raw_connection", None)
     ):
@@ -63,6 +84,9 @@ def _engine_lender(engine: Any) -> Lender:
 
     if isinstance(engine, AsyncEngine):
         return Lender(
-            engine.raw_connection, driver_connection, lambda loan: greenlet_spawn(loan.close)
+            engine.raw_connection,
+            driver_connection,
+            lambda loan: greenlet_spawn(loan.close),
+            is_async=True,
         )
-    return Lender(engine.raw_connection, driver_connection, lambda loan: loan.close())
+    return Lender(engine.raw_connection, driver_connection, lambda loan: loan.close(), False)

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from .core import LockCore
 
 __all__ = [
+    "CANCEL_NEEDS_TASKS",
     "LONGEST_PAUSE",
     "AsyncPoolLike",
     "GroupWatch",
@@ -47,6 +48,12 @@ __all__ = [
     "poll_pauses",
     "refuse_in_child",
 ]
+
+# Written here, not in the async source: its generated twin would say "a sync Locker".
+CANCEL_NEEDS_TASKS = (
+    "Keep(cancel=True) cancels an asyncio task: it needs an AsyncLocker (a Locker's locks"
+    " are held by threads, which cannot be cancelled)"
+)
 
 JANITOR_MIN_PERIOD = 0.05  # how often, at most, a Locker looks for idle connections
 
@@ -302,6 +309,11 @@ class GroupWatch:
         return LockLostError(
             f"the Locker connection {self.label}: {detail}", key=None, reason=reason
         )
+
+    def end(self, found: Diagnosis) -> None:
+        """The connection ends while locks are on it (its Locker closed it): every lock
+        watched on it is declared lost, with ``found`` (reason, detail)."""
+        self.declare(self._lose_all({}, found))
 
     def declare(self, error: LockLostError) -> None:
         self.loss = error

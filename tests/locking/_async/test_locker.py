@@ -21,7 +21,15 @@ import psycopg_pool
 import pytest
 
 import pgsolo
-from _support import OnLost, aeventually, app_name_of, asleep, terminate, unique_name
+from _support import (
+    OnLost,
+    aeventually,
+    app_name_of,
+    asleep,
+    backends_named,
+    terminate,
+    unique_name,
+)
 from pgsolo import Keep, Key, LockLostError
 
 
@@ -268,3 +276,118 @@ async def test_a_lock_held_when_its_locker_closes_is_lost_and_never_touched_agai
             assert not await lock.is_held()
             assert observer.holders(other.key) == {other.backend_pid}
             await other.release()
+
+
+async def test_closing_the_locker_tells_each_lock_it_ends(dsn: str, observer: Any) -> None:
+    """Guards close() ending a lock on the server only: a lock still held said it was
+    acquired and not lost, its ``on_lost`` never ran, and ``check()`` passed while
+    another session held its key."""
+    on_lost = OnLost()
+    name = unique_name("locker-close-tells")
+    locker = pgsolo.AsyncLocker(dsn, max_connections=1, application_name=name)
+    watched = locker.session_lock(f"{name}-watched", keep=Keep(interval=30, on_lost=on_lost))
+    plain = locker.session_lock(f"{name}-plain")
+    assert await watched.acquire()
+    assert await plain.acquire()
+    await locker.close()
+    assert not watched.acquired
+    assert not plain.acquired
+    assert watched.lost
+    assert watched.loss is not None
+    assert watched.loss.reason == "connection-lost"
+    assert "Locker was closed" in str(watched.loss)
+    assert [error.key for error in on_lost.errors] == [watched.key]
+    with pytest.raises(LockLostError):
+        watched.check()
+    for lock in (watched, plain):
+        with pytest.raises(LockLostError, match="Locker was closed"):
+            await lock.release()
+    assert observer.advisory() & {watched.key, plain.key} == set()
+
+
+async def test_a_connection_its_server_ended_while_idle_is_replaced_for_the_next_try(
+    dsn: str, observer: Any
+) -> None:
+    """Guards a Locker's idle connection that the server ended (a terminated backend,
+    idle_session_timeout): the next lock went to it and failed with
+    DatabaseUnavailableError, though the Locker could open another."""
+    name = unique_name("locker-dead-idle")
+    async with pgsolo.AsyncLocker(dsn, max_connections=2, application_name=name) as locker:
+        first = locker.session_lock(f"{name}-1")
+        assert await first.acquire()
+        dead = first.backend_pid
+        await first.release()  # its connection stays open, idle
+        assert dead is not None
+        terminate(observer, dead)
+        second = locker.session_lock(f"{name}-2")
+        assert await second.acquire()
+        assert second.backend_pid != dead
+        assert observer.holders(second.key) == {second.backend_pid}
+        await second.release()
+
+
+async def test_a_wait_goes_on_when_the_connection_it_tries_on_is_ended(
+    dsn: str, sync_connect: Any, observer: Any, key: Key
+) -> None:
+    """Guards a wait with no end (a standby's) that ended with DatabaseUnavailableError
+    when the server ended the Locker's connection between two of its tries."""
+    holder = sync_connect(autocommit=True)
+    holder.execute(f"SELECT pg_advisory_lock({key.sql_args})")
+    name = unique_name("locker-dead-wait")
+    async with pgsolo.AsyncLocker(dsn, max_connections=1, application_name=name) as locker:
+        waiter = locker.session_lock(key, wait=math.inf)
+
+        def end_its_connection_then_free_the_key() -> None:
+            pids = set()
+            deadline = time.monotonic() + 10
+            while not pids and time.monotonic() < deadline:
+                pids = backends_named(observer, name)
+            for pid in pids:
+                terminate(observer, pid)
+            time.sleep(0.2)  # tries fail on the dead connection meanwhile
+            holder.execute("SELECT pg_advisory_unlock_all()")
+
+        timer = threading.Timer(0.1, end_its_connection_then_free_the_key)
+        timer.start()
+        try:
+            assert await waiter.acquire()
+        finally:
+            timer.join()
+        assert observer.holders(key) == {waiter.backend_pid}
+        await waiter.release()
+
+
+async def test_a_lock_goes_on_an_open_connection_when_no_other_can_be_borrowed(
+    dsn: str, observer: Any
+) -> None:
+    """Guards a try that failed (a raw psycopg_pool.PoolTimeout, after the pool's
+    timeout) when the pool lent no more connections, though the Locker's open one could
+    take the key."""
+    async with (
+        psycopg_pool.AsyncConnectionPool(
+            dsn, min_size=1, max_size=1, timeout=0.3, kwargs={"autocommit": True}, open=False
+        ) as pool,
+        pgsolo.AsyncLocker(pool, max_connections=4) as locker,
+    ):
+        name = unique_name("locker-no-more")
+        first = locker.session_lock(f"{name}-1")
+        second = locker.session_lock(f"{name}-2")
+        assert await first.acquire()
+        assert await second.acquire()
+        assert first.backend_pid == second.backend_pid
+        assert observer.holders(second.key) == {second.backend_pid}
+        await second.release()
+        await first.release()
+
+
+async def test_a_pool_that_lends_nothing_is_a_database_unavailable_error(dsn: str) -> None:
+    async with (
+        psycopg_pool.AsyncConnectionPool(
+            dsn, min_size=1, max_size=1, timeout=0.3, kwargs={"autocommit": True}, open=False
+        ) as pool,
+        pool.connection(),
+        pgsolo.AsyncLocker(pool) as locker,
+    ):
+        lock = locker.session_lock(unique_name("locker-none-lent"))
+        with pytest.raises(pgsolo.DatabaseUnavailableError, match="borrow"):
+            await lock.acquire()

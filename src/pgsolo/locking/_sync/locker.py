@@ -38,11 +38,13 @@ from ..._acompat import (
     to_its_end,
     uncancel_current,
 )
+from ..._logging import locks_logger as logger
 from ...drivers import SyncDriver, adapt_sync
 from ...drivers.connect import open_connection
 from ...drivers.lenders import lender_of
 from ...dsn import libpq_dsn
 from ...errors import (
+    DatabaseUnavailableError,
     LockLostError,
     LockNotHeldError,
     UsageError,
@@ -52,6 +54,7 @@ from .. import holdings
 from ..core import LockCore
 from ..factory import lock_core
 from ..multiplex import (
+    CANCEL_NEEDS_TASKS,
     JANITOR_MIN_PERIOD,
     GroupWatch,
     LockerOptions,
@@ -105,6 +108,15 @@ class _Retired(Exception):
     """The session was closed, or given back to its pool, by the Locker's close()."""
 
 
+class _DeadConnection(Exception):
+    """A try found its connection closed by the server (``error``, raised by the lock);
+    nothing was taken on it."""
+
+    def __init__(self, error: DatabaseUnavailableError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 def _alone(session: _Session, step: Callable[[], T]) -> T:
     """``step()``, with the session to itself for its round trip; :class:`_Retired` if the
     Locker closed it (a pooled connection may be another's by now: never touched)."""
@@ -143,7 +155,7 @@ class Locker:
         if isinstance(dsn_or_pool, str):
             libpq_dsn(dsn_or_pool)  # a scheme libpq cannot read is refused now
         else:
-            lender_of(dsn_or_pool)  # refused now if it is no pool
+            lender_of(dsn_or_pool, is_async=IS_ASYNC)  # refused now if it is no pool of ours
         self._source = dsn_or_pool
         self._created_in = os.getpid()
         self._books = threading.Lock()  # the sessions and their counts; never held across I/O
@@ -184,15 +196,17 @@ class Locker:
             check_flags(shared=shared, reentrant=False, fencing=fencing)
         keeping = None if keep is False else as_keep(keep)
         if keeping is not None and keeping.cancel and not IS_ASYNC:
-            raise UsageError("Keep(cancel=True) cancels an asyncio task: it needs a sync Locker")
+            raise UsageError(CANCEL_NEEDS_TASKS)
         spec = LockSpec(resolved, "session", None, shared=shared, fencing=fencing)
         seconds = None if wait is None or wait_ms is None else float(wait)
         return LockerLock(self, LockerRequest(spec, seconds, keeping))
 
     def close(self) -> None:
         """Close the connections (or give them back to the pool, with nothing held).
-        Locks still held through the Locker end with them; a job running through it is
-        waited for (its plan still has round trips to make on its connection). In a child
+        Locks still held through the Locker end with them, and are told (no longer
+        acquired; lost, for a lock with ``keep=``); a job running through it is waited for
+        (its plan still has round trips to make on its connection). A cancelled close()
+        finishes first; one cut short by Ctrl-C leaves the rest to the next. In a child
         of ``fork()`` it does nothing: the connections are the parent's sessions, and
         closing one would end the parent's locks."""
         if os.getpid() != self._created_in:
@@ -202,13 +216,34 @@ class Locker:
                 self._closed = True
             while any(session.lent for session in self._sessions):
                 pause(LEND_LOOK_EVERY, None)
-            with self._books:
-                sessions, self._sessions = self._sessions, []
             # The janitor ends by itself at its next look; never cut short in the middle
             # of closing a connection.
             self._stop_janitor.set()
-            for session in sessions:
+            to_its_end(self._retire_all(), RELEASE_BOUND)
+
+    def _retire_all(self) -> int:
+        """Retire every session; how many there were. Each stays on the books until it is
+        retired, so that a close() cut short (a Ctrl-C: a cancellation waits for this to
+        end) leaves the rest to the next close(); one that fails does not keep the others
+        open."""
+        failure: Exception | None = None
+        retired = 0
+        while True:
+            with self._books:
+                if not self._sessions:
+                    break
+                session = self._sessions[0]
+            try:
                 self._retire(session)
+            except Exception as exc:
+                failure = failure or exc
+            with self._books:
+                if session in self._sessions:
+                    self._sessions.remove(session)
+            retired += 1
+        if failure is not None:
+            raise failure
+        return retired
 
     def __enter__(self) -> Self:
         return self
@@ -241,7 +276,25 @@ class Locker:
                     if best is not None:
                         best.keys.add(key.value)
                     return best
-            session = self._open()
+            try:
+                session = self._open()
+            except Exception as exc:
+                # No other connection for now (the server's max_connections, a pool
+                # that lends no more): an open one that does not hold the key takes it.
+                with self._books:
+                    best, _ = fewest_held(self._sessions, key, self._options.max_connections)
+                    if best is None:
+                        raise
+                    best.keys.add(key.value)
+                logger.warning(
+                    "pgsolo: the Locker %s could not open another connection (%s); %s goes"
+                    " on one of the %d it has",
+                    self._options.application_name,
+                    exc,
+                    key,
+                    len(self._sessions),
+                )
+                return best
             with self._books:
                 session.keys.add(key.value)
                 self._sessions.append(session)
@@ -294,13 +347,23 @@ class Locker:
         label = f"{self._options.application_name}#{self._opened}"
         source = self._source
         if not isinstance(source, str):
-            lender = lender_of(source)
-            loan = result_of(lender.borrow())
-            conn = lender.connection_of(loan)
-            driver = adapt_sync(conn)
+            lender = lender_of(source, is_async=IS_ASYNC)
+            try:
+                loan = result_of(lender.borrow())
+            except Exception as exc:  # the pool's own error (psycopg_pool's PoolTimeout...)
+                raise DatabaseUnavailableError(
+                    f"the Locker could not borrow a connection from its pool: {exc!r}"
+                ) from exc
 
             def give_back() -> None:
                 result_of(lender.give_back(loan))
+
+            try:
+                conn = lender.connection_of(loan)
+                driver = adapt_sync(conn)
+            except BaseException:
+                give_back()  # a connection pgsolo cannot use goes back at once
+                raise
 
         else:
             opened = open_connection(source, application_name=self._options.application_name)
@@ -320,7 +383,6 @@ class Locker:
         keeper, session.keeper = session.keeper, None
         if keeper is not None:
             keeper.stop()
-        give_back = self._closers.pop(id(session))
         try:
             with session.mutex:
                 session.retired = True
@@ -328,7 +390,13 @@ class Locker:
                     drive(let_go_all(session.driver), session.driver)
         finally:
             holdings.forget_all(session.driver.connection)
-            give_back()
+            if session.keys:  # locks still held through it end with it: each is told so
+                session.watch.end(("connection-lost", "the Locker was closed, which ended it"))
+            # Off the books once given back: a retire cut short gives it back next time.
+            give_back = self._closers.get(id(session))
+            if give_back is not None:
+                give_back()
+                del self._closers[id(session)]
 
     def _watch(
         self,
@@ -367,6 +435,12 @@ class LockerLock(InnerLockView):
     # - what it shows without a round trip -
 
     @property
+    def acquired(self) -> bool:
+        """Whether this one holds the lock (a Locker's close() ended it, if it was closed)."""
+        session = self._session
+        return session is not None and not session.retired and super().acquired
+
+    @property
     def key(self) -> Key:
         return self._request.spec.key
 
@@ -398,15 +472,29 @@ class LockerLock(InnerLockView):
         self._loss = None
         deadline = None if request.wait is None else time.monotonic() + request.wait
         pauses = None  # made at the first busy try of a wait: most tries are not
-        while not self._try():
-            if deadline is None:
+        dead = 0  # connections found dead under this acquisition's tries
+        while True:
+            gone: DatabaseUnavailableError | None = None
+            try:
+                if self._try():
+                    return True
+            except _DeadConnection as found:
+                gone = found.error
+            if gone is not None:
+                # Ended by its server while idle (idle_session_timeout, a terminated
+                # backend): nothing was taken, and the next try goes to another one.
+                dead += 1
+                if deadline is None and dead > self._locker._options.max_connections:
+                    raise gone  # outside the except: the driver's error stays its cause
+                if deadline is None:
+                    continue
+            elif deadline is None:
                 return False
             left = deadline - time.monotonic()
             if left <= 0:
                 raise request.timeout_error()
             pauses = pauses or poll_pauses()
             pause(min(next(pauses), left), None)
-        return True
 
     def _try(self) -> bool:
         locker = self._locker
@@ -429,11 +517,20 @@ class LockerLock(InnerLockView):
                 if keep is not None:
                     self._holder = current_worker()
                     self._ticket = locker._watch(session, core, keep, self._declared)
-        except BaseException:
+        except BaseException as exc:
             if lock.acquired:  # interrupted once it was taken: nothing may stay held
                 to_its_end(_alone(session, lock.release), RELEASE_BOUND)
             self._lock = self._session = None
             locker._unseat(session, self.key)
+            if isinstance(exc, DatabaseUnavailableError) and session.broken():
+                logger.warning(
+                    "pgsolo: the Locker connection %s was found closed by its server"
+                    " (%s); the lock on %s is tried on another",
+                    session.label,
+                    exc,
+                    self.key,
+                )
+                raise _DeadConnection(exc) from exc
             raise
         if not acquired:
             locker._unseat(session, self.key)
