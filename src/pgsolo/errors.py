@@ -36,7 +36,25 @@ __all__ = [
 
 
 class PgsoloError(Exception):
-    """Base class of every error raised by pgsolo."""
+    """Base class of every error raised by pgsolo.
+
+    Every one travels between processes as itself. Pickled (a process pool's worker,
+    APScheduler's ``ProcessPoolExecutor``, Celery's pickle serializer), it keeps its
+    attributes (``key``, ``reason``...), which Python's default would need to pass to
+    ``__init__`` again. Rebuilt from its message alone, as a JSON result backend
+    (Celery's default) rebuilds an error, it is of the same class, and its attributes
+    are None (or empty): pgsolo always sets them, and its message says them too."""
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return _rebuilt, (type(self), self.args), self.__dict__
+
+
+def _rebuilt(kind: type[PgsoloError], args: tuple[object, ...]) -> PgsoloError:
+    """An unpickled error: its message as raised, its attributes set from the pickle's
+    state (``__init__`` is not run again: it would need its keyword arguments)."""
+    error = kind.__new__(kind, *args)
+    error.args = args  # an OSError's (TimeoutError's) __new__ leaves them to __init__
+    return error
 
 
 class UsageError(PgsoloError):
@@ -87,7 +105,7 @@ class InsufficientPrivilegeError(PgsoloError):
     predefined role, for an administrator to run; the message repeats them, and the
     driver's error is the cause. docs/security.md lists every feature's privileges."""
 
-    def __init__(self, message: str, *, needs: tuple[str, ...]) -> None:
+    def __init__(self, message: str, *, needs: tuple[str, ...] = ()) -> None:
         super().__init__(message)
         self.needs = needs
 
@@ -111,11 +129,12 @@ class UnsafeConnectionError(PgsoloError):
     ``reason`` says why: ``server-in-recovery`` (a hot standby, which grants advisory
     locks locally, unseen by the primary: any lock kind), ``transaction-pooling`` (a
     transaction-pooling proxy would strand a session lock) or ``connection-moved`` (the
-    connection no longer reaches the backend a session lock was taken on)."""
+    connection no longer reaches the backend a session lock was taken on); None only in
+    an error rebuilt from its message alone (see :class:`PgsoloError`)."""
 
-    def __init__(self, message: str, *, reason: UnsafeReason) -> None:
+    def __init__(self, message: str, *, reason: UnsafeReason | None = None) -> None:
         super().__init__(message)
-        self.reason: UnsafeReason = reason
+        self.reason: UnsafeReason | None = reason
 
 
 class DatabaseUnavailableError(PgsoloError):
@@ -140,7 +159,7 @@ class InvalidDsnError(UsageError, ValueError):
 class LockUnavailableError(PgsoloError):
     """A lock could not be acquired. Carries the key it was about."""
 
-    def __init__(self, message: str, *, key: object) -> None:
+    def __init__(self, message: str, *, key: object = None) -> None:
         super().__init__(message)
         self.key = key
 
@@ -150,7 +169,7 @@ class LockDeadlockError(LockUnavailableError):
     waiting for each other's advisory locks, typically two keys taken in opposite orders.
     ``keys`` lists the advisory keys in the cycle, as the server reported them."""
 
-    def __init__(self, message: str, *, key: object, keys: tuple[object, ...]) -> None:
+    def __init__(self, message: str, *, key: object = None, keys: tuple[object, ...] = ()) -> None:
         super().__init__(message, key=key)
         self.keys = keys
 
@@ -158,7 +177,7 @@ class LockDeadlockError(LockUnavailableError):
 class LockTimeoutError(LockUnavailableError, TimeoutError):
     """A bounded wait for a lock ran out (PostgreSQL's ``lock_timeout``, SQLSTATE 55P03)."""
 
-    def __init__(self, message: str, *, key: object, timeout: float) -> None:
+    def __init__(self, message: str, *, key: object = None, timeout: float | None = None) -> None:
         super().__init__(message, key=key)
         self.timeout = timeout
 
@@ -170,7 +189,7 @@ class LockNotHeldError(PgsoloError):
     caller's idea of who holds what is wrong.
     """
 
-    def __init__(self, message: str, *, key: object) -> None:
+    def __init__(self, message: str, *, key: object = None) -> None:
         super().__init__(message)
         self.key = key
 
@@ -182,10 +201,12 @@ class LockLostError(PgsoloError):
     ``reason`` is always one code of :data:`pgsolo.reasons.LostReason`:
     ``connection-lost``, ``connection-unresponsive``, ``connection-moved`` (a
     transaction-pooling proxy), ``server-in-recovery``, ``lock-released``,
-    ``keeper-failed`` or ``work-ended-transaction``; the message
-    says the rest."""
+    ``keeper-failed`` or ``work-ended-transaction`` (None only in an error rebuilt from
+    its message alone, see :class:`PgsoloError`); the message says the rest."""
 
-    def __init__(self, message: str, *, key: object, reason: LostReason) -> None:
+    def __init__(
+        self, message: str, *, key: object = None, reason: LostReason | None = None
+    ) -> None:
         super().__init__(message)
         self.key = key
         self.reason = reason

@@ -406,7 +406,9 @@ def lost_reason(error: BaseException | None) -> LostReason:
     when the server said the lock was no longer held at release."""
     if unresponsive(error):
         return "connection-unresponsive"
-    return error.reason if isinstance(error, LockLostError) else "lock-released"
+    if isinstance(error, LockLostError) and error.reason is not None:
+        return error.reason
+    return "lock-released"
 
 
 def conclude(job: Job, result: JobResult[T]) -> JobResult[T]:

@@ -284,7 +284,7 @@ class GroupWatch:
         for *_, error in losses:
             if error.reason != "lock-released":
                 errors = {ticket: error for ticket, _, _, error in losses}
-                return self._lose_all(errors, (error.reason, str(error)))
+                return self._lose_all(errors, (error.reason or "connection-lost", str(error)))
         for ticket, watch, declared, error in losses:
             with self._mutex:
                 gone = self._members.pop(ticket, None) is not None

@@ -256,7 +256,7 @@ class _Attempt:
             return self._unavailable(exc)
         except UnsafeConnectionError as exc:  # a standby, or a transaction pooler
             self.report.error = str(exc)
-            unsafe = self._failed(exc.reason, exc)
+            unsafe = self._failed(exc.reason or "connection-moved", exc)
             return self._finish(unsafe, driver, EXIT_UNSAFE)
         if not command.started and result.outcome in ("failed", "lost"):
             # The database failed the period check before COMMAND could start (the plan

@@ -224,9 +224,9 @@ class Command:
 
     def _detail(self, loss: LockLostError) -> str:
         """The loss in plain words (the keeper's log line has the driver's message)."""
-        return LOST_DETAIL.get(loss.reason, "").format(timeout=self.keep.timeout) or self.scrub(
-            loss
-        )
+        return LOST_DETAIL.get(loss.reason or "", "").format(
+            timeout=self.keep.timeout
+        ) or self.scrub(loss)
 
     def _warn(self, child: Child, loss: LockLostError) -> Lost:
         """--on-lost=warn: say it once, and let COMMAND finish."""
@@ -238,7 +238,9 @@ class Command:
             self.job.name,
             child.target,
         )
-        return Lost(loss.reason, self._detail(loss), stopped=False, warned=True)
+        return Lost(
+            loss.reason or "connection-lost", self._detail(loss), stopped=False, warned=True
+        )
 
     def _stop(self, child: Child, loss: LockLostError) -> Lost:
         """The lock is gone: SIGTERM to COMMAND (SIGKILL after the grace period)."""
@@ -252,7 +254,9 @@ class Command:
         )
         running, others = not child.exited, child.lingering()
         child.signal_all(signal.SIGTERM)
-        return Lost(loss.reason, self._detail(loss), stopped=running, others=others)
+        return Lost(
+            loss.reason or "connection-lost", self._detail(loss), stopped=running, others=others
+        )
 
 
 class _Wakeup:
