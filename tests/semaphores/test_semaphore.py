@@ -253,3 +253,37 @@ def test_an_acquire_that_failed_leaves_nothing_to_release(
     assert not held.acquired
     assert held.slot is None
     held.release()  # nothing to give back, and nothing raised
+
+
+def test_a_second_acquire_of_one_semaphore_object_is_refused(
+    connect: Connect, observer: Observer
+) -> None:
+    """Guards a second acquire() of an object that held a slot: it took another slot and
+    orphaned the first, held by the session until it ended (for good, on a pooled
+    connection), so the semaphore had a slot less for everyone."""
+    name, limit = unique_name("semaphore-twice"), 3
+    conn = connect()
+    holder = pgsolo.semaphore(conn, name, limit=limit)
+    assert holder.acquire()
+    first = holder.slot
+    with pytest.raises(pgsolo.UsageError, match="already acquired"):
+        holder.acquire()
+    with pytest.raises(pgsolo.UsageError, match="already acquired"), holder:
+        pass
+    assert holder.slot == first  # the refusal let go of nothing
+    assert {slot for slot, pids in held_slots(observer, name, limit).items() if pids} == {first}
+    holder.release()
+    assert all(not pids for pids in held_slots(observer, name, limit).values())
+
+
+async def test_nested_blocks_of_one_async_semaphore_object_are_refused(
+    aconnect: AConnect, observer: Observer
+) -> None:
+    name, limit = unique_name("semaphore-nested"), 2
+    holder = pgsolo.semaphore(await aconnect(), name, limit=limit)
+    async with holder:
+        with pytest.raises(pgsolo.UsageError, match="already acquired"):
+            async with holder:
+                pass
+        assert len([p for p in held_slots(observer, name, limit).values() if p]) == 1
+    assert all(not pids for pids in held_slots(observer, name, limit).values())

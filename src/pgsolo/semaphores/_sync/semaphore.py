@@ -8,7 +8,7 @@ import contextlib
 from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
-from ...errors import LockTimeoutError, LockUnavailableError, PgsoloError
+from ...errors import LockTimeoutError, LockUnavailableError, PgsoloError, UsageError
 from ...keys import Key
 from ...locking import (
     InnerLockView,
@@ -59,7 +59,10 @@ class Semaphore(InnerLockView):
     def acquire(self) -> bool:
         """Take a free slot: try every slot once (``wait=None``: then give up, False),
         else wait for one, the first that frees, and raise
-        :class:`~pgsolo.LockTimeoutError` once ``wait`` seconds have gone by."""
+        :class:`~pgsolo.LockTimeoutError` once ``wait`` seconds have gone by. One that
+        holds a slot already is refused (:class:`~pgsolo.UsageError`): it holds one at a
+        time, and its first would be left held."""
+        self._refuse_held()
         spec = self._spec
         for slot, wait in slot_attempts(spec.limit, spec.wait):
             if wait is not None and self._held_here(slot):
@@ -85,6 +88,7 @@ class Semaphore(InnerLockView):
             self._lock, self.slot = None, None
 
     def __enter__(self) -> Self:
+        self._refuse_held()  # before the try: the slot it holds is not this block's to let go
         try:
             self.acquire()
         except BaseException:
@@ -105,6 +109,13 @@ class Semaphore(InnerLockView):
             lock.__exit__(exc_type, exc, tb)
         finally:
             self._lock, self.slot = None, None
+
+    def _refuse_held(self) -> None:
+        if self._lock is not None:
+            raise UsageError(
+                f"semaphore {self._spec.name!r} is already acquired by this object (slot"
+                f" {self.slot}); release it first, or make another semaphore object"
+            )
 
     def _take(self, slot: int, *, wait: float | None) -> bool:
         """Try (or wait ``wait`` seconds for) one slot; whether it is this one's now. The
