@@ -60,6 +60,32 @@ def test_replicas_lead_in_turn_and_stop_when_asked(db: str, observer: Observer) 
     assert observer.waiters(leader_key(name)) == set()
 
 
+def test_a_candidate_that_wins_after_its_stop_does_not_lead(
+    db: str, connect: Any, observer: Observer
+) -> None:
+    """Guards a campaign whose wait was granted just after ``stop`` was set: it began a
+    term and ran ``lead`` once more, after shutdown was asked for."""
+    name = unique_name("campaign-stopped")
+    key = leader_key(name)
+    holder = connect(autocommit=True)
+    holder.execute(f"SELECT pg_advisory_lock({key.sql_args})")
+    stop = threading.Event()
+    led: list[int | None] = []
+    candidate = threading.Thread(
+        target=pgsolo.campaign,
+        args=(db, name, lambda term: led.append(term.token)),
+        kwargs={"stop": stop, "fencing": False},
+    )
+    candidate.start()
+    eventually(lambda: observer.waiters(key), "the candidate to wait on the server")
+    stop.set()
+    holder.execute("SELECT pg_advisory_unlock_all()")  # granted to the waiting candidate
+    candidate.join(20)
+    assert not candidate.is_alive()
+    assert led == []
+    assert observer.holders(key) == set()
+
+
 def test_a_lost_term_is_followed_by_another(db: str, observer: Observer) -> None:
     name = unique_name("campaign")
     stop = threading.Event()

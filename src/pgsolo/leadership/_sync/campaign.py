@@ -75,6 +75,8 @@ def campaign(
                         with own_term(
                             conn, name, wait=CAMPAIGN_LOOK_EVERY, keep=keep, fencing=fencing
                         ) as term:
+                            if stop is not None and stop.is_set():
+                                break  # won as it was stopped: the term ends unled
                             _said("leading", term, logging.INFO)
                             lead(term)
                     except LockTimeoutError:
