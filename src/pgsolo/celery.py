@@ -30,8 +30,10 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, time, timedelta
+from decimal import Decimal
 from typing import Any, ClassVar, Literal
+from uuid import UUID
 
 from celery.beat import PersistentScheduler  # type: ignore[import-untyped]
 from celery.exceptions import Reject  # type: ignore[import-untyped]
@@ -40,7 +42,7 @@ from celery.schedules import schedule as interval
 
 from celery import Task  # type: ignore[import-untyped]
 
-from .dsn import choose_dsn
+from .dsn import choose_dsn, libpq_dsn
 from .errors import InvalidArgumentError, LockUnavailableError, UsageError
 from .jobs import run_job
 from .leadership import Term, campaign
@@ -101,8 +103,10 @@ def task_key(
     ``args`` and ``kwargs``: ``celery:<name>`` with ``unique_on=[]``; else
     ``celery:<name>:<the arguments named in unique_on, as JSON>``, all of them (defaults
     included) with ``unique_on=None``, as celery-singleton does. Keyword and positional
-    spellings of one call give one key. :class:`~pgsolo.InvalidArgumentError` for a name
-    ``run`` has no parameter of, or an argument JSON cannot say."""
+    spellings of one call give one key. What Celery's JSON carries beyond JSON's own
+    types is written as text: a UUID, a Decimal, and a date, time or datetime (in ISO
+    8601). :class:`~pgsolo.InvalidArgumentError` for a name ``run`` has no parameter of,
+    or an argument JSON cannot say."""
     if unique_on is not None and not unique_on:
         return f"celery:{name}"
     try:
@@ -116,12 +120,27 @@ def task_key(
         _refuse_unknown_names(name, bound.signature, unique_on)
     chosen = bound.arguments if unique_on is None else {n: bound.arguments[n] for n in unique_on}
     try:
-        text = json.dumps(chosen, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        text = json.dumps(
+            chosen,
+            sort_keys=True,
+            separators=(",", ":"),
+            ensure_ascii=False,
+            default=_as_text,
+        )
     except (TypeError, ValueError) as exc:
         raise InvalidArgumentError(
             f"task {name}'s key is made of its arguments {sorted(chosen)}, as JSON: {exc}"
         ) from None
     return f"celery:{name}:{text}"
+
+
+def _as_text(value: object) -> str:
+    """An argument of a type Celery's JSON serializer carries and ``json`` does not."""
+    if isinstance(value, date | time):  # a datetime is a date
+        return value.isoformat()
+    if isinstance(value, UUID | Decimal):
+        return str(value)
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
 def _refuse_unknown_names(
@@ -419,17 +438,35 @@ class LeaderScheduler(PersistentScheduler):  # type: ignore[misc]
         self._term: Term | None = None
         self._stopping = threading.Event()
         self._candidate: threading.Thread | None = None
+        self._campaign_ended: BaseException | None = None
         super().__init__(*args, **kwargs)
         if kwargs.get("lazy"):  # beat's introspection builds one that never runs
             return
+        dsn = dsn_of(self.app)
+        libpq_dsn(dsn)  # a string no replica could connect with stops beat as it starts
         self._candidate = threading.Thread(
-            target=campaign,
-            args=(dsn_of(self.app), beat_leader_name(self.app), self._lead),
-            kwargs={"stop": self._stopping, "fencing": False},
+            target=self._stand,
+            args=(dsn, beat_leader_name(self.app)),
             name="pgsolo-beat-leader",
             daemon=True,
         )
         self._candidate.start()
+
+    def _stand(self, dsn: str, name: str) -> None:
+        """The candidate's thread. A campaign stands again after a lost term or while the
+        database is away; one that ended otherwise (a transaction-pooling proxy, a
+        standby, a lead that failed) can never lead, and beat stops with its error at its
+        next tick, rather than run on sending nothing."""
+        try:
+            campaign(dsn, name, self._lead, stop=self._stopping, fencing=False)
+        except BaseException as exc:
+            self._campaign_ended = exc
+            logger.exception("beat: this replica can never lead, and beat stops")
+
+    def tick(self, *args: Any, **kwargs: Any) -> float:
+        if (ended := self._campaign_ended) is not None:
+            raise ended
+        return float(super().tick(*args, **kwargs))
 
     def _lead(self, term: Term) -> None:
         self._term = term

@@ -19,7 +19,8 @@ import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta, timezone
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -446,6 +447,26 @@ def test_two_beats_send_from_the_leader_and_the_other_takes_over(
     assert senders(sends(celery_env)) == [first, second, first]
 
 
+@pytest.mark.parametrize("through", ["a mysql URI", "a transaction pooler"])
+def test_a_beat_that_can_never_lead_stops_with_the_reason(
+    celery_env: dict[str, str], processes: list[Any], bouncer: Any, through: str
+) -> None:
+    """Guards a beat whose candidate's thread died (a DSN of another database, a
+    transaction-pooling PgBouncer, which refuses session locks): the beat ran on, and
+    never sent anything, with one line of a thread's traceback as the only trace."""
+    dsn = "mysql://user:secret@db/x" if through == "a mysql URI" else bouncer.dsn
+    env = {**celery_env, "PGSOLO_DSN": dsn}
+    start_beat(env, processes, "tick", celery_env["PGSOLO_CELERY_TABLE"])
+    beat = processes[-1]
+    assert beat.wait(timeout=60) != 0
+    _, log = OUTPUTS[beat.pid]
+    said = log.read_text(errors="replace")
+    expected = "InvalidDsnError" if through == "a mysql URI" else "UnsafeConnectionError"
+    assert expected in said
+    assert "secret" not in said
+    assert not sends(celery_env)
+
+
 def results(env: dict[str, str]) -> dict[str, dict[str, Any]]:
     """The results the workers stored, by task id."""
     found = {}
@@ -685,3 +706,24 @@ def test_eager_runs_take_the_lock_and_need_a_database(
         task_key("t", report.run, [object()], {}, None)
     assert task_key("t", report.run, [1], {}, []) == "celery:t"
     assert task_key("t", report.run, [1], {}, None) == 'celery:t:{"detail":"full","tenant":1}'
+
+
+def test_arguments_celery_carries_beyond_json_make_a_key(db: str) -> None:
+    """Guards a Singleton task called with a UUID, a date or a Decimal (which Celery's
+    JSON serializer carries to the worker): every run failed, its key refused."""
+    app = Celery("beyond-json")
+    app.conf.pgsolo_dsn = db
+
+    @app.task(base=Singleton, lazy=False)
+    def bill(order: uuid.UUID, due: date, amount: Decimal) -> str:
+        return f"{order} {due} {amount}"
+
+    order, due, amount = uuid.UUID(int=7), date(2026, 12, 5), Decimal("12.50")
+    assert bill.apply(args=(order, due, amount)).get() == f"{order} {due} {amount}"
+    key = task_key(bill.name, bill.run, [order, due, amount], {}, None)
+    assert key == (f'celery:{bill.name}:{{"amount":"12.50","due":"2026-12-05","order":"{order}"}}')
+    at = datetime(2026, 12, 5, 9, 30, tzinfo=UTC)
+    assert (
+        task_key("t", lambda at: at, [at], {}, None)
+        == 'celery:t:{"at":"2026-12-05T09:30:00+00:00"}'
+    )
