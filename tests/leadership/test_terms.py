@@ -209,3 +209,21 @@ def test_pgsolo_run_leader_records_its_term(db: str, observer: Observer) -> None
     token, pid, _, started_at = term_row(observer, name)  # type: ignore[misc]
     assert (token, pid) == (None, report["backend_pid"])
     assert started_at is not None
+
+
+@pytest.mark.parametrize("name", ["Grüße-ünd-Zölle", "a-leader-" + "x" * 60])
+def test_a_leader_whose_name_its_session_cannot_carry_is_named_from_its_term(
+    db: str, connect: Connect, name: str
+) -> None:
+    """Guards a leader named with letters outside ASCII, or longer than an
+    application_name keeps (63 bytes): its session's name says nothing (PostgreSQL shows
+    '?' for each such letter, and cuts it), so doctor said nobody led and ``pgsolo locks``
+    showed a bare number, though its term was recorded."""
+    key = leader_key(name)
+    with leading_in_thread(db, name) as (terms, _):
+        eventually(lambda: terms, "the leader")
+        check = leaders_check(connect())
+        assert f"{name!r}: pid {terms[0].backend_pid}" in check.detail
+        (lock,) = [lock for lock in pgsolo.advisory_locks(connect()) if lock.key == key]
+        assert lock.name == f"pgsolo:leader:{name}"
+        assert lock.since_source == "term_start"

@@ -405,23 +405,47 @@ def _terms_plan(
     driver: DriverBase, snapshot: Mapping[str, Any], locks: list[AdvisoryLock]
 ) -> Plan[list[AdvisoryLock]]:
     """``locks`` with each leader's ``since`` moved to its term's recorded start
-    (``since_source`` ``"term_start"``), in a second round trip made only when a leader's
-    key is held and the snapshot found the record readable: otherwise ``locks`` as they
-    are, each with the bound its session gives."""
-    if not (snapshot.get("leader_terms") and any(_leads(lock) for lock in locks)):
+    (``since_source`` ``"term_start"``), and the rows of a leader's key that no session
+    could name (an ``application_name`` keeps ASCII only, and 63 bytes: a longer name, or
+    one of other letters) named from the term its holder recorded. In a second round trip,
+    made only when the snapshot found the record readable and a held key is a leader's or
+    has no name; otherwise ``locks`` as they are, each with the bound its session gives."""
+    if not (
+        snapshot.get("leader_terms")
+        and any(_leads(lock) or (lock.granted and lock.name is None) for lock in locks)
+    ):
         return locks
     found = yield from snapshot_plan(driver, [sql.LEADER_TERMS])
-    starts = {}
+    terms: dict[tuple[int | None, object], tuple[Key, datetime | None]] = {}
     for pid, name, started_at in found["terms"]:
-        # A row any role with INSERT could write: one that names no leader claims nothing.
+        # A row any role with INSERT could write: one that names no leader claims nothing,
+        # and one names only the key its name derives to, held by its own pid.
         with contextlib.suppress(PgsoloError):
-            starts[(pid, leader_key(name).value)] = parse_time(started_at)
-    return [
-        replace(lock, since=start, since_source="term_start")
-        if _leads(lock) and (start := starts.get((lock.pid, lock.key.value))) is not None
-        else lock
+            key = leader_key(name)
+            terms[(pid, key.value)] = (key, parse_time(started_at))
+    leaders = {
+        lock.key.value: term[0]
         for lock in locks
-    ]
+        if lock.granted
+        and (lock.name is None or _leads(lock))
+        and (term := terms.get((lock.pid, lock.key.value))) is not None
+    }
+    return [_as_term(lock, leaders.get(lock.key.value), terms) for lock in locks]
+
+
+def _as_term(
+    lock: AdvisoryLock,
+    key: Key | None,
+    terms: Mapping[tuple[int | None, object], tuple[Key, datetime | None]],
+) -> AdvisoryLock:
+    """``lock``, named a leader's (``key``) if it has no name, and with its term's start
+    if it leads."""
+    if key is not None and lock.name is None:
+        lock = replace(lock, key=key, name=key.name)
+    term = terms.get((lock.pid, lock.key.value))
+    if _leads(lock) and term is not None and term[1] is not None:
+        return replace(lock, since=term[1], since_source="term_start")
+    return lock
 
 
 def _leads(lock: AdvisoryLock) -> bool:
