@@ -16,6 +16,7 @@ not an error.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -68,6 +69,33 @@ def print_table(rows: list[Row]) -> None:
         print(f"{'':<4}   {row.detail}")
 
 
+def _parent_of(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rpartition(")")[2].split()[1])  # after the name, which may hold spaces
+
+
+def _pin_apart(backend_pid: int) -> None:
+    """``--pin``: this process (and what it starts: Celery, the contention rows' workers)
+    on the first core, the server (its postmaster, whose new backends inherit it, and
+    every process it runs now) on the others. On a small virtual machine a round trip
+    costs several times as much when the backend last ran on the other core than on this
+    one, and which it is changes from one connection to the next: unpinned, two sides of
+    one ratio on two connections can differ by that alone."""
+    cores = sorted(os.sched_getaffinity(0))
+    postmaster = _parent_of(backend_pid)
+    if len(cores) < 2 or postmaster is None:
+        sys.exit("--pin needs 2 cores and the server on this machine")
+    os.sched_setaffinity(0, {cores[0]})
+    os.sched_setaffinity(postmaster, set(cores[1:]))  # first: what it forks from now on
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and _parent_of(int(entry.name)) == postmaster:
+            with contextlib.suppress(OSError):  # a backend that just ended
+                os.sched_setaffinity(int(entry.name), set(cores[1:]))
+
+
 def run(args: argparse.Namespace) -> tuple[dict[str, Any], list[Row]]:
     wanted = set(args.only.split(",")) if args.only else None
     rows: list[Row] = []
@@ -78,6 +106,8 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], list[Row]]:
         with psycopg.connect(target.conninfo()) as probe:
             row = probe.execute("SHOW server_version").fetchone()
             version = str(row[0]) if row else "?"
+            if args.pin:
+                _pin_apart(probe.info.backend_pid)
         ctx = Context(target, server_kind, args.rounds, args.quick, args.latency_ms)
         for sc in sorted(SCENARIOS, key=lambda s: s.number):
             if wanted is not None and sc.number not in wanted:
@@ -110,7 +140,8 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], list[Row]]:
             "psycopg": psycopg.__version__,
             "load_1min": [round(x, 2) for x in load],
         },
-        "server": f"PostgreSQL {version}, {server_kind}",
+        "server": f"PostgreSQL {version}, {server_kind}"
+        + (", pinned apart (--pin)" if args.pin else ""),
         "rounds": args.rounds,
         "quick": args.quick,
         "latency_ms": args.latency_ms,
@@ -138,6 +169,11 @@ def main(argv: list[str] | None = None) -> int:
         help="the delay per server reply of the proxied runs of items 1-2 (default 5)",
     )
     parser.add_argument("--only", metavar="N,N", help="only these scenarios, e.g. 1-2,3")
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="this process on the first core, the server (on this machine) on the others",
+    )
     parser.add_argument("--out", type=Path, help="where benchmarks.json and benchmarks.png go")
     args = parser.parse_args(argv)
     args.rounds = args.rounds or (3 if args.quick else 5)
