@@ -48,6 +48,19 @@ _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*(?=://)")
 # connects (psycopg, psycopg2, asyncpg, pg8000, ...), which means nothing to libpq.
 _DRIVER = re.compile(r"[a-z][a-z0-9_]*")
 
+# The schemes a refusal names, by their dialect: those of databases and services a
+# DATABASE_URL is written for. Any other is not named: a string that is no connection
+# string at all (a password given in its place, say) can look like a URI.
+_NAMED_SCHEMES = frozenset(
+    {
+        "postgresql", "postgres", "pg", "pgsql", "psql", "redshift", "cockroachdb", "crdb",
+        "timescale", "yugabyte", "mysql", "mariadb", "sqlite", "sqlite3", "mssql",
+        "sqlserver", "oracle", "db2", "firebird", "sybase", "snowflake", "duckdb",
+        "clickhouse", "bigquery", "trino", "presto", "hive", "spanner", "mongodb", "redis",
+        "rediss", "amqp", "amqps", "http", "https", "jdbc",
+    }
+)  # fmt: skip
+
 
 def uri_scheme(dsn: str) -> str | None:
     """The scheme of ``dsn`` if it is a URI (``postgresql+psycopg2``), else None."""
@@ -60,15 +73,17 @@ def libpq_dsn(dsn: str) -> str:
     ``DATABASE_URL`` (``postgresql+psycopg2://``, ``postgres+asyncpg://``,
     ``POSTGRESQL://``) gets libpq's scheme, ``postgresql://``; anything else is returned
     as given. A URI of another scheme (``mysql://``, ``sqlite:///``) is an
-    :class:`~pgsolo.InvalidDsnError` that names the scheme, and never the rest."""
+    :class:`~pgsolo.InvalidDsnError` that names the scheme (if it is one a database URL
+    is written with), and never the rest."""
     scheme = uri_scheme(dsn)
     if scheme is None or scheme in ("postgresql", "postgres"):
         return dsn
     dialect, plus, driver = scheme.lower().partition("+")
     if dialect in ("postgresql", "postgres") and (not plus or _DRIVER.fullmatch(driver)):
         return "postgresql" + dsn[len(scheme) :]
+    named = f"a {scheme}://" if dialect in _NAMED_SCHEMES else "a"
     raise InvalidDsnError(
-        f"the connection string is a {scheme}:// URI, not PostgreSQL's: pgsolo takes"
+        f"the connection string is {named} URI, not PostgreSQL's: pgsolo takes"
         " postgresql://... or postgres://... (also with a driver, as SQLAlchemy writes it:"
         " postgresql+psycopg://, +psycopg2, +asyncpg, +pg8000), libpq's key=value form"
         " (host=... dbname=...), or 'embedded'"

@@ -113,6 +113,8 @@ FOUND = [
     ("\x00Xq7Wv4Zk2", "Xq7Wv4Zk2"),
     # a password with a '?' before its '@', which looked like the start of the query
     ("postgresql://u:Xq7?Wv4@Zk2@127.0.0.1:1/d?hostaddr=127.0.0.1&port=1", "Xq7?Wv4@Zk2"),
+    # a password given as the connection string, which reads as a URI: its "scheme" named
+    ("Xq7Wv4://Zk2", "Xq7Wv4://Zk2"),
 ]
 
 
