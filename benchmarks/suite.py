@@ -207,12 +207,14 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     result = {**meta, "rows": [r.as_json() for r in rows]}
     (out / "benchmarks.json").write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
+    written = [out / "benchmarks.json"]
     try:
         from benchmarks.plot import plot  # noqa: PLC0415 - matplotlib is optional
 
         plot(rows, out / "benchmarks.png", f"pgsolo {meta['pgsolo']}, {meta['date']}")
+        written.append(out / "benchmarks.png")
     except ImportError:
         print("no plot: matplotlib is not installed (pip install -e '.[bench]')", file=sys.stderr)
-    print(f"\nwrote {out / 'benchmarks.json'} and {out / 'benchmarks.png'}")
+    print(f"\nwrote {' and '.join(map(str, written))}")
     failed = any("error" in n for n in meta["notes"]) or any(r.problems for r in rows)
     return 1 if failed else 0

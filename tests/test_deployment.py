@@ -14,6 +14,7 @@ from zoneinfo import ZoneInfo
 
 import psycopg
 import pytest
+import yaml
 
 import pgsolo
 from _support import pgsolo_cli, touching
@@ -25,7 +26,6 @@ NOWHERE = "http://127.0.0.1:1"  # nothing listens: a push fails at once, with a 
 
 def manifest(kind: str) -> dict[str, Any]:
     """The page's one ```yaml manifest of ``kind``."""
-    yaml = pytest.importorskip("yaml", reason="PyYAML comes with the dev and docs extras")
     blocks = re.findall(r"```yaml\n(.*?)```", PAGE.read_text(encoding="utf-8"), re.DOTALL)
     found = [doc for doc in map(yaml.safe_load, blocks) if doc["kind"] == kind]
     assert len(found) == 1, f"{len(found)} {kind} manifests in {PAGE.name}"
