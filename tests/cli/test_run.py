@@ -47,6 +47,7 @@ from _support import (
     script,
 )
 from pgsolo.cli.run import outcome
+from pgsolo.cli.run.report import RunReport
 from pgsolo.cli.run.signals import FORWARDED_SIGNALS, signal_name
 from pgsolo.drivers.conninfo import redact_dsn
 from pgsolo.jobs import Job
@@ -374,6 +375,23 @@ def test_a_command_that_cannot_start_exits_like_a_shell(
     assert (row["outcome"], row["exit_code"]) == ("failed", expected)
 
 
+@pytest.mark.parametrize("given", ["path", "name in PATH"])
+def test_a_script_without_a_shebang_runs_as_from_a_shell(
+    db: str, key: Key, tmp_path: Path, given: str
+) -> None:
+    """Guards 126's meaning, "not executable as a shell says": an executable script with
+    no #! line got 126 (the kernel's "Exec format error"), which bash, env and flock run
+    with /bin/sh."""
+    program = tmp_path / "no-shebang"
+    program.write_text('printf "%s" "$1" > "$(dirname "$0")/ran"\n')
+    program.chmod(0o755)
+    env = {"PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}"}
+    command = str(program) if given == "path" else program.name
+    done = pgsolo_cli(*run_args(key.text, db), "--", command, "its argument", env=env)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "ran").read_text() == "its argument"
+
+
 def test_two_runs_started_together_one_runs_one_skips(
     migrated: str,
     observer: Any,
@@ -555,6 +573,35 @@ def test_wait_that_times_out_skips(
     assert observer.waiters(key) == set()
     [row] = ledger(observer.conn, job)
     assert (row["outcome"], row["reason"], row["exit_code"]) == ("skipped", "busy", 75)
+    psql.execute("SELECT pg_advisory_unlock_all()")
+
+
+def test_a_wait_whose_session_ends_says_how_long_it_waited(
+    db: str,
+    connect: Connect,
+    observer: Any,
+    key: Key,
+    job: str,
+    tmp_path: Path,
+    background: Callable[..., Running],
+) -> None:
+    """Guards lock_wait_seconds of a wait the database cut short (exit 69): it said 0."""
+    psql = connect()
+    psql.execute(raw_lock_sql(key.text))
+    running = background(
+        *run_args(key.text, db, job=job), "--wait", "60", "--json", "--",
+        *script(MARK, tmp_path, 0),
+    )  # fmt: skip
+    wait_until(lambda: observer.waiters(key), "pgsolo to wait for the key")
+    time.sleep(0.5)
+    for waiter in observer.waiters(key):
+        observer.conn.execute("SELECT pg_terminate_backend(%s)", (waiter,))
+    done = running.finish(timeout=30)
+    assert done.returncode == 69, done.stderr
+    assert not (tmp_path / "ran").exists()
+    report = last_json(done.stderr)
+    assert (report["outcome"], report["reason"]) == (None, "database-unavailable")
+    assert report["lock_wait_seconds"] >= 0.5
     psql.execute("SELECT pg_advisory_unlock_all()")
 
 
@@ -782,6 +829,25 @@ def test_a_release_that_gets_no_answer_is_said_unresponsive_everywhere(
     assert (report["outcome"], report["reason"]) == ("lost", "connection-unresponsive")
     assert "reason=connection-unresponsive" in done.stderr  # the lock's own log line
     assert "reason=connection-lost" not in done.stderr
+
+
+def test_a_driver_message_of_several_lines_is_one_error_line() -> None:
+    """Guards the one error line docs/cli.md promises (RunReport.error_line, which stderr
+    and the JSON's message say): a connection lost as COMMAND ended was said in libpq's
+    words, over three lines."""
+    lost = RunReport(
+        exit_code=70, outcome="lost", reason="connection-lost", job="j", key="k",
+        key_name=None, error="lock k was lost: the connection failed (server closed the"
+        " connection unexpectedly\n\tThis probably means the server terminated abnormally\n"
+        "\tbefore or while processing the request.)",
+    )  # fmt: skip
+    said = (
+        "lock k was lost: the connection failed (server closed the connection unexpectedly"
+        " This probably means the server terminated abnormally before or while processing"
+        " the request.)"
+    )
+    assert lost.error_line == said
+    assert lost.as_dict()["error"]["message"] == said
 
 
 @pytest.mark.parametrize(
@@ -1631,6 +1697,69 @@ def test_a_json_destination_pgsolo_cannot_write_to_is_a_usage_error(
     assert done.returncode == 2, done.stderr
     assert message in done.stderr
     assert not (tmp_path / "ran").exists()
+
+
+@pytest.mark.parametrize("destination", ["--json-file", "--json-fd"])
+def test_a_json_destination_that_fails_at_the_end_keeps_the_exit_code(
+    db: str, key: Key, tmp_path: Path, destination: str
+) -> None:
+    """Guards the exit code of a run whose document cannot be written when it ends (a full
+    disk, a reader that went away): it was 1, with a traceback, whatever COMMAND did, and 1
+    has a meaning of its own. COMMAND's code stays, and stderr says the document is lost."""
+    reader, writer = os.pipe()
+    os.close(reader)  # --json-fd: a pipe whose reader is gone
+    target = "/dev/full" if destination == "--json-file" else str(writer)
+    try:
+        done = subprocess.run(
+            [PY, "-m", "pgsolo", *run_args(key.text, db), destination, target, "--",
+             *script(MARK, tmp_path, 3)],
+            stdin=subprocess.DEVNULL, capture_output=True, text=True, env=cli_env(),
+            timeout=TIMEOUT, check=False, pass_fds=(writer,),
+        )  # fmt: skip
+    finally:
+        os.close(writer)
+    assert done.returncode == 3, done.stderr
+    assert (tmp_path / "ran").exists()
+    assert "Traceback" not in done.stderr
+    assert done.stderr.splitlines()[-1].startswith(
+        "pgsolo run: error: the JSON document was not written: "
+    ), done.stderr
+
+
+# Runs pgsolo's command line, and sends this process SIGTERM as `pgsolo run` begins to load
+# what connects (the driver: a fifth of a second, the widest gap before its first round trip).
+SIGNALLED_AS_THE_DRIVER_LOADS = r"""
+import builtins, os, signal, sys
+from pgsolo.cli import console
+load = builtins.__import__
+def signalled(name, globals=None, locals=None, fromlist=(), level=0):
+    if level == 1 and name == "attempt" and (globals or {}).get("__name__") == "pgsolo.cli.run":
+        os.kill(os.getpid(), signal.SIGTERM)
+    return load(name, globals, locals, fromlist, level)
+builtins.__import__ = signalled
+sys.argv[0] = "pgsolo"
+console()
+"""
+
+
+def test_a_signal_as_the_driver_loads_ends_the_run_with_its_document(
+    db: str, key: Key, tmp_path: Path
+) -> None:
+    """Guards the gap between the arguments and the first round trip: SIGTERM there killed
+    pgsolo outright (DESIGN §5: only SIGKILL may), leaving the --json-file it had emptied
+    empty. It ends the run before COMMAND, with the document of every other signal then."""
+    path = tmp_path / "report.json"
+    done = subprocess.run(
+        [PY, "-c", SIGNALLED_AS_THE_DRIVER_LOADS, *run_args(key.text, db),
+         "--json-file", str(path), "--", *script(MARK, tmp_path, 0)],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, env=cli_env(),
+        timeout=TIMEOUT, check=False,
+    )  # fmt: skip
+    assert done.returncode == 128 + signal.SIGTERM, done.stderr
+    assert not (tmp_path / "ran").exists()
+    report = json_document(path.read_text(encoding="utf-8"))
+    assert (report["outcome"], report["reason"]) == ("failed", "interrupted")
+    assert report["exit_code"] == 128 + signal.SIGTERM
 
 
 def test_the_json_document_of_a_key_that_is_not_utf8_is_valid_json(db: str, tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ Each test has a database of its own (``fresh_db``): they lock or alter pgsolo's 
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from collections.abc import Iterator
@@ -179,6 +180,10 @@ def test_a_lock_gone_when_the_command_ended_is_lost_whatever_it_exited_with(
     assert (report["outcome"], report["reason"]) == ("lost", "connection-lost")
     assert report["command_exit_code"] == exit_code
     assert f"lock {key} was lost while the command ran" in report["error"]["message"]
+    # One error line, as documented, though libpq's message spans several.
+    *_, error_line, document = done.stderr.splitlines()
+    assert error_line.startswith(f"pgsolo run: error: lock {key} was lost"), done.stderr
+    assert json.loads(document) == report
     assert ledger(admin, "ended") == [("lost", "connection-lost", 70)]  # a fresh connection
     assert advisory_locks(admin) == 0
 

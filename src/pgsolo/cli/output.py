@@ -14,6 +14,7 @@ the database's name and ``server`` where pgsolo connected (never a password),
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import json
 import os
@@ -182,9 +183,26 @@ class JsonDestination:
         return cls(sys.stderr, owned=False) if args.json else None
 
     def write(self, doc: dict[str, Any]) -> None:
-        """The document, as one line; then the destination is done with."""
+        """The document, as one line; then the destination is done with. A destination
+        that fails now (a full disk, a reader that went away) is said on stderr, and the
+        exit code still tells how the run ended: a failure of its own (1) would hide it."""
         try:
             print_json(doc, stream=self.stream)
-        finally:
-            if self.owned:
-                self.stream.close()
+        except OSError as exc:
+            print(
+                f"pgsolo run: error: the JSON document was not written: {exc.strerror or exc}",
+                file=sys.stderr,
+                flush=True,
+            )
+            self._discard()
+            return
+        if self.owned:
+            self._discard()
+
+    def _discard(self) -> None:
+        """Close the stream pgsolo opened, whatever it still holds: what a write left in
+        its buffer would otherwise be flushed, and fail again, as the process exits."""
+        if self.stream is sys.stderr:
+            return
+        with contextlib.suppress(OSError):
+            self.stream.close()

@@ -34,6 +34,7 @@ from ..exit_codes import EXIT_FAILED, EXIT_UNAVAILABLE, EXIT_USAGE
 from ..output import JsonDestination
 from .arguments import add_run_arguments, command_of, with_separator
 from .report import RunReport
+from .signals import RunSignals
 
 if TYPE_CHECKING:
     from ...jobs.definition import Job
@@ -81,51 +82,57 @@ def add_run_command(subparsers: Subparsers) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    try:
-        destination = JsonDestination.of(args)
-    except UsageError as exc:  # nowhere to write the document: said as text only
-        print(f"pgsolo run: error: {exc}", file=sys.stderr, flush=True)
-        return EXIT_USAGE
-    # cli.main writes the document of a failure it catches itself (no libpq to load, from
-    # the imports below on) where this one goes.
-    args.write_json = destination.write if destination is not None else None
+    # The signals of .signals are handled from here on: one that comes while the driver
+    # loads (a fifth of a second) is remembered, and ends the run before it connects,
+    # with its outcome written, instead of killing pgsolo with the document unwritten.
+    with RunSignals().installed() as signals:
+        try:
+            destination = JsonDestination.of(args)
+        except UsageError as exc:  # nowhere to write the document: said as text only
+            print(f"pgsolo run: error: {exc}", file=sys.stderr, flush=True)
+            return EXIT_USAGE
+        # cli.main writes the document of a failure it catches itself (no libpq to load,
+        # from the imports below on) where this one goes.
+        args.write_json = destination.write if destination is not None else None
+        return _run(args, signals, destination)
 
+
+def _run(args: argparse.Namespace, signals: RunSignals, destination: JsonDestination | None) -> int:
+    """The run, with its signals handled and its document's destination open."""
     from .attempt import supervise  # noqa: PLC0415
     from .outcome import SkipCodes  # noqa: PLC0415
     from .publish import Publisher  # noqa: PLC0415
-    from .signals import RunSignals  # noqa: PLC0415
 
     command, separated = command_of(args)
     key: Key | None = None
     job: Job | None = None
     publisher = Publisher(args)
     # From here on every ending prints its error and, with --json, one JSON object (where
-    # JsonDestination says); the signals of .signals are handled before anything connects.
-    with RunSignals().installed() as signals:
-        try:
-            # Everything is validated before anything connects (UsageError: exit 2).
-            key = _key_of(args, command, separated=separated)
-            job = _job_of(args, key)
-            publisher.start()
-            with database(args.dsn, connect_timeout=args.connect_timeout) as db:
-                outcome = supervise(
-                    job,
-                    command,
-                    dsn=db.dsn,
-                    label=db.label,
-                    check_interval=args.check_interval,
-                    check_timeout=args.check_timeout,
-                    connect_timeout=db.connect_timeout,
-                    grace=args.grace,
-                    signals=signals,
-                    on_lost=args.on_lost,
-                    kill_on_exit=args.kill_on_exit,
-                    skip_codes=SkipCodes(args.conflict_exit_code, args.already_done_exit_code),
-                )
-        except (CliError, PgsoloError) as exc:  # before any attempt: outcome null
-            outcome = _report_before_attempt(exc, args, key, job)
-        publisher.finish(outcome.job)  # before the error line and the JSON, which end stderr
-        _tell(outcome, destination)
+    # JsonDestination says).
+    try:
+        # Everything is validated before anything connects (UsageError: exit 2).
+        key = _key_of(args, command, separated=separated)
+        job = _job_of(args, key)
+        publisher.start()
+        with database(args.dsn, connect_timeout=args.connect_timeout) as db:
+            outcome = supervise(
+                job,
+                command,
+                dsn=db.dsn,
+                label=db.label,
+                check_interval=args.check_interval,
+                check_timeout=args.check_timeout,
+                connect_timeout=db.connect_timeout,
+                grace=args.grace,
+                signals=signals,
+                on_lost=args.on_lost,
+                kill_on_exit=args.kill_on_exit,
+                skip_codes=SkipCodes(args.conflict_exit_code, args.already_done_exit_code),
+            )
+    except (CliError, PgsoloError) as exc:  # before any attempt: outcome null
+        outcome = _report_before_attempt(exc, args, key, job)
+    publisher.finish(outcome.job)  # before the error line and the JSON, which end stderr
+    _tell(outcome, destination)
     return outcome.exit_code
 
 
@@ -224,8 +231,8 @@ def _given_key(args: argparse.Namespace) -> str:
 
 def _tell(outcome: RunReport, destination: JsonDestination | None) -> None:
     """The ending on stderr (its error line, a notice), then the ``--json`` document."""
-    if outcome.error is not None:
-        print(f"pgsolo run: error: {outcome.error}", file=sys.stderr, flush=True)
+    if outcome.error_line is not None:
+        print(f"pgsolo run: error: {outcome.error_line}", file=sys.stderr, flush=True)
     if outcome.notice is not None:
         print(f"pgsolo run: {outcome.notice}", file=sys.stderr, flush=True)
     if destination is not None:

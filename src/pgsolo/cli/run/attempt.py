@@ -253,6 +253,7 @@ class _Attempt:
         except (NotMigratedError, InsufficientPrivilegeError) as exc:
             return self._refused(exc)
         except _DATABASE_ERRORS as exc:
+            self.report.lock_wait = time.perf_counter() - self.started  # lost as it waited
             return self._unavailable(exc)
         except UnsafeConnectionError as exc:  # a standby, or a transaction pooler
             self.report.error = str(exc)
@@ -261,6 +262,7 @@ class _Attempt:
         if not command.started and result.outcome in ("failed", "lost"):
             # The database failed the period check before COMMAND could start (the plan
             # let the lock go): unavailable, as before the lock.
+            self.report.lock_wait = result.lock_wait
             return self._unavailable(result.error)
         verdict = outcome.verdict(result, command, self._scrub, self.skip_codes)
         self.report.error = verdict.error

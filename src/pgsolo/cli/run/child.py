@@ -5,6 +5,7 @@ process it starts, which pgsolo adopts (a subreaper, Linux), signals and reaps."
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import signal
 import subprocess
@@ -76,11 +77,14 @@ class Child:
         self.subreaper = _Subreaper.become()
         # No shell: COMMAND's arguments reach it exactly as given. stdio is inherited.
         try:
-            self.proc = subprocess.Popen(  # noqa: S603
-                self.command,
-                preexec_fn=_die_with_parent(),  # noqa: PLW1509 - no threads of pgsolo's run then
-                process_group=0 if self.own_group else None,
-            )
+            try:
+                self.proc = self._spawn(self.command)
+            except OSError as exc:
+                if exc.errno != errno.ENOEXEC:
+                    raise
+                # A script without a #! line: /bin/sh runs it, as every shell and
+                # execvp(3) do, so that 126 means what it means from a shell.
+                self.proc = self._spawn(["/bin/sh", _found(self.command[0]), *self.command[1:]])
         except BaseException:
             self.close()
             raise
@@ -88,6 +92,13 @@ class Child:
         for signum in pending:  # arrived while the child was being started
             self.forward(signum)
         return self.proc
+
+    def _spawn(self, argv: list[str]) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(  # noqa: S603
+            argv,
+            preexec_fn=_die_with_parent(),  # noqa: PLW1509 - no threads of pgsolo's run then
+            process_group=0 if self.own_group else None,
+        )
 
     def close(self) -> None:
         """Stop being a subreaper (once nothing COMMAND started is left)."""
@@ -300,6 +311,15 @@ def _terminal_sent_it_too(pid: int) -> bool:
         except OSError:
             continue
     return False
+
+
+def _found(program: str) -> str:
+    """``program``'s path, searched in PATH as exec did if it has no slash."""
+    if "/" in program:
+        return program
+    import shutil  # noqa: PLC0415 - only for a script without a #! line
+
+    return shutil.which(program) or program
 
 
 def not_found(exc: OSError) -> bool:

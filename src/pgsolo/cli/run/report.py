@@ -38,11 +38,18 @@ class RunReport:
     notice: str | None = None
     """A line for a person about an ending that is no error (a skip: who holds the key)."""
 
+    @property
+    def error_line(self) -> str | None:
+        """``error`` on one line: a driver's message can span several (libpq's do)."""
+        if self.error is None:
+            return None
+        return " ".join(part.strip() for part in self.error.splitlines() if part.strip())
+
     def as_dict(self) -> dict[str, Any]:
         """The ``pgsolo.run/1`` document (README "JSON output"); ``error`` is an object
         like every command's, its ``code`` the reason."""
         error = (
-            {"code": error_code(self.exit_code, self.reason), "message": self.error}
+            {"code": error_code(self.exit_code, self.reason), "message": self.error_line}
             if self.error is not None
             else None
         )
