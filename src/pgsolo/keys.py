@@ -39,6 +39,7 @@ __all__ = [
     "leader_key",
     "semaphore_keys",
     "semaphore_session_name",
+    "text_of",
 ]
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -194,33 +195,42 @@ def _check_int(value: object, low: int, high: int, what: str) -> None:
         raise InvalidKeyError(f"{what} must be in [{low}, {high}], got {value}")
 
 
+def text_of(value: str) -> str:
+    """The characters ``value`` holds, as a plain ``str``: a ``str`` subclass (a member of
+    a ``(str, Enum)``, a class with a ``__str__`` of its own) is named by its value, as it
+    compares, never by what its methods say, so that every key and record made of it is
+    the one its value makes."""
+    return str.__str__(value)
+
+
 def checked_text(
     value: object, what: str, max_bytes: int, error: type[UsageError] = InvalidKeyError
-) -> bytes:
-    """The UTF-8 of ``value`` if it is a name pgsolo takes (``what``: "a key name", "an
-    operation key"...): a non-empty ``str`` without NUL of at most ``max_bytes`` UTF-8
-    bytes; else ``error`` saying which rule it broke."""
+) -> str:
+    """``value`` as a plain ``str`` (:func:`text_of`) if it is a name pgsolo takes
+    (``what``: "a key name", "an operation key"...): a non-empty ``str`` without NUL of at
+    most ``max_bytes`` UTF-8 bytes; else ``error`` saying which rule it broke."""
     if not isinstance(value, str):
         raise error(f"{what} must be a str, got {type(value).__name__} {value!r}")
-    if not value:
+    text = text_of(value)
+    if not text:
         raise error(f"{what} must not be empty")
-    if "\0" in value:
+    if "\0" in text:
         raise error(f"{what} must not contain a NUL character")
     try:
-        encoded = value.encode("utf-8")
+        encoded = text.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise error(f"{what} must be valid Unicode text: {exc}") from None
     if len(encoded) > max_bytes:
         raise error(f"{what} must be at most {max_bytes} UTF-8 bytes, got {len(encoded)}")
-    return encoded
+    return text
 
 
-def _check_name(name: object) -> bytes:
+def _check_name(name: object) -> str:
     return checked_text(name, "a key name", MAX_NAME_BYTES)
 
 
 def _digest(name: str) -> bytes:
-    return hashlib.sha256(_check_name(name)).digest()
+    return hashlib.sha256(_check_name(name).encode("utf-8")).digest()
 
 
 def derive_int64(name: str) -> int:
@@ -235,16 +245,15 @@ def derive_int32(name: str) -> int:
 
 def from_name(name: str, *, namespace: int | None = None) -> Key:
     """The key derived from ``name`` (an int64, or a pair within ``namespace``)."""
-    if not isinstance(name, str):
-        _check_name(name)  # raises
+    if type(name) is not str:
+        name = _check_name(name)  # raises, or the plain str a subclass holds
     if namespace is not None:
         _check_int(namespace, INT32_MIN, INT32_MAX, "a namespace")
     return _derived(name, namespace)
 
 
 # A program locks the same few names over and over: each is validated and hashed once.
-# Typed, so that a str subclass never stands for the str it equals; a bad name raises,
-# and nothing is kept of it.
+# Only plain strs reach it (from_name); a bad name raises, and nothing is kept of it.
 @functools.lru_cache(maxsize=512, typed=True)
 def _derived(name: str, namespace: int | None) -> Key:
     if namespace is None:
@@ -254,19 +263,18 @@ def _derived(name: str, namespace: int | None) -> Key:
 
 def leader_key(name: object) -> Key:
     """The session advisory lock the leader named ``name`` holds while it leads."""
-    checked_text(name, "a leader name", MAX_LEADER_NAME_BYTES)
-    return from_name(LEADER_PREFIX + str(name))
+    return from_name(LEADER_PREFIX + checked_text(name, "a leader name", MAX_LEADER_NAME_BYTES))
 
 
 def semaphore_keys(name: object, limit: object) -> tuple[Key, ...]:
     """The keys of the ``limit`` slots of the semaphore named ``name``, slot 0 first."""
-    checked_text(name, "a semaphore name", MAX_SEMAPHORE_NAME_BYTES)
+    text = checked_text(name, "a semaphore name", MAX_SEMAPHORE_NAME_BYTES)
     if type(limit) is not int or not 1 <= limit <= MAX_SEMAPHORE_LIMIT:
         raise InvalidArgumentError(
             f"limit must be an int from 1 to {MAX_SEMAPHORE_LIMIT} (how many may hold the"
             f" semaphore at once), got {limit!r}"
         )
-    return tuple(from_name(f"{SEMAPHORE_PREFIX}{name}:{slot}") for slot in range(limit))
+    return tuple(from_name(f"{SEMAPHORE_PREFIX}{text}:{slot}") for slot in range(limit))
 
 
 def semaphore_session_name(name: str, limit: int) -> str:
@@ -375,7 +383,9 @@ class Registry:
     A hash can collide; a registry cannot: registering one name on two keys, or two
     names on one key, raises :class:`~pgsolo.errors.KeyCollisionError` at registration,
     and resolving an unregistered name whose derived key is already registered does too.
-    Namespaces can be named as well, so that the monitor can show ``jobs:1001``.
+    Namespaces can be named as well, each name and number once (:meth:`namespace_name`
+    gives a number's name, for a program's own listings); pgsolo's listings show a pair
+    key by its numbers, which ``--key`` takes back as written.
     """
 
     def __init__(
@@ -394,7 +404,7 @@ class Registry:
 
     def register(self, name: str, key: int | tuple[int, int] | Key) -> Key:
         """Map ``name`` to ``key``; registering the same pair twice is harmless."""
-        _check_name(name)
+        name = _check_name(name)
         if isinstance(key, str):
             # A str here is a mistake (say "42:1001" in a TOML file); deriving a key from
             # it would silently register a hash instead of the number the user meant.
@@ -416,7 +426,7 @@ class Registry:
         return new
 
     def register_namespace(self, name: str, number: int) -> None:
-        _check_name(name)
+        name = _check_name(name)
         _check_int(number, INT32_MIN, INT32_MAX, "a namespace")
         if self._namespaces.get(name, number) != number:
             raise KeyCollisionError(f"namespace {name!r} is already {self._namespaces[name]}")
@@ -426,6 +436,7 @@ class Registry:
 
     def resolve(self, name: str, *, namespace: int | None = None) -> Key:
         """The key for ``name``: registered, or derived and checked against the registry."""
+        name = text_of(name)  # an Enum's member hashes by its member name, not its value
         if (registered := self._by_name.get(name)) is not None:
             return registered
         derived = from_name(name, namespace=namespace)

@@ -5,6 +5,8 @@ error: int64 and int32 bounds, pairs that are tuples of exactly two real ints, n
 
 from __future__ import annotations
 
+import enum
+
 import pytest
 
 import pgsolo
@@ -12,11 +14,15 @@ from _support import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN
 from pgsolo.errors import InvalidKeyError, KeyCollisionError, UsageError
 from pgsolo.keys import (
     Key,
+    Registry,
     as_key,
     derive_int32,
     derive_int64,
     from_name,
+    leader_key,
+    semaphore_keys,
 )
+from pgsolo.once.operation import idempotency_key_for, lock_key_for
 from pgsolo.sql import name_to_sql
 
 
@@ -264,6 +270,40 @@ def test_an_int_subclass_key_is_the_plain_int_it_holds() -> None:
     assert pair.sql_args == "42, 7"
     with pytest.raises(InvalidKeyError):
         Key(_Lying(2**70))  # the number it holds is checked, not what it says of itself
+
+
+class _Job(str, enum.Enum):  # noqa: UP042 - as users write it: its str() is not its value
+    SCHEDULER = "scheduler"
+
+
+class _Shouting(str):
+    """A str whose methods say something else than the characters it holds."""
+
+    def __str__(self) -> str:
+        return self.upper()
+
+    def __format__(self, spec: str) -> str:
+        return self.upper()
+
+    def encode(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
+        return b"shouted"
+
+
+@pytest.mark.parametrize("name", [_Job.SCHEDULER, _Shouting("scheduler")])
+def test_a_str_subclass_name_is_the_plain_str_it_holds(name: str) -> None:
+    """Guards the keys made of a name: checked by its value, a (str, Enum) member was
+    hashed by its str() in leader, semaphore and run_once keys ("pgsolo:leader:_Job.
+    SCHEDULER"), so that two leaders led at once, one by the member and one by its value,
+    and an operation ran twice under two idempotency keys."""
+    assert name == "scheduler"
+    assert as_key(name) == as_key("scheduler")
+    assert type(as_key(name).name) is str
+    assert leader_key(name) == leader_key("scheduler")
+    assert semaphore_keys(name, 3) == semaphore_keys("scheduler", 3)
+    assert lock_key_for(name) == lock_key_for("scheduler")
+    assert idempotency_key_for(name) == idempotency_key_for("scheduler")
+    assert as_key(name, registry=Registry({"scheduler": 77})) == Key(77, "scheduler")
+    assert as_key("scheduler", registry=Registry({name: 77})) == Key(77, "scheduler")
 
 
 @pytest.mark.parametrize("registry", ["locks.toml", {}, 5])

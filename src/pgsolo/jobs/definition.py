@@ -8,12 +8,30 @@ import difflib
 import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeAlias, TypedDict, TypeVar, Unpack
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Generic,
+    Literal,
+    TypeAlias,
+    TypedDict,
+    TypeVar,
+    Unpack,
+    cast,
+)
 
 from .._types import Lifetime, Outcome, check_period
 from ..drivers.conninfo import DEFAULT_APP_PREFIX, application_name_for
 from ..errors import InvalidArgumentError, UsageError
-from ..keys import Key, KeyLike, Registry, as_key, semaphore_keys, semaphore_session_name
+from ..keys import (
+    Key,
+    KeyLike,
+    Registry,
+    as_key,
+    semaphore_keys,
+    semaphore_session_name,
+    text_of,
+)
 from ..locking import Keep, as_keep, wait_ms_of
 from ..reasons import FailReason, LostReason, Reason, SkipReason
 
@@ -309,7 +327,7 @@ class Job:
             options.get("application_name"),
             keeping,
             raise_errors,
-            str(key) if slots else None,
+            text_of(cast(str, key)) if slots else None,
             slots,
         )
 

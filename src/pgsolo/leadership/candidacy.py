@@ -6,10 +6,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 from ..drivers import DriverBase, Lacking
 from ..errors import InvalidArgumentError, LockLostError, UsageError
-from ..keys import Key, leader_key
+from ..keys import Key, leader_key, text_of
 from ..locking import Keep, as_keep, wait_ms_of
 
 __all__ = ["CAMPAIGN_LOOK_EVERY", "Candidacy", "check_campaign"]
@@ -58,7 +59,7 @@ class Candidacy:
         watched = as_keep(keep)
         if watched is not None and lost is not None:
             watched = dataclasses.replace(watched, on_lost=_both(lost, watched.on_lost))
-        return cls(str(name), key, float(wait), fencing, watched)
+        return cls(text_of(cast(str, name)), key, float(wait), fencing, watched)
 
     def refuse_unwatchable(self, driver: DriverBase) -> None:
         """A watched term on a connection no keeper can share (asyncpg's, pg8000's):

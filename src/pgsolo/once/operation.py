@@ -89,8 +89,7 @@ class OperationContext(Generic[C]):
 
 def validate_op_key(op_key: object) -> str:
     """``op_key`` if it is a valid operation key, else :class:`InvalidOperationKeyError`."""
-    checked_text(op_key, "an operation key", MAX_OP_KEY_BYTES, InvalidOperationKeyError)
-    return str(op_key)
+    return checked_text(op_key, "an operation key", MAX_OP_KEY_BYTES, InvalidOperationKeyError)
 
 
 def idempotency_key_for(op_key: str) -> str:

@@ -5,9 +5,10 @@ fencing."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 from ..errors import InvalidArgumentError
-from ..keys import Key, semaphore_keys
+from ..keys import Key, semaphore_keys, text_of
 from ..locking import Keep, as_keep, wait_ms_of
 
 __all__ = ["SemaphoreSpec"]
@@ -36,4 +37,4 @@ class SemaphoreSpec:
         wait_ms_of(wait)  # the range of a lock's wait, refused the same way
         if not isinstance(fencing, bool):
             raise InvalidArgumentError(f"fencing must be True or False, got {fencing!r}")
-        return cls(str(name), len(keys), keys, wait, as_keep(keep), fencing)
+        return cls(text_of(cast(str, name)), len(keys), keys, wait, as_keep(keep), fencing)
