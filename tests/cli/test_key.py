@@ -140,6 +140,23 @@ def test_bad_key_is_a_usage_error(args: list[str], message: str) -> None:
     assert "Traceback" not in done.stderr
 
 
+def test_a_pair_with_a_negative_part_is_written_as_the_error_says(dsn: str) -> None:
+    """Guards the way to give a key that `pgsolo locks` shows as -5:-6: argparse takes the
+    word for an option, and said only "expected one argument"."""
+    for args, written in (
+        (["key", "-5:-6"], ["key", "--json", "--", "-5:-6"]),
+        (["locks", "--key", "-5:-6", "--dsn", dsn], ["locks", "--key=-5:-6", "--dsn", dsn]),
+    ):
+        refused = pgsolo(*args)
+        assert refused.returncode == 2
+        advice = "after --: pgsolo key -- -5:-6" if args[0] == "key" else "--key=-5:-6"
+        assert f"(-5:-6 starts with '-': write it {advice})" in refused.stderr
+        done = pgsolo(*written)
+        assert done.returncode == 0, done.stderr
+        if args[0] == "key":
+            assert json_document(done.stdout)["key"] == "-5:-6"
+
+
 @pytest.mark.parametrize("text", ["42:abc", "42:1001:3", " spaced "])
 def test_a_key_that_is_a_name_only_by_mistake_is_a_usage_error(
     text: str, dsn: str, tmp_path: Path

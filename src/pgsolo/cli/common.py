@@ -4,6 +4,7 @@ to connect becomes exit 69), output, and argument types."""
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -51,7 +52,24 @@ class Parser(argparse.ArgumentParser):
         self.given = tuple(given)
 
     def error(self, message: str) -> NoReturn:
-        super().error(without_secrets(message, self.given))
+        hint = _dashed_key_hint(self.given, positional=self.prog.endswith(" key"))
+        super().error(without_secrets(message + hint, self.given))
+
+
+# A pair key with a negative part, as `pgsolo locks` shows one: argparse takes a word that
+# starts with "-" for an option unless it is a plain negative number.
+_DASHED_PAIR = re.compile(r"-\d+:-?\d+")
+
+
+def _dashed_key_hint(given: Sequence[str], *, positional: bool) -> str:
+    """How to write a key of the command line ``given`` that argparse took for an option
+    (``positional``: `pgsolo key KEY`'s, else an option's, ``--key KEY``)."""
+    words = given[: given.index("--")] if "--" in given else given
+    for word in words:
+        if _DASHED_PAIR.fullmatch(word):
+            written = f"after --: pgsolo key -- {word}" if positional else f"--key={word}"
+            return f" ({word} starts with '-': write it {written})"
+    return ""
 
 
 def without_secrets(text: str, words: Iterable[str]) -> str:

@@ -66,7 +66,9 @@ def add_naming_arguments(parser: argparse.ArgumentParser) -> None:
     """``--registry``, ``--name`` and ``--semaphore``: what names the keys besides
     pgsolo's own records (``pgsolo locks``, ``pgsolo dashboard``)."""
     parser.add_argument(
-        "--registry", metavar="FILE", help="a TOML registry of names ([locks], [namespaces])"
+        "--registry",
+        metavar="FILE",
+        help="a TOML registry of names ([locks]; its [namespaces] are checked)",
     )
     parser.add_argument(
         "--name",

@@ -180,8 +180,8 @@ class _Attempt:
         return acquired
 
     def _take_slot(self) -> Plan[bool]:
-        """``limit=``: the first of the job's slots that is free, or frees while it waits
-        (:func:`~pgsolo.locking.slot_attempts`). The one core is aimed at each slot in turn,
+        """``limit=``: a slot of the job's that is free, or frees while it waits, in the order
+        of :func:`~pgsolo.locking.slot_attempts`. The one core is aimed at each slot in turn,
         let go of after each busy one, and the job is the run holding the slot it got."""
         core, job = self.core, self.job
         tried = False
