@@ -51,7 +51,7 @@ def make_app(folder: Path, dsn: str, tick: float | None = None, *, outbox: bool 
         result_backend=f"file://{folder / 'results'}",
         worker_prefetch_multiplier=1,
         broker_connection_retry_on_startup=True,
-        pgsolo_dsn=dsn,
+        pgsolo_database_url=dsn,
     )
     if tick is not None:
         app.conf.beat_schedule = {"tick": {"task": "tick", "schedule": tick}}

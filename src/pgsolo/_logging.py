@@ -3,8 +3,9 @@
 Every event is one line, ``"<subject> <what>: key=value ..."``, and the same fields as a
 dict in ``record.pgsolo`` for structured logging. Lock attempts, job outcomes and
 operation keys all go through :func:`log_event`, so an incident's lines read alike and a
-log pipeline parses one shape. Passwords never get here: nothing pgsolo logs carries a
-connection string.
+log pipeline parses one shape. Passwords never get here: pgsolo logs no connection string,
+and a work's error that quotes one (as written, percent-encoded or quoted) comes with the
+connection's password blanked (a driver's ``scrub``).
 
 The loggers are children of ``pgsolo``, so configuring ``pgsolo`` configures them all, and
 one layer can be tuned alone (``pgsolo.locks`` to DEBUG to see every acquisition). The

@@ -16,7 +16,7 @@ sends says which scheduled time it is for (:data:`OCCURRENCE_HEADER`,
 :func:`scheduled_time`). A Singleton task with ``once_per_occurrence=True`` runs each such
 time once through :func:`pgsolo.run_once`, however many sends of it arrive.
 
-Both find the database in the app's configuration (``pgsolo_dsn``), else in
+Both find the database in the app's configuration (``pgsolo_database_url``), else in
 ``PGSOLO_DSN`` or ``DATABASE_URL``. Importing this module imports Celery; ``import
 pgsolo`` never does.
 """
@@ -62,7 +62,7 @@ __all__ = [
 
 logger = logging.getLogger("pgsolo.celery")
 
-_DSN_SETTING = "pgsolo_dsn"
+_DSN_SETTING = "pgsolo_database_url"
 
 
 class DuplicateTaskError(LockUnavailableError):
@@ -76,7 +76,7 @@ class DuplicateTaskError(LockUnavailableError):
 
 
 def dsn_of(app: Any) -> str:
-    """The connection string of the app's configuration (``pgsolo_dsn``), else of the
+    """The connection string of the app's configuration (``pgsolo_database_url``), else of the
     environment as every pgsolo command reads it (``PGSOLO_DSN``, then ``DATABASE_URL``);
     :class:`~pgsolo.UsageError` when none says it."""
     dsn = app.conf.get(_DSN_SETTING) or choose_dsn(None).dsn
@@ -287,7 +287,7 @@ class Singleton(Task):  # type: ignore[misc]
     ``self.retry()`` with that error, after the task's ``default_retry_delay`` and up to
     its ``max_retries`` (then the FAILURE).
 
-    Each run opens a connection from the app's ``pgsolo_dsn`` (or the environment's), named
+    Each run opens a connection from the app's ``pgsolo_database_url`` (or the environment's), named
     ``pgsolo:celery:<task name>``, holds the key's session lock for as long as the body
     runs, with the keeper watching it, and closes it. A lock lost while the body ran
     fails the run with :class:`~pgsolo.LockLostError`. A retry the body asks for is sent
@@ -423,7 +423,7 @@ class LeaderScheduler(PersistentScheduler):  # type: ignore[misc]
 
     Each replica stands for leadership (:func:`pgsolo.campaign`, name
     :func:`beat_leader_name`) in a thread of its own, on a connection opened from the
-    app's ``pgsolo_dsn`` (or the environment's), and keeps the schedule as Celery's own
+    app's ``pgsolo_database_url`` (or the environment's), and keeps the schedule as Celery's own
     scheduler does (its schedule file, ``-s``): each entry falls due and is moved on to
     its next time in every replica, and is sent by the leader alone. A replica that is
     not leading, or whose term the keeper found lost, sends nothing, from the next entry

@@ -71,7 +71,7 @@ app.conf.update(
     worker_prefetch_multiplier=1,
     worker_lost_wait=1.0,  # how long a prefork worker waits to call a dead child's task lost
     broker_connection_retry_on_startup=True,
-    pgsolo_dsn=dsn,
+    pgsolo_database_url=dsn,
 )
 if beat := os.environ.get("PGSOLO_CELERY_BEAT"):
     app.conf.beat_schedule = {beat: {"task": beat, "schedule": 0.5, "args": (table,)}}

@@ -586,7 +586,7 @@ def test_the_occurrence_of_an_interval_entry_is_a_window_of_it_from_the_epoch() 
 
 def test_an_occurrence_runs_once_to_success_and_a_plain_send_as_any_other(db: str) -> None:
     app = Celery("occurrences")
-    app.conf.pgsolo_dsn = db
+    app.conf.pgsolo_database_url = db
     calls: list[int] = []
 
     @app.task(
@@ -689,12 +689,12 @@ def test_eager_runs_take_the_lock_and_need_a_database(
     def report(tenant: int, detail: str = "full") -> str:
         return f"report {tenant} {detail}"
 
-    with pytest.raises(pgsolo.UsageError, match="pgsolo_dsn"):
+    with pytest.raises(pgsolo.UsageError, match="pgsolo_database_url"):
         report.apply(args=(1,), throw=True)
     monkeypatch.setenv("DATABASE_URL", db)  # as every pgsolo command reads it
     assert report.apply(args=(1,)).get() == "report 1 full"
     monkeypatch.setenv("DATABASE_URL", "host=/nonexistent dbname=not-this-one")
-    app.conf.pgsolo_dsn = db  # the app's own setting first
+    app.conf.pgsolo_database_url = db  # the app's own setting first
     assert report.apply(args=(1,)).get() == "report 1 full"
     key = task_key(report.name, report.run, [1], {"detail": "short"}, ["tenant"])
     assert key == task_key(report.name, report.run, [], {"tenant": 1}, ["tenant"])
@@ -708,11 +708,21 @@ def test_eager_runs_take_the_lock_and_need_a_database(
     assert task_key("t", report.run, [1], {}, None) == 'celery:t:{"detail":"full","tenant":1}'
 
 
+def test_celerys_own_listings_mask_the_database_setting() -> None:
+    """Guards the setting's name: as pgsolo_dsn, `celery report` and `celery inspect conf`
+    printed its password, which they mask only in settings named like a secret."""
+    app = Celery("listed")
+    app.conf.pgsolo_database_url = "postgresql://app:Sentinel-Pw-93x@db.internal/app"
+    listed = app.conf.humanize(with_defaults=False, censored=True)
+    assert "pgsolo_database_url" in listed
+    assert "Sentinel-Pw-93x" not in listed
+
+
 def test_arguments_celery_carries_beyond_json_make_a_key(db: str) -> None:
     """Guards a Singleton task called with a UUID, a date or a Decimal (which Celery's
     JSON serializer carries to the worker): every run failed, its key refused."""
     app = Celery("beyond-json")
-    app.conf.pgsolo_dsn = db
+    app.conf.pgsolo_database_url = db
 
     @app.task(base=Singleton, lazy=False)
     def bill(order: uuid.UUID, due: date, amount: Decimal) -> str:

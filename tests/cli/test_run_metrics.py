@@ -157,3 +157,20 @@ def test_an_unreachable_pushgateway_is_a_warning_and_the_exit_code_stays_the_com
     assert done.returncode == 3
     assert "warning: metrics not published" in done.stderr
     assert done.stderr.splitlines()[-1].startswith("{")  # the JSON object still ends stderr
+
+
+def test_a_pushgateway_failure_does_not_show_the_urls_password(migrated: str) -> None:
+    """Guards the warning: prometheus_client's error quoted the URL's user:password part
+    ("nonnumeric port: 's3cret-pw@...'"), which the usage errors blank."""
+    done = pgsolo_cli(
+        *run_args(new_job("cli-push"), migrated),
+        "--pushgateway",
+        "http://ops:s3cret-pw@pushgw.invalid",
+        "--",
+        PY,
+        "-c",
+        "pass",
+    )
+    assert done.returncode == 0, done.stderr
+    assert "warning: metrics not published" in done.stderr
+    assert "s3cret-pw" not in done.stderr

@@ -19,6 +19,7 @@ import select
 import socket
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -313,6 +314,34 @@ async def test_run_job_async_raises_database_unavailable_without_calling_fn(
     assert isinstance(caught.value, pgsolo.PgsoloError)
     assert PASSWORD not in str(caught.value)
     assert calls == []
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+    """``error`` and every exception chained to it, as a traceback or a tracker walks them."""
+    seen: list[BaseException] = []
+    while error is not None and error not in seen:
+        seen.append(error)
+        error = error.__cause__ or error.__context__  # type: ignore[assignment]
+    return seen
+
+
+@pytest.mark.parametrize("form", ["at-sign", "refused"])
+def test_a_failed_connect_chains_nothing_that_holds_the_password(key: Key, form: str) -> None:
+    """Guards the cause of DatabaseUnavailableError: it was psycopg's own error, whose
+    message quoted the part of a password after an unencoded '@' (libpq's "host") and
+    whose pgconn keeps the whole password in clear, for every traceback, error tracker and
+    debugger to show. Its cause is now a copy of that error saying what pgsolo says."""
+    host = f"u:{PASSWORD}@127.0.0.1:1" if form == "refused" else f"u:Se@{PASSWORD}@127.0.0.1"
+    dsn = f"postgresql://{host}/db?connect_timeout=5"
+    with pytest.raises(pgsolo.DatabaseUnavailableError) as raised:
+        pgsolo.run_job(dsn, key, recording([]))
+    chain = _chain(raised.value)
+    assert len(chain) == 2  # pgsolo's error, and the driver's error as pgsolo says it
+    assert isinstance(chain[1], psycopg.OperationalError)
+    for error in chain:
+        shown = "".join(traceback.format_exception(error)) + repr(vars(error)) + repr(error)
+        assert PASSWORD not in shown
+        assert getattr(error, "pgconn", None) is None
 
 
 BAD_DSNS = [

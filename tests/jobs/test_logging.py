@@ -5,6 +5,7 @@ levels production logs keep, and never a password from the DSN.
 from __future__ import annotations
 
 import logging
+import urllib.parse
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -14,6 +15,7 @@ import pytest
 from psycopg import sql as pgsql
 from psycopg.conninfo import make_conninfo
 
+import pgsolo
 from _support import (
     Boom,
     Connect,
@@ -106,22 +108,31 @@ def test_a_lost_run_is_logged_with_its_server(
     assert fields["backend_pid"] == result.backend_pid
 
 
-@pytest.fixture
-def password_dsn(dsn: str, observer: Any) -> Iterator[tuple[str, str]]:
+@pytest.fixture(params=["plain", "special"])
+def password_dsn(
+    request: pytest.FixtureRequest, db: str, observer: Any
+) -> Iterator[tuple[str, str]]:
+    """A DSN of a role of its own, with a password of letters, or of every character a
+    URI encodes and a conninfo string quotes or escapes; and that password."""
     role = f"pgsolo_pw_{uuid.uuid4().hex[:10]}"
-    password = f"Secret-{uuid.uuid4().hex}"
+    tail = uuid.uuid4().hex
+    password = f"Secret-{tail}" if request.param == "plain" else f"Se@c:r/e?t#%'q\"u \\{tail}"
     observer.conn.execute(
         pgsql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
             pgsql.Identifier(role), pgsql.Literal(password)
         )
     )
     try:
-        yield make_conninfo(dsn, user=role, password=password), password
+        with psycopg.connect(db, autocommit=True) as owner:
+            pgsolo.migrate(owner, grant_to=[role])  # record=True writes the ledger as it
+        yield make_conninfo(db, user=role, password=password), password
     finally:
         observer.conn.execute(
             "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity WHERE usename = %s",
             (role,),
         )
+        with psycopg.connect(db, autocommit=True) as owner:  # its grants on pgsolo's tables
+            owner.execute(pgsql.SQL("DROP OWNED BY {}").format(pgsql.Identifier(role)))
         observer.conn.execute(pgsql.SQL("DROP ROLE IF EXISTS {}").format(pgsql.Identifier(role)))
 
 
@@ -156,6 +167,37 @@ def test_a_password_in_the_dsn_never_reaches_the_logs(
     for record in caplog.records:
         assert password not in record.getMessage()
         assert password not in repr(getattr(record, "pgsolo", None))
+
+
+def test_a_password_the_work_quotes_never_reaches_the_logs_or_the_ledger(
+    password_dsn: tuple[str, str], observer: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Guards the forms a work's error quotes a connection string in: percent-encoded in a
+    URI (blanked only as the password itself), and quoted in a conninfo string, whose
+    escapes the log line's repr() escaped again into a form nothing blanked."""
+    dsn, password = password_dsn
+    caplog.set_level(logging.DEBUG, logger="pgsolo")
+    quoted = make_conninfo("", host="billing.internal", password=password)
+    encoded = f"postgresql://billing:{urllib.parse.quote(password, safe='')}@billing.internal/db"
+    forms = {password, urllib.parse.quote(password, safe=""), repr(password)[1:-1]}
+    for said in (quoted, encoded):
+        job = new_job()
+
+        def fn(conn: psycopg.Connection, said: str = said) -> None:
+            raise RuntimeError(f"the billing database refused us: {said}")
+
+        result = run_job(dsn, job, fn, raise_errors=False, record=True)
+        assert result.outcome == "failed"
+        (record,) = job_log_records(caplog, job)
+        logged = record.getMessage() + repr(record.pgsolo)  # type: ignore[attr-defined]
+        assert "billing.internal" in logged  # the message is there, blanked
+        (ledger,) = observer.conn.execute(
+            "SELECT error FROM pgsolo.job_runs WHERE job = %s", (job,)
+        ).fetchone()
+        assert "billing.internal" in ledger
+        for form in forms:
+            assert form not in logged
+            assert form not in ledger
 
 
 # -- async jobs ----------------------------------------------------------------------------

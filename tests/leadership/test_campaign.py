@@ -128,6 +128,8 @@ def test_what_lead_raises_ends_the_campaign(db: str, observer: Observer) -> None
         ({"stop": "nope"}, "stop must be an event"),
         ({"name": ""}, "must not be empty"),
         ({"keep": "yes"}, "keep must be"),
+        # Guards the DSN's type: bytes raised a bare TypeError from a regular expression.
+        ({"dsn": b"postgresql://u@127.0.0.1:1/db"}, "takes a connection string, got bytes"),
     ],
 )
 def test_bad_arguments_are_refused_before_connecting(options: dict[str, Any], says: str) -> None:

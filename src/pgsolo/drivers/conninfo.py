@@ -15,7 +15,7 @@ import os
 import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
-from urllib.parse import unquote
+from urllib.parse import quote, quote_plus, unquote
 
 from ..dsn import DEFAULT_CONNECT_TIMEOUT, EMBEDDED, libpq_dsn, uri_scheme
 from ..errors import DatabaseUnavailableError, InvalidArgumentError, InvalidDsnError, PgsoloError
@@ -34,7 +34,6 @@ __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",
     "application_name_for",
     "connect_error",
-    "connect_error_cause",
     "connection_settings",
     "conninfo_for",
     "make_dsn",
@@ -207,11 +206,19 @@ def scrub_secrets(message: str, dsn: str) -> str:
             # libpq cuts a password holding '@' unencoded at the first one and reads the
             # rest as the host: a driver's message about that host quotes the pieces.
             secrets.update(piece for piece in password.split("@") if piece)
+    # As a URI carries each one, percent-encoded (the whole URI quoted in an error).
+    secrets.update(encoded for secret in set(secrets) for encoded in _uri_forms(secret))
     if dsn and dsn in message:
         message = message.replace(dsn, redact_dsn(dsn))
     for secret in sorted((s for s in secrets if s), key=len, reverse=True):
         message = _whole(secret).sub(REDACTED, message)
     return message
+
+
+def _uri_forms(secret: str) -> set[str]:
+    """``secret`` percent-encoded as URIs are written: every reserved character, or all
+    but ``/``, or a form's (``+`` for a space)."""
+    return {quote(secret, safe=""), quote(secret), quote_plus(secret)}
 
 
 def _whole(secret: str) -> re.Pattern[str]:
@@ -340,27 +347,25 @@ def _conninfo(dsn: str, application_name: str, defaults: tuple[tuple[str, str], 
 
 def connect_error(exc: psycopg.Error, dsn: str, conninfo: str) -> PgsoloError:
     """What a failed connect to ``dsn`` (with pgsolo's ``conninfo``) means, without its
-    secrets: raise it ``from`` :func:`connect_error_cause`."""
+    secrets; raise it outside the ``except`` that caught ``exc``. psycopg's error is
+    never its cause or context: its message may quote a password, and it keeps the
+    connection's ``pgconn``, whose ``info`` holds the password in clear (for an error
+    tracker or a debugger to show). Its cause is a copy of that error with the message
+    blanked as pgsolo's own is (none for a parameter libpq does not take)."""
     import psycopg  # noqa: PLC0415 - see the top of this module
     from psycopg.conninfo import conninfo_to_dict, timeout_from_conninfo  # noqa: PLC0415
 
     if isinstance(exc, psycopg.ProgrammingError):  # a parameter libpq does not take
-        # libpq's message may quote a password: the cause is not chained either.
         return InvalidDsnError(
             "the connection string cannot be used (libpq's message is not shown: it may"
             " contain a password)"
         )
-    message = scrub_secrets(" ".join(str(exc).split()), dsn)
+    said = scrub_secrets(" ".join(str(exc).split()), dsn)
+    message = said
     if isinstance(exc, psycopg.errors.ConnectionTimeout):
         message += f" (connect_timeout {timeout_from_conninfo(conninfo_to_dict(conninfo))}s)"
-    return DatabaseUnavailableError(
+    error = DatabaseUnavailableError(
         f"cannot connect to {redact_dsn(dsn) or 'the libpq defaults'}: {message}"
     )
-
-
-def connect_error_cause(exc: psycopg.Error) -> psycopg.Error | None:
-    """The cause to chain to :func:`connect_error`'s error: none for one whose message
-    may quote a password."""
-    import psycopg  # noqa: PLC0415 - see the top of this module
-
-    return None if isinstance(exc, psycopg.ProgrammingError) else exc
+    error.__cause__ = type(exc)(said)
+    return error

@@ -44,11 +44,20 @@ def report(
         "backend_pid": result.backend_pid,
         "lock_wait_ms": round(result.lock_wait * 1000, 3),
         "duration_ms": round(result.duration * 1000, 3),
-        "error": (
-            scrubbed(repr(result.error), result.error, driver) if result.error is not None else None
-        ),
+        "error": described(result.error, driver) if result.error is not None else None,
     }
     log_event(logger, level, "job", "outcome", result.outcome, fields)
+
+
+def described(error: BaseException, driver: DriverBase) -> str:
+    """``error`` as its repr shows it, made of its message with the connection's own
+    password blanked out: the repr of a message escapes a password's quotes and
+    backslashes again, into a form the password no longer matches."""
+    try:
+        message = driver.scrub(str(error))
+    except Exception:
+        return _unshown(error)
+    return f"{type(error).__name__}({message!r})"
 
 
 def scrubbed(text: str, error: BaseException, driver: DriverBase) -> str:
@@ -58,4 +67,8 @@ def scrubbed(text: str, error: BaseException, driver: DriverBase) -> str:
     try:
         return driver.scrub(text)
     except Exception:
-        return f"{type(error).__name__} (its message is not shown: the connection is closed)"
+        return _unshown(error)
+
+
+def _unshown(error: BaseException) -> str:
+    return f"{type(error).__name__} (its message is not shown: the connection is closed)"

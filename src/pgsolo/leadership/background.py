@@ -65,7 +65,7 @@ async def lead_in_background(
     ``fencing``) is logged at ERROR at once (nobody awaits the task) and raised again as
     the block ends. Everything is validated before the task starts.
     """
-    check_campaign(name, lead, keep=keep, fencing=fencing, cancel=True)
+    check_campaign(dsn, name, lead, keep=keep, fencing=fencing, cancel=True)
     standing = Standing(name)
 
     async def lead_and_show(term: AsyncTerm) -> None:

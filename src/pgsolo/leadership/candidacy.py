@@ -88,10 +88,16 @@ def _both(
 
 
 def check_campaign(
-    name: object, lead: object, *, keep: bool | Keep, fencing: bool, cancel: bool
+    dsn: object, name: object, lead: object, *, keep: bool | Keep, fencing: bool, cancel: bool
 ) -> None:
     """What a campaign is given (``campaign()``, ``lead_in_background()``), checked before
-    anything connects or starts: ``lead`` callable, and the candidacy of ``name``."""
+    anything connects or starts: a connection string to open its own connection from,
+    ``lead`` callable, and the candidacy of ``name``."""
+    if not isinstance(dsn, str):
+        raise InvalidArgumentError(
+            "a campaign opens a connection of its own and keeps it from one term to the"
+            f" next: it takes a connection string, got {type(dsn).__name__}"
+        )
     if not callable(lead):
         raise InvalidArgumentError(f"lead must be callable with the term, got {lead!r}")
     Candidacy.define(name, wait=CAMPAIGN_LOOK_EVERY, keep=keep, fencing=fencing, cancel=cancel)

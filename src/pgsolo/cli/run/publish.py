@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from ... import metrics
 from ...errors import UsageError
+from ..common import without_secrets
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -46,8 +47,10 @@ class Publisher:
                 try:
                     publish()
                 except Exception as exc:  # any failure is reported the same
+                    # An error about the gateway's URL quotes it, credentials and all.
+                    said = without_secrets(str(exc), [self.gateway or ""])
                     print(
-                        f"pgsolo run: warning: metrics not published: {exc}",
+                        f"pgsolo run: warning: metrics not published: {said}",
                         file=sys.stderr,
                         flush=True,
                     )

@@ -11,12 +11,12 @@ import psycopg
 from ... import sql
 from ..._logging import drivers_logger as logger
 from ...dsn import DsnChoice, resolved_dsn
+from ...errors import PgsoloError
 from .._psycopg import bound_answers, over_unix_socket
 from ..conninfo import (
     DEFAULT_ANSWER_TIMEOUT,
     KEEPALIVE_BASIS,
     connect_error,
-    connect_error_cause,
     conninfo_for,
     scrub_secrets,
     server_keepalives,
@@ -52,7 +52,11 @@ async def aopen_connection(
         try:
             conn = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
         except psycopg.Error as exc:
-            raise connect_error(exc, resolved, conninfo) from connect_error_cause(exc)
+            failure: PgsoloError | None = connect_error(exc, resolved, conninfo)
+        else:
+            failure = None
+        if failure is not None:  # out of the except: psycopg's error is not its context
+            raise failure
         async with conn:
             bound_answers(conn, answer_timeout)
             if not over_unix_socket(conn):  # on a unix socket, no TCP for them to watch

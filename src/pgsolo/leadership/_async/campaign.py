@@ -57,7 +57,7 @@ async def campaign_async(
     cancellation ends a term and its wait the way it ends any lock's). Everything is
     validated before anything connects.
     """
-    check_campaign(name, lead, keep=keep, fencing=fencing, cancel=AIS_ASYNC)
+    check_campaign(dsn, name, lead, keep=keep, fencing=fencing, cancel=AIS_ASYNC)
     if stop is not None and not callable(getattr(stop, "is_set", None)):
         raise InvalidArgumentError(f"stop must be an event (is_set()), got {stop!r}")
     named = application_name_for(dsn, LEADER_PREFIX + name)

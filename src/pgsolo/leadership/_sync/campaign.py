@@ -58,7 +58,7 @@ def campaign(
     cancellation ends a term and its wait the way it ends any lock's). Everything is
     validated before anything connects.
     """
-    check_campaign(name, lead, keep=keep, fencing=fencing, cancel=IS_ASYNC)
+    check_campaign(dsn, name, lead, keep=keep, fencing=fencing, cancel=IS_ASYNC)
     if stop is not None and not callable(getattr(stop, "is_set", None)):
         raise InvalidArgumentError(f"stop must be an event (is_set()), got {stop!r}")
     named = application_name_for(dsn, LEADER_PREFIX + name)
