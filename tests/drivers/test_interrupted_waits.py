@@ -8,9 +8,15 @@ test_cancelled_waits.py."""
 
 from __future__ import annotations
 
+import json
+import os
 import signal
+import subprocess
+import sys
 import threading
 import time
+import uuid
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -18,7 +24,7 @@ import pytest
 
 import pgsolo
 from _drivers import SYNC_KINDS, Kind
-from _support import DEADLINE, Connect
+from _support import DEADLINE, Connect, eventually
 from pgsolo import Key
 
 
@@ -87,3 +93,79 @@ def test_ctrl_c_during_a_wait_leaves_nothing_behind(
         if kind.implicit:
             conn.rollback()
     assert observer.holders(key) == set()
+
+
+# Waits for the key in argv[2] on a psycopg connection with autocommit off (psycopg's
+# default), holding the key in argv[3] there too; says "waiting" first, and at the end
+# how the connection came out of a Ctrl-C: open or closed, and the keys its session holds.
+WAITER = r"""
+import json, sys, psycopg, pgsolo
+conn = psycopg.connect(sys.argv[1])
+other = pgsolo.session_lock(conn, sys.argv[3])
+assert other.acquire()
+conn.rollback()  # the implicit transaction of that first lock, ended
+print("waiting", flush=True)
+try:
+    with pgsolo.session_lock(conn, pgsolo.Key.parse(sys.argv[2]), wait=30):
+        pass
+except KeyboardInterrupt:
+    pass
+held = None if conn.closed else conn.execute(
+    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
+).fetchone()[0]
+print(json.dumps({"closed": bool(conn.closed), "held": held}), flush=True)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
+def test_ctrl_c_as_a_wait_slice_runs_out_leaves_the_connection_open(
+    db: str, observer: Any, key: Key, connect: Connect
+) -> None:
+    """Guards the connection of a Ctrl-C that comes as a slice's lock_timeout fires, on a
+    psycopg connection with autocommit off: psycopg's handler of the interrupt got the
+    timeout's error raised from its cursor, and closed the connection, with the caller's
+    other lock. Made certain here: the waiter is stopped, its slice runs out on the server,
+    and then it gets SIGINT and resumes."""
+    assert isinstance(key.value, tuple)
+    holder = pgsolo.session_lock(connect(), key)
+    assert holder.acquire()
+    waiter = subprocess.Popen(
+        [sys.executable, "-c", WAITER, db, key.text, f"other-{uuid.uuid4().hex}"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert waiter.stdout is not None
+        assert waiter.stdout.readline() == "waiting\n"
+        backend = eventually(
+            lambda: observer.conn.execute(
+                "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                " AND classid::bigint = %s AND objid::bigint = %s",
+                key.value,
+            ).fetchone(),
+            "the waiter to wait for the key",
+        )[0]
+        os.kill(waiter.pid, signal.SIGSTOP)
+        eventually(lambda: _state(waiter.pid) == "T", "the waiter to stop")
+        eventually(  # the slice's lock_timeout fired, the answer is not read yet
+            lambda: observer.conn.execute(
+                "SELECT state = 'idle in transaction (aborted)' FROM pg_stat_activity"
+                " WHERE pid = %s",
+                (backend,),
+            ).fetchone()[0],
+            "the wait's slice to run out",
+        )
+        os.kill(waiter.pid, signal.SIGINT)
+        os.kill(waiter.pid, signal.SIGCONT)
+        out, _ = waiter.communicate(timeout=DEADLINE)
+    finally:
+        if waiter.poll() is None:
+            waiter.kill()
+            waiter.communicate()
+        holder.release()
+    assert waiter.returncode == 0
+    assert json.loads(out) == {"closed": False, "held": 1}  # the other lock, still held
+
+
+def _state(pid: int) -> str:
+    """The state letter of process ``pid`` (T: stopped), from /proc."""
+    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]

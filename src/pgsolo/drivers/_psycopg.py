@@ -52,6 +52,7 @@ __all__ = [
     "failure_of",
     "first_value",
     "message",
+    "opens_first",
     "past_deadline",
     "preparable",
     "read_news",
@@ -347,6 +348,28 @@ def sends_directly(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any])
         and pgconn.pipeline_status == _PIPELINE_OFF
         and (conn.autocommit or pgconn.transaction_status != _IDLE)
     )
+
+
+def opens_first(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> str | None:
+    """The BEGIN psycopg would send, in a round trip of its own, before pgsolo's message on
+    ``conn`` (autocommit off, no transaction open; :func:`transaction_start`), for pgsolo to
+    send with the message instead; None where psycopg would send none, or where a cursor
+    must send it (:func:`sends_directly`'s other conditions).
+
+    Why not a cursor there: a cursor's generator raises the statement's error, and a
+    Ctrl-C that came as a lock wait's slice ran out got that lock_timeout error raised
+    inside psycopg's handler of the interrupt, which then closes the connection, and the
+    caller's locks with it. Sent directly, the error is an answer, read after the
+    interrupt is handled; and the BEGIN costs no round trip of its own."""
+    pgconn = conn.pgconn
+    if (
+        conn.autocommit
+        or pgconn.status != _OK
+        or pgconn.pipeline_status != _PIPELINE_OFF
+        or pgconn.transaction_status != _IDLE
+    ):
+        return None
+    return transaction_start(conn)
 
 
 # Most of pgsolo's answers are a boolean, in the text format of a simple query: "t" or "f".

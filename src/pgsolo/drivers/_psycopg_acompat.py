@@ -27,6 +27,7 @@ from ._psycopg import (
     finish_interrupted,
     first_value,
     message,
+    opens_first,
     past_deadline,
     preparable,
     sends_directly,
@@ -81,6 +82,11 @@ def round_trip(
             elif direct:
                 conn.pgconn.send_query(message(statements))
                 value = first_value(conn, conn.wait(generators.execute(conn.pgconn)))
+            elif (opening := opens_first(conn)) is not None:
+                # psycopg's BEGIN goes with the statements (see opens_first).
+                direct = True
+                conn.pgconn.send_query(message([opening, *statements]))
+                value = first_value(conn, conn.wait(generators.execute(conn.pgconn)))
         if not direct:  # a cursor takes the connection's lock itself
             value = by_cursor(statements)
     except BaseException as exc:
@@ -126,11 +132,18 @@ async def around_trip(
     the connection, runs shielded in a task of its own instead (:func:`_shielded`)."""
     deadline = 0 if bound is None else DEADLINES.arm(bound.seconds + wait, bound.shut_down)
     try:
-        if conn.lock.locked() or not sends_directly(conn):
+        direct = sends_directly(conn)
+        opening = None if direct else opens_first(conn)  # psycopg's BEGIN, with them
+        if conn.lock.locked() or (not direct and opening is None):
             value = await _shielded(conn, by_cursor, statements)
         else:
             async with conn.lock:  # free, so taken without a pause: nothing came between
-                if (
+                if opening is not None:
+                    send = functools.partial(
+                        conn.pgconn.send_query, message([opening, *statements])
+                    )
+                    value = first_value(conn, await _adirect(conn, send))
+                elif (
                     len(statements) == 1
                     and type(call := statements[0]) is LockCall
                     and (form := preparable(conn, call))
