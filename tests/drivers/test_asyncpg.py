@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -388,6 +389,43 @@ async def test_wait_is_bounded_on_a_pooled_connection(pool: Any, apg: Any, key: 
             async with pgsolo.xact_lock(conn, key, wait=0.2):
                 pass
         assert await conn.fetchval("SHOW lock_timeout") == "0"
+
+
+@pytest.mark.parametrize("ending", ["completed", "raised"])
+async def test_a_block_whose_connection_went_back_to_its_pool_ends_nothing_of_the_next_borrowers(
+    pool: Any, observer: Any, key: Key, ending: str
+) -> None:
+    """Guards the next borrower of a connection released inside ``async with
+    xact_lock(conn)``: the block's end sent its COMMIT (or ROLLBACK) on the connection,
+    and so committed (or rolled back) the borrower's transaction, asyncpg's books saying
+    none was open. Nothing is sent; a block that completed learns nothing of it committed."""
+    job = f"released-{uuid.uuid4().hex[:8]}"
+    conn = await pool.acquire()
+    handed: list[Any] = []
+
+    async def the_block() -> None:
+        async with pgsolo.xact_lock(conn, key):
+            await conn.execute(f"INSERT INTO {WORK} VALUES ($1, 'the block')", job)
+            await pool.release(conn)
+            borrower = await pool.acquire()  # the same server session: a pool of one
+            transaction = borrower.transaction()
+            await transaction.start()
+            await borrower.execute(f"INSERT INTO {WORK} VALUES ($1, 'the borrower')", job)
+            handed.append((borrower, transaction))
+            if ending == "raised":
+                raise RuntimeError("the block failed")
+
+    with pytest.raises(pgsolo.LockLostError if ending == "completed" else RuntimeError):
+        await the_block()
+    ((borrower, transaction),) = handed
+    assert borrower.is_in_transaction()
+    assert await rows_of(borrower, job) == ["the borrower"]  # its own, still uncommitted
+    assert observer.conn.execute(
+        f"SELECT count(*) FROM {WORK} WHERE job = %s", (job,)
+    ).fetchone() == (0,)
+    await transaction.rollback()
+    await pool.release(borrower)
+    assert observer.holders(key) == set()
 
 
 @pytest.mark.parametrize("lifetime", ["xact", "session"])

@@ -242,6 +242,7 @@ class AsyncpgDriver:
                 rows = await _lock_call(self._conn, call, self._checkout.caches_statements)
                 tag, value = "", rows[0][0]
             else:
+                self._refuse_if_released()
                 tag, value = await _shielded(self._conn, _exchange_once(self._conn, sent))
         except asyncio.CancelledError:
             await self._find_out_if_aborted()
@@ -288,6 +289,18 @@ class AsyncpgDriver:
         return Lacking(KEEPER_REFUSED)
 
     # - helpers -
+
+    def _refuse_if_released(self) -> None:
+        """A connection that went back to its pool since this driver was made may be the
+        next borrower's: what pgsolo would send now (the COMMIT or ROLLBACK of its own
+        transaction) would end the borrower's. Refused as asyncpg refuses a released
+        connection's proxy; a lock call needs no check here, since every lock checks
+        ``is_closed()`` before one."""
+        if private.releases(self._conn) != self._checkout.number:
+            raise asyncpg.InterfaceError(
+                "the connection went back to its pool: pgsolo sends nothing more on it,"
+                " since it may be another's by now"
+            )
 
     def _queries(self) -> int:
         """How many statements asyncpg has sent on the connection (pgsolo's COPY-out
