@@ -408,10 +408,14 @@ def test_install_releases_what_is_left_on_return(
     with caplog.at_level(logging.WARNING, logger="pgsolo"):
         with pg_engine.connect() as conn:
             raw = conn.connection.driver_connection
-            assert pgsolo.session_lock(conn, key).acquire()
+            forgotten = pgsolo.session_lock(conn, key)
+            assert forgotten.acquire()
             assert_left_alone(conn)
         assert observer.holders(key) == set()
     assert any(key.text in record.getMessage() for record in caplog.records)
+    # Its late release is reported, as after pgsolo.pool_reset: it returned in silence.
+    with pytest.raises(pgsolo.LockNotHeldError, match="went back to its pool"):
+        forgotten.release()
     assert pgsolo.held_session_locks(raw) == []
     with pg_engine.connect() as conn:  # the same pooled connection, usable and clean
         assert conn.connection.driver_connection is raw

@@ -299,8 +299,7 @@ class SessionLockCore(LockCore):
         if not self.acquired:
             events.log(logging.WARNING, "release-not-held")
             raise LockNotHeldError(f"session lock {key} is not held by this Lock object", key=key)
-        driver = self.driver
-        if holdings.let_go_elsewhere(self.held) and not driver.is_closed():
+        if holdings.let_go_elsewhere(self.held):  # its Connection closed with it, or not
             self.forget()
             events.log(logging.DEBUG, "lost", reason="lock-released")  # warned of then
             raise LockNotHeldError(
