@@ -1643,6 +1643,17 @@ except OSError:
 """
 
 
+def passing(fd: int, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m pgsolo ARGS`` with descriptor ``fd`` open in it (then closed here)."""
+    try:
+        return subprocess.run(
+            [PY, "-m", "pgsolo", *args], stdin=subprocess.DEVNULL, capture_output=True,
+            text=True, env=cli_env(), timeout=TIMEOUT, check=False, pass_fds=(fd,),
+        )  # fmt: skip
+    finally:
+        os.close(fd)
+
+
 @pytest.mark.parametrize("destination", ["--json-file", "--json-fd"])
 def test_the_json_document_has_a_destination_of_its_own(
     db: str, key: Key, tmp_path: Path, destination: str
@@ -1652,16 +1663,10 @@ def test_the_json_document_has_a_destination_of_its_own(
     keep it apart, and stderr is COMMAND's and the people's."""
     path = tmp_path / "report.json"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        target = str(path) if destination == "--json-file" else str(fd)
-        done = subprocess.run(
-            [PY, "-m", "pgsolo", *run_args(key.text, db), destination, target, "--",
-             *script(PARTIAL_LINE, tmp_path, fd)],
-            stdin=subprocess.DEVNULL, capture_output=True, text=True, env=cli_env(),
-            timeout=TIMEOUT, check=False, pass_fds=(fd,),
-        )  # fmt: skip
-    finally:
-        os.close(fd)
+    target = str(path) if destination == "--json-file" else str(fd)
+    done = passing(
+        fd, *run_args(key.text, db), destination, target, "--", *script(PARTIAL_LINE, tmp_path, fd)
+    )
     assert done.returncode == 0, done.stderr
     assert (done.stdout, done.stderr) == ("", "partial")
     report = json_document(path.read_text(encoding="utf-8"))
@@ -1709,15 +1714,9 @@ def test_a_json_destination_that_fails_at_the_end_keeps_the_exit_code(
     reader, writer = os.pipe()
     os.close(reader)  # --json-fd: a pipe whose reader is gone
     target = "/dev/full" if destination == "--json-file" else str(writer)
-    try:
-        done = subprocess.run(
-            [PY, "-m", "pgsolo", *run_args(key.text, db), destination, target, "--",
-             *script(MARK, tmp_path, 3)],
-            stdin=subprocess.DEVNULL, capture_output=True, text=True, env=cli_env(),
-            timeout=TIMEOUT, check=False, pass_fds=(writer,),
-        )  # fmt: skip
-    finally:
-        os.close(writer)
+    done = passing(
+        writer, *run_args(key.text, db), destination, target, "--", *script(MARK, tmp_path, 3)
+    )
     assert done.returncode == 3, done.stderr
     assert (tmp_path / "ran").exists()
     assert "Traceback" not in done.stderr
