@@ -579,7 +579,9 @@ async def test_a_task_cancelled_at_any_step_of_a_lock_gives_the_connection_back_
                 after = await conn.run_sync(sqlalchemy_fingerprint)
                 assert after == found, f"cancelled after {steps} steps"
                 await acheck_next_user(conn, observer, key)
-        assert cancelled >= 10
+        # The sweep reached past the lock: a suspension at least in each round trip (the
+        # lock's, two SELECTs, the end), however few a driver version makes in each.
+        assert cancelled >= 4
     finally:
         await made.dispose()
 
