@@ -668,6 +668,40 @@ async def test_an_async_connection_found_dead_is_invalidated_as_sqlalchemy_would
         assert lock.acquired
 
 
+@pytest.mark.parametrize("lifetime", ["session", "xact"])
+async def test_a_connection_that_died_under_a_held_lock_goes_back_to_be_replaced(
+    aengine: AsyncEngine, observer: Any, key: Key, lifetime: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regression: asyncpg notices a closed socket by itself, so a lock whose backend was
+    terminated while it was held found its connection closed without a statement of
+    pgsolo's, raised LockLostError, and left SQLAlchemy's books as they were: the pool
+    gave the dead connection to the next checkout, whose first statement failed. It is
+    marked for the pool to replace now, as a failed statement of SQLAlchemy's would have it
+    (psycopg's connection learns of it only from a statement: the same ending)."""
+    factory = pgsolo.session_lock if lifetime == "session" else pgsolo.xact_lock
+    with caplog.at_level(logging.WARNING, logger="sqlalchemy"):
+        async with aengine.connect() as conn:
+            raw: Any = (await conn.get_raw_connection()).driver_connection
+            pid = _backend_pid(raw)
+
+            async def held_while_its_backend_ends() -> None:
+                async with factory(conn, key) as lock:
+                    assert lock.acquired
+                    observer.conn.execute("SELECT pg_terminate_backend(%s, 5000)", (pid,))
+                    if hasattr(raw, "get_server_pid"):  # asyncpg: its protocol hears of it
+                        await aeventually(raw.is_closed, "asyncpg to see its connection closed")
+
+            with pytest.raises(pgsolo.LockLostError) as lost:
+                await held_while_its_backend_ends()
+            assert lost.value.reason == "connection-lost"
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    async with aengine.connect() as again:
+        assert _backend_pid((await again.get_raw_connection()).driver_connection) != pid
+        async with factory(again, key) as lock:
+            assert lock.acquired
+        assert (await again.exec_driver_sql("SELECT 1")).scalar() == 1
+
+
 @pytest.mark.parametrize("dialect", ["psycopg", "psycopg2"])
 def test_a_connection_given_back_with_autocommit_still_switched_on_is_switched_back(
     db: str, dialect: str

@@ -230,7 +230,15 @@ class SqlAlchemyBase:
         # A Session whose transaction just ended on a dead connection is out of one and
         # has none: the connection it was using says what happened to it.
         inner = self._current() or self._inner
-        return inner.is_closed() if inner is not None else False
+        if inner is None or not inner.is_closed():
+            return False
+        if isinstance(core, Connection):
+            # Found closed without a statement of pgsolo's (asyncpg hears of a closed
+            # socket by itself), so SQLAlchemy never saw it fail: its pool replaces it at
+            # the next checkout, as it would after its own statement failed. A soft
+            # invalidation sends nothing, so it can be made here, in sync code.
+            core.connection.invalidate(soft=True)
+        return True
 
     def scrub(self, text: str) -> str:
         inner = self._current() or self._inner
