@@ -130,6 +130,7 @@ def test_without_a_database_the_error_says_how_to_name_one_before_connecting() -
 
     assert "dsn='postgresql://...'" in done.stdout
     assert "PGSOLO_DSN" in done.stdout
+    assert "PGHOST" in done.stdout
     assert "using=" not in done.stdout  # no Django here
 
 

@@ -22,7 +22,7 @@ from psycopg.conninfo import make_conninfo
 import pgsolo
 from _support import MakeRole, json_document, pgsolo_cli, privileges, role_dsn
 from pgsolo import InsufficientPrivilegeError, InvalidArgumentError, sql
-from pgsolo.schema import schema_version
+from pgsolo.schema import migrate_to, schema_version
 from pgsolo.sql.schema import FEATURE_PRIVILEGES
 
 
@@ -223,6 +223,31 @@ def test_migrate_as_a_role_without_create_says_so(
     assert pgsolo.migrate(connect())
 
 
+def test_migrate_on_a_schema_another_role_owns_names_that_role(
+    fresh_db: str, admin: psycopg.Connection, make_role: MakeRole
+) -> None:
+    """Regression: with CREATE on the database already, the error's ``needs`` still said
+    GRANT CREATE ON DATABASE, which changed nothing: schema pgsolo existed, and only its
+    owner can create and alter pgsolo's tables in it. The error names the owner to run it
+    as, and grants nothing, since only membership in that role would do."""
+    migrate_to(admin, 1)
+    role, connect = make_role()
+    admin.execute(
+        pgsql.SQL("GRANT CREATE ON DATABASE {} TO {}").format(
+            pgsql.Identifier(admin.info.dbname), pgsql.Identifier(role)
+        )
+    )
+    owner = admin.execute("SELECT current_user").fetchone()
+    assert owner is not None
+    with pytest.raises(InsufficientPrivilegeError) as denied:
+        pgsolo.migrate(connect())
+    assert f"belongs to role {owner[0]!r}" in str(denied.value)
+    assert f"run pgsolo migrate as {owner[0]!r}" in str(denied.value)
+    assert denied.value.needs == ()
+    assert schema_version(admin) == 1
+    assert pgsolo.migrate(admin)
+
+
 def test_cli_migrate_grant_to_and_a_job_as_the_app_role(fresh_db: str, make_role: MakeRole) -> None:
     role, _ = make_role()
     app_dsn = role_dsn(fresh_db, role)
@@ -303,6 +328,22 @@ def test_the_monitor_sees_other_roles_locks_but_not_their_activity(
     (row,) = pgsolo.advisory_locks(connect())
     assert row.state == "idle"
     assert {c.name: c for c in pgsolo.doctor(connect())}["visibility"].status == "ok"
+
+
+def test_the_monitor_names_other_roles_sessions_without_an_application_name(
+    make_role: MakeRole,
+) -> None:
+    """Regression: a session of another role holding a lock without an application_name
+    was left out of the application-name check when the reader could not see its state,
+    which then said that all had one; PostgreSQL shows every role its application_name."""
+    _, connect = make_role()
+    _, other = make_role()
+    holder = other()
+    holder.execute("SET application_name = ''")
+    assert pgsolo.session_lock(holder, "anonymous").acquire()
+    check = {c.name: c for c in pgsolo.doctor(connect())}["application-name"]
+    assert check.status == "warn"
+    assert f"pid {holder.info.backend_pid} (no application_name" in check.detail
 
 
 def test_locks_and_terminate_need_no_usage_on_schema_pgsolo(

@@ -136,6 +136,7 @@ def _dsn_of(dsn: str | None) -> str:
         )
         raise UsageError(
             "singleton() has no database to connect to: pass dsn='postgresql://...'"
-            f"{django}, or set PGSOLO_DSN (or DATABASE_URL) in the environment"
+            f"{django}, or set PGSOLO_DSN (or DATABASE_URL, or libpq's PGHOST, PGSERVICE...)"
+            " in the environment"
         )
     return choice.dsn

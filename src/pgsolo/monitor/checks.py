@@ -309,7 +309,9 @@ def _capacity_check(capacity: Mapping[str, int]) -> Check:
 
 
 def _application_name_check(sessions: Sequence[_Session]) -> Check:
-    unnamed = [s for s in sessions if not s.application_name and s.state is not None]
+    # PostgreSQL shows every session's application_name to every role, with its state
+    # hidden or not: a session shown without one has none.
+    unnamed = [s for s in sessions if not s.application_name]
     if not unnamed:
         return Check(
             "application-name",

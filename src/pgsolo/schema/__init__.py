@@ -75,7 +75,7 @@ def _migrate_plan(
             yield [grant for role in grant_to for grant in sql.grants(role)]
     except BaseException as exc:
         yield from core.exit(failed=True)
-        refused = _refused(driver, exc, grant_to)
+        refused = yield from _refused(driver, exc, grant_to)
         if refused is None:
             raise
         raise refused from exc
@@ -83,7 +83,9 @@ def _migrate_plan(
     return applied
 
 
-def _refused(driver: DriverBase, exc: BaseException, grant_to: Sequence[str]) -> Exception | None:
+def _refused(
+    driver: DriverBase, exc: BaseException, grant_to: Sequence[str]
+) -> Plan[Exception | None]:
     """pgsolo's error for a migration the server refused, or None."""
     meaning = sql.meaning(driver.sqlstate(exc))
     info = driver.server_info()
@@ -93,8 +95,17 @@ def _refused(driver: DriverBase, exc: BaseException, grant_to: Sequence[str]) ->
             f"--grant-to/grant_to: no such role in {info.address} ({roles}): create it"
             " first (CREATE ROLE ... LOGIN); nothing was migrated or granted"
         )
-    if meaning is not sql.Meaning.NO_PRIVILEGE:
+    if meaning is not sql.Meaning.NO_PRIVILEGE or not isinstance(exc, Exception):
         return None
+    owner = yield from _other_owner(driver)
+    if owner is not None:
+        # No GRANT makes another role the owner's equal short of membership in it, which
+        # may be a superuser's: the fix is to run it as the owner.
+        return InsufficientPrivilegeError(
+            f"schema {sql.SCHEMA} belongs to role {owner!r}, and only its owner can create"
+            f" and alter pgsolo's tables in it, which role {info.user!r} cannot (permission"
+            f" denied, SQLSTATE 42501): run pgsolo migrate as {owner!r}. Nothing was migrated."
+        )
     needs = (
         f"GRANT CREATE ON DATABASE {sql.quote_name(info.database)} TO {sql.quote_name(info.user)}",
     )
@@ -106,6 +117,18 @@ def _refused(driver: DriverBase, exc: BaseException, grant_to: Sequence[str]) ->
         " Nothing was migrated.",
         needs=needs,
     )
+
+
+def _other_owner(driver: DriverBase) -> Plan[str | None]:
+    """The role that owns schema pgsolo, if it exists and another role does; None when
+    it does not, or when that cannot be asked (the caller's transaction failed)."""
+    if driver.transaction_status() is not TxStatus.IDLE:
+        return None
+    try:
+        owner = yield outside_transaction(driver, [sql.SCHEMA_OWNER])
+    except Exception:
+        return None
+    return None if owner is None else str(owner)
 
 
 def check_roles(grant_to: Sequence[str]) -> tuple[str, ...]:

@@ -9,6 +9,7 @@ from .states import SQLSTATE_INSUFFICIENT_PRIVILEGE
 __all__ = [
     "MIGRATIONS_TABLE",
     "SCHEMA",
+    "SCHEMA_OWNER",
     "SCHEMA_VERSION",
     "grants",
     "privilege_error",
@@ -31,6 +32,13 @@ CREATE TABLE IF NOT EXISTS pgsolo.schema_migrations (
 
 
 SCHEMA_VERSION = "SELECT coalesce(max(version), 0) FROM pgsolo.schema_migrations"
+
+# The role that owns schema pgsolo, if another one does than the current role (or one
+# whose privileges it has): only its owner can create and alter pgsolo's tables in it.
+SCHEMA_OWNER = (
+    "SELECT pg_get_userbyid(nspowner) FROM pg_namespace"
+    " WHERE nspname = 'pgsolo' AND NOT pg_has_role(nspowner, 'USAGE')"
+)
 
 
 def record_migration(version: int) -> str:
