@@ -131,6 +131,37 @@ def test_a_session_run_that_loses_the_period_race_says_the_work_ran_twice(
     assert job in twice[0].getMessage()
 
 
+@pytest.mark.parametrize("ending", ["commit", "rollback"])
+def test_a_session_job_whose_work_left_its_transaction_open_holds_its_key_until_it_ends(
+    db: str, connect: Connect, observer: Any, ending: str
+) -> None:
+    """Regression: on a connection with autocommit off (psycopg's default), a session
+    job's work runs in the driver's transaction, for the caller to end, and its period's
+    record went into it; the lock was let go at once, so a second run started before
+    either was committed, ran the work again, and then waited for the first's record.
+    The key stays held until the caller ends that transaction: a commit makes the next
+    run skip the period, a rollback (the work and its record undone) lets it run."""
+    job = new_job()
+    caller = connect(autocommit=False)
+    first = run_job(caller, job, lambda c: insert_work(c, job, "first"), period="day",
+                    lifetime="session")  # fmt: skip
+    assert first.completed
+    assert caller.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+    second = run_job(db, job, lambda c: insert_work(c, job, "second"), period="day",
+                     lifetime="session")  # fmt: skip
+    assert (second.outcome, second.reason) == ("skipped", "busy")
+    getattr(caller, ending)()
+    third = run_job(db, job, lambda c: insert_work(c, job, "third"), period="day",
+                    lifetime="session")  # fmt: skip
+    if ending == "commit":
+        assert (third.outcome, third.reason) == ("skipped", "already-done-this-period")
+        assert work_rows(observer, job) == ["first"]
+    else:
+        assert third.completed
+        assert work_rows(observer, job) == ["third"]
+    assert len(period_rows(observer, job)) == 1
+
+
 # -- async jobs ----------------------------------------------------------------------------
 
 

@@ -319,6 +319,8 @@ class _Attempt:
         """Let the lock go after work that ran to its end: a lock found gone by then makes
         the attempt lost, whatever the work said."""
         rollback = self.failure is not None and self.job.lifetime == "xact"
+        if self.job.lifetime == "session":  # a call less for every xact job
+            yield from self._hand_over_to_open_transaction()
         try:
             yield from self.core.exit(failed=rollback)
         except (LockLostError, LockNotHeldError) as exc:
@@ -338,9 +340,30 @@ class _Attempt:
             return self._ended("failed", reason=failure.reason, error=failure.error)
         return self._ended("completed", value=self.value)
 
+    def _hand_over_to_open_transaction(self) -> Plan[None]:
+        """A session job whose work left a transaction open (a connection with autocommit
+        off opens one by itself), for its caller to end: the key stays held, at the
+        transaction's level, until the caller commits or rolls back. Let go at once, a
+        second run would start before the first's work, and its period's record, were
+        committed, and would run it again."""
+        if self.driver.transaction_status() is not TxStatus.INTRANS:
+            return
+        try:
+            # The session holding the key is granted it again at once: the try never waits.
+            yield [sql.acquire(self.core.spec.key, "xact", wait=False, shared=False)]
+        except Exception as exc:  # the release that follows says what the connection is
+            logger.warning(
+                "pgsolo: job %s could not keep its key until its work's transaction ends"
+                " (%r): it is let go now",
+                self.job.name,
+                exc,
+            )
+
     def _failed(self, exc: BaseException, *, in_work: bool) -> Plan[JobResult[Any]]:
         """The period check or the work raised ``exc``: let the lock go (never masking
         ``exc``), and say what that makes the attempt."""
+        if isinstance(exc, Exception) and self.job.lifetime == "session":
+            yield from self._hand_over_to_open_transaction()  # an interruption lets go at once
         yield from self.core.exit(failed=True)
         meaning = sql.meaning(self.driver.sqlstate(exc))
         if meaning is sql.Meaning.NOT_MIGRATED and self.job.period is not None and not in_work:
