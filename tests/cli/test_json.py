@@ -3,14 +3,25 @@ Schema its ``schema`` field names, failures included (issue 15, item 3)."""
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 
-from _support import MARK, json_document, pgsolo_cli, run_args, script
+from _support import (
+    MARK,
+    eventually,
+    json_document,
+    pgsolo_cli,
+    pgsolo_in_background,
+    run_args,
+    script,
+)
 from pgsolo import Key
+from pgsolo.keys import leader_key
 
 CLOSED = "postgresql://nobody@127.0.0.1:1/nowhere?connect_timeout=2"
 
@@ -89,3 +100,17 @@ def test_failures_are_json_documents_with_the_same_exit_codes(
     report = json_document(run.stderr)
     assert report["outcome"] is None
     assert report["error"]["code"] == "database-unavailable"
+
+
+def test_terminate_json_of_a_leader_is_valid(migrated: str, observer: Any) -> None:
+    """Regression: terminate.json copied the lock row of locks.json, without the
+    ``term_start`` a leader's row has (``since_source``), so terminating a leader printed
+    a document its own schema refused. It refers to locks.json's row now."""
+    name = f"json-{uuid.uuid4().hex[:8]}"
+    key = leader_key(name)
+    with pgsolo_in_background("run", "--leader", name, "--dsn", migrated, "--", "sleep", "60"):
+        (pid,) = eventually(lambda: observer.holders(key), "the leader to lead")
+        done = pgsolo_cli("terminate", str(pid), "--yes", "--dsn", migrated, "--json")
+        assert done.returncode == 0, done.stderr
+        doc = json_document(done.stdout)
+        assert [lock["since_source"] for lock in doc["locks"]] == ["term_start"]

@@ -13,7 +13,16 @@ import sys
 import psycopg
 import pytest
 
-from _support import DEADLINE, STATEMENT_BOUND_20S, Connect, eventually, in_background, run_cli
+from _support import (
+    DEADLINE,
+    STATEMENT_BOUND_20S,
+    Connect,
+    MakeRole,
+    eventually,
+    in_background,
+    role_dsn,
+    run_cli,
+)
 from _support import run_cli as pgsolo
 from pgsolo.keys import Key
 
@@ -126,3 +135,55 @@ def test_terminate_refuses_a_pid_that_only_waits_and_never_claims_it_released_lo
     finally:
         observer.conn.execute("SELECT pg_terminate_backend(%s, 5000)", (pid,))  # type: ignore[attr-defined]
         thread.join(DEADLINE)
+
+
+def test_a_holder_that_lets_go_while_terminate_asks_is_not_terminated(
+    dsn: str, key: Key, observer: object
+) -> None:
+    """Regression: what the pid held was read before the question, and the answer
+    terminated it though it had let go of its lock meanwhile, and printed "1 advisory
+    lock(s) released". The termination asks again in its own statement."""
+    holder = _holder(dsn, key)
+    pid = holder.info.backend_pid
+    primary, secondary = pty.openpty()
+    try:
+        asking = subprocess.Popen(
+            [sys.executable, "-m", "pgsolo", "terminate", str(pid), "--dsn", dsn],
+            stdin=secondary,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert asking.stderr is not None
+        asked = ""
+        while "[y/N]" not in asked:
+            chunk = asking.stderr.read(1)
+            assert chunk, f"terminate ended without asking: {asked!r}"
+            asked += chunk
+        holder.execute(f"SELECT pg_advisory_unlock({key.sql_args})")
+        os.write(primary, b"y\n")
+        out, err = asking.communicate(timeout=DEADLINE)
+        assert asking.returncode == 2, (out, err)
+        assert "let go of its advisory locks before it was terminated" in err
+        assert "released" not in out
+        assert alive(observer, pid)
+        assert holder.execute("SELECT 1").fetchone() == (1,)
+    finally:
+        os.close(primary)
+        os.close(secondary)
+        holder.close()
+
+
+def test_terminate_says_a_hidden_client_is_hidden_not_local(
+    fresh_db: str, key: Key, make_role: MakeRole
+) -> None:
+    """Regression: a session of another role, whose address the server hides from a role
+    without pg_read_all_stats, was shown as "client local"."""
+    holder = _holder(fresh_db, key)  # the test's superuser
+    role, _ = make_role()
+    try:
+        done = pgsolo("terminate", str(holder.info.backend_pid), "--dsn", role_dsn(fresh_db, role))
+        assert "client hidden, state hidden" in done.stdout, done.stdout
+        assert "local" not in done.stdout
+    finally:
+        holder.close()

@@ -297,6 +297,13 @@ def _entries(
     return entries
 
 
+def client_of(lock: AdvisoryLock) -> str:
+    """Where the session connects from: its address, ``local`` over a unix socket, or
+    nothing where the server hides it (another role's session, without
+    ``pg_read_all_stats``: its state is hidden too)."""
+    return lock.client_addr or ("local" if lock.state is not None else "")
+
+
 def _holds_back_vacuum(lock: AdvisoryLock) -> bool:
     """Whether the lock's session has held back VACUUM for longer than doctor allows."""
     held = lock.holds_back_vacuum_seconds
@@ -390,7 +397,7 @@ def lock_line(lock: AdvisoryLock) -> tuple[str, ...]:
         "held" if lock.granted else "waiting",
         str(lock.pid) if lock.pid is not None else "(prepared)",
         lock.application_name or "",
-        lock.client_addr or ("local" if lock.state is not None else ""),
+        client_of(lock),
         lock.state or "",
         since,
         ",".join(str(pid) for pid in lock.blocked_by),

@@ -22,7 +22,7 @@ from .exit_codes import (
     EXIT_OK,
     EXIT_USAGE,
 )
-from .locks import lock_table
+from .locks import client_of, lock_table
 from .output import emit_json
 
 
@@ -77,13 +77,13 @@ def cmd_terminate(args: argparse.Namespace) -> int:
             first = locks[0]
             app = repr(first.application_name) if first.application_name else "no application_name"
             print(
-                f"pid {args.pid} ({app}, client {first.client_addr or 'local'}, state"
-                f" {first.state or 'unknown'}) in {db.label}:"
+                f"pid {args.pid} ({app}, client {client_of(first) or 'hidden'}, state"
+                f" {first.state or 'hidden'}) in {db.label}:"
             )
             print_table(lock_table(locks, wide=False))
         else:
             print(f"pid {args.pid} holds no advisory lock in {db.label} (--force)")
-        report = {
+        report: dict[str, object] = {
             "database": name,
             "server": server,
             "pid": args.pid,
@@ -95,8 +95,21 @@ def cmd_terminate(args: argparse.Namespace) -> int:
             else:
                 print(f"not terminated: pid {args.pid}")
             return EXIT_FAILED
-        ended = terminate_backend(conn, args.pid, wait_ms=TERMINATE_WAIT_MS)
-        left = advisory_locks(conn, pid=args.pid) if ended else locks
+        if not args.yes:  # what it holds may have changed while the question waited
+            locks = advisory_locks(conn, pid=args.pid)
+            held = [lock for lock in locks if lock.granted]
+            report["locks"] = [lock.as_dict() for lock in locks]
+        # Asked again in the termination's own statement: never a session that let go.
+        ended = terminate_backend(
+            conn, args.pid, wait_ms=TERMINATE_WAIT_MS, only_holding=not args.force
+        )
+        left = advisory_locks(conn, pid=args.pid)
+        if not ended and not args.force and not any(lock.granted for lock in left):
+            raise CliError(
+                f"pid {args.pid} let go of its advisory locks before it was terminated, so"
+                " it was not (--force terminates it anyway)",
+                EXIT_USAGE,
+            )
     if args.json:
         emit_json("terminate", {**report, "terminated": ended, "locks_left": len(left)})
         return EXIT_OK if ended and not left else EXIT_FAILED

@@ -182,9 +182,18 @@ _DOCTOR_SNAPSHOT = (
 DOCTOR = f"{_DOCTOR_LOCKS} SELECT {utf8(_DOCTOR_SNAPSHOT)}"
 
 
-def terminate_backend(pid: int, *, wait_ms: int) -> str:
-    """End backend ``pid`` and wait up to ``wait_ms`` for it to be gone (true if it is)."""
-    return f"SELECT pg_terminate_backend({int(pid)}, {int(wait_ms)})"
+def terminate_backend(pid: int, *, wait_ms: int, only_holding: bool = False) -> str:
+    """End backend ``pid`` and wait up to ``wait_ms`` for it to be gone (true if it is);
+    ``only_holding``: only if it holds an advisory lock in this database as the statement
+    runs (no row otherwise)."""
+    terminate = f"SELECT pg_terminate_backend({int(pid)}, {int(wait_ms)})"
+    if not only_holding:
+        return terminate
+    return (
+        f"{terminate} WHERE EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory'"
+        f" AND granted AND pid = {int(pid)}"
+        " AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))"
+    )
 
 
 OPERATIONS_LISTED = 200  # the most operations the dashboard lists (the order: operations())
