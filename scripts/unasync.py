@@ -144,6 +144,7 @@ _RENAMES = {
     "ASpawned": "Spawned",
     "acancel_worker": "cancel_worker",
     "acurrent_worker": "current_worker",
+    "ainterrupts_deferred": "interrupts_deferred",
     "aresult_of": "result_of",
     "around_trip": "round_trip",
     "arun_blocking": "run_blocking",
@@ -157,6 +158,8 @@ _RENAMES = {
     "auncancel_current": "uncancel_current",
     "aundisturbed": "undisturbed",
     "ato_its_end": "to_its_end",
+    # pgsolo.jobs.definition
+    "awork_value": "work_value",
 }
 _PROSE = [
     (r"\ban async\b", "a sync"),

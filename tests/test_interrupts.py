@@ -1,17 +1,18 @@
 """pgsolo._interrupts: a real SIGINT that comes while Ctrl-C is held back reaches the
-handler that was there before, once, after the block and never inside it; off the main
-thread the hold does nothing."""
+handler that was there before, once, after the block and never inside it, unless it comes
+past the hold's bound; off the main thread the hold does nothing."""
 
 from __future__ import annotations
 
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from types import FrameType
 
 import pytest
 
-from pgsolo._interrupts import ctrl_c_held
+from pgsolo._interrupts import CtrlCHeld, ctrl_c_held
 
 
 @pytest.fixture(autouse=True)
@@ -79,3 +80,18 @@ def test_off_the_main_thread_the_handler_is_left_alone() -> None:
     thread.start()
     thread.join()
     assert seen == [signal.default_int_handler]
+
+
+def test_a_ctrl_c_long_after_the_first_held_one_goes_on_at_once() -> None:
+    """The bound of a hold that might never end (a clean-up on a connection that stopped
+    answering): a Ctrl-C ``give_up_after`` seconds after the first one held back is raised
+    at once, and is not raised once more at the release."""
+    held = CtrlCHeld(give_up_after=0.2)
+    try:
+        signal.raise_signal(signal.SIGINT)  # held back
+        time.sleep(0.3)
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+    finally:
+        held.release()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Itera
 from typing import Any, Final, TypeAlias, TypeVar
 
 from . import _threads
+from ._interrupts import CtrlCHeld
 
 __all__ = [
     "AIS_ASYNC",
@@ -41,6 +42,7 @@ __all__ = [
     "acancel_worker",
     "acurrent_worker",
     "afinished",
+    "ainterrupts_deferred",
     "apause",
     "aresult_of",
     "arun_blocking",
@@ -52,6 +54,7 @@ __all__ = [
     "aundisturbed",
     "cancel_worker",
     "current_worker",
+    "interrupts_deferred",
     "pause",
     "result_of",
     "run_blocking",
@@ -299,6 +302,30 @@ async def aundisturbed(step: Awaitable[T], bound: float, within: float | None = 
     with contextlib.suppress(asyncio.CancelledError):
         return task.result()  # it ended its own way after all
     raise TimeoutError(f"no answer within {within:g} s")
+
+
+class _NothingHeld:
+    """A task's clean-up holds nothing back: :func:`aundisturbed` absorbs the
+    cancellations that come meanwhile."""
+
+    def release(self) -> None:
+        return None
+
+
+_NOTHING_HELD: Final = _NothingHeld()
+
+
+def interrupts_deferred(bound: float) -> CtrlCHeld | _NothingHeld:
+    """Ctrl-C held back from now until ``release()``, for the clean-up after an
+    interruption: a second Ctrl-C (an impatient double press) that cut it short would
+    leave behind what it cleans up, a lock among them. It comes once the clean-up ended,
+    or at once ``bound`` seconds after the first one held back (:class:`CtrlCHeld`)."""
+    return CtrlCHeld(give_up_after=bound)
+
+
+def ainterrupts_deferred(bound: float) -> CtrlCHeld | _NothingHeld:
+    """Nothing to hold back in a task (see :func:`interrupts_deferred`)."""
+    return _NOTHING_HELD
 
 
 def to_its_end(value: T, bound: float) -> T:

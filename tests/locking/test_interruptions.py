@@ -535,6 +535,49 @@ def test_ctrl_c_at_random_moments_leaves_nothing_behind(
     assert not any(problems.values()), summary
 
 
+CHILD_CLEAN_UP = r"""
+import json, os, signal, sys, threading
+import psycopg
+from pgsolo.drivers import adapt
+from pgsolo.locking import drive
+
+signal.signal(signal.SIGINT, signal.default_int_handler)
+dsn, a, b = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+conn = psycopg.connect(dsn, autocommit=True)
+conn.execute("SELECT pg_advisory_lock(%s, %s)", (a, b))
+
+
+def clean_up():  # as pgsolo's after a first Ctrl-C: a question, then the unlock
+    yield ["SELECT pg_sleep(0.5)"]
+    yield [f"SELECT pg_advisory_unlock({a}, {b})"]
+
+
+threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT)).start()  # the second press
+try:
+    drive(clean_up(), adapt(conn), cleaning_up=True)
+    outcome = "not interrupted"
+except KeyboardInterrupt:
+    outcome = "interrupted"
+held = conn.execute(
+    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
+).fetchone()[0]
+print(json.dumps({"outcome": outcome, "held": held}), flush=True)
+"""
+
+
+def test_a_second_ctrl_c_waits_for_the_clean_up_the_first_began(
+    db: str, key: Key, children: Callable[..., Child]
+) -> None:
+    """Regression (an impatient double press): the clean-up after a first Ctrl-C ran
+    unguarded in a thread, and a second Ctrl-C cut it short (the question of what the
+    session holds, cancelled by psycopg), leaving the lock held. It is held back until the
+    clean-up ended, and raised then."""
+    assert isinstance(key.value, tuple)
+    child = children(CHILD_CLEAN_UP, db, *key.value)
+    report = json.loads(child.readline())
+    assert report == {"outcome": "interrupted", "held": 0}
+
+
 def test_a_callers_statement_left_active_by_ctrl_c_does_not_keep_the_lock(
     connect: Connect, observer: Any, key: Key
 ) -> None:

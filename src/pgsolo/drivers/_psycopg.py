@@ -34,6 +34,7 @@ from psycopg.adapt import Transformer
 from psycopg.conninfo import make_conninfo
 
 from .. import sql
+from .._acompat import interrupts_deferred
 from .._logging import drivers_logger as logger
 from .._weakmap import IdentityWeakMap
 from ..errors import ConnectionStateError, DatabaseUnavailableError
@@ -159,6 +160,9 @@ def finish_interrupted(conn: psycopg.Connection[Any]) -> None:
     pgconn = conn.pgconn
     if conn.closed or pgconn.transaction_status != _ACTIVE:
         return
+    # A second Ctrl-C (a double press) comes once this ended, rather than cut it short
+    # and have the connection closed, and its session's locks ended with it.
+    held = interrupts_deferred(_CANCEL_TIMEOUT)
     try:
         # Bounded (libpq 17): the old request waits for as long as the server is silent.
         conn.cancel_safe(timeout=_CANCEL_TIMEOUT)
@@ -166,9 +170,12 @@ def finish_interrupted(conn: psycopg.Connection[Any]) -> None:
             pass
     except Exception as exc:
         logger.warning("pgsolo: finishing an interrupted statement failed: %r", exc)
-    finally:  # also when a second Ctrl-C cuts this short: never handed back ACTIVE
-        if pgconn.transaction_status == _ACTIVE:
-            conn.close()
+    finally:
+        try:  # also when a Ctrl-C got through after all: never handed back ACTIVE
+            if pgconn.transaction_status == _ACTIVE:
+                conn.close()
+        finally:
+            held.release()
 
 
 def settle_interrupted(conn: psycopg.Connection[Any]) -> None:

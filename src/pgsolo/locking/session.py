@@ -444,7 +444,8 @@ class SessionLockCore(LockCore):
         self, status: TxStatus, exc: BaseException, started: float
     ) -> Plan[None]:
         """After a failed or interrupted unlock (``exc``) on a connection that was in
-        ``status``: a lost connection is a :class:`~pgsolo.LockLostError`; otherwise
+        ``status``: a lost connection is a :class:`~pgsolo.LockLostError` (an interruption
+        goes on as it is, the lock off the books); otherwise
         finish the unlock, or keep the lock on the books (acquired, tracked) so that
         ``release()`` can be called again. The caller raises ``exc`` then."""
         driver, spec, events = self.driver, self.spec, self.events
@@ -456,6 +457,8 @@ class SessionLockCore(LockCore):
                 "connection-unresponsive" if failures.unresponsive(exc) else "connection-lost"
             )
             events.log(logging.WARNING, "lost", started, reason=reason)
+            if not isinstance(exc, Exception):
+                return  # an interruption is never turned into an error: it goes on
             raise LockLostError(
                 f"session lock {spec.key} was lost: the connection failed ({exc})",
                 key=spec.key,

@@ -9,7 +9,7 @@ import inspect
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
-from ..._acompat import aundisturbed
+from ..._acompat import ainterrupts_deferred, aundisturbed
 from ...drivers import AsyncDriver
 from ..plans import Elsewhere, Own, Plan, Wait, Work
 
@@ -61,6 +61,8 @@ async def _steps(
     interrupted: BaseException | None,
     cleaning_up: bool,
 ) -> T:
+    # From the interruption on, a further Ctrl-C waits for the clean-up to end.
+    deferred = ainterrupts_deferred(CLEAN_UP_SECONDS) if cleaning_up else None
     try:
         step = next(plan) if interrupted is None else plan.throw(interrupted)
         while True:
@@ -75,12 +77,17 @@ async def _steps(
                 else:
                     value = await _round_trip(step, driver)
             except BaseException as exc:
-                cleaning_up = cleaning_up or not isinstance(exc, Exception)
+                if not cleaning_up and not isinstance(exc, Exception):
+                    cleaning_up = True
+                    deferred = ainterrupts_deferred(CLEAN_UP_SECONDS)
                 step = plan.throw(exc)
             else:
                 step = plan.send(value)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
+    finally:
+        if deferred is not None:
+            deferred.release()
 
 
 async def _round_trip(step: Sequence[str] | Elsewhere | Wait | Own, driver: AsyncDriver) -> object:

@@ -10,7 +10,7 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from ..._acompat import undisturbed
+from ..._acompat import interrupts_deferred, undisturbed
 from ...drivers import SyncDriver
 from ..plans import Elsewhere, Own, Plan, Wait, Work
 
@@ -62,6 +62,8 @@ def _steps(
     interrupted: BaseException | None,
     cleaning_up: bool,
 ) -> T:
+    # From the interruption on, a further Ctrl-C waits for the clean-up to end.
+    deferred = interrupts_deferred(CLEAN_UP_SECONDS) if cleaning_up else None
     try:
         step = next(plan) if interrupted is None else plan.throw(interrupted)
         while True:
@@ -76,12 +78,17 @@ def _steps(
                 else:
                     value = _round_trip(step, driver)
             except BaseException as exc:
-                cleaning_up = cleaning_up or not isinstance(exc, Exception)
+                if not cleaning_up and not isinstance(exc, Exception):
+                    cleaning_up = True
+                    deferred = interrupts_deferred(CLEAN_UP_SECONDS)
                 step = plan.throw(exc)
             else:
                 step = plan.send(value)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
+    finally:
+        if deferred is not None:
+            deferred.release()
 
 
 def _round_trip(step: Sequence[str] | Elsewhere | Wait | Own, driver: SyncDriver) -> object:
