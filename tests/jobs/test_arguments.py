@@ -67,3 +67,57 @@ def test_run_job_refuses_an_async_function_before_connecting(db: str, observer: 
     ).fetchone() == (0,)
     with pytest.raises(UsageError, match="must be a callable"):
         pgsolo.singleton(job, dsn=db)(None)  # type: ignore[call-overload]
+
+
+class _AsyncCall:
+    async def __call__(self, conn: Any) -> None:
+        raise AssertionError("never awaited by run_job")
+
+
+def _generator(conn: Any) -> Any:
+    yield "never iterated"
+
+
+async def _async_generator(conn: Any) -> Any:
+    yield "never iterated"
+
+
+async def _coroutine(conn: Any) -> None:
+    raise AssertionError("never awaited by run_job")
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [_AsyncCall(), _generator, _async_generator, lambda conn: _coroutine(conn)],  # noqa: PLW0108
+    ids=["async __call__", "generator", "async generator", "lambda of a coroutine"],
+)
+def test_work_whose_body_never_ran_is_a_failure_and_uses_up_no_period(
+    db: str, observer: Any, fn: Any, recwarn: pytest.WarningsRecorder
+) -> None:
+    """Regression: work that returned a generator or a coroutine run_job() cannot await
+    (its body never ran) was reported `completed`, its value the generator, and its period
+    recorded: the next run of the day was skipped, and the work never ran at all."""
+    job = new_job("unrun-work")
+    with pytest.raises(UsageError, match="its body never ran"):
+        run_job(db, job, fn, period="day", record=True)
+    done = run_job(db, job, lambda conn: "ran", period="day")
+    assert (done.outcome, done.value) == ("completed", "ran")
+    (outcome,) = observer.conn.execute(
+        "SELECT outcome FROM pgsolo.job_runs WHERE job = %s", (job,)
+    ).fetchone()
+    assert outcome == "failed"
+    assert not [w for w in recwarn if "never awaited" in str(w.message)]
+
+
+async def test_run_job_async_says_its_work_was_a_plain_function(db: str) -> None:
+    """Regression: a plain function ran under the lock, then the job failed with Python's
+    own TypeError from awaiting its value; the error is pgsolo's, saying what to pass."""
+    ran: list[int] = []
+
+    def plain(conn: Any) -> str:
+        ran.append(1)
+        return "ran"
+
+    with pytest.raises(UsageError, match="not an awaitable"):
+        await pgsolo.run_job_async(db, new_job("plain-work"), plain)
+    assert ran == [1]

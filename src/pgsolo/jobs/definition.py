@@ -6,7 +6,8 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import inspect
-from collections.abc import Mapping
+import types
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from typing import (
     TYPE_CHECKING,
@@ -44,11 +45,13 @@ __all__ = [
     "JobOptions",
     "JobResult",
     "JobSkipped",
+    "awork_value",
     "job_result",
     "refuse_cancel_without_tasks",
     "refuse_unknown_options",
     "replace_result",
     "through_locker",
+    "work_value",
 ]
 
 T = TypeVar("T")
@@ -412,6 +415,51 @@ def refuse_unrunnable_work(fn: object, *, awaits: bool) -> None:
             f"run_job() cannot run an async function ({_name_of(fn)}): it would never be"
             " awaited; use run_job_async()"
         )
+
+
+def work_value(value: T) -> T:
+    """What the work returned, refused if it says the work never ran: a call of a
+    generator function, or of a coroutine function ``run_job()`` cannot await (an object
+    whose ``__call__`` is one, a lambda that calls one). Refused as the work's failure, so
+    that no period or success is recorded for work that never ran."""
+    if isinstance(value, _UNRUN):  # no call of inspect's: every job comes here
+        _never_runs(value)
+        raise UsageError(
+            f"the job's work returned {type(value).__name__} {value!r}: its body never ran"
+            " (an async function needs run_job_async(); a generator function's body runs only"
+            " when iterated)"
+        )
+    return value
+
+
+async def awork_value(value: Awaitable[T]) -> T:
+    """What the work returned, awaited if it is awaitable; refused as :func:`work_value`
+    refuses it otherwise: a generator, or a plain value (the work was a plain function,
+    which ``run_job_async()`` ran, but the caller meant another)."""
+    if type(value) is types.CoroutineType or inspect.isawaitable(value):  # the first: no call
+        return await value
+    if isinstance(value, _UNRUN):
+        _never_runs(value)
+        raise UsageError(
+            f"the job's work returned {type(value).__name__} {value!r}: its body never ran"
+            " (a generator function's body runs only when iterated)"
+        )
+    raise UsageError(
+        f"run_job_async()'s work returned {type(value).__name__}, not an awaitable: it ran"
+        " as a plain function, under the lock; pass an async function, or use run_job()"
+    )
+
+
+# What a call returns without running its body: a coroutine, a generator, an async one.
+_UNRUN = (types.CoroutineType, types.GeneratorType, types.AsyncGeneratorType)
+
+
+def _never_runs(value: object) -> None:
+    """Close a coroutine or generator the work returned, so that it never runs (and a
+    coroutine is not warned of as never awaited)."""
+    close = getattr(value, "close", None)
+    if callable(close) and not inspect.isasyncgen(value):
+        close()
 
 
 def _name_of(fn: object) -> str:

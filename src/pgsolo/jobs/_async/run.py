@@ -25,6 +25,7 @@ from ..definition import (
     Job,
     JobOptions,
     JobResult,
+    awork_value,
     refuse_cancel_without_tasks,
     refuse_unknown_options,
     refuse_unrunnable_work,
@@ -112,7 +113,7 @@ async def _run_async(
             keeper.start()
         ended_with: BaseException | None = None
         try:
-            return await fn(*args)
+            return await awork_value(fn(*args))
         except BaseException as exc:
             ended_with = exc
             raise
@@ -159,6 +160,6 @@ async def _without(mutex: AMutex, fn: Callable[..., Awaitable[T]], args: tuple[A
     """``fn(*args)``, the Locker's connection left to its other locks meanwhile."""
     mutex.release()
     try:
-        return await fn(*args)
+        return await awork_value(fn(*args))
     finally:
         await ato_its_end(mutex.acquire(), RETURN_BOUND)

@@ -30,6 +30,7 @@ from ..definition import (
     refuse_unknown_options,
     refuse_unrunnable_work,
     through_locker,
+    work_value,
 )
 from ..plan import attempt_plan, conclude, core_for
 from ..report import report
@@ -113,7 +114,7 @@ def _run_sync(
             keeper.start()
         ended_with: BaseException | None = None
         try:
-            return fn(*args)
+            return work_value(fn(*args))
         except BaseException as exc:
             ended_with = exc
             raise
@@ -160,6 +161,6 @@ def _without(mutex: Mutex, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
     """``fn(*args)``, the Locker's connection left to its other locks meanwhile."""
     mutex.release()
     try:
-        return fn(*args)
+        return work_value(fn(*args))
     finally:
         to_its_end(mutex.acquire(), RETURN_BOUND)
