@@ -480,6 +480,11 @@ class Registry:
                 data = tomllib.load(handle)
             except tomllib.TOMLDecodeError as exc:
                 raise InvalidKeyError(f"{path}: not valid TOML: {exc}") from None
+            except UnicodeDecodeError as exc:  # TOML is UTF-8, and tomllib says no more
+                raise InvalidKeyError(
+                    f"{path}: not valid TOML: byte {exc.object[exc.start]:#04x} at offset"
+                    f" {exc.start} is not UTF-8, as TOML must be"
+                ) from None
         unknown = set(data) - {"locks", "namespaces"}
         if unknown:
             raise InvalidKeyError(f"{path}: unknown tables {sorted(unknown)}")

@@ -231,6 +231,16 @@ def test_from_toml_bad_toml(tmp_path: Path) -> None:
     assert str(path) in str(info.value)
 
 
+def test_from_toml_a_file_not_in_utf_8_is_bad_toml(tmp_path: Path) -> None:
+    """Regression: a registry saved in Latin-1 raised tomllib's UnicodeDecodeError, a
+    traceback and exit 1 from `pgsolo locks --registry`, not a usage error."""
+    path = tmp_path / "latin1.toml"
+    path.write_bytes("[locks]\ncaf\u00e9 = 1\n".encode("latin-1"))
+    with pytest.raises(InvalidKeyError, match=r"not valid TOML.*0xe9.*not UTF-8") as info:
+        Registry.from_toml(path)
+    assert str(path) in str(info.value)
+
+
 def test_from_toml_duplicate_name_is_bad_toml(tmp_path: Path) -> None:
     path = write(tmp_path, "[locks]\njob = 1\njob = 2\n")
     with pytest.raises(InvalidKeyError) as info:

@@ -22,7 +22,7 @@ from psycopg.conninfo import make_conninfo
 import pgsolo
 from _support import MakeRole, json_document, pgsolo_cli, privileges, role_dsn
 from pgsolo import InsufficientPrivilegeError, InvalidArgumentError, sql
-from pgsolo.schema import migrate_to, schema_version
+from pgsolo.schema import check_roles, migrate_to, schema_version
 from pgsolo.sql.schema import FEATURE_PRIVILEGES
 
 
@@ -186,7 +186,7 @@ def test_run_once_refused_reading_or_writing_runs_nothing(
     assert ran == [1]
 
 
-@pytest.mark.parametrize("name", ["", "x" * 64, "public", "a\0b"])
+@pytest.mark.parametrize("name", ["", "x" * 64, "public", "a\0b", "ab\udcffc"])
 def test_grant_to_a_name_that_cannot_be_a_role_is_refused_before_any_sql(name: str) -> None:
     with pytest.raises(InvalidArgumentError):
         pgsolo.migrate(object(), grant_to=[name])  # type: ignore[arg-type]
@@ -197,6 +197,11 @@ def test_grant_to_that_is_no_list_of_roles_is_refused_before_any_sql(grant_to: o
     """Guards the typed error: a bare TypeError (None is not iterable) came out."""
     with pytest.raises(InvalidArgumentError, match="grant_to"):
         pgsolo.migrate(object(), grant_to=grant_to)  # type: ignore[arg-type]
+
+
+def test_grant_to_a_role_given_twice_is_granted_once() -> None:
+    """A role named twice (``--grant-to app --grant-to app``) was reported twice."""
+    assert check_roles(["app", "ops", "app"]) == ("app", "ops")
 
 
 def test_grant_to_any_role_name_is_quoted(admin: psycopg.Connection, make_role: MakeRole) -> None:

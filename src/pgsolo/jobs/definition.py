@@ -314,6 +314,9 @@ class Job:
         for option, value in (("record", record), ("raise_errors", raise_errors)):
             if not isinstance(value, bool):
                 raise UsageError(f"{option} must be True or False, got {value!r}")
+        app_name = options.get("application_name")
+        if app_name is not None and not isinstance(app_name, str):
+            raise UsageError(f"application_name must be text, got {app_name!r}")
         keeping = as_keep(options.get("keep", False))
         if keeping is not None and lifetime != "session":
             raise UsageError(
@@ -327,7 +330,7 @@ class Job:
             wait,
             period,
             record,
-            options.get("application_name"),
+            app_name,
             keeping,
             raise_errors,
             text_of(cast(str, key)) if slots else None,

@@ -140,7 +140,13 @@ def check_roles(grant_to: Sequence[str]) -> tuple[str, ...]:
     for role in grant_to:
         if not isinstance(role, str) or not role or "\0" in role:
             raise InvalidArgumentError(f"grant_to: a role name is non-empty text, got {role!r}")
-        if len(role.encode("utf-8")) > MAX_ROLE_BYTES:
+        try:
+            encoded = role.encode("utf-8")
+        except UnicodeEncodeError:  # bytes of another encoding, from the command line
+            raise InvalidArgumentError(
+                f"grant_to: a role name is valid Unicode text, got {role!r}"
+            ) from None
+        if len(encoded) > MAX_ROLE_BYTES:
             # PostgreSQL would cut it to the first 63 bytes and grant to another name.
             raise InvalidArgumentError(
                 f"grant_to: role names are at most {MAX_ROLE_BYTES} UTF-8 bytes, got {role!r}"
@@ -150,7 +156,7 @@ def check_roles(grant_to: Sequence[str]) -> tuple[str, ...]:
                 "grant_to: PUBLIC is every role; grant to the application's role (or, on"
                 " purpose, run the GRANT statements of docs/security.md)"
             )
-    return tuple(grant_to)
+    return tuple(dict.fromkeys(grant_to))  # each role once, in the order given
 
 
 def migrate(conn: SyncConnectionLike, *, grant_to: Sequence[str] = ()) -> list[int]:

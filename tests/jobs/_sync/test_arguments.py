@@ -102,6 +102,8 @@ def test_a_misspelt_option_names_the_option_it_was_meant_to_be(
         ({"period": "0 seconds"}, UsageError, "period"),
         ({"record": "yes"}, UsageError, "record"),
         ({"raise_errors": "no"}, UsageError, "raise_errors"),
+        ({"application_name": 5}, UsageError, "application_name"),  # was an AttributeError
+        ({"application_name": b"worker"}, UsageError, "application_name"),
     ],
 )
 def test_bad_arguments_fail_before_connecting(
