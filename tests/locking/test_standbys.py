@@ -287,6 +287,17 @@ def test_doctor_fails_the_primary_check_on_a_standby(replicas: Replicas) -> None
     assert code == 1
 
 
+def test_prune_on_a_standby_exits_78_and_a_dry_run_counts_there(migrated: Replicas) -> None:
+    """Regression: ``pgsolo prune`` on a standby failed at its first delete, exit 1 as a
+    database error ("read-only transaction"); it is the same unsafe configuration as
+    ``migrate`` there (exit 78). A dry run only counts, which a standby can."""
+    done = pgsolo_cli("prune", "--dsn", migrated.standby_dsn, "--older-than", "30d", "--json")
+    assert done.returncode == 78, done.stderr
+    assert '"server-in-recovery"' in done.stdout
+    counted = pgsolo_cli("prune", "--dsn", migrated.standby_dsn, "--older-than", "30d", "--dry-run")
+    assert counted.returncode == 0, counted.stderr
+
+
 def test_migrate_on_a_standby_exits_78_without_a_traceback(replicas: Replicas) -> None:
     """Regression: ``pgsolo migrate`` on a standby raised the refusal as a traceback (exit
     1). It is an unsafe configuration like any other refusal: exit 78, one plain line

@@ -31,8 +31,9 @@ def add_doctor_command(subparsers: Subparsers) -> None:
         " holding session locks, idle or long transactions holding locks, any session whose"
         " old transaction or snapshot holds back VACUUM, the shared lock"
         " table's capacity, connections without an application_name, idle timeouts that"
-        " end lock holders, lock_timeout, a pooling proxy, and PUBLIC's EXECUTE on the"
-        " advisory-lock functions; and it names each leader, how long it has led and its"
+        " end lock holders, lock_timeout, a pooling proxy, PUBLIC's EXECUTE on the"
+        " advisory-lock functions, and a server in recovery (a standby, where no lock"
+        " coordinates anything); and it names each leader, how long it has led and its"
         " waiting candidates. Exit codes: 0 no check failed (warnings allowed);"
         " 1 at least one check failed; 69 database unavailable; 2 usage error.",
     )

@@ -30,7 +30,10 @@ def add_migrate_command(subparsers: Subparsers) -> None:
         "migrate",
         description="Create or upgrade the tables in the pgsolo schema that --record,"
         " --once-per and `pgsolo history` use. Idempotent, and safe to run from many hosts"
-        " at once: versions are applied in order under an advisory lock of their own.",
+        " at once: versions are applied in order under an advisory lock of their own, which"
+        " it waits up to 120 s for. Exit codes: 0 done; 1 refused (privileges); 2 usage"
+        " error (a --grant-to role that does not exist); 69 database unavailable; 75 another"
+        " pgsolo migrate kept its lock for 120 s; 78 the server is a standby.",
     )
     parser.add_argument(
         "--grant-to",

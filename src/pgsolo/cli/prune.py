@@ -33,7 +33,8 @@ def add_prune_command(subparsers: Subparsers) -> None:
         " run_once keys too (a pruned key runs again if asked again: only for keys nobody"
         " asks for after that long, such as a key per scheduled occurrence). Run it as"
         " the role that ran pgsolo migrate. Exit codes: 0 done; 1 refused (privileges);"
-        " 2 usage error or no pgsolo tables; 69 database unavailable.",
+        " 2 usage error or no pgsolo tables; 69 database unavailable; 78 the server is a"
+        " standby (a --dry-run counts there).",
     )
     parser.add_argument(
         "--older-than",

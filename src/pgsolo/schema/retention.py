@@ -16,7 +16,12 @@ from typing import TYPE_CHECKING
 from .. import sql
 from .._types import MAX_PERIOD_SECONDS, check_seconds
 from ..drivers import DriverBase, adapt_sync
-from ..errors import InsufficientPrivilegeError, InvalidArgumentError, NotMigratedError
+from ..errors import (
+    InsufficientPrivilegeError,
+    InvalidArgumentError,
+    NotMigratedError,
+    UnsafeConnectionError,
+)
 from ..locking import drive, outside_transaction, quietly, require_no_transaction
 from ..locking.plans import Plan
 
@@ -78,6 +83,14 @@ def prune(
         )
     driver = adapt_sync(conn)
     require_no_transaction(driver, "prune", "each batch is a transaction of its own")
+    if not dry_run and driver.fetch_value(outside_transaction(driver, [sql.SERVER_IN_RECOVERY])):
+        raise UnsafeConnectionError(
+            f"the server at {driver.server_info().address} is in recovery (a hot standby),"
+            " which deletes nothing: run prune against the primary (its own address, or a"
+            " multi-host connection string with target_session_attrs=read-write). Nothing"
+            " was deleted.",
+            reason="server-in-recovery",
+        )
     tables = [t for t in sql.PRUNE_TABLES if operations or t != "operations"]
     counts = {
         what: drive(_prune_plan(driver, what, older, batch, dry_run=dry_run), driver)

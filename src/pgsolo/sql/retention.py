@@ -5,7 +5,7 @@ finished operations."""
 
 from __future__ import annotations
 
-__all__ = ["PRUNE_TABLES", "prune_batch"]
+__all__ = ["PRUNE_TABLES", "SERVER_IN_RECOVERY", "prune_batch"]
 
 # What each table may lose once it is older than the cutoff, and the order it goes in (the
 # indexes of migration 5).
@@ -32,6 +32,9 @@ _PRUNABLE = {
     ),
 }
 PRUNE_TABLES = tuple(_PRUNABLE)
+
+# A standby refuses every delete: asked once, before the first.
+SERVER_IN_RECOVERY = "SELECT pg_is_in_recovery()"
 
 
 def prune_batch(what: str, older_than_s: float, batch: int, *, dry_run: bool = False) -> str:
