@@ -371,3 +371,13 @@ def test_a_semaphore_name_with_an_equals_sign_is_split_at_the_last_one(fresh_db:
                 "waiting": [],
             }
         ]
+
+
+def test_a_prepared_transaction_blocking_a_waiter_is_shown_as_prepared_not_pid_0() -> None:
+    """Regression: ``pg_blocking_pids`` says 0 for a prepared transaction, and the table's
+    BLOCKED BY and the wait chains showed it as pid 0 (which ``pgsolo terminate 0``
+    refuses). The servers of the tests allow no prepared transaction
+    (``max_prepared_transactions = 0``), so the cell is checked as it is made."""
+    from pgsolo.cli.locks import pid_text  # noqa: PLC0415
+
+    assert [pid_text(pid) for pid in (4242, 0)] == ["4242", "(prepared)"]

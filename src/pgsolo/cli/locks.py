@@ -176,7 +176,7 @@ def cmd_locks(args: argparse.Namespace) -> int:
     if chains:
         print("wait chains (each pid waits for the next; the last one holds the lock):")
         for chain in chains:
-            print("  " + " -> ".join(str(pid) for pid in chain))
+            print("  " + " -> ".join(pid_text(pid) for pid in chain))
     return EXIT_OK
 
 
@@ -297,6 +297,12 @@ def _entries(
     return entries
 
 
+def pid_text(pid: int) -> str:
+    """A blocker's pid as shown: PostgreSQL's ``pg_blocking_pids`` says 0 for a prepared
+    transaction, which has no backend (``ROLLBACK PREPARED`` ends it, not terminate)."""
+    return str(pid) if pid else "(prepared)"
+
+
 def client_of(lock: AdvisoryLock) -> str:
     """Where the session connects from: its address, ``local`` over a unix socket, or
     nothing where the server hides it (another role's session, without
@@ -400,7 +406,7 @@ def lock_line(lock: AdvisoryLock) -> tuple[str, ...]:
         client_of(lock),
         lock.state or "",
         since,
-        ",".join(str(pid) for pid in lock.blocked_by),
+        ",".join(pid_text(pid) for pid in lock.blocked_by),
         _vacuum_cell(lock),
         _cut(query, QUERY_WIDTH),
     )
