@@ -4,6 +4,7 @@ its options reach the run, and it falls back on ``PGSOLO_DSN``.
 
 from __future__ import annotations
 
+import inspect
 import os
 import subprocess
 import sys
@@ -192,3 +193,23 @@ async def test_singleton_uses_pgsolo_dsn_when_no_dsn_is_given_async(
 def test_singleton_validates_an_async_definition_when_it_decorates() -> None:
     with pytest.raises(UsageError):
         singleton("jobs-async-test:valid", dsn=CLOSED_PORT_DSN, lifetime="forever")
+
+
+def test_the_decorated_function_shows_its_callers_signature(db: str) -> None:
+    """Regression: ``inspect.signature`` (and so help() and IDEs) showed the wrapped
+    function's ``conn`` first, which callers must not pass: the docs say the decorated
+    function keeps its own signature for callers."""
+
+    @singleton("jobs-test:signature", dsn=db)
+    def settle(conn: object, day: str, *, dry_run: bool = False) -> int:
+        return 1
+
+    @singleton("jobs-test:signature-async", dsn=db)
+    async def asettle(conn: object, day: str) -> int:
+        return 1
+
+    shown = inspect.signature(settle)
+    assert list(shown.parameters) == ["day", "dry_run"]
+    assert shown.return_annotation is JobResult
+    assert list(inspect.signature(asettle).parameters) == ["day"]
+    assert settle("2026-12-06").value == 1

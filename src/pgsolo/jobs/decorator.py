@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 __all__ = ["singleton"]
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
 P = ParamSpec("P")
 
 
@@ -92,16 +93,31 @@ def singleton(
                 work = functools.partial(fn, **kwargs)
                 return await run_job_async(_dsn_of(dsn), key, work, *args, **options)
 
-            return async_wrapper
+            return _for_callers(async_wrapper, fn)
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> JobResult[Any]:
             work = functools.partial(fn, **kwargs)
             return run_job(_dsn_of(dsn), key, work, *args, **options)
 
-        return wrapper
+        return _for_callers(wrapper, fn)
 
     return decorate
+
+
+def _for_callers(wrapper: F, fn: Callable[..., Any]) -> F:
+    """``wrapper`` with the signature its callers call it by (``inspect.signature``, help,
+    IDEs): ``fn``'s without its first parameter, the connection pgsolo passes, and a
+    :class:`JobResult` for its return."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin or a callable without one: as wrapped
+        return wrapper
+    parameters = list(signature.parameters.values())[1:]
+    wrapper.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        parameters=parameters, return_annotation=JobResult
+    )
+    return wrapper
 
 
 def _on_django(
@@ -120,7 +136,7 @@ def _on_django(
         work = functools.partial(fn, **kwargs)
         return run_job(django_connection(using), key, work, *args, **options)
 
-    return wrapper
+    return _for_callers(wrapper, fn)
 
 
 def _dsn_of(dsn: str | None) -> str:
