@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from .common import (
     CliError,
@@ -24,6 +25,9 @@ from .exit_codes import (
 )
 from .locks import client_of, lock_table
 from .output import emit_json
+
+if TYPE_CHECKING:
+    from ..monitor import AdvisoryLock
 
 
 def add_terminate_command(subparsers: Subparsers) -> None:
@@ -71,18 +75,8 @@ def cmd_terminate(args: argparse.Namespace) -> int:
                 EXIT_USAGE,
             )
         name, server = where(conn)
-        if args.json:
-            pass  # the locks are in the document; a question, if any, goes to stderr
-        elif locks:
-            first = locks[0]
-            app = repr(first.application_name) if first.application_name else "no application_name"
-            print(
-                f"pid {args.pid} ({app}, client {client_of(first) or 'hidden'}, state"
-                f" {first.state or 'hidden'}) in {db.label}:"
-            )
-            print_table(lock_table(locks, wide=False))
-        else:
-            print(f"pid {args.pid} holds no advisory lock in {db.label} (--force)")
+        if not args.json:  # the locks are in the document; a question, if any, on stderr
+            _show(args.pid, locks, db.label)
         report: dict[str, object] = {
             "database": name,
             "server": server,
@@ -130,6 +124,20 @@ def cmd_terminate(args: argparse.Namespace) -> int:
     ended_waits = f", {waited} wait(s) ended" if waited else ""
     print(f"terminated pid {args.pid}: {len(held)} advisory lock(s) released{ended_waits}")
     return EXIT_OK
+
+
+def _show(pid: int, locks: list[AdvisoryLock], label: str) -> None:
+    """What ``pid`` holds and waits for, and who it is, as the question's context."""
+    if not locks:
+        print(f"pid {pid} holds no advisory lock in {label} (--force)")
+        return
+    first = locks[0]
+    app = repr(first.application_name) if first.application_name else "no application_name"
+    print(
+        f"pid {pid} ({app}, client {client_of(first) or 'hidden'}, state"
+        f" {first.state or 'hidden'}) in {label}:"
+    )
+    print_table(lock_table(locks, wide=False))
 
 
 def _confirmed(pid: int) -> bool:
