@@ -426,12 +426,7 @@ def work_value(value: T) -> T:
     whose ``__call__`` is one, a lambda that calls one). Refused as the work's failure, so
     that no period or success is recorded for work that never ran."""
     if isinstance(value, _UNRUN):  # no call of inspect's: every job comes here
-        _never_runs(value)
-        raise UsageError(
-            f"the job's work returned {type(value).__name__} {value!r}: its body never ran"
-            " (an async function needs run_job_async(); a generator function's body runs only"
-            " when iterated)"
-        )
+        raise _never_ran(value, "an async function needs run_job_async(); ")
     return value
 
 
@@ -442,11 +437,7 @@ async def awork_value(value: Awaitable[T]) -> T:
     if type(value) is types.CoroutineType or inspect.isawaitable(value):  # the first: no call
         return await value
     if isinstance(value, _UNRUN):
-        _never_runs(value)
-        raise UsageError(
-            f"the job's work returned {type(value).__name__} {value!r}: its body never ran"
-            " (a generator function's body runs only when iterated)"
-        )
+        raise _never_ran(value, "")
     raise UsageError(
         f"run_job_async()'s work returned {type(value).__name__}, not an awaitable: it ran"
         " as a plain function, under the lock; pass an async function, or use run_job()"
@@ -457,12 +448,17 @@ async def awork_value(value: Awaitable[T]) -> T:
 _UNRUN = (types.CoroutineType, types.GeneratorType, types.AsyncGeneratorType)
 
 
-def _never_runs(value: object) -> None:
-    """Close a coroutine or generator the work returned, so that it never runs (and a
-    coroutine is not warned of as never awaited)."""
+def _never_ran(value: object, hint: str) -> UsageError:
+    """The error for work that returned ``value`` (of :data:`_UNRUN`) without running its
+    body, once ``value`` is closed: it never runs then, and a coroutine is not warned of as
+    never awaited (an async generator never started needs no closing)."""
     close = getattr(value, "close", None)
-    if callable(close) and not inspect.isasyncgen(value):
+    if callable(close):
         close()
+    return UsageError(
+        f"the job's work returned {type(value).__name__} {value!r}: its body never ran"
+        f" ({hint}a generator function's body runs only when iterated)"
+    )
 
 
 def _name_of(fn: object) -> str:
