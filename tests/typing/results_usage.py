@@ -36,7 +36,8 @@ def completed_narrows(result: JobResult[int]) -> int:
         assert_type(result, JobCompleted[int])
         n: int = result.value  # the old trap: `int | None` before
         return n
-    assert_type(result.value, None)
+    # A lost run may carry what its work returned (before: typed None, while it did).
+    assert_type(result.value, int | None)
     return 0
 
 
@@ -90,6 +91,7 @@ def reasons_by_outcome(result: JobResult[int]) -> None:
             assert_type(result.reason, SkipReason)
         case JobLost():
             assert_type(result.reason, LostReason)
+            assert_type(result.value, int | None)
         case JobFailed():
             assert_type(result.reason, FailReason | None)
         case _:

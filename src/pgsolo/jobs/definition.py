@@ -70,7 +70,8 @@ class _JobResult(Generic[T]):
     (``connection-lost``, ``lock-released``, ``work-ended-transaction``, ...); None for
     ``completed`` and for a ``failed`` run (its exception is :attr:`error`)."""
     value: T | None = None
-    """The callable's return value, for ``completed``."""
+    """The callable's return value: for ``completed``, and for ``lost`` when the work
+    returned before the loss was found (None if the loss cut it short)."""
     error: BaseException | None = field(default=None, compare=False)
     lock_wait: float = 0.0
     """Seconds spent getting (or failing to get) the lock."""
@@ -139,13 +140,15 @@ class JobFailed(_JobResult[T]):
 
 
 class JobLost(_JobResult[T]):
-    """A ``lost`` attempt: the lock vanished while the work ran (:attr:`reason` says how)."""
+    """A ``lost`` attempt: the lock vanished while the work ran (:attr:`reason` says how).
+    :attr:`value` is what the work returned, if it returned: it ran to its end, but not
+    all of it under the lock."""
 
     __slots__ = ()
     if TYPE_CHECKING:
         outcome: Literal["lost"]
         reason: LostReason
-        value: None
+        value: T | None
 
         @property
         def completed(self) -> Literal[False]: ...
