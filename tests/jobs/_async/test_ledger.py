@@ -6,6 +6,7 @@ only (warnings, the caller's connection, ledger reads): ``tests/jobs/test_ledger
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from datetime import datetime
@@ -107,6 +108,43 @@ async def test_a_lost_attempt_is_recorded_through_a_fresh_connection(
     rows = pgsolo.history(observer.conn, job=other)
     assert [(r["outcome"], r["backend_pid"]) for r in rows] == [("lost", pids[1])]
     assert rows[0]["application_name"] == f"pgsolo:{other}"
+
+
+class _TerminateAtOutcome(logging.Handler):
+    """Terminates the attempt's backend as its outcome is logged: after the work, before
+    its ledger row is written."""
+
+    def __init__(self, observer: Any) -> None:
+        super().__init__()
+        self.observer = observer
+        self.killed: list[int] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        fields = getattr(record, "pgsolo", None) or {}
+        if fields.get("outcome") and not self.killed:
+            self.killed.append(int(fields["backend_pid"]))
+            terminate(self.observer, self.killed[0])
+
+
+@pytest.mark.parametrize("lifetime", ["xact", "session"])
+async def test_a_connection_that_dies_before_the_row_is_written_is_replaced(
+    db: str, observer: Any, caplog: pytest.LogCaptureFixture, lifetime: str
+) -> None:
+    """Before: the ledger's INSERT failed with the driver's own error (AdminShutdown),
+    which run_job raised, so a completed attempt was neither returned nor recorded."""
+    job = new_job("jobs-async-test")
+    caplog.set_level(logging.INFO, logger="pgsolo")
+    killer = _TerminateAtOutcome(observer)
+    logging.getLogger("pgsolo").addHandler(killer)
+    try:
+        result = await run_job_async(db, job, returns, "done", lifetime=lifetime, record=True)
+    finally:
+        logging.getLogger("pgsolo").removeHandler(killer)
+
+    assert killer.killed == [result.backend_pid]
+    assert (result.outcome, result.value) == ("completed", "done")
+    rows = pgsolo.history(observer.conn, job=job)
+    assert [(r["outcome"], r["backend_pid"]) for r in rows] == [("completed", killer.killed[0])]
 
 
 async def test_record_or_period_before_migrate_is_a_usage_error_before_the_work(

@@ -30,10 +30,16 @@ async def arecord_result(
     """Record ``result`` over the attempt's own connection (``driver``) or, when that one
     is gone, over a new one to ``dsn`` (opened with ``defaults`` and ``answer_timeout``,
     as :func:`~pgsolo.drivers._async.connect.aopen_connection` takes them); with no ``dsn``, log
-    that it is not recorded. Errors are raised."""
+    that it is not recorded. A connection that dies under the write is gone as well: the
+    row goes over a spare one, and the attempt's result stands (a row the server committed
+    just before the end is then written twice). Other errors are raised."""
     if not driver.is_closed():
-        await adrive(record_plan(job, result, driver, exit_code=exit_code, warn=warn), driver)
-        return
+        try:
+            await adrive(record_plan(job, result, driver, exit_code=exit_code, warn=warn), driver)
+            return
+        except Exception:
+            if not driver.is_closed():
+                raise
     if dsn is None:
         log_unrecorded(job, result)
         return

@@ -31,10 +31,16 @@ def record_result(
     """Record ``result`` over the attempt's own connection (``driver``) or, when that one
     is gone, over a new one to ``dsn`` (opened with ``defaults`` and ``answer_timeout``,
     as :func:`~pgsolo.drivers._sync.connect.open_connection` takes them); with no ``dsn``, log
-    that it is not recorded. Errors are raised."""
+    that it is not recorded. A connection that dies under the write is gone as well: the
+    row goes over a spare one, and the attempt's result stands (a row the server committed
+    just before the end is then written twice). Other errors are raised."""
     if not driver.is_closed():
-        drive(record_plan(job, result, driver, exit_code=exit_code, warn=warn), driver)
-        return
+        try:
+            drive(record_plan(job, result, driver, exit_code=exit_code, warn=warn), driver)
+            return
+        except Exception:
+            if not driver.is_closed():
+                raise
     if dsn is None:
         log_unrecorded(job, result)
         return
