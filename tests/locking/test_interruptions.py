@@ -201,6 +201,57 @@ def test_session_acquire_interrupted_after_the_grant_inside_callers_transaction(
     assert observer.holders(key) == set()
 
 
+@pytest.mark.parametrize("setup", ["autocommit", "callers-transaction"])
+def test_an_interruption_as_pgsolo_asks_whether_a_timed_out_slice_was_granted(
+    connect: Connect, observer: Any, key: Key, monkeypatch: pytest.MonkeyPatch, setup: str
+) -> None:
+    """A slice that times out as its holder lets go may have been granted all the same, so
+    pgsolo asks pg_locks. Before: an interruption of that question (a cancelled task, a
+    Ctrl-C) went straight out, and the key stayed held by the session, on no books, until
+    the connection closed; in the caller's transaction, the question's savepoint stayed
+    open and failed. Here the server grants the key as the question goes out, and the
+    question is cut short inside its savepoint, as a cancellation landing in it does."""
+    holder, conn = connect(), connect()
+    holder.execute(f"SELECT pg_advisory_lock({key.sql_args})")
+    pid = pid_of(conn)
+    if setup == "callers-transaction":
+        conn.execute("BEGIN")
+        conn.execute("SAVEPOINT mine")
+    original = PsycopgDriver.fetch_value
+    cut_short: list[object] = []
+
+    def fetch_value(
+        driver: PsycopgDriver, statements: Any, wait: float = 0.0, edge: Any = None
+    ) -> object:
+        if not cut_short and any(HELD_CHECK in statement for statement in statements):
+            cut_short.append(statements)
+            holder.execute(f"SELECT pg_advisory_unlock({key.sql_args})")
+            conn.execute(f"SELECT pg_advisory_lock({key.sql_args})")  # the late grant
+            if setup == "callers-transaction":
+                conn.execute("SAVEPOINT pgsolo_lock")
+                with pytest.raises(psycopg.errors.DivisionByZero):
+                    conn.execute("SELECT 1/0")
+            raise KeyboardInterrupt
+        return original(driver, statements, wait, edge)
+
+    monkeypatch.setattr(PsycopgDriver, "fetch_value", fetch_value)
+    lock = pgsolo.session_lock(conn, key, wait=0.2)
+    with pytest.raises(KeyboardInterrupt):
+        lock.acquire()
+    monkeypatch.undo()
+
+    assert cut_short, "the slice did not time out into pgsolo's question"
+    assert lock.acquired is False
+    assert observer.holders(key) == set()
+    assert observer.advisory(pid=pid) == set()
+    assert pgsolo.held_session_locks(conn) == []
+    if setup == "callers-transaction":
+        assert conn.info.transaction_status is INTRANS
+        conn.execute("ROLLBACK TO SAVEPOINT mine")  # the caller's own, still there
+        conn.execute("ROLLBACK")
+    assert conn.info.transaction_status is IDLE
+
+
 RELEASE_SETUPS = ["autocommit", "callers-transaction", "non-autocommit"]
 
 

@@ -107,7 +107,27 @@ def after_session_failure(
     that was in ``status``, with the lock's ``hold`` (taken off the caller's books):
     whether the lock is the caller's after all (granted just as the wait timed out; its
     hold, if any, is open again). A lock granted before another interruption is released,
-    so that nothing is left behind."""
+    so that nothing is left behind: one that lands while this puts the connection right
+    or asks whether the lock was granted, too (a cancellation just after a slice timed
+    out, as its holder let the key go)."""
+    try:
+        return (yield from _put_right(driver, spec, status, exc, hold, guard))
+    except BaseException:
+        # An interruption, or a failure of the statement that opens the hold again: the
+        # key may be held, and nobody would know of it.
+        yield from release_if_held(driver, spec, status, guard)
+        raise
+
+
+def _put_right(
+    driver: DriverBase,
+    spec: LockSpec,
+    status: TxStatus,
+    exc: BaseException,
+    hold: str | None,
+    guard: int | None,
+) -> Plan[bool]:
+    """:func:`after_session_failure`'s steps, which any interruption may cut short."""
     if hold is not None:  # opened first: every other statement of the message is inside it
         if driver.transaction_status() is TxStatus.INERROR:
             undo = [sql.rollback_to_savepoint(hold), sql.release_savepoint(hold)]
