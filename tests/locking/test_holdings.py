@@ -40,6 +40,7 @@ from pgsolo import (
     LockTimeoutError,
     LockUnavailableError,
 )
+from pgsolo.drivers._sync.psycopg_driver import PsycopgDriver
 
 # -- sync connections ----------------------------------------------------------------------
 
@@ -464,3 +465,123 @@ async def test_second_task_cannot_join_an_xact_block_for_another_key(
         assert lock.acquired
         assert observer.holders(key2) == {pid}
     await assert_clean(conn, observer)
+
+
+def _paused_before_sending(
+    monkeypatch: pytest.MonkeyPatch, thread: str, needle: str
+) -> tuple[threading.Event, threading.Event]:
+    """Holds the round trip of ``thread``'s whose statements contain ``needle`` just
+    before it goes out: (reached, go on)."""
+    original = PsycopgDriver.fetch_value
+    reached, go_on = threading.Event(), threading.Event()
+
+    def fetch_value(driver: PsycopgDriver, statements: Any, *args: Any) -> object:
+        if threading.current_thread().name == thread and not reached.is_set():
+            if any(needle in statement for statement in statements):
+                reached.set()
+                assert go_on.wait(DEADLINE)
+        return original(driver, statements, *args)
+
+    monkeypatch.setattr(PsycopgDriver, "fetch_value", fetch_value)
+    return reached, go_on
+
+
+@pytest.mark.parametrize("second", ["xact", "session-try", "session-wait"])
+def test_a_second_thread_that_read_the_connection_idle_cannot_join_the_first_ones_transaction(
+    connect: Connect, observer: Any, key: Key, monkeypatch: pytest.MonkeyPatch, second: str
+) -> None:
+    """Thread A claimed its key and is about to send the BEGIN of pgsolo's transaction,
+    so thread B still reads the connection idle. Before: B's xact lock took A's
+    transaction over as its own (both sent BEGIN into one transaction, and the first
+    COMMIT released the other's lock: two holders of one key at once), and B's session
+    wait sent its own BEGIN ... COMMIT into A's transaction. Now B is refused."""
+    conn = connect()
+    pid = pid_of(conn)
+    key2 = other_key(key)
+    reached, go_on = _paused_before_sending(monkeypatch, "thread-a", "advisory_xact_lock")
+    seen: dict[str, object] = {}
+
+    def thread_a() -> None:
+        with pgsolo.xact_lock(conn, key) as lock:
+            seen["a_acquired"] = lock.acquired
+            seen["a_holders"] = observer.holders(key)
+        seen["a_status"] = conn.info.transaction_status
+
+    def thread_b() -> None:
+        try:
+            assert reached.wait(DEADLINE)
+            assert conn.info.transaction_status is IDLE  # what B reads
+            make = pgsolo.xact_lock if second == "xact" else pgsolo.session_lock
+            wait = 5.0 if second == "session-wait" else None
+            try:
+                with make(conn, key2, wait=wait) as lock:  # type: ignore[operator]
+                    seen["b_entered"] = lock.acquired
+            except ConnectionStateError as exc:
+                seen["b_refused"] = exc
+        finally:
+            go_on.set()
+
+    a = threading.Thread(target=thread_a, name="thread-a")
+    b = threading.Thread(target=thread_b, name="thread-b")
+    a.start()
+    b.start()
+    for thread in (a, b):
+        thread.join(DEADLINE)
+        assert not thread.is_alive()
+    assert "b_entered" not in seen
+    assert "another thread or task" in str(seen["b_refused"])
+    assert seen["a_acquired"] is True
+    assert seen["a_holders"] == {pid}
+    assert seen["a_status"] is IDLE
+    assert observer.advisory(pid=pid) == set()
+    assert pgsolo.held_session_locks(conn) == []
+
+
+def test_a_session_lock_released_as_another_threads_transaction_ends_is_released(
+    connect: Connect, observer: Any, key: Key, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Thread B holds a session lock; thread A's xact block (pgsolo's transaction) is
+    open as B releases, and commits just before B's unlock goes out. Before: B read the
+    transaction open and sent its unlock in a savepoint of it, which then ran outside
+    any transaction and failed (InvalidSavepointSpecification / NoActiveSqlTransaction),
+    leaving the key held and on the books. Now the unlock goes alone."""
+    conn = connect()
+    pid = pid_of(conn)
+    key2 = other_key(key)
+    session = pgsolo.session_lock(conn, key2)
+    assert session.acquire() is True
+    reached, go_on = _paused_before_sending(monkeypatch, "thread-b", "pg_advisory_unlock")
+    a_inside, a_done = threading.Event(), threading.Event()
+    seen: dict[str, object] = {}
+
+    def thread_a() -> None:
+        with pgsolo.xact_lock(conn, key) as lock:
+            seen["a_acquired"] = lock.acquired
+            a_inside.set()
+            assert reached.wait(DEADLINE)  # B read the transaction open
+        a_done.set()
+        go_on.set()
+
+    def thread_b() -> None:
+        assert a_inside.wait(DEADLINE)
+        try:
+            session.release()
+            seen["b_released"] = True
+        except pgsolo.PgsoloError as exc:
+            seen["b_failed"] = exc
+        finally:
+            go_on.set()
+
+    a = threading.Thread(target=thread_a, name="thread-a")
+    b = threading.Thread(target=thread_b, name="thread-b")
+    a.start()
+    b.start()
+    for thread in (a, b):
+        thread.join(DEADLINE)
+        assert not thread.is_alive()
+    assert seen.get("b_released") is True, seen.get("b_failed")
+    assert seen["a_acquired"] is True
+    assert session.acquired is False
+    assert observer.advisory(pid=pid) == set()
+    assert pgsolo.held_session_locks(conn) == []
+    assert conn.info.transaction_status is IDLE

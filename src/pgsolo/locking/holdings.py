@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Literal
 from .._types import Lifetime
 from .._weakmap import IdentityWeakMap
 from ..drivers import adapt
+from ..errors import ConnectionStateError
 from ..keys import Key
 from .routing import Route
 
@@ -40,9 +41,11 @@ __all__ = [
     "kept",
     "last_hold",
     "let_go_elsewhere",
+    "owned_elsewhere",
     "session_keys",
     "set_route",
     "set_transaction_owner",
+    "shared_transaction_error",
     "transaction_owner",
     "withdraw",
 ]
@@ -115,6 +118,7 @@ def claim(
         holdings = _HOLDINGS.get(conn)
         if holdings is None or holdings.pid != pid:
             holdings = _HOLDINGS[conn] = _Holdings(pid, {})
+        _refuse_sharing(holdings, owner)
         held = holdings.keys.get(key.value)
         if held is None:
             held = Held(key, shared, [claimant], True, holdings, lifetime=lifetime)
@@ -126,6 +130,39 @@ def claim(
             held.holders.append(claimant)  # one step: on the books as the claimant's, or not
             return "reentered", holdings.route, held
         return "busy", holdings.route, None
+
+
+def _refuse_sharing(holdings: _Holdings, owner: tuple[int, int] | None) -> None:
+    """Refuse a claim that would share pgsolo's own transaction with another thread or
+    task: a claim for a transaction pgsolo opens (``owner``) while another's is open or
+    opening, or while another lock is on its way to the server (its statements would land
+    in the new transaction, or the new transaction's in its wait); any other claim while
+    another's transaction is open (its waits and unlocks would end that transaction, or
+    fail in it). The transaction status each one read before claiming may be another's."""
+    current = holdings.transaction_owner
+    if owner is not None:
+        if current not in (None, owner) or any(h.pending for h in holdings.keys.values()):
+            raise shared_transaction_error(holdings.pid)
+    elif current is not None and current != context_token():
+        raise shared_transaction_error(holdings.pid)
+
+
+def shared_transaction_error(pid: int) -> ConnectionStateError:
+    return ConnectionStateError(
+        f"this connection (backend pid {pid}) is in use by pgsolo for another thread or"
+        " task: the transaction pgsolo opened for that one is open, or one of its locks is"
+        " on its way to the server, and a lock taken now would share its statements and"
+        " its COMMIT. Use a connection per thread or task."
+    )
+
+
+def owned_elsewhere(conn: object, pid: int) -> bool:
+    """Whether the transaction open on ``conn`` is one pgsolo opened for another thread
+    or task (which ends when that one's lock does, at any moment)."""
+    with _HOLDINGS_LOCK:
+        holdings = _HOLDINGS.get(conn)
+        current = holdings.transaction_owner if holdings and holdings.pid == pid else None
+    return current is not None and current != context_token()
 
 
 def set_route(conn: object, pid: int, route: Route) -> None:

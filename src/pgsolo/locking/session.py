@@ -342,6 +342,10 @@ class SessionLockCore(LockCore):
                 reason="connection-moved",
             )
         status = driver.transaction_status()
+        if status is TxStatus.INERROR and self._owned_elsewhere():
+            # Nothing runs in it until its owner ends it, and it is not pgsolo's to end
+            # here: the lock stays held and on the books, for release() again.
+            raise holdings.shared_transaction_error(driver.backend_pid())
         # The hold ended with the transaction it was opened in, if that ended in the block.
         hold = held.hold if held is not None else None
         self.hold = hold if status is not TxStatus.IDLE else None
@@ -359,6 +363,10 @@ class SessionLockCore(LockCore):
         if stranded:
             yield from self._release_stranded(started)
         self._released(value, started)
+
+    def _owned_elsewhere(self) -> bool:
+        """Whether the transaction open is pgsolo's own for another thread or task."""
+        return holdings.owned_elsewhere(self.driver.connection, self.driver.backend_pid())
 
     def _released(self, value: object, started: float) -> None:
         """The unlock answered ``value`` (the lock is off the books already)."""
@@ -409,6 +417,10 @@ class SessionLockCore(LockCore):
         (placement.release_failed_hold)."""
         driver, spec, hold, guard = self.driver, self.spec, self.hold, self._guard
         unlock = [unlock_statement(spec, guard)]
+        if status is TxStatus.INTRANS and hold is None and self._owned_elsewhere():
+            # Another thread's or task's, which its owner ends at any moment: the unlock
+            # alone, which needs no transaction, and no savepoint that could go with it.
+            return (yield unlock)
         if status is TxStatus.INTRANS:
             try:
                 if hold is None:

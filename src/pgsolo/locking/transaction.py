@@ -80,15 +80,8 @@ class XactLockCore(LockCore):
         owns = self._opens_own(status, context=context)
         if not owns and holdings.is_claimed(conn, pid, key):
             return failures.busy_here(self.events, pid)
-        if not owns and holdings.transaction_owner(conn, pid) not in (
-            None,
-            holdings.context_token(),
-        ):
-            raise ConnectionStateError(
-                f"the transaction open on this connection (backend pid {pid}) is one pgsolo"
-                " opened for another thread or task; joining it would share its locks and"
-                " its COMMIT. Use a connection per thread or task."
-            )
+        if not owns and holdings.owned_elsewhere(conn, pid):
+            raise holdings.shared_transaction_error(pid)
         claimed = False
         try:  # from the claim on, it is withdrawn at any exception (a Ctrl-C at any line)
             if owns:
@@ -100,11 +93,11 @@ class XactLockCore(LockCore):
                     reentrant=False,
                     claimant=self,
                     lifetime="xact",
+                    owner=holdings.context_token(),
                 )
                 if claim == "busy":
                     return failures.busy_here(self.events, pid)
                 claimed = True
-                holdings.set_transaction_owner(conn, pid, holdings.context_token())
             status = self._usable_status(status)
             # The caller's transaction: one already open, or the one a driver that begins
             # by itself is about to open (psycopg with autocommit=False: the caller commits
@@ -410,16 +403,21 @@ class XactLockCore(LockCore):
         # Marked as pgsolo's own first: whatever cuts the acquisition short from here on
         # ends it in let_go(), which lets go of the claim and its ownership together.
         opening = self._opening(status, owns=True) or []
-        claim, _, self.held = holdings.claim(
-            conn,
-            pid,
-            spec.key,
-            shared=spec.shared,
-            reentrant=False,
-            claimant=self,
-            lifetime="xact",
-            owner=holdings.context_token(),
-        )
+        try:
+            claim, _, self.held = holdings.claim(
+                conn,
+                pid,
+                spec.key,
+                shared=spec.shared,
+                reentrant=False,
+                claimant=self,
+                lifetime="xact",
+                owner=holdings.context_token(),
+            )
+        except ConnectionStateError:  # another's: nothing of it is this lock's to end
+            self.opened_transaction = False
+            self.transaction_marker = None
+            raise
         if claim != "new":  # on this connection's books already: nothing was opened yet
             self.opened_transaction = False
             self.transaction_marker = None
