@@ -16,6 +16,8 @@ from typing import Any
 
 import psycopg
 import pytest
+
+import pgsolo
 from psycopg.conninfo import make_conninfo
 
 from _support import (
@@ -106,6 +108,41 @@ def test_concurrent_runs_in_one_period_run_the_work_once(
     assert {r.reason for r in done if r.skipped} <= {"busy", "already-done-this-period"}
     (winner,) = [r for r in done if r.completed]
     assert work_rows(observer, job) == [str(winner.value)]  # the work ran exactly once
+    assert len(period_rows(observer, job)) == 1
+
+
+@pytest.mark.parametrize(
+    "isolation", [psycopg.IsolationLevel.REPEATABLE_READ, psycopg.IsolationLevel.SERIALIZABLE]
+)
+def test_an_xact_period_job_whose_snapshot_may_predate_its_lock_is_refused_before_the_work(
+    db: str, connect: Connect, observer: Any, isolation: psycopg.IsolationLevel
+) -> None:
+    """At REPEATABLE READ, an xact job's transaction takes its snapshot as the lock's
+    statement begins: a run that waited for the lock while another completed the period
+    read the period as undone, ran the work again (its side effects twice), then failed
+    on the period's INSERT. Now a check whose snapshot may be older than the lock refuses
+    the run before its work; a session job's check, a transaction of its own, runs."""
+    job = new_job()
+    conn = connect()
+    conn.isolation_level = isolation
+    ran: list[str] = []
+
+    def fn(conn: psycopg.Connection, name: str) -> str:
+        ran.append(name)
+        insert_work(conn, job, name)
+        return name
+
+    with pytest.raises(pgsolo.UsageError, match="READ COMMITTED"):
+        run_job(conn, job, fn, "xact", period="day", wait=5)
+    assert ran == []
+    assert period_rows(observer, job) == []
+    assert observer.advisory(pid=conn.info.backend_pid) == set()
+    assert conn.info.transaction_status is psycopg.pq.TransactionStatus.IDLE
+
+    assert run_job(conn, job, fn, "session", period="day", lifetime="session").completed
+    assert run_job(conn, job, fn, "again", period="day", lifetime="session").skipped
+    assert ran == ["session"]
+    assert work_rows(observer, job) == ["session"]
     assert len(period_rows(observer, job)) == 1
 
 

@@ -26,6 +26,7 @@ from ..errors import (
     NotMigratedError,
     PeriodUnconfirmedError,
     TransactionFailedError,
+    UsageError,
 )
 from ..locking import (
     LockCore,
@@ -208,6 +209,16 @@ class _Attempt:
             start = yield self._outside([sql.period_done(job.name, job.period)])
         except BaseException as exc:
             return (yield from self._failed(exc, in_work=False))
+        if start is not None and int(str(start)) == sql.PERIOD_UNSEEN:
+            yield from self.core.exit(failed=True)
+            raise UsageError(
+                f"job {job.name!r} checks its period in a transaction at REPEATABLE READ or"
+                " SERIALIZABLE that began before the check, whose snapshot may be older than"
+                " the lock: a period another run recorded while this one waited would look"
+                " undone, and the work would run twice. Run it at READ COMMITTED (the"
+                " connection's isolation level), or with lifetime='session' on an"
+                " autocommit connection."
+            )
         if start is not None:  # not done: the period this run marks, if its work succeeds
             self.period_start = int(str(start))
             return None

@@ -11,6 +11,7 @@ __all__ = [
     "name_fits",
     "next_period_start",
     "period_bounds",
+    "PERIOD_UNSEEN",
     "period_done",
     "period_marks",
     "period_record",
@@ -94,14 +95,24 @@ def period_bounds(periods: list[str]) -> str:
     return f"SELECT {utf8(f'({bounds})')}"
 
 
+PERIOD_UNSEEN = -1
+"""What :func:`period_done` answers in a transaction that cannot see the periods recorded
+since the lock was granted."""
+
+
 def period_done(job: str, period: str) -> str:
     """NULL if the current period is done already; otherwise its start, in whole seconds
     since the epoch (every period starts on a whole second): the one a run that finds it
     not done marks (:func:`period_record`) once its work succeeded, in whichever period
-    that work ends."""
+    that work ends. :data:`PERIOD_UNSEEN` in a transaction at REPEATABLE READ or
+    SERIALIZABLE that began before this statement: its snapshot may be older than the
+    lock (a transaction lock's wait takes it as it begins), and a period another run
+    recorded while it waited would look undone."""
     start = period_start(period)
     return (
-        "SELECT CASE WHEN EXISTS (SELECT 1 FROM pgsolo.job_periods"
+        "SELECT CASE WHEN current_setting('transaction_isolation') <> 'read committed'"
+        f" AND statement_timestamp() <> transaction_timestamp() THEN {PERIOD_UNSEEN}"
+        " WHEN EXISTS (SELECT 1 FROM pgsolo.job_periods"
         f" WHERE job = {sql_text(job)} AND period = {sql_text(period)}"
         f" AND period_start = {start}) THEN NULL"
         f" ELSE extract(epoch FROM {start})::bigint END"
