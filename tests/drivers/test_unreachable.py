@@ -414,3 +414,49 @@ def test_locks_gives_up_when_the_server_stops_answering_after_login(dsn: str) ->
         done = pgsolo_cli("locks", "--dsn", relay.dsn, within=STATEMENT_BOUND)
         assert relay.frozen_connections >= 1
     assert done.returncode == 69, done.stderr
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_connection_that_ends_under_pgsolos_first_statement_is_unavailable(
+    dsn: str, observer: Any, monkeypatch: pytest.MonkeyPatch, flavour: str
+) -> None:
+    """A backend terminated just as pgsolo opened its connection, under its first round
+    trip (the one that sizes the server's keepalives, over TCP): before, run_job raised
+    psycopg's own OperationalError or AdminShutdown; now the database is unavailable."""
+    from pgsolo.drivers._async.psycopg_driver import AsyncPsycopgDriver  # noqa: PLC0415
+    from pgsolo.drivers._sync.psycopg_driver import PsycopgDriver  # noqa: PLC0415
+
+    assert "127.0.0.1" in dsn or "localhost" in dsn  # TCP: where that round trip is sent
+    terminated: list[int] = []
+
+    def terminating(statements: Any, pid: int) -> None:
+        if any("pg_settings" in s for s in statements) and not terminated:
+            terminated.append(pid)
+            observer.conn.execute("SELECT pg_terminate_backend(%s, 5000)", (pid,))
+
+    sync_original, async_original = PsycopgDriver.fetch_value, AsyncPsycopgDriver.fetch_value
+
+    def fetch_value(driver: Any, statements: Any, *args: Any) -> object:
+        terminating(statements, driver.backend_pid())
+        return sync_original(driver, statements, *args)
+
+    async def afetch_value(driver: Any, statements: Any, *args: Any) -> object:
+        terminating(statements, driver.backend_pid())
+        return await async_original(driver, statements, *args)
+
+    monkeypatch.setattr(PsycopgDriver, "fetch_value", fetch_value)
+    monkeypatch.setattr(AsyncPsycopgDriver, "fetch_value", afetch_value)
+    ran: list[object] = []
+
+    async def awork(conn: Any) -> None:
+        ran.append(conn)
+
+    with pytest.raises(pgsolo.DatabaseUnavailableError) as raised:
+        if flavour == "sync":
+            pgsolo.run_job(dsn, "first-statement", ran.append, raise_errors=False)
+        else:
+            asyncio.run(pgsolo.run_job_async(dsn, "first-statement", awork, raise_errors=False))
+    assert terminated, "pgsolo's first round trip was not sent"
+    assert ran == []
+    password = psycopg.conninfo.conninfo_to_dict(dsn).get("password")
+    assert not password or password not in str(raised.value)

@@ -67,12 +67,15 @@ def open_connection(
 
 def _watch_client(conn: psycopg.Connection[Any], check_timeout: float, dsn: str) -> None:
     """Size the server's keepalives for the session (:func:`server_keepalives`)."""
+    failure: PgsoloError | None = None
     try:  # pgsolo's own round trip: bounded by answer_timeout like every other
         PsycopgDriver(conn).fetch_value([sql.watch_client(server_keepalives(check_timeout))])
     except psycopg.Error as exc:
         if conn.closed:  # the server went, or never answered: not a mere refusal
-            raise
-        # A proxy that refuses it: the locks still work, watched by the keeper.
-        logger.debug(
-            "pgsolo: the server's keepalives were not set: %s", scrub_secrets(str(exc), dsn)
-        )
+            failure = connect_error(exc, dsn, dsn)
+        else:  # a proxy that refuses it: the locks still work, watched by the keeper
+            logger.debug(
+                "pgsolo: the server's keepalives were not set: %s", scrub_secrets(str(exc), dsn)
+            )
+    if failure is not None:  # out of the except: psycopg's error is not its context
+        raise failure
