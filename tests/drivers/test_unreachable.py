@@ -451,11 +451,13 @@ def test_a_connection_that_ends_under_pgsolos_first_statement_is_unavailable(
     async def awork(conn: Any) -> None:
         ran.append(conn)
 
-    with pytest.raises(pgsolo.DatabaseUnavailableError) as raised:
+    def attempt() -> object:
         if flavour == "sync":
-            pgsolo.run_job(dsn, "first-statement", ran.append, raise_errors=False)
-        else:
-            asyncio.run(pgsolo.run_job_async(dsn, "first-statement", awork, raise_errors=False))
+            return pgsolo.run_job(dsn, "first-statement", ran.append, raise_errors=False)
+        return asyncio.run(pgsolo.run_job_async(dsn, "first-statement", awork, raise_errors=False))
+
+    with pytest.raises(pgsolo.DatabaseUnavailableError) as raised:
+        attempt()
     assert terminated, "pgsolo's first round trip was not sent"
     assert ran == []
     password = psycopg.conninfo.conninfo_to_dict(dsn).get("password")

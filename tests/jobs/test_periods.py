@@ -16,10 +16,9 @@ from typing import Any
 
 import psycopg
 import pytest
-
-import pgsolo
 from psycopg.conninfo import make_conninfo
 
+import pgsolo
 from _support import (
     DEADLINE,
     AConnect,

@@ -476,10 +476,10 @@ def _paused_before_sending(
     reached, go_on = threading.Event(), threading.Event()
 
     def fetch_value(driver: PsycopgDriver, statements: Any, *args: Any) -> object:
-        if threading.current_thread().name == thread and not reached.is_set():
-            if any(needle in statement for statement in statements):
-                reached.set()
-                assert go_on.wait(DEADLINE)
+        mine = threading.current_thread().name == thread and not reached.is_set()
+        if mine and any(needle in statement for statement in statements):
+            reached.set()
+            assert go_on.wait(DEADLINE)
         return original(driver, statements, *args)
 
     monkeypatch.setattr(PsycopgDriver, "fetch_value", fetch_value)

@@ -419,8 +419,8 @@ class SessionLockCore(LockCore):
         unlock = [unlock_statement(spec, guard)]
         if status is TxStatus.INTRANS and hold is None and self._owned_elsewhere():
             # Another thread's or task's, which its owner ends at any moment: the unlock
-            # alone, which needs no transaction, and no savepoint that could go with it.
-            return (yield unlock)
+            # as outside one, in no savepoint that could go with it.
+            status = TxStatus.IDLE
         if status is TxStatus.INTRANS:
             try:
                 if hold is None:

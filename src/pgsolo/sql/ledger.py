@@ -7,11 +7,11 @@ from .._types import read_period
 from .text import sql_text, text_or_null, utf8
 
 __all__ = [
+    "PERIOD_UNSEEN",
     "history",
     "name_fits",
     "next_period_start",
     "period_bounds",
-    "PERIOD_UNSEEN",
     "period_done",
     "period_marks",
     "period_record",

@@ -36,10 +36,11 @@ async def arecord_result(
     if not driver.is_closed():
         try:
             await adrive(record_plan(job, result, driver, exit_code=exit_code, warn=warn), driver)
-            return
         except Exception:
             if not driver.is_closed():
                 raise
+        else:
+            return
     if dsn is None:
         log_unrecorded(job, result)
         return
