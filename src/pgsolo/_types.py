@@ -204,7 +204,19 @@ def check_timezone(zone: object) -> str | None:
             f"unknown time zone {zone!r}: an IANA name such as Europe/Paris or"
             " America/New_York (the names zoneinfo and PostgreSQL know)"
         ) from None
-    return None if zone in _UTC else zone
+    if zone in _UTC:
+        return None
+    if "/" not in zone:
+        # PostgreSQL reads a zone's name as an abbreviation first, with the fixed offset
+        # the session's timezone_abbreviations give it: EST is -5 in one set and +10 in
+        # another, CET never has summer time, and two hosts would each run the same day.
+        raise InvalidArgumentError(
+            f"time zone {zone!r} has no region, and PostgreSQL may read such a name as an"
+            " abbreviation with a fixed offset, which depends on each session's"
+            " timezone_abbreviations: give its region/city name, such as Europe/Paris or"
+            " America/New_York"
+        )
+    return zone
 
 
 def _in_zone(period: Period, zone: object) -> Period:

@@ -71,6 +71,13 @@ def test_every_spelling_of_a_period_is_recorded_under_one(
         ("hour", "Asia/Kolkata", "counted in UTC"),
         ("24h", "Europe/Paris", "use the period 'day'"),
         ("day in Europe/Paris", "Asia/Tokyo", "already in a time zone"),
+        # Names PostgreSQL reads as abbreviations first, by each session's
+        # timezone_abbreviations: EST was -5 in one session and +10 in another (two
+        # records of one day), CET had no summer time.
+        ("day", "EST", "has no region"),
+        ("day", "CET", "has no region"),
+        ("day in MET", None, "has no region"),
+        ("week", "Japan", "has no region"),
     ],
 )
 def test_a_period_or_a_time_zone_it_cannot_be_is_refused_before_any_sql(

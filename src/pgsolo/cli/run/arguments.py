@@ -117,8 +117,8 @@ def _add_lock_options(parser: argparse.ArgumentParser) -> None:
         "--timezone",
         metavar="ZONE",
         help="where a --once-per day, week, month or year starts at midnight: an IANA name"
-        " (Europe/Paris); a day is then 23 or 25 hours long when the clocks change;"
-        " default: UTC",
+        " with its region (Europe/Paris, not CET); a day is then 23 or 25 hours long when"
+        " the clocks change; default: UTC",
     )
     parser.add_argument(
         "--record",
