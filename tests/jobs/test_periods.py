@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import threading
 import time
@@ -143,6 +144,34 @@ def test_an_xact_period_job_whose_snapshot_may_predate_its_lock_is_refused_befor
     assert ran == ["session"]
     assert work_rows(observer, job) == ["session"]
     assert len(period_rows(observer, job)) == 1
+
+
+def test_a_session_job_whose_work_left_its_transaction_failed_is_failed_not_done(
+    db: str, connect: Connect, observer: Any
+) -> None:
+    """Work on a connection with autocommit off that catches a database error leaves its
+    transaction failed; letting the key go rolls it back, work included. Before: the run
+    was failed with ``period-not-recorded``, whose meaning is that the work is done, and
+    the log said it completed."""
+    job = new_job()
+    conn = connect(autocommit=False)
+
+    def fn(conn: psycopg.Connection) -> str:
+        insert_work(conn, job, "rolled back")
+        with contextlib.suppress(psycopg.errors.DivisionByZero):
+            conn.execute("SELECT 1/0")
+        return "done"
+
+    result = run_job(conn, job, fn, period="day", lifetime="session", raise_errors=False)
+    assert (result.outcome, result.reason) == ("failed", None)
+    assert isinstance(result.error, pgsolo.TransactionFailedError)
+    assert "rolled back" in str(result.error)
+    assert conn.info.transaction_status is psycopg.pq.TransactionStatus.IDLE
+    assert work_rows(observer, job) == []
+    assert period_rows(observer, job) == []
+    assert observer.advisory(pid=conn.info.backend_pid) == set()
+    # Not done, so the next run in this period does it.
+    assert run_job(conn, job, lambda c: "again", period="day", lifetime="session").completed
 
 
 def test_a_session_run_that_loses_the_period_race_says_the_work_ran_twice(

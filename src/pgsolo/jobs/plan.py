@@ -303,6 +303,16 @@ class _Attempt:
             if gone is not None:
                 return self._ended("lost", reason=gone, error=self._lost(exc, gone))
             return self._ended("failed", error=exc)
+        if sql.meaning(self.driver.sqlstate(exc)) is sql.Meaning.TRANSACTION_FAILED:
+            # The work left its transaction failed (it caught a database error and went
+            # on): letting the key go rolled it back, work included. Not done, then.
+            failed = TransactionFailedError(
+                f"job {self.job.name!r}: its work left its transaction failed (a database"
+                " error it caught), so none of it could commit: it was rolled back as the"
+                " lock was let go, and the period is not marked"
+            )
+            failed.__cause__ = exc
+            return self._ended("failed", error=failed)
         # The work is done but its period is not marked: the next run in this period
         # will do it again. Say so with a failure rather than a silent success; when the
         # connection failed, the server may have written it all the same (a frozen backend
