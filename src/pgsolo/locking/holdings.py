@@ -118,7 +118,22 @@ def claim(
         holdings = _HOLDINGS.get(conn)
         if holdings is None or holdings.pid != pid:
             holdings = _HOLDINGS[conn] = _Holdings(pid, {})
-        _refuse_sharing(holdings, owner)
+        # Refused: a claim that would share pgsolo's own transaction with another thread
+        # or task. One for a transaction pgsolo opens (``owner``) while another's is open
+        # or opening, or while another lock is on its way to the server (its statements
+        # would land in the new transaction, or the new one's in its wait); any other
+        # while another's transaction is open (its waits and unlocks would end that
+        # transaction, or fail in it). The status each read before claiming may be
+        # another's. Written out here, without a call: every lock comes here.
+        current = holdings.transaction_owner
+        if owner is not None:
+            if current is not None and current != owner:
+                raise shared_transaction_error(pid)
+            for other in holdings.keys.values():
+                if other.pending:
+                    raise shared_transaction_error(pid)
+        elif current is not None and current != context_token():
+            raise shared_transaction_error(pid)
         held = holdings.keys.get(key.value)
         if held is None:
             held = Held(key, shared, [claimant], True, holdings, lifetime=lifetime)
@@ -130,21 +145,6 @@ def claim(
             held.holders.append(claimant)  # one step: on the books as the claimant's, or not
             return "reentered", holdings.route, held
         return "busy", holdings.route, None
-
-
-def _refuse_sharing(holdings: _Holdings, owner: tuple[int, int] | None) -> None:
-    """Refuse a claim that would share pgsolo's own transaction with another thread or
-    task: a claim for a transaction pgsolo opens (``owner``) while another's is open or
-    opening, or while another lock is on its way to the server (its statements would land
-    in the new transaction, or the new transaction's in its wait); any other claim while
-    another's transaction is open (its waits and unlocks would end that transaction, or
-    fail in it). The transaction status each one read before claiming may be another's."""
-    current = holdings.transaction_owner
-    if owner is not None:
-        if current not in (None, owner) or any(h.pending for h in holdings.keys.values()):
-            raise shared_transaction_error(holdings.pid)
-    elif current is not None and current != context_token():
-        raise shared_transaction_error(holdings.pid)
 
 
 def shared_transaction_error(pid: int) -> ConnectionStateError:
