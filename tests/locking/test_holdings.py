@@ -13,6 +13,7 @@ import contextlib
 import gc
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -486,6 +487,19 @@ def _paused_before_sending(
     return reached, go_on
 
 
+def _run_named(**targets: Callable[[], None]) -> None:
+    """Run each target in a thread of its name (``thread_a`` as "thread-a") to its end."""
+    threads = [
+        threading.Thread(target=target, name=name.replace("_", "-"))
+        for name, target in targets.items()
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(DEADLINE)
+        assert not thread.is_alive()
+
+
 @pytest.mark.parametrize("second", ["xact", "session-try", "session-wait"])
 def test_a_second_thread_that_read_the_connection_idle_cannot_join_the_first_ones_transaction(
     connect: Connect, observer: Any, key: Key, monkeypatch: pytest.MonkeyPatch, second: str
@@ -521,13 +535,7 @@ def test_a_second_thread_that_read_the_connection_idle_cannot_join_the_first_one
         finally:
             go_on.set()
 
-    a = threading.Thread(target=thread_a, name="thread-a")
-    b = threading.Thread(target=thread_b, name="thread-b")
-    a.start()
-    b.start()
-    for thread in (a, b):
-        thread.join(DEADLINE)
-        assert not thread.is_alive()
+    _run_named(thread_a=thread_a, thread_b=thread_b)
     assert "b_entered" not in seen
     assert "another thread or task" in str(seen["b_refused"])
     assert seen["a_acquired"] is True
@@ -572,13 +580,7 @@ def test_a_session_lock_released_as_another_threads_transaction_ends_is_released
         finally:
             go_on.set()
 
-    a = threading.Thread(target=thread_a, name="thread-a")
-    b = threading.Thread(target=thread_b, name="thread-b")
-    a.start()
-    b.start()
-    for thread in (a, b):
-        thread.join(DEADLINE)
-        assert not thread.is_alive()
+    _run_named(thread_a=thread_a, thread_b=thread_b)
     assert seen.get("b_released") is True, seen.get("b_failed")
     assert seen["a_acquired"] is True
     assert session.acquired is False

@@ -111,37 +111,26 @@ def after_session_failure(
     or asks whether the lock was granted, too (a cancellation just after a slice timed
     out, as its holder let the key go)."""
     try:
-        return (yield from _put_right(driver, spec, status, exc, hold, guard))
+        if hold is not None:  # opened first: every other statement of the message is inside it
+            if driver.transaction_status() is TxStatus.INERROR:
+                undo = [sql.rollback_to_savepoint(hold), sql.release_savepoint(hold)]
+                yield from quietly(driver, undo)
+            else:  # interrupted before the server ran the message, or after
+                yield from drop_hold(driver, hold)
+        # With fencing the token was not read: the caller cannot have that lock.
+        if spec.wait_ms is not None and timed_out(driver, exc) and not spec.fencing:
+            granted = (yield from recover(driver, spec, status)) is True
+            if granted and hold is not None:  # the block still needs its hold
+                yield [sql.savepoint(hold)]
+        else:
+            granted = False
+            yield from release_if_held(driver, spec, status, guard)
     except BaseException:
         # An interruption, or a failure of the statement that opens the hold again: the
         # key may be held, and nobody would know of it.
         yield from release_if_held(driver, spec, status, guard)
         raise
-
-
-def _put_right(
-    driver: DriverBase,
-    spec: LockSpec,
-    status: TxStatus,
-    exc: BaseException,
-    hold: str | None,
-    guard: int | None,
-) -> Plan[bool]:
-    """:func:`after_session_failure`'s steps, which any interruption may cut short."""
-    if hold is not None:  # opened first: every other statement of the message is inside it
-        if driver.transaction_status() is TxStatus.INERROR:
-            undo = [sql.rollback_to_savepoint(hold), sql.release_savepoint(hold)]
-            yield from quietly(driver, undo)
-        else:  # interrupted before the server ran the message, or after
-            yield from drop_hold(driver, hold)
-    # With fencing the token was not read: the caller cannot have that lock.
-    if spec.wait_ms is not None and timed_out(driver, exc) and not spec.fencing:
-        granted = (yield from recover(driver, spec, status)) is True
-        if granted and hold is not None:  # the block still needs its hold
-            yield [sql.savepoint(hold)]
-        return granted
-    yield from release_if_held(driver, spec, status, guard)
-    return False
+    return granted
 
 
 def release_if_held(
