@@ -12,6 +12,8 @@ import asyncio
 import contextlib
 import os
 import random
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -302,3 +304,48 @@ def test_a_close_cut_short_by_ctrl_c_is_finished_by_the_next(dsn: str, observer:
         if cut_short >= 3:
             break
     assert cut_short >= 1, "no SIGINT landed while connections were left to close"
+
+
+FORK_AFTER_AN_ASYNC_LOCKER = r"""
+import asyncio, os, sys
+import pgsolo
+
+dsn = sys.argv[1]
+
+
+async def main():
+    locker = pgsolo.AsyncLocker(dsn, max_connections=2, application_name="locker-fork-async")
+    locks = [locker.session_lock(f"locker-fork-async-{n}") for n in range(3)]
+    for lock in locks:
+        assert await lock.acquire()
+    if os.fork() == 0:
+        return "child"  # leaves asyncio.run(), which closes what the loop had suspended
+    os.wait()
+    for lock in locks:
+        assert await lock.is_held(), "the child ended the parent's session"
+        await lock.release()
+    await locker.close()
+    return "parent"
+
+
+if asyncio.run(main()) == "parent":
+    print("held through the child's end")
+"""
+
+
+def test_a_forked_child_leaving_its_event_loop_leaves_the_parents_async_locker_alone(
+    dsn: str,
+) -> None:
+    """Guards an AsyncLocker opened from a DSN whose forked child, never touching it,
+    ended the parent's sessions as it left asyncio.run(): the loop closed the suspended
+    generator each connection was opened in, which closed the child's copy of the
+    connection, and the server ended the parent's session with it."""
+    done = subprocess.run(
+        [sys.executable, "-c", FORK_AFTER_AN_ASYNC_LOCKER, dsn],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "held through the child's end"

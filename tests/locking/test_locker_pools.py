@@ -18,7 +18,7 @@ import sqlalchemy
 from sqlalchemy.ext.asyncio import create_async_engine
 
 import pgsolo
-from _support import unique_name
+from _support import terminate, unique_name
 from pgsolo import Keep
 
 
@@ -129,3 +129,32 @@ async def test_a_pool_of_the_other_flavour_is_refused_before_anything_is_borrowe
 def test_keep_cancel_on_a_sync_locker_names_the_async_one(dsn: str) -> None:
     with pytest.raises(pgsolo.UsageError, match="it needs an AsyncLocker"):
         pgsolo.Locker(dsn).session_lock("k", keep=pgsolo.Keep(cancel=True))
+
+
+async def test_an_async_engine_connection_its_server_ended_is_thrown_away_not_lent_again(
+    dsn: str, observer: Any
+) -> None:
+    """Guards an AsyncEngine on asyncpg whose pooled connection the server ended: the
+    Locker gave it back with close(), whose reset sends nothing on asyncpg, so the pool
+    kept it and lent it again, and every later lock was refused before any SQL
+    (ConnectionStateError), for good. It is now invalidated, and another borrowed."""
+    engine = create_async_engine(_sqlalchemy_url(dsn, "asyncpg"), pool_size=1, max_overflow=0)
+    try:
+        name = unique_name("locker-engine-dead")
+        async with pgsolo.AsyncLocker(engine, max_connections=1, idle_timeout=0.2) as locker:
+            first = locker.session_lock(f"{name}-1")
+            assert await first.acquire()
+            dead = first.backend_pid
+            assert dead is not None
+            await first.release()
+            await locker.close()  # its connection goes back to the engine's pool, alive
+            terminate(observer, dead)
+        async with pgsolo.AsyncLocker(engine, max_connections=1) as locker:
+            for n in range(3):
+                lock = locker.session_lock(f"{name}-again-{n}")
+                assert await lock.acquire()
+                assert lock.backend_pid != dead
+                assert observer.holders(lock.key) == {lock.backend_pid}
+                await lock.release()
+    finally:
+        await engine.dispose()

@@ -33,6 +33,10 @@ class Lender:
     """Return a loan to its pool."""
     is_async: bool
     """Whether it lends to async code (its loans are awaited)."""
+    discard: Callable[[Any], Any] | None = None
+    """Return a loan whose connection the server closed, for the pool to throw away; None
+    where ``give_back`` does that already (psycopg_pool's, psycopg2's and asyncpg's pools
+    look whether a connection came back closed)."""
 
 
 def _same(loan: Any) -> Any:
@@ -82,11 +86,20 @@ def _engine_lender(engine: Any) -> Lender:
     def driver_connection(loan: Any) -> Any:
         return loan.driver_connection
 
+    # A closed connection is invalidated, not closed: SQLAlchemy's reset of one sends
+    # nothing on asyncpg (its pool would lend it again) and logs a traceback on psycopg.
     if isinstance(engine, AsyncEngine):
         return Lender(
             engine.raw_connection,
             driver_connection,
             lambda loan: greenlet_spawn(loan.close),
             is_async=True,
+            discard=lambda loan: greenlet_spawn(loan.invalidate),
         )
-    return Lender(engine.raw_connection, driver_connection, lambda loan: loan.close(), False)
+    return Lender(
+        engine.raw_connection,
+        driver_connection,
+        lambda loan: loan.close(),
+        is_async=False,
+        discard=lambda loan: loan.invalidate(),
+    )

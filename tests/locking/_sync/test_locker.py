@@ -32,6 +32,7 @@ from _support import (
     unique_name,
 )
 from pgsolo import Keep, Key, LockLostError
+from pgsolo.locking._sync import locker as locker_module
 
 
 def test_two_thousand_keys_are_held_at_once_by_four_backends(dsn: str, observer: Any) -> None:
@@ -388,3 +389,69 @@ def test_a_pool_that_lends_nothing_is_a_database_unavailable_error(dsn: str) -> 
         lock = locker.session_lock(unique_name("locker-none-lent"))
         with pytest.raises(pgsolo.DatabaseUnavailableError, match="borrow"):
             lock.acquire()
+
+
+def test_a_pooled_connection_its_server_ended_goes_back_before_another_is_borrowed(
+    dsn: str, observer: Any
+) -> None:
+    """Guards a pool of one whose connection the server ended under a held lock: the
+    Locker kept the dead connection borrowed until its janitor ran (idle_timeout / 2,
+    30 s by default), so each later try waited the pool's whole timeout for a connection
+    and then went on the dead one."""
+    with (
+        psycopg_pool.ConnectionPool(
+            dsn, min_size=1, max_size=1, timeout=5, kwargs={"autocommit": True}, open=False
+        ) as pool,
+        pgsolo.Locker(pool, max_connections=1) as locker,
+    ):
+        name = unique_name("locker-dead-loan")
+        first = locker.session_lock(f"{name}-1")
+        assert first.acquire()
+        dead = first.backend_pid
+        assert dead is not None
+        terminate(observer, dead)
+        with pytest.raises(LockLostError):
+            first.release()
+        second = locker.session_lock(f"{name}-2")
+        started = time.monotonic()
+        assert second.acquire()
+        assert time.monotonic() - started < 3  # not the pool's timeout (5 s)
+        assert second.backend_pid != dead
+        assert observer.holders(second.key) == {second.backend_pid}
+        second.release()
+
+
+def test_a_lock_seated_on_a_connection_found_closed_meanwhile_goes_to_another(
+    dsn: str, observer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Guards a lock placed on a connection that looked alive, which another lock's
+    statement found closed by its server before this one's turn: the lock was refused
+    before any SQL with ConnectionStateError ("closed or broken"), where it goes to
+    another connection."""
+    name = unique_name("locker-found-closed")
+    with pgsolo.Locker(dsn, max_connections=2, application_name=name) as locker:
+        first = locker.session_lock(f"{name}-1")
+        assert first.acquire()
+        dead = first.backend_pid
+        assert dead is not None
+        first.release()
+        terminate(observer, dead)
+        placed = locker_module.fewest_held
+        found: list[Any] = []
+
+        def placed_then_found_closed(tenants: Any, key: Key, limit: int) -> Any:
+            best, open_new = placed(tenants, key, limit)
+            if best is not None and not found:
+                found.append(best)
+                # Another lock's statement finds it dead (libpq's own call: in sync code).
+                best.conn.pgconn.exec_(b"SELECT 1")
+                assert best.driver.is_closed()
+            return best, open_new
+
+        monkeypatch.setattr(locker_module, "fewest_held", placed_then_found_closed)
+        second = locker.session_lock(f"{name}-2")
+        assert second.acquire()
+        assert found, "the lock was not placed on the dead connection"
+        assert second.backend_pid != dead
+        assert observer.holders(second.key) == {second.backend_pid}
+        second.release()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -57,11 +58,18 @@ async def aopen_connection(
             failure = None
         if failure is not None:  # out of the except: psycopg's error is not its context
             raise failure
-        async with conn:
+        opened_in = os.getpid()
+        try:
             bound_answers(conn, answer_timeout)
             if not over_unix_socket(conn):  # on a unix socket, no TCP for them to watch
                 await _watch_client(conn, check_timeout, dsn)
             yield conn
+        finally:
+            # In a child of fork() the connection is a copy of the parent's session:
+            # closing it would tell the server to end that session, and the parent's locks
+            # with it (a child's asyncio.run() closes the suspended generators it inherited).
+            if os.getpid() == opened_in:
+                await conn.close()
 
 
 async def _watch_client(conn: psycopg.AsyncConnection[Any], check_timeout: float, dsn: str) -> None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -58,11 +59,18 @@ def open_connection(
             failure = None
         if failure is not None:  # out of the except: psycopg's error is not its context
             raise failure
-        with conn:
+        opened_in = os.getpid()
+        try:
             bound_answers(conn, answer_timeout)
             if not over_unix_socket(conn):  # on a unix socket, no TCP for them to watch
                 _watch_client(conn, check_timeout, dsn)
             yield conn
+        finally:
+            # In a child of fork() the connection is a copy of the parent's session:
+            # closing it would tell the server to end that session, and the parent's locks
+            # with it (a child's asyncio.run() closes the suspended generators it inherited).
+            if os.getpid() == opened_in:
+                conn.close()
 
 
 def _watch_client(conn: psycopg.Connection[Any], check_timeout: float, dsn: str) -> None:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 from ..._acompat import IS_ASYNC, Mutex, pause, to_its_end
 from ...drivers import SyncDriver, adapt_sync
 from ...drivers._sync.connect import open_connection
+from ...errors import ConnectionStateError, DatabaseUnavailableError
 from ...keys import KeyLike
 from ...locking import (
     Keeper,
@@ -142,12 +143,28 @@ def _run_through(
     deadline = None if job.wait is None else time.monotonic() + job.wait
     one_try = dataclasses.replace(job, wait=None)
     pauses = poll_pauses()
+    dead = 0  # connections found closed by their server before the work began
     while True:
         last = deadline is None or time.monotonic() >= deadline
+        began: list[bool] = []
         with lend_session(locker, job.key) as (driver, mutex):
-            result = _run_sync(
-                one_try, driver, None, _without, (mutex, fn, args), again_if_busy=not last
-            )
+            try:
+                result = _run_sync(
+                    one_try,
+                    driver,
+                    None,
+                    _without,
+                    (mutex, began, fn, args),
+                    again_if_busy=not last,
+                )
+            except (DatabaseUnavailableError, ConnectionStateError):
+                # Ended by its server before the work began (refused before any SQL, or
+                # failed under the lock's statement, nothing held): the attempt goes to
+                # another connection, as a Locker's lock does.
+                dead += 1
+                if began or not driver.is_closed() or dead > locker.max_connections:
+                    raise
+                continue
         if last or not _busy(result):
             return result
         pause(min(next(pauses), max(0.0, (deadline or 0) - time.monotonic())), None)
@@ -157,8 +174,10 @@ def _busy(result: JobResult[Any]) -> bool:
     return result.outcome == "skipped" and result.reason == "busy"
 
 
-def _without(mutex: Mutex, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
-    """``fn(*args)``, the Locker's connection left to its other locks meanwhile."""
+def _without(mutex: Mutex, began: list[bool], fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+    """``fn(*args)``, the Locker's connection left to its other locks meanwhile; ``began``
+    says it was called."""
+    began.append(True)
     mutex.release()
     try:
         return work_value(fn(*args))

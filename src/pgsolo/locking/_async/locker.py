@@ -43,6 +43,7 @@ from ...drivers.connect import aopen_connection
 from ...drivers.lenders import lender_of
 from ...dsn import libpq_dsn
 from ...errors import (
+    ConnectionStateError,
     DatabaseUnavailableError,
     LockLostError,
     LockNotHeldError,
@@ -116,6 +117,16 @@ class _DeadConnection(Exception):
         self.error = error
 
 
+def _unavailable(session: _Session, exc: BaseException) -> DatabaseUnavailableError:
+    """``exc``, found on ``session`` once its server closed it, as the database
+    unavailable there."""
+    if isinstance(exc, DatabaseUnavailableError):
+        return exc
+    error = DatabaseUnavailableError(f"the Locker connection {session.label} was closed: {exc}")
+    error.__cause__ = exc
+    return error
+
+
 async def _alone(session: _Session, step: Callable[[], Awaitable[T]]) -> T:
     """``step()``, with the session to itself for its round trip; :class:`_Retired` if the
     Locker closed it (a pooled connection may be another's by now: never touched)."""
@@ -160,11 +171,19 @@ class AsyncLocker:
         self._books = threading.Lock()  # the sessions and their counts; never held across I/O
         self._opening = AMutex()
         self._sessions: list[_Session] = []
-        self._closers: dict[int, Callable[[], Any]] = {}
+        # How each session's connection goes back: closed, or to its pool (thrown away
+        # there when the server closed it: the argument).
+        self._closers: dict[int, Callable[[bool], Awaitable[None]]] = {}
         self._opened = 0
         self._closed = False
         self._stop_janitor = AStop()
         self._janitor: ASpawned | None = None
+
+    @property
+    def max_connections(self) -> int:
+        """The most connections it has open at once (a try goes past as many found closed
+        by their server, and one more, before it raises)."""
+        return self._options.max_connections
 
     @property
     def connections(self) -> int:
@@ -275,6 +294,10 @@ class AsyncLocker:
                     if best is not None:
                         best.keys.add(key.value)
                     return best
+            # One the server closed goes back first: in a pool it takes up a place, and
+            # a pool with no other would keep the next borrower waiting for its timeout.
+            for dead in self._retire_dead():
+                await self._retire(dead)
             try:
                 session = await self._open()
             except Exception as exc:
@@ -327,11 +350,18 @@ class AsyncLocker:
         """Take out of use the sessions that are broken, or idle for ``idle_timeout``."""
         now = time.monotonic()
         limit = self._options.idle_timeout
+        return self._take_out(lambda session: now - session.idle_since >= limit)
+
+    def _retire_dead(self) -> list[_Session]:
+        """Take out of use the sessions that nothing is seated on and that are broken."""
+        return self._take_out(lambda session: False)
+
+    def _take_out(self, idle_enough: Callable[[_Session], bool]) -> list[_Session]:
         with self._books:
             done = [
                 session
                 for session in self._sessions
-                if not session.keys and (session.broken() or now - session.idle_since >= limit)
+                if not session.keys and (session.broken() or idle_enough(session))
             ]
             for session in done:
                 self._sessions.remove(session)
@@ -345,33 +375,50 @@ class AsyncLocker:
         self._opened += 1
         label = f"{self._options.application_name}#{self._opened}"
         source = self._source
-        if not isinstance(source, str):
-            lender = lender_of(source, is_async=AIS_ASYNC)
-            try:
-                loan = await aresult_of(lender.borrow())
-            except Exception as exc:  # the pool's own error (psycopg_pool's PoolTimeout...)
-                raise DatabaseUnavailableError(
-                    f"the Locker could not borrow a connection from its pool: {exc!r}"
-                ) from exc
-
-            async def give_back() -> None:
-                await aresult_of(lender.give_back(loan))
-
-            try:
-                conn = lender.connection_of(loan)
-                driver = adapt_async(conn)
-            except BaseException:
-                await give_back()  # a connection pgsolo cannot use goes back at once
-                raise
-
-        else:
+        if isinstance(source, str):
             opened = aopen_connection(source, application_name=self._options.application_name)
             conn = await opened.__aenter__()
             driver = adapt_async(conn)
 
-            async def give_back() -> None:
+            async def close(dead: bool) -> None:  # closed, dead or not
                 await opened.__aexit__(None, None, None)
 
+            session = _Session(conn, driver, label)
+            self._closers[id(session)] = close
+            return session
+        # A pool may lend connections the server closed while they sat in it (a pool
+        # that does not check them): each goes back to be thrown away, up to one more
+        # than the pool may lend this Locker.
+        for _ in range(self._options.max_connections + 1):
+            session = await self._borrow(label)
+            if not session.driver.is_closed():
+                return session
+            await self._closers.pop(id(session))(True)
+        raise DatabaseUnavailableError(
+            "the Locker's pool lent only connections its server had closed"
+            f" ({self._options.max_connections + 1} in a row)"
+        )
+
+    async def _borrow(self, label: str) -> _Session:
+        """A session on a connection borrowed from the Locker's pool."""
+        lender = lender_of(self._source, is_async=AIS_ASYNC)
+        try:
+            loan = await aresult_of(lender.borrow())
+        except Exception as exc:  # the pool's own error (psycopg_pool's PoolTimeout...)
+            raise DatabaseUnavailableError(
+                f"the Locker could not borrow a connection from its pool: {exc!r}"
+            ) from exc
+
+        async def give_back(dead: bool) -> None:
+            discard = lender.discard if dead and lender.discard is not None else lender.give_back
+            await aresult_of(discard(loan))
+
+        try:
+            conn = lender.connection_of(loan)
+            driver = adapt_async(conn)
+        except BaseException:
+            await give_back(False)  # a connection pgsolo cannot use goes back at once
+            raise
         session = _Session(conn, driver, label)
         self._closers[id(session)] = give_back
         return session
@@ -394,7 +441,7 @@ class AsyncLocker:
             # Off the books once given back: a retire cut short gives it back next time.
             give_back = self._closers.get(id(session))
             if give_back is not None:
-                await give_back()
+                await give_back(session.driver.is_closed())
                 del self._closers[id(session)]
 
     def _watch(
@@ -483,7 +530,7 @@ class AsyncLockerLock(InnerLockView):
                 # Ended by its server while idle (idle_session_timeout, a terminated
                 # backend): nothing was taken, and the next try goes to another one.
                 dead += 1
-                if deadline is None and dead > self._locker._options.max_connections:
+                if deadline is None and dead > self._locker.max_connections:
                     raise gone  # outside the except: the driver's error stays its cause
                 if deadline is None:
                     continue
@@ -521,7 +568,10 @@ class AsyncLockerLock(InnerLockView):
                 await ato_its_end(_alone(session, lock.release), RELEASE_BOUND)
             self._lock = self._session = None
             locker._unseat(session, self.key)
-            if isinstance(exc, DatabaseUnavailableError) and session.broken():
+            dead = isinstance(exc, DatabaseUnavailableError | ConnectionStateError)
+            if dead and session.broken():
+                # Closed under another lock's statement while this one waited its turn
+                # (refused before any SQL, ConnectionStateError), or under this one's.
                 logger.warning(
                     "pgsolo: the Locker connection %s was found closed by its server"
                     " (%s); the lock on %s is tried on another",
@@ -529,7 +579,7 @@ class AsyncLockerLock(InnerLockView):
                     exc,
                     self.key,
                 )
-                raise _DeadConnection(exc) from exc
+                raise _DeadConnection(_unavailable(session, exc)) from exc
             raise
         if not acquired:
             locker._unseat(session, self.key)
