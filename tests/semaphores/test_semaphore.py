@@ -287,3 +287,121 @@ async def test_nested_blocks_of_one_async_semaphore_object_are_refused(
                 pass
         assert len([p for p in held_slots(observer, name, limit).values() if p]) == 1
     assert all(not pids for pids in held_slots(observer, name, limit).values())
+
+
+def _interrupt_once(monkeypatch: pytest.MonkeyPatch, cls: type, name: str) -> list[str]:
+    """A KeyboardInterrupt, once, as ``cls.name`` is next called (a Ctrl-C lands at any
+    line: here, on the way in or out of the slot's lock)."""
+    original = getattr(cls, name)
+    fired: list[str] = []
+
+    def interrupted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not fired:
+            fired.append(name)
+            raise KeyboardInterrupt
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(cls, name, interrupted)
+    return fired
+
+
+@pytest.mark.parametrize("ending", ["release", "with"])
+def test_a_release_cut_short_keeps_the_slot_to_release_again(
+    connect: Connect, observer: Observer, monkeypatch: pytest.MonkeyPatch, ending: str
+) -> None:
+    """Guards a Ctrl-C inside the slot's release (release(), or a with block's end) that
+    left the slot held on the server while the semaphore forgot it: acquired was False,
+    release() again did nothing, and the slot stayed taken for the connection's life."""
+    conn = connect()
+    name = unique_name("semaphore")
+    semaphore = pgsolo.semaphore(conn, name, limit=1)
+    assert semaphore.acquire()
+    fired = _interrupt_once(monkeypatch, pgsolo.Lock, "_give_back")
+    end = semaphore.release if ending == "release" else lambda: semaphore.__exit__(None, None, None)
+    with pytest.raises(KeyboardInterrupt):
+        end()
+    assert fired
+    # Whatever the interrupted release did, the semaphore says it (before: released on
+    # the books, held on the server).
+    held = held_slots(observer, name, 1)[0]
+    assert semaphore.acquired == (held == {conn.info.backend_pid})
+    if ending == "release":
+        assert semaphore.acquired  # the unlock never went out
+    semaphore.release()
+    assert not semaphore.acquired
+    assert held_slots(observer, name, 1) == {0: set()}
+    assert pgsolo.semaphore(conn, name, limit=1).acquire()
+
+
+def test_an_acquire_cut_short_after_the_grant_holds_nothing(
+    connect: Connect, observer: Observer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Guards a Ctrl-C in a plain acquire() just after a slot was granted (only a with
+    block let it go then): acquire() raised, the slot stayed held, and acquired said so
+    with no slot to release."""
+    conn = connect()
+    name = unique_name("semaphore")
+    semaphore = pgsolo.semaphore(conn, name, limit=2)
+    fired: list[str] = []
+    original = pgsolo.Lock.__enter__
+
+    def granted_then_interrupted(self: Any) -> Any:
+        entered = original(self)
+        if not fired:
+            fired.append("after the grant")
+            raise KeyboardInterrupt
+        return entered
+
+    monkeypatch.setattr(pgsolo.Lock, "__enter__", granted_then_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        semaphore.acquire()
+    assert fired
+    assert not semaphore.acquired
+    assert semaphore.slot is None
+    assert observer.advisory(pid=conn.info.backend_pid) == set()
+    assert pgsolo.held_session_locks(conn) == []
+
+
+def test_a_wait_for_a_slot_over_a_slow_sweep_ends_when_its_seconds_do() -> None:
+    """Guards a wait that ran far past wait= (1 s became 6.6 s for 1024 slots at 3 ms a
+    round trip): its deadline was set after the first sweep of tries, and every turn was
+    followed by a full sweep more."""
+    from pgsolo.locking import slot_attempts  # noqa: PLC0415
+
+    started = time.monotonic()
+    attempts = 0
+    for _slot, _wait in slot_attempts(1024, 0.3):
+        attempts += 1
+        time.sleep(0.003)  # each try a round trip on a slow link
+    assert attempts < 1024  # not even the first sweep: the wait was over before
+    assert time.monotonic() - started < 0.3 + 0.1
+
+
+def test_a_limited_jobs_wait_skips_the_slot_its_own_connection_holds(
+    connect: Connect, observer: Observer
+) -> None:
+    """Guards run_job(limit=N, wait=S) on a connection that holds one of the slots
+    through a semaphore: it raised LockUnavailableError ("already held on this
+    connection") on its turn at that slot, where a semaphore waits for the others."""
+    name = unique_name("semaphore")
+    conn, other = connect(), connect()
+    mine = pgsolo.semaphore(conn, name, limit=2)
+    theirs = pgsolo.semaphore(other, name, limit=2)
+    assert mine.acquire()
+    assert theirs.acquire()
+    for lifetime in ("xact", "session"):
+        freeing = threading.Timer(0.3, theirs.release)
+        freeing.start()
+        result = pgsolo.run_job(
+            conn,
+            name,
+            lambda c: "ran",
+            limit=2,
+            wait=10,
+            lifetime=lifetime,  # type: ignore[arg-type]
+        )
+        freeing.join()
+        assert (result.outcome, result.value) == ("completed", "ran")
+        assert theirs.acquire()
+    mine.release()
+    theirs.release()

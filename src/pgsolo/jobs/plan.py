@@ -31,6 +31,7 @@ from ..errors import (
 from ..locking import (
     LockCore,
     LockSpec,
+    is_claimed,
     lock_core,
     outside_transaction,
     refuse_keeper,
@@ -185,8 +186,11 @@ class _Attempt:
         of :func:`~pgsolo.locking.slot_attempts`. The one core is aimed at each slot in turn,
         let go of after each busy one, and the job is the run holding the slot it got."""
         core, job = self.core, self.job
+        conn, pid = self.driver.connection, self.driver.backend_pid()
         tried = False
         for slot, wait in slot_attempts(job.limit, job.wait):
+            if wait is not None and is_claimed(conn, pid, job.slots[slot]):
+                continue  # held on this connection (a semaphore's): it would never free for it
             if tried:
                 yield from core.exit(failed=False)
             tried = True

@@ -48,6 +48,7 @@ from .failures import unresponsive as unresponsive
 from .handbacks import install as install
 from .handbacks import release_at_request_end as _release_at_request_end  # noqa: F401 - registers it
 from .holdings import held_session_locks
+from .holdings import is_claimed as is_claimed
 from .multiplex import poll_pauses as poll_pauses
 from .placement import outside_transaction as outside_transaction
 from .recovery import connection_gone as connection_gone

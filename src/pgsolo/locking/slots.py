@@ -26,15 +26,23 @@ def slot_attempts(limit: int, wait: float | None) -> Iterator[tuple[int, float |
     """The attempts of one acquisition, each ``(slot, seconds to wait for it)`` (None: a
     try): every slot once, in an order of its own (candidates spread over the slots,
     not all on slot 0); then, while ``wait`` seconds last, a turn on one slot and every
-    slot again. The caller stops at the first slot it gets; when the attempts run out,
-    no slot was free (``wait`` None) or none freed in time."""
+    slot again, each try too only while they last. The caller stops at the first slot it
+    gets; when the attempts run out, no slot was free (``wait`` None) or none freed in
+    time."""
     order = random.sample(range(limit), limit)  # a spread over the slots, not a secret
-    yield from ((slot, None) for slot in order)
     if wait is None:
+        yield from ((slot, None) for slot in order)
         return
+    # From the start, and for every try: a sweep of many slots over a slow link takes
+    # seconds of its own, and a wait must end when its seconds are over.
     deadline = time.monotonic() + wait
     turn = 0
-    while (left := deadline - time.monotonic()) > 0:
+    while True:
+        for slot in order:
+            if time.monotonic() >= deadline:
+                return
+            yield slot, None
+        if (left := deadline - time.monotonic()) <= 0:
+            return
         yield order[turn % limit], min(TURN_SECONDS, left)
         turn += 1
-        yield from ((slot, None) for slot in order)

@@ -61,13 +61,14 @@ class AsyncSemaphore(InnerLockView):
         :class:`~pgsolo.LockTimeoutError` once ``wait`` seconds have gone by. One that
         holds a slot already is refused (:class:`~pgsolo.UsageError`): it holds one at a
         time, and its first would be left held."""
-        self._refuse_held()
-        spec = self._spec
-        for slot, wait in slot_attempts(spec.limit, spec.wait):
-            if wait is not None and self._held_here(slot):
-                continue  # PostgreSQL would grant it to this session again: never freed
-            if await self._take(slot, wait=wait):
+        self._refuse_held()  # before the try: the slot it holds is not this call's to let go
+        try:
+            if await self._take_free():
                 return True
+        except BaseException:
+            await self._let_go()  # cut short, perhaps just after a slot's grant
+            raise
+        spec = self._spec
         if spec.wait is None:
             return False
         raise LockTimeoutError(
@@ -76,23 +77,29 @@ class AsyncSemaphore(InnerLockView):
             timeout=spec.wait,
         )
 
+    async def _take_free(self) -> bool:
+        """Whether a slot was taken, in the order of :func:`slot_attempts`."""
+        spec = self._spec
+        for slot, wait in slot_attempts(spec.limit, spec.wait):
+            if wait is not None and self._held_here(slot):
+                continue  # PostgreSQL would grant it to this session again: never freed
+            if await self._take(slot, wait=wait):
+                return True
+        return False
+
     async def release(self) -> None:
-        """Give the slot back (raises the :class:`~pgsolo.LockLostError` the keeper found)."""
+        """Give the slot back (raises the :class:`~pgsolo.LockLostError` the keeper found).
+        One cut short with the slot still held keeps it, for ``release()`` again."""
         lock = self._lock
         if lock is None:
             return
         try:
             await lock.release()
         finally:
-            self._lock, self.slot = None, None
+            self._forget_unless_held(lock)
 
     async def __aenter__(self) -> Self:
-        self._refuse_held()  # before the try: the slot it holds is not this block's to let go
-        try:
-            await self.acquire()
-        except BaseException:
-            await self._let_go()
-            raise
+        await self.acquire()
         return self
 
     async def __aexit__(
@@ -107,6 +114,12 @@ class AsyncSemaphore(InnerLockView):
         try:
             await lock.__aexit__(exc_type, exc, tb)
         finally:
+            self._forget_unless_held(lock)
+
+    def _forget_unless_held(self, lock: AsyncLock | AsyncLockerLock) -> None:
+        """After a release, or one cut short (a Ctrl-C lands at any line): the slot stays
+        this one's while its lock is still held, so that release() can let it go."""
+        if not lock.acquired:
             self._lock, self.slot = None, None
 
     def _refuse_held(self) -> None:
@@ -133,9 +146,8 @@ class AsyncSemaphore(InnerLockView):
         except LockTimeoutError:  # the turn ran out: nothing is held
             self._lock = None
             return False
-        except BaseException:
-            self._lock = None  # a lock that raised as it was taken let itself go
-            raise
+        # Anything else goes to acquire(), whose _let_go() lets the lock go if it is held
+        # (an interruption just as __aenter__ returned lands here, after the grant).
         if lock.acquired:
             self.slot = slot
             return True

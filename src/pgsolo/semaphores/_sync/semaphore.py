@@ -62,13 +62,14 @@ class Semaphore(InnerLockView):
         :class:`~pgsolo.LockTimeoutError` once ``wait`` seconds have gone by. One that
         holds a slot already is refused (:class:`~pgsolo.UsageError`): it holds one at a
         time, and its first would be left held."""
-        self._refuse_held()
-        spec = self._spec
-        for slot, wait in slot_attempts(spec.limit, spec.wait):
-            if wait is not None and self._held_here(slot):
-                continue  # PostgreSQL would grant it to this session again: never freed
-            if self._take(slot, wait=wait):
+        self._refuse_held()  # before the try: the slot it holds is not this call's to let go
+        try:
+            if self._take_free():
                 return True
+        except BaseException:
+            self._let_go()  # cut short, perhaps just after a slot's grant
+            raise
+        spec = self._spec
         if spec.wait is None:
             return False
         raise LockTimeoutError(
@@ -77,23 +78,29 @@ class Semaphore(InnerLockView):
             timeout=spec.wait,
         )
 
+    def _take_free(self) -> bool:
+        """Whether a slot was taken, in the order of :func:`slot_attempts`."""
+        spec = self._spec
+        for slot, wait in slot_attempts(spec.limit, spec.wait):
+            if wait is not None and self._held_here(slot):
+                continue  # PostgreSQL would grant it to this session again: never freed
+            if self._take(slot, wait=wait):
+                return True
+        return False
+
     def release(self) -> None:
-        """Give the slot back (raises the :class:`~pgsolo.LockLostError` the keeper found)."""
+        """Give the slot back (raises the :class:`~pgsolo.LockLostError` the keeper found).
+        One cut short with the slot still held keeps it, for ``release()`` again."""
         lock = self._lock
         if lock is None:
             return
         try:
             lock.release()
         finally:
-            self._lock, self.slot = None, None
+            self._forget_unless_held(lock)
 
     def __enter__(self) -> Self:
-        self._refuse_held()  # before the try: the slot it holds is not this block's to let go
-        try:
-            self.acquire()
-        except BaseException:
-            self._let_go()
-            raise
+        self.acquire()
         return self
 
     def __exit__(
@@ -108,6 +115,12 @@ class Semaphore(InnerLockView):
         try:
             lock.__exit__(exc_type, exc, tb)
         finally:
+            self._forget_unless_held(lock)
+
+    def _forget_unless_held(self, lock: Lock | LockerLock) -> None:
+        """After a release, or one cut short (a Ctrl-C lands at any line): the slot stays
+        this one's while its lock is still held, so that release() can let it go."""
+        if not lock.acquired:
             self._lock, self.slot = None, None
 
     def _refuse_held(self) -> None:
@@ -134,9 +147,8 @@ class Semaphore(InnerLockView):
         except LockTimeoutError:  # the turn ran out: nothing is held
             self._lock = None
             return False
-        except BaseException:
-            self._lock = None  # a lock that raised as it was taken let itself go
-            raise
+        # Anything else goes to acquire(), whose _let_go() lets the lock go if it is held
+        # (an interruption just as __enter__ returned lands here, after the grant).
         if lock.acquired:
             self.slot = slot
             return True
