@@ -87,6 +87,23 @@ def test_the_server_gives_a_silent_holder_up_only_after_its_keeper_did(keep: Kee
     assert server_keepalives(keepalive_basis(None)) == server_keepalives()  # unwatched
 
 
+@pytest.mark.parametrize("grace", [0.5, 1, 10, 30])
+def test_the_server_gives_a_silent_pgsolo_run_up_only_after_command_was_killed(
+    grace: float,
+) -> None:
+    """Guards `pgsolo run` on a host cut off: its keeper gives the lock up after
+    --check-interval plus --check-timeout, then COMMAND gets SIGTERM and SIGKILL after
+    --grace; the server's keepalives were sized without --grace, so with the default 10 s
+    the next host's COMMAND started while the cut one's still ran (6 s of overlap)."""
+    keep = Keep(interval=1, timeout=10)  # pgsolo run's defaults
+    settings = server_keepalives(keepalive_basis(keep, stopping=grace))
+    silence = settings["tcp_keepalives_idle"] + (
+        settings["tcp_keepalives_interval"] * settings["tcp_keepalives_count"]
+    )
+    assert silence > keep.interval + keep.timeout + grace
+    assert settings["tcp_user_timeout"] == silence * 1000
+
+
 def test_a_session_job_with_a_keeper_of_its_own_sizes_the_servers_keepalives_from_it(
     db: str,
 ) -> None:

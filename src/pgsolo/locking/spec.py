@@ -58,14 +58,16 @@ class Keep:
             raise InvalidArgumentError(f"cancel must be True or False, got {self.cancel!r}")
 
 
-def keepalive_basis(keep: Keep | None) -> float:
+def keepalive_basis(keep: Keep | None, *, stopping: float = 0.0) -> float:
     """The ``check_timeout`` of a connection pgsolo opens to hold a lock that ``keep``
     watches: its server keepalives give a silent client up only after the keeper gave
     the lock up, at most ``interval`` + ``timeout`` after the last beat the server heard
-    (a beat's wait, then its timeout). Unwatched: KEEPALIVE_BASIS."""
+    (a beat's wait, then its timeout), and after the ``stopping`` seconds the work may
+    take to stop then (``pgsolo run --grace``: SIGTERM, then SIGKILL). Unwatched:
+    KEEPALIVE_BASIS."""
     if keep is None:
         return KEEPALIVE_BASIS
-    return keepalive_basis_outlasting(keep.interval + keep.timeout)
+    return keepalive_basis_outlasting(keep.interval + keep.timeout + stopping)
 
 
 def as_keep(keep: bool | Keep | None) -> Keep | None:

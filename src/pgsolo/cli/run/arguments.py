@@ -161,7 +161,7 @@ def _add_watch_options(parser: argparse.ArgumentParser) -> None:
         default=10.0,
         metavar="S",
         help="after a lost lock (or with --kill-on-exit), seconds between SIGTERM and"
-        " SIGKILL (default: 10)",
+        " SIGKILL (default: 10); the server gives a silent host up only after them",
     )
     parser.add_argument(
         "--kill-on-exit",

@@ -209,7 +209,9 @@ class _Attempt:
                             application_name=self.job.application_name_for(self.dsn),
                             defaults=self._settings(),
                             answer_timeout=self.check_timeout,
-                            check_timeout=keepalive_basis(self._keep()),
+                            # A host cut off has killed COMMAND before the server
+                            # lets another take the key: SIGTERM, --grace, SIGKILL.
+                            check_timeout=keepalive_basis(self._keep(), stopping=self.grace),
                         )
                     )
             except Interrupted as exc:  # nothing to log against, and no sign of a ledger
