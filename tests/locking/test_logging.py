@@ -4,6 +4,7 @@ connection string never reaches a log record or an error message.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from typing import Any
@@ -131,3 +132,24 @@ def test_password_never_logged_or_in_errors(
     for text in messages:
         assert password not in text
     assert "database" in str(timeout.value)
+
+
+async def test_a_wait_cancelled_as_its_service_stops_is_no_warning(
+    aconnect: Any, connect: Connect, key: Key, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Guards every waiting candidate of a campaign, which logged WARNING "advisory lock
+    error ... CancelledError()" as its service shut down normally (20 to 30 lines per
+    replica): an interruption is raised as it is, and logged at DEBUG."""
+    caplog.set_level(logging.DEBUG, logger="pgsolo")
+    holder = connect()
+    holder.execute(f"SELECT pg_advisory_lock({key.sql_args})")
+    conn = await aconnect()
+    waiting = asyncio.create_task(pgsolo.session_lock(conn, key, wait=30).acquire())
+    await asyncio.sleep(0.3)  # in its first slice, waiting on the server
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    errors = [r for r in pgsolo_records(caplog) if r.pgsolo["event"] == "error"]  # type: ignore[attr-defined]
+    assert errors, "the cancelled acquisition is still logged"
+    assert {r.levelno for r in errors} == {logging.DEBUG}
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]

@@ -11,7 +11,7 @@ from typing import cast
 from ..drivers import DriverBase, Lacking
 from ..errors import InvalidArgumentError, LockLostError, UsageError
 from ..keys import Key, leader_key, text_of
-from ..locking import Keep, as_keep, wait_ms_of
+from ..locking import MAX_WAIT_SECONDS, Keep, as_keep, wait_ms_of
 
 __all__ = ["CAMPAIGN_LOOK_EVERY", "Candidacy", "check_campaign"]
 
@@ -51,7 +51,14 @@ class Candidacy:
                 " wait for as long as it takes; to ask once whether a key is free, use"
                 " session_lock()"
             )
-        wait_ms_of(wait)  # the same range as a lock's wait, refused the same way
+        try:
+            wait_ms_of(wait)  # the same range as a lock's wait
+        except InvalidArgumentError:
+            # Not a lock's advice to try once with wait=None, which a candidate refuses.
+            raise InvalidArgumentError(
+                f"wait must be a number of seconds above 0 and at most {MAX_WAIT_SECONDS:g}"
+                f", or math.inf (the default) to wait for as long as it takes; got {wait!r}"
+            ) from None
         if not isinstance(fencing, bool):
             raise InvalidArgumentError(f"fencing must be True or False, got {fencing!r}")
         if keep is True:

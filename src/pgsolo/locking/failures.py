@@ -83,7 +83,10 @@ def acquisition_error(
         return _timeout_error(events)
     if spec.wait_ms is not None and meaning is sql.Meaning.CANCELED:
         return None
-    events.log(logging.WARNING, "error", started, error=repr(exc))
+    # An interruption (a task cancelled as a campaign or a service shuts down, Ctrl-C)
+    # is no failure of the lock's: raised as it is, and said quietly.
+    level = logging.WARNING if isinstance(exc, Exception) else logging.DEBUG
+    events.log(level, "error", started, error=repr(exc))
     return _refusal(events, exc, meaning) or connection_failed(events, exc)
 
 
