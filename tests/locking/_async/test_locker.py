@@ -358,6 +358,13 @@ async def test_a_wait_goes_on_when_the_connection_it_tries_on_is_ended(
         await waiter.release()
 
 
+def _pool_of_one(dsn: str, *, timeout: float) -> psycopg_pool.AsyncConnectionPool:
+    """A pool that lends one connection at most, waiting ``timeout`` seconds for it."""
+    return psycopg_pool.AsyncConnectionPool(
+        dsn, min_size=1, max_size=1, timeout=timeout, kwargs={"autocommit": True}, open=False
+    )
+
+
 async def test_a_lock_goes_on_an_open_connection_when_no_other_can_be_borrowed(
     dsn: str, observer: Any
 ) -> None:
@@ -365,9 +372,7 @@ async def test_a_lock_goes_on_an_open_connection_when_no_other_can_be_borrowed(
     timeout) when the pool lent no more connections, though the Locker's open one could
     take the key."""
     async with (
-        psycopg_pool.AsyncConnectionPool(
-            dsn, min_size=1, max_size=1, timeout=0.3, kwargs={"autocommit": True}, open=False
-        ) as pool,
+        _pool_of_one(dsn, timeout=0.3) as pool,
         pgsolo.AsyncLocker(pool, max_connections=4) as locker,
     ):
         name = unique_name("locker-no-more")
@@ -383,9 +388,7 @@ async def test_a_lock_goes_on_an_open_connection_when_no_other_can_be_borrowed(
 
 async def test_a_pool_that_lends_nothing_is_a_database_unavailable_error(dsn: str) -> None:
     async with (
-        psycopg_pool.AsyncConnectionPool(
-            dsn, min_size=1, max_size=1, timeout=0.3, kwargs={"autocommit": True}, open=False
-        ) as pool,
+        _pool_of_one(dsn, timeout=0.3) as pool,
         pool.connection(),
         pgsolo.AsyncLocker(pool) as locker,
     ):
@@ -402,9 +405,7 @@ async def test_a_pooled_connection_its_server_ended_goes_back_before_another_is_
     30 s by default), so each later try waited the pool's whole timeout for a connection
     and then went on the dead one."""
     async with (
-        psycopg_pool.AsyncConnectionPool(
-            dsn, min_size=1, max_size=1, timeout=5, kwargs={"autocommit": True}, open=False
-        ) as pool,
+        _pool_of_one(dsn, timeout=5) as pool,
         pgsolo.AsyncLocker(pool, max_connections=1) as locker,
     ):
         name = unique_name("locker-dead-loan")

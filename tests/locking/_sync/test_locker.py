@@ -355,6 +355,13 @@ def test_a_wait_goes_on_when_the_connection_it_tries_on_is_ended(
         waiter.release()
 
 
+def _pool_of_one(dsn: str, *, timeout: float) -> psycopg_pool.ConnectionPool:
+    """A pool that lends one connection at most, waiting ``timeout`` seconds for it."""
+    return psycopg_pool.ConnectionPool(
+        dsn, min_size=1, max_size=1, timeout=timeout, kwargs={"autocommit": True}, open=False
+    )
+
+
 def test_a_lock_goes_on_an_open_connection_when_no_other_can_be_borrowed(
     dsn: str, observer: Any
 ) -> None:
@@ -362,9 +369,7 @@ def test_a_lock_goes_on_an_open_connection_when_no_other_can_be_borrowed(
     timeout) when the pool lent no more connections, though the Locker's open one could
     take the key."""
     with (
-        psycopg_pool.ConnectionPool(
-            dsn, min_size=1, max_size=1, timeout=0.3, kwargs={"autocommit": True}, open=False
-        ) as pool,
+        _pool_of_one(dsn, timeout=0.3) as pool,
         pgsolo.Locker(pool, max_connections=4) as locker,
     ):
         name = unique_name("locker-no-more")
@@ -380,9 +385,7 @@ def test_a_lock_goes_on_an_open_connection_when_no_other_can_be_borrowed(
 
 def test_a_pool_that_lends_nothing_is_a_database_unavailable_error(dsn: str) -> None:
     with (
-        psycopg_pool.ConnectionPool(
-            dsn, min_size=1, max_size=1, timeout=0.3, kwargs={"autocommit": True}, open=False
-        ) as pool,
+        _pool_of_one(dsn, timeout=0.3) as pool,
         pool.connection(),
         pgsolo.Locker(pool) as locker,
     ):
@@ -399,9 +402,7 @@ def test_a_pooled_connection_its_server_ended_goes_back_before_another_is_borrow
     30 s by default), so each later try waited the pool's whole timeout for a connection
     and then went on the dead one."""
     with (
-        psycopg_pool.ConnectionPool(
-            dsn, min_size=1, max_size=1, timeout=5, kwargs={"autocommit": True}, open=False
-        ) as pool,
+        _pool_of_one(dsn, timeout=5) as pool,
         pgsolo.Locker(pool, max_connections=1) as locker,
     ):
         name = unique_name("locker-dead-loan")
