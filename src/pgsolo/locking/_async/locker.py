@@ -297,7 +297,14 @@ class AsyncLocker:
             # One the server closed goes back first: in a pool it takes up a place, and
             # a pool with no other would keep the next borrower waiting for its timeout.
             for dead in self._retire_dead():
-                await self._retire(dead)
+                try:
+                    await self._retire(dead)
+                except Exception as exc:  # the lock asked for is no worse off: it goes on
+                    logger.warning(
+                        "pgsolo: giving the closed Locker connection %s back failed: %r",
+                        dead.label,
+                        exc,
+                    )
             try:
                 session = await self._open()
             except Exception as exc:

@@ -298,7 +298,14 @@ class Locker:
             # One the server closed goes back first: in a pool it takes up a place, and
             # a pool with no other would keep the next borrower waiting for its timeout.
             for dead in self._retire_dead():
-                self._retire(dead)
+                try:
+                    self._retire(dead)
+                except Exception as exc:  # the lock asked for is no worse off: it goes on
+                    logger.warning(
+                        "pgsolo: giving the closed Locker connection %s back failed: %r",
+                        dead.label,
+                        exc,
+                    )
             try:
                 session = self._open()
             except Exception as exc:
