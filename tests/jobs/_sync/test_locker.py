@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import pgsolo
-from _support import SyncConnect, hold, key_of, new_job, unhold
+from _support import SyncConnect, hold, key_of, new_job, terminate, unhold
 from pgsolo import UsageError
 from pgsolo.jobs import run_job
 
@@ -91,3 +91,30 @@ def test_a_period_already_done_is_skipped_at_once_through_a_locker(db: str) -> N
         again = run_job(locker, job, work, period="day", wait=math.inf)
         assert again.outcome == "skipped"
         assert again.reason == "already-done-this-period"
+
+
+def test_a_job_whose_locker_connection_its_server_ended_runs_on_another(
+    db: str, observer: Any
+) -> None:
+    """Guards run_job through a Locker whose idle connection the server ended: the
+    attempt's first statement failed on it and run_job raised DatabaseUnavailableError
+    (or ConnectionStateError, once found closed), where a Locker's own lock goes to
+    another connection; the work had not begun."""
+    job = new_job("jobs-locker")
+    ran: list[int] = []
+    with pgsolo.Locker(db, max_connections=2) as locker:
+        opening = locker.session_lock(f"{job}-opening")
+        assert opening.acquire()
+        dead = opening.backend_pid
+        assert dead is not None
+        opening.release()  # its connection stays open, idle
+        terminate(observer, dead)
+
+        def work() -> str:
+            ran.append(1)
+            return "done"
+
+        result = run_job(locker, job, work)
+    assert (result.outcome, result.value) == ("completed", "done")
+    assert result.backend_pid != dead
+    assert ran == [1]  # once
