@@ -426,7 +426,9 @@ def test_a_connection_that_ends_under_pgsolos_first_statement_is_unavailable(
     from pgsolo.drivers._async.psycopg_driver import AsyncPsycopgDriver  # noqa: PLC0415
     from pgsolo.drivers._sync.psycopg_driver import PsycopgDriver  # noqa: PLC0415
 
-    assert "127.0.0.1" in dsn or "localhost" in dsn  # TCP: where that round trip is sent
+    host = str(psycopg.conninfo.conninfo_to_dict(dsn).get("host") or "")
+    if not host or host.startswith("/"):  # the embedded server of the README's run is one
+        pytest.skip("that first round trip sizes TCP keepalives: this DSN is a unix socket's")
     terminated: list[int] = []
 
     def terminating(statements: Any, pid: int) -> None:
