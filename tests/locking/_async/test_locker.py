@@ -402,10 +402,10 @@ async def test_a_pooled_connection_its_server_ended_goes_back_before_another_is_
 ) -> None:
     """Guards a pool of one whose connection the server ended under a held lock: the
     Locker kept the dead connection borrowed until its janitor ran (idle_timeout / 2,
-    30 s by default), so each later try waited the pool's whole timeout for a connection
-    and then went on the dead one."""
+    30 s by default), so each later try waited the pool's whole timeout for a connection,
+    and then failed (here, with a timeout shorter than the janitor's period)."""
     async with (
-        _pool_of_one(dsn, timeout=5) as pool,
+        _pool_of_one(dsn, timeout=0.5) as pool,
         pgsolo.AsyncLocker(pool, max_connections=1) as locker,
     ):
         name = unique_name("locker-dead-loan")
@@ -417,9 +417,7 @@ async def test_a_pooled_connection_its_server_ended_goes_back_before_another_is_
         with pytest.raises(LockLostError):
             await first.release()
         second = locker.session_lock(f"{name}-2")
-        started = time.monotonic()
         assert await second.acquire()
-        assert time.monotonic() - started < 3  # not the pool's timeout (5 s)
         assert second.backend_pid != dead
         assert observer.holders(second.key) == {second.backend_pid}
         await second.release()
