@@ -4,6 +4,7 @@ its own locks counted."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -14,13 +15,21 @@ from typing import Any
 
 import psycopg
 import pytest
-from prometheus_client import REGISTRY, CollectorRegistry
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    disable_created_metrics,
+    enable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.openmetrics.exposition import generate_latest as generate_open
 
 import pgsolo
 import pgsolo.metrics
 from _support import Connect, hold, new_job, terminate, unhold, unique_name
 from pgsolo.jobs import run_job
 from pgsolo.keys import Key
+from pgsolo.metrics import _InstrumentedLockCounts, _LockCounts
 
 
 @pytest.fixture
@@ -321,3 +330,88 @@ print(generate_latest(REGISTRY).decode())
         'outcome="acquired"} 1.0'
     ) in done.stdout
     assert "python_info{" in done.stdout
+
+
+# What a few locks count (name, lifetime, outcome, wait): waits on a bucket's bound, between
+# bounds, past the last one; one lock under two lifetimes, whose waits share a series.
+_OBSERVED = [
+    ("metrics-same", "session", "acquired", 0.0),
+    ("metrics-same", "session", "acquired", 0.001),
+    ("metrics-same", "xact", "acquired", 0.0031),
+    ("metrics-same", "session", "busy", 0.5),
+    (None, "session", "timeout", 7200.0),
+    ("pgsolo:once:abc", "xact", "error", 12.5),
+]
+
+
+def _published(counts: Any, fmt: str) -> str:
+    """What a scrape of ``counts`` alone gets, ``_created`` values blanked (they are times)."""
+    registry = CollectorRegistry()
+    registry.register(counts)
+    text = (generate_latest if fmt == "text" else generate_open)(registry).decode()
+    return "\n".join(
+        line.rpartition(" ")[0] if "_created" in line.partition(" ")[0] else line
+        for line in text.splitlines()
+    )
+
+
+@pytest.mark.parametrize("fmt", ["text", "openmetrics"])
+@pytest.mark.parametrize("created", [True, False])
+def test_the_locks_counts_publish_as_prometheus_clients_own_instruments_do(
+    fmt: str, created: bool
+) -> None:
+    """Guards pgsolo's own tallies of every lock (counted without prometheus_client's
+    per-call mutexes, published at scrape time): a scrape gets what prometheus_client's
+    Counter and Histogram publish for the same counts, sample for sample, with or without
+    ``_created`` series (``disable_created_metrics()``)."""
+    if not created:
+        disable_created_metrics()
+    try:
+        tallied, instrumented = _LockCounts(), _InstrumentedLockCounts()
+        for counts in (tallied, instrumented):
+            for name, lifetime, outcome, wait in _OBSERVED:
+                label = pgsolo.metrics.lock_label(name)
+                counts.child(label, lifetime, outcome).add(wait)
+        published = _published(tallied, fmt)
+        assert published == _published(instrumented, fmt)
+    finally:
+        enable_created_metrics()
+    assert (
+        'pgsolo_lock_wait_seconds_bucket{le="0.005",lock="metrics-same",outcome="acquired"} 3.0'
+        in published
+    )
+    assert ("_created" in published) is created
+
+
+def test_prometheus_clients_multiprocess_mode_scrapes_the_locks_counts(
+    dsn: str, tmp_path: Path
+) -> None:
+    """Guards the locks' counts under prometheus_client's multiprocess mode
+    (``PROMETHEUS_MULTIPROC_DIR``, a server of several processes), whose scrape reads only
+    what each process wrote to disk: pgsolo's own tallies stay in a process's memory, so
+    there they are kept by prometheus_client's instruments."""
+    program = f"""
+import psycopg, pgsolo
+from prometheus_client import CollectorRegistry
+from prometheus_client.multiprocess import MultiProcessCollector
+with psycopg.connect({dsn!r}, autocommit=True) as conn:
+    with pgsolo.session_lock(conn, "pgsolo-metrics-multiprocess") as lock:
+        assert lock.acquired
+scrape = CollectorRegistry()
+MultiProcessCollector(scrape)
+waits = {{"lock": "pgsolo-metrics-multiprocess", "outcome": "acquired"}}
+counted = {{**waits, "lifetime": "session"}}
+print(scrape.get_sample_value("pgsolo_lock_acquisitions_total", counted))
+print(scrape.get_sample_value("pgsolo_lock_wait_seconds_count", waits))
+"""
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", program],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["1.0", "1.0"]
