@@ -158,13 +158,13 @@ class AsyncpgDriver:
         # not a property, since every lock reads it a few times).
         self.connection: object = self._checkout
         self._aborted_at: int | None = None  # see transaction_status
-        self._last_pid = 0
         self._last_info = UNKNOWN_SERVER
 
     def transaction_status(self) -> TxStatus:
-        if self.is_closed():
+        conn = self._conn  # is_closed() written out: every lock asks this twice
+        if conn.is_closed() or private.releases(conn) != self._checkout.number:
             return TxStatus.UNKNOWN
-        if not self._conn.is_in_transaction():
+        if not conn.is_in_transaction():
             return TxStatus.IDLE
         # asyncpg does not say whether the open transaction is aborted: pgsolo knows when
         # its own round trip aborted it, until the next statement on the connection (any
@@ -174,11 +174,9 @@ class AsyncpgDriver:
         return TxStatus.INERROR if aborted else TxStatus.INTRANS
 
     def backend_pid(self) -> int:
-        # Not is_closed(): a connection that went back to its pool still talks to the
-        # same backend, while an aborted one has no protocol left to ask.
-        if not self._conn.is_closed():
-            self._last_pid = int(self._conn.get_server_pid())
-        return self._last_pid
+        # Read as the checkout began: an asyncpg connection talks to one backend for its
+        # life, and one that went back to its pool still talks to the same.
+        return self._checkout.pid
 
     def server_info(self) -> ServerInfo:
         if self.is_closed():
@@ -239,7 +237,7 @@ class AsyncpgDriver:
         call = sent[0] if not wait and len(sent) == 1 else None
         try:
             if type(call) is sql.LockCall:
-                rows = await _lock_call(self._conn, call, self._checkout.caches_statements)
+                rows = await _lock_call(self._conn, call, self._checkout)
                 tag, value = "", rows[0][0]
             else:
                 self._refuse_if_released()
@@ -249,6 +247,7 @@ class AsyncpgDriver:
             raise
         except asyncpg.PostgresError as exc:
             if type(call) is sql.LockCall and prepared.forget(self._conn, _sqlstate(exc)):
+                self._checkout.ready.clear()
                 # The caller dropped pgsolo's prepared statements (DISCARD ALL), which
                 # aborted nothing outside a transaction: sent again, as written.
                 return await self.fetch_value(statements, wait, edge)
@@ -356,12 +355,19 @@ class Checkout:
     ``pg_advisory_unlock_all()``, so what an earlier checkout held is gone: the next one
     starts with clean books, and a lock of the earlier one can no longer touch them."""
 
-    __slots__ = ("__weakref__", "caches_statements", "number")
+    __slots__ = ("__weakref__", "caches_statements", "number", "pid", "ready")
 
-    def __init__(self, number: int, caches_statements: bool) -> None:
+    def __init__(self, number: int, caches_statements: bool, pid: int) -> None:
         self.number = number
         # Fixed when the connection was made (statement_cache_size=): read once.
         self.caches_statements = caches_statements
+        # Its backend's pid (0 if it was closed by then: an aborted connection has no
+        # protocol left to ask).
+        self.pid = pid
+        # The lock calls the session has prepared, by name, with asyncpg's handle of each:
+        # what pgsolo.drivers.prepared says of them, kept here too, where each lock call
+        # finds it without looking its connection up (forgotten with prepared's).
+        self.ready: dict[bytes, object] = {}
 
 
 _CHECKOUTS: IdentityWeakMap[Any, Checkout] = IdentityWeakMap()
@@ -371,28 +377,33 @@ def _checkout_of(conn: Any) -> Checkout:
     number = private.releases(conn)  # asyncpg counts releases
     checkout = _CHECKOUTS.get(conn)
     if checkout is None or checkout.number != number:
-        checkout = _CHECKOUTS[conn] = Checkout(number, private.caches_statements(conn))
+        pid = 0 if conn.is_closed() else int(conn.get_server_pid())
+        checkout = _CHECKOUTS[conn] = Checkout(number, private.caches_statements(conn), pid)
     return checkout
 
 
-def _lock_call(conn: Any, call: sql.LockCall, caches_statements: bool) -> Awaitable[Rows]:
+def _lock_call(conn: Any, call: sql.LockCall, checkout: Checkout) -> Awaitable[Rows]:
     """A lock call alone, which changes no transaction and ends on the server at once; the
     rows it answers (one, of one value). A cancellation is asyncpg's to handle (it asks
     the server to cancel the statement, and its next operation waits until the server
     answered: pgsolo's recovery then finds out what the call did). Outside a transaction,
     once it ran :data:`PREPARE_AFTER` times on the connection, it is prepared there
     (:mod:`pgsolo.drivers.prepared`) unless the caller turned asyncpg's statement cache
-    off (``caches_statements`` False: ``statement_cache_size=0``, as behind a
+    off (``checkout.caches_statements`` False: ``statement_cache_size=0``, as behind a
     transaction-pooling proxy). Prepared, it is asyncpg's own round trip, awaited with no
     coroutine of pgsolo's around it; if the session no longer has it, the caller
     (:meth:`AsyncpgDriver.fetch_value`) sends it again."""
-    if caches_statements and not conn.is_in_transaction():
+    if checkout.caches_statements and not conn.is_in_transaction():
         form = call.prepared
-        how, statement = prepared.how(conn, form.name, PREPARE_AFTER)
-        if how is prepared.BY_NAME:
-            return private.run_prepared(conn, statement, form.values)
-        if how is prepared.PREPARE:
-            return _prepared_call(conn, call)
+        statement = checkout.ready.get(form.name)
+        if statement is None:
+            how, statement = prepared.how(conn, form.name, PREPARE_AFTER)
+            if how is prepared.PREPARE:
+                return _prepared_call(conn, call)
+            if how is not prepared.BY_NAME:
+                return _call_as_written(conn, call)
+            checkout.ready[form.name] = statement
+        return private.run_prepared(conn, statement, form.values)
     return _call_as_written(conn, call)
 
 
