@@ -146,28 +146,41 @@ def _lock_counts() -> _LockCounts | _InstrumentedLockCounts:
     return _LockCounts()
 
 
-class _Tally:
-    """One series of ``pgsolo_lock_acquisitions`` (a lock, a lifetime, an outcome) and its
-    waits, in ``pgsolo_lock_wait_seconds``'s buckets."""
+class _Waits:
+    """One series of ``pgsolo_lock_wait_seconds`` (a lock, an outcome): its buckets and its
+    sum, added to in the order the waits came, as prometheus_client's Histogram adds
+    them (a float sum depends on the order), by every lifetime of the lock."""
 
-    __slots__ = ("buckets", "count", "created", "mutex", "total")
+    __slots__ = ("buckets", "created", "mutex", "total")
 
     def __init__(self) -> None:
         self.created = time.time()
-        self.count = 0
         self.total = 0.0
         self.buckets = [0] * len(_BOUNDS)
         self.mutex = threading.Lock()
 
-    def add(self, wait: float) -> None:
-        with self.mutex:  # threads count at once: an increment is three steps
-            self.count += 1
-            self.total += wait
-            self.buckets[bisect.bisect_left(_BOUNDS, wait)] += 1
 
-    def read(self) -> tuple[int, float, list[int]]:
-        with self.mutex:
-            return self.count, self.total, list(self.buckets)
+class _Tally:
+    """One series of ``pgsolo_lock_acquisitions`` (a lock, a lifetime, an outcome), and the
+    series of ``pgsolo_lock_wait_seconds`` its waits go to."""
+
+    __slots__ = ("count", "created", "waits")
+
+    def __init__(self, waits: _Waits) -> None:
+        self.created = time.time()
+        self.count = 0
+        self.waits = waits
+
+    def add(self, wait: float) -> None:
+        waits = self.waits
+        with waits.mutex:  # threads count at once: an increment is three steps
+            self.count += 1
+            waits.total += wait
+            # The first bucket whose bound the wait is at most, as prometheus_client puts
+            # it: a NaN is at most none, and goes in none.
+            index = bisect.bisect_left(_BOUNDS, wait)
+            if wait <= _BOUNDS[index]:
+                waits.buckets[index] += 1
 
 
 class _LockCounts:
@@ -182,11 +195,16 @@ class _LockCounts:
 
     def __init__(self) -> None:
         self._tallies: dict[tuple[str, str, str], _Tally] = {}
+        self._waits: dict[tuple[str, str], _Waits] = {}
         self._mutex = threading.Lock()
 
     def child(self, lock: str, lifetime: str, outcome: str) -> _Tally:
         with self._mutex:
-            return self._tallies.setdefault((lock, lifetime, outcome), _Tally())
+            tally = self._tallies.get((lock, lifetime, outcome))
+            if tally is None:
+                waits = self._waits.setdefault((lock, outcome), _Waits())
+                tally = self._tallies[lock, lifetime, outcome] = _Tally(waits)
+            return tally
 
     def describe(self) -> list[Metric]:
         from prometheus_client.metrics_core import Metric  # noqa: PLC0415
@@ -200,26 +218,19 @@ class _LockCounts:
         created = _created_series()
         acquisitions, waits = self.describe()
         with self._mutex:
-            tallies = list(self._tallies.items())
-        # The histogram's series are by lock and outcome: its lifetimes' tallies merged,
-        # created as the first of them was.
-        merged: dict[tuple[str, str], tuple[float, float, list[int]]] = {}
+            tallies, all_waits = list(self._tallies.items()), list(self._waits.items())
+        name = _ACQUISITIONS[0]
         for (lock, lifetime, outcome), tally in tallies:
-            count, total, buckets = tally.read()
+            with tally.waits.mutex:
+                count = tally.count
             labels = {"lock": lock, "lifetime": lifetime, "outcome": outcome}
-            acquisitions.add_sample(f"{_ACQUISITIONS[0]}_total", labels, float(count))
+            acquisitions.add_sample(f"{name}_total", labels, float(count))
             if created:
-                acquisitions.add_sample(f"{_ACQUISITIONS[0]}_created", labels, tally.created)
-            first, other_total, other_buckets = merged.get(
-                (lock, outcome), (tally.created, 0.0, [0] * len(_BOUNDS))
-            )
-            merged[lock, outcome] = (
-                min(first, tally.created),
-                other_total + total,
-                [a + b for a, b in zip(other_buckets, buckets, strict=True)],
-            )
+                acquisitions.add_sample(f"{name}_created", labels, tally.created)
         name = _WAITS[0]
-        for (lock, outcome), (first, total, buckets) in merged.items():
+        for (lock, outcome), series in all_waits:
+            with series.mutex:
+                total, buckets = series.total, list(series.buckets)
             running = 0.0
             for bound, count in zip(_BOUNDS, buckets, strict=True):
                 running += count
@@ -231,7 +242,7 @@ class _LockCounts:
             waits.add_sample(f"{name}_count", labels, running)
             waits.add_sample(f"{name}_sum", labels, total)
             if created:
-                waits.add_sample(f"{name}_created", labels, first)
+                waits.add_sample(f"{name}_created", labels, series.created)
         return [acquisitions, waits]
 
 

@@ -333,14 +333,20 @@ print(generate_latest(REGISTRY).decode())
 
 
 # What a few locks count (name, lifetime, outcome, wait): waits on a bucket's bound, between
-# bounds, past the last one; one lock under two lifetimes, whose waits share a series.
+# bounds, past the last one; one lock under two lifetimes, whose waits share a series and
+# are summed in the order they came (0.1 + 0.2 + 2.5 is 2.8, 0.1 + 2.5 + 0.2 is not); a
+# NaN, which prometheus_client adds to the sum and to no bucket.
 _OBSERVED = [
     ("metrics-same", "session", "acquired", 0.0),
     ("metrics-same", "session", "acquired", 0.001),
     ("metrics-same", "xact", "acquired", 0.0031),
     ("metrics-same", "session", "busy", 0.5),
+    ("metrics-order", "session", "acquired", 0.1),
+    ("metrics-order", "xact", "acquired", 0.2),
+    ("metrics-order", "session", "acquired", 2.5),
     (None, "session", "timeout", 7200.0),
     ("pgsolo:once:abc", "xact", "error", 12.5),
+    ("metrics-nan", "session", "error", float("nan")),
 ]
 
 
