@@ -215,6 +215,7 @@ class _LockCounts:
         from prometheus_client.utils import floatToGoString  # noqa: PLC0415
 
         to_go: Callable[[float], str] = floatToGoString  # as prometheus_client writes a bound
+        les = [to_go(bound) for bound in _BOUNDS]
         created = _created_series()
         acquisitions, waits = self.describe()
         with self._mutex:
@@ -232,9 +233,8 @@ class _LockCounts:
             with series.mutex:
                 total, buckets = series.total, list(series.buckets)
             running = 0.0
-            for bound, count in zip(_BOUNDS, buckets, strict=True):
+            for le, count in zip(les, buckets, strict=True):
                 running += count
-                le = to_go(bound)
                 waits.add_sample(
                     f"{name}_bucket", {"lock": lock, "outcome": outcome, "le": le}, running
                 )
