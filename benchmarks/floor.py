@@ -30,7 +30,7 @@ from psycopg import generators, pq
 
 from benchmarks.bench_locks import KEY, NotAcquiredError, Target
 from pgsolo import sql
-from pgsolo.drivers._asyncpg_private import run_prepared
+from pgsolo.drivers._asyncpg_private import open_protocol, run_prepared
 from pgsolo.keys import as_key
 
 __all__ = ["AsyncPsycopgFloor", "AsyncpgFloor", "PsycopgFloor"]
@@ -159,9 +159,9 @@ class AsyncpgFloor:
             await self.conn.execute("COMMIT")
             return
         conn = self.conn
-        if (await run_prepared(conn, self._lock, self._key))[0][0] is not True:
+        if (await run_prepared(open_protocol(conn), self._lock, self._key))[0][0] is not True:
             raise NotAcquiredError("the lock was busy")
-        await run_prepared(conn, self._unlock, self._key)
+        await run_prepared(open_protocol(conn), self._unlock, self._key)
 
     async def close(self) -> None:
         await self.conn.close()

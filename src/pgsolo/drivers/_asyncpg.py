@@ -153,7 +153,13 @@ class AsyncpgDriver:
 
     def __init__(self, conn: Any) -> None:
         self._conn = conn
-        self._checkout = _checkout_of(conn)
+        # This checkout's (asyncpg counts releases), written out: every lock makes a driver.
+        number = private.releases(conn)
+        checkout = _CHECKOUTS.get(conn)
+        if checkout is None or checkout.number != number:
+            pid = 0 if conn.is_closed() else int(conn.get_server_pid())
+            checkout = _CHECKOUTS[conn] = Checkout(number, private.caches_statements(conn), pid)
+        self._checkout = checkout
         # What pgsolo tracks held locks by: this checkout of the connection (an attribute,
         # not a property, since every lock reads it a few times).
         self.connection: object = self._checkout
@@ -162,9 +168,10 @@ class AsyncpgDriver:
 
     def transaction_status(self) -> TxStatus:
         conn = self._conn  # is_closed() written out: every lock asks this twice
-        if conn.is_closed() or private.releases(conn) != self._checkout.number:
+        protocol = private.open_protocol(conn)
+        if protocol is None or private.releases(conn) != self._checkout.number:
             return TxStatus.UNKNOWN
-        if not conn.is_in_transaction():
+        if not protocol.is_in_transaction():
             return TxStatus.IDLE
         # asyncpg does not say whether the open transaction is aborted: pgsolo knows when
         # its own round trip aborted it, until the next statement on the connection (any
@@ -199,7 +206,9 @@ class AsyncpgDriver:
     def is_closed(self) -> bool:
         # Or the pooled connection went back to its pool since this driver was made.
         conn = self._conn
-        return bool(conn.is_closed()) or private.releases(conn) != self._checkout.number
+        return (
+            private.open_protocol(conn) is None or private.releases(conn) != self._checkout.number
+        )
 
     def error_detail(self, exc: BaseException) -> str | None:
         if isinstance(exc, asyncpg.PostgresError):
@@ -373,15 +382,6 @@ class Checkout:
 _CHECKOUTS: IdentityWeakMap[Any, Checkout] = IdentityWeakMap()
 
 
-def _checkout_of(conn: Any) -> Checkout:
-    number = private.releases(conn)  # asyncpg counts releases
-    checkout = _CHECKOUTS.get(conn)
-    if checkout is None or checkout.number != number:
-        pid = 0 if conn.is_closed() else int(conn.get_server_pid())
-        checkout = _CHECKOUTS[conn] = Checkout(number, private.caches_statements(conn), pid)
-    return checkout
-
-
 def _lock_call(conn: Any, call: sql.LockCall, checkout: Checkout) -> Awaitable[Rows]:
     """A lock call alone, which changes no transaction and ends on the server at once; the
     rows it answers (one, of one value). A cancellation is asyncpg's to handle (it asks
@@ -392,8 +392,10 @@ def _lock_call(conn: Any, call: sql.LockCall, checkout: Checkout) -> Awaitable[R
     off (``checkout.caches_statements`` False: ``statement_cache_size=0``, as behind a
     transaction-pooling proxy). Prepared, it is asyncpg's own round trip, awaited with no
     coroutine of pgsolo's around it; if the session no longer has it, the caller
-    (:meth:`AsyncpgDriver.fetch_value`) sends it again."""
-    if checkout.caches_statements and not conn.is_in_transaction():
+    (:meth:`AsyncpgDriver.fetch_value`) sends it again. On a closed connection it is sent
+    as written, which raises asyncpg's own error."""
+    protocol = private.open_protocol(conn)
+    if protocol is not None and checkout.caches_statements and not protocol.is_in_transaction():
         form = call.prepared
         statement = checkout.ready.get(form.name)
         if statement is None:
@@ -403,7 +405,7 @@ def _lock_call(conn: Any, call: sql.LockCall, checkout: Checkout) -> Awaitable[R
             if how is not prepared.BY_NAME:
                 return _call_as_written(conn, call)
             checkout.ready[form.name] = statement
-        return private.run_prepared(conn, statement, form.values)
+        return private.run_prepared(protocol, statement, form.values)
     return _call_as_written(conn, call)
 
 
@@ -416,8 +418,9 @@ async def _prepared_call(conn: Any, call: sql.LockCall) -> Rows:
         how, statement = prepared.made(conn, form.name, _sqlstate(exc))
     else:
         how, statement = prepared.made(conn, form.name, None, made)
-    if how is prepared.BY_NAME:
-        return await private.run_prepared(conn, statement, form.values)
+    protocol = private.open_protocol(conn)  # closed meanwhile: as written raises
+    if how is prepared.BY_NAME and protocol is not None:
+        return await private.run_prepared(protocol, statement, form.values)
     return await _call_as_written(conn, call)
 
 

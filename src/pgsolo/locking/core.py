@@ -8,8 +8,9 @@ generated twin ``Lock`` with a sync one, so the two cannot drift.
 
 Each piece of a lock's state has one owner. What was asked for is a frozen
 :class:`~pgsolo.locking.spec.LockSpec`; its log and metrics are
-:class:`~pgsolo.locking.events.LockEvents`'; what a holder reads (acquired, backend pid,
-token, loss) is :class:`LockCore`'s; what only one lifetime has is its subclass's:
+:class:`~pgsolo.locking.events.LockEvents`', a base of the core (one object less to build
+per lock); what a holder reads (acquired, backend pid, token, loss) is
+:class:`LockCore`'s; what only one lifetime has is its subclass's:
 :class:`~pgsolo.locking.session.SessionLockCore` (the route, the hold in the caller's
 transaction) and :class:`~pgsolo.locking.transaction.XactLockCore` (pgsolo's own
 transaction). The modules they call (:mod:`~pgsolo.locking.placement`,
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from .. import sql
+from .. import metrics, sql
 from .._logging import locks_logger as logger
 from ..drivers import DriverBase, TxStatus
 from ..errors import ConnectionStateError, LockLostError, UsageError
@@ -49,7 +50,7 @@ def require_no_transaction(driver: DriverBase, subject: str, reason: str) -> Non
         )
 
 
-class LockCore(ABC):
+class LockCore(LockEvents, ABC):
     """One lock (``spec``) on one connection (``driver``): what a holder reads of it, and
     the plans both shells drive. A subclass per lifetime takes, gives back and owns the
     rest (see :func:`pgsolo.locking.factory.lock_core`)."""
@@ -57,7 +58,6 @@ class LockCore(ABC):
     def __init__(self, driver: DriverBase, spec: LockSpec) -> None:
         self.driver = driver
         self.spec = spec
-        self.events = LockEvents(spec, driver)
         self.acquired = False
         self.backend_pid: int | None = None
         self.token: int | None = None  # the fencing token of this acquisition
@@ -85,7 +85,8 @@ class LockCore(ABC):
             raise UsageError(f"lock {self.spec.key} is already acquired by this Lock object")
         self.token = None
         self.held = None  # until this acquisition claims the key
-        self.events.begin()
+        self._outcome_counted = False  # LockEvents': this acquisition's outcome is to count
+        metrics.prepare()
 
     def aim(self, spec: LockSpec) -> None:
         """Make this core the one of another lock (a job's next slot of its ``limit=``),
@@ -93,7 +94,7 @@ class LockCore(ABC):
         if self.holds_anything:
             raise UsageError(f"lock {self.spec.key} is held: it cannot be aimed at another key")
         self.spec = spec
-        self.events = LockEvents(spec, self.driver)
+        self.count_anew()
 
     def acquire(self, *, context: bool) -> Plan[bool]:
         """Take the lock within a plan of the caller's (a job's, a call of ``once``'s):

@@ -18,34 +18,50 @@ __all__ = ["LockEvents", "let_go_for_its_holder"]
 
 # Events of the log that end an acquisition, as the metrics' outcomes name them.
 _OUTCOMES = {"reentered": "acquired", "refused": "error"}
+_COUNTED = frozenset(metrics.LOCK_OUTCOMES)
 
 
 class LockEvents:
-    """The log and the metrics of one lock (``spec``) on one connection (``driver``).
+    """The log and the metrics of one lock (``spec``) on one connection (``driver``): a
+    base of every :class:`~pgsolo.locking.core.LockCore`, which sets both. A lock is its
+    own events, not a second object beside it: every lock is built for one acquisition,
+    and a lock's own Python costs several times as much in place, between round trips,
+    as timed alone, for each object and function it touches (docs/benchmarks.md).
 
     It owns the two flags that make each count happen once: an acquisition's outcome is
     counted by whichever event ends it first, and a loss is logged by the keeper that sees
-    it and again by the release that confirms it."""
+    it and again by the release that confirms it. Nothing is counted before an
+    acquisition begins (:meth:`~pgsolo.locking.core.LockCore.begin` says so, and gets the
+    metrics ready): until then the flags are the class's, and building a lock sets
+    neither."""
 
-    def __init__(self, spec: LockSpec, driver: DriverBase) -> None:
-        self.spec = spec
-        self.driver = driver
+    spec: LockSpec
+    driver: DriverBase
+    _outcome_counted = True
+    _loss_counted = True
+
+    def count_anew(self) -> None:
+        """Count as a lock that never began an acquisition (a job's next slot)."""
         self._outcome_counted = True
         self._loss_counted = True
 
-    def begin(self) -> None:
-        """An acquisition begins: its outcome is still to count."""
-        self._outcome_counted = False
-        metrics.prepare()
-
     def log(self, level: int, event: str, started: float | None = None, **extra: object) -> None:
         """Log an event of this lock (``started``: when what it ends began), and count
-        it in the metrics."""
-        if not self._outcome_counted or event == "lost":  # else nothing to count
-            self._count(event, started, extra.get("reason"))
+        it in the metrics: the acquisition's outcome, by the first event that ends it
+        (counted here without a call, as every lock's is), or a loss, once."""
+        spec = self.spec
+        if not self._outcome_counted and (outcome := _OUTCOMES.get(event, event)) in _COUNTED:
+            self._outcome_counted = True
+            self._loss_counted = outcome != "acquired"  # only a held lock can be lost
+            wait = 0.0 if started is None else time.perf_counter() - started
+            metrics.observe_lock(spec.key.name, spec.lifetime, outcome, wait)
+        elif event == "lost" and not self._loss_counted:
+            self._loss_counted = True
+            reason = str(extra.get("reason") or "")
+            metrics.observe_lock_lost(spec.key.name, spec.lifetime, reason)
         if not logger.isEnabledFor(level):
             return
-        spec, info = self.spec, self.driver.server_info()
+        info = self.driver.server_info()
         fields: dict[str, object] = {
             "key": spec.key.text,
             "name": spec.key.name,
@@ -64,19 +80,6 @@ class LockEvents:
 
     def log_lost(self, error: LockLostError) -> None:
         self.log(logging.WARNING, "lost", reason=error.reason, error=str(error))
-
-    def _count(self, event: str, started: float | None, reason: object) -> None:
-        spec = self.spec
-        if event == "lost" and not self._loss_counted:
-            self._loss_counted = True
-            metrics.observe_lock_lost(spec.key.name, spec.lifetime, str(reason or ""))
-            return
-        outcome = _OUTCOMES.get(event, event)
-        if outcome in metrics.LOCK_OUTCOMES and not self._outcome_counted:
-            self._outcome_counted = True
-            self._loss_counted = outcome != "acquired"  # only a held lock can be lost
-            wait = 0.0 if started is None else time.perf_counter() - started
-            metrics.observe_lock(spec.key.name, spec.lifetime, outcome, wait)
 
 
 def let_go_for_its_holder(key: Key, lifetime: str, event: str) -> dict[str, object]:

@@ -22,26 +22,28 @@ if TYPE_CHECKING:
 __all__ = ["lock_core", "session_lock", "xact_lock"]
 
 
+# The core of each lifetime, each owning the state only it has.
+_CORES: dict[Lifetime, type[LockCore]] = {"xact": XactLockCore, "session": SessionLockCore}
+
+
 def lock_core(driver: DriverBase, spec: LockSpec) -> LockCore:
     """The core that takes and gives back the lock of ``spec`` on ``driver``'s
-    connection: one class per lifetime, each owning the state only it has."""
-    if spec.lifetime == "xact":
-        return XactLockCore(driver, spec)
-    return SessionLockCore(driver, spec)
+    connection (:data:`_CORES`)."""
+    return _CORES[spec.lifetime](driver, spec)
 
 
-def _make(
+def _make(  # positional only: keywords bind at twice the cost, and every lock comes here
     conn: object,
     key: KeyLike,
     lifetime: Lifetime,
-    *,
     wait: float | None,
     shared: bool,
     reentrant: bool,
     namespace: int | None,
     registry: Registry | None,
-    fencing: bool = False,
-    keep: bool | Keep | None = None,
+    fencing: bool,
+    keep: bool | Keep | None,
+    /,
 ) -> Lock | AsyncLock:
     # Validate everything before touching the connection.
     resolved = as_key(key, namespace=namespace, registry=registry)
@@ -57,7 +59,7 @@ def _make(
         raise UsageError("Keep(cancel=True) cancels an asyncio task: it needs an async connection")
     # Positional: a named tuple binds keywords in Python, at twice the cost.
     spec = LockSpec(resolved, lifetime, wait_ms, shared, reentrant, fencing, keeping)
-    core = lock_core(driver, spec)
+    core = _CORES[lifetime](driver, spec)  # lock_core(), without a call: every lock comes here
     if is_async(driver):
         return AsyncLock(core, driver)
     return Lock(core, driver)
@@ -109,17 +111,7 @@ def xact_lock(
     ``fencing=True`` issues a fencing token (``lock.token``) in the same transaction as the
     lock; it needs ``pgsolo migrate``.
     """
-    return _make(
-        conn,
-        key,
-        "xact",
-        wait=wait,
-        shared=shared,
-        reentrant=False,
-        namespace=namespace,
-        registry=registry,
-        fencing=fencing,
-    )
+    return _make(conn, key, "xact", wait, shared, False, namespace, registry, fencing, None)
 
 
 @overload
@@ -176,15 +168,4 @@ def session_lock(
     (``lock.lost``, ``lock.check()``, ``on_lost``); ``fencing=True`` issues a fencing
     token (``lock.token``) in the same round trip as the lock; it needs ``pgsolo migrate``.
     """
-    return _make(
-        conn,
-        key,
-        "session",
-        wait=wait,
-        shared=shared,
-        reentrant=reentrant,
-        namespace=namespace,
-        registry=registry,
-        fencing=fencing,
-        keep=keep,
-    )
+    return _make(conn, key, "session", wait, shared, reentrant, namespace, registry, fencing, keep)

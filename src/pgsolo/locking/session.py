@@ -108,15 +108,15 @@ class SessionLockCore(LockCore):
         context: bool,
         claimed: tuple[TxStatus, int, holdings.Claim, Route | None] | None = None,
     ) -> Plan[bool]:
-        conn, events = self.driver.connection, self.events
+        conn = self.driver.connection
         try:  # from the claim on, it is withdrawn unless the lock is confirmed held
             status, pid, claim, route = self._claim() if claimed is None else claimed
             if claim == "reentered":
                 self.acquired, self.backend_pid = True, pid
-                events.log(logging.DEBUG, "reentered")
+                self.log(logging.DEBUG, "reentered")
                 return True
             if claim == "busy":
-                return failures.busy_here(events, pid)
+                return failures.busy_here(self, pid)
             if route is None:
                 route = yield from self._route(status, pid)
             self.route = route
@@ -134,7 +134,7 @@ class SessionLockCore(LockCore):
             try:
                 if self._busy(value):
                     yield from self._drop_hold()
-                    events.log(logging.DEBUG, "busy", started)
+                    self.log(logging.DEBUG, "busy", started)
                     return False
                 self._confirm(value, pid, started, note)
             except BaseException:
@@ -160,7 +160,7 @@ class SessionLockCore(LockCore):
             holdings.confirm(self.held, self.hold)
         self.acquired, self.backend_pid = True, pid
         self.lost = None
-        self.events.log(logging.DEBUG, "acquired", started, **note)
+        self.log(logging.DEBUG, "acquired", started, **note)
 
     # - the common case, without a plan -
 
@@ -185,10 +185,10 @@ class SessionLockCore(LockCore):
         return placement.quick_try(self.driver, self.spec), None, 0.0
 
     def quick_answer(self, value: object) -> bool:
-        if self._busy(value):
+        if value is not True and not is_token(value):  # _busy() of a try, without a call
             holdings.withdraw(self.driver.connection, self.spec.key, self)
             self.quick_claim = False
-            self.events.log(logging.DEBUG, "busy", self.started)
+            self.log(logging.DEBUG, "busy", self.started)
             return False
         self._confirm(value, self.claimed_on, self.started, {})
         self.quick_claim = False
@@ -260,9 +260,9 @@ class SessionLockCore(LockCore):
             return True
         if not last and failures.timed_out(driver, exc):
             return False
-        error = failures.acquisition_error(self.events, exc, started)
+        error = failures.acquisition_error(self, exc, started)
         if error is None:
-            error = yield from failures.cut_short(self.events, exc, started)
+            error = yield from failures.cut_short(self, exc, started)
         if error is not None:
             raise error from exc
         raise exc
@@ -283,10 +283,10 @@ class SessionLockCore(LockCore):
             # Logged and counted as any acquisition that failed (a connection's first
             # session lock fails here: pgsolo run's, a Django command's).
             if isinstance(exc, UnsafeConnectionError):
-                self.events.log(logging.WARNING, "refused", started, reason=exc.reason)
+                self.log(logging.WARNING, "refused", started, reason=exc.reason)
             elif isinstance(exc, Exception):
-                self.events.log(logging.WARNING, "error", started, error=repr(exc))
-            if (error := failures.connection_failed(self.events, exc)) is not None:
+                self.log(logging.WARNING, "error", started, error=repr(exc))
+            if (error := failures.connection_failed(self, exc)) is not None:
                 raise error from exc
             raise
         holdings.set_route(driver.connection, pid, route)
@@ -295,13 +295,13 @@ class SessionLockCore(LockCore):
     # - release, exit -
 
     def release(self) -> Plan[None]:
-        key, events = self.spec.key, self.events
+        key = self.spec.key
         if not self.acquired:
-            events.log(logging.WARNING, "release-not-held")
+            self.log(logging.WARNING, "release-not-held")
             raise LockNotHeldError(f"session lock {key} is not held by this Lock object", key=key)
         if holdings.let_go_elsewhere(self.held):  # its Connection closed with it, or not
             self.forget()
-            events.log(logging.DEBUG, "lost", reason="lock-released")  # warned of then
+            self.log(logging.DEBUG, "lost", reason="lock-released")  # warned of then
             raise LockNotHeldError(
                 f"session lock {key} was released when its connection went back to its pool"
                 " (or its request ended, or its Locker closed), as a warning said then;"
@@ -312,7 +312,7 @@ class SessionLockCore(LockCore):
         if held is not None and not holdings.last_hold(held, self):
             holdings.drop(held, self)
             self.acquired = False
-            events.log(logging.DEBUG, "released", note="re-entrant hold remains")
+            self.log(logging.DEBUG, "released", note="re-entrant hold remains")
             return
         try:
             yield from self._release_last(held)
@@ -322,12 +322,12 @@ class SessionLockCore(LockCore):
 
     def _release_last(self, held: holdings.Held | None) -> Plan[None]:
         """Release the last hold of the key (``held``, marked on its way out)."""
-        key, events, driver = self.spec.key, self.events, self.driver
+        key, driver = self.spec.key, self.driver
         if driver.is_closed():
             self.forget()
             # Already reported by the keeper, if it was watching.
             level = logging.WARNING if self.lost is None else logging.DEBUG
-            events.log(level, "lost", reason="connection-lost")
+            self.log(level, "lost", reason="connection-lost")
             raise LockLostError(
                 f"session lock {key} was lost: its connection is closed, so PostgreSQL"
                 " released the lock when the session ended",
@@ -349,7 +349,7 @@ class SessionLockCore(LockCore):
         # The hold ended with the transaction it was opened in, if that ended in the block.
         hold = held.hold if held is not None else None
         self.hold = hold if status is not TxStatus.IDLE else None
-        started = time.perf_counter()
+        self.started = started = time.perf_counter()
         try:
             value = yield from self._unlock(status)
             stranded = value is None and self.route is not None and not self.route.direct
@@ -362,25 +362,26 @@ class SessionLockCore(LockCore):
             self.hold = None
         if stranded:
             yield from self._release_stranded(started)
-        self._released(value, started)
+        self.quick_released(value)
 
     def _owned_elsewhere(self) -> bool:
         """Whether the transaction open is pgsolo's own for another thread or task."""
         return holdings.owned_elsewhere(self.driver.connection, self.driver.backend_pid())
 
-    def _released(self, value: object, started: float) -> None:
-        """The unlock answered ``value`` (the lock is off the books already)."""
-        key, events = self.spec.key, self.events
+    def quick_released(self, value: object) -> None:
+        """The unlock begun at ``self.started`` answered ``value`` (the lock is off the
+        books already): the quick release's end, and any other's."""
+        key = self.spec.key
         if value is not True:
             level = logging.WARNING if self.lost is None else logging.DEBUG  # keeper said it
-            events.log(level, "lost", started, reason="lock-released")
+            self.log(level, "lost", self.started, reason="lock-released")
             raise LockNotHeldError(
                 f"session lock {key} was no longer held by backend pid {self.backend_pid}"
                 " when released: something released it while the work ran"
                 " (pg_advisory_unlock_all, DISCARD ALL, or a second unlock)",
                 key=key,
             )
-        events.log(logging.DEBUG, "released", started)
+        self.log(logging.DEBUG, "released", self.started)
 
     def quick_release(self, *, exiting: bool) -> Quick | Plan[None]:
         """The common case: the only hold of a key taken with a quick acquisition's
@@ -399,9 +400,6 @@ class SessionLockCore(LockCore):
             self.started = time.perf_counter()
             return placement.quick_unlock(driver, self.spec), None, 0.0
         return self.exit(failed=False) if exiting else self.release()
-
-    def quick_released(self, value: object) -> None:
-        self._released(value, self.started)
 
     def quick_release_failed(self, exc: BaseException) -> Plan[None]:
         try:
@@ -448,7 +446,7 @@ class SessionLockCore(LockCore):
             # No hold to roll back to: the failed transaction began in the block, or the
             # caller ended the one the lock was taken in. It can only be rolled back, and
             # the unlock must still happen.
-            self.events.log(logging.WARNING, "rollback-before-release")
+            self.log(logging.WARNING, "rollback-before-release")
             return (yield placement.outside_transaction(driver, [sql.ROLLBACK, *unlock]))
         return (yield in_savepoint(driver, status, unlock))
 
@@ -460,7 +458,7 @@ class SessionLockCore(LockCore):
         goes on as it is, the lock off the books); otherwise
         finish the unlock, or keep the lock on the books (acquired, tracked) so that
         ``release()`` can be called again. The caller raises ``exc`` then."""
-        driver, spec, events = self.driver, self.spec, self.events
+        driver, spec = self.driver, self.spec
         if driver.is_closed():
             self.forget()
             # As the keeper and pgsolo run's report say it: a deadline that shut the
@@ -468,7 +466,7 @@ class SessionLockCore(LockCore):
             reason: LostReason = (
                 "connection-unresponsive" if failures.unresponsive(exc) else "connection-lost"
             )
-            events.log(logging.WARNING, "lost", started, reason=reason)
+            self.log(logging.WARNING, "lost", started, reason=reason)
             if not isinstance(exc, Exception):
                 return  # an interruption is never turned into an error: it goes on
             raise LockLostError(
@@ -481,14 +479,14 @@ class SessionLockCore(LockCore):
             # asked in it: the lock stays on the books, for release() again (which rolls
             # back to the hold, or, if it went with the interrupted release, the
             # transaction).
-            events.log(logging.WARNING, "error", started, error=repr(exc))
+            self.log(logging.WARNING, "error", started, error=repr(exc))
             return
         asked = TxStatus.IDLE if status is TxStatus.INERROR else status
         held = yield from recovery.release_if_held(driver, spec, asked, self._guard)
         if held is False:
             yield from self._drop_hold()  # if the interrupted release had not left it yet
             self.forget()
-        events.log(logging.WARNING, "error", started, error=repr(exc))
+        self.log(logging.WARNING, "error", started, error=repr(exc))
 
     def _release_stranded(self, started: float) -> Plan[None]:
         """The unlock did not reach the session holding the lock: a transaction-pooling
@@ -502,7 +500,7 @@ class SessionLockCore(LockCore):
             released = None
             logger.debug("pgsolo: releasing %s from a second connection failed: %r", key, exc)
         self.forget()
-        self.events.log(logging.WARNING, "lost", started, reason="connection-moved")
+        self.log(logging.WARNING, "lost", started, reason="connection-moved")
         remains = (
             "it was released from a second connection that landed on that backend"
             if released is True

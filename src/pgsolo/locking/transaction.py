@@ -79,7 +79,7 @@ class XactLockCore(LockCore):
         # thread or task on the same connection cannot join it and "get" the key too.
         owns = self._opens_own(status, context=context)
         if not owns and holdings.is_claimed(conn, pid, key):
-            return failures.busy_here(self.events, pid)
+            return failures.busy_here(self, pid)
         if not owns and holdings.owned_elsewhere(conn, pid):
             raise holdings.shared_transaction_error(pid)
         claimed = False
@@ -96,7 +96,7 @@ class XactLockCore(LockCore):
                     owner=holdings.context_token(),
                 )
                 if claim == "busy":
-                    return failures.busy_here(self.events, pid)
+                    return failures.busy_here(self, pid)
                 claimed = True
             status = self._usable_status(status)
             # The caller's transaction: one already open, or the one a driver that begins
@@ -164,7 +164,7 @@ class XactLockCore(LockCore):
             slices.close()
         if value is None:  # sql.acquire's answer on a server in recovery: nothing taken
             yield from self._abandon_own_transaction()
-            raise failures.standby_refused(self.events, started)
+            raise failures.standby_refused(self, started)
         try:  # a Ctrl-C from here on ends pgsolo's own transaction, with the lock
             return self._granted(value, started, self.driver.backend_pid())
         except BaseException:
@@ -182,12 +182,12 @@ class XactLockCore(LockCore):
         next_slice = not last and failures.timed_out(self.driver, exc)
         # Read as the failure left the connection: ending pgsolo's own transaction
         # through a framework may reconnect (Django does).
-        error = None if next_slice else failures.acquisition_error(self.events, exc, started)
+        error = None if next_slice else failures.acquisition_error(self, exc, started)
         yield from self._after_failure(in_callers_transaction=joins)
         if next_slice:
             return True
         if error is None:
-            error = yield from failures.cut_short(self.events, exc, started)
+            error = yield from failures.cut_short(self, exc, started)
         if error is not None:
             raise error from exc
         raise exc
@@ -198,7 +198,7 @@ class XactLockCore(LockCore):
         self.acquired = self.spec.wait_ms is not None or value is True or is_token(value)
         self.token = int(str(value)) if value is not True and is_token(value) else None
         self.backend_pid = pid if self.acquired else None
-        self.events.log(logging.DEBUG, "acquired" if self.acquired else "busy", started)
+        self.log(logging.DEBUG, "acquired" if self.acquired else "busy", started)
         return self.acquired
 
     def _opening(self, status: TxStatus, *, owns: bool) -> list[str] | None:
@@ -277,7 +277,7 @@ class XactLockCore(LockCore):
         if failed:
             return
         key = self.spec.key
-        self.events.log(logging.WARNING, "lost", reason="lock-released")
+        self.log(logging.WARNING, "lost", reason="lock-released")
         raise LockLostError(
             f"transaction lock {key} was lost: its connection went back to its pool before"
             " the block ended, and the pool's reset rolled its transaction back; nothing of"
@@ -331,7 +331,7 @@ class XactLockCore(LockCore):
                 yield Own(sql.held_at_commit(key, shared=self.spec.shared), "commit")
             except Exception as again:
                 yield from self._commit_failed(again)
-        self.events.log(logging.DEBUG, "released")
+        self.log(logging.DEBUG, "released")
 
     def _commit_check(self) -> list[str]:
         """What goes with the COMMIT: with ``verify_commit``, the check that fails it if
@@ -359,11 +359,11 @@ class XactLockCore(LockCore):
 
     def _commit_failed(self, exc: BaseException) -> Plan[NoReturn]:
         """The COMMIT of pgsolo's own transaction failed (``exc``): raise what that means."""
-        driver, key, events = self.driver, self.spec.key, self.events
+        driver, key = self.driver, self.spec.key
         if not isinstance(exc, Exception):
             raise exc
         if connection_gone(driver, exc, self.backend_pid):
-            events.log(logging.WARNING, "lost", reason="connection-lost")
+            self.log(logging.WARNING, "lost", reason="connection-lost")
             raise LockLostError(
                 f"transaction lock {key} was lost with its connection before its"
                 f" transaction committed ({' '.join(str(exc).split())}); the work's"
@@ -378,7 +378,7 @@ class XactLockCore(LockCore):
         # the work ended the locked transaction. One reason, whichever a library
         # reports (psycopg says the transaction ended; Django and SQLAlchemy, whose
         # books still say it is open, only let the commit check find it).
-        events.log(logging.WARNING, "lost", reason="work-ended-transaction")
+        self.log(logging.WARNING, "lost", reason="work-ended-transaction")
         raise LockLostError(
             f"transaction lock {key} was no longer held when the work was about to"
             " commit: the work ended the locked transaction (and began another); the"
@@ -434,7 +434,7 @@ class XactLockCore(LockCore):
     def quick_answer(self, value: object) -> bool:
         if value is None:  # a server in recovery: the shell's let_go() rolls back
             holdings.withdraw(self.driver.connection, self.spec.key, self)
-            raise failures.standby_refused(self.events, self.started)
+            raise failures.standby_refused(self, self.started)
         # The backend the key was claimed on; an ORM session with nothing checked out
         # reaches one only with the lock's own BEGIN (none was known then: pid 0).
         pid = self.claimed_on or self.driver.backend_pid()
@@ -485,7 +485,7 @@ class XactLockCore(LockCore):
         return self.exit(failed=False)
 
     def quick_released(self, value: object) -> None:
-        self.events.log(logging.DEBUG, "released")
+        self.log(logging.DEBUG, "released")
 
     def quick_release_failed(self, exc: BaseException) -> Plan[None]:
         try:

@@ -119,7 +119,7 @@ class Watch:
 
     def declare(self, error: LockLostError) -> None:
         self.core.lost = error
-        self.core.events.log_lost(error)
+        self.core.log_lost(error)
         if self.keep.on_lost is not None:
             try:
                 self.keep.on_lost(error)
