@@ -26,7 +26,7 @@ import subprocess
 import sys
 
 from benchmarks.bench_locks import Target, server
-from benchmarks.paired import ASYNC_PAIRS, PAIRS, SIDES
+from benchmarks.paired import ASYNC_PAIRS, PAIRS, SIDES, chosen_pairs, pairs_parser
 from benchmarks.suite import DSN_ENV
 
 WARM_UP = 300  # past the drivers' prepare thresholds (5), as paired.py warms up
@@ -96,18 +96,7 @@ def measure(valgrind: str, dsn: str, pair: str, ops: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.instructions",
-        description=__doc__.split("\n\n")[0] if __doc__ else None,
-    )
-    parser.add_argument(
-        "pairs", nargs="*", metavar="PAIR", help=f"{', '.join(PAIRS | ASYNC_PAIRS)} (default: all)"
-    )
-    parser.add_argument(
-        "--dsn",
-        default=os.environ.get(DSN_ENV),
-        help=f"PostgreSQL DSN (default: ${DSN_ENV}, else a throwaway embedded server)",
-    )
+    parser = pairs_parser("python -m benchmarks.instructions", __doc__)
     parser.add_argument("--ops", type=int, default=1000, help="operations counted (default 1000)")
     parser.add_argument("--run", nargs=3, metavar=("PAIR", "SIDE", "OPS"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -117,16 +106,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.ops < 1:
         parser.error("--ops must be at least 1")
-    if unknown := set(args.pairs) - set(PAIRS) - set(ASYNC_PAIRS):
-        parser.error(
-            f"unknown pair {sorted(unknown)[0]!r}: one of {', '.join(PAIRS | ASYNC_PAIRS)}"
-        )
+    pairs = chosen_pairs(parser, args.pairs)
     valgrind = shutil.which("valgrind")
     if valgrind is None:
         parser.error("needs valgrind on PATH (Debian: apt-get install valgrind)")
     with server(args.dsn) as (target, server_kind):
         print(f"server: {server_kind}", file=sys.stderr)
-        for pair in args.pairs or [*PAIRS, *ASYNC_PAIRS]:
+        for pair in pairs:
             print(measure(valgrind, target.conninfo(), pair, args.ops), flush=True)
     return 0
 

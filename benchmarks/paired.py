@@ -192,11 +192,9 @@ def _report(
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.paired",
-        description=__doc__.split("\n\n")[0] if __doc__ else None,
-    )
+def pairs_parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
+    """The arguments every command over :data:`PAIRS` takes: which pairs, and the server."""
+    parser = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0] if doc else None)
     parser.add_argument(
         "pairs", nargs="*", metavar="PAIR", help=f"{', '.join(PAIRS | ASYNC_PAIRS)} (default: all)"
     )
@@ -205,22 +203,33 @@ def main(argv: list[str] | None = None) -> int:
         default=os.environ.get(DSN_ENV),
         help=f"PostgreSQL DSN (default: ${DSN_ENV}, else a throwaway embedded server)",
     )
+    return parser
+
+
+def chosen_pairs(parser: argparse.ArgumentParser, pairs: list[str]) -> list[str]:
+    """The pairs asked for (every one if none), each known, else the parser's error."""
+    if unknown := set(pairs) - set(PAIRS) - set(ASYNC_PAIRS):
+        parser.error(
+            f"unknown pair {sorted(unknown)[0]!r}: one of {', '.join(PAIRS | ASYNC_PAIRS)}"
+        )
+    return pairs or [*PAIRS, *ASYNC_PAIRS]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = pairs_parser("python -m benchmarks.paired", __doc__)
     parser.add_argument("--blocks", type=int, default=80, help="blocks per side (default 80)")
     parser.add_argument("--ops", type=int, default=200, help="operations per block (default 200)")
     parser.add_argument("--pin", action="store_true", help="this process and the server apart")
     args = parser.parse_args(argv)
     if args.blocks < 4 or args.ops < 1:
         parser.error("--blocks must be at least 4 and --ops at least 1")
-    if unknown := set(args.pairs) - set(PAIRS) - set(ASYNC_PAIRS):
-        parser.error(
-            f"unknown pair {sorted(unknown)[0]!r}: one of {', '.join(PAIRS | ASYNC_PAIRS)}"
-        )
+    pairs = chosen_pairs(parser, args.pairs)
     cores = sorted(os.sched_getaffinity(0))
     if args.pin and len(cores) < 2:
         parser.error("--pin needs at least 2 cores")
     with server(args.dsn) as (target, server_kind):
         print(f"server: {server_kind}", file=sys.stderr)
-        for pair in args.pairs or [*PAIRS, *ASYNC_PAIRS]:
+        for pair in pairs:
             pin = cores if args.pin else None
             print(measure(target, pair, args.blocks, args.ops, pin=pin), flush=True)
     return 0
