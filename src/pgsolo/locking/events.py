@@ -18,7 +18,6 @@ __all__ = ["LockEvents", "let_go_for_its_holder"]
 
 # Events of the log that end an acquisition, as the metrics' outcomes name them.
 _OUTCOMES = {"reentered": "acquired", "refused": "error"}
-_COUNTED = frozenset(metrics.LOCK_OUTCOMES)
 
 
 class LockEvents:
@@ -50,7 +49,8 @@ class LockEvents:
         it in the metrics: the acquisition's outcome, by the first event that ends it
         (counted here without a call, as every lock's is), or a loss, once."""
         spec = self.spec
-        if not self._outcome_counted and (outcome := _OUTCOMES.get(event, event)) in _COUNTED:
+        outcome = _OUTCOMES.get(event, event)
+        if not self._outcome_counted and outcome in metrics.LOCK_OUTCOMES:
             self._outcome_counted = True
             self._loss_counted = outcome != "acquired"  # only a held lock can be lost
             wait = 0.0 if started is None else time.perf_counter() - started
