@@ -120,7 +120,10 @@ KEEPER_REFUSED = (
 
 def adapt(connection: object) -> AsyncDriver | None:
     """The adapter of an asyncpg connection (see :func:`pgsolo.drivers.adapt`)."""
-    # First: asyncpg's isinstance(proxy, Connection) is True.
+    # What isinstance(connection, asyncpg.Connection) asks, without the Python of asyncpg's
+    # metaclass (every lock comes here), which says True for a pool's proxy too.
+    if asyncpg.Connection in type(connection).__mro__:
+        return AsyncpgDriver(connection)
     if isinstance(connection, PoolConnectionProxy):
         conn = private.connection_behind(connection)
         if conn is None:
@@ -129,8 +132,6 @@ def adapt(connection: object) -> AsyncDriver | None:
                 " checked out (inside async with pool.acquire() as conn)"
             )
         return AsyncpgDriver(conn)
-    if isinstance(connection, asyncpg.Connection):
-        return AsyncpgDriver(connection)
     if isinstance(connection, asyncpg.Pool):
         raise UnsupportedConnectionError(
             "an asyncpg Pool is not a connection: a lock belongs to one session, so acquire"
