@@ -113,6 +113,32 @@ def test_session_lock_inside_the_callers_transaction_reads_its_answers(
 
 
 @pytest.mark.usefixtures("db")
+def test_a_failed_block_rolled_back_before_the_unlock_leaves_psycopg2_in_step(
+    connect2: Any, observer: Any, key: Key
+) -> None:
+    """Regression: a session lock taken outside any transaction, whose block failed in
+    the transaction psycopg2 began, is released after a ROLLBACK. Sent as a statement,
+    that ROLLBACK left psycopg2's own book saying the transaction was open, so psycopg2
+    sent no BEGIN again: the caller's next statements ran without a transaction (each
+    committed at once, past the caller's rollback), and without the connection's
+    isolation level."""
+    job = new_job("psycopg2-failed-block")
+    conn = connect2(autocommit=False)
+    conn.set_session(isolation_level="SERIALIZABLE")
+    with pytest.raises(psycopg2.errors.DivisionByZero):
+        fail_in_session_lock(conn, key)
+    assert observer.holders(key) == set()
+    assert conn.info.transaction_status == psycopg2.extensions.TRANSACTION_STATUS_IDLE
+    insert(conn, job, "rolled back by the caller")
+    assert conn.info.transaction_status == psycopg2.extensions.TRANSACTION_STATUS_INTRANS
+    with conn.cursor() as cur:
+        cur.execute("SHOW transaction_isolation")
+        assert cur.fetchone() == ("serializable",)
+    conn.rollback()
+    assert work_rows(observer, job) == []
+
+
+@pytest.mark.usefixtures("db")
 def test_xact_lock_joins_the_callers_transaction_and_its_rollback(
     connect2: Any, observer: Any, key: Key
 ) -> None:
@@ -190,6 +216,14 @@ def test_run_job_owns_its_transaction(connect2: Any, observer: Any) -> None:
 def with_lock(conn: Any, key: Key, fn: Any, *args: Any) -> None:
     with xact_lock(conn, key):
         fn(conn, *args)
+
+
+def fail_in_session_lock(conn: Any, key: Key) -> None:
+    """A statement of the block fails, in the transaction psycopg2 began for it."""
+    with session_lock(conn, key) as lock:
+        assert lock.acquired
+        with conn.cursor() as cur:
+            cur.execute("SELECT 1/0")
 
 
 def raise_boom(conn: Any, job: str) -> None:

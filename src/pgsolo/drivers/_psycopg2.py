@@ -154,9 +154,16 @@ class Psycopg2Driver:
     ) -> object:
         sent = edged(statements, edge, self)
         # psycopg2 keeps its own book of the transaction it began, and sends BEGIN only
-        # when that book says none is open: a COMMIT sent as a statement would leave the
-        # book open, and the next statements would run outside any transaction. The
-        # transaction psycopg2 began is ended through psycopg2.
+        # when that book says none is open: a COMMIT or ROLLBACK sent as a statement would
+        # leave the book open, and the caller's next statements would run outside any
+        # transaction, each committed at once. The transaction psycopg2 began is ended
+        # through psycopg2, at either end of the message. What follows a ROLLBACK runs
+        # outside that transaction, so in one psycopg2 begins for it, ended here too.
+        if sent and sent[0] == sql.ROLLBACK and self.begins_implicitly:
+            self._conn.rollback()
+            sent = sent[1:]
+            if sent and sent[-1] not in (sql.COMMIT, sql.ROLLBACK):
+                sent.append(sql.COMMIT)
         ending = None
         if self.begins_implicitly and sent and sent[-1] in (sql.COMMIT, sql.ROLLBACK):
             ending = sent.pop()
