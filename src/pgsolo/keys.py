@@ -394,6 +394,13 @@ class Registry:
         *,
         namespaces: Mapping[str, int] | None = None,
     ) -> None:
+        for argument, given in (("locks", locks), ("namespaces", namespaces)):
+            if given is not None and not isinstance(given, Mapping):
+                raise InvalidArgumentError(
+                    f"Registry({argument}=...) takes a mapping of names to"
+                    f" {'keys' if argument == 'locks' else 'numbers'} (a dict), got"
+                    f" {type(given).__name__} {given!r}"
+                )
         self._by_name: dict[str, Key] = {}
         self._by_key: dict[Key, str] = {}
         self._namespaces: dict[str, int] = {}

@@ -1692,7 +1692,11 @@ def test_a_run_ended_before_its_attempt_writes_its_document_to_the_file_too(
     [
         (["--json-fd", "987"], "--json-fd 987: not a descriptor open for writing"),
         (["--json-file", "/nonexistent/dir/report.json"], "--json-file /nonexistent/dir"),
-        (["--json", "--json-fd", "2"], "not allowed with argument"),
+        (["--json", "--json-fd", "3"], "not allowed with argument"),
+        # Regression: the document landed amid COMMAND's own output (or on its stdout).
+        (["--json-fd", "1"], "1 is stdout, which is COMMAND's"),
+        (["--json-fd", "2"], "2 is stderr, which is COMMAND's"),
+        (["--json-fd", "0"], "0 is stdin, which is COMMAND's"),
     ],
 )
 def test_a_json_destination_pgsolo_cannot_write_to_is_a_usage_error(

@@ -192,6 +192,26 @@ def test_a_parsed_string_is_the_callers_own_to_change() -> None:
     assert again["password"] == secret
 
 
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("sslmode", "Requir3d"), ("target_session_attrs", "rw-only9"), ("channel_binding", "0n")],
+)
+def test_an_option_value_libpq_refuses_is_a_usage_error_before_connecting(
+    option: str, value: str
+) -> None:
+    """Regression: libpq refuses ``sslmode=requir`` only as it connects, so run_job
+    raised DatabaseUnavailableError (which says: retry later) and quoted the value; the
+    CLI alone said it was the caller's mistake. The value is never shown: a misplaced
+    password would be."""
+    dsn = f"host=127.0.0.1 port=1 user=u {option}={value}"
+    with pytest.raises(pgsolo.InvalidDsnError, match=f"{option} must be one of") as raised:
+        parse_dsn(dsn)
+    assert value not in str(raised.value)
+    with pytest.raises(pgsolo.InvalidDsnError) as raised:
+        pgsolo.run_job(dsn, unique_name("job"), lambda conn: None)
+    assert value not in str(raised.value)
+
+
 def test_a_bad_string_is_refused_each_time_it_is_read() -> None:
     with pytest.raises(pgsolo.InvalidDsnError):
         parse_dsn("host='unclosed")

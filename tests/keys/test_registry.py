@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from _support import INT32_MAX, INT32_MIN, INT64_MIN
-from pgsolo.errors import InvalidKeyError, KeyCollisionError, UsageError
+from pgsolo.errors import InvalidArgumentError, InvalidKeyError, KeyCollisionError, UsageError
 from pgsolo.keys import (
     Key,
     Registry,
@@ -131,6 +131,17 @@ def test_registry_rejects_invalid_names_and_keys() -> None:
     with pytest.raises(InvalidKeyError):
         registry.register("job", (1, 2, 3))  # type: ignore[arg-type]
     assert len(registry) == 0
+
+
+@pytest.mark.parametrize(
+    ("given", "argument"),
+    [("x", "locks"), ([("a", 1)], "locks"), (42, "namespaces")],
+)
+def test_registry_refuses_what_is_no_mapping(given: object, argument: str) -> None:
+    """Regression: Registry("x") raised AttributeError ('str' object has no attribute
+    'items'), where every other wrong argument of pgsolo's is a UsageError."""
+    with pytest.raises(InvalidArgumentError, match=rf"Registry\({argument}=\.\.\.\)"):
+        Registry(**{argument: given})  # type: ignore[arg-type]
 
 
 def test_registry_rejects_a_str_as_the_key_of_a_name() -> None:

@@ -135,9 +135,12 @@ def add_json_destination_arguments(parser: argparse.ArgumentParser) -> None:
         "--json-fd",
         type=_descriptor,
         metavar="N",
-        help="write that JSON object to file descriptor N instead (open for writing, as"
-        " in `--json-fd 3 3>report.json`; COMMAND does not inherit it when N > 2)",
+        help="write that JSON object to file descriptor N (3 or more) instead, open for"
+        " writing, as in `--json-fd 3 3>report.json`; COMMAND does not inherit it",
     )
+
+
+_COMMANDS_OWN = ("stdin", "stdout", "stderr")
 
 
 def _descriptor(text: str) -> int:
@@ -147,6 +150,14 @@ def _descriptor(text: str) -> int:
         fd = -1
     if fd < 0:
         raise argparse.ArgumentTypeError(f"not a file descriptor: {text!r}")
+    if fd < len(_COMMANDS_OWN):
+        # The document would land amid COMMAND's own output, where no reader can tell
+        # them apart: stdout is COMMAND's, and --json already puts it on stderr.
+        raise argparse.ArgumentTypeError(
+            f"{fd} is {_COMMANDS_OWN[fd]}, which is COMMAND's: take a descriptor of 3 or"
+            " more (`--json-fd 3 3>&1 >&2` for the document alone on stdout), or --json"
+            " for stderr"
+        )
     return fd
 
 

@@ -80,6 +80,20 @@ def _read_by_libpq(dsn: str) -> ConnDict | None:
         return None
 
 
+# libpq's options that take one of a few words: any other value is the caller's mistake.
+_CHOICES = {
+    "sslmode": ("disable", "allow", "prefer", "require", "verify-ca", "verify-full"),
+    "gssencmode": ("disable", "prefer", "require"),
+    "channel_binding": ("disable", "prefer", "require"),
+    "target_session_attrs": (
+        "any", "read-write", "read-only", "primary", "standby", "prefer-standby",
+    ),
+    "load_balance_hosts": ("disable", "random"),
+    "sslnegotiation": ("postgres", "direct"),
+    "sslcertmode": ("disable", "allow", "require"),
+}  # fmt: skip
+
+
 def parse_dsn(dsn: str) -> ConnDict:
     """The parameters of ``dsn`` (a URI or key=value string, possibly multi-host), or
     :class:`~pgsolo.InvalidDsnError` for one libpq would refuse. The message never
@@ -105,6 +119,14 @@ def parse_dsn(dsn: str) -> ConnDict:
             "the connection string cannot be parsed (libpq's message is not shown: it may"
             f" contain a password){hint}"
         )
+    for option, choices in _CHOICES.items():
+        if (value := params.get(option)) is not None and value not in choices:
+            # libpq refuses it only as it connects, which would read as "database
+            # unavailable" (retry later), where it is the caller's mistake.
+            raise InvalidDsnError(
+                f"{option} must be one of {', '.join(choices)} (its value is not shown: it"
+                " may be a password)"
+            )
     for port in str(params.get("port") or "").split(","):
         if port and not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
             # Not quoted: in "port= password=..." libpq reads the password as the port.

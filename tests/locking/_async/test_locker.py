@@ -212,8 +212,10 @@ async def test_bad_arguments_are_refused_before_any_connection(dsn: str) -> None
             pgsolo.AsyncLocker(dsn, **options)
     with pytest.raises(pgsolo.InvalidArgumentError, match="connection string or a connection pool"):
         pgsolo.AsyncLocker(42)  # type: ignore[arg-type]
-    with pytest.raises(pgsolo.InvalidDsnError):
-        pgsolo.AsyncLocker("mysql://user:secret@db/x")
+    # A string libpq cannot read or use fails here, not at the first lock (regression).
+    for malformed in ["mysql://user:secret@db/x", "host='unclosed", "host=h sslmode=requir"]:
+        with pytest.raises(pgsolo.InvalidDsnError):
+            pgsolo.AsyncLocker(malformed)
     locker = pgsolo.AsyncLocker(dsn)
     with pytest.raises(pgsolo.InvalidKeyError):
         locker.session_lock([1, 2])  # type: ignore[arg-type]

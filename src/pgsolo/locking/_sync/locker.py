@@ -41,8 +41,8 @@ from ..._acompat import (
 from ..._logging import locks_logger as logger
 from ...drivers import SyncDriver, adapt_sync
 from ...drivers.connect import open_connection
+from ...drivers.conninfo import parse_dsn
 from ...drivers.lenders import lender_of
-from ...dsn import libpq_dsn
 from ...errors import (
     ConnectionStateError,
     DatabaseUnavailableError,
@@ -149,8 +149,10 @@ class Locker:
     """Session locks on many keys over at most ``max_connections`` sync connections.
 
     ``dsn_or_pool``: a connection string (pgsolo opens autocommit connections named
-    ``application_name``) or a ``psycopg_pool.ConnectionPool`` to borrow them from
-    (each goes back holding nothing). Use it as a context manager, or call :meth:`close`:
+    ``application_name``; one libpq cannot read or use is an
+    :class:`~pgsolo.InvalidDsnError` here, before anything connects) or a
+    ``psycopg_pool.ConnectionPool`` to borrow them from (each goes back holding
+    nothing). Use it as a context manager, or call :meth:`close`:
     closing ends every lock still held through it. A Locker belongs to the process that
     created it: a forked child gets :class:`~pgsolo.UsageError` and must make its own."""
 
@@ -164,7 +166,7 @@ class Locker:
     ) -> None:
         self._options = LockerOptions(max_connections, idle_timeout, application_name)
         if isinstance(dsn_or_pool, str):
-            libpq_dsn(dsn_or_pool)  # a scheme libpq cannot read is refused now
+            parse_dsn(dsn_or_pool)  # a string libpq cannot read or use is refused now
         else:
             lender_of(dsn_or_pool, is_async=IS_ASYNC)  # refused now if it is no pool of ours
         self._source = dsn_or_pool
