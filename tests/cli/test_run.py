@@ -1047,6 +1047,7 @@ UNREACHABLE = "postgresql://alice:hunter2@127.0.0.1:1/db"
         (["--key", "k", "--wait", "-1", "--", "true"], "--wait"),
         (["--key", "k", "--wait", "soon", "--", "true"], "--wait"),
         (["--key", "k", "--wait", "for ever", "--", "true"], "--wait"),
+        (["--key", "k", "--wait", "inf", "--", "true"], "or `forever`, which waits"),
         (["--key", "k", "--once-per", "fortnight", "--", "true"], "period"),
         (["--key", "k", "--check-interval", "0", "--", "true"], "--check-interval"),
         (["--key", "k", "--check-timeout", "0", "--", "true"], "--check-timeout"),

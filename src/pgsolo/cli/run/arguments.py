@@ -273,4 +273,9 @@ def wait_seconds(text: str) -> float:
     """``--wait``: a number of seconds, or ``forever`` (``wait=math.inf``)."""
     if text.strip().lower() == "forever":
         return math.inf
-    return seconds_between(0.001, MAX_WAIT_SECONDS)(text)
+    try:
+        return seconds_between(0.001, MAX_WAIT_SECONDS)(text)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(
+            f"{exc}; or `forever`, which waits as long as it takes"
+        ) from None
