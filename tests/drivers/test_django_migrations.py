@@ -245,6 +245,9 @@ def test_a_role_that_does_not_exist_stops_migrate_at_the_last_version(
 
     assert done.returncode == 1
     assert "no such role in" in done.stderr
+    # Regression: it said "nothing was migrated", pgsolo migrate's words (one transaction).
+    assert f"version {LATEST_VERSION} was rolled back" in done.stderr
+    assert "the migrations before it stay applied" in done.stderr
     assert shown(fresh_db) == {name: name != VERSIONS[-1] for name in VERSIONS}
     assert version(fresh_db) == LATEST_VERSION - 1
     make_role(role)

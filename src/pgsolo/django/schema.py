@@ -39,7 +39,21 @@ def to_version(version: int) -> Any:
         connection = schema_editor.connection
         if connection.vendor != "postgresql":
             return
-        migrate_to(connection, version, grant_to=roles if version >= LATEST_VERSION else ())
+        grants = roles if version >= LATEST_VERSION else ()
+        try:
+            migrate_to(connection, version, grant_to=grants)
+        except InvalidArgumentError:
+            if not grants:
+                raise
+            # The roles were checked as names: the server has no role of one of them.
+            # Said here, not in pgsolo migrate's words ("nothing was migrated"): there one
+            # transaction holds every version, here each is a migration of its own.
+            raise InvalidArgumentError(
+                f"settings.{GRANT_SETTING}: no such role in this database"
+                f" ({', '.join(grants)}): create it (CREATE ROLE ... LOGIN), then run"
+                f" migrate again. pgsolo's migration to version {version} was rolled back"
+                " with its grants; the migrations before it stay applied"
+            ) from None
 
     # What `manage.py migrate --plan` shows of the operation.
     forward.__doc__ = f"pgsolo's schema to version {version}"
