@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import importlib.util
 import logging
 import time
 import uuid
+import warnings
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -424,6 +426,39 @@ def test_install_releases_what_is_left_on_return(
             assert observer.holders(key) == {pid_of(conn)}
 
 
+@pytest.mark.parametrize("reset", ["commit", None])
+def test_install_leaves_a_transaction_it_did_not_open_to_the_pools_reset(
+    db: str, observer: Any, key: Key, reset: str | None
+) -> None:
+    """Regression: install()'s hook rolled back whatever transaction a connection came
+    back with, before the pool's own reset: with ``reset_on_return="commit"`` the
+    caller's rows were lost, and with None a transaction the pool leaves open was ended.
+    The session lock left is still released, in a savepoint of that transaction."""
+    made = create_engine(
+        url_of(db, "psycopg"), pool_size=1, max_overflow=0, pool_reset_on_return=reset
+    )
+    pgsolo.sqlalchemy.install(made)
+    note = f"reset-{reset}-{uuid.uuid4().hex}"
+    try:
+        raw = made.raw_connection()
+        with raw.cursor() as cur:
+            cur.execute(f"INSERT INTO {WORK} (job, note) VALUES ('sqlalchemy', %s)", (note,))
+        assert pgsolo.session_lock(raw.driver_connection, key).acquire()
+        raw.close()  # back to the pool, in the caller's transaction
+        assert observer.holders(key) == set()
+        again = made.raw_connection()
+        try:
+            with again.cursor() as cur:
+                cur.execute(f"SELECT count(*) FROM {WORK} WHERE note = %s", (note,))
+                assert cur.fetchone() == (1,)  # committed, or still in the open transaction
+            assert rows(observer, note) == (1 if reset == "commit" else 0)
+        finally:
+            again.rollback()
+            again.close()
+    finally:
+        made.dispose()
+
+
 # -- what is not taken ---------------------------------------------------------------
 
 
@@ -500,6 +535,28 @@ async def test_install_on_an_async_engine(aengine: AsyncEngine, observer: Any, k
         assert await pgsolo.session_lock(conn, key).acquire()
         assert len(observer.holders(key)) == 1
     assert observer.holders(key) == set()
+
+
+async def test_install_sends_nothing_for_a_connection_the_garbage_collector_found(
+    aengine: AsyncEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regression: an async connection never given back is dropped by SQLAlchemy when the
+    garbage collector finds it, with no event loop to run anything on; install()'s hook
+    still tried to reset it, and SQLAlchemy logged its ``MissingGreenlet`` at ERROR."""
+    pgsolo.sqlalchemy.install(aengine)
+
+    async def leak() -> None:
+        conn = await aengine.connect()
+        await conn.execute(text("SELECT 1"))
+
+    with caplog.at_level(logging.ERROR, logger="sqlalchemy"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # SQLAlchemy's own warning of the leak
+        await leak()
+        gc.collect()
+    failures = [r for r in caplog.records if r.exc_info is not None]
+    assert failures == [], [r.getMessage() for r in failures]
+    async with aengine.connect() as conn:  # the pool goes on
+        assert (await conn.execute(text("SELECT 1"))).scalar() == 1
 
 
 async def test_install_forgets_quietly_what_a_closed_asyncpg_connection_held(

@@ -453,10 +453,16 @@ def _switch_back_for_good(raw: Any) -> None:
     _switched_back(raw)
 
 
-def listen_for_returns(engine: object, on_return: Callable[[object], object]) -> None:
+def listen_for_returns(
+    engine: object,
+    on_return: Callable[[object], object],
+    on_discard: Callable[[object], None],
+) -> None:
     """Call ``on_return(driver_connection)`` before SQLAlchemy resets a connection that
     goes back to ``engine``'s pool (sync or async; an awaitable it returns is awaited in
-    SQLAlchemy's greenlet)."""
+    SQLAlchemy's greenlet); ``on_discard(driver_connection)``, which sends nothing, for
+    one the pool closes instead (invalidated, or an asyncio connection the garbage
+    collector found, where no event loop may be running: SQLAlchemy resets nothing then)."""
     if isinstance(engine, AsyncEngine):
         engine = engine.sync_engine
     if not isinstance(engine, Engine):
@@ -468,6 +474,9 @@ def listen_for_returns(engine: object, on_return: Callable[[object], object]) ->
 
     def reset(dbapi_connection: Any, record: ConnectionPoolEntry, state: Any) -> None:
         if record.driver_connection is None:
+            return
+        if state.terminate_only or not state.asyncio_safe:
+            on_discard(record.driver_connection)  # its session, and its locks, end with it
             return
         _switch_back_for_good(record.driver_connection)
         outcome = on_return(record.driver_connection)

@@ -32,7 +32,7 @@ def install(engine: object) -> None:
     key, as :func:`~pgsolo.pool_reset` does for psycopg_pool. Call it once per engine."""
     from ..drivers._sqlalchemy import listen_for_returns  # noqa: PLC0415 - on use only
 
-    listen_for_returns(engine, _reset)
+    listen_for_returns(engine, _reset, _forget)
 
 
 def _reset(driver_connection: object) -> object:
@@ -43,6 +43,11 @@ def _reset(driver_connection: object) -> object:
     sync = as_sync(driver)
     drive(reset_plan(sync), sync)
     return None
+
+
+def _forget(driver_connection: object) -> None:
+    """Take what ``driver_connection`` held off the books: it is closed, not reset."""
+    holdings.forget_all(adapt(driver_connection).connection)
 
 
 def request_end_plan(driver: SyncDriver) -> Plan[None]:

@@ -10,14 +10,22 @@ from .._logging import locks_logger as logger
 from ..drivers import DriverBase, TxStatus
 from . import holdings
 from .events import let_go_for_its_holder
-from .placement import outside_transaction
+from .placement import in_savepoint, outside_transaction
 from .plans import Plan
 
 __all__ = ["reset_plan"]
 
 
 def reset_plan(driver: DriverBase) -> Plan[None]:
-    forgotten = holdings.forget_all(driver.connection)
+    """Release every session lock on ``driver``'s connection, as it goes back to its pool,
+    and end the transaction pgsolo opened there, if one is open. A transaction pgsolo did
+    not open is the pool's to end as it was told (SQLAlchemy's ``reset_on_return``:
+    commit, roll back or leave it), so the unlock runs in a savepoint of it; only a failed
+    one, where nothing runs and which can commit nothing, is rolled back first."""
+    conn = driver.connection
+    # Read before the books close: whether the transaction open is pgsolo's own.
+    owned = holdings.transaction_owner(conn, driver.backend_pid()) is not None
+    forgotten = holdings.forget_all(conn)
     if driver.is_closed():
         return  # its locks went with it: off the books, nothing to release or warn of
     for held in forgotten:
@@ -25,8 +33,11 @@ def reset_plan(driver: DriverBase) -> Plan[None]:
         if held.lifetime == "xact":
             logger.warning(
                 "pgsolo: transaction lock %s was still held when its connection went back"
-                " to the pool; rolling its transaction back",
+                " to the pool; %s",
                 held.key,
+                "rolling its transaction back"
+                if owned
+                else "it is released when the transaction it joined ends",
                 extra=extra,
             )
         else:
@@ -37,7 +48,7 @@ def reset_plan(driver: DriverBase) -> Plan[None]:
                 extra=extra,
             )
     status = driver.transaction_status()
-    statements = [sql.UNLOCK_ALL]
-    if status in (TxStatus.INTRANS, TxStatus.INERROR):
-        statements = [sql.ROLLBACK, *statements]
-    yield outside_transaction(driver, statements)
+    if status is TxStatus.INERROR or (status is TxStatus.INTRANS and owned):
+        yield outside_transaction(driver, [sql.ROLLBACK, sql.UNLOCK_ALL], status)
+    else:
+        yield in_savepoint(driver, status, [sql.UNLOCK_ALL])
