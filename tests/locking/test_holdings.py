@@ -70,6 +70,26 @@ def test_a_connection_dropped_after_its_locks_is_freed_at_once(
         gc.enable()
 
 
+def test_a_connection_dropped_with_its_session_lock_held_ends_its_session(
+    dsn: str, observer: Any, key: Key
+) -> None:
+    """Regression: the books of a connection kept the lock that holds a key, and so its
+    driver and the connection itself: a connection its caller dropped without releasing
+    or closing lived on, and its server session kept the key, until the process ended.
+    Without pgsolo, psycopg closes a connection nobody refers to, and the key goes."""
+
+    def take_and_drop() -> weakref.ref[psycopg.Connection[Any]]:
+        conn = psycopg.connect(dsn, autocommit=True)
+        assert pgsolo.session_lock(conn, key).acquire()
+        assert observer.holders(key) == {pid_of(conn)}
+        return weakref.ref(conn)
+
+    gone = take_and_drop()
+    gc.collect()
+    assert gone() is None
+    eventually(lambda: observer.holders(key) == set(), "the dropped connection's key to go")
+
+
 def test_second_thread_on_same_connection_is_refused(
     connect: Connect, observer: Any, key: Key
 ) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -61,8 +62,10 @@ class Held:
     shared: bool
     # Who holds it (their LockCores, the first claimant first): each hold is its holder's,
     # so the one an interrupted acquisition or release made is the one it drops (a count
-    # could not tell whose hold a re-entrant claim cut short had added).
-    holders: list[object] = field(repr=False)
+    # could not tell whose hold a re-entrant claim cut short had added). Weakly: a lock
+    # refers to its connection, and the books must not keep alive a connection its
+    # caller dropped with a key held (its session, and the key, end when it goes).
+    holders: list[weakref.ref[object]] = field(repr=False)
     pending: bool  # the first acquisition is still on its way to the server
     books: _Holdings = field(repr=False)  # whose keys it is among, while it is
     lifetime: Lifetime = "session"
@@ -136,13 +139,13 @@ def claim(
             raise shared_transaction_error(pid)
         held = holdings.keys.get(key.value)
         if held is None:
-            held = Held(key, shared, [claimant], True, holdings, lifetime=lifetime)
+            held = Held(key, shared, [weakref.ref(claimant)], True, holdings, lifetime=lifetime)
             holdings.keys[key.value] = held
             if owner is not None:
                 holdings.transaction_owner = owner
             return "new", holdings.route, held
         if reentrant and (held.lifetime, held.shared) == (lifetime, shared) and not held.pending:
-            held.holders.append(claimant)  # one step: on the books as the claimant's, or not
+            held.holders.append(weakref.ref(claimant))  # one step: the claimant's, or not
             return "reentered", holdings.route, held
         return "busy", holdings.route, None
 
@@ -203,7 +206,7 @@ def last_hold(held: Held, holder: object) -> bool:
     meanwhile would share a hold whose unlock is in flight, and believe it held a key
     the server let go, so it is refused as busy, as during the first acquisition."""
     with _HOLDINGS_LOCK:
-        if len(held.holders) == 1 and held.holders[0] is holder:
+        if len(held.holders) == 1 and held.holders[0]() is holder:
             held.pending = True
             return True
         return False
@@ -278,8 +281,10 @@ def _drop(held: Held, holder: object) -> None:
     it goes off the books (whoever kept the Held is free to go: it no longer refers to
     them)."""
     holders = held.holders
-    if holder in holders:
-        holders.remove(holder)
+    for hold in holders:
+        if hold() is holder and holder is not None:
+            holders.remove(hold)  # itself: the references of one live object are one
+            break
     if not holders and held.books.keys.get(held.key.value) is held:
         del held.books.keys[held.key.value]
 
