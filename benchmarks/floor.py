@@ -30,7 +30,7 @@ from psycopg import generators, pq
 
 from benchmarks.bench_locks import KEY, NotAcquiredError, Target
 from pgsolo import sql
-from pgsolo.drivers._asyncpg_private import open_protocol, run_prepared
+from pgsolo.drivers._asyncpg_private import kept_statement, open_protocol, run_prepared
 from pgsolo.keys import as_key
 
 __all__ = ["AsyncPsycopgFloor", "AsyncpgFloor", "PsycopgFloor"]
@@ -146,7 +146,8 @@ class AsyncpgFloor:
 
         self.conn = await asyncpg.connect(**target.asyncpg_kwargs())
         self._lock, self._unlock = [
-            await self.conn.prepare(call.template.decode("ascii")) for call in (_TRY, _UNLOCK)
+            kept_statement(await self.conn.prepare(call.template.decode("ascii")))
+            for call in (_TRY, _UNLOCK)
         ]
         self._key = [int(p) for p in _TRY.params]
         self._xact = f"BEGIN; {sql.truth_by_count(sql.Truth(_XACT_TRY))}"

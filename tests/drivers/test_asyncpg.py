@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import uuid
+import warnings
+import weakref
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -165,6 +168,42 @@ async def test_a_session_locks_calls_are_prepared_after_a_few_runs_and_survive_a
     for _ in range(PREPARE_AFTER + 2):
         await lock_and_release(uncached)
     assert await _pgsolos_prepared(uncached) == []
+
+
+async def test_a_connection_with_prepared_lock_calls_is_not_kept_alive(
+    db: str, apg: Any, observer: Any, key: Key
+) -> None:
+    """Regression: pgsolo kept asyncpg's ``PreparedStatement`` of each prepared lock call,
+    which refers to its connection, in books kept by connection: a connection that had
+    taken a few session locks lived on once its caller dropped it, its server session and
+    any key it held with it, until the process ended. The calls stay prepared, and
+    usable, once the garbage collector has been through."""
+    from pgsolo.drivers._asyncpg import PREPARE_AFTER  # noqa: PLC0415 - the adapter's
+
+    conn = await apg()
+    for _ in range(PREPARE_AFTER + 1):
+        async with pgsolo.session_lock(conn, key):
+            pass
+    gc.collect()
+    for _ in range(2):  # asyncpg closes what it let go of at the next statement
+        async with pgsolo.session_lock(conn, key) as lock:
+            assert lock.acquired
+    assert len(await _pgsolos_prepared(conn)) == 2
+
+    async def take_and_drop() -> weakref.ref[Any]:
+        dropped = await asyncpg.connect(db)
+        for _ in range(PREPARE_AFTER + 1):
+            async with pgsolo.session_lock(dropped, key):
+                pass
+        assert await pgsolo.session_lock(dropped, key).acquire()
+        return weakref.ref(dropped)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)  # asyncpg's: not closed
+        gone = await take_and_drop()
+        gc.collect()
+    assert gone() is None
+    await aeventually(lambda: observer.holders(key) == set(), "the dropped session's key to go")
 
 
 async def test_a_pooled_connections_prepared_lock_calls_serve_every_checkout(

@@ -418,7 +418,7 @@ async def _prepared_call(conn: Any, call: sql.LockCall) -> Rows:
     except asyncpg.PostgresError as exc:
         how, statement = prepared.made(conn, form.name, _sqlstate(exc))
     else:
-        how, statement = prepared.made(conn, form.name, None, made)
+        how, statement = prepared.made(conn, form.name, None, private.kept_statement(made))
     protocol = private.open_protocol(conn)  # closed meanwhile: as written raises
     if how is prepared.BY_NAME and protocol is not None:
         return await private.run_prepared(protocol, statement, form.values)

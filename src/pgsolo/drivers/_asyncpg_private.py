@@ -23,6 +23,10 @@ release is checked against this module before the upper bound moves.
 - :func:`open_protocol`: the connection's protocol while it is open, which answers what
   ``is_closed()`` and ``is_in_transaction()`` answer, read as they read it: each of them is
   a call of Python, asked a few times by every lock (six calls less per lock and unlock).
+- :func:`kept_statement`: the state of a ``PreparedStatement`` (the statement's name on
+  the session, and its types), kept for the session's life without the
+  ``PreparedStatement``, which refers to its connection: pgsolo's books of what each
+  session has prepared would keep a dropped connection alive.
 - :func:`run_prepared`: a prepared statement's run by the protocol, which works in
   every checkout of a pooled connection (``PreparedStatement`` refuses one made in an
   earlier checkout) and costs a lock and unlock 4 µs less.
@@ -44,6 +48,7 @@ __all__ = [
     "client_socket",
     "connection_behind",
     "copy_out",
+    "kept_statement",
     "open_protocol",
     "parameters",
     "queries_sent",
@@ -101,9 +106,19 @@ def open_protocol(conn: Any) -> Any:
     return protocol if protocol is not None and protocol.is_connected() else None
 
 
-def run_prepared(protocol: Any, statement: Any, args: Sequence[object]) -> Awaitable[list[Any]]:
-    """Run ``statement`` (a ``PreparedStatement`` of the connection whose open protocol,
-    :func:`open_protocol`, is ``protocol``) with ``args``; its rows.
+def kept_statement(statement: Any) -> Any:
+    """The state of ``statement`` (a ``PreparedStatement``), counted as one more holder
+    of it, as a ``PreparedStatement`` counts itself: when ``statement`` goes, asyncpg
+    closes the statement on the server only once no holder is left, and this one stays
+    for the session's life."""
+    state = statement._state
+    state.attach()
+    return state
+
+
+def run_prepared(protocol: Any, state: Any, args: Sequence[object]) -> Awaitable[list[Any]]:
+    """Run the prepared statement of ``state`` (:func:`kept_statement`, on the connection
+    whose open protocol, :func:`open_protocol`, is ``protocol``) with ``args``; its rows.
 
     The protocol's own call, as ``fetchval()`` makes it under three coroutines of its
     own, less what pgsolo must not inherit: ``fetchval()`` refuses a statement prepared
@@ -111,9 +126,7 @@ def run_prepared(protocol: Any, statement: Any, args: Sequence[object]) -> Await
     the statement, is the same (pgsolo's lock calls are prepared once per session).
     What ``conn.fetchval()`` checks first, that the connection is open, the caller
     checked as it found ``protocol``."""
-    return protocol.bind_execute(  # type: ignore[no-any-return]
-        statement._state, args, "", 1, False, None
-    )
+    return protocol.bind_execute(state, args, "", 1, False, None)  # type: ignore[no-any-return]
 
 
 def caches_statements(conn: Any) -> bool:

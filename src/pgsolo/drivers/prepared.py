@@ -2,7 +2,8 @@
 prepares its caller's statements: a call is prepared once it has run ``threshold`` times
 on a session, and runs by name after that. What each session has, by its connection
 object, is kept here, with the driver's handle of each statement where it has one
-(asyncpg's ``PreparedStatement``).
+(asyncpg's statement state: never an object that refers to the connection, which this
+module's books would keep alive).
 
 A driver prepares a lock call only outside any transaction, where the error of a
 missing or duplicate statement aborts nothing and nothing ran: the server may have
