@@ -389,6 +389,44 @@ def test_the_locks_counts_publish_as_prometheus_clients_own_instruments_do(
     assert ("_created" in published) is created
 
 
+def test_every_wait_counts_once_when_threads_count_while_scrapes_add_them_up() -> None:
+    """Guards the tallies' way of counting (a lock appends its wait; the one that arrives
+    256th adds up those before it, and a scrape adds up the rest): 8 threads count 1,000
+    locks each while another scrapes, and every wait counts once, in the count, the sum
+    and the buckets, as prometheus_client's instruments count the same waits."""
+    tallied, instrumented = _LockCounts(), _InstrumentedLockCounts()
+    # Binary fractions: summed in any order, the same float.
+    waits = [(i % 7) / 1024 for i in range(1000)]
+    counting = True
+
+    def count() -> None:
+        series = tallied.child("many", "session", "acquired")
+        for wait in waits:
+            series.add(wait)
+
+    def scrape() -> None:
+        while counting:
+            _published(tallied, "text")
+
+    scraper = threading.Thread(target=scrape)
+    scraper.start()
+    threads = [threading.Thread(target=count) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    counting = False
+    scraper.join()
+    for wait in waits * 8:
+        instrumented.child("many", "session", "acquired").add(wait)
+    published = _published(tallied, "text")
+    assert published == _published(instrumented, "text")
+    assert (
+        'pgsolo_lock_acquisitions_total{lifetime="session",lock="many",outcome="acquired"}'
+        " 8000.0" in published
+    )
+
+
 def test_prometheus_clients_multiprocess_mode_scrapes_the_locks_counts(
     dsn: str, tmp_path: Path
 ) -> None:
