@@ -9,7 +9,10 @@ a framework's connection: SQLAlchemy, Django) and offers:
   transaction pgsolo owns before them or end it after them, the way the library or the
   framework that owns the connection's transactions does it;
 - ``transaction_status()``, ``backend_pid()``, ``begins_implicitly`` and
-  ``server_info()``: what the connection looks like now, without a round trip;
+  ``server_info()``: what the connection looks like now, without a round trip; and
+  ``idle_pid()``, the backend pid if the connection is open with no transaction, the
+  common case a session lock asks about before it is taken and given back, answered at
+  once where the library can (:class:`IdleByStatus` asks the other questions);
 - ``sqlstate(exc)``, ``error_detail(exc)`` and ``is_closed()``: how to read the
   driver's errors;
 - ``ending_advice``: how the caller ends an open transaction, in its library's words;
@@ -66,6 +69,7 @@ __all__ = [
     "BeatFailed",
     "DriverBase",
     "Edge",
+    "IdleByStatus",
     "Lacking",
     "News",
     "ServerInfo",
@@ -182,6 +186,12 @@ class DriverBase(Protocol):
     def transaction_status(self) -> TxStatus: ...
 
     def backend_pid(self) -> int: ...
+
+    def idle_pid(self) -> int | None:
+        """The backend pid if the connection is open with no transaction open (and, where
+        the driver can tell, no statement running); None otherwise, when the caller asks
+        :meth:`transaction_status` why. What every lock asks before it takes and gives
+        back a session lock: one call, where the driver can answer it at once."""
 
     def server_info(self) -> ServerInfo: ...
 
@@ -428,6 +438,22 @@ def _django_module(needed_by: str) -> ModuleType:
             f"{needed_by} needs Django, which cannot be imported ({exc}): pip install"
             " 'pgsolo[django]'"
         ) from exc
+
+
+class _Connected(Protocol):
+    def is_closed(self) -> bool: ...
+    def transaction_status(self) -> TxStatus: ...
+    def backend_pid(self) -> int: ...
+
+
+class IdleByStatus:
+    """:meth:`DriverBase.idle_pid` for a driver that answers it with its other calls
+    (Django's and SQLAlchemy's, whose answers depend on the framework's own state)."""
+
+    def idle_pid(self: _Connected) -> int | None:
+        if self.is_closed() or self.transaction_status() is not TxStatus.IDLE:
+            return None
+        return self.backend_pid()
 
 
 def is_async(driver: SyncDriver | AsyncDriver) -> TypeIs[AsyncDriver]:

@@ -152,6 +152,9 @@ class AsyncpgDriver:
     # property: every lock reads it.
     begins_implicitly = False
 
+    # Every lock makes one: no dict of its own to allocate and free.
+    __slots__ = ("_aborted_at", "_checkout", "_conn", "_last_info", "connection")
+
     def __init__(self, conn: Any) -> None:
         self._conn = conn
         # This checkout's (asyncpg counts releases), written out: every lock makes a driver.
@@ -180,6 +183,18 @@ class AsyncpgDriver:
         # abort pgsolo did not see is found at its COMMIT (module doc).
         aborted = self._aborted_at is not None and self._aborted_at == self._queries()
         return TxStatus.INERROR if aborted else TxStatus.INTRANS
+
+    def idle_pid(self) -> int | None:
+        # is_closed() and transaction_status() at once: every lock asks this twice.
+        conn = self._conn
+        protocol = private.open_protocol(conn)
+        if (
+            protocol is None
+            or protocol.is_in_transaction()
+            or private.releases(conn) != self._checkout.number
+        ):
+            return None
+        return self._checkout.pid
 
     def backend_pid(self) -> int:
         # Read as the checkout began: an asyncpg connection talks to one backend for its
@@ -233,25 +248,39 @@ class AsyncpgDriver:
     async def fetch_value(
         self, statements: Sequence[str], wait: float = 0.0, edge: Edge | None = None
     ) -> object:
-        sent = statements if edge is None else edged(statements, edge, self)
-        if not sent:
-            return None
         # One simple-query message (module docstring). A lock call alone (a session lock's
-        # try or unlock) is asyncpg's own round trip (_lock_call). Anything else runs
-        # shielded in a task of its own (_shielded): it may begin or end a transaction, and
-        # asyncpg's own cancellation hands the cancellation on before the server answered,
-        # while asyncpg still reports the transaction as it was (a Ctrl-C left run_once's
-        # open, once in a thousand interruptions); it may wait for a lock, and asyncpg asks
-        # the server once to cancel it; it may read a COPY, whose waiter asyncpg's protocol
-        # can break.
-        call = sent[0] if not wait and len(sent) == 1 else None
+        # try or unlock) is asyncpg's own round trip (_lock_call), found first: most round
+        # trips are one. Anything else runs shielded in a task of its own (_shielded): it
+        # may begin or end a transaction, and asyncpg's own cancellation hands the
+        # cancellation on before the server answered, while asyncpg still reports the
+        # transaction as it was (a Ctrl-C left run_once's open, once in a thousand
+        # interruptions); it may wait for a lock, and asyncpg asks the server once to
+        # cancel it; it may read a COPY, whose waiter asyncpg's protocol can break.
+        call = statements[0] if edge is None and not wait and len(statements) == 1 else None
         try:
             if type(call) is sql.LockCall:
-                rows = await _lock_call(self._conn, call, self._checkout)
-                tag, value = "", rows[0][0]
-            else:
-                self._refuse_if_released()
-                tag, value = await _shielded(self._conn, _exchange_once(self._conn, sent))
+                # Prepared on the session already, outside a transaction: asyncpg's own
+                # round trip, awaited with no coroutine of pgsolo's around it (most lock
+                # calls are). Anything else: _lock_call.
+                conn = self._conn
+                protocol = private.open_protocol(conn)
+                statement = (
+                    self._checkout.ready.get(call.prepared.name)
+                    if protocol is not None and not protocol.is_in_transaction()
+                    else None
+                )
+                rows = await (
+                    private.run_prepared(protocol, statement, call.prepared.values)
+                    if statement is not None
+                    else _lock_call(conn, call, self._checkout)
+                )
+                self._aborted_at = None
+                return rows[0][0]
+            sent = statements if edge is None else edged(statements, edge, self)
+            if not sent:
+                return None
+            self._refuse_if_released()
+            tag, value = await _shielded(self._conn, _exchange_once(self._conn, sent))
         except asyncio.CancelledError:
             await self._find_out_if_aborted()
             raise
@@ -384,29 +413,27 @@ _CHECKOUTS: IdentityWeakMap[Any, Checkout] = IdentityWeakMap()
 
 
 def _lock_call(conn: Any, call: sql.LockCall, checkout: Checkout) -> Awaitable[Rows]:
-    """A lock call alone, which changes no transaction and ends on the server at once; the
-    rows it answers (one, of one value). A cancellation is asyncpg's to handle (it asks
-    the server to cancel the statement, and its next operation waits until the server
-    answered: pgsolo's recovery then finds out what the call did). Outside a transaction,
-    once it ran :data:`PREPARE_AFTER` times on the connection, it is prepared there
-    (:mod:`pgsolo.drivers.prepared`) unless the caller turned asyncpg's statement cache
-    off (``checkout.caches_statements`` False: ``statement_cache_size=0``, as behind a
-    transaction-pooling proxy). Prepared, it is asyncpg's own round trip, awaited with no
-    coroutine of pgsolo's around it; if the session no longer has it, the caller
-    (:meth:`AsyncpgDriver.fetch_value`) sends it again. On a closed connection it is sent
-    as written, which raises asyncpg's own error."""
+    """A lock call alone, which changes no transaction and ends on the server at once, and
+    which this checkout has not run prepared yet (:meth:`AsyncpgDriver.fetch_value` runs
+    one that it has); the rows it answers (one, of one value). A cancellation is
+    asyncpg's to handle (it asks the server to cancel the statement, and its next
+    operation waits until the server answered: pgsolo's recovery then finds out what the
+    call did). Outside a transaction, once it ran :data:`PREPARE_AFTER` times on the
+    connection, it is prepared there (:mod:`pgsolo.drivers.prepared`) unless the caller
+    turned asyncpg's statement cache off (``checkout.caches_statements`` False:
+    ``statement_cache_size=0``, as behind a transaction-pooling proxy), and kept in
+    ``checkout.ready``. Prepared, it is asyncpg's own round trip; if the session no
+    longer has it, the caller sends it again. On a closed connection it is sent as
+    written, which raises asyncpg's own error."""
     protocol = private.open_protocol(conn)
     if protocol is not None and checkout.caches_statements and not protocol.is_in_transaction():
         form = call.prepared
-        statement = checkout.ready.get(form.name)
-        if statement is None:
-            how, statement = prepared.how(conn, form.name, PREPARE_AFTER)
-            if how is prepared.PREPARE:
-                return _prepared_call(conn, call)
-            if how is not prepared.BY_NAME:
-                return _call_as_written(conn, call)
+        how, statement = prepared.how(conn, form.name, PREPARE_AFTER)
+        if how is prepared.PREPARE:
+            return _prepared_call(conn, call)
+        if how is prepared.BY_NAME:
             checkout.ready[form.name] = statement
-        return private.run_prepared(protocol, statement, form.values)
+            return private.run_prepared(protocol, statement, form.values)
     return _call_as_written(conn, call)
 
 

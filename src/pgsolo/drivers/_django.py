@@ -36,6 +36,7 @@ from ..errors import DatabaseUnavailableError, UnsupportedConnectionError, Usage
 from . import (
     REQUEST_END_HOOKS,
     Edge,
+    IdleByStatus,
     Lacking,
     News,
     ServerInfo,
@@ -95,7 +96,7 @@ def command_error(message: str, returncode: int) -> Exception:
     return error
 
 
-class DjangoDriver:
+class DjangoDriver(IdleByStatus):
     """pgsolo's driver protocol (:class:`~pgsolo.drivers.SyncDriver`) on a Django
     ``DatabaseWrapper``. The wrapper (one per thread and alias) is what pgsolo tracks
     held locks by; the DBAPI connection under it changes when Django reconnects."""

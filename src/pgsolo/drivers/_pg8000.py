@@ -71,6 +71,9 @@ KEEPER_REFUSED = (
 
 # The server's transaction status as ReadyForQuery says it (pg8000 keeps its byte).
 _STATUS = {b"I": TxStatus.IDLE, b"T": TxStatus.INTRANS, b"E": TxStatus.INERROR}
+# The statuses of a connection with no transaction open (None: no statement yet); any
+# other is asked the long way (transaction_status).
+_IDLE = frozenset({None, b"I"})
 
 _CONNECTIONS = (pg8000.dbapi.Connection, pg8000.legacy.Connection)
 
@@ -109,6 +112,11 @@ class Pg8000Driver:
         # None until the first statement: the server was idle when it said it was ready.
         status = private.transaction_status(self._conn)
         return TxStatus.IDLE if status is None else _STATUS.get(status, TxStatus.IDLE)
+
+    def idle_pid(self) -> int | None:
+        if self.is_closed() or private.transaction_status(self._conn) not in _IDLE:
+            return None
+        return self.backend_pid()
 
     def backend_pid(self) -> int:
         key_data = private.backend_key_data(self._conn)  # BackendKeyData: the pid, then the secret

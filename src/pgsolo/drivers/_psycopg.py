@@ -235,6 +235,16 @@ class PsycopgBase:
     _last_pid = 0
     _last_info = UNKNOWN_SERVER
 
+    def idle_pid(self) -> int | None:
+        # libpq's own numbers: its IDLE is never a closed or broken connection's (libpq
+        # says UNKNOWN then), nor one running a statement. Anything else is asked the long
+        # way (transaction_status).
+        pgconn = self._conn.pgconn
+        if pgconn.transaction_status != _IDLE:
+            return None
+        self._last_pid = pgconn.backend_pid
+        return self._last_pid
+
     def backend_pid(self) -> int:
         if not self._conn.closed:
             self._last_pid = self._conn.pgconn.backend_pid

@@ -47,8 +47,9 @@ from .deadlines import DEADLINES, shut_down_socket, socket_address
 
 __all__ = ["KEEPER_REFUSED", "Psycopg2Driver", "adapt", "split_trailing"]
 
+_IDLE = psycopg2.extensions.TRANSACTION_STATUS_IDLE
 _STATUS = {
-    psycopg2.extensions.TRANSACTION_STATUS_IDLE: TxStatus.IDLE,
+    _IDLE: TxStatus.IDLE,
     psycopg2.extensions.TRANSACTION_STATUS_ACTIVE: TxStatus.ACTIVE,
     psycopg2.extensions.TRANSACTION_STATUS_INTRANS: TxStatus.INTRANS,
     psycopg2.extensions.TRANSACTION_STATUS_INERROR: TxStatus.INERROR,
@@ -109,6 +110,13 @@ class Psycopg2Driver:
         if self._conn.closed:
             return TxStatus.UNKNOWN
         return _STATUS.get(self._conn.info.transaction_status, TxStatus.UNKNOWN)
+
+    def idle_pid(self) -> int | None:
+        conn = self._conn
+        if conn.closed or conn.info.transaction_status != _IDLE:
+            return None
+        self._last_pid = conn.info.backend_pid
+        return self._last_pid
 
     def backend_pid(self) -> int:
         if not self._conn.closed:

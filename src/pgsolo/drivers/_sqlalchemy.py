@@ -43,7 +43,7 @@ from sqlalchemy.util import await_only  # await_ from 2.1 on; this name until 2.
 
 from .._acompat import afinished
 from ..errors import ConnectionStateError, UnsupportedConnectionError
-from . import AsyncDriver, ServerInfo, SyncDriver, TxStatus, as_sync, is_async
+from . import AsyncDriver, IdleByStatus, ServerInfo, SyncDriver, TxStatus, as_sync, is_async
 from . import _sqlalchemy_private as private
 
 __all__ = [
@@ -75,7 +75,7 @@ SESSION_LOCK_REFUSAL = (
 """Why an ORM Session takes no session lock; each flavour's driver adds the way out."""
 
 
-class SqlAlchemyBase:
+class SqlAlchemyBase(IdleByStatus):
     """What both adapters do the same: everything but the round trips.
 
     ``_owner`` is what the caller passed; ``_core`` its sync core (the ``Connection`` or

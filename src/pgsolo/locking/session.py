@@ -11,7 +11,7 @@ from typing import NoReturn
 
 from .. import sql
 from .._logging import locks_logger as logger
-from ..drivers import DriverBase, TxStatus
+from ..drivers import TxStatus
 from ..errors import (
     LockLostError,
     LockNotHeldError,
@@ -24,7 +24,6 @@ from .core import LockCore, is_token
 from .placement import in_savepoint, unlock_statement
 from .plans import Elsewhere, Plan, Quick
 from .routing import Route, check_route, transaction_pooling_error
-from .spec import LockSpec
 
 __all__ = ["SessionLockCore"]
 
@@ -34,16 +33,16 @@ _GRANTED_LATE: dict[str, object] = {"note": "granted as it timed out"}
 class SessionLockCore(LockCore):
     """A session lock: held until released, or until its session ends."""
 
-    def __init__(self, driver: DriverBase, spec: LockSpec) -> None:
-        super().__init__(driver, spec)
-        self.route: Route | None = None  # what answers the connection
-        # A session lock taken in the caller's transaction: the savepoint that holds its
-        # block (pgsolo.sql.hold_savepoint), while pgsolo acquires or releases it (the
-        # books keep it in between, for whichever Lock lets go of the key last).
-        self.hold: str | None = None
-        # A quick acquisition (quick_acquisition) sent its statement and has not taken
-        # the answer yet: whatever cuts it short asks the server (let_go).
-        self.quick_claim = False
+    # Each lock's own once set; until then the class's (a lock is built without a call of
+    # its own: every lock is built for one acquisition). What answers the connection:
+    route: Route | None = None
+    # A session lock taken in the caller's transaction: the savepoint that holds its
+    # block (pgsolo.sql.hold_savepoint), while pgsolo acquires or releases it (the
+    # books keep it in between, for whichever Lock lets go of the key last).
+    hold: str | None = None
+    # A quick acquisition (quick_acquisition) sent its statement and has not taken
+    # the answer yet: whatever cuts it short asks the server (let_go).
+    quick_claim = False
 
     @property
     def server_pid(self) -> int | None:
@@ -72,45 +71,18 @@ class SessionLockCore(LockCore):
 
     # - acquire -
 
-    def _claim(self) -> tuple[TxStatus, int, holdings.Claim, Route | None]:
-        """Check the connection and claim the key on it, before any SQL; with the claim,
-        the connection's route, if it was checked before.
-
-        A statement in flight (another thread or task sharing the connection) does not
-        change the answer for a key this connection already holds, so only a new claim
-        is refused for it.
-        """
-        driver, spec = self.driver, self.spec
-        # A connection that may change under the lock (an ORM Session's) says why.
-        if refusal := driver.session_locks_refused:
-            raise UnsupportedConnectionError(refusal)
-        status = driver.transaction_status()
-        if status is not TxStatus.IDLE and status is not TxStatus.ACTIVE:
-            self._usable_status(status)
-        pid = driver.backend_pid()
-        conn = driver.connection
-        claim, route, self.held = holdings.claim(
-            conn,
-            pid,
-            spec.key,
-            shared=spec.shared,
-            reentrant=spec.reentrant,
-            claimant=self,
-        )
-        if claim == "new" and status is TxStatus.ACTIVE:
-            holdings.withdraw(conn, spec.key, self)
-            self._usable_status(status)  # raises: the connection is running a statement
-        return status, pid, claim, route
-
     def _acquire(
         self,
         *,
         context: bool,
         claimed: tuple[TxStatus, int, holdings.Claim, Route | None] | None = None,
     ) -> Plan[bool]:
+        """Take the lock by its plan, once :meth:`quick_acquisition` found it is not the
+        common case (``claimed``: what it found, and its claim of the key)."""
+        assert claimed is not None  # noqa: S101 - quick_acquisition's, which claims first
         conn = self.driver.connection
         try:  # from the claim on, it is withdrawn unless the lock is confirmed held
-            status, pid, claim, route = self._claim() if claimed is None else claimed
+            status, pid, claim, route = claimed
             if claim == "reentered":
                 self.acquired, self.backend_pid = True, pid
                 self.log(logging.DEBUG, "reentered")
@@ -153,36 +125,64 @@ class SessionLockCore(LockCore):
         """Whether the answer to a try says another session holds the key."""
         return self.spec.wait_ms is None and value is not True and not is_token(value)
 
-    def _confirm(self, value: object, pid: int, started: float, note: dict[str, object]) -> None:
+    def _confirm(
+        self, value: object, pid: int, started: float, note: dict[str, object] | None = None
+    ) -> None:
         """The server granted the lock (``value``): on the books, and logged."""
         self.token = int(str(value)) if value is not True and is_token(value) else None
         if self.held is not None:
             holdings.confirm(self.held, self.hold)
         self.acquired, self.backend_pid = True, pid
         self.lost = None
-        self.log(logging.DEBUG, "acquired", started, **note)
+        if note is None:  # the common case, with no keywords to bind
+            self.log(logging.DEBUG, "acquired", started)
+        else:
+            self.log(logging.DEBUG, "acquired", started, **note)
 
     # - the common case, without a plan -
 
-    def quick_acquisition(self, *, context: bool) -> Quick | Plan[bool]:
+    def quick_acquisition(self, context: bool, /) -> Quick | Plan[bool]:
         """The common case: a try on a connection with no transaction open, for a key it
         does not hold, whose route was checked and goes straight to the server. Anything
-        else: the plan that takes it, with the claim made here."""
+        else: the plan that takes it, with the key claimed here, before any SQL, with the
+        connection's route if it was checked before.
+
+        A statement in flight (another thread or task sharing the connection) does not
+        change the answer for a key this connection already holds, so only a new claim
+        is refused for it.
+        """
         self.begin()
-        claimed = status, pid, claim, route = self._claim()
+        driver, spec = self.driver, self.spec
+        # A connection that may change under the lock (an ORM Session's) says why.
+        if refusal := driver.session_locks_refused:
+            raise UnsupportedConnectionError(refusal)
+        pid = driver.idle_pid()
+        if pid is not None:
+            status = TxStatus.IDLE
+        else:
+            status = driver.transaction_status()
+            if status is not TxStatus.IDLE and status is not TxStatus.ACTIVE:
+                self._usable_status(status)
+            pid = driver.backend_pid()
+        claim, route, self.held = holdings.claim(
+            driver.connection, pid, spec.key, spec.shared, spec.reentrant, self
+        )
+        if claim == "new" and status is TxStatus.ACTIVE:
+            holdings.withdraw(driver.connection, spec.key, self)
+            self._usable_status(status)  # raises: the connection is running a statement
         if (
             claim != "new"
             or status is not TxStatus.IDLE
-            or self.spec.wait_ms is not None
+            or spec.wait_ms is not None
             or route is None
             or not route.direct
         ):
-            return self._acquire(context=context, claimed=claimed)
+            return self._acquire(context=context, claimed=(status, pid, claim, route))
         self.route = route
         self.quick_claim = True
         self.claimed_on = pid
         self.started = time.perf_counter()
-        return placement.quick_try(self.driver, self.spec), None, 0.0
+        return placement.quick_try(driver, spec), None, 0.0
 
     def quick_answer(self, value: object) -> bool:
         if value is not True and not is_token(value):  # _busy() of a try, without a call
@@ -190,7 +190,7 @@ class SessionLockCore(LockCore):
             self.quick_claim = False
             self.log(logging.DEBUG, "busy", self.started)
             return False
-        self._confirm(value, self.claimed_on, self.started, {})
+        self._confirm(value, self.claimed_on, self.started)
         self.quick_claim = False
         return True
 
@@ -381,9 +381,10 @@ class SessionLockCore(LockCore):
                 " (pg_advisory_unlock_all, DISCARD ALL, or a second unlock)",
                 key=key,
             )
-        self.log(logging.DEBUG, "released", self.started)
+        if logger.isEnabledFor(logging.DEBUG):  # an event that counts nothing: no call else
+            self.log(logging.DEBUG, "released", self.started)
 
-    def quick_release(self, *, exiting: bool) -> Quick | Plan[None]:
+    def quick_release(self, exiting: bool, /) -> Quick | Plan[None]:
         """The common case: the only hold of a key taken with a quick acquisition's
         conditions, on the same backend, with no transaction open."""
         driver, route = self.driver, self.route
@@ -392,9 +393,7 @@ class SessionLockCore(LockCore):
             and route is not None
             and route.direct
             and (held := self.held) is not None
-            and not driver.is_closed()
-            and driver.backend_pid() == self.backend_pid
-            and driver.transaction_status() is TxStatus.IDLE
+            and driver.idle_pid() == self.backend_pid
             and holdings.last_hold(held, self)  # no other hold: an unlock lets it go
         ):
             self.started = time.perf_counter()

@@ -86,14 +86,7 @@ class XactLockCore(LockCore):
         try:  # from the claim on, it is withdrawn at any exception (a Ctrl-C at any line)
             if owns:
                 claim, _route, self.held = holdings.claim(
-                    conn,
-                    pid,
-                    key,
-                    shared=self.spec.shared,
-                    reentrant=False,
-                    claimant=self,
-                    lifetime="xact",
-                    owner=holdings.context_token(),
+                    conn, pid, key, self.spec.shared, False, self, "xact", holdings.context_token()
                 )
                 if claim == "busy":
                     return failures.busy_here(self, pid)
@@ -389,7 +382,7 @@ class XactLockCore(LockCore):
 
     # - the common case, without a plan -
 
-    def quick_acquisition(self, *, context: bool) -> Quick | Plan[bool]:
+    def quick_acquisition(self, context: bool, /) -> Quick | Plan[bool]:
         """The common case: a try, or a wait's first slice, as a block begins on a
         connection with no transaction open, which opens pgsolo's own transaction with the
         lock (BEGIN in the same message on a bare connection). Anything else, and a key
@@ -405,14 +398,7 @@ class XactLockCore(LockCore):
         opening = self._opening(status, owns=True) or []
         try:
             claim, _, self.held = holdings.claim(
-                conn,
-                pid,
-                spec.key,
-                shared=spec.shared,
-                reentrant=False,
-                claimant=self,
-                lifetime="xact",
-                owner=holdings.context_token(),
+                conn, pid, spec.key, spec.shared, False, self, "xact", holdings.context_token()
             )
         except ConnectionStateError:  # another's: nothing of it is this lock's to end
             self.opened_transaction = False
@@ -468,7 +454,7 @@ class XactLockCore(LockCore):
             if not self.acquired:  # an acquisition the shell began, cut short
                 holdings.withdraw(self.driver.connection, self.spec.key, self)
 
-    def quick_release(self, *, exiting: bool) -> Quick | Plan[None]:
+    def quick_release(self, exiting: bool, /) -> Quick | Plan[None]:
         """The common case: the block ends without an error, with pgsolo's own
         transaction open and the lock taken in it, as :meth:`exit` would commit it."""
         if not exiting:
