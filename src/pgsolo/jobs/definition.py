@@ -28,7 +28,7 @@ from ..keys import (
     Key,
     KeyLike,
     Registry,
-    as_key,
+    key_of,
     semaphore_keys,
     semaphore_session_name,
     text_of,
@@ -293,7 +293,7 @@ class Job:
         limit = options.get("limit")
         if limit is None:
             slots: tuple[Key, ...] = ()
-            resolved = as_key(key, namespace=namespace, registry=registry)
+            resolved = key_of(key, namespace, registry)
         else:
             slots = _slots(key, limit, options)
             resolved = slots[0]

@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING, overload
 from .._types import Lifetime
 from ..drivers import DriverBase, adapt, is_async
 from ..errors import UsageError
-from ..keys import KeyLike, Registry, as_key
+from ..keys import KeyLike, Registry, key_of
 from ._async.lock import AsyncLock
 from ._sync.lock import Lock
 from .core import LockCore
 from .session import SessionLockCore
-from .spec import Keep, LockSpec, as_keep, check_flags, refuse_keeper, wait_ms_of
+from .spec import Keep, LockSpec, as_keep, check_flags, refuse_keeper, try_spec, wait_ms_of
 from .transaction import XactLockCore
 
 if TYPE_CHECKING:
@@ -46,19 +46,30 @@ def _make(  # positional only: keywords bind at twice the cost, and every lock c
     /,
 ) -> Lock | AsyncLock:
     # Validate everything before touching the connection.
-    resolved = as_key(key, namespace=namespace, registry=registry)
-    # The defaults without a call: every lock comes here.
-    wait_ms = None if wait is None else wait_ms_of(wait)
-    if shared is not False or reentrant is not False or fencing is not False:
-        check_flags(shared=shared, reentrant=reentrant, fencing=fencing)
-    keeping = None if keep is None or keep is False else as_keep(keep)
-    driver = adapt(conn)
-    if keeping is not None:
-        refuse_keeper(driver)
-    if keeping is not None and keeping.cancel and not is_async(driver):
-        raise UsageError("Keep(cancel=True) cancels an asyncio task: it needs an async connection")
-    # Positional: a named tuple binds keywords in Python, at twice the cost.
-    spec = LockSpec(resolved, lifetime, wait_ms, shared, reentrant, fencing, keeping)
+    resolved = key_of(key, namespace, registry)
+    if (
+        wait is None
+        and shared is False
+        and reentrant is False
+        and fencing is False
+        and (keep is None or keep is False)
+    ):  # a plain try, as most locks are: its spec made once per key
+        driver = adapt(conn)
+        spec = try_spec(resolved, lifetime)
+    else:
+        wait_ms = wait_ms_of(wait)
+        if shared is not False or reentrant is not False or fencing is not False:
+            check_flags(shared=shared, reentrant=reentrant, fencing=fencing)
+        keeping = None if keep is None or keep is False else as_keep(keep)
+        driver = adapt(conn)
+        if keeping is not None:
+            refuse_keeper(driver)
+            if keeping.cancel and not is_async(driver):
+                raise UsageError(
+                    "Keep(cancel=True) cancels an asyncio task: it needs an async connection"
+                )
+        # Positional: a named tuple binds keywords in Python, at twice the cost.
+        spec = LockSpec(resolved, lifetime, wait_ms, shared, reentrant, fencing, keeping)
     core = _CORES[lifetime](driver, spec)  # lock_core(), without a call: every lock comes here
     if is_async(driver):
         return AsyncLock(core, driver)

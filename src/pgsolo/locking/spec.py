@@ -23,6 +23,7 @@ __all__ = [
     "check_flags",
     "keepalive_basis",
     "refuse_keeper",
+    "try_spec",
     "wait_ms_of",
 ]
 
@@ -144,3 +145,23 @@ class LockSpec(NamedTuple):
     @property
     def wait_seconds(self) -> float:
         return (self.wait_ms or 0) / 1000
+
+
+# The spec of a plain try (no wait, no flags, no keeper) of each lifetime and key, made once
+# per key: most locks are one, and making a named tuple costs a sixth of building a lock.
+# By the key's id, which the spec's own key is checked against (a key that went and one
+# that came at its address are told apart); emptied when full, as a process that locks
+# ever new keys must not keep them all.
+_TRIES: dict[Lifetime, dict[int, LockSpec]] = {"xact": {}, "session": {}}
+_TRIES_MAX = 4096
+
+
+def try_spec(key: Key, lifetime: Lifetime) -> LockSpec:
+    """The spec of a plain try of ``key`` for ``lifetime``."""
+    tries = _TRIES[lifetime]
+    spec = tries.get(id(key))
+    if spec is None or spec.key is not key:
+        if len(tries) >= _TRIES_MAX:
+            tries.clear()
+        spec = tries[id(key)] = LockSpec(key, lifetime, None)
+    return spec

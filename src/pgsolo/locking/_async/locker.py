@@ -49,7 +49,7 @@ from ...errors import (
     LockNotHeldError,
     UsageError,
 )
-from ...keys import Key, KeyLike, Registry, as_key
+from ...keys import Key, KeyLike, Registry, key_of
 from .. import holdings
 from ..core import LockCore
 from ..factory import lock_core
@@ -209,7 +209,7 @@ class AsyncLocker:
         trying for S seconds (``math.inf``: until it is free), then raises
         :class:`~pgsolo.LockTimeoutError`; a second lock on a key already held through
         this Locker is busy until the first is released."""
-        resolved = as_key(key, namespace=namespace, registry=registry)
+        resolved = key_of(key, namespace, registry)
         # session_lock's checks, the defaults without a call.
         wait_ms = None if wait is None else wait_ms_of(wait)
         if shared is not False or fencing is not False:
