@@ -101,7 +101,7 @@ class LockCore(LockEvents, ABC):
         the common case by :meth:`quick_acquisition`'s round trip, yielded as one step, and
         put right as a shell puts it right (:meth:`quick_failed`, then :meth:`let_go` for
         whatever cut it short); anything else by the plan that takes it."""
-        quick = self.quick_acquisition(context=context)
+        quick = self.quick_acquisition(context)
         if not isinstance(quick, tuple):
             return (yield from quick)
         statements, edge, seconds = quick
@@ -132,7 +132,7 @@ class LockCore(LockEvents, ABC):
     # - the common case, without a plan: the shells send its round trips themselves -
 
     @abstractmethod
-    def quick_acquisition(self, *, context: bool) -> Quick | Plan[bool]:
+    def quick_acquisition(self, context: bool, /) -> Quick | Plan[bool]:
         """The round trip that takes the lock in the common case, for the shell to send
         itself: most locks are taken so, and a plan there costs more of pgsolo's own time
         than the rest of the lock (docs/benchmarks.md). The shell hands the answer to
@@ -150,7 +150,7 @@ class LockCore(LockEvents, ABC):
         of a wait that ran out, the rest of the wait, and whether it took the lock."""
 
     @abstractmethod
-    def quick_release(self, *, exiting: bool) -> Quick | Plan[None]:
+    def quick_release(self, exiting: bool, /) -> Quick | Plan[None]:
         """The round trip that gives the lock back in the common case (``exiting``: as
         the block ends without an error), for the shell to send itself. Once the server
         answered, the shell calls :meth:`forget` at once, then hands the answer to

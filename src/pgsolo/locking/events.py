@@ -48,19 +48,21 @@ class LockEvents:
         """Log an event of this lock (``started``: when what it ends began), and count
         it in the metrics: the acquisition's outcome, by the first event that ends it
         (counted here without a call, as every lock's is), or a loss, once."""
-        spec = self.spec
-        outcome = _OUTCOMES.get(event, event)
-        if not self._outcome_counted and outcome in metrics.LOCK_OUTCOMES:
+        if (
+            not self._outcome_counted
+            and (outcome := _OUTCOMES.get(event, event)) in metrics.LOCK_OUTCOMES
+        ):
             self._outcome_counted = True
             self._loss_counted = outcome != "acquired"  # only a held lock can be lost
             wait = 0.0 if started is None else time.perf_counter() - started
-            metrics.observe_lock(spec.key.name, spec.lifetime, outcome, wait)
+            metrics.observe_lock(self.spec.key.name, self.spec.lifetime, outcome, wait)
         elif event == "lost" and not self._loss_counted:
             self._loss_counted = True
             reason = str(extra.get("reason") or "")
-            metrics.observe_lock_lost(spec.key.name, spec.lifetime, reason)
+            metrics.observe_lock_lost(self.spec.key.name, self.spec.lifetime, reason)
         if not logger.isEnabledFor(level):
             return
+        spec = self.spec
         info = self.driver.server_info()
         fields: dict[str, object] = {
             "key": spec.key.text,

@@ -36,16 +36,8 @@ class Lock(LockView):
 
         A wait that runs out raises :class:`~pgsolo.LockTimeoutError`.
         """
-        if self._core.acquired:
-            self._core.begin()  # refused, outside the try: the hold it has stays
-        try:
-            acquired = self._take(context=False)
-            if self._core.spec.keep is not None:  # a call less for every other lock
-                self._start_keeper()
-        except BaseException:
-            self._let_go()
-            raise
-        return acquired
+        self._enter(False)
+        return self._core.acquired
 
     def release(self) -> None:
         """Release a session lock on the connection it was taken on. Raises the
@@ -53,7 +45,7 @@ class Lock(LockView):
         if self._keeper is not None:
             self._stop_keeper()
         try:
-            self._give_back(exiting=False)
+            self._give_back(False)
         except (LockLostError, LockNotHeldError) as exc:
             if (instead := self._lost_instead(exc)) is not exc:
                 raise instead from exc
@@ -68,16 +60,9 @@ class Lock(LockView):
         return drive(self._core.is_held(), self._driver)
 
     def __enter__(self) -> Self:
-        if self._core.acquired:
-            self._core.begin()  # refused, outside the try: the hold it has stays
-        try:
-            self._take(context=True)
-            if self._core.spec.keep is not None:  # a call less for every other lock
-                self._start_keeper()
-        except BaseException:
-            self._let_go()
-            raise
-        return self
+        # The acquisition is _enter's, called here without a frame (a coroutine) of this
+        # method's own: one less between every lock and the server.
+        return self._enter(True)
 
     def __exit__(
         self,
@@ -91,7 +76,7 @@ class Lock(LockView):
                 self._stop_keeper()
             loss_for_cancel = keeper.undo_cancel(exc) if keeper is not None else None
             if exc_type is None:
-                self._give_back(exiting=True)
+                self._give_back(True)
             else:
                 drive(
                     self._core.exit(failed=True),
@@ -111,27 +96,39 @@ class Lock(LockView):
         if exc_type is None and self._core.lost is not None:
             raise self._core.lost  # the block ran to its end, but not all of it under the lock
 
-    def _take(self, *, context: bool) -> bool:
-        """Take the lock: the common case by one round trip of the shell's own
-        (LockCore.quick_acquisition), anything else by its plan."""
+    def _enter(self, context: bool, /) -> Self:
+        """Take the lock (``context``: for a ``with`` block), and start its keeper: the
+        common case by one round trip of the shell's own (LockCore.quick_acquisition),
+        anything else by its plan. Whatever cuts it short lets go of what it took."""
         core, driver = self._core, self._driver
-        quick = core.quick_acquisition(context=context)
-        if not isinstance(quick, tuple):
-            return drive(quick, driver)
-        statements, edge, seconds = quick
+        if core.acquired:
+            core.begin()  # refused, outside the try: the hold it has stays
         try:
-            value = driver.fetch_value(statements, seconds, edge)
-        except BaseException as exc:
-            cleaning_up = not isinstance(exc, Exception)
-            return drive(core.quick_failed(exc), driver, cleaning_up=cleaning_up)
-        return core.quick_answer(value)
+            quick = core.quick_acquisition(context)
+            if not isinstance(quick, tuple):
+                drive(quick, driver)
+            else:
+                statements, edge, seconds = quick
+                try:
+                    value = driver.fetch_value(statements, seconds, edge)
+                except BaseException as exc:
+                    cleaning_up = not isinstance(exc, Exception)
+                    drive(core.quick_failed(exc), driver, cleaning_up=cleaning_up)
+                else:
+                    core.quick_answer(value)
+            if core.spec.keep is not None:  # a call less for every other lock
+                self._start_keeper()
+        except BaseException:
+            self._let_go()
+            raise
+        return self
 
-    def _give_back(self, *, exiting: bool) -> None:
+    def _give_back(self, exiting: bool, /) -> None:
         """Release the lock (``exiting``: as the block ends without an error, so the
         end of pgsolo's own transaction too): the common case by one round trip of the
         shell's own (LockCore.quick_release), anything else by its plan."""
         core, driver = self._core, self._driver
-        quick = core.quick_release(exiting=exiting)
+        quick = core.quick_release(exiting)
         if not isinstance(quick, tuple):
             drive(quick, driver)
             return
