@@ -60,8 +60,8 @@ class AsyncLock(LockView):
         return await adrive(self._core.is_held(), self._driver)
 
     def __aenter__(self) -> Awaitable[Self]:
-        # The acquisition is _enter's, called here without a frame (a coroutine) of this
-        # method's own: one less between every lock and the server.
+        # The acquisition is _enter's, which acquire() shares, handed back to be run:
+        # where it is a coroutine, one coroutine less on every lock's way to the server.
         return self._enter(True)
 
     async def __aexit__(

@@ -60,8 +60,8 @@ class Lock(LockView):
         return drive(self._core.is_held(), self._driver)
 
     def __enter__(self) -> Self:
-        # The acquisition is _enter's, called here without a frame (a coroutine) of this
-        # method's own: one less between every lock and the server.
+        # The acquisition is _enter's, which acquire() shares, handed back to be run:
+        # where it is a coroutine, one coroutine less on every lock's way to the server.
         return self._enter(True)
 
     def __exit__(
