@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 
 from .. import metrics
 from .._logging import locks_logger as logger
@@ -44,10 +45,18 @@ class LockEvents:
         self._outcome_counted = True
         self._loss_counted = True
 
-    def log(self, level: int, event: str, started: float | None = None, **extra: object) -> None:
-        """Log an event of this lock (``started``: when what it ends began), and count
-        it in the metrics: the acquisition's outcome, by the first event that ends it
-        (counted here without a call, as every lock's is), or a loss, once."""
+    def log(
+        self,
+        level: int,
+        event: str,
+        started: float | None = None,
+        extra: Mapping[str, object] | None = None,
+    ) -> None:
+        """Log an event of this lock (``started``: when what it ends began; ``extra``: its
+        own fields), and count it in the metrics: the acquisition's outcome, by the first
+        event that ends it (counted here without a call, as every lock's is), or a loss,
+        once. The fields are a mapping, not keywords: a function that takes ``**`` is
+        called the slow way, with a dict made for every call, and every lock logs."""
         if (
             not self._outcome_counted
             and (outcome := _OUTCOMES.get(event, event)) in metrics.LOCK_OUTCOMES
@@ -58,7 +67,7 @@ class LockEvents:
             metrics.observe_lock(self.spec.key.name, self.spec.lifetime, outcome, wait)
         elif event == "lost" and not self._loss_counted:
             self._loss_counted = True
-            reason = str(extra.get("reason") or "")
+            reason = str(extra.get("reason") or "") if extra is not None else ""
             metrics.observe_lock_lost(self.spec.key.name, self.spec.lifetime, reason)
         if not logger.isEnabledFor(level):
             return
@@ -77,11 +86,12 @@ class LockEvents:
         }
         if started is not None:
             fields["duration_ms"] = round((time.perf_counter() - started) * 1000, 3)
-        fields.update(extra)
+        if extra is not None:
+            fields.update(extra)
         log_event(logger, level, "advisory lock", "event", event, fields)
 
     def log_lost(self, error: LockLostError) -> None:
-        self.log(logging.WARNING, "lost", reason=error.reason, error=str(error))
+        self.log(logging.WARNING, "lost", None, {"reason": error.reason, "error": str(error)})
 
 
 def let_go_for_its_holder(key: Key, lifetime: str, event: str) -> dict[str, object]:

@@ -57,7 +57,7 @@ def busy_here(events: LockEvents, pid: int) -> bool:
     """Refuse the lock's key, which this connection (backend ``pid``) already holds
     through pgsolo: False (busy) for a try."""
     spec = events.spec
-    events.log(logging.DEBUG, "busy", reason="held-by-this-connection")
+    events.log(logging.DEBUG, "busy", None, {"reason": "held-by-this-connection"})
     if spec.wait_ms is None:
         return False
     hint = "" if spec.lifetime == "xact" else ", or reentrant=True if that is on purpose"
@@ -86,7 +86,7 @@ def acquisition_error(
     # An interruption (a task cancelled as a campaign or a service shuts down, Ctrl-C)
     # is no failure of the lock's: raised as it is, and said quietly.
     level = logging.WARNING if isinstance(exc, Exception) else logging.DEBUG
-    events.log(level, "error", started, error=repr(exc))
+    events.log(level, "error", started, {"error": repr(exc)})
     return _refusal(events, exc, meaning) or connection_failed(events, exc)
 
 
@@ -168,7 +168,7 @@ def unavailable(
 
 def standby_refused(events: LockEvents, started: float | None = None) -> UnsafeConnectionError:
     """Log that the server is a standby, where no lock is taken; the error to raise."""
-    events.log(logging.WARNING, "refused", started, reason="server-in-recovery")
+    events.log(logging.WARNING, "refused", started, {"reason": "server-in-recovery"})
     return in_recovery_error(events.driver.server_info().address)
 
 
@@ -201,9 +201,9 @@ def cut_short(events: LockEvents, exc: BaseException, started: float) -> Plan[Ba
     # The server cancels at statement_timeout, never sooner: a wait that lasted less
     # was cancelled by request.
     if not isinstance(limit_ms, int) or not 0 < limit_ms <= waited * 1000:
-        events.log(logging.WARNING, "error", started, error=repr(exc))
+        events.log(logging.WARNING, "error", started, {"error": repr(exc)})
         return None
-    events.log(logging.DEBUG, "timeout", started, limit="statement_timeout")
+    events.log(logging.DEBUG, "timeout", started, {"limit": "statement_timeout"})
     limit = limit_ms / 1000
     info = driver.server_info()
     its_wait = "with no end" if math.isinf(spec.wait_seconds) else f"of {spec.wait_seconds:g}s"

@@ -134,10 +134,7 @@ class SessionLockCore(LockCore):
             holdings.confirm(self.held, self.hold)
         self.acquired, self.backend_pid = True, pid
         self.lost = None
-        if note is None:  # the common case, with no keywords to bind
-            self.log(logging.DEBUG, "acquired", started)
-        else:
-            self.log(logging.DEBUG, "acquired", started, **note)
+        self.log(logging.DEBUG, "acquired", started, note)
 
     # - the common case, without a plan -
 
@@ -222,7 +219,7 @@ class SessionLockCore(LockCore):
 
     def _answer(
         self, status: TxStatus, route: Route, hold: str | None, started: float
-    ) -> Plan[tuple[object, dict[str, object]]]:
+    ) -> Plan[tuple[object, dict[str, object] | None]]:
         """The server's answer to the acquisition, with a note for the log. Each slice of
         a wait runs in a short transaction, or a savepoint of the caller's (waits.py); one
         that ran out is put right, as any failed acquisition, and may turn out granted as
@@ -234,7 +231,7 @@ class SessionLockCore(LockCore):
                 driver, spec, status, guard, hold, lock_timeout
             )
             try:
-                return (yield self._waiting(statements, lock_timeout)), {}
+                return (yield self._waiting(statements, lock_timeout)), None
             except BaseException as exc:
                 if (yield from self._after_slice(exc, status, hold, guard, started, last=last)):
                     return True, _GRANTED_LATE
@@ -283,9 +280,9 @@ class SessionLockCore(LockCore):
             # Logged and counted as any acquisition that failed (a connection's first
             # session lock fails here: pgsolo run's, a Django command's).
             if isinstance(exc, UnsafeConnectionError):
-                self.log(logging.WARNING, "refused", started, reason=exc.reason)
+                self.log(logging.WARNING, "refused", started, {"reason": exc.reason})
             elif isinstance(exc, Exception):
-                self.log(logging.WARNING, "error", started, error=repr(exc))
+                self.log(logging.WARNING, "error", started, {"error": repr(exc)})
             if (error := failures.connection_failed(self, exc)) is not None:
                 raise error from exc
             raise
@@ -301,7 +298,7 @@ class SessionLockCore(LockCore):
             raise LockNotHeldError(f"session lock {key} is not held by this Lock object", key=key)
         if holdings.let_go_elsewhere(self.held):  # its Connection closed with it, or not
             self.forget()
-            self.log(logging.DEBUG, "lost", reason="lock-released")  # warned of then
+            self.log(logging.DEBUG, "lost", None, {"reason": "lock-released"})  # warned of then
             raise LockNotHeldError(
                 f"session lock {key} was released when its connection went back to its pool"
                 " (or its request ended, or its Locker closed), as a warning said then;"
@@ -312,7 +309,7 @@ class SessionLockCore(LockCore):
         if held is not None and not holdings.last_hold(held, self):
             holdings.drop(held, self)
             self.acquired = False
-            self.log(logging.DEBUG, "released", note="re-entrant hold remains")
+            self.log(logging.DEBUG, "released", None, {"note": "re-entrant hold remains"})
             return
         try:
             yield from self._release_last(held)
@@ -327,7 +324,7 @@ class SessionLockCore(LockCore):
             self.forget()
             # Already reported by the keeper, if it was watching.
             level = logging.WARNING if self.lost is None else logging.DEBUG
-            self.log(level, "lost", reason="connection-lost")
+            self.log(level, "lost", None, {"reason": "connection-lost"})
             raise LockLostError(
                 f"session lock {key} was lost: its connection is closed, so PostgreSQL"
                 " released the lock when the session ended",
@@ -374,7 +371,7 @@ class SessionLockCore(LockCore):
         key = self.spec.key
         if value is not True:
             level = logging.WARNING if self.lost is None else logging.DEBUG  # keeper said it
-            self.log(level, "lost", self.started, reason="lock-released")
+            self.log(level, "lost", self.started, {"reason": "lock-released"})
             raise LockNotHeldError(
                 f"session lock {key} was no longer held by backend pid {self.backend_pid}"
                 " when released: something released it while the work ran"
@@ -465,7 +462,7 @@ class SessionLockCore(LockCore):
             reason: LostReason = (
                 "connection-unresponsive" if failures.unresponsive(exc) else "connection-lost"
             )
-            self.log(logging.WARNING, "lost", started, reason=reason)
+            self.log(logging.WARNING, "lost", started, {"reason": reason})
             if not isinstance(exc, Exception):
                 return  # an interruption is never turned into an error: it goes on
             raise LockLostError(
@@ -478,14 +475,14 @@ class SessionLockCore(LockCore):
             # asked in it: the lock stays on the books, for release() again (which rolls
             # back to the hold, or, if it went with the interrupted release, the
             # transaction).
-            self.log(logging.WARNING, "error", started, error=repr(exc))
+            self.log(logging.WARNING, "error", started, {"error": repr(exc)})
             return
         asked = TxStatus.IDLE if status is TxStatus.INERROR else status
         held = yield from recovery.release_if_held(driver, spec, asked, self._guard)
         if held is False:
             yield from self._drop_hold()  # if the interrupted release had not left it yet
             self.forget()
-        self.log(logging.WARNING, "error", started, error=repr(exc))
+        self.log(logging.WARNING, "error", started, {"error": repr(exc)})
 
     def _release_stranded(self, started: float) -> Plan[None]:
         """The unlock did not reach the session holding the lock: a transaction-pooling
@@ -499,7 +496,7 @@ class SessionLockCore(LockCore):
             released = None
             logger.debug("pgsolo: releasing %s from a second connection failed: %r", key, exc)
         self.forget()
-        self.log(logging.WARNING, "lost", started, reason="connection-moved")
+        self.log(logging.WARNING, "lost", started, {"reason": "connection-moved"})
         remains = (
             "it was released from a second connection that landed on that backend"
             if released is True

@@ -270,7 +270,7 @@ class XactLockCore(LockCore):
         if failed:
             return
         key = self.spec.key
-        self.log(logging.WARNING, "lost", reason="lock-released")
+        self.log(logging.WARNING, "lost", None, {"reason": "lock-released"})
         raise LockLostError(
             f"transaction lock {key} was lost: its connection went back to its pool before"
             " the block ended, and the pool's reset rolled its transaction back; nothing of"
@@ -356,7 +356,7 @@ class XactLockCore(LockCore):
         if not isinstance(exc, Exception):
             raise exc
         if connection_gone(driver, exc, self.backend_pid):
-            self.log(logging.WARNING, "lost", reason="connection-lost")
+            self.log(logging.WARNING, "lost", None, {"reason": "connection-lost"})
             raise LockLostError(
                 f"transaction lock {key} was lost with its connection before its"
                 f" transaction committed ({' '.join(str(exc).split())}); the work's"
@@ -371,7 +371,7 @@ class XactLockCore(LockCore):
         # the work ended the locked transaction. One reason, whichever a library
         # reports (psycopg says the transaction ended; Django and SQLAlchemy, whose
         # books still say it is open, only let the commit check find it).
-        self.log(logging.WARNING, "lost", reason="work-ended-transaction")
+        self.log(logging.WARNING, "lost", None, {"reason": "work-ended-transaction"})
         raise LockLostError(
             f"transaction lock {key} was no longer held when the work was about to"
             " commit: the work ended the locked transaction (and began another); the"
