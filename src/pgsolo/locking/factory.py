@@ -46,17 +46,19 @@ def _make(  # positional only: keywords bind at twice the cost, and every lock c
     /,
 ) -> Lock | AsyncLock:
     # Validate everything before touching the connection.
-    resolved = key_of(key, namespace, registry)
     if (
         wait is None
         and shared is False
         and reentrant is False
         and fencing is False
         and (keep is None or keep is False)
+        and namespace is None
+        and registry is None
     ):  # a plain try, as most locks are: its spec made once per key
+        spec = try_spec(key, lifetime)
         driver = adapt(conn)
-        spec = try_spec(resolved, lifetime)
     else:
+        resolved = key_of(key, namespace, registry)
         wait_ms = wait_ms_of(wait)
         if shared is not False or reentrant is not False or fencing is not False:
             check_flags(shared=shared, reentrant=reentrant, fencing=fencing)

@@ -13,7 +13,7 @@ from .._types import DAY, MAX_WAIT_SECONDS, Lifetime, check_seconds
 from ..drivers import DriverBase, heartbeat_of
 from ..drivers.conninfo import KEEPALIVE_BASIS, keepalive_basis_outlasting
 from ..errors import InvalidArgumentError, LockLostError, UsageError
-from ..keys import Key
+from ..keys import Key, KeyLike, key_of
 
 __all__ = [
     "MAX_WAIT_SECONDS",
@@ -147,21 +147,25 @@ class LockSpec(NamedTuple):
         return (self.wait_ms or 0) / 1000
 
 
-# The spec of a plain try (no wait, no flags, no keeper) of each lifetime and key, made once
-# per key: most locks are one, and making a named tuple costs a sixth of building a lock.
-# By the key's id, which the spec's own key is checked against (a key that went and one
-# that came at its address are told apart); emptied when full, as a process that locks
-# ever new keys must not keep them all.
-_TRIES: dict[Lifetime, dict[int, LockSpec]] = {"xact": {}, "session": {}}
+# The spec of a plain try (no wait, no flags, no keeper, a key given as it is: no namespace
+# or registry) of each lifetime and key, made once per key: most locks are one, and
+# resolving a key and making a named tuple cost a third of building a lock. By the id of
+# the key as the caller gave it (the same int, pair or name object, as a constant is),
+# kept beside the spec: while it is here, no other object can have its id. Emptied when
+# full, as a process that locks ever new keys must not keep them all.
+_TRIES: dict[Lifetime, dict[int, tuple[KeyLike, LockSpec]]] = {"xact": {}, "session": {}}
 _TRIES_MAX = 4096
 
 
-def try_spec(key: Key, lifetime: Lifetime) -> LockSpec:
-    """The spec of a plain try of ``key`` for ``lifetime``."""
+def try_spec(key: KeyLike, lifetime: Lifetime) -> LockSpec:
+    """The spec of a plain try of ``key`` (resolved with no namespace or registry) for
+    ``lifetime``; an invalid key raises, and nothing is kept of it."""
     tries = _TRIES[lifetime]
-    spec = tries.get(id(key))
-    if spec is None or spec.key is not key:
-        if len(tries) >= _TRIES_MAX:
-            tries.clear()
-        spec = tries[id(key)] = LockSpec(key, lifetime, None)
+    entry = tries.get(id(key))
+    if entry is not None and entry[0] is key:
+        return entry[1]
+    spec = LockSpec(key_of(key, None, None), lifetime, None)
+    if len(tries) >= _TRIES_MAX:
+        tries.clear()
+    tries[id(key)] = (key, spec)
     return spec
