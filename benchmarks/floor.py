@@ -11,7 +11,7 @@ code; one above it is not.
 The statements come from :mod:`pgsolo.sql`, so they stay the ones pgsolo sends:
 - a session lock: its try and unlock, prepared on the connection (pgsolo prepares them
   after the driver's threshold), by name with the key as parameters; on asyncpg, run
-  through its protocol as pgsolo runs them (``_asyncpg_private.run_prepared``);
+  through its protocol as pgsolo runs them (``_asyncpg_private.ready_run``);
 - a transaction lock: ``BEGIN`` and the try (which refuses a standby) in one simple
   query, then ``COMMIT``; on asyncpg, the try's answer read from the row count of its
   rewrite, as pgsolo reads it there (:func:`pgsolo.sql.truth_by_count`);
@@ -30,7 +30,7 @@ from psycopg import generators, pq
 
 from benchmarks.bench_locks import KEY, NotAcquiredError, Target
 from pgsolo import sql
-from pgsolo.drivers._asyncpg_private import kept_statement, open_protocol, run_prepared
+from pgsolo.drivers._asyncpg_private import kept_statement, open_protocol, ready_run
 from pgsolo.keys import as_key
 
 __all__ = ["AsyncPsycopgFloor", "AsyncpgFloor", "PsycopgFloor"]
@@ -145,11 +145,15 @@ class AsyncpgFloor:
         import asyncpg  # noqa: PLC0415 - optional
 
         self.conn = await asyncpg.connect(**target.asyncpg_kwargs())
+        key = [int(p) for p in _TRY.params]
         self._lock, self._unlock = [
-            kept_statement(await self.conn.prepare(call.template.decode("ascii")))
+            ready_run(
+                open_protocol(self.conn),
+                kept_statement(await self.conn.prepare(call.template.decode("ascii"))),
+                key,
+            )
             for call in (_TRY, _UNLOCK)
         ]
-        self._key = [int(p) for p in _TRY.params]
         self._xact = f"BEGIN; {sql.truth_by_count(sql.Truth(_XACT_TRY))}"
 
     async def op(self) -> None:
@@ -159,10 +163,9 @@ class AsyncpgFloor:
                 raise NotAcquiredError("the lock was busy")
             await self.conn.execute("COMMIT")
             return
-        conn = self.conn
-        if (await run_prepared(open_protocol(conn), self._lock, self._key))[0][0] is not True:
+        if (await self._lock())[0][0] is not True:
             raise NotAcquiredError("the lock was busy")
-        await run_prepared(open_protocol(conn), self._unlock, self._key)
+        await self._unlock()
 
     async def close(self) -> None:
         await self.conn.close()

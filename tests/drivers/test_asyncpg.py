@@ -132,8 +132,8 @@ async def test_a_session_locks_calls_are_prepared_after_a_few_runs_and_survive_a
 ) -> None:
     """Guards the prepared path of a session lock's try and unlock on asyncpg
     (``_asyncpg._lock_call``): as written for the first ``PREPARE_AFTER`` runs, then by
-    name; a caller's ``DEALLOCATE ALL`` between a lock and its release loses neither; none
-    where the caller turned asyncpg's statement cache off."""
+    name; a caller's ``DEALLOCATE ALL`` between a lock and its release, or between two
+    locks, loses nothing; none where the caller turned asyncpg's statement cache off."""
     from pgsolo.drivers._asyncpg import PREPARE_AFTER  # noqa: PLC0415 - the adapter's
 
     conn, other = await apg(), await apg()
@@ -163,6 +163,19 @@ async def test_a_session_locks_calls_are_prepared_after_a_few_runs_and_survive_a
     for _ in range(PREPARE_AFTER + 1):
         await lock_and_release(conn)  # as written, then prepared again
     assert await _pgsolos_prepared(conn) == prepared
+    # Run by name once more, a call is ready to be sent alone (Checkout.send): each one
+    # whose statement is gone is sent again, as written (Checkout.resend).
+    await lock_and_release(conn)
+    await conn.execute("DEALLOCATE ALL")
+    await lock_and_release(conn)  # the try's
+    for _ in range(PREPARE_AFTER + 2):
+        await lock_and_release(conn)
+    lock = pgsolo.session_lock(conn, key)
+    assert await lock.acquire()
+    await conn.execute("DEALLOCATE ALL")
+    await lock.release()  # the unlock's
+    assert observer.holders(key) == set()
+    await lock_and_release(conn)
 
     uncached = await apg(statement_cache_size=0)
     for _ in range(PREPARE_AFTER + 2):

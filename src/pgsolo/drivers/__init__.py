@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import functools
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from importlib import import_module
 from types import ModuleType
@@ -66,15 +66,18 @@ __all__ = [
     "UNKNOWN_SERVER",
     "AsyncDriver",
     "AsyncHeartbeat",
+    "AsyncLoneCalls",
     "BeatFailed",
     "DriverBase",
     "Edge",
     "IdleByStatus",
     "Lacking",
     "News",
+    "Rows",
     "ServerInfo",
     "SyncDriver",
     "SyncHeartbeat",
+    "SyncLoneCalls",
     "TxStatus",
     "adapt",
     "adapt_async",
@@ -257,6 +260,19 @@ class AsyncHeartbeat(Protocol):
     async def wait_for_news(self, seconds: float, stopping: AEvent) -> News: ...
 
 
+Rows = Sequence[Sequence[object]]
+
+
+class SyncLoneCalls(Protocol):
+    """A driver's own way to send a lock call alone (a session lock's try, or its
+    unlock: most of pgsolo's round trips), cheaper than its ``fetch_value``
+    (:attr:`SyncDriver.lone_calls`); :class:`AsyncLoneCalls` says what each call does."""
+
+    def send(self, statements: Sequence[str]) -> Rows | None: ...
+
+    def resend(self, failure: Exception, statements: Sequence[str]) -> object: ...
+
+
 class SyncDriver(DriverBase, Protocol):
     def fetch_value(
         self, statements: Sequence[str], wait: float = 0.0, edge: Edge | None = None
@@ -269,15 +285,44 @@ class SyncDriver(DriverBase, Protocol):
 
     def fetch_value_elsewhere(self, statements: Sequence[str]) -> object: ...
 
+    @property
+    def lone_calls(self) -> SyncLoneCalls | None:
+        """The driver's own way to send a lock call alone, where it has a cheaper one
+        than :meth:`fetch_value`'s; None (every sync driver's, so far) where every round
+        trip is ``fetch_value``'s."""
+
     def heartbeat(self) -> SyncHeartbeat | Lacking:
         """The heartbeat a keeper watches a lock on this connection with, or why there
         is none."""
+
+
+class AsyncLoneCalls(Protocol):
+    """A driver's own way to send a lock call alone (a session lock's try, or its
+    unlock: most of pgsolo's round trips), awaited by the lock itself, with no coroutine
+    of pgsolo's between it and the server (:attr:`AsyncDriver.lone_calls`)."""
+
+    def send(self, statements: Sequence[str]) -> Awaitable[Rows] | None:
+        """The round trip of ``statements``, if they are one lock call this way sends, on
+        a connection whose :meth:`~DriverBase.idle_pid` answered just now, with nothing
+        awaited since: the awaitable of its rows (one row, of the call's value). None:
+        ``fetch_value`` sends them."""
+
+    async def resend(self, failure: Exception, statements: Sequence[str]) -> object:
+        """The value of ``statements`` after :meth:`send`'s round trip raised ``failure``:
+        sent again by ``fetch_value``'s way if the failure says that nothing ran (the
+        caller dropped the session's prepared statements), else ``failure`` raised."""
 
 
 class AsyncDriver(DriverBase, Protocol):
     async def fetch_value(
         self, statements: Sequence[str], wait: float = 0.0, edge: Edge | None = None
     ) -> object: ...
+
+    @property
+    def lone_calls(self) -> AsyncLoneCalls | None:
+        """The driver's own way to send a lock call alone, where it has a cheaper one
+        than :meth:`fetch_value`'s (asyncpg's prepared statements, run by its protocol);
+        None where every round trip is ``fetch_value``'s."""
 
     async def fetch_value_elsewhere(self, statements: Sequence[str]) -> object: ...
 

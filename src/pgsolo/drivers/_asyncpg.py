@@ -70,7 +70,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Sequence
+import weakref
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, ClassVar, TypeVar
 
 import asyncpg
@@ -86,6 +87,7 @@ from . import (
     AsyncHeartbeat,
     Edge,
     Lacking,
+    Rows,
     ServerInfo,
     TxStatus,
     edged,
@@ -103,11 +105,12 @@ PROBE_CONNECT_TIMEOUT = 10.0
 PROBE_ANSWER_TIMEOUT = 30.0
 
 _SETTLE_SECONDS = 5.0
-Rows = Sequence[Sequence[object]]
 # How many times a lock call runs as written on a connection before pgsolo prepares it
 # there: psycopg's default prepare_threshold (asyncpg has no such setting), so that a
 # connection that takes a lock once, `pgsolo run`'s, never pays the Parse round trip.
 PREPARE_AFTER = 5
+# How many lock calls (a key's try or unlock each) a checkout keeps ready to send alone.
+_LONE_MAX = 4096
 
 T = TypeVar("T")
 
@@ -153,7 +156,7 @@ class AsyncpgDriver:
     begins_implicitly = False
 
     # Every lock makes one: no dict of its own to allocate and free.
-    __slots__ = ("_aborted_at", "_checkout", "_conn", "_last_info", "connection")
+    __slots__ = ("_aborted_at", "_checkout", "_conn", "_last_info", "connection", "lone_calls")
 
     def __init__(self, conn: Any) -> None:
         self._conn = conn
@@ -162,11 +165,12 @@ class AsyncpgDriver:
         checkout = _CHECKOUTS.get(conn)
         if checkout is None or checkout.number != number:
             pid = 0 if conn.is_closed() else int(conn.get_server_pid())
-            checkout = _CHECKOUTS[conn] = Checkout(number, private.caches_statements(conn), pid)
-        self._checkout = checkout
-        # What pgsolo tracks held locks by: this checkout of the connection (an attribute,
-        # not a property, since every lock reads it a few times).
-        self.connection: object = self._checkout
+            checkout = _CHECKOUTS[conn] = Checkout(
+                conn, number, private.caches_statements(conn), pid
+            )
+        # What pgsolo tracks held locks by, and sends a lone lock call with: this checkout
+        # of the connection (attributes, not properties: every lock reads them).
+        self._checkout = self.connection = self.lone_calls = checkout
         self._aborted_at: int | None = None  # see transaction_status
         self._last_info = UNKNOWN_SERVER
 
@@ -249,31 +253,17 @@ class AsyncpgDriver:
         self, statements: Sequence[str], wait: float = 0.0, edge: Edge | None = None
     ) -> object:
         # One simple-query message (module docstring). A lock call alone (a session lock's
-        # try or unlock) is asyncpg's own round trip (_lock_call), found first: most round
-        # trips are one. Anything else runs shielded in a task of its own (_shielded): it
-        # may begin or end a transaction, and asyncpg's own cancellation hands the
-        # cancellation on before the server answered, while asyncpg still reports the
-        # transaction as it was (a Ctrl-C left run_once's open, once in a thousand
-        # interruptions); it may wait for a lock, and asyncpg asks the server once to
-        # cancel it; it may read a COPY, whose waiter asyncpg's protocol can break.
+        # try or unlock) is asyncpg's own round trip (_lock_call). Anything else runs
+        # shielded in a task of its own (_shielded): it may begin or end a transaction, and
+        # asyncpg's own cancellation hands the cancellation on before the server answered,
+        # while asyncpg still reports the transaction as it was (a Ctrl-C left run_once's
+        # open, once in a thousand interruptions); it may wait for a lock, and asyncpg asks
+        # the server once to cancel it; it may read a COPY, whose waiter asyncpg's protocol
+        # can break.
         call = statements[0] if edge is None and not wait and len(statements) == 1 else None
         try:
             if type(call) is sql.LockCall:
-                # Prepared on the session already, outside a transaction: asyncpg's own
-                # round trip, awaited with no coroutine of pgsolo's around it (most lock
-                # calls are). Anything else: _lock_call.
-                conn = self._conn
-                protocol = private.open_protocol(conn)
-                statement = (
-                    self._checkout.ready.get(call.prepared.name)
-                    if protocol is not None and not protocol.is_in_transaction()
-                    else None
-                )
-                rows = await (
-                    private.run_prepared(protocol, statement, call.prepared.values)
-                    if statement is not None
-                    else _lock_call(conn, call, self._checkout)
-                )
+                rows = await _lock_call(self._conn, call, self._checkout)
                 self._aborted_at = None
                 return rows[0][0]
             sent = statements if edge is None else edged(statements, edge, self)
@@ -285,10 +275,7 @@ class AsyncpgDriver:
             await self._find_out_if_aborted()
             raise
         except asyncpg.PostgresError as exc:
-            if type(call) is sql.LockCall and prepared.forget(self._conn, _sqlstate(exc)):
-                self._checkout.ready.clear()
-                # The caller dropped pgsolo's prepared statements (DISCARD ALL), which
-                # aborted nothing outside a transaction: sent again, as written.
+            if type(call) is sql.LockCall and self._checkout.forgets(exc):
                 return await self.fetch_value(statements, wait, edge)
             # An error inside a transaction block aborts it. A connection asyncpg aborted
             # meanwhile (pool.release() of it, a timeout) has no protocol left to ask.
@@ -392,52 +379,87 @@ class Checkout:
     """One checkout of a connection from its pool (a connection of no pool has one): what
     pgsolo keeps its books by (:attr:`AsyncpgDriver.connection`). ``Pool.release()`` runs
     ``pg_advisory_unlock_all()``, so what an earlier checkout held is gone: the next one
-    starts with clean books, and a lock of the earlier one can no longer touch them."""
+    starts with clean books, and a lock of the earlier one can no longer touch them.
 
-    __slots__ = ("__weakref__", "caches_statements", "number", "pid", "ready")
+    It sends a lock call alone (:class:`~pgsolo.drivers.AsyncLoneCalls`): one the session
+    has prepared, run by asyncpg's protocol, whose awaitable the lock awaits itself."""
 
-    def __init__(self, number: int, caches_statements: bool, pid: int) -> None:
+    __slots__ = ("__weakref__", "_conn", "caches_statements", "lone", "number", "pid")
+
+    def __init__(self, conn: Any, number: int, caches_statements: bool, pid: int) -> None:
+        # Weakly: pgsolo's books of checkouts, by connection, must not keep it alive.
+        self._conn = weakref.ref(conn)
         self.number = number
         # Fixed when the connection was made (statement_cache_size=): read once.
         self.caches_statements = caches_statements
         # Its backend's pid (0 if it was closed by then: an aborted connection has no
         # protocol left to ask).
         self.pid = pid
-        # The lock calls the session has prepared, by name, with asyncpg's handle of each:
-        # what pgsolo.drivers.prepared says of them, kept here too, where each lock call
-        # finds it without looking its connection up (forgotten with prepared's).
-        self.ready: dict[bytes, object] = {}
+        # The lock calls the session has prepared, by their text, each as its run by
+        # name, ready to be called (private.ready_run): what pgsolo.drivers.prepared says
+        # of them, kept here too, where a lone call finds it at once (forgotten with
+        # prepared's; emptied when full, as a process that locks ever new keys must not
+        # keep them all).
+        self.lone: dict[str, Callable[[], Awaitable[Rows]]] = {}
+
+    def send(self, statements: Sequence[str]) -> Awaitable[Rows] | None:
+        # On the connection idle_pid() found open with no transaction, just now.
+        run = self.lone.get(statements[0]) if len(statements) == 1 else None
+        return run() if run is not None else None
+
+    def run_by_name(self, call: sql.LockCall, protocol: Any, statement: object) -> Awaitable[Rows]:
+        """Run ``call`` by name (``statement``: asyncpg's handle of it, on the open
+        ``protocol``), and keep the run to send it alone from now on."""
+        run = private.ready_run(protocol, statement, call.prepared.values)
+        if len(self.lone) >= _LONE_MAX:
+            self.lone.clear()
+        self.lone[call] = run
+        return run()
+
+    async def resend(self, failure: Exception, statements: Sequence[str]) -> object:
+        conn, call = self._conn(), statements[0]
+        if conn is not None and type(call) is sql.LockCall and self.forgets(failure):
+            return (await _lock_call(conn, call, self))[0][0]
+        raise failure
+
+    def forgets(self, failure: Exception) -> bool:
+        """Whether a lock call run by name failed because the caller dropped the session's
+        prepared statements (DISCARD ALL, which aborts nothing outside a transaction):
+        they are forgotten then, and the call is to be sent again, as written."""
+        conn = self._conn()
+        if conn is None or not prepared.forget(conn, _sqlstate(failure)):
+            return False
+        self.lone.clear()
+        return True
 
 
 _CHECKOUTS: IdentityWeakMap[Any, Checkout] = IdentityWeakMap()
 
 
 def _lock_call(conn: Any, call: sql.LockCall, checkout: Checkout) -> Awaitable[Rows]:
-    """A lock call alone, which changes no transaction and ends on the server at once, and
-    which this checkout has not run prepared yet (:meth:`AsyncpgDriver.fetch_value` runs
-    one that it has); the rows it answers (one, of one value). A cancellation is
-    asyncpg's to handle (it asks the server to cancel the statement, and its next
-    operation waits until the server answered: pgsolo's recovery then finds out what the
-    call did). Outside a transaction, once it ran :data:`PREPARE_AFTER` times on the
-    connection, it is prepared there (:mod:`pgsolo.drivers.prepared`) unless the caller
-    turned asyncpg's statement cache off (``checkout.caches_statements`` False:
-    ``statement_cache_size=0``, as behind a transaction-pooling proxy), and kept in
-    ``checkout.ready``. Prepared, it is asyncpg's own round trip; if the session no
-    longer has it, the caller sends it again. On a closed connection it is sent as
-    written, which raises asyncpg's own error."""
+    """A lock call alone, which changes no transaction and ends on the server at once; the
+    rows it answers (one, of one value). A cancellation is asyncpg's to handle (it asks
+    the server to cancel the statement, and its next operation waits until the server
+    answered: pgsolo's recovery then finds out what the call did). Outside a
+    transaction, once it ran :data:`PREPARE_AFTER` times on the connection, it is
+    prepared there (:mod:`pgsolo.drivers.prepared`) unless the caller turned asyncpg's
+    statement cache off (``checkout.caches_statements`` False: ``statement_cache_size=0``,
+    as behind a transaction-pooling proxy), and, run by name, kept in ``checkout.lone``
+    to be sent alone from then on (:meth:`Checkout.send`). Prepared, it is asyncpg's own
+    round trip; if the session no longer has it, the caller sends it again. On a closed
+    connection it is sent as written, which raises asyncpg's own error."""
     protocol = private.open_protocol(conn)
     if protocol is not None and checkout.caches_statements and not protocol.is_in_transaction():
         form = call.prepared
         how, statement = prepared.how(conn, form.name, PREPARE_AFTER)
         if how is prepared.PREPARE:
-            return _prepared_call(conn, call)
+            return _prepared_call(conn, call, checkout)
         if how is prepared.BY_NAME:
-            checkout.ready[form.name] = statement
-            return private.run_prepared(protocol, statement, form.values)
+            return checkout.run_by_name(call, protocol, statement)
     return _call_as_written(conn, call)
 
 
-async def _prepared_call(conn: Any, call: sql.LockCall) -> Rows:
+async def _prepared_call(conn: Any, call: sql.LockCall, checkout: Checkout) -> Rows:
     """Prepare ``call`` on the session, then run it by name (as written if that failed)."""
     form = call.prepared
     try:
@@ -448,7 +470,7 @@ async def _prepared_call(conn: Any, call: sql.LockCall) -> Rows:
         how, statement = prepared.made(conn, form.name, None, private.kept_statement(made))
     protocol = private.open_protocol(conn)  # closed meanwhile: as written raises
     if how is prepared.BY_NAME and protocol is not None:
-        return await private.run_prepared(protocol, statement, form.values)
+        return await checkout.run_by_name(call, protocol, statement)
     return await _call_as_written(conn, call)
 
 

@@ -27,9 +27,10 @@ release is checked against this module before the upper bound moves.
   the session, and its types), kept for the session's life without the
   ``PreparedStatement``, which refers to its connection: pgsolo's books of what each
   session has prepared would keep a dropped connection alive.
-- :func:`run_prepared`: a prepared statement's run by the protocol, which works in
-  every checkout of a pooled connection (``PreparedStatement`` refuses one made in an
-  earlier checkout) and costs a lock and unlock 4 µs less.
+- :func:`ready_run`: a prepared statement's run by the protocol, made ready to be called
+  again and again, which works in every checkout of a pooled connection
+  (``PreparedStatement`` refuses one made in an earlier checkout) and costs a lock and
+  unlock 4 µs less.
 - :func:`cancel_statement`: asyncpg's own cancel request, with a future that says when it
   was delivered (the public way, ``asyncio`` cancellation, may close the connection).
 """
@@ -37,6 +38,7 @@ release is checked against this module before the upper bound moves.
 from __future__ import annotations
 
 import asyncio
+import functools
 import operator
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -52,8 +54,8 @@ __all__ = [
     "open_protocol",
     "parameters",
     "queries_sent",
+    "ready_run",
     "releases",
-    "run_prepared",
 ]
 
 
@@ -116,17 +118,19 @@ def kept_statement(statement: Any) -> Any:
     return state
 
 
-def run_prepared(protocol: Any, state: Any, args: Sequence[object]) -> Awaitable[list[Any]]:
-    """Run the prepared statement of ``state`` (:func:`kept_statement`, on the connection
-    whose open protocol, :func:`open_protocol`, is ``protocol``) with ``args``; its rows.
+def ready_run(protocol: Any, state: Any, args: Sequence[object]) -> Callable[[], Awaitable[Any]]:
+    """The run of the prepared statement of ``state`` (:func:`kept_statement`) with
+    ``args`` by ``protocol`` (the open one of its connection, :func:`open_protocol`), ready
+    to be called, in C, with nothing to look up: what a lone lock call runs
+    (``_asyncpg.Checkout``). Called, the awaitable of its rows.
 
     The protocol's own call, as ``fetchval()`` makes it under three coroutines of its
     own, less what pgsolo must not inherit: ``fetchval()`` refuses a statement prepared
     before the pool last took the connection back, while the server session, which has
-    the statement, is the same (pgsolo's lock calls are prepared once per session).
-    What ``conn.fetchval()`` checks first, that the connection is open, the caller
-    checked as it found ``protocol``."""
-    return protocol.bind_execute(state, args, "", 1, False, None)  # type: ignore[no-any-return]
+    the statement, is the same (pgsolo's lock calls are prepared once per session). A
+    connection talks through one protocol for its life, which refers to the connection
+    weakly: kept, the run keeps nothing alive."""
+    return functools.partial(protocol.bind_execute, state, args, "", 1, False, None)
 
 
 def caches_statements(conn: Any) -> bool:

@@ -102,6 +102,7 @@ class DjangoDriver(IdleByStatus):
     held locks by; the DBAPI connection under it changes when Django reconnects."""
 
     is_async: ClassVar[bool] = False
+    lone_calls: ClassVar[None] = None  # every round trip is fetch_value's
     ends_by_message: ClassVar[bool] = False
 
     def __init__(self, wrapper: BaseDatabaseWrapper) -> None:

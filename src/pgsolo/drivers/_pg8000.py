@@ -92,6 +92,7 @@ class Pg8000Driver:
     """pgsolo's driver protocol on a pg8000 DB-API connection; see the module docstring."""
 
     is_async: ClassVar[bool] = False
+    lone_calls: ClassVar[None] = None  # every round trip is fetch_value's
     ends_by_message: ClassVar[bool] = True
     session_locks_refused: ClassVar[str | None] = None
     transaction_hint: ClassVar[str] = "conn.autocommit = False"

@@ -87,6 +87,7 @@ class Psycopg2Driver:
     connection."""
 
     is_async: ClassVar[bool] = False
+    lone_calls: ClassVar[None] = None  # every round trip is fetch_value's
     ends_by_message: ClassVar[bool] = True
     session_locks_refused: ClassVar[str | None] = None
     # psycopg2 has no transaction block of its own: with autocommit off it opens one at

@@ -33,6 +33,7 @@ class AsyncPsycopgDriver(PsycopgBase):
     ``AsyncConnection``."""
 
     is_async: ClassVar[bool] = AIS_ASYNC
+    lone_calls: ClassVar[None] = None  # every round trip is fetch_value's
     transaction_hint: ClassVar[str] = "async with conn.transaction():"
     _conn: psycopg.AsyncConnection[Any]
 

@@ -36,6 +36,7 @@ class AsyncSqlAlchemyDriver(SqlAlchemyBase):
     the driver connection under it, the transaction's edges through SQLAlchemy."""
 
     is_async: ClassVar[bool] = AIS_ASYNC
+    lone_calls: ClassVar[None] = None  # every round trip is fetch_value's
     _owner: AsyncConnection | AsyncSession
 
     def __init__(self, owner: AsyncConnection | AsyncSession) -> None:

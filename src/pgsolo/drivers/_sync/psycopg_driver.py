@@ -34,6 +34,7 @@ class PsycopgDriver(PsycopgBase):
     ``Connection``."""
 
     is_async: ClassVar[bool] = IS_ASYNC
+    lone_calls: ClassVar[None] = None  # every round trip is fetch_value's
     transaction_hint: ClassVar[str] = "with conn.transaction():"
     _conn: psycopg.Connection[Any]
 

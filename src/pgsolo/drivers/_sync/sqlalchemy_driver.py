@@ -36,6 +36,7 @@ class SqlAlchemyDriver(SqlAlchemyBase):
     the driver connection under it, the transaction's edges through SQLAlchemy."""
 
     is_async: ClassVar[bool] = IS_ASYNC
+    lone_calls: ClassVar[None] = None  # every round trip is fetch_value's
     _owner: Connection | Session
 
     def __init__(self, owner: Connection | Session) -> None:

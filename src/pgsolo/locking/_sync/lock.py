@@ -42,19 +42,7 @@ class Lock(LockView):
     def release(self) -> None:
         """Release a session lock on the connection it was taken on. Raises the
         :class:`~pgsolo.LockLostError` the keeper found, if it found one."""
-        if self._keeper is not None:
-            self._stop_keeper()
-        try:
-            self._give_back(False)
-        except (LockLostError, LockNotHeldError) as exc:
-            if (instead := self._lost_instead(exc)) is not exc:
-                raise instead from exc
-            raise
-        except BaseException:
-            self._start_keeper()  # still held and on the books: still watched
-            raise
-        if self._core.lost is not None:  # a re-entrant hold released only its count
-            raise self._core.lost
+        self.__exit__(None, None, None, True)
 
     def is_held(self) -> bool:
         return drive(self._core.is_held(), self._driver)
@@ -69,32 +57,61 @@ class Lock(LockView):
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
+        releasing: bool = False,
+        /,
     ) -> None:
-        keeper = self._keeper
+        """Leave the block (``exc``: what ended it, if anything did), or release the lock
+        (``releasing``: release(), which shares all of this): the common case by one round
+        trip of the shell's own (LockCore.quick_release), anything else by its plan.
+        Written as one function: every lock ends here, and each frame between it and the
+        server costs every lock (a coroutine's most)."""
+        core, driver, keeper = self._core, self._driver, self._keeper
         try:
             if keeper is not None:
                 self._stop_keeper()
-            loss_for_cancel = keeper.undo_cancel(exc) if keeper is not None else None
-            if exc_type is None:
-                self._give_back(True)
+            loss_for_cancel = (
+                keeper.undo_cancel(exc) if keeper is not None and not releasing else None
+            )
+            if exc_type is not None:
+                drive(core.exit(failed=True), driver, cleaning_up=not isinstance(exc, Exception))
+            elif not isinstance(quick := core.quick_release(not releasing), tuple):
+                drive(quick, driver)
             else:
-                drive(
-                    self._core.exit(failed=True),
-                    self._driver,
-                    cleaning_up=not isinstance(exc, Exception),
-                )
+                statements, edge, seconds = quick
+                try:
+                    if (  # the unlock alone, by the driver's own way if it has one
+                        edge is None
+                        and (calls := driver.lone_calls) is not None
+                        and (sending := calls.send(statements)) is not None
+                    ):
+                        try:
+                            value = (sending)[0][0]
+                        except Exception as failure:
+                            value = calls.resend(failure, statements)
+                    else:
+                        value = driver.fetch_value(statements, seconds, edge)
+                    core.forget()  # off the books at once: a Ctrl-C may land at any line
+                except BaseException as failure:
+                    cleaning_up = not isinstance(failure, Exception)
+                    drive(core.quick_release_failed(failure), driver, cleaning_up=cleaning_up)
+                    raise
+                core.quick_released(value)
         except (LockLostError, LockNotHeldError) as failure:
             if (instead := self._lost_instead(failure)) is not failure:
                 raise instead from failure
             raise
         except BaseException as failure:
-            if not isinstance(failure, Exception):  # interrupted (Ctrl-C) before the release
+            if releasing:
+                self._start_keeper()  # still held and on the books: still watched
+            elif not isinstance(failure, Exception):  # interrupted (Ctrl-C) before the release
                 self._let_go()
             raise
         if loss_for_cancel is not None:
             raise loss_for_cancel from exc  # Keep(cancel=True) ended the block
-        if exc_type is None and self._core.lost is not None:
-            raise self._core.lost  # the block ran to its end, but not all of it under the lock
+        if exc_type is None and core.lost is not None:
+            # The block ran to its end, but not all of it under the lock (or release() of a
+            # re-entrant hold released only its count).
+            raise core.lost
 
     def _enter(self, context: bool, /) -> Self:
         """Take the lock (``context``: for a ``with`` block), and start its keeper: the
@@ -110,7 +127,17 @@ class Lock(LockView):
             else:
                 statements, edge, seconds = quick
                 try:
-                    value = driver.fetch_value(statements, seconds, edge)
+                    if (  # a lock call alone, by the driver's own way if it has one
+                        edge is None
+                        and (calls := driver.lone_calls) is not None
+                        and (sending := calls.send(statements)) is not None
+                    ):
+                        try:
+                            value = (sending)[0][0]
+                        except Exception as failure:
+                            value = calls.resend(failure, statements)
+                    else:
+                        value = driver.fetch_value(statements, seconds, edge)
                 except BaseException as exc:
                     cleaning_up = not isinstance(exc, Exception)
                     drive(core.quick_failed(exc), driver, cleaning_up=cleaning_up)
@@ -122,25 +149,6 @@ class Lock(LockView):
             self._let_go()
             raise
         return self
-
-    def _give_back(self, exiting: bool, /) -> None:
-        """Release the lock (``exiting``: as the block ends without an error, so the
-        end of pgsolo's own transaction too): the common case by one round trip of the
-        shell's own (LockCore.quick_release), anything else by its plan."""
-        core, driver = self._core, self._driver
-        quick = core.quick_release(exiting)
-        if not isinstance(quick, tuple):
-            drive(quick, driver)
-            return
-        statements, edge, seconds = quick
-        try:
-            value = driver.fetch_value(statements, seconds, edge)
-            core.forget()  # off the books at once: a Ctrl-C may land at any line
-        except BaseException as exc:
-            cleaning_up = not isinstance(exc, Exception)
-            drive(core.quick_release_failed(exc), driver, cleaning_up=cleaning_up)
-            raise
-        core.quick_released(value)
 
     def _let_go(self) -> None:
         """The acquisition raised after the plan took the lock (a Ctrl-C as it returned):
