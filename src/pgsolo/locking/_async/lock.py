@@ -81,7 +81,10 @@ class AsyncLock(LockView):
             else:
                 statements, edge, seconds = quick
                 try:
-                    if (  # the unlock alone, by the driver's own way if it has one
+                    # The unlock alone goes the driver's own way if it has one, awaited here
+                    # as _enter awaits the try: a frame between them and the server would
+                    # cost every lock.
+                    if (
                         edge is None
                         and (calls := driver.lone_calls) is not None
                         and (sending := calls.send(statements)) is not None
@@ -131,7 +134,10 @@ class AsyncLock(LockView):
             else:
                 statements, edge, seconds = quick
                 try:
-                    if (  # a lock call alone, by the driver's own way if it has one
+                    # The try alone goes the driver's own way if it has one, awaited here
+                    # as __aexit__ awaits the unlock: a frame between them and the server
+                    # would cost every lock.
+                    if (
                         edge is None
                         and (calls := driver.lone_calls) is not None
                         and (sending := calls.send(statements)) is not None
