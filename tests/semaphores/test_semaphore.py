@@ -17,6 +17,7 @@ import pgsolo
 from _support import AConnect, Connect, unique_name
 from pgsolo.keys import semaphore_keys
 from pgsolo.locking import TURN_SECONDS
+from pgsolo.locking.session import SessionLockCore
 
 Observer = Any
 
@@ -316,7 +317,8 @@ def test_a_release_cut_short_keeps_the_slot_to_release_again(
     name = unique_name("semaphore")
     semaphore = pgsolo.semaphore(conn, name, limit=1)
     assert semaphore.acquire()
-    fired = _interrupt_once(monkeypatch, pgsolo.Lock, "_give_back")
+    # Inside the slot lock's release, before its unlock is sent: the first step it takes.
+    fired = _interrupt_once(monkeypatch, SessionLockCore, "quick_release")
     end = semaphore.release if ending == "release" else lambda: semaphore.__exit__(None, None, None)
     with pytest.raises(KeyboardInterrupt):
         end()
