@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+import sys
+from types import FrameType
 
 from pgsolo._weakmap import IdentityWeakMap
 
@@ -48,3 +50,23 @@ def test_a_replaced_entry_keeps_the_new_value_when_the_old_reference_dies() -> N
     books[conn] = 2  # the first reference is dropped; its callback must not remove this
     gc.collect()
     assert books.get(conn) == 2
+
+
+def test_an_entry_goes_with_its_key_even_if_its_death_is_interrupted() -> None:
+    # What lets a lookup trust the entry under an id without asking its reference: no
+    # Python runs as the key dies, so a Ctrl-C (which lands on a line of Python) cannot
+    # leave the entry behind for a new object to find by the same id.
+    books: IdentityWeakMap[_Conn, str] = IdentityWeakMap()
+    conn = _Conn()
+    books[conn] = "held"
+
+    def interrupt_every_call(frame: FrameType, event: str, arg: object) -> None:
+        if event == "call":
+            raise KeyboardInterrupt
+
+    sys.setprofile(interrupt_every_call)
+    try:
+        del conn
+    finally:
+        sys.setprofile(None)
+    assert not books._entries

@@ -36,7 +36,6 @@ import pytest
 import pgsolo
 from _drivers import ASYNC_KINDS, SYNC_KINDS, AKind, Kind
 from pgsolo import Key, metrics
-from pgsolo._weakmap import drop_entry
 from pgsolo.locking import poll_pauses
 
 PACKAGE = str(Path(pgsolo.__file__).parent) + os.sep
@@ -127,7 +126,7 @@ class _Counting:
             gc.enable()
 
     def _profile(self, frame: FrameType, event: str, arg: object) -> None:
-        if event == "call" and frame not in self.frames and frame.f_code not in _OFF_THE_PATH:
+        if event == "call" and frame not in self.frames:
             path = frame.f_code.co_filename
             if path.startswith(PACKAGE):
                 name = f"{path[len(PACKAGE) :]}:{frame.f_code.co_qualname}"
@@ -149,11 +148,10 @@ class _Counting:
 
 
 STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
-# Run when an object dies, wherever that happens to be: on no lock's path. pgsolo's own
-# book's callback, the standard library's weak collections' (a WeakSet's entry went while
-# pgsolo's code ran, once, after the Django tests in the same process) and finalizers (an
-# asyncio transport of an earlier test's, once in CI).
-_OFF_THE_PATH = {drop_entry.__code__}
+# Run when an object dies, wherever that happens to be: on no lock's path. The standard
+# library's weak collections' callbacks (a WeakSet's entry went while pgsolo's code ran,
+# once, after the Django tests in the same process) and finalizers (an asyncio transport
+# of an earlier test's, once in CI). pgsolo's own books drop their entries in C, unseen.
 _WEAK_COLLECTIONS = {weakref.__file__, _weakrefset.__file__}
 
 
