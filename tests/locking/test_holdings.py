@@ -42,6 +42,7 @@ from pgsolo import (
     LockUnavailableError,
 )
 from pgsolo.drivers._sync.psycopg_driver import PsycopgDriver
+from pgsolo.locking import holdings
 
 # -- sync connections ----------------------------------------------------------------------
 
@@ -202,6 +203,34 @@ def test_threads_sharing_one_connection_never_hold_together(
     assert all("running another statement" in str(e) for e in in_flight)
     assert observer.holders(key) == set()
     assert pgsolo.held_session_locks(conn) == []
+
+
+def test_two_threads_letting_go_of_a_reentrant_key_at_once_leave_it_unlocked(
+    connect: Connect, observer: Any, key: Key, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Guards against a key left held by the session with nothing on the books: two
+    threads released the two holds of one re-entrant key at once, each asked whether
+    its hold was the last before either had dropped its own, both heard no, and neither
+    sent the unlock."""
+    conn = connect()
+    first = pgsolo.session_lock(conn, key, reentrant=True)
+    second = pgsolo.session_lock(conn, key, reentrant=True)
+    assert first.acquire()
+    assert second.acquire()
+    both_dropping = threading.Barrier(2)
+    drop = holdings.drop
+
+    def drop_with_the_other(held: holdings.Held, holder: object) -> None:
+        with contextlib.suppress(threading.BrokenBarrierError):
+            both_dropping.wait(1.0)  # until the other thread drops its hold too, if it does
+        drop(held, holder)
+
+    monkeypatch.setattr(holdings, "drop", drop_with_the_other)
+    assert run_threads([first.release, second.release]) == []
+    assert not first.acquired
+    assert not second.acquired
+    assert observer.holders(key) == set()
+    assert_clean(conn, observer)
 
 
 def test_threads_sharing_one_connection_cannot_both_enter_an_xact_block(

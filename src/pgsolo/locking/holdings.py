@@ -205,11 +205,15 @@ def last_hold(held: Held, holder: object) -> bool:
     unlocks it. If so, the key is on its way to the server again (``pending``) until it
     goes off the books or the unlock failed (:func:`kept`): a re-entrant claim that came
     meanwhile would share a hold whose unlock is in flight, and believe it held a key
-    the server let go, so it is refused as busy, as during the first acquisition."""
+    the server let go, so it is refused as busy, as during the first acquisition. If
+    not, ``holder``'s hold is dropped in the same step: two holders letting go at once
+    (two threads) must not each find the other's hold still there, and both leave the
+    key held by the session with no one on the books to unlock it."""
     with _HOLDINGS_LOCK:
         if len(held.holders) == 1 and held.holders[0]() is holder:
             held.pending = True
             return True
+        _drop(held, holder)
         return False
 
 
@@ -229,6 +233,12 @@ def is_claimed(conn: object, pid: int, key: Key) -> bool:
 def confirm(held: Held, hold: str | None = None) -> None:
     """The server granted the key ``held`` claims (``hold``: the savepoint that holds its
     session-lock block, if any)."""
+    if hold is None:
+        # One store, which no other step of the books can split: no mutex (every lock
+        # confirms). A new claim's hold is None until confirmed, and only its claimant
+        # confirms it, before any other hold can join.
+        held.pending = False
+        return
     with _HOLDINGS_LOCK:
         held.pending = False
         held.hold = hold

@@ -306,16 +306,22 @@ class SessionLockCore(LockCore):
                 key=key,
             )
         held = self.held  # always set, for a lock that holds its key
-        if held is not None and not holdings.last_hold(held, self):
-            holdings.drop(held, self)
-            self.acquired = False
-            self.log(logging.DEBUG, "released", None, {"note": "re-entrant hold remains"})
+        if held is not None and not holdings.last_hold(held, self):  # which dropped it
+            yield from self._released_a_reentrant_hold()
             return
         try:
             yield from self._release_last(held)
         finally:
             if self.acquired and held is not None:
                 holdings.kept(held)
+
+    def _released_a_reentrant_hold(self) -> Plan[None]:
+        """This lock's hold went off the books, and another's holds the key still: nothing
+        to send."""
+        self.acquired = False
+        self.log(logging.DEBUG, "released", None, {"note": "re-entrant hold remains"})
+        return
+        yield  # a plan, like every other lock operation
 
     def _release_last(self, held: holdings.Held | None) -> Plan[None]:
         """Release the last hold of the key (``held``, marked on its way out)."""
@@ -391,10 +397,12 @@ class SessionLockCore(LockCore):
             and route.direct
             and (held := self.held) is not None
             and driver.idle_pid() == self.backend_pid
-            and holdings.last_hold(held, self)  # no other hold: an unlock lets it go
         ):
-            self.started = time.perf_counter()
-            return placement.quick_unlock(driver, self.spec), None, 0.0
+            if holdings.last_hold(held, self):  # no other hold: an unlock lets it go
+                self.started = time.perf_counter()
+                return placement.quick_unlock(driver, self.spec), None, 0.0
+            if not holdings.let_go_elsewhere(held):  # others' remain: last_hold dropped it
+                return self._released_a_reentrant_hold()
         return self.exit(failed=False) if exiting else self.release()
 
     def quick_release_failed(self, exc: BaseException) -> Plan[None]:
