@@ -40,7 +40,7 @@ __all__ = [
     "held_session_locks",
     "is_claimed",
     "kept",
-    "last_hold",
+    "last_hold_else_drop",
     "let_go_elsewhere",
     "owned_elsewhere",
     "session_keys",
@@ -200,7 +200,7 @@ def transaction_owner(conn: object, pid: int) -> tuple[int, int] | None:
         return holdings.transaction_owner if holdings and holdings.pid == pid else None
 
 
-def last_hold(held: Held, holder: object) -> bool:
+def last_hold_else_drop(held: Held, holder: object) -> bool:
     """Whether ``holder``'s is the only hold of ``held``'s key, its release the one that
     unlocks it. If so, the key is on its way to the server again (``pending``) until it
     goes off the books or the unlock failed (:func:`kept`): a re-entrant claim that came

@@ -306,7 +306,7 @@ class SessionLockCore(LockCore):
                 key=key,
             )
         held = self.held  # always set, for a lock that holds its key
-        if held is not None and not holdings.last_hold(held, self):  # which dropped it
+        if held is not None and not holdings.last_hold_else_drop(held, self):
             yield from self._released_a_reentrant_hold()
             return
         try:
@@ -398,10 +398,10 @@ class SessionLockCore(LockCore):
             and (held := self.held) is not None
             and driver.idle_pid() == self.backend_pid
         ):
-            if holdings.last_hold(held, self):  # no other hold: an unlock lets it go
+            if holdings.last_hold_else_drop(held, self):  # no other hold: an unlock lets it go
                 self.started = time.perf_counter()
                 return placement.quick_unlock(driver, self.spec), None, 0.0
-            if not holdings.let_go_elsewhere(held):  # others' remain: last_hold dropped it
+            if not holdings.let_go_elsewhere(held):  # others' remain: it dropped this one
                 return self._released_a_reentrant_hold()
         return self.exit(failed=False) if exiting else self.release()
 
