@@ -34,7 +34,7 @@ import sys
 import time
 import urllib.parse
 import warnings
-from collections.abc import Awaitable, Callable, Collection, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -956,12 +956,14 @@ def run_on(
     target: Target,
     server_kind: str,
     args: argparse.Namespace,
-    only: Collection[str] | None = None,
+    only: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """Measure on a server that is already there; ``only``: these contenders, if given."""
+    """Measure on a server that is already there; ``only``: these contenders, if given,
+    in this order (each round runs them in it, or reversed)."""
     contenders, skipped = lineup(args.latency_ms)
     if only is not None:
-        contenders = [c for c in contenders if c.name in only]
+        by_name = {c.name: c for c in contenders}
+        contenders = [by_name[name] for name in only if name in by_name]
     for name, reason in skipped:
         print(f"skipped {name}: {reason}", file=sys.stderr)
     started = time.perf_counter()

@@ -3,8 +3,9 @@
 A scenario is a function ``run(ctx) -> list[Row]`` registered with :func:`scenario`.
 Every :class:`Row` is a RATIO of two costs measured in the same run (pgsolo's ÷ the
 other's, so below 1 means pgsolo is cheaper), the median over rounds with the lowest
-and highest round, an optional goal from the issue, and the absolute numbers behind it
-as text (``detail``) and as data (``data``, for the JSON file).
+and highest round (or, for a row of many short rounds, the quartiles), an optional goal
+from the issue, and the absolute numbers behind it as text (``detail``) and as data
+(``data``, for the JSON file).
 
 A scenario that needs a feature this build may not have passes ``requires=``: a
 function that returns ``None`` when the scenario can run, or the reason it cannot,
@@ -41,17 +42,25 @@ class Goal:
 
 @dataclass(frozen=True)
 class Ratio:
-    """The median of per-round ratios, with the lowest and the highest."""
+    """The median of per-round ratios, with the lowest and the highest (``spread``
+    "min-max"), or with the quartiles ("quartiles": a row of many short rounds, whose
+    extremes say only how rough the host was at its two worst moments)."""
 
     median: float
     low: float
     high: float
+    spread: Literal["min-max", "quartiles"] = "min-max"
 
     @classmethod
-    def paired(cls, ours: Sequence[float], theirs: Sequence[float]) -> Ratio:
+    def paired(
+        cls, ours: Sequence[float], theirs: Sequence[float], *, quartiles: bool = False
+    ) -> Ratio:
         """Round by round ``ours[i] / theirs[i]``: both ran in the same round, seconds
         apart, so drift of the machine between rounds cancels out of each ratio."""
         ratios = [a / b for a, b in zip(ours, theirs, strict=True)]
+        if quartiles and len(ratios) >= 4:
+            q1, median, q3 = statistics.quantiles(ratios, n=4)
+            return cls(median, q1, q3, "quartiles")
         return cls(statistics.median(ratios), min(ratios), max(ratios))
 
     @classmethod
@@ -87,6 +96,7 @@ class Row:
             "ratio": None if self.ratio is None else round(self.ratio.median, 4),
             "ratio_low": None if self.ratio is None else round(self.ratio.low, 4),
             "ratio_high": None if self.ratio is None else round(self.ratio.high, 4),
+            "ratio_spread": None if self.ratio is None else self.ratio.spread,
             "goal": None if self.goal is None else str(self.goal),
             "verdict": self.verdict,
             "detail": self.detail,

@@ -56,16 +56,37 @@ PAIRS: list[tuple[str, str, Goal | None, Goal | None, str]] = [
 ]
 
 
+# Over the local socket a round of some 25 contenders takes seconds, and the host's speed
+# moves within them: the two sides of a ratio, a second apart, differed by up to 1.5x in a
+# round. So there the rounds are many and short, and the sides of each pair with a goal
+# run next to each other (a round runs the contenders in this order, the next reversed).
+DIRECT_ROUNDS_PER_ROUND = 8  # 40 rounds where the suite's other rows take 5
+DIRECT_OPS = 100
+
+
+def _adjacent_order() -> list[str]:
+    """Every contender of :data:`PAIRS`, each pgsolo contender with a direct-socket goal
+    between the (at most two) others it is divided by there."""
+    partners: dict[str, list[str]] = {}
+    for ours, theirs, _, direct_goal, _ in PAIRS:
+        if direct_goal is not None:
+            partners.setdefault(ours, []).append(theirs)
+    order: list[str] = []
+    for ours, others in partners.items():
+        assert len(others) <= 2, f"{ours} has a side for two others only"
+        order += [others[0], ours, *others[1:]]
+    return list(dict.fromkeys(order + [name for pair in PAIRS for name in pair[:2]]))
+
+
 def _measure(ctx: Context, latency_ms: float | None) -> dict[str, dict[str, Any]]:
-    names = {name for pair in PAIRS for name in pair[:2]}
     if latency_ms is None:
-        iterations = ctx.size(200, 20)
+        iterations = ctx.size(DIRECT_OPS, 20)
+        rounds = ctx.rounds * DIRECT_ROUNDS_PER_ROUND
     else:
         iterations = ctx.size(bench_locks.DEFAULT_LATENCY_ITERATIONS, 3)
-    args = argparse.Namespace(
-        dsn=None, latency_ms=latency_ms, iterations=iterations, rounds=ctx.rounds
-    )
-    result = bench_locks.run_on(ctx.target, ctx.server_kind, args, only=names)
+        rounds = ctx.rounds
+    args = argparse.Namespace(dsn=None, latency_ms=latency_ms, iterations=iterations, rounds=rounds)
+    result = bench_locks.run_on(ctx.target, ctx.server_kind, args, only=_adjacent_order())
     return {r["contender"]: r for r in result["results"]}
 
 
@@ -84,7 +105,7 @@ def _rows(measured: dict[str, dict[str, Any]], mode: str, *, direct: bool) -> li
             Row(
                 scenario=item,
                 title=f"{ours} ÷ {theirs}, {mode}",
-                ratio=Ratio.paired(a["round_medians_us"], b["round_medians_us"]),
+                ratio=Ratio.paired(a["round_medians_us"], b["round_medians_us"], quartiles=direct),
                 goal=direct_goal if direct else proxied_goal,
                 detail=rt + f"{_fmt_us(a['median_us'])} vs {_fmt_us(b['median_us'])} per op",
                 data={"ours": a, "theirs": b},
