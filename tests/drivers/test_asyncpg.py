@@ -18,7 +18,7 @@ import pytest
 
 import pgsolo
 from _drivers import asyncpg_options
-from _support import WORK, aeventually, unique_name
+from _support import WORK, aeventually, terminate, unique_name
 from pgsolo import (
     Key,
     LockLostError,
@@ -30,6 +30,7 @@ from pgsolo import (
     sql,
 )
 from pgsolo.drivers import TxStatus, adapt
+from pgsolo.drivers import _asyncpg_private as private
 
 asyncpg = pytest.importorskip("asyncpg")
 
@@ -624,3 +625,26 @@ async def test_session_lock_through_transaction_pooling_is_refused(bouncer: Any,
             assert lock.acquired
     finally:
         await conn.close()
+
+
+@pytest.mark.parametrize("lifetime", ["xact", "session"])
+async def test_a_lock_in_the_turn_after_the_server_ended_the_connection_finds_it_closed(
+    apg: Any, observer: Any, key: Key, lifetime: str
+) -> None:
+    """Guards the turn of the event loop between the server's end reaching the socket and
+    asyncpg taking it in, when asyncpg's protocol, busy with the server's last message,
+    refuses a statement as an internal error ("cannot switch to state 18; another
+    operation is in progress"). A lock's message sent in that turn (in the caller's own
+    task, as pgsolo sends them) failed so, and a Locker took it for the statement's own
+    failure and lent the dead connection again. It is a closed connection."""
+    conn = await apg()
+    terminate(observer, conn.get_server_pid())
+    async with asyncio.timeout(5):
+        while not private.transport_closing(conn):  # noqa: ASYNC110 - a turn at a time
+            await asyncio.sleep(0)  # is the point: no turn may pass once the socket ended
+    assert not conn.is_closed()  # the turn this guards: asyncpg has not heard yet
+    lock = pgsolo.xact_lock(conn, key) if lifetime == "xact" else pgsolo.session_lock(conn, key)
+    with pytest.raises(pgsolo.DatabaseUnavailableError, match="nothing is held"):
+        async with lock:
+            raise AssertionError("locked on a connection the server ended")
+    assert conn.is_closed()

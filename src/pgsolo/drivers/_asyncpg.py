@@ -45,14 +45,16 @@ so the next one can take those keys again. Waits bound themselves with a ``lock_
 for their transaction only, which ``RESET ALL`` cannot undo.
 
 **Cancellation.** A cancelled task never reaches asyncpg's COPY-out exchange, or a
-message that may wait for a lock: those run shielded. asyncpg's COPY-out can set a result
+message that may wait for a lock: those run shielded, in the caller's own task
+(:mod:`pgsolo.drivers._in_place`), which a cancellation reaches only once the exchange
+ended. asyncpg's COPY-out can set a result
 on the waiter a cancellation had just cancelled, and close the connection (a Ctrl-C under
 ``asyncio.run`` did so in about one interruption in fifty); and asyncpg asks the server
 once to cancel a statement, which a wait could miss. pgsolo asks the server to cancel the
 statement instead, again until the exchange ends, and its recovery then asks the server
 whether the lock was granted meanwhile and releases it if so. Any other message (a try,
-an unlock) ends on the server in any case, and is asyncpg's plain ``execute()``, whose
-own cancellation is safe there and costs no task per round trip.
+an unlock) ends on the server in any case, and is asyncpg's own round trip (the run of
+a prepared statement, or ``execute()``), whose own cancellation is safe there.
 
 **No keeper.** asyncpg refuses a second operation on a connection while one runs
 (``InterfaceError: another operation is in progress``) instead of queueing it: a
@@ -70,8 +72,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import weakref
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, ClassVar, TypeVar
 
 import asyncpg
@@ -94,6 +97,7 @@ from . import (
     prepared,
 )
 from . import _asyncpg_private as private
+from ._in_place import awaited_in_place
 from .conninfo import scrub_secrets
 from .deadlines import host_port
 
@@ -254,12 +258,12 @@ class AsyncpgDriver:
     ) -> object:
         # One simple-query message (module docstring). A lock call alone (a session lock's
         # try or unlock) is asyncpg's own round trip (_lock_call). Anything else runs
-        # shielded in a task of its own (_shielded): it may begin or end a transaction, and
-        # asyncpg's own cancellation hands the cancellation on before the server answered,
-        # while asyncpg still reports the transaction as it was (a Ctrl-C left run_once's
-        # open, once in a thousand interruptions); it may wait for a lock, and asyncpg asks
-        # the server once to cancel it; it may read a COPY, whose waiter asyncpg's protocol
-        # can break.
+        # shielded from the caller's cancellation (_shielded): it may begin or end a
+        # transaction, and asyncpg's own cancellation hands the cancellation on before the
+        # server answered, while asyncpg still reports the transaction as it was (a Ctrl-C
+        # left run_once's open, once in a thousand interruptions); it may wait for a lock,
+        # and asyncpg asks the server once to cancel it; it may read a COPY, whose waiter
+        # asyncpg's protocol can break.
         call = statements[0] if edge is None and not wait and len(statements) == 1 else None
         try:
             if type(call) is sql.LockCall:
@@ -274,6 +278,15 @@ class AsyncpgDriver:
         except asyncio.CancelledError:
             await self._find_out_if_aborted()
             raise
+        except (asyncpg.InterfaceError, asyncpg.InternalClientError) as exc:
+            if not private.transport_closing(self._conn):
+                raise
+            # The server's end arrived, and asyncpg takes it in a turn of the loop later:
+            # meanwhile its protocol, busy with the server's last message, refuses the
+            # statement as an internal error. It is a closed connection, as asyncpg says
+            # once it took the end in (then is_closed() is true: a Locker throws it away).
+            await asyncio.sleep(0)
+            raise asyncpg.ConnectionDoesNotExistError("the server closed the connection") from exc
         except asyncpg.PostgresError as exc:
             if type(call) is sql.LockCall and self._checkout.forgets(exc):
                 return await self.fetch_value(statements, wait, edge)
@@ -480,19 +493,16 @@ async def _call_as_written(conn: Any, call: sql.LockCall) -> Rows:
     return [(sql.TRUTH_BY_COUNT[int(tag.rpartition(" ")[2])],)]
 
 
-async def _shielded(conn: Any, exchange: Awaitable[T]) -> T:
-    """``exchange``, run shielded in a task of its own: a cancellation that reached
-    asyncpg's COPY-out waiter can make its protocol set a result on the waiter it had just
-    cancelled, and close the connection; and asyncpg asks the server once to cancel a
-    statement, where a request that arrives between two statements of a message is
-    ignored and a wait would go on. If the caller is cancelled, :func:`_settle` cancels
-    the statement on the server and lets the exchange end first."""
-    block = asyncio.ensure_future(exchange)
-    try:
-        return await asyncio.shield(block)
-    except asyncio.CancelledError:
-        await _settle(conn, block)
-        raise
+def _shielded(conn: Any, exchange: Coroutine[Any, Any, T]) -> Awaitable[T]:
+    """``exchange``, out of reach of the caller's cancellation, in the caller's own task
+    (:mod:`._in_place`: a task of its own per round trip cost more than the rest of an
+    asyncpg transaction lock's Python): a cancellation that reached asyncpg's COPY-out
+    waiter can make its protocol set a result on the waiter it had just cancelled, and
+    close the connection; and asyncpg asks the server once to cancel a statement, where a
+    request that arrives between two statements of a message is ignored and a wait would
+    go on. If the caller is cancelled, :func:`_settle` cancels the statement on the
+    server and lets the exchange end first."""
+    return awaited_in_place(exchange, functools.partial(_settle, conn))
 
 
 async def _settle(conn: Any, block: asyncio.Future[Any]) -> None:

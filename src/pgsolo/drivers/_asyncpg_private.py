@@ -33,6 +33,9 @@ release is checked against this module before the upper bound moves.
   unlock 4 µs less.
 - :func:`cancel_statement`: asyncpg's own cancel request, with a future that says when it
   was delivered (the public way, ``asyncio`` cancellation, may close the connection).
+- :func:`transport_closing`: whether the socket has ended before asyncpg's protocol heard
+  of it (a turn of the loop later), when a statement sent meanwhile fails as an internal
+  error instead of a closed connection.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ __all__ = [
     "queries_sent",
     "ready_run",
     "releases",
+    "transport_closing",
 ]
 
 
@@ -88,6 +92,14 @@ def queries_sent(conn: Any) -> int:
 
 # A getter written in C, not a function: every lock asks it a few times.
 releases: Callable[[Any], int] = operator.attrgetter("_pool_release_ctr")
+
+
+def transport_closing(conn: Any) -> bool:
+    """Whether the connection's socket has ended (the server closed it, say) though asyncpg
+    has yet to learn it: its protocol hears of the end a turn of the loop later, and until
+    then ``is_closed()`` says False."""
+    transport = conn._transport
+    return transport is None or bool(transport.is_closing())
 
 
 def connection_behind(proxy: Any) -> Any:
