@@ -57,9 +57,9 @@ def awaited_in_place(
             else:
                 yield from stand_in
         except asyncio.CancelledError:
-            if stand_in is not None:
+            if waited is not None:
                 waited.remove_done_callback(wake)
-            go_on = _go_on(step, waited if stand_in is not None else None)
+            go_on = _go_on(step, waited)
             go_on.send(None)  # primed: see _go_on
             block: asyncio.Future[T] = asyncio.ensure_future(go_on)
             yield from on_cancel(block).__await__()
