@@ -8,9 +8,9 @@ and the driver under it, on first use (PEP 562), so that ``import pgsolo`` and a
 such as ``pgsolo key`` load no database driver and only what they use.
 """
 
-from importlib import import_module
 from typing import TYPE_CHECKING
 
+from ._lazy import on_first_use
 from ._types import OnceOutcome, Outcome
 from .errors import (
     ConnectionStateError,
@@ -265,14 +265,5 @@ _ON_FIRST_USE = {
 }
 
 
-def __getattr__(name: str) -> object:
-    module = _ON_FIRST_USE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(module, __name__), name)
-    globals()[name] = value  # once: the next access does not come here
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+if not TYPE_CHECKING:  # a type checker sees the imports above, and no name besides
+    __getattr__, __dir__ = on_first_use(globals(), _ON_FIRST_USE)

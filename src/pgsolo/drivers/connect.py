@@ -12,12 +12,15 @@ a failed connect says, are :mod:`pgsolo.drivers.conninfo`'s.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from ._async.connect import aopen_connection
-from ._sync.connect import open_connection
+from .._lazy import on_first_use
+
+if TYPE_CHECKING:  # the same names as _ON_FIRST_USE, for type checkers
+    from ._async.connect import aopen_connection
+    from ._sync.connect import open_connection
 
 __all__ = ["aopen_connection", "connect_psycopg", "open_connection"]
 
@@ -27,3 +30,10 @@ def connect_psycopg(dsn: str, **options: Any) -> psycopg.Connection[Any]:
     settings, no deadline): what the caller asked for, and psycopg's error when the server
     cannot be reached (:func:`~pgsolo.drivers.is_unavailable` says so)."""
     return psycopg.Connection.connect(dsn, **options)
+
+
+# On first use (pgsolo._lazy says why): a sync command loads no async connection's modules.
+_ON_FIRST_USE = {"aopen_connection": "._async.connect", "open_connection": "._sync.connect"}
+
+if not TYPE_CHECKING:  # a type checker sees the imports above, and no name besides
+    __getattr__, __dir__ = on_first_use(globals(), _ON_FIRST_USE)
