@@ -19,15 +19,7 @@ if TYPE_CHECKING:  # the same names as _ON_FIRST_USE, for type checkers
     from ._async.run import run_job_async
     from ._sync.run import run_job
     from .decorator import singleton
-    from .definition import (
-        Job,
-        JobCompleted,
-        JobFailed,
-        JobLost,
-        JobOptions,
-        JobResult,
-        JobSkipped,
-    )
+    from .definition import Job, JobCompleted, JobFailed, JobLost, JobOptions, JobResult, JobSkipped
     from .record import history
 
 __all__ = [
