@@ -3,7 +3,7 @@
 Importing any module of a package runs its ``__init__`` first, so a package that imports
 everything it re-exports makes each of its modules cost what all of them cost: ``pgsolo
 run`` took a sync session lock and loaded the async lock, both Lockers, every leader and
-campaign with it (108 modules of pgsolo's, 25 of them unused), and a cron job pays that
+campaign with it (108 modules of pgsolo's, where it needs 81), and a cron job pays that
 on every run. A package that re-exports through :func:`on_first_use` loads a module
 when one of its names is first asked for (``from pgsolo.locking import Locker`` as
 before), and a type checker still sees the names, imported ``if TYPE_CHECKING:``
