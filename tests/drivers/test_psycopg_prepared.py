@@ -1,4 +1,5 @@
-"""A session lock's try and unlock prepared once per session on psycopg 3
+"""A session lock's try and unlock, and a transaction lock's wait (run by ``EXECUTE``
+after the BEGIN in its message), prepared once per session on psycopg 3
 (:mod:`pgsolo.drivers.prepared`), as psycopg prepares its caller's statements: once a call
 ran ``prepare_threshold`` times on a connection, and never with ``prepare_threshold=None``
 or inside a transaction. Guards the ways the server's statements and pgsolo's books of
@@ -9,6 +10,8 @@ session throughout."""
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 import psycopg
@@ -125,3 +128,138 @@ async def test_an_async_session_locks_calls_are_prepared_and_survive_a_discard(
         async with pgsolo.session_lock(conn, key) as lock:
             assert lock.acquired
         assert await (await conn.execute(PGSOLOS, prepare=False)).fetchall() == PREPARED_PAIR
+
+
+# A transaction lock's wait on a pair key, as prepared: its runs by name are counted by
+# the server (each EXECUTE is a plan, custom or generic).
+WAIT_RUNS = (
+    "SELECT generic_plans + custom_plans FROM pg_prepared_statements WHERE name LIKE 'pgsolo%'"
+    " AND statement LIKE '%pg_advisory_xact_lock($1::integer, $2::integer)%'"
+)
+CALLERS_LOCK_TIMEOUT = ("4321ms",)
+
+
+def _wait_runs(conn: psycopg.Connection) -> int | None:
+    row = conn.execute(WAIT_RUNS, prepare=False).fetchone()
+    return None if row is None else int(row[0])
+
+
+def _wait_and_commit(
+    conn: psycopg.Connection, other: psycopg.Connection, observer: Any, key: Key
+) -> None:
+    """A transaction lock that waits, held by ``conn`` alone, with the connection's own
+    lock_timeout for the block's statements, and gone with the block."""
+    with pgsolo.xact_lock(conn, key, wait=5) as lock:
+        assert lock.acquired
+        assert observer.holders(key) == {conn.info.backend_pid}
+        with pgsolo.xact_lock(other, key) as busy:
+            assert not busy.acquired
+        assert conn.execute("SHOW lock_timeout", prepare=False).fetchone() == CALLERS_LOCK_TIMEOUT
+    assert observer.holders(key) == set()
+    assert conn.info.transaction_status is psycopg.pq.TransactionStatus.IDLE
+
+
+@pytest.mark.parametrize("threshold", [0, 1, 5])
+def test_a_transaction_locks_wait_runs_by_name_after_the_connections_threshold(
+    connect: Connect, observer: Any, key: Key, threshold: int
+) -> None:
+    conn, other = connect(), connect()
+    conn.prepare_threshold = threshold
+    conn.execute(f"SET lock_timeout = '{CALLERS_LOCK_TIMEOUT[0]}'", prepare=False)
+    for _ in range(threshold):
+        _wait_and_commit(conn, other, observer, key)
+    assert _wait_runs(conn) is None  # as written so far
+    for runs in range(1, 4):
+        _wait_and_commit(conn, other, observer, key)
+        assert _wait_runs(conn) == runs  # each by name: EXECUTE after the BEGIN
+
+
+def test_a_wait_by_name_waits_for_the_holder_and_times_out_with_nothing_held(
+    connect: Connect, observer: Any, key: Key
+) -> None:
+    conn, holder = connect(), connect()
+    conn.prepare_threshold = 0
+    conn.execute(f"SET lock_timeout = '{CALLERS_LOCK_TIMEOUT[0]}'", prepare=False)
+    holder.execute("SELECT pg_advisory_lock(%s, %s)", key.value, prepare=False)
+    with pytest.raises(pgsolo.LockTimeoutError), pgsolo.xact_lock(conn, key, wait=0.2):
+        pytest.fail("the block ran without the lock")
+    assert observer.holders(key) == {holder.info.backend_pid}
+    assert conn.info.transaction_status is psycopg.pq.TransactionStatus.IDLE
+    assert conn.execute("SHOW lock_timeout", prepare=False).fetchone() == CALLERS_LOCK_TIMEOUT
+    runs = _wait_runs(conn)
+    assert runs is not None  # the slice that ran out was the prepared one
+    assert runs >= 1
+
+    def let_go_soon() -> None:
+        time.sleep(0.3)
+        holder.execute("SELECT pg_advisory_unlock(%s, %s)", key.value, prepare=False)
+
+    releasing = threading.Thread(target=let_go_soon)
+    releasing.start()
+    try:
+        with pgsolo.xact_lock(conn, key, wait=10) as lock:
+            assert lock.acquired
+            assert observer.holders(key) == {conn.info.backend_pid}
+    finally:
+        releasing.join()
+    assert _wait_runs(conn) == runs + 1
+    assert observer.holders(key) == set()
+
+
+@pytest.mark.parametrize("drop", ["DEALLOCATE ALL", "DISCARD ALL"])
+def test_a_caller_dropping_every_statement_loses_no_wait(
+    connect: Connect, observer: Any, key: Key, drop: str
+) -> None:
+    conn, other = connect(), connect()
+    conn.prepare_threshold = 0
+    conn.execute(f"SET lock_timeout = '{CALLERS_LOCK_TIMEOUT[0]}'", prepare=False)
+    _wait_and_commit(conn, other, observer, key)
+    assert _wait_runs(conn) == 1
+    conn.execute(drop, prepare=False)
+    conn.execute(f"SET lock_timeout = '{CALLERS_LOCK_TIMEOUT[0]}'", prepare=False)
+    # The EXECUTE finds its statement gone: the transaction its BEGIN opened is rolled
+    # back, and the wait sent as written.
+    _wait_and_commit(conn, other, observer, key)
+    assert _wait_runs(conn) is None
+    _wait_and_commit(conn, other, observer, key)  # prepared again
+    assert _wait_runs(conn) == 1
+
+
+def test_no_wait_runs_by_name_where_the_caller_wants_none_or_in_a_transaction(
+    connect: Connect, observer: Any, key: Key
+) -> None:
+    unprepared, other = connect(), connect()
+    unprepared.prepare_threshold = None  # as behind a transaction-pooling proxy
+    unprepared.execute(f"SET lock_timeout = '{CALLERS_LOCK_TIMEOUT[0]}'", prepare=False)
+    in_transaction = connect()
+    in_transaction.prepare_threshold = 0
+    for _ in range(8):
+        _wait_and_commit(unprepared, other, observer, key)
+        # The lock is the caller's transaction's.
+        with in_transaction.transaction(), pgsolo.xact_lock(in_transaction, key, wait=5) as lock:
+            assert lock.acquired
+    assert _wait_runs(unprepared) is None
+    assert _wait_runs(in_transaction) is None
+
+
+async def test_an_async_transaction_locks_wait_runs_by_name_and_survives_a_deallocate(
+    dsn: str, observer: Any, key: Key
+) -> None:
+    async with (
+        await psycopg.AsyncConnection.connect(dsn, autocommit=True, prepare_threshold=0) as conn,
+        await psycopg.AsyncConnection.connect(dsn, autocommit=True) as other,
+    ):
+        runs_seen = []
+        for drop in ("", "", "DEALLOCATE ALL", ""):
+            if drop:
+                await conn.execute(drop, prepare=False)
+            async with pgsolo.xact_lock(conn, key, wait=5) as lock:
+                assert lock.acquired
+                assert observer.holders(key) == {conn.info.backend_pid}
+                async with pgsolo.xact_lock(other, key) as busy:
+                    assert not busy.acquired
+            assert observer.holders(key) == set()
+            row = await (await conn.execute(WAIT_RUNS, prepare=False)).fetchone()
+            runs_seen.append(None if row is None else int(row[0]))
+        # By name twice; after the drop, as written; then prepared again.
+        assert runs_seen == [1, 2, None, 1]

@@ -75,6 +75,7 @@ _CANCEL_TIMEOUT = 5.0
 _OK = pq.ConnStatus.OK
 _PIPELINE_OFF = pq.PipelineStatus.OFF
 _IDLE = pq.TransactionStatus.IDLE
+_INERROR = pq.TransactionStatus.INERROR
 _ACTIVE = pq.TransactionStatus.ACTIVE
 _TUPLES_OK = pq.ExecStatus.TUPLES_OK
 _COMMAND_OK = pq.ExecStatus.COMMAND_OK
@@ -437,9 +438,11 @@ def row_value(
 
 
 def preparable(
-    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], call: sql.LockCall
+    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
+    call: sql.LockCall | sql.WaitCall,
 ) -> sql.Prepared | None:
-    """The prepared form of ``call``, a message's one statement, sent directly with no
+    """The prepared form of ``call``, a message's one statement (a transaction lock's
+    wait: its last, after the BEGIN that opens the transaction), sent directly with no
     transaction open (:mod:`pgsolo.drivers.prepared`); None to send it as written. A caller
     who set ``prepare_threshold=None`` (a transaction-pooling proxy in the way, which
     psycopg's documentation prescribes it for) gets no prepared statement of pgsolo's."""
@@ -475,6 +478,47 @@ def by_name(
         results = yield functools.partial(pgconn.send_query_prepared, form.name, params)
         if not dropped(conn, results):
             return results
+    return (yield functools.partial(pgconn.send_query, message(statements)))
+
+
+def executing(
+    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
+    wait: sql.WaitCall,
+    statements: Sequence[str],
+    how: prepared.How,
+) -> Sending:
+    """:func:`by_name` for a message whose last statement is a transaction lock's wait
+    (``wait``), which runs by name as an ``EXECUTE`` in the message, after the BEGIN that
+    opens its transaction. Prepared first, in a message of its own before that BEGIN, once
+    it ran as many times as the connection's ``prepare_threshold``. The common case, a run
+    by name of a statement the session has, the caller sends itself, then asks
+    :func:`dropped`, and sends :func:`executed_again` if it was."""
+    pgconn = conn.pgconn
+    if how is prepared.PREPARE:
+        form = wait.prepared
+        results = yield functools.partial(pgconn.send_prepare, form.name, form.template)
+        how, _ = prepared.made(conn, form.name, failure_of(results))
+    if how is prepared.BY_NAME:
+        results = yield functools.partial(pgconn.send_query, executed(statements, wait))
+        if not dropped(conn, results):
+            return results
+    return (yield from executed_again(conn, statements))
+
+
+def executed(statements: Sequence[str], wait: sql.WaitCall) -> bytes:
+    """The message of ``statements``, whose last is ``wait``, with the wait run by name."""
+    return message([*statements[:-1], wait.executed])
+
+
+def executed_again(
+    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], statements: Sequence[str]
+) -> Sending:
+    """After the ``EXECUTE`` of a wait found its statement gone (:func:`dropped`: the
+    caller dropped every prepared statement of the session): the transaction the message's
+    BEGIN opened is rolled back, and the message sent as written."""
+    pgconn = conn.pgconn
+    if pgconn.transaction_status == _INERROR:
+        yield functools.partial(pgconn.send_query, message([sql.ROLLBACK]))
     return (yield functools.partial(pgconn.send_query, message(statements)))
 
 

@@ -17,13 +17,16 @@ from psycopg import generators, pq
 
 from .._acompat import aundisturbed
 from .._logging import drivers_logger as logger
-from ..sql import LockCall
+from ..sql import LockCall, WaitCall
 from . import prepared
 from ._psycopg import (
     Bound,
     Sending,
     by_name,
     dropped,
+    executed,
+    executed_again,
+    executing,
     finish_interrupted,
     first_value,
     message,
@@ -78,6 +81,21 @@ def round_trip(
                         results = conn.wait(generators.execute(pgconn))
                 else:
                     results = _sent(conn, by_name(conn, form, statements, how))
+                value = first_value(conn, results)
+            elif (
+                direct
+                and type(waiting := statements[-1]) is WaitCall
+                and (form := preparable(conn, waiting))
+            ):
+                how, _ = prepared.how(conn, form.name, conn.prepare_threshold or 0)
+                if how is prepared.BY_NAME:  # the common case: sent here (executing)
+                    pgconn = conn.pgconn
+                    pgconn.send_query(executed(statements, waiting))
+                    results = conn.wait(generators.execute(pgconn))
+                    if dropped(conn, results):  # then as written
+                        results = _sent(conn, executed_again(conn, statements))
+                else:
+                    results = _sent(conn, executing(conn, waiting, statements, how))
                 value = first_value(conn, results)
             elif direct:
                 conn.pgconn.send_query(message(statements))
@@ -159,6 +177,20 @@ async def around_trip(
                             results = await _adirect(conn, send)
                     else:
                         results = await _asent(conn, by_name(conn, form, statements, how))
+                    value = first_value(conn, results)
+                elif type(waiting := statements[-1]) is WaitCall and (
+                    form := preparable(conn, waiting)
+                ):
+                    how, _ = prepared.how(conn, form.name, conn.prepare_threshold or 0)
+                    if how is prepared.BY_NAME:  # the common case: sent here (executing)
+                        send = functools.partial(
+                            conn.pgconn.send_query, executed(statements, waiting)
+                        )
+                        results = await _adirect(conn, send)
+                        if dropped(conn, results):  # then as written
+                            results = await _asent(conn, executed_again(conn, statements))
+                    else:
+                        results = await _asent(conn, executing(conn, waiting, statements, how))
                     value = first_value(conn, results)
                 else:
                     send = functools.partial(conn.pgconn.send_query, message(statements))
