@@ -17,7 +17,8 @@ The statements come from :mod:`pgsolo.sql`, so they stay the ones pgsolo sends:
   rewrite, as pgsolo reads it there (:func:`pgsolo.sql.truth_by_count`);
 - a transaction lock's wait (``xact-wait``, psycopg 3 sync): ``BEGIN`` and one slice of
   the wait (:func:`pgsolo.sql.xact_wait`, which sets the slice's ``lock_timeout`` and puts
-  the connection's back) in one simple query, then ``COMMIT``.
+  the connection's back) in one simple query, the wait prepared on the connection and run
+  by ``EXECUTE`` (as pgsolo runs it after the driver's threshold), then ``COMMIT``.
 """
 
 from __future__ import annotations
@@ -42,13 +43,20 @@ def _prepared(call: str) -> sql.Prepared:
     return call.prepared
 
 
+def _prepared_wait(wait: str) -> sql.WaitCall:
+    if not isinstance(wait, sql.WaitCall):
+        raise TypeError(f"not a wait pgsolo prepares: {wait}")
+    return wait
+
+
 _KEY = as_key(KEY)
 _TRY = _prepared(sql.acquire(_KEY, "session", wait=False, shared=False))
 _UNLOCK = _prepared(sql.unlock(_KEY, shared=False))
 _XACT_TRY = sql.acquire(_KEY, "xact", wait=False, shared=False, refuse_standby=True)
 _XACT = f"BEGIN; {_XACT_TRY}".encode()
 _WAIT_SLICE_MS = 2000  # a first slice of a wait (pgsolo.locking.waits)
-_XACT_WAIT = f"BEGIN; {sql.xact_wait(_KEY, _WAIT_SLICE_MS, shared=False, fencing=False)}".encode()
+_WAIT = _prepared_wait(sql.xact_wait(_KEY, _WAIT_SLICE_MS, shared=False, fencing=False))
+_XACT_WAIT = f"BEGIN; {_WAIT.executed}".encode()
 
 
 def _granted(results: list[pq.abc.PGresult]) -> None:
@@ -66,7 +74,7 @@ class PsycopgFloor:
 
     def open(self, target: Target) -> None:
         self.conn = psycopg.connect(target.conninfo(), autocommit=True)
-        for call in (_TRY, _UNLOCK):
+        for call in (_TRY, _UNLOCK, _WAIT.prepared):
             self.conn.pgconn.prepare(call.name, call.template)
 
     def _send(self, send: Any, *args: Any) -> list[pq.abc.PGresult]:

@@ -15,9 +15,11 @@ by hand with a waiting lock (``BEGIN``; ``pg_advisory_xact_lock``; the work;
 
 Each also has its floor, as in ``paired.py`` (``benchmarks/floor.py``): pgsolo's own
 messages sent by hand through psycopg's lowest-cost path (libpq's message, read by
-psycopg's generator), with nothing of pgsolo's around them. For the job, the marker of its
-transaction with the lock, and the marker's check before the COMMIT. The statements come
-from :mod:`pgsolo.sql`, so they stay the ones pgsolo sends. Floor ÷ recipe is what the
+psycopg's generator), with nothing of pgsolo's around them: the wait prepared on the
+connection and run by ``EXECUTE`` after the BEGIN, as pgsolo runs it once it ran
+``prepare_threshold`` times. For the job, the marker of its transaction with the lock, and
+the marker's check before the COMMIT. The statements come from :mod:`pgsolo.sql`, so they
+stay the ones pgsolo sends. Floor ÷ recipe is what the
 messages, psycopg and the server cost under this contention; pgsolo ÷ floor is pgsolo's
 own Python, which 16 threads of one interpreter pay for together.
 """
@@ -108,6 +110,9 @@ _WAITS = [
     )
     for slot in range(KEYS + 1)
 ]
+# What pgsolo sends of each once the connection prepared it: one form for every slot.
+_EXECUTED = [wait.executed if isinstance(wait, sql.WaitCall) else wait for wait in _WAITS]
+_WAIT_FORMS = {wait.prepared for wait in _WAITS if isinstance(wait, sql.WaitCall)}
 
 
 def _send(conn: psycopg.Connection[Any], statements: list[str]) -> None:
@@ -119,7 +124,7 @@ def _send(conn: psycopg.Connection[Any], statements: list[str]) -> None:
 
 
 def _floor_xact_lock(conn: psycopg.Connection[Any], slot: int) -> str:
-    _send(conn, [sql.BEGIN, _WAITS[slot]])
+    _send(conn, [sql.BEGIN, _EXECUTED[slot]])
     try:
         _work(conn, slot)
     except OVERLAP_ERRORS:
@@ -131,7 +136,7 @@ def _floor_xact_lock(conn: psycopg.Connection[Any], slot: int) -> str:
 
 def _floor_run_job(conn: psycopg.Connection[Any], slot: int) -> str:
     marker = secrets.token_hex(8)
-    _send(conn, [sql.BEGIN, sql.mark_transaction(marker), _WAITS[slot]])
+    _send(conn, [sql.BEGIN, sql.mark_transaction(marker), _EXECUTED[slot]])
     try:
         _work(conn, slot)
     except OVERLAP_ERRORS:
@@ -171,6 +176,9 @@ def _worker(conninfo: str, design: str, seed: int, attempts: int, barrier: Any) 
     rng = random.Random(seed)
     outcomes: dict[str, int] = {}
     with psycopg.connect(conninfo, autocommit=True) as conn:
+        if design.startswith("floor"):
+            for form in _WAIT_FORMS:  # as pgsolo prepares it, after its first runs
+                conn.pgconn.prepare(form.name, form.template)
         # Connected and warm before the clock starts: one attempt on a key of its own,
         # not counted. The clock times acquisitions, not what a process or a connection
         # does once (pgsolo's first lock imports prometheus_client, and its first on a
