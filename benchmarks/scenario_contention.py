@@ -17,8 +17,8 @@ Each also has its floor, as in ``paired.py`` (``benchmarks/floor.py``): pgsolo's
 messages sent by hand through psycopg's lowest-cost path (libpq's message, read by
 psycopg's generator), with nothing of pgsolo's around them: the wait prepared on the
 connection and run by ``EXECUTE`` after the BEGIN, as pgsolo runs it once it ran
-``prepare_threshold`` times. For the job, the marker of its transaction with the lock, and
-the marker's check before the COMMIT. The statements come from :mod:`pgsolo.sql`, so they
+``prepare_threshold`` times. For the job, the wait marks its transaction too, and the
+marker is checked before the COMMIT. The statements come from :mod:`pgsolo.sql`, so they
 stay the ones pgsolo sends. Floor ÷ recipe is what the
 messages, psycopg and the server cost under this contention; pgsolo ÷ floor is pgsolo's
 own Python, which 16 threads of one interpreter pay for together.
@@ -104,15 +104,27 @@ def _with_recipe(conn: psycopg.Connection[Any], slot: int) -> str:
 
 _ANSWERED = (psycopg.pq.ExecStatus.TUPLES_OK, psycopg.pq.ExecStatus.COMMAND_OK)
 _WAIT_SLICE_MS = 2000  # the first slice of a wait of WAIT_S (pgsolo.locking.waits)
-_WAITS = [
-    sql.xact_wait(
-        as_key((NAMESPACE, FIRST_RESOURCE + slot)), _WAIT_SLICE_MS, shared=False, fencing=False
+_KEYS = [as_key((NAMESPACE, FIRST_RESOURCE + slot)) for slot in range(KEYS + 1)]
+
+
+def _executed(slot: int, marker: str | None = None) -> str:
+    """The wait of ``slot`` as pgsolo sends it once the connection prepared it (a job's
+    marks its transaction too)."""
+    wait = sql.xact_wait(_KEYS[slot], _WAIT_SLICE_MS, shared=False, fencing=False, marker=marker)
+    if not isinstance(wait, sql.WaitCall):
+        raise TypeError(f"not a wait pgsolo prepares: {wait}")
+    return wait.executed
+
+
+_EXECUTED = [_executed(slot) for slot in range(KEYS + 1)]
+# The forms a floor's connection prepares: one for every slot, and one for a job's.
+_WAIT_FORMS = [
+    wait.prepared
+    for marker in (None, "0" * 16)
+    if isinstance(
+        wait := sql.xact_wait(_KEYS[0], 1, shared=False, fencing=False, marker=marker), sql.WaitCall
     )
-    for slot in range(KEYS + 1)
 ]
-# What pgsolo sends of each once the connection prepared it: one form for every slot.
-_EXECUTED = [wait.executed if isinstance(wait, sql.WaitCall) else wait for wait in _WAITS]
-_WAIT_FORMS = {wait.prepared for wait in _WAITS if isinstance(wait, sql.WaitCall)}
 
 
 def _send(conn: psycopg.Connection[Any], statements: list[str]) -> None:
@@ -136,7 +148,7 @@ def _floor_xact_lock(conn: psycopg.Connection[Any], slot: int) -> str:
 
 def _floor_run_job(conn: psycopg.Connection[Any], slot: int) -> str:
     marker = secrets.token_hex(8)
-    _send(conn, [sql.BEGIN, sql.mark_transaction(marker), _EXECUTED[slot]])
+    _send(conn, [sql.BEGIN, _executed(slot, marker)])
     try:
         _work(conn, slot)
     except OVERLAP_ERRORS:

@@ -263,3 +263,32 @@ async def test_an_async_transaction_locks_wait_runs_by_name_and_survives_a_deall
             runs_seen.append(None if row is None else int(row[0]))
         # By name twice; after the drop, as written; then prepared again.
         assert runs_seen == [1, 2, None, 1]
+
+
+MARKED_WAIT_RUNS = (
+    "SELECT generic_plans + custom_plans FROM pg_prepared_statements WHERE name LIKE 'pgsolo%'"
+    " AND statement LIKE '%xact_lock_marker'', $4::text%'"
+)
+
+
+def test_a_jobs_wait_marks_its_transaction_and_runs_by_name(
+    connect: Connect, observer: Any, key: Key
+) -> None:
+    """A job's wait sets the marker its COMMIT checks in the same statement (one
+    statement less for the server), run by name once prepared: the marker is there for
+    the work, a fresh one each run, and the work commits."""
+    conn = connect()
+    conn.prepare_threshold = 1
+    markers = []
+
+    def work(c: psycopg.Connection) -> None:
+        assert observer.holders(key) == {c.info.backend_pid}
+        row = c.execute("SELECT current_setting('pgsolo.xact_lock_marker')", prepare=False)
+        markers.append(row.fetchone())
+
+    for _ in range(4):
+        assert pgsolo.run_job(conn, key, work, wait=5).completed
+    row = conn.execute(MARKED_WAIT_RUNS, prepare=False).fetchone()
+    assert row == (3,)  # the first as written, then prepared and by name
+    assert len({marker for marker in markers if marker and marker[0]}) == 4
+    assert observer.holders(key) == set()

@@ -29,14 +29,20 @@ from pgsolo.jobs import run_job
 
 
 @pytest.mark.parametrize("autocommit", [True, False])
+@pytest.mark.parametrize("taken", ["try", "wait", "wait-by-name"])
 def test_xact_work_that_commits_and_carries_on_in_a_new_transaction_is_rolled_back(
-    db: str, connect: Connect, observer: Any, autocommit: bool
+    db: str, connect: Connect, observer: Any, autocommit: bool, taken: str
 ) -> None:
     """After a COMMIT and a new transaction the connection looks busy again, but the
     lock is gone: pgsolo commits only if the lock is still held, in the same round trip
-    as the COMMIT, so the unprotected rest of the work is rolled back."""
+    as the COMMIT, so the unprotected rest of the work is rolled back. So too where the
+    wait marked the transaction itself, as written or run by name (psycopg's
+    ``prepare_threshold=0``: from the first)."""
     job = new_job()
     conn = connect(autocommit=autocommit)
+    wait = None if taken == "try" else 5.0
+    if taken == "wait-by-name":
+        conn.prepare_threshold = 0
 
     def fn(c: psycopg.Connection) -> str:
         insert_work(c, job, "before")
@@ -48,7 +54,7 @@ def test_xact_work_that_commits_and_carries_on_in_a_new_transaction_is_rolled_ba
         insert_work(c, job, "after")  # runs without the lock
         return "went on"
 
-    result = run_job(conn, job, fn, raise_errors=False)
+    result = run_job(conn, job, fn, raise_errors=False, wait=wait)
     assert result.outcome == "lost"
     assert isinstance(result.error, LockLostError)
     assert "no longer held" in str(result.error)
@@ -56,7 +62,7 @@ def test_xact_work_that_commits_and_carries_on_in_a_new_transaction_is_rolled_ba
     assert observer.holders(key_of(job)) == set()
     assert conn.info.transaction_status == IDLE
     # The connection and the key are usable again.
-    assert run_job(conn, job, lambda c: "again").completed
+    assert run_job(conn, job, lambda c: "again", wait=wait).completed
 
 
 @pytest.mark.parametrize("ending", ["COMMIT", "ROLLBACK"])

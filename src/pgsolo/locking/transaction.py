@@ -139,9 +139,12 @@ class XactLockCore(LockCore):
         try:
             for lock_timeout, last in slices:
                 opening = self._opening(status, owns=owns)
-                statements = placement.xact_acquisition(
-                    self.spec, lock_timeout, in_callers_transaction=joins
-                )
+                if opening and lock_timeout is not None:  # a job's marker, with its wait
+                    statements, opening = [self._marked_wait(lock_timeout)], []
+                else:
+                    statements = placement.xact_acquisition(
+                        self.spec, lock_timeout, in_callers_transaction=joins
+                    )
                 step = (
                     self._waiting(statements, lock_timeout)
                     if opening is None
@@ -212,6 +215,18 @@ class XactLockCore(LockCore):
                 " the lock as a context manager (it opens one), or use session_lock()."
             )
         return None
+
+    def _marked_wait(self, lock_timeout: int) -> str:
+        """A slice of a job's wait in the transaction pgsolo opened: the wait marks the
+        transaction itself, one statement less for the server to parse, plan and run."""
+        spec = self.spec
+        return sql.xact_wait(
+            spec.key,
+            lock_timeout,
+            shared=spec.shared,
+            fencing=spec.fencing,
+            marker=self.transaction_marker,
+        )
 
     def _abandon_own_transaction(self) -> Plan[None]:
         """Roll back the transaction pgsolo opened for a lock it did not get."""
@@ -414,6 +429,8 @@ class XactLockCore(LockCore):
             return [*opening, *placement.quick_try(driver, spec)], "begin", 0.0
         # A wait: its first slice here; if that runs out, the others are quick_failed's.
         lock_timeout, self.last_slice, self.deadline = waits.first_slice(spec.wait_ms)
+        if self.transaction_marker is not None:
+            return [self._marked_wait(lock_timeout)], "begin", lock_timeout / 1000
         acquisition = placement.quick_try(driver, spec, lock_timeout)
         return [*opening, *acquisition], "begin", lock_timeout / 1000
 

@@ -245,15 +245,19 @@ def acquire(
     return _lock_call(lock_function(lifetime, wait=False, shared=shared), key)
 
 
-def xact_wait(key: Key, lock_timeout_ms: int, *, shared: bool, fencing: bool) -> str:
+def xact_wait(
+    key: Key, lock_timeout_ms: int, *, shared: bool, fencing: bool, marker: str | None = None
+) -> str:
     """One slice of a transaction lock's wait, in one statement: on a server in recovery
-    NULL, with nothing taken or set; otherwise the connection's own ``lock_timeout`` saved
-    for the transaction, the slice's (``lock_timeout_ms``) set for it (``SET LOCAL``'s
-    function, which takes effect at once, for the wait in this same statement), the lock,
-    waited for, then the connection's own ``lock_timeout`` put back for the statements
-    that follow in the transaction, then true (with ``fencing``: the token). A slice that
-    runs out fails with SQLSTATE 55P03, and what it set goes with the transaction (or the
-    savepoint) it fails. Its value is the message's last, which every driver reads.
+    NULL, with nothing taken or set; otherwise (with ``marker``: the transaction marked as
+    :func:`mark_transaction` marks it, a job's, which then opens with one statement, not
+    two) the connection's own ``lock_timeout`` saved for the transaction, the slice's
+    (``lock_timeout_ms``) set for it (``SET LOCAL``'s function, which takes effect at once,
+    for the wait in this same statement), the lock, waited for, then the connection's own
+    ``lock_timeout`` put back for the statements that follow in the transaction, then true
+    (with ``fencing``: the token). A slice that runs out fails with SQLSTATE 55P03, and what
+    it set goes with the transaction (or the savepoint) it fails. Its value is the
+    message's last, which every driver reads.
 
     CASE tests its conditions in order, evaluates only the branch it takes, and reads
     ``pg_is_in_recovery()`` once, so a server promoted meanwhile cannot make it answer for
@@ -261,41 +265,63 @@ def xact_wait(key: Key, lock_timeout_ms: int, *, shared: bool, fencing: bool) ->
     cost the server a third of the wait's round trip to compile on every acquisition; and
     one statement, where a statement each to save and to set ``lock_timeout`` cost the
     server a parse, a plan and a portal each (docs/benchmarks.md)."""
-    before, after, form, execute = _xact_wait_around(key, shared=shared, fencing=fencing)
+    marked = marker is not None
+    before, after, form, execute = _xact_wait_around(
+        key, shared=shared, fencing=fencing, marked=marked
+    )
     milliseconds = _milliseconds(lock_timeout_ms)
     statement = f"{before}{milliseconds}{after}"
+    arguments = f"{execute}{milliseconds}ms'"
+    if marker is not None:
+        literal = _token_literal(marker)
+        statement = statement.replace(_MARKER_SLOT, literal, 1)
+        arguments = f"{arguments}, {literal}"
     if fencing:
         return statement
     wait = WaitCall(statement)
     wait.prepared = form
-    wait.executed = f"{execute}{milliseconds}ms')"
+    wait.executed = f"{arguments})"
     return wait
 
 
 class WaitCall(Truth):
     """A slice of a transaction lock's wait (:func:`xact_wait`), with the form a session
-    may prepare it in (:attr:`prepared`: the key and the slice's ``lock_timeout`` as
-    parameters) and the ``EXECUTE`` of that form that runs it (:attr:`executed`). The
-    wait goes in one message with the BEGIN it opens, so it is run by ``EXECUTE`` in
-    that message, not by a message of its own: the server then parses and plans it once
-    per session instead of once per acquisition, a fifth of the server's time for the
-    lock's round trips (docs/benchmarks.md)."""
+    may prepare it in (:attr:`prepared`: the key, the slice's ``lock_timeout`` and a job's
+    marker as parameters) and the ``EXECUTE`` of that form that runs it
+    (:attr:`executed`). The wait goes in one message with the BEGIN it opens, so it is run
+    by ``EXECUTE`` in that message, not by a message of its own: the server then parses
+    and plans it once per session instead of once per acquisition, a fifth of the server's
+    time for the lock's round trips (docs/benchmarks.md)."""
 
     prepared: Prepared
     executed: str
 
 
-# Built once per key and choice; only the slice's milliseconds go between the two halves.
+# Where a job's marker goes in the wait's text (never in pgsolo's SQL otherwise).
+_MARKER_SLOT = "\1"
+
+
+# Built once per key and choice; only the slice's milliseconds (and a job's marker) go
+# between the pieces.
 @functools.lru_cache(maxsize=1024)
-def _xact_wait_around(key: Key, *, shared: bool, fencing: bool) -> tuple[str, str, Prepared, str]:
-    statement = _xact_wait_statement(key.sql_args, "'\0ms'", shared=shared, fencing=fencing)
+def _xact_wait_around(
+    key: Key, *, shared: bool, fencing: bool, marked: bool
+) -> tuple[str, str, Prepared, str]:
+    marker = _MARKER_SLOT if marked else None
+    statement = _xact_wait_statement(key.sql_args, "'\0ms'", marker, shared=shared, fencing=fencing)
     before, after = statement.split("\0")
     parts = key.value if isinstance(key.value, tuple) else (key.value,)
-    # The key, then the slice's lock_timeout as set_config() takes it: text, with its unit.
-    arguments, lock_timeout = (
-        ("$1::integer, $2::integer", "$3::text") if len(parts) == 2 else ("$1::bigint", "$2::text")
+    # The key, then the slice's lock_timeout as set_config() takes it (text, with its
+    # unit), then a job's marker.
+    first = len(parts) + 1
+    arguments = "$1::integer, $2::integer" if len(parts) == 2 else "$1::bigint"
+    template = _xact_wait_statement(
+        arguments,
+        f"${first}::text",
+        f"${first + 1}::text" if marked else None,
+        shared=shared,
+        fencing=fencing,
     )
-    template = _xact_wait_statement(arguments, lock_timeout, shared=shared, fencing=fencing)
     digest = hashlib.blake2s(template.encode("ascii"), digest_size=8).hexdigest()
     form = Prepared(
         f"pgsolo_{digest}".encode("ascii"),
@@ -307,16 +333,23 @@ def _xact_wait_around(key: Key, *, shared: bool, fencing: bool) -> tuple[str, st
     return before, after, form, f"EXECUTE {form.name.decode('ascii')}({key.sql_args}, '"
 
 
-def _xact_wait_statement(arguments: str, lock_timeout: str, *, shared: bool, fencing: bool) -> str:
-    """The wait of :func:`xact_wait`, the key as ``arguments`` and its ``lock_timeout`` as
-    the SQL text given."""
+def _xact_wait_statement(
+    arguments: str, lock_timeout: str, marker: str | None, *, shared: bool, fencing: bool
+) -> str:
+    """The wait of :func:`xact_wait`, the key as ``arguments``, its ``lock_timeout`` and a
+    job's ``marker`` (None: none) as the SQL text given."""
     call = f"{lock_function('xact', wait=True, shared=shared)}({arguments})"
     granted = f"nextval('{FENCING_SEQUENCE}')" if fencing else "true"
     none = "NULL::bigint" if fencing else "NULL::boolean"  # typed: every branch is one type
+    marking = (
+        ""
+        if marker is None
+        else f" WHEN set_config('{XACT_MARKER_SETTING}', {marker}, true) IS NULL THEN {none}"
+    )
     # The lock function returns void and set_config text: neither is ever NULL, so each
     # test only makes it run, in its turn.
     return (
-        f"SELECT CASE WHEN {IN_RECOVERY} THEN {none}"
+        f"SELECT CASE WHEN {IN_RECOVERY} THEN {none}{marking}"
         f" WHEN {_SAVE_LOCK_TIMEOUT} IS NULL THEN {none}"
         f" WHEN set_config('lock_timeout', {lock_timeout}, true) IS NULL THEN {none}"
         f" WHEN {call} IS NULL THEN {none}"
