@@ -10,6 +10,7 @@ session throughout."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from typing import Any
@@ -24,10 +25,20 @@ from pgsolo import Key, sql
 # The test's own statements go unprepared: psycopg 3.2 prepares them (prepare_threshold=0)
 # and does not see a DEALLOCATE ALL drop them.
 PGSOLOS = "SELECT statement FROM pg_prepared_statements WHERE name LIKE 'pgsolo%' ORDER BY 1"
+CALLERS_LOCK_TIMEOUT = ("4321ms",)
 PREPARED_PAIR = [
     ("SELECT pg_advisory_unlock($1::integer, $2::integer)",),
     ("SELECT pg_try_advisory_lock($1::integer, $2::integer)",),
 ]
+
+
+def _pair(connect: Connect, threshold: int | None) -> tuple[psycopg.Connection, psycopg.Connection]:
+    """A connection that prepares after ``threshold`` runs, with a lock_timeout of its own
+    that no lock may change, and another to find its key busy."""
+    conn, other = connect(), connect()
+    conn.prepare_threshold = threshold
+    conn.execute(f"SET lock_timeout = '{CALLERS_LOCK_TIMEOUT[0]}'", prepare=False)
+    return conn, other
 
 
 def _lock_and_release(
@@ -136,7 +147,6 @@ WAIT_RUNS = (
     "SELECT generic_plans + custom_plans FROM pg_prepared_statements WHERE name LIKE 'pgsolo%'"
     " AND statement LIKE '%pg_advisory_xact_lock($1::integer, $2::integer)%'"
 )
-CALLERS_LOCK_TIMEOUT = ("4321ms",)
 
 
 def _wait_runs(conn: psycopg.Connection) -> int | None:
@@ -163,15 +173,13 @@ def _wait_and_commit(
 def test_a_transaction_locks_wait_runs_by_name_after_the_connections_threshold(
     connect: Connect, observer: Any, key: Key, threshold: int
 ) -> None:
-    conn, other = connect(), connect()
-    conn.prepare_threshold = threshold
-    conn.execute(f"SET lock_timeout = '{CALLERS_LOCK_TIMEOUT[0]}'", prepare=False)
-    for _ in range(threshold):
+    conn, other = _pair(connect, threshold)
+    runs_seen = []
+    for _ in range(threshold + 3):
         _wait_and_commit(conn, other, observer, key)
-    assert _wait_runs(conn) is None  # as written so far
-    for runs in range(1, 4):
-        _wait_and_commit(conn, other, observer, key)
-        assert _wait_runs(conn) == runs  # each by name: EXECUTE after the BEGIN
+        runs_seen.append(_wait_runs(conn))
+    # As written up to the threshold, then each by name: EXECUTE after the BEGIN.
+    assert runs_seen == [None] * threshold + [1, 2, 3]
 
 
 def test_a_wait_by_name_waits_for_the_holder_and_times_out_with_nothing_held(
@@ -210,9 +218,7 @@ def test_a_wait_by_name_waits_for_the_holder_and_times_out_with_nothing_held(
 def test_a_caller_dropping_every_statement_loses_no_wait(
     connect: Connect, observer: Any, key: Key, drop: str
 ) -> None:
-    conn, other = connect(), connect()
-    conn.prepare_threshold = 0
-    conn.execute(f"SET lock_timeout = '{CALLERS_LOCK_TIMEOUT[0]}'", prepare=False)
+    conn, other = _pair(connect, 0)
     _wait_and_commit(conn, other, observer, key)
     assert _wait_runs(conn) == 1
     conn.execute(drop, prepare=False)
@@ -245,10 +251,12 @@ def test_no_wait_runs_by_name_where_the_caller_wants_none_or_in_a_transaction(
 async def test_an_async_transaction_locks_wait_runs_by_name_and_survives_a_deallocate(
     dsn: str, observer: Any, key: Key
 ) -> None:
-    async with (
-        await psycopg.AsyncConnection.connect(dsn, autocommit=True, prepare_threshold=0) as conn,
-        await psycopg.AsyncConnection.connect(dsn, autocommit=True) as other,
-    ):
+    connections = [
+        await psycopg.AsyncConnection.connect(dsn, autocommit=True, prepare_threshold=threshold)
+        for threshold in (0, 5)
+    ]
+    async with contextlib.AsyncExitStack() as closing:
+        conn, other = [await closing.enter_async_context(c) for c in connections]
         runs_seen = []
         for drop in ("", "", "DEALLOCATE ALL", ""):
             if drop:

@@ -29,20 +29,14 @@ from pgsolo.jobs import run_job
 
 
 @pytest.mark.parametrize("autocommit", [True, False])
-@pytest.mark.parametrize("taken", ["try", "wait", "wait-by-name"])
 def test_xact_work_that_commits_and_carries_on_in_a_new_transaction_is_rolled_back(
-    db: str, connect: Connect, observer: Any, autocommit: bool, taken: str
+    db: str, connect: Connect, observer: Any, autocommit: bool
 ) -> None:
     """After a COMMIT and a new transaction the connection looks busy again, but the
     lock is gone: pgsolo commits only if the lock is still held, in the same round trip
-    as the COMMIT, so the unprotected rest of the work is rolled back. So too where the
-    wait marked the transaction itself, as written or run by name (psycopg's
-    ``prepare_threshold=0``: from the first)."""
+    as the COMMIT, so the unprotected rest of the work is rolled back."""
     job = new_job()
     conn = connect(autocommit=autocommit)
-    wait = None if taken == "try" else 5.0
-    if taken == "wait-by-name":
-        conn.prepare_threshold = 0
 
     def fn(c: psycopg.Connection) -> str:
         insert_work(c, job, "before")
@@ -54,7 +48,7 @@ def test_xact_work_that_commits_and_carries_on_in_a_new_transaction_is_rolled_ba
         insert_work(c, job, "after")  # runs without the lock
         return "went on"
 
-    result = run_job(conn, job, fn, raise_errors=False, wait=wait)
+    result = run_job(conn, job, fn, raise_errors=False)
     assert result.outcome == "lost"
     assert isinstance(result.error, LockLostError)
     assert "no longer held" in str(result.error)
@@ -62,7 +56,33 @@ def test_xact_work_that_commits_and_carries_on_in_a_new_transaction_is_rolled_ba
     assert observer.holders(key_of(job)) == set()
     assert conn.info.transaction_status == IDLE
     # The connection and the key are usable again.
-    assert run_job(conn, job, lambda c: "again", wait=wait).completed
+    assert run_job(conn, job, lambda c: "again").completed
+
+
+@pytest.mark.parametrize("prepare_threshold", [5, 0])
+def test_a_waiting_jobs_work_that_commits_and_carries_on_is_rolled_back(
+    db: str, connect: Connect, observer: Any, prepare_threshold: int
+) -> None:
+    """The same where the job waits, and its wait marks the transaction itself: as
+    written, and run by name (psycopg's ``prepare_threshold=0``: from the first)."""
+    job = new_job()
+    conn = connect()
+    conn.prepare_threshold = prepare_threshold
+
+    def fn(c: psycopg.Connection) -> str:
+        insert_work(c, job, "before")
+        c.execute("COMMIT")
+        c.execute("BEGIN")
+        insert_work(c, job, "after")  # runs without the lock
+        return "went on"
+
+    result = run_job(conn, job, fn, raise_errors=False, wait=5)
+    assert result.outcome == "lost"
+    assert result.reason == "work-ended-transaction"
+    assert work_rows(observer, job) == ["before"]  # "after" was not committed
+    assert observer.holders(key_of(job)) == set()
+    assert conn.info.transaction_status == IDLE
+    assert run_job(conn, job, lambda c: "again", wait=5).completed
 
 
 @pytest.mark.parametrize("ending", ["COMMIT", "ROLLBACK"])
