@@ -107,24 +107,19 @@ _WAIT_SLICE_MS = 2000  # the first slice of a wait of WAIT_S (pgsolo.locking.wai
 _KEYS = [as_key((NAMESPACE, FIRST_RESOURCE + slot)) for slot in range(KEYS + 1)]
 
 
-def _executed(slot: int, marker: str | None = None) -> str:
-    """The wait of ``slot`` as pgsolo sends it once the connection prepared it (a job's
-    marks its transaction too)."""
+def _wait(slot: int, marker: str | None = None) -> sql.WaitCall:
+    """The first slice of a wait on ``slot``'s key, as pgsolo builds it (a job's marks its
+    transaction too)."""
     wait = sql.xact_wait(_KEYS[slot], _WAIT_SLICE_MS, shared=False, fencing=False, marker=marker)
     if not isinstance(wait, sql.WaitCall):
         raise TypeError(f"not a wait pgsolo prepares: {wait}")
-    return wait.executed
+    return wait
 
 
-_EXECUTED = [_executed(slot) for slot in range(KEYS + 1)]
-# The forms a floor's connection prepares: one for every slot, and one for a job's.
-_WAIT_FORMS = [
-    wait.prepared
-    for marker in (None, "0" * 16)
-    if isinstance(
-        wait := sql.xact_wait(_KEYS[0], 1, shared=False, fencing=False, marker=marker), sql.WaitCall
-    )
-]
+# What pgsolo sends once the connection prepared the wait, and the forms a floor's
+# connection prepares: one for every slot, and one for a job's.
+_EXECUTED = [_wait(slot).executed for slot in range(KEYS + 1)]
+_WAIT_FORMS = [_wait(0, marker).prepared for marker in (None, "0" * 16)]
 
 
 def _send(conn: psycopg.Connection[Any], statements: list[str]) -> None:
@@ -148,7 +143,7 @@ def _floor_xact_lock(conn: psycopg.Connection[Any], slot: int) -> str:
 
 def _floor_run_job(conn: psycopg.Connection[Any], slot: int) -> str:
     marker = secrets.token_hex(8)
-    _send(conn, [sql.BEGIN, _executed(slot, marker)])
+    _send(conn, [sql.BEGIN, _wait(slot, marker).executed])
     try:
         _work(conn, slot)
     except OVERLAP_ERRORS:
