@@ -267,6 +267,31 @@ class PgsoloXact:
         self.conn.close()
 
 
+class PgsoloJob:
+    """``run_job`` of a job that does nothing, on an autocommit connection: its
+    transaction, its marker, its commit check, its log line and metrics."""
+
+    conn: psycopg.Connection[Any]
+
+    def __init__(self, *, wait: float | None = None) -> None:
+        self.wait = wait
+
+    def open(self, target: Target) -> None:
+        self.conn = psycopg.connect(target.conninfo(), autocommit=True)
+
+    def op(self) -> None:
+        result = pgsolo.run_job(self.conn, KEY, _nothing, name="bench-job", wait=self.wait)
+        if not result.completed:
+            raise NotAcquiredError(f"the job was {result.outcome}: {result.reason}")
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def _nothing(conn: psycopg.Connection[Any]) -> None:
+    """A job's work that does nothing: what is timed is the job around it."""
+
+
 class PgsoloSession:
     conn: psycopg.Connection[Any]
 

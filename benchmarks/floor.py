@@ -18,7 +18,10 @@ The statements come from :mod:`pgsolo.sql`, so they stay the ones pgsolo sends:
 - a transaction lock's wait (``xact-wait``, psycopg 3 sync): ``BEGIN`` and one slice of
   the wait (:func:`pgsolo.sql.xact_wait`, which sets the slice's ``lock_timeout`` and puts
   the connection's back) in one simple query, the wait prepared on the connection and run
-  by ``EXECUTE`` (as pgsolo runs it after the driver's threshold), then ``COMMIT``.
+  by ``EXECUTE`` (as pgsolo runs it after the driver's threshold), then ``COMMIT``;
+- a job (``job``, ``job-wait``, psycopg 3 sync): a transaction lock's messages, with the
+  job's marker set in the first (by its own statement before a try, inside the wait) and
+  checked in the COMMIT's (:func:`pgsolo.sql.same_transaction`).
 """
 
 from __future__ import annotations
@@ -57,11 +60,27 @@ _XACT = f"BEGIN; {_XACT_TRY}".encode()
 _WAIT_SLICE_MS = 2000  # a first slice of a wait (pgsolo.locking.waits)
 _WAIT = _prepared_wait(sql.xact_wait(_KEY, _WAIT_SLICE_MS, shared=False, fencing=False))
 _XACT_WAIT = f"BEGIN; {_WAIT.executed}".encode()
+_MARKER = "0123456789abcdef"  # a job's marker, fixed here: pgsolo's is fresh every run
+_JOB = f"BEGIN; {sql.mark_transaction(_MARKER)}; {_XACT_TRY}".encode()
+_JOB_WAIT_FORM = _prepared_wait(
+    sql.xact_wait(_KEY, _WAIT_SLICE_MS, shared=False, fencing=False, marker=_MARKER)
+)
+_JOB_WAIT = f"BEGIN; {_JOB_WAIT_FORM.executed}".encode()
+_JOB_COMMIT = "; ".join([*sql.same_transaction(_MARKER), sql.COMMIT]).encode()
 
 
 def _granted(results: list[pq.abc.PGresult]) -> None:
     if results[-1].get_value(0, 0) != b"t":
         raise NotAcquiredError("the lock was busy")
+
+
+# A transaction's two messages, by lifetime: the lock's, then the COMMIT's.
+_XACT_MESSAGES = {
+    "xact": (_XACT, b"COMMIT"),
+    "xact-wait": (_XACT_WAIT, b"COMMIT"),
+    "job": (_JOB, _JOB_COMMIT),
+    "job-wait": (_JOB_WAIT, _JOB_COMMIT),
+}
 
 
 class PsycopgFloor:
@@ -74,7 +93,7 @@ class PsycopgFloor:
 
     def open(self, target: Target) -> None:
         self.conn = psycopg.connect(target.conninfo(), autocommit=True)
-        for call in (_TRY, _UNLOCK, _WAIT.prepared):
+        for call in (_TRY, _UNLOCK, _WAIT.prepared, _JOB_WAIT_FORM.prepared):
             self.conn.pgconn.prepare(call.name, call.template)
 
     def _send(self, send: Any, *args: Any) -> list[pq.abc.PGresult]:
@@ -83,11 +102,10 @@ class PsycopgFloor:
 
     def op(self) -> None:
         pgconn = self.conn.pgconn
-        if self.lifetime in ("xact", "xact-wait"):
-            _granted(
-                self._send(pgconn.send_query, _XACT if self.lifetime == "xact" else _XACT_WAIT)
-            )
-            self._send(pgconn.send_query, b"COMMIT")
+        if self.lifetime in _XACT_MESSAGES:
+            lock, commit = _XACT_MESSAGES[self.lifetime]
+            _granted(self._send(pgconn.send_query, lock))
+            self._send(pgconn.send_query, commit)
             return
         _granted(self._send(pgconn.send_query_prepared, _TRY.name, list(_TRY.params)))
         self._send(pgconn.send_query_prepared, _UNLOCK.name, list(_UNLOCK.params))

@@ -33,6 +33,7 @@ from benchmarks.bench_locks import (
     AsyncpgRecipeXact,
     AsyncPsycopgRecipeSession,
     AsyncPsycopgRecipeXact,
+    PgsoloJob,
     PgsoloSession,
     PgsoloXact,
     PsycopgRecipeSession,
@@ -59,6 +60,14 @@ PAIRS: dict[str, _Makers] = {
         PsycopgRecipeXactWait,
         lambda: PgsoloXact(wait=WAIT_SECONDS),
         lambda: PsycopgFloor("xact-wait"),
+    ),
+    # A job's recipe is the article's transaction; pgsolo's marks it and checks the mark
+    # before its COMMIT (DESIGN.md, the commit check).
+    "job": (PsycopgRecipeXact, PgsoloJob, lambda: PsycopgFloor("job")),
+    "job-wait": (
+        PsycopgRecipeXactWait,
+        lambda: PgsoloJob(wait=WAIT_SECONDS),
+        lambda: PsycopgFloor("job-wait"),
     ),
 }
 
