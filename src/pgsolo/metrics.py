@@ -60,10 +60,9 @@ _INSTALL = "install the extra: pip install 'pgsolo[prometheus]'"
 class _Instruments:
     """pgsolo's metrics, registered once in one registry."""
 
-    job_attempts: Any
-    job_lock_wait: Any
-    job_duration: Any
-    job_last_success: Any
+    # pgsolo_job_attempts, pgsolo_job_lock_wait_seconds, pgsolo_job_duration_seconds and
+    # the last success: every job counts in them.
+    job_counts: _JobCounts | _InstrumentedJobCounts
     # pgsolo_lock_acquisitions and pgsolo_lock_wait_seconds: every lock counts in them.
     lock_counts: _LockCounts | _InstrumentedLockCounts
     lock_losses: Any
@@ -88,35 +87,10 @@ class _Instruments:
 
     @classmethod
     def _unregistered(cls) -> _Instruments:
-        from prometheus_client import Counter, Gauge, Histogram  # noqa: PLC0415
+        from prometheus_client import Counter  # noqa: PLC0415
 
         return cls(
-            job_attempts=Counter(
-                "pgsolo_job_attempts",
-                "Attempts at a pgsolo job, by outcome (a skip is not a success).",
-                ["job", "outcome", "reason"],
-                registry=None,
-            ),
-            job_lock_wait=Histogram(
-                "pgsolo_job_lock_wait_seconds",
-                "Time spent getting, or failing to get, a job's lock.",
-                ["job"],
-                buckets=_BUCKETS,
-                registry=None,
-            ),
-            job_duration=Histogram(
-                "pgsolo_job_duration_seconds",
-                "Time a job's work ran.",
-                ["job", "outcome"],
-                buckets=_BUCKETS,
-                registry=None,
-            ),
-            job_last_success=Gauge(
-                LAST_SUCCESS,
-                "Unix time at which the job last completed (alert when it gets old).",
-                ["job"],
-                registry=None,
-            ),
+            job_counts=_job_counts(),
             lock_counts=_lock_counts(),
             lock_losses=Counter(
                 "pgsolo_lock_losses",
@@ -133,29 +107,53 @@ _ACQUISITIONS = (
     " given as a number is counted under lock=''.",
 )
 _WAITS = ("pgsolo_lock_wait_seconds", "Time an attempt to take an advisory lock took, by outcome.")
+_JOB_ATTEMPTS = (
+    "pgsolo_job_attempts",
+    "Attempts at a pgsolo job, by outcome (a skip is not a success).",
+)
+_JOB_LOCK_WAITS = (
+    "pgsolo_job_lock_wait_seconds",
+    "Time spent getting, or failing to get, a job's lock.",
+)
+_JOB_DURATIONS = ("pgsolo_job_duration_seconds", "Time a job's work ran.")
+_LAST_SUCCESSES = (
+    LAST_SUCCESS,
+    "Unix time at which the job last completed (alert when it gets old).",
+)
 # A histogram's upper bounds as prometheus_client keeps them: floats, +Inf last.
 _BOUNDS = (*(float(bound) for bound in _BUCKETS), float("inf"))
 
 
+def _multiprocess() -> bool:
+    """Whether prometheus_client runs in its multiprocess mode, whose scrape reads only
+    what each process wrote to disk through prometheus_client's own instruments: pgsolo's
+    own tallies, in a process's memory, would never be seen there."""
+    # prometheus_client still honours the old, lower-case name.
+    return "PROMETHEUS_MULTIPROC_DIR" in os.environ or "prometheus_multiproc_dir" in os.environ
+
+
 def _lock_counts() -> _LockCounts | _InstrumentedLockCounts:
     """Where the locks' counts are kept: pgsolo's own tallies, unless prometheus_client
-    runs in its multiprocess mode, whose scrape reads only what each process wrote to
-    disk through prometheus_client's own instruments."""
-    # prometheus_client still honours the old, lower-case name.
-    if "PROMETHEUS_MULTIPROC_DIR" in os.environ or "prometheus_multiproc_dir" in os.environ:
-        return _InstrumentedLockCounts()
-    return _LockCounts()
+    runs in its multiprocess mode."""
+    return _InstrumentedLockCounts() if _multiprocess() else _LockCounts()
+
+
+def _job_counts() -> _JobCounts | _InstrumentedJobCounts:
+    """Where the jobs' counts are kept, as :func:`_lock_counts` chooses."""
+    return _InstrumentedJobCounts() if _multiprocess() else _JobCounts()
 
 
 class _Waits:
-    """One series of ``pgsolo_lock_wait_seconds`` (a lock, an outcome): its buckets and its
-    sum, added to in the order the waits came, as prometheus_client's Histogram adds
-    them (a float sum depends on the order), by every lifetime of the lock.
+    """One series of a histogram (``pgsolo_lock_wait_seconds`` of a lock and an outcome,
+    a job's lock wait or duration): its buckets and its sum, added to in the order the
+    values came, as prometheus_client's Histogram adds them (a float sum depends on the
+    order).
 
-    A lock only appends its wait, with the tally it counts in, to ``arrived`` (one step,
-    which threads can take at once); they are added up, in the order they came, when a
-    scrape reads the series or enough of them wait (:meth:`add_up`): a mutex, three
-    sums and a bisection on every lock's path cost a tenth of pgsolo's own Python."""
+    A lock or a job only appends its value, with the tally it counts in (None: none), to
+    ``arrived`` (one step, which threads can take at once); they are added up, in the
+    order they came, when a scrape reads the series or enough of them arrived
+    (:meth:`add_up`): a mutex, three sums and a bisection on every lock's path cost a
+    tenth of pgsolo's own Python."""
 
     __slots__ = ("arrived", "buckets", "created", "mutex", "total")
 
@@ -164,45 +162,78 @@ class _Waits:
         self.total = 0.0
         self.buckets = [0] * len(_BOUNDS)
         self.mutex = threading.Lock()
-        self.arrived: list[tuple[_Tally, float]] = []
+        self.arrived: list[tuple[_Tally | None, float]] = []
 
     def add_up(self) -> None:
-        """Add the waits that arrived, each to its tally and to this series."""
+        """Add the values that arrived, each to its tally and to this series."""
         with self.mutex:
             arrived = self.arrived
             taken = arrived[: len(arrived)]  # what arrives meanwhile stays, for the next
             del arrived[: len(taken)]
-            for tally, wait in taken:
-                tally.count += 1
-                self.total += wait
-                # The first bucket whose bound the wait is at most, as prometheus_client
+            for tally, value in taken:
+                if tally is not None:
+                    tally.count += 1
+                self.total += value
+                # The first bucket whose bound the value is at most, as prometheus_client
                 # puts it: a NaN is at most none, and goes in none.
-                index = bisect.bisect_left(_BOUNDS, wait)
-                if wait <= _BOUNDS[index]:
+                index = bisect.bisect_left(_BOUNDS, value)
+                if value <= _BOUNDS[index]:
                     self.buckets[index] += 1
 
+    def publish(self, family: Metric, labels: dict[str, str], *, created: bool) -> None:
+        """This series' samples in ``family``, added up first, as prometheus_client's
+        Histogram publishes them."""
+        self.add_up()
+        with self.mutex:
+            total, buckets = self.total, list(self.buckets)
+        name, running = family.name, 0.0
+        for le, count in zip(_les(), buckets, strict=True):
+            running += count
+            family.add_sample(f"{name}_bucket", {**labels, "le": le}, running)
+        family.add_sample(f"{name}_count", labels, running)
+        family.add_sample(f"{name}_sum", labels, total)
+        if created:
+            family.add_sample(f"{name}_created", labels, self.created)
 
-# How many waits may arrive before the one that arrives adds them up (memory stays
-# bounded in a process nobody scrapes).
+
+def _les() -> list[str]:
+    """The histograms' bounds, as prometheus_client writes a bound."""
+    from prometheus_client.utils import floatToGoString  # noqa: PLC0415
+
+    to_go: Callable[[float], str] = floatToGoString
+    return [to_go(bound) for bound in _BOUNDS]
+
+
+# How many values may arrive at a series before the one that arrives adds them up (memory
+# stays bounded in a process nobody scrapes).
 _ADD_UP_AT = 256
 
 
 class _Tally:
-    """One series of ``pgsolo_lock_acquisitions`` (a lock, a lifetime, an outcome), and the
-    series of ``pgsolo_lock_wait_seconds`` its waits go to."""
+    """One series of a counter (``pgsolo_lock_acquisitions`` of a lock, a lifetime and an
+    outcome; ``pgsolo_job_attempts`` of a job, an outcome and a reason), counted as its
+    values are added up in the histogram series they go to (``waits``)."""
 
     __slots__ = ("count", "created", "waits")
 
     def __init__(self, waits: _Waits) -> None:
         self.created = time.time()
-        self.count = 0  # of the waits added up (_Waits.add_up)
+        self.count = 0  # of the values added up (_Waits.add_up)
         self.waits = waits
 
     def add(self, wait: float) -> None:
-        arrived = self.waits.arrived
+        arrived = self.waits.arrived  # _Waits.add, without its call: every lock comes here
         arrived.append((self, wait))
         if len(arrived) >= _ADD_UP_AT:
             self.waits.add_up()
+
+    def publish(self, family: Metric, labels: dict[str, str], *, created: bool) -> None:
+        self.waits.add_up()
+        with self.waits.mutex:
+            count = self.count
+        family.add_sample(f"{family.name}_total", labels, float(count))
+        if created:
+            family.add_sample(f"{family.name}_created", labels, self.created)
 
 
 class _LockCounts:
@@ -234,40 +265,115 @@ class _LockCounts:
         return [Metric(*_ACQUISITIONS, "counter"), Metric(*_WAITS, "histogram")]
 
     def collect(self) -> list[Metric]:
-        from prometheus_client.utils import floatToGoString  # noqa: PLC0415
-
-        to_go: Callable[[float], str] = floatToGoString  # as prometheus_client writes a bound
-        les = [to_go(bound) for bound in _BOUNDS]
         created = _created_series()
         acquisitions, waits = self.describe()
         with self._mutex:
             tallies, all_waits = list(self._tallies.items()), list(self._waits.items())
-        name = _ACQUISITIONS[0]
-        for series in {id(tally.waits): tally.waits for _, tally in tallies}.values():
-            series.add_up()
         for (lock, lifetime, outcome), tally in tallies:
-            with tally.waits.mutex:
-                count = tally.count
             labels = {"lock": lock, "lifetime": lifetime, "outcome": outcome}
-            acquisitions.add_sample(f"{name}_total", labels, float(count))
-            if created:
-                acquisitions.add_sample(f"{name}_created", labels, tally.created)
-        name = _WAITS[0]
+            tally.publish(acquisitions, labels, created=created)
         for (lock, outcome), series in all_waits:
-            with series.mutex:
-                total, buckets = series.total, list(series.buckets)
-            running = 0.0
-            for le, count in zip(les, buckets, strict=True):
-                running += count
-                waits.add_sample(
-                    f"{name}_bucket", {"lock": lock, "outcome": outcome, "le": le}, running
-                )
-            labels = {"lock": lock, "outcome": outcome}
-            waits.add_sample(f"{name}_count", labels, running)
-            waits.add_sample(f"{name}_sum", labels, total)
-            if created:
-                waits.add_sample(f"{name}_created", labels, series.created)
+            series.publish(waits, {"lock": lock, "outcome": outcome}, created=created)
         return [acquisitions, waits]
+
+
+class _JobTally:
+    """What one (job, outcome, reason) counts in: its attempts, the job's lock waits, the
+    job's durations of that outcome (none for a skip), and its last success (for
+    ``completed``)."""
+
+    __slots__ = ("attempts", "durations", "job", "last_successes")
+
+    def __init__(
+        self,
+        job: str,
+        attempts: _Tally,
+        durations: _Waits | None,
+        last_successes: dict[str, float] | None,
+    ) -> None:
+        self.job = job
+        self.attempts = attempts
+        self.durations = durations
+        self.last_successes = last_successes
+
+    def add(self, lock_wait: float, duration: float) -> None:
+        # _Waits.add twice, without its calls: every job comes here. The attempt counts
+        # as its lock wait is added up.
+        lock_waits = self.attempts.waits
+        lock_waits.arrived.append((self.attempts, lock_wait))
+        if len(lock_waits.arrived) >= _ADD_UP_AT:
+            lock_waits.add_up()
+        if (durations := self.durations) is not None:
+            durations.arrived.append((None, duration))
+            if len(durations.arrived) >= _ADD_UP_AT:
+                durations.add_up()
+        if self.last_successes is not None:
+            self.last_successes[self.job] = time.time()
+
+
+class _JobCounts:
+    """A job's four metrics (``pgsolo_job_attempts``, ``pgsolo_job_lock_wait_seconds``,
+    ``pgsolo_job_duration_seconds``, ``pgsolo_job_last_success_timestamp_seconds``),
+    counted by pgsolo as :class:`_LockCounts` counts a lock's: through prometheus_client's
+    Counter, Histograms and Gauge they took four mutexes and two bisections of its Python
+    per job, a tenth of pgsolo's own Python for a job that does nothing."""
+
+    _name = _JOB_ATTEMPTS[0]
+
+    def __init__(self) -> None:
+        self._tallies: dict[tuple[str, str, str], _JobTally] = {}
+        self._lock_waits: dict[str, _Waits] = {}
+        self._durations: dict[tuple[str, str], _Waits] = {}
+        self._last_successes: dict[str, float] = {}
+        self._mutex = threading.Lock()
+
+    def child(self, job: str, outcome: str, reason: str) -> _JobTally:
+        with self._mutex:
+            tally = self._tallies.get((job, outcome, reason))
+            if tally is None:
+                # Made in the order prometheus_client's instruments made their children,
+                # which is the order a scrape lists them in.
+                waits = self._lock_waits.setdefault(job, _Waits())
+                attempts = _Tally(waits)
+                durations = None
+                if outcome != "skipped":
+                    durations = self._durations.setdefault((job, outcome), _Waits())
+                last = self._last_successes if outcome == "completed" else None
+                tally = self._tallies[job, outcome, reason] = _JobTally(
+                    job, attempts, durations, last
+                )
+            return tally
+
+    def set_last_success(self, job: str, seconds: float) -> None:
+        self._last_successes[job] = seconds
+
+    def describe(self) -> list[Metric]:
+        from prometheus_client.metrics_core import Metric  # noqa: PLC0415
+
+        return [
+            Metric(*_JOB_ATTEMPTS, "counter"),
+            Metric(*_JOB_LOCK_WAITS, "histogram"),
+            Metric(*_JOB_DURATIONS, "histogram"),
+            Metric(*_LAST_SUCCESSES, "gauge"),
+        ]
+
+    def collect(self) -> list[Metric]:
+        created = _created_series()
+        attempts, lock_waits, durations, last_successes = self.describe()
+        with self._mutex:
+            tallies = list(self._tallies.items())
+            all_lock_waits = list(self._lock_waits.items())
+            all_durations = list(self._durations.items())
+        for (job, outcome, reason), tally in tallies:
+            labels = {"job": job, "outcome": outcome, "reason": reason}
+            tally.attempts.publish(attempts, labels, created=created)
+        for job, series in all_lock_waits:
+            series.publish(lock_waits, {"job": job}, created=created)
+        for (job, outcome), series in all_durations:
+            series.publish(durations, {"job": job, "outcome": outcome}, created=created)
+        for job, seconds in self._last_successes.copy().items():  # copied in one step
+            last_successes.add_sample(LAST_SUCCESS, {"job": job}, seconds)
+        return [attempts, lock_waits, durations, last_successes]
 
 
 def _created_series() -> bool:
@@ -313,6 +419,66 @@ class _InstrumentedCount:
     def add(self, wait: float) -> None:
         self.acquisitions.inc()
         self.waits.observe(wait)
+
+
+class _InstrumentedJobCounts:
+    """A job's four metrics kept by prometheus_client's own instruments, for its
+    multiprocess mode."""
+
+    _name = _JOB_ATTEMPTS[0]
+
+    def __init__(self) -> None:
+        from prometheus_client import Counter, Gauge, Histogram  # noqa: PLC0415
+
+        self._attempts = Counter(*_JOB_ATTEMPTS, ["job", "outcome", "reason"], registry=None)
+        self._lock_waits = Histogram(*_JOB_LOCK_WAITS, ["job"], buckets=_BUCKETS, registry=None)
+        self._durations = Histogram(
+            *_JOB_DURATIONS, ["job", "outcome"], buckets=_BUCKETS, registry=None
+        )
+        self._last_successes = Gauge(*_LAST_SUCCESSES, ["job"], registry=None)
+
+    def child(self, job: str, outcome: str, reason: str) -> _InstrumentedJob:
+        return _InstrumentedJob(
+            self._attempts.labels(job, outcome, reason),
+            self._lock_waits.labels(job),
+            None if outcome == "skipped" else self._durations.labels(job, outcome),
+            self._last_successes.labels(job) if outcome == "completed" else None,
+        )
+
+    def set_last_success(self, job: str, seconds: float) -> None:
+        self._last_successes.labels(job).set(seconds)
+
+    def describe(self) -> list[Metric]:
+        return [
+            *self._attempts.describe(),
+            *self._lock_waits.describe(),
+            *self._durations.describe(),
+            *self._last_successes.describe(),
+        ]
+
+    def collect(self) -> list[Metric]:
+        return [
+            *self._attempts.collect(),
+            *self._lock_waits.collect(),
+            *self._durations.collect(),
+            *self._last_successes.collect(),
+        ]
+
+
+class _InstrumentedJob:
+    __slots__ = ("attempts", "durations", "last_success", "lock_waits")
+
+    def __init__(self, attempts: Any, lock_waits: Any, durations: Any, last_success: Any) -> None:
+        self.attempts, self.lock_waits = attempts, lock_waits
+        self.durations, self.last_success = durations, last_success
+
+    def add(self, lock_wait: float, duration: float) -> None:
+        self.attempts.inc()
+        self.lock_waits.observe(lock_wait)
+        if self.durations is not None:
+            self.durations.observe(duration)
+        if self.last_success is not None:
+            self.last_success.set(time.time())
 
 
 class _State:
@@ -434,17 +600,22 @@ def lock_label(name: str | None) -> str:
 # The series every lock counts in, by (instruments, lock, lifetime, outcome): looked up
 # without a mutex, on every lock's path. Bounded as prometheus_client's own children are.
 _LOCK_SERIES: dict[tuple[int, str, str, str], _Tally | _InstrumentedCount] = {}
-# The same for a job's four, by (instruments, job, outcome, reason).
-_JOB_CHILDREN: dict[tuple[int, str, str, str | None], tuple[Any, Any, Any, Any]] = {}
+# The same for a job's, by (instruments, job, outcome, reason).
+_JOB_SERIES: dict[tuple[int, str, str, str | None], _JobTally | _InstrumentedJob] = {}
 
 
 def add_up_waits() -> None:
-    """Add up the waits of every lock that arrived and were not added up yet (what a
-    scrape does first): for a count of a lock's own work that the lock which arrives
-    256th, and adds up the 255 before it, must not change."""
+    """Add up the values of every lock and job that arrived and were not added up yet
+    (what a scrape does first): for a count of a lock's own work that the lock which
+    arrives 256th, and adds up the 255 before it, must not change."""
     for series in list(_LOCK_SERIES.values()):
         if isinstance(series, _Tally):
             series.waits.add_up()
+    for job in list(_JOB_SERIES.values()):
+        if isinstance(job, _JobTally):
+            job.attempts.waits.add_up()
+            if job.durations is not None:
+                job.durations.add_up()
 
 
 def observe_lock(name: str | None, lifetime: str, outcome: str, wait: float) -> None:
@@ -475,24 +646,12 @@ def observe_job(
     if instruments is None:
         return
     labels = (id(instruments), job, outcome, reason)
-    children = _JOB_CHILDREN.get(labels)
-    if children is None:
+    series = _JOB_SERIES.get(labels)
+    if series is None:
         # A reason is a code from the fixed vocabulary of pgsolo.reasons (never a
         # message), so as a label it makes a bounded number of series.
-        children = (
-            instruments.job_attempts.labels(job, outcome, reason or ""),
-            instruments.job_lock_wait.labels(job),
-            None if outcome == "skipped" else instruments.job_duration.labels(job, outcome),
-            instruments.job_last_success.labels(job) if outcome == "completed" else None,
-        )
-        _JOB_CHILDREN[labels] = children
-    attempts, lock_waits, durations, last_success = children
-    attempts.inc()
-    lock_waits.observe(lock_wait)
-    if durations is not None:
-        durations.observe(duration)
-    if last_success is not None:
-        last_success.set(time.time())
+        series = _JOB_SERIES[labels] = instruments.job_counts.child(job, outcome, reason or "")
+    series.add(lock_wait, duration)
 
 
 class _Present:
@@ -532,7 +691,7 @@ def write_textfile(path: str | os.PathLike[str]) -> None:
     target = registry()
     for job, seconds in _last_successes(path).items():
         if target.get_sample_value(LAST_SUCCESS, {"job": job}) is None:  # none here yet
-            instruments.job_last_success.labels(job).set(seconds)
+            instruments.job_counts.set_last_success(job, seconds)
     write_to_textfile(path, _published())
 
 

@@ -29,7 +29,13 @@ import pgsolo.metrics
 from _support import Connect, hold, new_job, terminate, unhold, unique_name
 from pgsolo.jobs import run_job
 from pgsolo.keys import Key
-from pgsolo.metrics import _InstrumentedLockCounts, _LockCounts
+from pgsolo.metrics import (
+    LAST_SUCCESS,
+    _InstrumentedJobCounts,
+    _InstrumentedLockCounts,
+    _JobCounts,
+    _LockCounts,
+)
 
 
 @pytest.fixture
@@ -351,14 +357,19 @@ _OBSERVED = [
 
 
 def _published(counts: Any, fmt: str) -> str:
-    """What a scrape of ``counts`` alone gets, ``_created`` values blanked (they are times)."""
+    """What a scrape of ``counts`` alone gets, the values of ``_created`` and of the last
+    success blanked (they are times)."""
     registry = CollectorRegistry()
     registry.register(counts)
     text = (generate_latest if fmt == "text" else generate_open)(registry).decode()
     return "\n".join(
-        line.rpartition(" ")[0] if "_created" in line.partition(" ")[0] else line
+        line.rpartition(" ")[0] if _timed(line.partition(" ")[0]) else line
         for line in text.splitlines()
     )
+
+
+def _timed(name: str) -> bool:
+    return "_created" in name or name.startswith(f"{LAST_SUCCESS}{{")
 
 
 @pytest.mark.parametrize("fmt", ["text", "openmetrics"])
@@ -459,3 +470,143 @@ print(scrape.get_sample_value("pgsolo_lock_wait_seconds_count", waits))
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["1.0", "1.0"]
+
+
+# What a few jobs count (job, outcome, reason, lock wait, duration): every outcome, a
+# skip's duration (counted in no histogram), sums whose order matters, a NaN.
+_JOBS_OBSERVED = [
+    ("metrics-job-a", "completed", "", 0.0, 0.1),
+    ("metrics-job-a", "skipped", "busy", 0.001, 0.0),
+    ("metrics-job-a", "completed", "", 0.2, 2.5),
+    ("metrics-job-a", "failed", "", 0.0031, 0.2),
+    ("metrics-job-b", "lost", "connection-lost", 7200.0, 12.5),
+    ("metrics-job-b", "skipped", "already-done-this-period", 0.5, 0.0),
+    ("metrics-job-a", "completed", "", 2.5, 0.2),
+    ("metrics-job-c", "failed", "period-not-recorded", float("nan"), float("nan")),
+]
+
+
+@pytest.mark.parametrize("fmt", ["text", "openmetrics"])
+@pytest.mark.parametrize("created", [True, False])
+def test_the_jobs_counts_publish_as_prometheus_clients_own_instruments_do(
+    fmt: str, created: bool
+) -> None:
+    """Guards pgsolo's own tallies of every job (its attempts, lock waits, durations and
+    last success, counted without prometheus_client's per-call mutexes): a scrape gets
+    what prometheus_client's Counter, Histograms and Gauge publish for the same jobs,
+    sample for sample, the last success's time aside."""
+    if not created:
+        disable_created_metrics()
+    try:
+        tallied, instrumented = _JobCounts(), _InstrumentedJobCounts()
+        for counts in (tallied, instrumented):
+            for job, outcome, reason, lock_wait, duration in _JOBS_OBSERVED:
+                counts.child(job, outcome, reason).add(lock_wait, duration)
+        published = _published(tallied, fmt)
+        assert published == _published(instrumented, fmt)
+    finally:
+        enable_created_metrics()
+    assert 'pgsolo_job_lock_wait_seconds_count{job="metrics-job-a"} 5.0' in published
+    assert (
+        'pgsolo_job_duration_seconds_bucket{job="metrics-job-a",le="5.0",outcome="completed"} 3.0'
+        in published
+    )
+    assert 'pgsolo_job_duration_seconds_count{job="metrics-job-a",outcome="skipped"}' not in (
+        published
+    )
+    # A last success for the one job that completed, and for no other.
+    assert [line for line in published.splitlines() if line.startswith(f"{LAST_SUCCESS}{{")] == [
+        f'{LAST_SUCCESS}{{job="metrics-job-a"}}'
+    ]
+    assert ("_created" in published) is created
+
+
+def test_a_jobs_last_success_is_the_time_it_completed_and_the_textfile_s_until_then() -> None:
+    """Guards the last success of pgsolo's own tallies: the time of the job's last
+    completed attempt, or the one set from a textfile (what ``write_textfile`` keeps of an
+    earlier run's) until the job completes here."""
+    tallied = _JobCounts()
+    tallied.set_last_success("metrics-job-kept", 1_700_000_000.0)
+    before = time.time()
+    tallied.child("metrics-job-new", "completed", "").add(0.0, 0.1)
+    after = time.time()
+    tallied.child("metrics-job-new", "failed", "").add(0.0, 0.1)
+    registry = CollectorRegistry()
+    registry.register(tallied)
+    assert registry.get_sample_value(LAST_SUCCESS, {"job": "metrics-job-kept"}) == 1.7e9
+    assert before <= (registry.get_sample_value(LAST_SUCCESS, {"job": "metrics-job-new"}) or 0)
+    assert (registry.get_sample_value(LAST_SUCCESS, {"job": "metrics-job-new"}) or 0) <= after
+    tallied.child("metrics-job-kept", "completed", "").add(0.0, 0.1)
+    assert (registry.get_sample_value(LAST_SUCCESS, {"job": "metrics-job-kept"}) or 0) > 1.7e9
+
+
+def test_every_job_counts_once_when_threads_count_while_scrapes_add_them_up() -> None:
+    """Guards the job tallies' way of counting, as the locks' test does: 8 threads count
+    600 attempts each while another scrapes, and every attempt counts once, in the
+    attempts, the lock waits and the durations, as prometheus_client's instruments count
+    the same attempts."""
+    tallied, instrumented = _JobCounts(), _InstrumentedJobCounts()
+    # Binary fractions: summed in any order, the same float.
+    attempts = [((i % 7) / 1024, (i % 5) / 256) for i in range(600)]
+    counting = True
+
+    def count() -> None:
+        series = tallied.child("many", "completed", "")
+        for lock_wait, duration in attempts:
+            series.add(lock_wait, duration)
+
+    def scrape() -> None:
+        while counting:
+            _published(tallied, "text")
+
+    scraper = threading.Thread(target=scrape)
+    scraper.start()
+    threads = [threading.Thread(target=count) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    counting = False
+    scraper.join()
+    for lock_wait, duration in attempts * 8:
+        instrumented.child("many", "completed", "").add(lock_wait, duration)
+    published = _published(tallied, "text")
+    assert published == _published(instrumented, "text")
+    assert 'pgsolo_job_attempts_total{job="many",outcome="completed",reason=""} 4800.0' in (
+        published
+    )
+    assert 'pgsolo_job_duration_seconds_count{job="many",outcome="completed"} 4800.0' in published
+
+
+def test_prometheus_clients_multiprocess_mode_scrapes_the_jobs_counts(
+    dsn: str, tmp_path: Path
+) -> None:
+    """Guards the jobs' counts under prometheus_client's multiprocess mode, as the locks'
+    test does: there they are kept by prometheus_client's instruments."""
+    program = f"""
+import pgsolo
+from prometheus_client import CollectorRegistry
+from prometheus_client.multiprocess import MultiProcessCollector
+result = pgsolo.run_job({dsn!r}, "pgsolo-metrics-multiprocess-job", lambda conn: None)
+assert result.completed, result
+scrape = CollectorRegistry()
+MultiProcessCollector(scrape)
+job = {{"job": "pgsolo-metrics-multiprocess-job"}}
+print(scrape.get_sample_value(
+    "pgsolo_job_attempts_total", {{**job, "outcome": "completed", "reason": ""}}
+))
+print(scrape.get_sample_value("pgsolo_job_lock_wait_seconds_count", job))
+durations = {{**job, "outcome": "completed"}}
+print(scrape.get_sample_value("pgsolo_job_duration_seconds_count", durations))
+"""
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", program],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["1.0", "1.0", "1.0"]
