@@ -280,6 +280,18 @@ class Job:
     def define(cls, key: KeyLike, **options: Unpack[JobOptions]) -> Job:
         """The job of ``key`` with ``options``, each checked: a bad value is a
         :class:`UsageError` or :class:`InvalidArgumentError`, before anything connects."""
+        seen = _seen_as(key, options)
+        if seen is not None and (job := _DEFINED.get(seen)) is not None:
+            return job
+        job = cls._checked(key, options)
+        if seen is not None:
+            if len(_DEFINED) >= _DEFINED_AT_MOST:
+                _DEFINED.clear()  # jobs whose names come from data: start afresh
+            _DEFINED[seen] = job
+        return job
+
+    @classmethod
+    def _checked(cls, key: KeyLike, options: JobOptions) -> Job:
         refuse_unknown_options("Job.define", options)
         name = options.get("name")
         lifetime = options.get("lifetime", "xact")
@@ -349,6 +361,37 @@ class Job:
         else:
             default = f"{DEFAULT_APP_PREFIX}{self.name}"
         return application_name_for(dsn, default, self.application_name)
+
+
+# The jobs defined so far, by what they were defined from (_seen_as): a job's run checks
+# the same options of the same key on every call, and the checks and the frozen
+# dataclass's eleven fields cost a tenth of pgsolo's own Python per run of a job that does
+# nothing. Only definitions that passed every check are kept.
+_DEFINED: dict[tuple[object, ...], Job] = {}
+_DEFINED_AT_MOST = 256
+# The types of value a definition is kept for: compared by value, and never equal to a
+# value of another (True == 1 and 1 == 1.0, so each value is kept with its type).
+_PLAIN = frozenset({str, int, float, bool, type(None)})
+
+
+def _seen_as(key: KeyLike, options: Mapping[str, object]) -> tuple[object, ...] | None:
+    """What a definition of ``key`` with ``options`` is kept by, if it can be: every value
+    one of :data:`_PLAIN` (a key also a pair of ints, or a Key with its name), so that one
+    equal to it is the same definition; None for any other (a Registry, whose names can
+    change; a Keep; a NaN, which equals nothing)."""
+    seen: list[object] = [type(key), key]
+    if type(key) is Key:
+        seen.append(key.name)  # which plays no part in a Key's equality, but in a job's name
+    elif type(key) is tuple:
+        if len(key) != 2 or type(key[0]) is not int or type(key[1]) is not int:
+            return None
+    elif type(key) not in _PLAIN:
+        return None
+    for name, value in options.items():
+        if type(value) not in _PLAIN or value != value:  # noqa: PLR0124 - a NaN
+            return None
+        seen += (name, type(value), value)
+    return tuple(seen)
 
 
 def _slots(key: KeyLike, limit: object, options: JobOptions) -> tuple[Key, ...]:
