@@ -66,18 +66,25 @@ def attempt_plan(job: Job, core: LockCore) -> Plan[JobResult[Any]]:
     ending is a :class:`JobResult`, except an interruption (``KeyboardInterrupt``,
     cancellation), raised once the lock is let go.
     """
-    require_no_transaction(
-        core.driver, f"job {job.name!r}", "pgsolo must own the transaction or the session lock"
-    )
-    if job.record or job.period is not None:
+    if core.driver.transaction_status() is not TxStatus.IDLE:  # the message only if refused
+        require_no_transaction(
+            core.driver, f"job {job.name!r}", "pgsolo must own the transaction or the session lock"
+        )
+    period = job.period
+    if job.record or period is not None:
         yield from ledger_ready(job, core.driver)
     attempt = _Attempt(job, core)
     try:
         if not (yield from attempt.take_lock()):
             return attempt.result("skipped", reason="busy")
-        for step in (attempt.check_period, attempt.run_work, attempt.record_period):
-            if (ended := (yield from step())) is not None:
-                return ended
+        # The steps of a period only with one: each is a generator made and run to its
+        # end, under the lock, by every job.
+        if period is not None and (ended := (yield from attempt.check_period(period))) is not None:
+            return ended
+        if (ended := (yield from attempt.run_work())) is not None:
+            return ended
+        if period is not None and (ended := (yield from attempt.record_period(period))) is not None:
+            return ended
         return (yield from attempt.end())
     except BaseException:
         yield from core.let_go()  # a Ctrl-C between the steps: nothing stays held
@@ -203,14 +210,12 @@ class _Attempt:
                 pass  # its turn ran out with nothing held: the next attempt
         return False
 
-    def check_period(self) -> Plan[JobResult[Any] | None]:
+    def check_period(self, period: str) -> Plan[JobResult[Any] | None]:
         """With a period: skip if it is already done, by the database's clock and with
         the lock held."""
         job = self.job
-        if job.period is None:
-            return None
         try:
-            start = yield self._outside([sql.period_done(job.name, job.period)])
+            start = yield self._outside([sql.period_done(job.name, period)])
         except BaseException as exc:
             return (yield from self._failed(exc, in_work=False))
         if start is not None and int(str(start)) == sql.PERIOD_UNSEEN:
@@ -268,16 +273,16 @@ class _Attempt:
             reason="work-ended-transaction",
         )
 
-    def record_period(self) -> Plan[JobResult[Any] | None]:
+    def record_period(self, period: str) -> Plan[JobResult[Any] | None]:
         """With a period, after work that succeeded: mark the period done, with the lock
         still held."""
         job = self.job
-        if job.period is None or self.failure is not None:
+        if self.failure is not None:
             return None
         # The period checked before the work, not the one the work ended in: a run that
         # crossed a boundary must not use the next period up.
         statement = sql.period_record(
-            job.name, job.period, self.period_start, host=socket.gethostname(), pid=os.getpid()
+            job.name, period, self.period_start, host=socket.gethostname(), pid=os.getpid()
         )
         try:
             marked = yield self._outside([statement])
@@ -294,7 +299,7 @@ class _Attempt:
             "pgsolo: job %s completed but period %s was already recorded by another run:"
             " the work ran twice in this period (do all its runs use the same key?)",
             job.name,
-            job.period,
+            period,
         )
         return None
 
