@@ -376,22 +376,21 @@ _PLAIN = frozenset({str, int, float, bool, type(None)})
 
 def _seen_as(key: KeyLike, options: Mapping[str, object]) -> tuple[object, ...] | None:
     """What a definition of ``key`` with ``options`` is kept by, if it can be: every value
-    one of :data:`_PLAIN` (a key also a pair of ints, or a Key with its name), so that one
-    equal to it is the same definition; None for any other (a Registry, whose names can
-    change; a Keep; a NaN, which equals nothing)."""
-    seen: list[object] = [type(key), key]
-    if type(key) is Key:
-        seen.append(key.name)  # which plays no part in a Key's equality, but in a job's name
-    elif type(key) is tuple:
+    one of :data:`_PLAIN` (a key also a pair of ints, or a Key with its name), kept with
+    the types of the values, so that one equal to it is the same definition; None for any
+    other (a Registry, whose names can change; a Keep). A NaN equals nothing but itself,
+    and a definition with one is refused, so never kept."""
+    kinds = tuple(map(type, options.values()))
+    if not _PLAIN.issuperset(kinds):
+        return None
+    if type(key) is Key:  # whose name plays no part in its equality, but in a job's name
+        return (Key, key, key.name, *options.items(), kinds)
+    if type(key) is tuple:
         if len(key) != 2 or type(key[0]) is not int or type(key[1]) is not int:
             return None
     elif type(key) not in _PLAIN:
         return None
-    for name, value in options.items():
-        if type(value) not in _PLAIN or value != value:  # noqa: PLR0124 - a NaN
-            return None
-        seen += (name, type(value), value)
-    return tuple(seen)
+    return (type(key), key, *options.items(), kinds)
 
 
 def _slots(key: KeyLike, limit: object, options: JobOptions) -> tuple[Key, ...]:
