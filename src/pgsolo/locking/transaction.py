@@ -46,6 +46,9 @@ class XactLockCore(LockCore):
         # verify_commit: commit pgsolo's own transaction only if it is still the one that
         # took the lock (the work may have committed it and begun another).
         self.transaction_marker: str | None = None
+        # What goes with the COMMIT to check the marker: made with it, before the lock,
+        # not while the lock is held and others wait for it.
+        self.commit_check: list[str] = []
         # A quick acquisition's wait: when it ends (time.monotonic()), and whether its first
         # slice was the last (always, for a try). Numbers, not the slices' generator: one
         # that outlived its acquisition would be closed whenever the lock died.
@@ -204,8 +207,14 @@ class XactLockCore(LockCore):
         if owns:
             self.opened_transaction = True
             if self.spec.verify_commit:
-                self.transaction_marker = secrets.token_hex(8)
-                return [sql.mark_transaction(self.transaction_marker)]
+                self.transaction_marker = marker = secrets.token_hex(8)
+                spec = self.spec
+                self.commit_check = (
+                    sql.same_transaction(marker)
+                    if self.driver.ends_by_message
+                    else [sql.assert_same_transaction(spec.key, marker, shared=spec.shared)]
+                )
+                return [sql.mark_transaction(marker)]
             return []
         if status is TxStatus.IDLE and not self.driver.begins_implicitly:
             raise ConnectionStateError(
@@ -344,12 +353,7 @@ class XactLockCore(LockCore):
     def _commit_check(self) -> list[str]:
         """What goes with the COMMIT: with ``verify_commit``, the check that fails it if
         the transaction is not the one that took the lock."""
-        marker = self.transaction_marker
-        if marker is None:
-            return []
-        if self.driver.ends_by_message:
-            return sql.same_transaction(marker)
-        return [sql.assert_same_transaction(self.spec.key, marker, shared=self.spec.shared)]
+        return self.commit_check if self.transaction_marker is not None else []
 
     def _marker_gone(self, exc: Exception) -> bool:
         """Whether the COMMIT failed (``exc``) because the check that went with it on a
