@@ -222,7 +222,7 @@ class _Tally:
         self.waits = waits
 
     def add(self, wait: float) -> None:
-        arrived = self.waits.arrived  # _Waits.add, without its call: every lock comes here
+        arrived = self.waits.arrived
         arrived.append((self, wait))
         if len(arrived) >= _ADD_UP_AT:
             self.waits.add_up()
@@ -297,8 +297,9 @@ class _JobTally:
         self.last_successes = last_successes
 
     def add(self, lock_wait: float, duration: float) -> None:
-        # _Waits.add twice, without its calls: every job comes here. The attempt counts
-        # as its lock wait is added up.
+        # Appended as a lock's wait is, here and not in a method of _Waits: every job comes
+        # here, and a call each would be two more. The attempt counts as its lock wait is
+        # added up.
         lock_waits = self.attempts.waits
         lock_waits.arrived.append((self.attempts, lock_wait))
         if len(lock_waits.arrived) >= _ADD_UP_AT:
