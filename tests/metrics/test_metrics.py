@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -400,20 +400,9 @@ def test_the_locks_counts_publish_as_prometheus_clients_own_instruments_do(
     assert ("_created" in published) is created
 
 
-def test_every_wait_counts_once_when_threads_count_while_scrapes_add_them_up() -> None:
-    """Guards the tallies' way of counting (a lock appends its wait; the one that arrives
-    256th adds up those before it, and a scrape adds up the rest): 8 threads count 1,000
-    locks each while another scrapes, and every wait counts once, in the count, the sum
-    and the buckets, as prometheus_client's instruments count the same waits."""
-    tallied, instrumented = _LockCounts(), _InstrumentedLockCounts()
-    # Binary fractions: summed in any order, the same float.
-    waits = [(i % 7) / 1024 for i in range(1000)]
+def _count_while_scraping(tallied: Any, count: Callable[[], None]) -> None:
+    """``count`` in 8 threads at once, while another thread scrapes ``tallied``."""
     counting = True
-
-    def count() -> None:
-        series = tallied.child("many", "session", "acquired")
-        for wait in waits:
-            series.add(wait)
 
     def scrape() -> None:
         while counting:
@@ -428,6 +417,23 @@ def test_every_wait_counts_once_when_threads_count_while_scrapes_add_them_up() -
         thread.join()
     counting = False
     scraper.join()
+
+
+def test_every_wait_counts_once_when_threads_count_while_scrapes_add_them_up() -> None:
+    """Guards the tallies' way of counting (a lock appends its wait; the one that arrives
+    256th adds up those before it, and a scrape adds up the rest): 8 threads count 1,000
+    locks each while another scrapes, and every wait counts once, in the count, the sum
+    and the buckets, as prometheus_client's instruments count the same waits."""
+    tallied, instrumented = _LockCounts(), _InstrumentedLockCounts()
+    # Binary fractions: summed in any order, the same float.
+    waits = [(i % 7) / 1024 for i in range(1000)]
+
+    def count() -> None:
+        series = tallied.child("many", "session", "acquired")
+        for wait in waits:
+            series.add(wait)
+
+    _count_while_scraping(tallied, count)
     for wait in waits * 8:
         instrumented.child("many", "session", "acquired").add(wait)
     published = _published(tallied, "text")
@@ -436,6 +442,22 @@ def test_every_wait_counts_once_when_threads_count_while_scrapes_add_them_up() -
         'pgsolo_lock_acquisitions_total{lifetime="session",lock="many",outcome="acquired"}'
         " 8000.0" in published
     )
+
+
+def _printed_in_multiprocess_mode(program: str, directory: Path) -> list[str]:
+    """What ``program`` prints, run in a process of its own under prometheus_client's
+    multiprocess mode (its files in ``directory``)."""
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(directory)}
+    done = subprocess.run(
+        [sys.executable, "-c", program],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split()
 
 
 def test_prometheus_clients_multiprocess_mode_scrapes_the_locks_counts(
@@ -459,17 +481,7 @@ counted = {{**waits, "lifetime": "session"}}
 print(scrape.get_sample_value("pgsolo_lock_acquisitions_total", counted))
 print(scrape.get_sample_value("pgsolo_lock_wait_seconds_count", waits))
 """
-    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
-    done = subprocess.run(
-        [sys.executable, "-c", program],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env=env,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["1.0", "1.0"]
+    assert _printed_in_multiprocess_mode(program, tmp_path) == ["1.0", "1.0"]
 
 
 # What a few jobs count (job, outcome, reason, lock wait, duration): every outcome, a
@@ -548,26 +560,13 @@ def test_every_job_counts_once_when_threads_count_while_scrapes_add_them_up() ->
     tallied, instrumented = _JobCounts(), _InstrumentedJobCounts()
     # Binary fractions: summed in any order, the same float.
     attempts = [((i % 7) / 1024, (i % 5) / 256) for i in range(600)]
-    counting = True
 
     def count() -> None:
         series = tallied.child("many", "completed", "")
         for lock_wait, duration in attempts:
             series.add(lock_wait, duration)
 
-    def scrape() -> None:
-        while counting:
-            _published(tallied, "text")
-
-    scraper = threading.Thread(target=scrape)
-    scraper.start()
-    threads = [threading.Thread(target=count) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    counting = False
-    scraper.join()
+    _count_while_scraping(tallied, count)
     for lock_wait, duration in attempts * 8:
         instrumented.child("many", "completed", "").add(lock_wait, duration)
     published = _published(tallied, "text")
@@ -599,14 +598,4 @@ print(scrape.get_sample_value("pgsolo_job_lock_wait_seconds_count", job))
 durations = {{**job, "outcome": "completed"}}
 print(scrape.get_sample_value("pgsolo_job_duration_seconds_count", durations))
 """
-    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
-    done = subprocess.run(
-        [sys.executable, "-c", program],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env=env,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["1.0", "1.0", "1.0"]
+    assert _printed_in_multiprocess_mode(program, tmp_path) == ["1.0", "1.0", "1.0"]
