@@ -18,6 +18,7 @@ This module sits below locking (DESIGN §3): locks count themselves here, and jo
 from __future__ import annotations
 
 import bisect
+import functools
 import os
 import threading
 import time
@@ -181,9 +182,8 @@ class _Waits:
                     self.buckets[index] += 1
 
     def publish(self, family: Metric, labels: dict[str, str], *, created: bool) -> None:
-        """This series' samples in ``family``, added up first, as prometheus_client's
-        Histogram publishes them."""
-        self.add_up()
+        """This series' samples in ``family`` (added up by the caller), as
+        prometheus_client's Histogram publishes them."""
         with self.mutex:
             total, buckets = self.total, list(self.buckets)
         name, running = family.name, 0.0
@@ -196,12 +196,14 @@ class _Waits:
             family.add_sample(f"{name}_created", labels, self.created)
 
 
-def _les() -> list[str]:
-    """The histograms' bounds, as prometheus_client writes a bound."""
+@functools.cache
+def _les() -> tuple[str, ...]:
+    """The histograms' bounds, as prometheus_client writes a bound (once: every series of
+    every scrape writes them)."""
     from prometheus_client.utils import floatToGoString  # noqa: PLC0415
 
     to_go: Callable[[float], str] = floatToGoString
-    return [to_go(bound) for bound in _BOUNDS]
+    return tuple(to_go(bound) for bound in _BOUNDS)
 
 
 # How many values may arrive at a series before the one that arrives adds them up (memory
@@ -228,7 +230,7 @@ class _Tally:
             self.waits.add_up()
 
     def publish(self, family: Metric, labels: dict[str, str], *, created: bool) -> None:
-        self.waits.add_up()
+        """This series' sample in ``family``, its waits added up by the caller."""
         with self.waits.mutex:
             count = self.count
         family.add_sample(f"{family.name}_total", labels, float(count))
@@ -269,6 +271,10 @@ class _LockCounts:
         acquisitions, waits = self.describe()
         with self._mutex:
             tallies, all_waits = list(self._tallies.items()), list(self._waits.items())
+        # Every series added up once, first: a counter and its histogram's count then
+        # publish the same additions.
+        for _, series in all_waits:
+            series.add_up()
         for (lock, lifetime, outcome), tally in tallies:
             labels = {"lock": lock, "lifetime": lifetime, "outcome": outcome}
             tally.publish(acquisitions, labels, created=created)
@@ -365,6 +371,8 @@ class _JobCounts:
             tallies = list(self._tallies.items())
             all_lock_waits = list(self._lock_waits.items())
             all_durations = list(self._durations.items())
+        for _, series in [*all_lock_waits, *all_durations]:  # first, as _LockCounts does
+            series.add_up()
         for (job, outcome, reason), tally in tallies:
             labels = {"job": job, "outcome": outcome, "reason": reason}
             tally.attempts.publish(attempts, labels, created=created)
