@@ -12,6 +12,7 @@ import psycopg
 import pytest
 
 from _support import eventually
+from pgsolo.drivers import adapt
 from pgsolo.testing import Relay
 
 from .conftest import UserSuite
@@ -74,6 +75,27 @@ def test_a_blackhole_holds_what_it_holds_and_passes_it_on_after(dsn: str) -> Non
         assert answered.wait(10)
         sender.join()
         assert conn.execute("SELECT 2").fetchone() == (2,)
+
+
+def test_a_swap_moves_two_idle_connections_to_each_others_session(dsn: str) -> None:
+    """What a transaction-pooling proxy does between transactions: after swap() each
+    client runs on the other's session, unknown to it, and closing one leaves the
+    other's connection working."""
+    with (
+        Relay(dsn) as relay,
+        psycopg.connect(relay.dsn, autocommit=True) as first,
+        psycopg.connect(relay.dsn, autocommit=True) as second,
+    ):
+        ports = [adapt(conn).client_address()[1] for conn in (first, second)]  # type: ignore[index]
+        first_pid, second_pid = first.info.backend_pid, second.info.backend_pid
+        first.execute("SET application_name = 'first'")
+        relay.swap(*ports)
+        assert first.info.backend_pid == first_pid  # as the client was told at login
+        assert first.execute("SELECT pg_backend_pid()").fetchone() == (second_pid,)
+        assert second.execute("SELECT pg_backend_pid()").fetchone() == (first_pid,)
+        assert second.execute("SHOW application_name").fetchone() == ("first",)
+        first.close()
+        assert second.execute("SELECT 2").fetchone() == (2,)
 
 
 def test_closing_the_relay_ends_its_connections(dsn: str) -> None:

@@ -2,7 +2,7 @@
 in a test's hands.
 
 To the server, a client behind the relay looks like a client behind a proxy or a NAT
-(another address and port). The relay can then cut that network three ways:
+(another address and port). The relay can then cut that network four ways:
 
 - :meth:`Relay.blackhole` / :meth:`Relay.blackholed`: nothing passes, either way, for a
   while; what waited passes on after (a network partition that heals: nothing arrives for a
@@ -18,6 +18,10 @@ To the server, a client behind the relay looks like a client behind a proxy or a
   side of every open connection ends (the server ends those sessions, and their locks),
   while the client hears nothing more, ever, and is never told: what it sends is dropped,
   its connection stays open and silent until the client or the relay closes it.
+
+And it can move a connection to another session, as a transaction-pooling proxy does
+between transactions: :meth:`Relay.swap` exchanges the server sessions of two idle
+connections, unknown to both clients.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ class _Link:
     side of it is frozen."""
 
     client: socket.socket
-    server: socket.socket
+    server: socket.socket  # exchanged with another link's by Relay.swap
     frozen: threading.Event = field(default_factory=threading.Event)
     cut: threading.Event = field(default_factory=threading.Event)
 
@@ -75,6 +79,7 @@ class Relay:
         self._closing = threading.Event()
         self._lock = threading.Lock()
         self._links: set[_Link] = set()
+        self._link_of: dict[socket.socket, _Link] = {}  # by server socket (swap moves them)
         self._frozen: list[threading.Event] = []  # every link's, closed or not
         self._threads: list[threading.Thread] = []
         self._spawn(self._accept)
@@ -137,6 +142,19 @@ class Relay:
                 link.server.shutdown(socket.SHUT_RDWR)
         return len(links)
 
+    def swap(self, first_port: int, second_port: int) -> None:
+        """Exchange the server sessions of two connections through the relay, named by
+        their clients' local ports: from now on what each client sends runs on the
+        other's session, and each hears that session's answers, as when a
+        transaction-pooling proxy hands a client another server connection between two
+        transactions. Both connections must be idle, with nothing in flight: a message
+        on its way while they are exchanged may reach either."""
+        with self._lock:
+            by_port = {link.client.getpeername()[1]: link for link in self._links}
+            first, second = by_port[first_port], by_port[second_port]
+            first.server, second.server = second.server, first.server
+            self._link_of[first.server], self._link_of[second.server] = first, second
+
     def close(self) -> None:
         """End every connection through the relay, and the relay."""
         self._closing.set()
@@ -175,22 +193,31 @@ class Relay:
             link = _Link(client, server)
             with self._lock:
                 self._links.add(link)
+                self._link_of[server] = link
                 self._frozen.append(link.frozen)
             ends = threading.Barrier(2, action=functools.partial(self._closed, link))
-            self._spawn(self._pump, link, client, server, ends, None)
-            self._spawn(self._pump, link, server, client, ends, link.frozen)
+            self._spawn(self._pump, link, client, ends, None)
+            self._spawn(self._pump, link, server, ends, link.frozen)
 
     def _closed(self, link: _Link) -> None:
         with self._lock:
             self._links.discard(link)
+            self._link_of.pop(link.server, None)
         link.client.close()
         link.server.close()
+
+    def _sink(self, link: _Link, source: socket.socket) -> socket.socket:
+        """Where what ``source`` says goes now: a client's to its link's server, a
+        server's to the client of the link it belongs to (swap() moves them)."""
+        if source is link.client:
+            return link.server
+        with self._lock:
+            return self._link_of.get(source, link).client
 
     def _pump(
         self,
         link: _Link,
         source: socket.socket,
-        sink: socket.socket,
         ends: threading.Barrier,
         frozen: threading.Event | None,  # the server's side only: what a freeze drops
     ) -> None:
@@ -207,16 +234,18 @@ class Relay:
                         # Frozen before the client can see its login end, so that a test
                         # reading frozen_connections once connected finds it counted.
                         frozen.set()
+                        sink = self._sink(link, source)
                         sink.sendall(data[: at + len(READY_AFTER_LOGIN) - len(seen)])
                         continue
                     seen = window[-(len(READY_AFTER_LOGIN) - 1) :]
                 if frozen is None or not frozen.is_set():
-                    sink.sendall(data)
+                    self._sink(link, source).sendall(data)
         except OSError:
             pass
         cut = link.cut.is_set()
-        for sock in (source, sink):  # one side is gone: so is the other, unless cut off
-            if not (cut and sock is link.client and source is link.server):
+        # One side is gone: so is the other, unless cut off.
+        for sock in (source, self._sink(link, source)):
+            if not (cut and sock is link.client and source is not link.client):
                 with suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
         with suppress(threading.BrokenBarrierError):
