@@ -18,7 +18,7 @@ import pytest
 
 import pgsolo
 from _drivers import asyncpg_options
-from _support import WORK, aeventually, terminate, unique_name
+from _support import DEADLINE, WORK, activity, aeventually, terminate, unique_name
 from pgsolo import (
     Key,
     LockLostError,
@@ -28,6 +28,7 @@ from pgsolo import (
     UnsupportedConnectionError,
     UsageError,
     sql,
+    testing,
 )
 from pgsolo.drivers import TxStatus, adapt
 from pgsolo.drivers import _asyncpg_private as private
@@ -566,6 +567,74 @@ async def test_cancelled_wait_leaves_nothing(
     assert observer.holders(key) == set()
     assert not waiter.is_in_transaction()
     assert await waiter.fetchval("SELECT 1") == 1
+
+
+@pytest.mark.parametrize("call", ["try", "release"])
+async def test_a_guarded_call_cancelled_on_the_wire_leaves_nothing_held(
+    pgsolo_relay: Any, observer: Any, key: Key, call: str
+) -> None:
+    """Behind a relay (to the server, a proxy), a session lock's try and unlock run only on
+    the backend the route was checked on (guarded by its pid), and are sent alone, as
+    asyncpg's own round trip, outside pgsolo's shield. Guards that a task cancelled while
+    either is held back on the wire ends cancelled, whatever the server did with the call
+    (asyncpg's cancel request, held back too, reaches the server before or after it):
+    nothing held, no transaction, and the connection usable."""
+    conn = await asyncpg.connect(**asyncpg_options(pgsolo_relay.dsn))
+    try:
+        pid = conn.get_server_pid()
+        for round_ in range(4):
+            lock = pgsolo.session_lock(conn, key)
+            assert await lock.acquire()
+            assert f"pg_backend_pid() = {pid}" in str(activity(observer, pid)[1]), "unguarded"
+            if call == "try":
+                await lock.release()
+            pending = lock.acquire() if call == "try" else lock.release()
+            with pgsolo_relay.blackholed():
+                task = asyncio.create_task(pending)
+                await asyncio.sleep(0.05)  # the call sent, held back by the relay
+                task.cancel()
+                await asyncio.sleep(0.05)  # asyncpg's cancel request, held back too
+            done, _ = await asyncio.wait({task}, timeout=DEADLINE)
+            assert task in done, f"round {round_}: the cancelled task never ended"
+            assert task.cancelled()
+            assert not lock.acquired
+            assert observer.holders(key) == set(), f"round {round_}: a lock was left held"
+            assert not conn.is_in_transaction()
+            assert await conn.fetchval("SELECT 1") == 1
+    finally:
+        await conn.close()
+
+
+async def test_a_connection_moved_to_another_session_takes_and_releases_nothing_there(
+    dsn: str, observer: Any, key: Key
+) -> None:
+    """Behind a relay that hands the connection another session (as transaction pooling
+    does), the guarded try, sent as asyncpg's own round trip, takes nothing there and is
+    refused; the guarded unlock of a lock taken before runs nowhere, and the error says
+    which backend still holds it."""
+    with testing.Relay(dsn) as relay:
+        conn = await asyncpg.connect(**asyncpg_options(relay.dsn))
+        other = await asyncpg.connect(**asyncpg_options(relay.dsn))
+        try:
+            holder = conn.get_server_pid()
+            lock = pgsolo.session_lock(conn, key)
+            assert await lock.acquire()
+            ports = [adapt(c).client_address()[1] for c in (conn, other)]  # type: ignore[index]
+            relay.swap(*ports)
+            assert await conn.fetchval("SELECT pg_backend_pid()") == other.get_server_pid()
+            elsewhere = Key.parse(f"moved-{uuid.uuid4()}", name=True)
+            with pytest.raises(UnsafeConnectionError, match="moved to another server session"):
+                await pgsolo.session_lock(conn, elsewhere).acquire()
+            assert observer.holders(elsewhere) == set()
+            with pytest.raises(UnsafeConnectionError, match="reached another server session") as e:
+                await lock.release()
+            assert f"pg_terminate_backend({holder})" in str(e.value)
+            assert pgsolo.held_session_locks(conn) == []
+            assert observer.holders(key) == {holder}
+        finally:
+            await other.close()
+            await conn.close()
+    await aeventually(lambda: observer.holders(key) == set(), "the holder's session ended")
 
 
 # - jobs, once, keeper, proxies -

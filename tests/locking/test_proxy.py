@@ -224,6 +224,63 @@ def test_session_lock_through_a_plain_relay_works(
         assert observer.holders(key) == set()
 
 
+# -- a connection moved to another session, as transaction pooling moves it ----------------
+
+
+def moved(relay: Relay, conn: psycopg.Connection[Any], other: psycopg.Connection[Any]) -> None:
+    """Hand ``conn`` the session of ``other`` (and ``other`` ``conn``'s), both idle."""
+    ports = [pgsolo.drivers.adapt(c).client_address()[1] for c in (conn, other)]  # type: ignore[index]
+    relay.swap(*ports)
+    assert server_pid(conn) == other.info.backend_pid
+
+
+def test_a_try_on_a_connection_moved_to_another_session_takes_nothing(
+    dsn: str, observer: Any, key: Key
+) -> None:
+    """Behind a relay, a session lock's try runs only on the session the route was checked
+    on (guarded by its pid). Once the connection was handed another session, the try
+    takes nothing there: it is refused as transaction pooling, and nothing is held or on
+    the books."""
+    with (
+        Relay(dsn) as relay,
+        psycopg.connect(relay.dsn, autocommit=True) as conn,
+        psycopg.connect(relay.dsn, autocommit=True) as other,
+    ):
+        with pgsolo.session_lock(conn, f"route-{uuid.uuid4()}"):
+            pass  # the route, checked on conn's own session
+        moved(relay, conn, other)
+        with pytest.raises(UnsafeConnectionError, match="moved to another server session"):
+            pgsolo.session_lock(conn, key).acquire()
+        assert observer.holders(key) == set()
+        assert pgsolo.held_session_locks(conn) == []
+
+
+def test_an_unlock_on_a_connection_moved_to_another_session_says_where_the_lock_is(
+    dsn: str, observer: Any, key: Key
+) -> None:
+    """The unlock of a session lock whose connection was handed another session runs
+    nowhere (guarded), is tried once more from a second connection, which lands on yet
+    another session here, and then says so: the lock is off the books, the error names
+    the backend that still holds it and how to end it, and that backend does hold it."""
+    with (
+        Relay(dsn) as relay,
+        psycopg.connect(relay.dsn, autocommit=True) as conn,
+        psycopg.connect(relay.dsn, autocommit=True) as other,
+    ):
+        holder = conn.info.backend_pid
+        lock = pgsolo.session_lock(conn, key)
+        assert lock.acquire()
+        moved(relay, conn, other)
+        with pytest.raises(UnsafeConnectionError, match="reached another server session") as e:
+            lock.release()
+        assert f"pg_terminate_backend({holder})" in str(e.value)
+        assert not lock.acquired
+        assert pgsolo.held_session_locks(conn) == []
+        assert observer.holders(key) == {holder}  # where the error says it is
+        other.execute("SELECT pg_advisory_unlock_all()")  # other has conn's session now
+        assert observer.holders(key) == set()
+
+
 # -- found in review -----------------------------------------------------------------------
 
 

@@ -257,7 +257,8 @@ class AsyncpgDriver:
         self, statements: Sequence[str], wait: float = 0.0, edge: Edge | None = None
     ) -> object:
         # One simple-query message (module docstring). A lock call alone (a session lock's
-        # try or unlock) is asyncpg's own round trip (_lock_call). Anything else runs
+        # try or unlock, guarded or not) is asyncpg's own round trip (_lock_call). Anything
+        # else runs
         # shielded from the caller's cancellation (_shielded): it may begin or end a
         # transaction, and asyncpg's own cancellation hands the cancellation on before the
         # server answered, while asyncpg still reports the transaction as it was (a Ctrl-C
@@ -266,7 +267,7 @@ class AsyncpgDriver:
         # asyncpg's protocol can break.
         call = statements[0] if edge is None and not wait and len(statements) == 1 else None
         try:
-            if type(call) is sql.LockCall:
+            if isinstance(call, sql.LoneCall):
                 rows = await _lock_call(self._conn, call, self._checkout)
                 self._aborted_at = None
                 return rows[0][0]
@@ -449,18 +450,21 @@ class Checkout:
 _CHECKOUTS: IdentityWeakMap[Any, Checkout] = IdentityWeakMap()
 
 
-def _lock_call(conn: Any, call: sql.LockCall, checkout: Checkout) -> Awaitable[Rows]:
+def _lock_call(conn: Any, call: sql.LoneCall, checkout: Checkout) -> Awaitable[Rows]:
     """A lock call alone, which changes no transaction and ends on the server at once; the
     rows it answers (one, of one value). A cancellation is asyncpg's to handle (it asks
     the server to cancel the statement, and its next operation waits until the server
-    answered: pgsolo's recovery then finds out what the call did). Outside a
-    transaction, once it ran :data:`PREPARE_AFTER` times on the connection, it is
+    answered: pgsolo's recovery then finds out what the call did). A guarded call (behind
+    a proxy) is sent as written. An unguarded one, outside a
+    transaction, once it ran :data:`PREPARE_AFTER` times on the connection, is
     prepared there (:mod:`pgsolo.drivers.prepared`) unless the caller turned asyncpg's
     statement cache off (``checkout.caches_statements`` False: ``statement_cache_size=0``,
     as behind a transaction-pooling proxy), and, run by name, kept in ``checkout.lone``
     to be sent alone from then on (:meth:`Checkout.send`). Prepared, it is asyncpg's own
     round trip; if the session no longer has it, the caller sends it again. On a closed
     connection it is sent as written, which raises asyncpg's own error."""
+    if type(call) is not sql.LockCall:
+        return _call_as_written(conn, call)
     protocol = private.open_protocol(conn)
     if protocol is not None and checkout.caches_statements and not protocol.is_in_transaction():
         form = call.prepared
@@ -487,7 +491,7 @@ async def _prepared_call(conn: Any, call: sql.LockCall, checkout: Checkout) -> R
     return await _call_as_written(conn, call)
 
 
-async def _call_as_written(conn: Any, call: sql.LockCall) -> Rows:
+async def _call_as_written(conn: Any, call: sql.LoneCall) -> Rows:
     """``call`` as a simple query, its answer read from the row count of its rewrite."""
     tag = str(await conn.execute(sql.truth_by_count(call)))
     return [(sql.TRUTH_BY_COUNT[int(tag.rpartition(" ")[2])],)]

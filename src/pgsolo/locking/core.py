@@ -162,8 +162,9 @@ class LockCore(LockEvents, ABC):
         """The lock is no longer held here: off the books."""
 
     @abstractmethod
-    def quick_released(self, value: object) -> None:
-        """What the server answered the quick release (the lock is off the books)."""
+    def quick_released(self, value: object) -> Plan[None] | None:
+        """What the server answered the quick release (the lock is off the books): None,
+        or the plan that ends the release (the shell drives it)."""
 
     @abstractmethod
     def quick_release_failed(self, exc: BaseException) -> Plan[None]:

@@ -56,21 +56,33 @@ _QUICK_MAX = 4096
 
 
 def quick_try(
-    driver: DriverBase, spec: LockSpec, lock_timeout_ms: int | None = None
+    driver: DriverBase,
+    spec: LockSpec,
+    lock_timeout_ms: int | None = None,
+    *,
+    guard: int | None = None,
 ) -> Sequence[str]:
     """The try of ``spec`` (or the slice of its wait that waits up to
     ``lock_timeout_ms``) on a connection with no transaction open, for a session lock
-    whose route goes straight to the server, or a transaction lock after what opens
+    (behind a proxy, only on backend ``guard``), or a transaction lock after what opens
     pgsolo's own transaction: what :func:`session_acquisition` and
     :func:`xact_acquisition` build then. A wait of 2 s or more always begins with a
     slice of the same length, so its first slice is as common as a try."""
     session = spec.lifetime == "session"
     implicit = session and driver.begins_implicitly
-    shape = (spec.key.value, spec.lifetime, spec.shared, spec.fencing, implicit, lock_timeout_ms)
+    shape = (
+        spec.key.value,
+        spec.lifetime,
+        spec.shared,
+        spec.fencing,
+        implicit,
+        lock_timeout_ms,
+        guard,
+    )
     statements = _QUICK.get(shape)
     if statements is None:
         built = (
-            session_acquisition(driver, spec, TxStatus.IDLE, None, None, lock_timeout_ms)
+            session_acquisition(driver, spec, TxStatus.IDLE, guard, None, lock_timeout_ms)
             if session
             else xact_acquisition(spec, lock_timeout_ms, in_callers_transaction=False)
         )
@@ -79,15 +91,15 @@ def quick_try(
     return statements
 
 
-def quick_unlock(driver: DriverBase, spec: LockSpec) -> Sequence[str]:
-    """The unlock of a session lock on a connection with no transaction open, whose
-    route goes straight to the server."""
+def quick_unlock(driver: DriverBase, spec: LockSpec, guard: int | None) -> Sequence[str]:
+    """The unlock of a session lock on a connection with no transaction open (behind a
+    proxy, only on backend ``guard``)."""
     implicit = driver.begins_implicitly
-    shape = (spec.key.value, "unlock", spec.shared, implicit)
+    shape = (spec.key.value, "unlock", spec.shared, implicit, guard)
     statements = _QUICK.get(shape)
     if statements is None:
         statements = tuple(
-            outside_transaction(driver, [unlock_statement(spec, None)], TxStatus.IDLE)
+            outside_transaction(driver, [unlock_statement(spec, guard)], TxStatus.IDLE)
         )
         _remember(shape, statements)
     return statements

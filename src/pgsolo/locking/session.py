@@ -97,9 +97,7 @@ class SessionLockCore(LockCore):
             value, note = yield from self._answer(status, route, hold, started)
             if value is None:  # the guard: not the session the route was checked on
                 yield from self._drop_hold()
-                raise transaction_pooling_error(
-                    "this connection's statements moved to another server session"
-                )
+                raise _moved()
             # The server answered. A Ctrl-C can land at any line from here until the
             # caller holds the lock object: whatever interrupts reading the answer or
             # logging it lets the lock go (the server says whether it is held) first.
@@ -140,7 +138,8 @@ class SessionLockCore(LockCore):
 
     def quick_acquisition(self, context: bool, /) -> Quick | Plan[bool]:
         """The common case: a try on a connection with no transaction open, for a key it
-        does not hold, whose route was checked and goes straight to the server. Anything
+        does not hold, whose route was checked (behind a proxy, the try is guarded by the
+        backend's pid, as the plan's). Anything
         else: the plan that takes it, with the key claimed here, before any SQL, with the
         connection's route if it was checked before.
 
@@ -172,19 +171,20 @@ class SessionLockCore(LockCore):
             or status is not TxStatus.IDLE
             or spec.wait_ms is not None
             or route is None
-            or not route.direct
         ):
             return self._acquire(context=context, claimed=(status, pid, claim, route))
         self.route = route
         self.quick_claim = True
         self.claimed_on = pid
         self.started = time.perf_counter()
-        return placement.quick_try(driver, spec), None, 0.0
+        return placement.quick_try(driver, spec, guard=route.guard), None, 0.0
 
     def quick_answer(self, value: object) -> bool:
         if value is not True and not is_token(value):  # _busy() of a try, without a call
             holdings.withdraw(self.driver.connection, self.spec.key, self)
             self.quick_claim = False
+            if value is None and self._guard is not None:  # as the plan's _acquire
+                raise _moved()
             self.log(logging.DEBUG, "busy", self.started)
             return False
         self._confirm(value, self.claimed_on, self.started)
@@ -194,7 +194,8 @@ class SessionLockCore(LockCore):
     def quick_failed(self, exc: BaseException) -> Plan[NoReturn]:
         """As the plan's one slice of a try: the key is let go if the server granted it."""
         try:
-            yield from self._after_slice(exc, TxStatus.IDLE, None, None, self.started, last=True)
+            guard = self._guard
+            yield from self._after_slice(exc, TxStatus.IDLE, None, guard, self.started, last=True)
         finally:
             self.quick_claim = False
             if not self.acquired:
@@ -210,7 +211,8 @@ class SessionLockCore(LockCore):
         # statement, the server says whether the key is held.
         try:
             if self.quick_claim:
-                yield from recovery.release_if_held(self.driver, self.spec, TxStatus.IDLE, None)
+                guard = self._guard
+                yield from recovery.release_if_held(self.driver, self.spec, TxStatus.IDLE, guard)
         except Exception as exc:
             logger.debug("pgsolo clean-up after an interruption failed: %r", exc)
         finally:
@@ -355,26 +357,27 @@ class SessionLockCore(LockCore):
         self.started = started = time.perf_counter()
         try:
             value = yield from self._unlock(status)
-            stranded = value is None and self.route is not None and not self.route.direct
-            if not stranded:  # off the books at once: a Ctrl-C may land at any line
-                self.forget()
+            self.forget()  # off the books at once: a Ctrl-C may land at any line
         except BaseException as exc:
             yield from self._after_failed_release(status, exc, started)
             raise
         finally:
             self.hold = None
-        if stranded:
-            yield from self._release_stranded(started)
-        self.quick_released(value)
+        if (stranded := self.quick_released(value)) is not None:
+            yield from stranded
 
     def _owned_elsewhere(self) -> bool:
         """Whether the transaction open is pgsolo's own for another thread or task."""
         return holdings.owned_elsewhere(self.driver.connection, self.driver.backend_pid())
 
-    def quick_released(self, value: object) -> None:
+    def quick_released(self, value: object) -> Plan[None] | None:
         """The unlock begun at ``self.started`` answered ``value`` (the lock is off the
-        books already): the quick release's end, and any other's."""
+        books already): the quick release's end, and any other's. Behind a proxy, an
+        unlock that reached another session than the one holding the key (NULL: the
+        guard) returns the plan that releases it from there (:meth:`_release_stranded`)."""
         key = self.spec.key
+        if value is None and self._guard is not None:
+            return self._release_stranded(self.started)
         if value is not True:
             level = logging.WARNING if self.lost is None else logging.DEBUG  # keeper said it
             self.log(level, "lost", self.started, {"reason": "lock-released"})
@@ -386,6 +389,7 @@ class SessionLockCore(LockCore):
             )
         if logger.isEnabledFor(logging.DEBUG):  # an event that counts nothing: no call else
             self.log(logging.DEBUG, "released", self.started)
+        return None
 
     def quick_release(self, exiting: bool, /) -> Quick | Plan[None]:
         """The common case: the only hold of a key taken with a quick acquisition's
@@ -394,13 +398,12 @@ class SessionLockCore(LockCore):
         if (
             self.acquired
             and route is not None
-            and route.direct
             and (held := self.held) is not None
             and driver.idle_pid() == self.backend_pid
         ):
             if holdings.last_hold_else_drop(held, self):  # no other hold: an unlock lets it go
                 self.started = time.perf_counter()
-                return placement.quick_unlock(driver, self.spec), None, 0.0
+                return placement.quick_unlock(driver, self.spec, route.guard), None, 0.0
             if not holdings.let_go_elsewhere(held):  # others' remain: it dropped this one
                 return self._released_a_reentrant_hold()
         return self.exit(failed=False) if exiting else self.release()
@@ -494,17 +497,18 @@ class SessionLockCore(LockCore):
 
     def _release_stranded(self, started: float) -> Plan[None]:
         """The unlock did not reach the session holding the lock: a transaction-pooling
-        proxy moved this connection. A new connection may land on that session (it is
-        idle in the proxy's pool); the unlock is guarded, so it acts only there."""
+        proxy moved this connection, which talks to another session now (the lock is off
+        its books). A new connection may land on that session (it is idle in the proxy's
+        pool); the unlock is guarded, so it acts only there."""
         route, key = self.route, self.spec.key
         assert route is not None  # noqa: S101 - the caller checked
+        released = None
         try:
             released = yield Elsewhere([unlock_statement(self.spec, route.guard)])
         except Exception as exc:
-            released = None
             logger.debug("pgsolo: releasing %s from a second connection failed: %r", key, exc)
-        self.forget()
-        self.log(logging.WARNING, "lost", started, {"reason": "connection-moved"})
+        finally:
+            self.log(logging.WARNING, "lost", started, {"reason": "connection-moved"})
         remains = (
             "it was released from a second connection that landed on that backend"
             if released is True
@@ -527,3 +531,9 @@ class SessionLockCore(LockCore):
         except Exception as exc:
             if self.lost is None:  # a loss the keeper declared was logged then: once
                 logger.warning("pgsolo: releasing %s after a failure: %r", self.spec.key, exc)
+
+
+def _moved() -> UnsafeConnectionError:
+    """A statement guarded by the backend's pid answered NULL: the connection's statements
+    run on another session than the one its route was checked on."""
+    return transaction_pooling_error("this connection's statements moved to another server session")

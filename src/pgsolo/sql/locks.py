@@ -29,7 +29,9 @@ __all__ = [
     "STATEMENT_TIMEOUT_MS",
     "UNLOCK_ALL",
     "XACT_MARKER_SETTING",
+    "GuardedCall",
     "LockCall",
+    "LoneCall",
     "Prepared",
     "WaitCall",
     "acquire",
@@ -189,7 +191,13 @@ class Prepared(NamedTuple):
     values: tuple[int, ...]
 
 
-class LockCall(Truth):
+class LoneCall(Truth):
+    """A statement sent alone, outside any transaction, that answers at once and changes
+    no transaction: a lock's try or unlock. A driver may send it by its own cheapest round
+    trip, whose cancellation leaves nothing behind that pgsolo's recovery cannot find."""
+
+
+class LockCall(LoneCall):
     """``SELECT <lock function>(<key>)`` of a function that answers true or false at once
     (a try, an unlock), with the form a session may prepare it in (:attr:`prepared`)."""
 
@@ -527,10 +535,18 @@ def still_on_session(token: str, server_pid: int) -> str:
 
 def session_guarded(server_pid: int, statement: str) -> str:
     """``statement`` (a ``SELECT <expr>``) run only on backend ``server_pid``, the session
-    the route was checked on (a pid names one live session); NULL elsewhere."""
+    the route was checked on (a pid names one live session); NULL elsewhere. A guarded
+    :class:`LockCall` is still a :class:`LoneCall` (a :class:`GuardedCall`)."""
     expression = statement.removeprefix("SELECT ")
     guarded = f"SELECT CASE WHEN pg_backend_pid() = {int(server_pid)} THEN {expression} END"
+    if isinstance(statement, LockCall):
+        return GuardedCall(guarded)
     return Truth(guarded) if isinstance(statement, Truth) else guarded
+
+
+class GuardedCall(LoneCall):
+    """A :class:`LockCall` run only on one backend (:func:`session_guarded`): never
+    prepared, since the backend's pid is in its text."""
 
 
 def watch_client(settings: Mapping[str, int]) -> str:

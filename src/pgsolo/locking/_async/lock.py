@@ -102,7 +102,8 @@ class AsyncLock(LockView):
                         core.quick_release_failed(failure), driver, cleaning_up=cleaning_up
                     )
                     raise
-                core.quick_released(value)
+                if (stranded := core.quick_released(value)) is not None:
+                    await adrive(stranded, driver)  # behind a proxy, moved off the session
         except (LockLostError, LockNotHeldError) as failure:
             if (instead := self._lost_instead(failure)) is not failure:
                 raise instead from failure

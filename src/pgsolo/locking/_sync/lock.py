@@ -98,7 +98,8 @@ class Lock(LockView):
                     cleaning_up = not isinstance(failure, Exception)
                     drive(core.quick_release_failed(failure), driver, cleaning_up=cleaning_up)
                     raise
-                core.quick_released(value)
+                if (stranded := core.quick_released(value)) is not None:
+                    drive(stranded, driver)  # behind a proxy, moved off the session
         except (LockLostError, LockNotHeldError) as failure:
             if (instead := self._lost_instead(failure)) is not failure:
                 raise instead from failure
