@@ -257,14 +257,13 @@ class AsyncpgDriver:
         self, statements: Sequence[str], wait: float = 0.0, edge: Edge | None = None
     ) -> object:
         # One simple-query message (module docstring). A lock call alone (a session lock's
-        # try or unlock, guarded or not) is asyncpg's own round trip (_lock_call). Anything
-        # else runs
-        # shielded from the caller's cancellation (_shielded): it may begin or end a
-        # transaction, and asyncpg's own cancellation hands the cancellation on before the
-        # server answered, while asyncpg still reports the transaction as it was (a Ctrl-C
-        # left run_once's open, once in a thousand interruptions); it may wait for a lock,
-        # and asyncpg asks the server once to cancel it; it may read a COPY, whose waiter
-        # asyncpg's protocol can break.
+        # try or unlock, guarded or not) is asyncpg's own round trip (_lock_call).
+        # Anything else runs shielded from the caller's cancellation (_shielded): it may
+        # begin or end a transaction, and asyncpg's own cancellation hands the
+        # cancellation on before the server answered, while asyncpg still reports the
+        # transaction as it was (a Ctrl-C left run_once's open, once in a thousand
+        # interruptions); it may wait for a lock, and asyncpg asks the server once to
+        # cancel it; it may read a COPY, whose waiter asyncpg's protocol can break.
         call = statements[0] if edge is None and not wait and len(statements) == 1 else None
         try:
             if isinstance(call, sql.LoneCall):
@@ -455,12 +454,12 @@ def _lock_call(conn: Any, call: sql.LoneCall, checkout: Checkout) -> Awaitable[R
     rows it answers (one, of one value). A cancellation is asyncpg's to handle (it asks
     the server to cancel the statement, and its next operation waits until the server
     answered: pgsolo's recovery then finds out what the call did). A guarded call (behind
-    a proxy) is sent as written. An unguarded one, outside a
-    transaction, once it ran :data:`PREPARE_AFTER` times on the connection, is
-    prepared there (:mod:`pgsolo.drivers.prepared`) unless the caller turned asyncpg's
-    statement cache off (``checkout.caches_statements`` False: ``statement_cache_size=0``,
-    as behind a transaction-pooling proxy), and, run by name, kept in ``checkout.lone``
-    to be sent alone from then on (:meth:`Checkout.send`). Prepared, it is asyncpg's own
+    a proxy) is sent as written. An unguarded one, outside a transaction, once it ran
+    :data:`PREPARE_AFTER` times on the connection, is prepared there
+    (:mod:`pgsolo.drivers.prepared`) unless the caller turned asyncpg's statement cache
+    off (``checkout.caches_statements`` False: ``statement_cache_size=0``, as behind a
+    transaction-pooling proxy), and, run by name, kept in ``checkout.lone`` to be sent
+    alone from then on (:meth:`Checkout.send`). Prepared, it is asyncpg's own
     round trip; if the session no longer has it, the caller sends it again. On a closed
     connection it is sent as written, which raises asyncpg's own error."""
     if type(call) is not sql.LockCall:
