@@ -94,6 +94,8 @@ def test_a_swap_moves_two_idle_connections_to_each_others_session(dsn: str) -> N
         assert first.execute("SELECT pg_backend_pid()").fetchone() == (second_pid,)
         assert second.execute("SELECT pg_backend_pid()").fetchone() == (first_pid,)
         assert second.execute("SHOW application_name").fetchone() == ("first",)
+        with pytest.raises(ValueError, match="no connection from port 1 "):
+            relay.swap(ports[0], 1)
         first.close()
         assert second.execute("SELECT 2").fetchone() == (2,)
 

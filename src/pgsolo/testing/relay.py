@@ -150,7 +150,13 @@ class Relay:
         transactions. Both connections must be idle, with nothing in flight: a message
         on its way while they are exchanged may reach either."""
         with self._lock:
-            by_port = {link.client.getpeername()[1]: link for link in self._links}
+            by_port: dict[int, _Link] = {}
+            for link in self._links:
+                with suppress(OSError):  # a client that just left
+                    by_port[link.client.getpeername()[1]] = link
+            for port in (first_port, second_port):
+                if port not in by_port:
+                    raise ValueError(f"no connection from port {port} is open through the relay")
             first, second = by_port[first_port], by_port[second_port]
             first.server, second.server = second.server, first.server
             self._link_of[first.server], self._link_of[second.server] = first, second
