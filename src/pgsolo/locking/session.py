@@ -139,9 +139,8 @@ class SessionLockCore(LockCore):
     def quick_acquisition(self, context: bool, /) -> Quick | Plan[bool]:
         """The common case: a try on a connection with no transaction open, for a key it
         does not hold, whose route was checked (behind a proxy, the try is guarded by the
-        backend's pid, as the plan's). Anything
-        else: the plan that takes it, with the key claimed here, before any SQL, with the
-        connection's route if it was checked before.
+        backend's pid, as the plan's). Anything else: the plan that takes it, with the key
+        claimed here, before any SQL, with the connection's route if it was checked before.
 
         A statement in flight (another thread or task sharing the connection) does not
         change the answer for a key this connection already holds, so only a new claim
